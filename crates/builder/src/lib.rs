@@ -1,0 +1,2 @@
+//! fp4forge builder: quantization plans, the streaming executor, verify, inspect and synth.
+#![deny(missing_docs)]
