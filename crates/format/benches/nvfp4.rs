@@ -2,7 +2,7 @@
 //! on all threads. Throughput is reported in bytes of bf16 (input for quantize, output for
 //! dequantize), the unit of the bars.
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use fp4forge_format::{dequantize_bf16, quantize, Nvfp4View, SourceDtype, WeightView};
+use fp4forge_format::{dequantize_bf16_into, quantize, Nvfp4View, SourceDtype, WeightView};
 
 const N: usize = 4096;
 
@@ -40,11 +40,12 @@ fn bench(c: &mut Criterion) {
     group.bench_function(format!("quantize/{all}-threads"), |b| {
         b.iter(|| quantize(&weight).expect("quantize"))
     });
+    let mut out = vec![0u16; N * N];
     group.bench_function("dequantize_bf16/1-thread", |b| {
-        b.iter(|| single.install(|| dequantize_bf16(&view)))
+        b.iter(|| single.install(|| dequantize_bf16_into(&view, &mut out)))
     });
     group.bench_function(format!("dequantize_bf16/{all}-threads"), |b| {
-        b.iter(|| dequantize_bf16(&view))
+        b.iter(|| dequantize_bf16_into(&view, &mut out))
     });
     group.finish();
 }

@@ -23,7 +23,11 @@ const fn build_decode_table() -> [f32; 256] {
             let bits = (((exp - 7 + 127) as u32) << 23) | (mant << 20);
             f32::from_bits(bits)
         };
-        table[code] = if code & 0x80 != 0 { -magnitude } else { magnitude };
+        table[code] = if code & 0x80 != 0 {
+            -magnitude
+        } else {
+            magnitude
+        };
         code += 1;
     }
     table

@@ -26,9 +26,24 @@ pub mod float;
 pub mod fp4;
 pub mod fp8;
 pub mod nvfp4;
+#[cfg(target_arch = "x86_64")]
+mod nvfp4_avx2;
+
+pub mod checkpoint;
+pub mod config;
+mod fsutil;
+pub mod shard_writer;
 
 pub use error::NumericsError;
 pub use nvfp4::{
-    dequantize_bf16, dequantize_f32, global_scale, quantize, quantize_fused,
+    dequantize_bf16, dequantize_bf16_into, dequantize_f32, global_scale, quantize, quantize_fused,
     quantize_with_global_scale, Nvfp4Tensor, Nvfp4View, SourceDtype, WeightView,
 };
+
+pub use checkpoint::{
+    Checkpoint, CheckpointError, Dtype, SafetensorsFile, ShardIndex, TensorEntry, TensorInfo,
+};
+pub use config::{
+    write_file_atomic, Field, ModelConfig, QuantizationArgs, QuantizationConfig, QuantizationScheme,
+};
+pub use shard_writer::{ShardWriter, ShardWriterBuilder, TensorSpec, WrittenCheckpoint};

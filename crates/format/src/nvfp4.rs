@@ -111,7 +111,7 @@ impl<'a> WeightView<'a> {
     }
 
     fn check_block_aligned(&self) -> Result<(), NumericsError> {
-        if self.cols % BLOCK != 0 {
+        if !self.cols.is_multiple_of(BLOCK) {
             return Err(NumericsError::NotBlockAligned {
                 tensor: self.name.to_string(),
                 cols: self.cols,
@@ -153,6 +153,18 @@ fn load_one(dtype: SourceDtype, bytes: &[u8]) -> f32 {
 
 /// Largest magnitude in one row, or the column of its first NaN/inf.
 fn row_amax(dtype: SourceDtype, row: &[u8]) -> Result<f32, usize> {
+    #[cfg(target_arch = "x86_64")]
+    if dtype == SourceDtype::Bf16
+        && row.len().is_multiple_of(32)
+        && std::arch::is_x86_feature_detected!("avx2")
+    {
+        // SAFETY: the CPU supports AVX2, checked just above.
+        let (amax, finite) = unsafe { crate::nvfp4_avx2::bf16_row_amax(row) };
+        if finite {
+            return Ok(amax);
+        }
+        return Err(first_non_finite(dtype, row));
+    }
     let size = dtype.size();
     let (mut amax, mut finite) = (0f32, true);
     let mut block = [0f32; BLOCK];
@@ -172,10 +184,14 @@ fn row_amax(dtype: SourceDtype, row: &[u8]) -> Result<f32, usize> {
     if finite {
         return Ok(amax);
     }
-    let first_bad = row
-        .chunks_exact(size)
-        .position(|c| !load_one(dtype, c).is_finite());
-    Err(first_bad.unwrap_or(0))
+    Err(first_non_finite(dtype, row))
+}
+
+/// Column of the first NaN/inf in a row (0 if there is none).
+fn first_non_finite(dtype: SourceDtype, row: &[u8]) -> usize {
+    row.chunks_exact(dtype.size())
+        .position(|c| !load_one(dtype, c).is_finite())
+        .unwrap_or(0)
 }
 
 /// The tensor's absmax (`max |w|`), after checking every element is finite.
@@ -278,10 +294,7 @@ pub struct Nvfp4Tensor {
 /// Quantize one block of 16 values into 8 packed bytes, returning its fp8 scale code.
 #[inline(always)]
 fn quantize_block(values: &[f32; BLOCK], g: f32, dtype: SourceDtype, out: &mut [u8]) -> u8 {
-    let mut amax = 0f32;
-    for &v in values {
-        amax = amax.max(v.abs());
-    }
+    let amax = values.iter().fold(0f32, |m, v| m.max(v.abs()));
     let code = block_scale_code(amax, g, dtype);
     // Two f32 divisions in this order, as the reference: s_eff = fp8 / g, then x / s_eff.
     let s_eff = e4m3_to_f32(code) / g;
@@ -295,8 +308,10 @@ fn quantize_block(values: &[f32; BLOCK], g: f32, dtype: SourceDtype, out: &mut [
     code
 }
 
-/// Quantize one row into its packed bytes and scale codes.
-fn quantize_row(dtype: SourceDtype, row: &[u8], g: f32, packed: &mut [u8], scales: &mut [u8]) {
+/// Quantize one row into its packed bytes and scale codes (portable body, inlined into each
+/// instruction-set specialisation below).
+#[inline(always)]
+fn quantize_row_body(dtype: SourceDtype, row: &[u8], g: f32, packed: &mut [u8], scales: &mut [u8]) {
     let mut block = [0f32; BLOCK];
     let step = BLOCK * dtype.size();
     for ((src, dst), scale) in row
@@ -309,6 +324,46 @@ fn quantize_row(dtype: SourceDtype, row: &[u8], g: f32, packed: &mut [u8], scale
     }
 }
 
+/// The same body compiled with AVX2 enabled, so the divisions and compares run 8 wide. Identical
+/// results: IEEE division and comparisons are exact per lane, and Rust never contracts to FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_row_avx2(
+    dtype: SourceDtype,
+    row: &[u8],
+    g: f32,
+    packed: &mut [u8],
+    scales: &mut [u8],
+) {
+    quantize_row_body(dtype, row, g, packed, scales)
+}
+
+/// Quantize one row with the best instruction set this CPU has (chosen at run time).
+/// `s_eff[code]` is `fp8(code) / g`, the reference's first division, precomputed per tensor.
+fn quantize_row(
+    dtype: SourceDtype,
+    row: &[u8],
+    g: f32,
+    s_eff: &[f32; 256],
+    packed: &mut [u8],
+    scales: &mut [u8],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2, checked just above.
+        return unsafe {
+            match dtype {
+                SourceDtype::Bf16 => {
+                    crate::nvfp4_avx2::quantize_bf16_row(row, g, s_eff, packed, scales)
+                }
+                _ => quantize_row_avx2(dtype, row, g, packed, scales),
+            }
+        };
+    }
+    let _ = s_eff;
+    quantize_row_body(dtype, row, g, packed, scales)
+}
+
 /// Quantize `weight` with the given global scale (its own, or its fused group's) into NVFP4.
 /// Fails if the input dimension is not a multiple of 16 or an element is NaN/inf.
 pub fn quantize_with_global_scale(
@@ -318,9 +373,15 @@ pub fn quantize_with_global_scale(
     weight.check_block_aligned()?;
     // Finiteness is part of the contract even when the caller computed the scale itself.
     tensor_amax(weight)?;
+    Ok(quantize_checked(weight, global_scale))
+}
+
+/// Quantize a weight already checked to be block aligned and finite.
+fn quantize_checked(weight: &WeightView<'_>, global_scale: f32) -> Nvfp4Tensor {
     let (rows, cols) = (weight.rows, weight.cols);
     let mut packed = vec![0u8; rows * cols / 2];
     let mut scales = vec![0u8; rows * cols / BLOCK];
+    let s_eff: [f32; 256] = std::array::from_fn(|code| e4m3_to_f32(code as u8) / global_scale);
     if cols > 0 {
         packed
             .par_chunks_mut(cols / 2)
@@ -328,23 +389,30 @@ pub fn quantize_with_global_scale(
             .enumerate()
             .with_min_len(ROWS_PER_TASK)
             .for_each(|(r, (p, s))| {
-                quantize_row(weight.dtype, weight.row_bytes(r), global_scale, p, s)
+                quantize_row(
+                    weight.dtype,
+                    weight.row_bytes(r),
+                    global_scale,
+                    &s_eff,
+                    p,
+                    s,
+                )
             });
     }
-    Ok(Nvfp4Tensor {
+    Nvfp4Tensor {
         rows,
         cols,
         packed,
         scales,
         global_scale,
-    })
+    }
 }
 
 /// Quantize a standalone (unfused) weight: its own global scale, then blocks and codes.
 pub fn quantize(weight: &WeightView<'_>) -> Result<Nvfp4Tensor, NumericsError> {
     weight.check_block_aligned()?;
     let g = global_scale(tensor_amax(weight)?, weight.dtype);
-    quantize_with_global_scale(weight, g)
+    Ok(quantize_checked(weight, g))
 }
 
 /// Quantize the members of a fused group (q/k/v or gate/up) with one shared global scale.
@@ -353,10 +421,7 @@ pub fn quantize_fused(members: &[WeightView<'_>]) -> Result<Vec<Nvfp4Tensor>, Nu
         m.check_block_aligned()?;
     }
     let g = fused_global_scale(members)?;
-    members
-        .iter()
-        .map(|m| quantize_with_global_scale(m, g))
-        .collect()
+    Ok(members.iter().map(|m| quantize_checked(m, g)).collect())
 }
 
 /// Split packed bytes into one E2M1 code per element (low nibble first).
@@ -401,7 +466,7 @@ impl Nvfp4View<'_> {
     }
 
     fn check(&self) -> bool {
-        self.cols % BLOCK == 0
+        self.cols.is_multiple_of(BLOCK)
             && self.packed.len() == self.rows * self.cols / 2
             && self.scales.len() == self.rows * self.cols / BLOCK
     }
@@ -441,25 +506,41 @@ pub fn dequantize_f32(view: &Nvfp4View<'_>) -> Vec<f32> {
 /// Dequantize to bf16 bits (the model dtype cast of compressed-tensors' decompress: the f32
 /// product rounded to nearest even). Same shape contract as [`dequantize_f32`].
 pub fn dequantize_bf16(view: &Nvfp4View<'_>) -> Vec<u16> {
-    assert!(view.check(), "NVFP4 view buffers do not match its shape");
     let mut out = vec![0u16; view.rows * view.cols];
+    dequantize_bf16_into(view, &mut out);
+    out
+}
+
+/// [`dequantize_bf16`] into a caller-provided buffer of exactly `rows * cols` elements (panics
+/// otherwise), so hot loops can reuse their memory.
+pub fn dequantize_bf16_into(view: &Nvfp4View<'_>, out: &mut [u16]) {
+    assert!(view.check(), "NVFP4 view buffers do not match its shape");
+    assert_eq!(out.len(), view.rows * view.cols, "output buffer size");
+    let g = view.global_scale;
     out.par_chunks_mut(BLOCK * 256)
         .zip(view.packed.par_chunks(BLOCK / 2 * 256))
         .zip(view.scales.par_chunks(256))
-        .for_each(|((o, p), s)| {
-            for ((ob, pb), &sc) in o
-                .chunks_exact_mut(BLOCK)
-                .zip(p.chunks_exact(BLOCK / 2))
-                .zip(s)
-            {
-                let table = block_table(sc, view.global_scale).map(f32_to_bf16_bits);
-                for (pair, &byte) in ob.chunks_exact_mut(2).zip(pb) {
-                    pair[0] = table[(byte & 0xF) as usize];
-                    pair[1] = table[(byte >> 4) as usize];
-                }
-            }
-        });
-    out
+        .for_each(|((o, p), s)| dequantize_bf16_blocks(o, p, s, g));
+}
+
+/// Dequantize whole blocks to bf16 with the best instruction set this CPU has.
+fn dequantize_bf16_blocks(out: &mut [u16], packed: &[u8], scales: &[u8], g: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2, checked just above.
+        return unsafe { crate::nvfp4_avx2::dequantize_bf16_blocks(out, packed, scales, g) };
+    }
+    for ((ob, pb), &sc) in out
+        .chunks_exact_mut(BLOCK)
+        .zip(packed.chunks_exact(BLOCK / 2))
+        .zip(scales)
+    {
+        let table = block_table(sc, g).map(f32_to_bf16_bits);
+        for (pair, &byte) in ob.chunks_exact_mut(2).zip(pb) {
+            pair[0] = table[(byte & 0xF) as usize];
+            pair[1] = table[(byte >> 4) as usize];
+        }
+    }
 }
 
 #[cfg(test)]
@@ -499,15 +580,15 @@ mod tests {
         assert_eq!(
             &q.packed[..16],
             &[
-                0xff, 0xef, 0xee, 0xde, 0xdd, 0xcc, 0xab, 0x9a, 0x10, 0x22, 0x43, 0x54, 0x65,
-                0x66, 0x76, 0x77
+                0xff, 0xef, 0xee, 0xde, 0xdd, 0xcc, 0xab, 0x9a, 0x10, 0x22, 0x43, 0x54, 0x65, 0x66,
+                0x76, 0x77
             ]
         );
         assert_eq!(
             &q.packed[16..],
             &[
-                0x91, 0xb2, 0xc4, 0xd5, 0xe5, 0xe6, 0xf6, 0xf7, 0xd5, 0xe6, 0xe6, 0xe6, 0xe6,
-                0xf7, 0xf7, 0xf7
+                0x91, 0xb2, 0xc4, 0xd5, 0xe5, 0xe6, 0xf6, 0xf7, 0xd5, 0xe6, 0xe6, 0xe6, 0xe6, 0xf7,
+                0xf7, 0xf7
             ]
         );
     }
@@ -542,5 +623,76 @@ mod tests {
     #[test]
     fn wrong_byte_length_is_an_error() {
         assert!(WeightView::new("w", SourceDtype::F32, 2, 16, &[0u8; 64]).is_err());
+    }
+}
+
+#[cfg(test)]
+mod simd_agreement {
+    use super::*;
+
+    /// Values that stress every rounding path: ties, signed zeros, subnormal-scale blocks, spikes.
+    fn awkward_row(seed: u64, cols: usize) -> Vec<u8> {
+        let mut state = seed | 1;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        (0..cols)
+            .map(|i| {
+                let r = next();
+                let v = match r % 9 {
+                    0 => [0.25f32, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0][(r >> 8) as usize % 8],
+                    1 => -0.0,
+                    2 => 0.0,
+                    3 => f32::from_bits((r >> 16) as u32 & 0x807F_FFFF) * 1e-3,
+                    4 => (i as f32) * 1e-30,
+                    5 => f32::from_bits(((r >> 20) as u32 & 0x3FFF_FFFF) | ((r as u32) << 31)),
+                    _ => ((r >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0,
+                };
+                if r % 7 == 0 {
+                    -v
+                } else {
+                    v
+                }
+            })
+            .flat_map(|v: f32| f32_to_bf16_bits(v).to_le_bytes())
+            .collect()
+    }
+
+    #[test]
+    fn dispatched_kernels_equal_the_portable_body() {
+        for seed in 0..200u64 {
+            let cols = 16 * (1 + seed as usize % 40);
+            let row = awkward_row(seed * 7919 + 1, cols);
+            let amax = row_amax(SourceDtype::Bf16, &row).unwrap();
+            let mut portable_amax = 0f32;
+            for c in row.chunks_exact(2) {
+                portable_amax = portable_amax.max(load_one(SourceDtype::Bf16, c).abs());
+            }
+            assert_eq!(amax, portable_amax);
+            for g in [global_scale(amax, SourceDtype::Bf16), 1.0, 3.0e38, 0.5] {
+                let s_eff: [f32; 256] = std::array::from_fn(|c| e4m3_to_f32(c as u8) / g);
+                let (mut p1, mut s1) = (vec![0u8; cols / 2], vec![0u8; cols / 16]);
+                let (mut p2, mut s2) = (vec![0u8; cols / 2], vec![0u8; cols / 16]);
+                quantize_row(SourceDtype::Bf16, &row, g, &s_eff, &mut p1, &mut s1);
+                quantize_row_body(SourceDtype::Bf16, &row, g, &mut p2, &mut s2);
+                assert_eq!((&p1, &s1), (&p2, &s2), "seed {seed} g {g}");
+                let view = Nvfp4View {
+                    rows: 1,
+                    cols,
+                    packed: &p1,
+                    scales: &s1,
+                    global_scale: g,
+                };
+                let fast = dequantize_bf16(&view);
+                let slow: Vec<u16> = dequantize_f32(&view)
+                    .into_iter()
+                    .map(f32_to_bf16_bits)
+                    .collect();
+                assert_eq!(fast, slow, "dequantize seed {seed} g {g}");
+            }
+        }
     }
 }

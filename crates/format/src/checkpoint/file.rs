@@ -1,0 +1,116 @@
+//! One `.safetensors` file, memory-mapped, its header validated on open.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use indexmap::IndexMap;
+use memmap2::Mmap;
+
+use super::{CheckpointError, SafetensorsHeader, TensorInfo};
+
+/// A memory-mapped safetensors file whose header has been validated.
+///
+/// Tensor bytes are borrowed straight from the map (zero copy). The file must not be truncated
+/// or rewritten by another process while it is open (that would be undefined behaviour for any
+/// memory map; in practice a SIGBUS).
+#[derive(Debug)]
+pub struct SafetensorsFile {
+    path: PathBuf,
+    map: Mmap,
+    header: SafetensorsHeader,
+    by_name: HashMap<String, usize>,
+}
+
+impl SafetensorsFile {
+    /// Opens and maps `path`, then parses and validates its header
+    /// (see [`SafetensorsHeader::parse`]).
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, CheckpointError> {
+        let path = path.as_ref().to_path_buf();
+        let file = File::open(&path).map_err(|e| CheckpointError::io(&path, e))?;
+        // SAFETY: the map is read-only and lives no longer than `self`; the type's contract
+        // (documented above) is that nobody truncates or rewrites the file while it is open.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| CheckpointError::io(&path, e))?;
+        let header = SafetensorsHeader::parse(&path, &map)?;
+        let by_name = header.name_index();
+        Ok(Self {
+            path,
+            map,
+            header,
+            by_name,
+        })
+    }
+
+    /// The path the file was opened with.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file name (last path component), lossily as UTF-8.
+    pub fn file_name(&self) -> String {
+        self.path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
+    /// The validated header.
+    pub fn header(&self) -> &SafetensorsHeader {
+        &self.header
+    }
+
+    /// The header's `__metadata__` map; `None` when the file has none.
+    pub fn metadata(&self) -> Option<&IndexMap<String, String>> {
+        self.header.metadata.as_ref()
+    }
+
+    /// All tensors, in file (data offset) order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.header.tensors
+    }
+
+    /// Tensor names, in file (data offset) order.
+    pub fn names(&self) -> impl Iterator<Item = &str> + '_ {
+        self.header.tensors.iter().map(|t| t.name.as_str())
+    }
+
+    /// Number of tensors.
+    pub fn len(&self) -> usize {
+        self.header.tensors.len()
+    }
+
+    /// Whether the file holds no tensor.
+    pub fn is_empty(&self) -> bool {
+        self.header.tensors.is_empty()
+    }
+
+    /// Whether a tensor named `name` exists.
+    pub fn contains(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+
+    /// The header entry of `name`, if present.
+    pub fn info(&self, name: &str) -> Option<&TensorInfo> {
+        self.by_name.get(name).map(|&i| &self.header.tensors[i])
+    }
+
+    /// The raw little-endian bytes of `name`, borrowed from the map.
+    pub fn bytes(&self, name: &str) -> Result<&[u8], CheckpointError> {
+        let &i = self
+            .by_name
+            .get(name)
+            .ok_or_else(|| CheckpointError::MissingTensor {
+                path: self.path.clone(),
+                tensor: name.to_owned(),
+            })?;
+        Ok(self.bytes_at(i))
+    }
+
+    /// The bytes of the `i`-th tensor in file order (`i < len()`; its range was validated
+    /// against the file size when the header was parsed).
+    pub(crate) fn bytes_at(&self, i: usize) -> &[u8] {
+        let range = &self.header.tensors[i].data_offsets;
+        let start = self.header.data_start();
+        &self.map[start + range.start..start + range.end]
+    }
+}
