@@ -23,6 +23,9 @@ pub enum BuilderError {
         #[source]
         source: std::io::Error,
     },
+    /// A checkpoint's safetensors files could not be read (the error names file and tensor).
+    #[error(transparent)]
+    Checkpoint(#[from] fp4forge_format::CheckpointError),
     /// A file is not valid JSON.
     #[error("{}: invalid JSON: {source}", path.display())]
     Json {
@@ -39,6 +42,14 @@ pub enum BuilderError {
         source_name: String,
         /// The field, as a JSON path (`quantization_config.config_groups.group_0.weights`).
         field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A `--hardware` spec that is neither a known device nor `NAME=GBPS`.
+    #[error("hardware {spec:?}: {reason}")]
+    Hardware {
+        /// The spec as given.
+        spec: String,
         /// What is wrong with it.
         reason: String,
     },

@@ -60,6 +60,12 @@ impl<'a> TensorEntry<'a> {
     pub fn bytes(&self) -> &'a [u8] {
         self.shard.bytes_at(self.index_in_shard)
     }
+
+    /// Lets the OS drop this tensor's pages from memory (call when done with its bytes; reading
+    /// them again still works, from disk).
+    pub fn release(&self) {
+        self.shard.release_at(self.index_in_shard)
+    }
 }
 
 impl Checkpoint {

@@ -113,4 +113,23 @@ impl SafetensorsFile {
         let start = self.header.data_start();
         &self.map[start + range.start..start + range.end]
     }
+
+    /// Drops the pages of tensor `i` from this process's resident set (they are re-read from the
+    /// file if touched again). Streaming readers call this after each tensor so that resident
+    /// memory stays bounded by the tensors in flight, not by the checkpoint.
+    pub(crate) fn release_at(&self, i: usize) {
+        const PAGE: usize = 4096;
+        let range = &self.header.tensors[i].data_offsets;
+        let begin = (self.header.data_start() + range.start) / PAGE * PAGE;
+        let end = (self.header.data_start() + range.end).min(self.map.len());
+        if end > begin {
+            // SAFETY: the map is a read-only shared file mapping; MADV_DONTNEED only drops cached
+            // pages, which the kernel re-reads from the unchanged file on the next access.
+            // Failure is harmless (memory just stays resident), so the result is ignored.
+            let _ = unsafe {
+                self.map
+                    .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, begin, end - begin)
+            };
+        }
+    }
 }
