@@ -61,4 +61,29 @@ pub enum BuilderError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A fused group (q/k/v, gate/up) whose members would be split between quantized and not.
+    #[error("fused group split: [{quantized}] would be quantized but [{left_out}] would not; fused siblings share one global scale, so select all of them or none")]
+    FusedGroupSplit {
+        /// Members that the patterns select.
+        quantized: String,
+        /// Members they leave out.
+        left_out: String,
+    },
+    /// A tensor could not be quantized (NaN/inf, shape); names the file and the tensor.
+    #[error("{}: {source}", file.display())]
+    Numerics {
+        /// The shard holding the tensor.
+        file: PathBuf,
+        /// What is wrong (names the tensor).
+        #[source]
+        source: fp4forge_format::NumericsError,
+    },
+    /// The output directory cannot be created or replaced.
+    #[error("{}: {reason}", path.display())]
+    Output {
+        /// The output directory.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
 }

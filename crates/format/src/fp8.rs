@@ -39,17 +39,21 @@ pub fn e4m3_to_f32(code: u8) -> f32 {
     E4M3_TO_F32[code as usize]
 }
 
-/// Encode `x` as E4M3FN exactly like torch's `tensor.to(torch.float8_e4m3fn)`: round to nearest
-/// even, subnormals kept, and anything whose magnitude reaches 480 after rounding (including
-/// infinities and NaN) becomes NaN (0x7F, with the sign bit of `x`).
+/// Encode `x` as E4M3FN exactly like torch's `tensor.to(torch.float8_e4m3fn)` (torch 2.14):
+/// round to nearest even, subnormals kept, magnitudes that round past 448 (and ±inf) saturate to
+/// ±448, and NaN becomes NaN (0x7F with the sign bit of `x`).
 #[inline]
 pub fn f32_to_e4m3(x: f32) -> u8 {
     let bits = x.to_bits();
     let sign = ((bits >> 24) & 0x80) as u8;
+    if x.is_nan() {
+        return sign | 0x7F;
+    }
     let abs_bits = bits & 0x7FFF_FFFF;
-    // 480.0 = 0x43F0_0000: every value at or above it (and inf/NaN) saturates to NaN.
-    let magnitude = if abs_bits >= 0x43F0_0000 {
-        0x7F
+    // 464.0 = 0x43E8_0000 is the tie between 448 and 480: it and everything below rounds to at
+    // most 448; anything above saturates to 448 (0x7E).
+    let magnitude = if abs_bits > 0x43E8_0000 {
+        0x7E
     } else if abs_bits < 0x3C80_0000 {
         // below 2^-6: subnormal range; |x| * 2^9 is exact, round half to even to an integer m.
         (f32::from_bits(abs_bits) * 512.0).round_ties_even() as u8
@@ -62,7 +66,8 @@ pub fn f32_to_e4m3(x: f32) -> u8 {
     sign | magnitude
 }
 
-/// Encode `x` as E4M3FN after clamping it to ±448 (compressed-tensors' block-scale path).
+/// Encode `x` as E4M3FN after clamping it to ±448 (compressed-tensors' block-scale path: it
+/// clamps before the cast, so this holds whatever the torch version's overflow behaviour).
 /// NaN stays NaN.
 #[inline]
 pub fn f32_to_e4m3_saturating(x: f32) -> u8 {
@@ -102,7 +107,9 @@ mod tests {
     #[test]
     fn ties_and_overflow() {
         assert_eq!(f32_to_e4m3(464.0), 0x7E); // tie between 448 and 480: even mantissa
-        assert_eq!(f32_to_e4m3(470.0), 0x7F); // rounds past 448 → NaN (torch's raw cast)
+        assert_eq!(f32_to_e4m3(470.0), 0x7E); // rounds past 448: saturates (torch 2.14)
+        assert_eq!(f32_to_e4m3(f32::NEG_INFINITY), 0xFE);
+        assert_eq!(f32_to_e4m3(f32::NAN), 0x7F);
         assert_eq!(f32_to_e4m3_saturating(1e9), 0x7E);
         assert_eq!(f32_to_e4m3(2f32.powi(-10)), 0x00); // half of the smallest subnormal: to even
         assert_eq!(f32_to_e4m3(3.0 * 2f32.powi(-10)), 0x02);

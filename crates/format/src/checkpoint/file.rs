@@ -127,8 +127,11 @@ impl SafetensorsFile {
             // pages, which the kernel re-reads from the unchanged file on the next access.
             // Failure is harmless (memory just stays resident), so the result is ignored.
             let _ = unsafe {
-                self.map
-                    .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, begin, end - begin)
+                self.map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    begin,
+                    end - begin,
+                )
             };
         }
     }

@@ -1,0 +1,130 @@
+//! Atomic output directories: everything is written into a hidden sibling directory that is
+//! renamed onto the destination only when complete. A failed or interrupted build leaves no
+//! destination behind (and, when it fails normally, no staging directory either).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::BuilderError;
+
+/// A staging directory for one output; removed on drop unless [`commit`](Self::commit)ted.
+#[derive(Debug)]
+pub struct StagingDir {
+    staging: PathBuf,
+    dst: PathBuf,
+    committed: bool,
+}
+
+fn output_error(path: &Path, reason: impl Into<String>) -> BuilderError {
+    BuilderError::Output {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+/// `path` made absolute and normalised as far as it exists (the last components may not exist).
+fn absolute(path: &Path) -> PathBuf {
+    let mut existing = path.to_path_buf();
+    let mut rest = Vec::new();
+    while !existing.exists() {
+        match (existing.parent(), existing.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_os_string());
+                existing = if parent.as_os_str().is_empty() {
+                    PathBuf::from(".")
+                } else {
+                    parent.to_path_buf()
+                };
+            }
+            _ => break,
+        }
+    }
+    let mut out = fs::canonicalize(&existing).unwrap_or(existing);
+    out.extend(rest.into_iter().rev());
+    out
+}
+
+impl StagingDir {
+    /// Prepares a staging directory for `dst`. Refuses when `dst` exists and `force` is false,
+    /// and when `dst` and `src` are the same directory or one contains the other (a build must
+    /// never write into, or delete, its source).
+    pub fn create(src: &Path, dst: &Path, force: bool) -> Result<Self, BuilderError> {
+        let (src_abs, dst_abs) = (absolute(src), absolute(dst));
+        if src_abs.starts_with(&dst_abs) || dst_abs.starts_with(&src_abs) {
+            return Err(output_error(
+                dst,
+                format!(
+                    "output overlaps the source {} (refusing to write into or replace it)",
+                    src.display()
+                ),
+            ));
+        }
+        if dst.exists() && !force {
+            return Err(output_error(
+                dst,
+                "already exists (pass --force to replace it)",
+            ));
+        }
+        let name = dst
+            .file_name()
+            .ok_or_else(|| output_error(dst, "has no directory name"))?
+            .to_string_lossy()
+            .into_owned();
+        let parent = dst_abs
+            .parent()
+            .ok_or_else(|| output_error(dst, "has no parent directory"))?
+            .to_path_buf();
+        fs::create_dir_all(&parent).map_err(|e| output_error(&parent, e.to_string()))?;
+        let staging = parent.join(format!(".{name}.fp4forge-partial-{}", std::process::id()));
+        if staging.exists() {
+            fs::remove_dir_all(&staging).map_err(|e| output_error(&staging, e.to_string()))?;
+        }
+        fs::create_dir(&staging).map_err(|e| output_error(&staging, e.to_string()))?;
+        Ok(Self {
+            staging,
+            dst: dst.to_path_buf(),
+            committed: false,
+        })
+    }
+
+    /// The directory to write into.
+    pub fn path(&self) -> &Path {
+        &self.staging
+    }
+
+    /// Moves the finished output onto the destination (replacing an existing one, which is first
+    /// moved aside so that the destination is never half old, half new).
+    pub fn commit(mut self) -> Result<PathBuf, BuilderError> {
+        if let Ok(dir) = fs::File::open(&self.staging) {
+            let _ = dir.sync_all();
+        }
+        let mut aside = None;
+        if self.dst.exists() {
+            let old = self.staging.with_extension("old");
+            fs::rename(&self.dst, &old).map_err(|e| output_error(&self.dst, e.to_string()))?;
+            aside = Some(old);
+        }
+        if let Err(e) = fs::rename(&self.staging, &self.dst) {
+            if let Some(old) = &aside {
+                let _ = fs::rename(old, &self.dst);
+            }
+            return Err(output_error(&self.dst, e.to_string()));
+        }
+        self.committed = true;
+        if let Some(old) = aside {
+            fs::remove_dir_all(&old).map_err(|e| output_error(&old, e.to_string()))?;
+        }
+        if let Some(parent) = self.dst.parent().and_then(|p| fs::File::open(p).ok()) {
+            let _ = parent.sync_all();
+        }
+        Ok(self.dst.clone())
+    }
+}
+
+impl Drop for StagingDir {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = fs::remove_dir_all(&self.staging);
+        }
+    }
+}

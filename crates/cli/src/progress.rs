@@ -1,0 +1,36 @@
+//! Terminal progress bars for long jobs (bytes/s and ETA), hidden when stderr is not a terminal.
+
+use fp4forge_builder::build::Progress;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// An indicatif bar that implements the builder's [`Progress`].
+pub struct Bar(ProgressBar);
+
+impl Bar {
+    /// A byte-counting bar with a label.
+    pub fn new(label: &str) -> Self {
+        let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
+        let style = ProgressStyle::with_template(
+            "{prefix:>10} [{elapsed_precise}] {wide_bar} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} ETA {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+        bar.set_style(style);
+        bar.set_prefix(label.to_string());
+        Self(bar)
+    }
+
+    /// Removes the bar from the terminal.
+    pub fn finish(&self) {
+        self.0.finish_and_clear();
+    }
+}
+
+impl Progress for Bar {
+    fn start(&self, total_bytes: u64) {
+        self.0.set_length(total_bytes);
+    }
+
+    fn advance(&self, bytes: u64) {
+        self.0.inc(bytes);
+    }
+}
