@@ -86,4 +86,7 @@ pub enum BuilderError {
         /// What is wrong.
         reason: String,
     },
+    /// The build was cancelled (e.g. Ctrl-C); nothing was written.
+    #[error("cancelled; no output was written")]
+    Cancelled,
 }

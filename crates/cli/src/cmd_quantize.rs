@@ -100,6 +100,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    crate::progress::install_interrupt_handler();
     let bar = Bar::new("quantize");
     let report = builder.run(&bar);
     bar.finish();

@@ -1,9 +1,20 @@
 //! Terminal progress bars for long jobs (bytes/s and ETA), hidden when stderr is not a terminal.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use fp4forge_builder::build::Progress;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-/// An indicatif bar that implements the builder's [`Progress`].
+/// Set by the Ctrl-C handler; long jobs poll it and stop cleanly.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Installs the Ctrl-C / SIGTERM handler (once per process).
+pub fn install_interrupt_handler() {
+    let _ = ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst));
+}
+
+/// An indicatif bar that implements the builder's [`Progress`] and reports Ctrl-C as a
+/// cancellation.
 pub struct Bar(ProgressBar);
 
 impl Bar {
@@ -32,5 +43,9 @@ impl Progress for Bar {
 
     fn advance(&self, bytes: u64) {
         self.0.inc(bytes);
+    }
+
+    fn cancelled(&self) -> bool {
+        INTERRUPTED.load(Ordering::SeqCst)
     }
 }

@@ -222,8 +222,9 @@ pub fn tensor_amax(weight: &WeightView<'_>) -> Result<f32, NumericsError> {
 }
 
 /// The global scale `weight_global_scale` for a tensor (or fused group) with absmax `amax`, stored
-/// as the multiplier 2688/amax: `round(round(1 / max(amax, tiny)) * 2688)` in the source dtype
-/// (bf16/fp16 round twice, f32 not at all); an overflow to inf (e.g. an all-zero tensor) gives 1.0.
+/// as the multiplier 2688/amax: `round(round(1 / max(amax, tiny)) * 2688)`, both roundings in the
+/// source dtype (torch evaluates `2688 / t` as `reciprocal(t) * 2688`, so even f32 rounds twice);
+/// an overflow to inf (e.g. an all-zero tensor, or a small fp16 amax) gives 1.0.
 pub fn global_scale(amax: f32, dtype: SourceDtype) -> f32 {
     let clamped = amax.max(dtype.tiny());
     let reciprocal = dtype.round(1.0 / clamped);

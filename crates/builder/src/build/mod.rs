@@ -26,6 +26,10 @@ pub trait Progress: Sync {
     fn start(&self, total_bytes: u64);
     /// Called as jobs complete with the source bytes they consumed.
     fn advance(&self, bytes: u64);
+    /// Polled between jobs: `true` stops the build (cleanly: no output is left behind).
+    fn cancelled(&self) -> bool {
+        false
+    }
 }
 
 /// A [`Progress`] that ignores everything.
@@ -241,6 +245,9 @@ fn run_job(
     job: &Job,
     progress: &dyn Progress,
 ) -> Result<(), BuilderError> {
+    if progress.cancelled() {
+        return Err(BuilderError::Cancelled);
+    }
     match job {
         Job::Copy { tensor } => {
             let source = WeightSource::Tensor(tensor.clone());
