@@ -2,9 +2,12 @@
 #![deny(missing_docs)]
 
 pub mod build;
+pub mod context;
 mod error;
 pub mod inspect;
 pub mod plan;
+pub mod staging;
+pub mod synth;
 pub mod verify;
 
 pub use error::BuilderError;

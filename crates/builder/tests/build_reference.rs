@@ -103,8 +103,9 @@ fn fused_expert_copy(into: &Path) -> PathBuf {
         regex::Regex::new(r"^(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$").unwrap();
     let mut specs = Vec::new();
     let mut data: Vec<(String, Vec<u8>)> = Vec::new();
-    let mut fused: std::collections::BTreeMap<String, Vec<(usize, String, Vec<u8>, Vec<usize>)>> =
-        Default::default();
+    /// (expert, gate|up|down, bytes, shape) per expert projection.
+    type Part = (usize, String, Vec<u8>, Vec<usize>);
+    let mut fused: std::collections::BTreeMap<String, Vec<Part>> = Default::default();
     for e in src.tensors() {
         if let Some(c) = expert.captures(e.name()) {
             fused.entry(c[1].to_string()).or_default().push((

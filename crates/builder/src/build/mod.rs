@@ -2,8 +2,6 @@
 //! threads tensor by tensor (quantizing or copying), and writes shards through the shard writer.
 //! Resident memory is a few tensors, never the model: source pages are released after each job.
 
-mod staging;
-
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -17,8 +15,8 @@ use serde::Serialize;
 
 use crate::plan::modules::WeightSource;
 use crate::plan::{Job, PlanRequest, PlanSummary, QuantizeMember, QuantizePlan};
+use crate::staging::StagingDir;
 use crate::BuilderError;
-pub use staging::StagingDir;
 
 /// Receives progress of a long job, in source bytes processed.
 pub trait Progress: Sync {
@@ -114,7 +112,7 @@ impl QuantizeBuilder {
     pub fn run(&self, progress: &dyn Progress) -> Result<BuildReport, BuilderError> {
         let started = Instant::now();
         let (checkpoint, plan) = self.plan()?;
-        let staging = StagingDir::create(&self.src, &self.dst, self.force)?;
+        let staging = StagingDir::create_from(&self.src, &self.dst, self.force)?;
         let mut builder = ShardWriterBuilder::new();
         if let Some(bytes) = self.max_shard_bytes {
             builder = builder.max_shard_bytes(bytes);

@@ -110,7 +110,8 @@ pub(super) fn check(
         }
     }
     // Fused shards must share a scheme (vLLM refuses mixed schemes in one fused layer).
-    let mut by_key: HashMap<(String, usize), Vec<(&str, Option<&&str>)>> = HashMap::new();
+    type Shards<'m> = Vec<(&'m str, Option<&'m &'m str>)>;
+    let mut by_key: HashMap<(String, usize), Shards<'_>> = HashMap::new();
     for m in dst_modules {
         if let Some(key) = fusion_key(&m.name) {
             by_key

@@ -45,10 +45,10 @@ fn absolute(path: &Path) -> PathBuf {
 }
 
 impl StagingDir {
-    /// Prepares a staging directory for `dst`. Refuses when `dst` exists and `force` is false,
-    /// and when `dst` and `src` are the same directory or one contains the other (a build must
-    /// never write into, or delete, its source).
-    pub fn create(src: &Path, dst: &Path, force: bool) -> Result<Self, BuilderError> {
+    /// Like [`create`](Self::create) for an output built from `src`; also refuses when `dst`
+    /// and `src` are the same directory or one contains the other (a build must never write
+    /// into, or delete, its source).
+    pub fn create_from(src: &Path, dst: &Path, force: bool) -> Result<Self, BuilderError> {
         let (src_abs, dst_abs) = (absolute(src), absolute(dst));
         if src_abs.starts_with(&dst_abs) || dst_abs.starts_with(&src_abs) {
             return Err(output_error(
@@ -59,7 +59,14 @@ impl StagingDir {
                 ),
             ));
         }
-        if dst.exists() && !force {
+        Self::create(dst, force)
+    }
+
+    /// Prepares a staging directory for `dst` (creating `dst`'s parent if needed). Refuses when
+    /// `dst` exists and `force` is false.
+    pub fn create(dst: &Path, force: bool) -> Result<Self, BuilderError> {
+        let dst_abs = absolute(dst);
+        if fs::symlink_metadata(dst).is_ok() && !force {
             return Err(output_error(
                 dst,
                 "already exists (pass --force to replace it)",
@@ -99,7 +106,7 @@ impl StagingDir {
             let _ = dir.sync_all();
         }
         let mut aside = None;
-        if self.dst.exists() {
+        if fs::symlink_metadata(&self.dst).is_ok() {
             let old = self.staging.with_extension("old");
             fs::rename(&self.dst, &old).map_err(|e| output_error(&self.dst, e.to_string()))?;
             aside = Some(old);
@@ -112,7 +119,12 @@ impl StagingDir {
         }
         self.committed = true;
         if let Some(old) = aside {
-            fs::remove_dir_all(&old).map_err(|e| output_error(&old, e.to_string()))?;
+            let removed = if fs::symlink_metadata(&old).is_ok_and(|m| m.is_dir()) {
+                fs::remove_dir_all(&old)
+            } else {
+                fs::remove_file(&old)
+            };
+            removed.map_err(|e| output_error(&old, e.to_string()))?;
         }
         if let Some(parent) = self.dst.parent().and_then(|p| fs::File::open(p).ok()) {
             let _ = parent.sync_all();
