@@ -86,6 +86,17 @@ pub enum BuilderError {
         /// What is wrong.
         reason: String,
     },
+    /// A GGUF file could not be read (the error names the file and the key or tensor).
+    #[error(transparent)]
+    Gguf(#[from] fp4forge_format::gguf::GgufError),
+    /// A GGUF model cannot be imported: unsupported architecture, tokenizer or layout.
+    #[error("{}: {reason}", file.display())]
+    Import {
+        /// The GGUF file.
+        file: PathBuf,
+        /// What is unsupported or inconsistent (names the key or tensor).
+        reason: String,
+    },
     /// The build was cancelled (e.g. Ctrl-C); nothing was written.
     #[error("cancelled; no output was written")]
     Cancelled,

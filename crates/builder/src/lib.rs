@@ -4,6 +4,7 @@
 pub mod build;
 pub mod context;
 mod error;
+pub mod import_gguf;
 pub mod inspect;
 pub mod plan;
 pub mod staging;

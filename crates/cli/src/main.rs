@@ -1,7 +1,10 @@
 //! The `fp4forge` binary: argument parsing and wiring, nothing else.
 use clap::{Parser, Subcommand};
 
+mod cmd_bench;
 mod cmd_context;
+mod cmd_eval;
+mod cmd_import_gguf;
 mod cmd_inspect;
 mod cmd_quantize;
 mod cmd_synth;
@@ -30,6 +33,15 @@ enum Command {
     Synth(cmd_synth::SynthArgs),
     /// Switch a checkpoint's maximum context (full-attention YaRN, max_position_embeddings).
     Context(cmd_context::ContextArgs),
+    /// Convert a llama.cpp GGUF (llama, qwen2) to an HF checkpoint: dequantized bf16 weights,
+    /// config.json, tokenizer.json and chat template.
+    ImportGguf(cmd_import_gguf::ImportGgufArgs),
+    /// Decode/prefill speed at exact prompt lengths and a concurrency sweep, against any
+    /// OpenAI-compatible server (ours or vLLM's).
+    Bench(cmd_bench::BenchArgs),
+    /// Task scores with standard errors (log-likelihood multiple choice, GSM8K, WikiText
+    /// perplexity), optionally paired against a second endpoint (deltas, KL).
+    Eval(cmd_eval::EvalArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -40,5 +52,8 @@ fn main() -> anyhow::Result<()> {
         Command::Inspect(args) => cmd_inspect::run(args),
         Command::Synth(args) => cmd_synth::run(args),
         Command::Context(args) => cmd_context::run(args),
+        Command::ImportGguf(args) => cmd_import_gguf::run(args),
+        Command::Bench(args) => cmd_bench::run(args),
+        Command::Eval(args) => cmd_eval::run(args),
     }
 }

@@ -32,6 +32,7 @@ mod nvfp4_avx2;
 pub mod checkpoint;
 pub mod config;
 mod fsutil;
+pub mod gguf;
 pub mod shard_writer;
 
 pub use error::NumericsError;
@@ -46,4 +47,5 @@ pub use checkpoint::{
 pub use config::{
     write_file_atomic, Field, ModelConfig, QuantizationArgs, QuantizationConfig, QuantizationScheme,
 };
+pub use gguf::{GgmlType, GgufError, GgufFile, GgufHeader, TensorInfo as GgufTensorInfo};
 pub use shard_writer::{ShardWriter, ShardWriterBuilder, TensorSpec, WrittenCheckpoint};
