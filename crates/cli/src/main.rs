@@ -7,6 +7,7 @@ mod cmd_eval;
 mod cmd_import_gguf;
 mod cmd_inspect;
 mod cmd_quantize;
+mod cmd_run;
 mod cmd_synth;
 mod cmd_verify;
 mod progress;
@@ -27,6 +28,8 @@ enum Command {
     /// Prove that DST was built from SRC: re-derive every quantized tensor bit for bit, compare
     /// every other tensor byte for byte, check the config.
     Verify(cmd_verify::VerifyArgs),
+    /// Generate text with the native engine (CPU), streamed to the terminal.
+    Run(cmd_run::RunArgs),
     /// Parameters and bytes per component, bytes per decoded token, KV cache, decode ceilings.
     Inspect(cmd_inspect::InspectArgs),
     /// Write a synthetic Laguna checkpoint (seeded random weights), bf16 or stock NVFP4.
@@ -50,6 +53,7 @@ fn main() -> anyhow::Result<()> {
         Command::Quantize(args) => cmd_quantize::run(args),
         Command::Verify(args) => cmd_verify::run(args),
         Command::Inspect(args) => cmd_inspect::run(args),
+        Command::Run(args) => cmd_run::run(args),
         Command::Synth(args) => cmd_synth::run(args),
         Command::Context(args) => cmd_context::run(args),
         Command::ImportGguf(args) => cmd_import_gguf::run(args),

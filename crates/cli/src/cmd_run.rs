@@ -1,0 +1,186 @@
+//! `fp4forge run DIR --prompt TEXT`: generate with the native engine, streamed to the terminal.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use fp4forge_engine::{
+    ChatMessage, GenerateOptions, KvDtype, Model, ModelOptions, SamplingParams, StopReason,
+    TextCodec,
+};
+
+/// Arguments of `fp4forge run`.
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Checkpoint directory (bf16, or compressed-tensors NVFP4: weights stay packed).
+    dir: PathBuf,
+    /// Prompt text (tokenized with the checkpoint's tokenizer.json).
+    #[arg(long, conflicts_with = "prompt_ids")]
+    prompt: Option<String>,
+    /// Prompt as comma-separated token ids (for checkpoints without a tokenizer).
+    #[arg(long, value_delimiter = ',')]
+    prompt_ids: Option<Vec<u32>>,
+    /// Wrap the prompt as a user message in the checkpoint's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// System message (with --chat).
+    #[arg(long, requires = "chat")]
+    system: Option<String>,
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 128)]
+    max_tokens: usize,
+    /// Sampling temperature; 0 is greedy. Default: generation_config.json (greedy without it).
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// Nucleus sampling mass. Default: generation_config.json, else 1.
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// Keep the k most likely tokens (0: all). Default: generation_config.json, else 0.
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Sampling seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// KV cache storage.
+    #[arg(long, default_value = "bf16", value_parser = ["bf16", "fp8", "f32"])]
+    kv_dtype: String,
+    /// Quantize activations of W4A4 modules to NVFP4 as Blackwell does (default: weight-only).
+    #[arg(long)]
+    emulate_w4a4: bool,
+    /// Worker threads (default: all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+}
+
+/// Runs the subcommand.
+pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    let kv = match args.kv_dtype.as_str() {
+        "fp8" => KvDtype::Fp8E4m3,
+        "f32" => KvDtype::F32,
+        _ => KvDtype::Bf16,
+    };
+    let options = ModelOptions::new()
+        .kv_dtype(kv)
+        .emulate_w4a4(args.emulate_w4a4)
+        .threads(args.threads);
+    let model = Model::load(&args.dir, options)?;
+    let info = model.info().clone();
+    let codec = if args.dir.join("tokenizer.json").exists() {
+        Some(TextCodec::load(&args.dir)?)
+    } else {
+        None
+    };
+    let prompt: Vec<u32> = match (&args.prompt, &args.prompt_ids, &codec) {
+        (_, Some(ids), _) => ids.clone(),
+        (Some(text), None, Some(codec)) => {
+            let text = if args.chat {
+                let mut messages = Vec::new();
+                if let Some(system) = &args.system {
+                    messages.push(ChatMessage {
+                        role: "system".into(),
+                        content: system.clone(),
+                    });
+                }
+                messages.push(ChatMessage {
+                    role: "user".into(),
+                    content: text.clone(),
+                });
+                codec.render_chat(&messages, true)?
+            } else {
+                text.clone()
+            };
+            codec.encode(&text, true)?
+        }
+        (Some(_), None, None) => bail!(
+            "{} has no tokenizer.json: pass the prompt as --prompt-ids",
+            args.dir.display()
+        ),
+        (None, None, _) => bail!("give --prompt TEXT or --prompt-ids IDS"),
+    };
+    if prompt.len() >= info.max_context {
+        bail!(
+            "the prompt has {} tokens; the context of {} is {} tokens",
+            prompt.len(),
+            args.dir.display(),
+            info.max_context
+        );
+    }
+
+    let defaults = &info.generation_defaults;
+    let sampled_by_default = defaults.do_sample.unwrap_or(false);
+    let temperature = args.temperature.unwrap_or(if sampled_by_default {
+        defaults.temperature.unwrap_or(1.0)
+    } else {
+        0.0
+    });
+    let sampling = SamplingParams {
+        temperature,
+        top_k: args.top_k.unwrap_or(defaults.top_k.unwrap_or(0)),
+        top_p: args.top_p.unwrap_or(defaults.top_p.unwrap_or(1.0)),
+        seed: args.seed,
+    };
+    let mut stop_tokens = info.eos_token_ids.clone();
+    if let Some(codec) = &codec {
+        stop_tokens.extend(
+            codec
+                .stop_ids()
+                .iter()
+                .filter(|id| !stop_tokens.contains(id))
+                .copied()
+                .collect::<Vec<_>>(),
+        );
+    }
+    let generate = GenerateOptions {
+        max_tokens: args.max_tokens,
+        sampling,
+        stop_tokens,
+    };
+
+    let mut session = model.new_session()?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let mut stream = codec.as_ref().map(|c| c.stream());
+    let mut write_error = None;
+    let generation = session
+        .generate(&prompt, &generate, |token| {
+            let piece = match stream.as_mut() {
+                Some(s) => s.push(token).unwrap_or_default(),
+                None => format!("{token} "),
+            };
+            if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
+                write_error = Some(e);
+                return false;
+            }
+            true
+        })
+        .context("generating")?;
+    if let Some(e) = write_error {
+        return Err(e).context("writing to stdout");
+    }
+    writeln!(out)?;
+    let s = &generation.stats;
+    let why = match generation.stop {
+        StopReason::MaxTokens => "max tokens".to_string(),
+        StopReason::StopToken(id) => format!("stop token {id}"),
+        StopReason::Callback => "stopped".to_string(),
+        StopReason::ContextFull => "context full".to_string(),
+    };
+    eprintln!(
+        "[{} | {} | {} prompt tokens: prefill {:.1} tok/s | {} generated ({why}): decode {:.1} tok/s | {}]",
+        info.architecture,
+        info.backend,
+        s.prompt_tokens,
+        s.prefill_tokens_per_second(),
+        generation.tokens.len(),
+        s.decode_tokens_per_second(),
+        if sampling.is_greedy() {
+            "greedy".to_string()
+        } else {
+            format!(
+                "temperature {} top-k {} top-p {} seed {}",
+                sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed
+            )
+        }
+    );
+    Ok(())
+}

@@ -1,0 +1,301 @@
+//! Safe entry points of the CPU kernels: runtime ISA dispatch between the AVX2 versions
+//! ([`super::simd`]) and portable scalar ones, which are also the reference the SIMD versions are
+//! tested against.
+
+use fp4forge_format::fp4::E2M1_TO_F32;
+
+/// The instruction set the kernels use, chosen once at backend construction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// Portable Rust (auto-vectorised by the compiler for the build's baseline target).
+    Scalar,
+    /// AVX2 + FMA (+ F16C), detected at run time.
+    Avx2,
+    /// AVX-512F on top of [`Isa::Avx2`] (NVFP4 kernels), detected at run time.
+    Avx512,
+}
+
+impl Isa {
+    /// The best instruction set this CPU supports.
+    pub(crate) fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
+            {
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    return Isa::Avx512;
+                }
+                return Isa::Avx2;
+            }
+        }
+        Isa::Scalar
+    }
+
+    /// Whether the AVX2 kernels may run. Sound because `Isa` is crate-private and `Isa::Avx2` is
+    /// only ever produced by [`Isa::detect`].
+    #[inline(always)]
+    fn avx2(self) -> bool {
+        cfg!(target_arch = "x86_64") && matches!(self, Isa::Avx2 | Isa::Avx512)
+    }
+
+    /// Whether the AVX-512 kernels may run (same soundness argument as [`Isa::avx2`]).
+    #[inline(always)]
+    fn avx512(self) -> bool {
+        cfg!(target_arch = "x86_64") && self == Isa::Avx512
+    }
+
+    /// At most AVX2 (drops AVX-512).
+    pub(crate) fn without_avx512(self) -> Self {
+        match self {
+            Isa::Avx512 => Isa::Avx2,
+            other => other,
+        }
+    }
+}
+
+/// An NVFP4 weight's block scales by fp8 code: `full[c] = fp8(c) / g` and `half[c] = full[c] / 2`
+/// (the AVX2 kernels decode `2·e2m1` as integers). 2 KiB per weight, whatever its size.
+#[derive(Debug, Clone)]
+pub(crate) struct ScaleLuts {
+    pub(crate) full: [f32; 256],
+    pub(crate) half: [f32; 256],
+}
+
+impl ScaleLuts {
+    /// The tables of global scale `g`: `fp8 / g` as compressed-tensors computes it (one f32
+    /// division), halved exactly.
+    pub(crate) fn new(g: f32) -> Self {
+        let full = fp4forge_format::fp8::E4M3_TO_F32.map(|v| v / g);
+        Self {
+            half: full.map(|v| v * 0.5),
+            full,
+        }
+    }
+}
+
+/// `Σ a·b`.
+#[inline]
+pub(crate) fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: `Isa::Avx2` is only produced after runtime detection of AVX2/FMA/F16C.
+        return unsafe { super::simd::dot(a, b) };
+    }
+    let _ = isa;
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// Four dot products with a shared right-hand side.
+#[inline]
+pub(crate) fn dot4(isa: Isa, r: [&[f32]; 4], x: &[f32]) -> [f32; 4] {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: AVX2/FMA detected (see `dot`).
+        return unsafe { super::simd::dot4(r, x) };
+    }
+    r.map(|row| dot(Isa::Scalar, row, x))
+}
+
+/// `y = x · alpha + y`.
+#[inline]
+pub(crate) fn axpy(isa: Isa, y: &mut [f32], alpha: f32, x: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: AVX2/FMA detected (see `dot`).
+        return unsafe { super::simd::axpy(y, alpha, x) };
+    }
+    for (a, b) in y.iter_mut().zip(x) {
+        *a += b * alpha;
+    }
+}
+
+#[inline(always)]
+fn bf16_at(bytes: &[u8], i: usize) -> f32 {
+    f32::from_bits(u32::from(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])) << 16)
+}
+
+#[inline(always)]
+fn f16_at(bytes: &[u8], i: usize) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])).to_f32()
+}
+
+/// Dot products of `R` bf16 rows with `x`.
+#[inline]
+pub(crate) fn bf16_rows_dot<const R: usize>(isa: Isa, rows: [&[u8]; R], x: &[f32]) -> [f32; R] {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: AVX2/FMA detected (see `dot`).
+        return unsafe { super::simd::bf16_rows_dot(rows, x) };
+    }
+    rows.map(|r| (0..x.len()).map(|i| bf16_at(r, i) * x[i]).sum())
+}
+
+/// Dot products of `R` fp16 rows with `x`.
+#[inline]
+pub(crate) fn f16_rows_dot<const R: usize>(isa: Isa, rows: [&[u8]; R], x: &[f32]) -> [f32; R] {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: AVX2/FMA/F16C detected (see `dot`).
+        return unsafe { super::simd::f16_rows_dot(rows, x) };
+    }
+    rows.map(|r| (0..x.len()).map(|i| f16_at(r, i) * x[i]).sum())
+}
+
+/// bf16 bytes → f32.
+#[inline]
+pub(crate) fn bf16_decode(isa: Isa, bytes: &[u8], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: AVX2/FMA detected (see `dot`).
+        return unsafe { super::simd::bf16_decode(bytes, out) };
+    }
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = bf16_at(bytes, i);
+    }
+}
+
+/// fp16 bytes → f32.
+#[inline]
+pub(crate) fn f16_decode(isa: Isa, bytes: &[u8], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: AVX2/FMA/F16C detected (see `dot`).
+        return unsafe { super::simd::f16_decode(bytes, out) };
+    }
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = f16_at(bytes, i);
+    }
+}
+
+/// f32 little-endian bytes → f32.
+#[inline]
+pub(crate) fn f32_decode(bytes: &[u8], out: &mut [f32]) {
+    for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+        *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+    }
+}
+
+/// Dot products of `R` NVFP4 rows with `x` (`x.len()` a multiple of 16).
+#[inline]
+pub(crate) fn nvfp4_rows_dot<const R: usize>(
+    isa: Isa,
+    packed: [&[u8]; R],
+    scales: [&[u8]; R],
+    luts: &ScaleLuts,
+    x: &[f32],
+) -> [f32; R] {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx512() {
+        // SAFETY: AVX-512F (and AVX2/FMA) detected at run time (`Isa::detect`).
+        return unsafe { super::simd512::nvfp4_rows_dot(packed, scales, &luts.full, x) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: AVX2/FMA detected (see `dot`).
+        return unsafe { super::simd::nvfp4_rows_dot(packed, scales, &luts.half, x) };
+    }
+    let mut out = [0f32; R];
+    for k in 0..R {
+        let mut total = 0f32;
+        for ((pb, &sc), xb) in packed[k]
+            .chunks_exact(8)
+            .zip(scales[k])
+            .zip(x.chunks_exact(16))
+        {
+            let mut block = 0f32;
+            for (i, &byte) in pb.iter().enumerate() {
+                block += E2M1_TO_F32[(byte & 0xF) as usize] * xb[2 * i];
+                block += E2M1_TO_F32[(byte >> 4) as usize] * xb[2 * i + 1];
+            }
+            total += block * luts.full[sc as usize];
+        }
+        out[k] = total;
+    }
+    out
+}
+
+/// One NVFP4 row decoded to f32, exactly `e2m1(code) · (fp8 / g)`.
+#[inline]
+pub(crate) fn nvfp4_decode(
+    isa: Isa,
+    packed: &[u8],
+    scales: &[u8],
+    luts: &ScaleLuts,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx512() {
+        // SAFETY: AVX-512F (and AVX2/FMA) detected at run time (`Isa::detect`).
+        return unsafe { super::simd512::nvfp4_decode(packed, scales, &luts.full, out) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: AVX2/FMA detected (see `dot`).
+        return unsafe { super::simd::nvfp4_decode(packed, scales, &luts.half, out) };
+    }
+    for ((ob, pb), &sc) in out
+        .chunks_exact_mut(16)
+        .zip(packed.chunks_exact(8))
+        .zip(scales)
+    {
+        let s = luts.full[sc as usize];
+        for (pair, &byte) in ob.chunks_exact_mut(2).zip(pb) {
+            pair[0] = E2M1_TO_F32[(byte & 0xF) as usize] * s;
+            pair[1] = E2M1_TO_F32[(byte >> 4) as usize] * s;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i as u32).wrapping_mul(2_654_435_761) ^ seed) % 1000) as f32 / 500.0 - 1.0)
+            .collect()
+    }
+
+    #[test]
+    fn simd_and_scalar_agree() {
+        for isa in [Isa::detect(), Isa::detect().without_avx512()] {
+            check_isa(isa);
+        }
+    }
+
+    fn check_isa(isa: Isa) {
+        let n = 8 * 16 + 16; // 9 blocks: the 4-block loop and the tails
+        let x = data(n, 1);
+        let a = data(n, 2);
+        assert!((dot(isa, &a, &x) - dot(Isa::Scalar, &a, &x)).abs() < 1e-4);
+        let bf: Vec<u8> = a
+            .iter()
+            .flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes())
+            .collect();
+        let s = bf16_rows_dot::<2>(Isa::Scalar, [&bf, &bf], &x);
+        let v = bf16_rows_dot::<2>(isa, [&bf, &bf], &x);
+        assert!((s[0] - v[0]).abs() < 1e-4 && (s[1] - v[1]).abs() < 1e-4);
+        let mut d1 = vec![0f32; n];
+        let mut d2 = vec![0f32; n];
+        bf16_decode(isa, &bf, &mut d1);
+        bf16_decode(Isa::Scalar, &bf, &mut d2);
+        assert_eq!(d1, d2);
+
+        let packed: Vec<u8> = (0..n / 2).map(|i| (i * 37 % 256) as u8).collect();
+        let scales: Vec<u8> = (0..n / 16).map(|i| (0x30 + i * 3) as u8).collect();
+        let lut = ScaleLuts::new(448.0);
+        let s = nvfp4_rows_dot::<1>(Isa::Scalar, [&packed], [&scales], &lut, &x);
+        let v = nvfp4_rows_dot::<1>(isa, [&packed], [&scales], &lut, &x);
+        assert!(
+            (s[0] - v[0]).abs() < 1e-4 * s[0].abs().max(1.0),
+            "{s:?} {v:?}"
+        );
+        nvfp4_decode(isa, &packed, &scales, &lut, &mut d1);
+        nvfp4_decode(Isa::Scalar, &packed, &scales, &lut, &mut d2);
+        for (a, b) in d1.iter().zip(&d2) {
+            assert_eq!(a, b); // ±0 compare equal
+        }
+    }
+}

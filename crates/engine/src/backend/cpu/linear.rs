@@ -1,0 +1,277 @@
+//! `y = x · Wᵀ` on the CPU for every stored weight encoding, dequantizing inside the loop.
+//!
+//! One token (decode, GEMV): output rows are split across threads; each task streams its rows
+//! of `W` once, four at a time, against the shared `x` (NVFP4: 16-element blocks decoded in
+//! registers, scaled by the block's `fp8 / g` from a 256-entry table). Several tokens (prefill,
+//! GEMM): each task decodes a few rows of `W` to f32 once into a small scratch and dots them with
+//! every token, so the decode cost is shared by the whole chunk.
+
+use rayon::prelude::*;
+
+use super::kernels::{self, Isa, ScaleLuts};
+use super::w4a4;
+use crate::error::{EngineError, Result};
+use crate::weights::LinearWeight;
+
+/// Rows decoded together into the GEMM scratch.
+const TILE: usize = 8;
+/// Below this many weight elements a matmul runs on one thread (scheduling would dominate).
+const SERIAL_BELOW: usize = 1 << 15;
+
+/// A weight as the CPU backend keeps it: the stored encoding, plus for NVFP4 the block scales by
+/// fp8 code (`fp8(code) / g`, two 256-entry tables: 2 KiB whatever the matrix size).
+#[derive(Debug, Clone)]
+pub struct CpuLinear {
+    name: String,
+    weight: LinearWeight,
+    luts: Option<Box<ScaleLuts>>,
+    act_global_scale: Option<f32>,
+}
+
+impl CpuLinear {
+    /// Wraps `weight` after checking its buffers match its shape.
+    pub(crate) fn new(name: &str, weight: LinearWeight) -> Result<Self> {
+        let (rows, cols) = (weight.rows(), weight.cols());
+        let bad = |reason: String| EngineError::Backend {
+            backend: "cpu".into(),
+            reason: format!("weight `{name}`: {reason}"),
+        };
+        let n = rows
+            .checked_mul(cols)
+            .ok_or_else(|| bad(format!("shape [{rows}, {cols}] overflows")))?;
+        let (luts, act_global_scale) = match &weight {
+            LinearWeight::Bf16 { data, .. } | LinearWeight::F16 { data, .. } => {
+                if data.len() != n * 2 {
+                    return Err(bad(format!(
+                        "{} bytes for [{rows}, {cols}] 16-bit",
+                        data.len()
+                    )));
+                }
+                (None, None)
+            }
+            LinearWeight::F32 { data, .. } => {
+                if data.len() != n * 4 {
+                    return Err(bad(format!(
+                        "{} bytes for [{rows}, {cols}] f32",
+                        data.len()
+                    )));
+                }
+                (None, None)
+            }
+            LinearWeight::Nvfp4 {
+                packed,
+                scales,
+                global_scale,
+                input_global_scale,
+                ..
+            } => {
+                if !cols.is_multiple_of(16) || packed.len() != n / 2 || scales.len() != n / 16 {
+                    return Err(bad(format!(
+                        "NVFP4 buffers ({} packed, {} scale bytes) do not match [{rows}, {cols}]",
+                        packed.len(),
+                        scales.len()
+                    )));
+                }
+                (
+                    Some(Box::new(ScaleLuts::new(*global_scale))),
+                    *input_global_scale,
+                )
+            }
+        };
+        Ok(Self {
+            name: name.to_owned(),
+            weight,
+            luts,
+            act_global_scale,
+        })
+    }
+
+    /// The weight's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The stored weight.
+    pub fn weight(&self) -> &LinearWeight {
+        &self.weight
+    }
+
+    /// Output dimension.
+    pub fn rows(&self) -> usize {
+        self.weight.rows()
+    }
+
+    /// Input dimension.
+    pub fn cols(&self) -> usize {
+        self.weight.cols()
+    }
+
+    /// Row `r` decoded to f32 into `out` (`cols` values).
+    pub(crate) fn decode_row(&self, isa: Isa, r: usize, out: &mut [f32]) {
+        let cols = self.cols();
+        match &self.weight {
+            LinearWeight::Bf16 { data, .. } => {
+                kernels::bf16_decode(isa, &data.as_slice()[r * cols * 2..(r + 1) * cols * 2], out)
+            }
+            LinearWeight::F16 { data, .. } => {
+                kernels::f16_decode(isa, &data.as_slice()[r * cols * 2..(r + 1) * cols * 2], out)
+            }
+            LinearWeight::F32 { data, .. } => {
+                kernels::f32_decode(&data.as_slice()[r * cols * 4..(r + 1) * cols * 4], out)
+            }
+            LinearWeight::Nvfp4 { packed, scales, .. } => kernels::nvfp4_decode(
+                isa,
+                &packed.as_slice()[r * cols / 2..(r + 1) * cols / 2],
+                &scales.as_slice()[r * cols / 16..(r + 1) * cols / 16],
+                self.luts(),
+                out,
+            ),
+        }
+    }
+
+    fn luts(&self) -> &ScaleLuts {
+        static ZERO: ScaleLuts = ScaleLuts {
+            full: [0.0; 256],
+            half: [0.0; 256],
+        };
+        self.luts.as_deref().unwrap_or(&ZERO)
+    }
+
+    /// `x [t, cols] · Wᵀ → [t, rows]`.
+    pub(crate) fn matmul(&self, isa: Isa, x: &[f32], t: usize) -> Vec<f32> {
+        let (rows, cols) = (self.rows(), self.cols());
+        assert_eq!(x.len(), t * cols, "matmul input shape for `{}`", self.name);
+        let quantized;
+        let x = match self.act_global_scale {
+            Some(g) => {
+                quantized = w4a4::fake_quantize(x, cols, g);
+                &quantized[..]
+            }
+            None => x,
+        };
+        if t == 1 {
+            let mut out = vec![0f32; rows];
+            let chunk = self.chunk_rows();
+            if chunk >= rows {
+                self.gemv_rows(isa, 0, &mut out, x);
+            } else {
+                out.par_chunks_mut(chunk)
+                    .enumerate()
+                    .for_each(|(i, o)| self.gemv_rows(isa, i * chunk, o, x));
+            }
+            return out;
+        }
+        // Output transposed ([rows, t]) so each task owns contiguous memory.
+        let mut out_t = vec![0f32; rows * t];
+        let chunk = self.chunk_rows().max(TILE);
+        let task = |(i, o): (usize, &mut [f32])| {
+            let mut scratch = vec![0f32; TILE * cols];
+            let first = i * chunk;
+            let n = o.len() / t;
+            let mut r = 0;
+            while r < n {
+                let m = TILE.min(n - r);
+                for j in 0..m {
+                    self.decode_row(isa, first + r + j, &mut scratch[j * cols..(j + 1) * cols]);
+                }
+                let mut j = 0;
+                while j + 4 <= m {
+                    let w4 = [0, 1, 2, 3].map(|k| &scratch[(j + k) * cols..(j + k + 1) * cols]);
+                    for tok in 0..t {
+                        let d = kernels::dot4(isa, w4, &x[tok * cols..(tok + 1) * cols]);
+                        for (k, v) in d.into_iter().enumerate() {
+                            o[(r + j + k) * t + tok] = v;
+                        }
+                    }
+                    j += 4;
+                }
+                for j in j..m {
+                    let w = &scratch[j * cols..(j + 1) * cols];
+                    for tok in 0..t {
+                        o[(r + j) * t + tok] =
+                            kernels::dot(isa, w, &x[tok * cols..(tok + 1) * cols]);
+                    }
+                }
+                r += m;
+            }
+        };
+        if chunk >= rows {
+            task((0, &mut out_t));
+        } else {
+            out_t.par_chunks_mut(chunk * t).enumerate().for_each(task);
+        }
+        let mut out = vec![0f32; t * rows];
+        for r in 0..rows {
+            for tok in 0..t {
+                out[tok * rows + r] = out_t[r * t + tok];
+            }
+        }
+        out
+    }
+
+    /// Rows per parallel task: about four tasks per thread, a multiple of 4, everything in one
+    /// task for small matrices.
+    fn chunk_rows(&self) -> usize {
+        let (rows, cols) = (self.rows(), self.cols());
+        if rows * cols < SERIAL_BELOW {
+            return rows.max(1);
+        }
+        let tasks = 4 * rayon::current_num_threads().max(1);
+        (rows.div_ceil(tasks).div_ceil(4) * 4).max(16)
+    }
+
+    /// `out[i] = W[r0 + i] · x` for `i < out.len()`.
+    fn gemv_rows(&self, isa: Isa, r0: usize, out: &mut [f32], x: &[f32]) {
+        let cols = self.cols();
+        let n = out.len();
+        match &self.weight {
+            LinearWeight::Bf16 { data, .. } | LinearWeight::F16 { data, .. } => {
+                let is_bf16 = matches!(self.weight, LinearWeight::Bf16 { .. });
+                let b = data.as_slice();
+                let row = |r: usize| &b[r * cols * 2..(r + 1) * cols * 2];
+                let mut i = 0;
+                while i + 4 <= n {
+                    let rows = [0, 1, 2, 3].map(|k| row(r0 + i + k));
+                    let d = if is_bf16 {
+                        kernels::bf16_rows_dot::<4>(isa, rows, x)
+                    } else {
+                        kernels::f16_rows_dot::<4>(isa, rows, x)
+                    };
+                    out[i..i + 4].copy_from_slice(&d);
+                    i += 4;
+                }
+                for (j, o) in out.iter_mut().enumerate().skip(i) {
+                    *o = if is_bf16 {
+                        kernels::bf16_rows_dot::<1>(isa, [row(r0 + j)], x)[0]
+                    } else {
+                        kernels::f16_rows_dot::<1>(isa, [row(r0 + j)], x)[0]
+                    };
+                }
+            }
+            LinearWeight::F32 { .. } => {
+                let mut scratch = vec![0f32; cols];
+                for (i, o) in out.iter_mut().enumerate() {
+                    self.decode_row(isa, r0 + i, &mut scratch);
+                    *o = kernels::dot(isa, &scratch, x);
+                }
+            }
+            LinearWeight::Nvfp4 { packed, scales, .. } => {
+                let (p, s) = (packed.as_slice(), scales.as_slice());
+                let prow = |r: usize| &p[r * cols / 2..(r + 1) * cols / 2];
+                let srow = |r: usize| &s[r * cols / 16..(r + 1) * cols / 16];
+                let lut = self.luts();
+                let mut i = 0;
+                while i + 4 <= n {
+                    let rs = [0, 1, 2, 3].map(|k| r0 + i + k);
+                    let d = kernels::nvfp4_rows_dot::<4>(isa, rs.map(prow), rs.map(srow), lut, x);
+                    out[i..i + 4].copy_from_slice(&d);
+                    i += 4;
+                }
+                for (j, o) in out.iter_mut().enumerate().skip(i) {
+                    let r = r0 + j;
+                    *o = kernels::nvfp4_rows_dot::<1>(isa, [prow(r)], [srow(r)], lut, x)[0];
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,357 @@
+//! The CPU backend: activations in host memory (f32), weights borrowed from the checkpoint's
+//! memory map and dequantized inside the kernels, rayon over output rows, AVX2/FMA kernels
+//! chosen at run time (never `target-cpu=native`).
+
+mod attention;
+mod kernels;
+mod linear;
+mod moe;
+mod ops;
+#[cfg(target_arch = "x86_64")]
+mod simd;
+#[cfg(target_arch = "x86_64")]
+mod simd512;
+mod tensor;
+mod w4a4;
+
+use std::sync::Arc;
+
+pub use linear::CpuLinear;
+pub use moe::{CpuExperts, CpuRouting};
+pub use ops::CpuRope;
+pub use tensor::CpuTensor;
+
+use kernels::Isa;
+
+use super::{AttentionParams, Backend, RouterParams};
+use crate::error::{EngineError, Result};
+use crate::kv_cache::{HostKvLayer, KvLayerSpec};
+use crate::rope::RopeSpec;
+use crate::weights::{ExpertWeights, LinearWeight};
+
+/// The CPU backend. Cheap to clone (the optional thread pool is shared).
+#[derive(Debug, Clone)]
+pub struct CpuBackend {
+    isa: Isa,
+    pool: Option<Arc<rayon::ThreadPool>>,
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CpuBackend {
+    /// The best kernels this CPU supports, on rayon's global thread pool.
+    pub fn new() -> Self {
+        Self {
+            isa: Isa::detect(),
+            pool: None,
+        }
+    }
+
+    /// Runs every op on a dedicated pool of `threads` threads (0 = rayon's global pool).
+    pub fn with_threads(mut self, threads: usize) -> Result<Self> {
+        self.pool = if threads == 0 {
+            None
+        } else {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .map_err(|e| self.error(format!("cannot start {threads} threads: {e}")))?;
+            Some(Arc::new(pool))
+        };
+        Ok(self)
+    }
+
+    /// Uses the portable kernels only (for comparisons with the SIMD ones).
+    pub fn scalar_only(mut self) -> Self {
+        self.isa = Isa::Scalar;
+        self
+    }
+
+    /// Never uses the AVX-512 kernels (AVX2 at most).
+    pub fn without_avx512(mut self) -> Self {
+        self.isa = self.isa.without_avx512();
+        self
+    }
+
+    /// Whether the AVX2 (or AVX-512) kernels are in use.
+    pub fn uses_avx2(&self) -> bool {
+        self.isa != Isa::Scalar
+    }
+
+    /// Whether the AVX-512 kernels are in use.
+    pub fn uses_avx512(&self) -> bool {
+        self.isa == Isa::Avx512
+    }
+
+    /// Threads the ops run on.
+    pub fn threads(&self) -> usize {
+        match &self.pool {
+            Some(p) => p.current_num_threads(),
+            None => rayon::current_num_threads(),
+        }
+    }
+
+    fn error(&self, reason: impl Into<String>) -> EngineError {
+        EngineError::Backend {
+            backend: self.name(),
+            reason: reason.into(),
+        }
+    }
+
+    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        match &self.pool {
+            Some(p) => p.install(f),
+            None => f(),
+        }
+    }
+
+    fn check(&self, ok: bool, what: impl FnOnce() -> String) -> Result<()> {
+        if ok {
+            Ok(())
+        } else {
+            Err(self.error(what()))
+        }
+    }
+}
+
+impl Backend for CpuBackend {
+    type Tensor = CpuTensor;
+    type Linear = CpuLinear;
+    type Experts = CpuExperts;
+    type Rope = CpuRope;
+    type KvLayer = HostKvLayer;
+    type Routing = CpuRouting;
+
+    fn name(&self) -> String {
+        match self.isa {
+            Isa::Avx512 => "cpu-avx512".into(),
+            Isa::Avx2 => "cpu-avx2".into(),
+            Isa::Scalar => "cpu".into(),
+        }
+    }
+
+    fn execute<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        match &self.pool {
+            Some(p) => p.install(f),
+            // On a worker of the global pool already: run here. Otherwise hand the whole pass to
+            // one (the caller blocks once per pass, not once per op).
+            None if rayon::current_thread_index().is_some() => f(),
+            None => rayon::scope(|_| f()),
+        }
+    }
+
+    fn load_linear(&self, name: &str, weight: LinearWeight) -> Result<CpuLinear> {
+        CpuLinear::new(name, weight)
+    }
+
+    fn load_experts(&self, name: &str, experts: Vec<ExpertWeights>) -> Result<CpuExperts> {
+        let experts = experts
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| {
+                Ok(moe::CpuExpert {
+                    gate: CpuLinear::new(&format!("{name}.{i}.gate_proj"), e.gate)?,
+                    up: CpuLinear::new(&format!("{name}.{i}.up_proj"), e.up)?,
+                    down: CpuLinear::new(&format!("{name}.{i}.down_proj"), e.down)?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(CpuExperts { experts })
+    }
+
+    fn load_rope(&self, rope: &RopeSpec) -> Result<CpuRope> {
+        Ok(CpuRope::new(rope.clone()))
+    }
+
+    fn new_kv_layer(&self, spec: &KvLayerSpec) -> Result<HostKvLayer> {
+        Ok(HostKvLayer::new(spec))
+    }
+
+    fn kv_layer_bytes(&self, layer: &HostKvLayer) -> usize {
+        layer.bytes()
+    }
+
+    fn upload(&self, rows: usize, cols: usize, data: &[f32]) -> Result<CpuTensor> {
+        self.check(data.len() == rows * cols, || {
+            format!("upload of {} values as [{rows}, {cols}]", data.len())
+        })?;
+        Ok(CpuTensor::new(rows, cols, data.to_vec()))
+    }
+
+    fn download(&self, x: &CpuTensor) -> Result<Vec<f32>> {
+        Ok(x.data().to_vec())
+    }
+
+    fn dims(&self, x: &CpuTensor) -> (usize, usize) {
+        (x.rows(), x.cols())
+    }
+
+    fn rows(&self, x: &CpuTensor, start: usize, len: usize) -> Result<CpuTensor> {
+        self.check(start + len <= x.rows(), || {
+            format!("rows {start}..{} of a {}-row tensor", start + len, x.rows())
+        })?;
+        let c = x.cols();
+        Ok(CpuTensor::new(
+            len,
+            c,
+            x.data()[start * c..(start + len) * c].to_vec(),
+        ))
+    }
+
+    fn embed(&self, table: &CpuLinear, ids: &[u32]) -> Result<CpuTensor> {
+        let cols = table.cols();
+        let mut out = vec![0f32; ids.len() * cols];
+        for (o, &id) in out.chunks_exact_mut(cols.max(1)).zip(ids) {
+            self.check((id as usize) < table.rows(), || {
+                format!("token id {id} outside table `{}`", table.name())
+            })?;
+            table.decode_row(self.isa, id as usize, o);
+        }
+        Ok(CpuTensor::new(ids.len(), cols, out))
+    }
+
+    fn rms_norm(&self, x: &CpuTensor, w: &CpuTensor, eps: f32, width: usize) -> Result<CpuTensor> {
+        self.check(
+            width > 0 && x.cols().is_multiple_of(width) && w.data().len() == width,
+            || format!("rms_norm of width {width} on {} columns", x.cols()),
+        )?;
+        let out = ops::rms_norm(x.data(), w.data(), eps, width);
+        Ok(CpuTensor::new(x.rows(), x.cols(), out))
+    }
+
+    fn linear(&self, x: &CpuTensor, w: &CpuLinear, bias: Option<&CpuTensor>) -> Result<CpuTensor> {
+        self.check(x.cols() == w.cols(), || {
+            format!("`{}` takes {} inputs, got {}", w.name(), w.cols(), x.cols())
+        })?;
+        let mut y = self.run(|| w.matmul(self.isa, x.data(), x.rows()));
+        if let Some(b) = bias {
+            self.check(b.data().len() == w.rows(), || {
+                format!("bias of {} for `{}`", b.data().len(), w.name())
+            })?;
+            for row in y.chunks_exact_mut(w.rows().max(1)) {
+                for (v, bi) in row.iter_mut().zip(b.data()) {
+                    *v += bi;
+                }
+            }
+        }
+        Ok(CpuTensor::new(x.rows(), w.rows(), y))
+    }
+
+    fn rope(&self, x: &mut CpuTensor, rope: &CpuRope, head_dim: usize, pos0: usize) -> Result<()> {
+        self.check(
+            head_dim > 0 && x.cols().is_multiple_of(head_dim) && rope.spec().rotary_dim <= head_dim,
+            || format!("rope of head_dim {head_dim} on {} columns", x.cols()),
+        )?;
+        let cols = x.cols();
+        rope.apply(x.data_mut(), cols, head_dim, pos0);
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        q: &CpuTensor,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        cache: &mut HostKvLayer,
+        p: &AttentionParams,
+    ) -> Result<CpuTensor> {
+        let spec = cache.spec();
+        self.check(
+            p.kv_heads > 0
+                && p.heads.is_multiple_of(p.kv_heads)
+                && q.cols() == p.heads * p.head_dim
+                && k.cols() == p.kv_heads * p.head_dim
+                && v.cols() == k.cols()
+                && q.rows() == k.rows()
+                && k.rows() == v.rows()
+                && spec.kv_heads == p.kv_heads
+                && spec.head_dim == p.head_dim,
+            || {
+                format!(
+                    "attention shapes q {:?} k {:?} for {p:?}",
+                    (q.rows(), q.cols()),
+                    (k.rows(), k.cols())
+                )
+            },
+        )?;
+        Ok(self.run(|| attention::attention(self.isa, q, k, v, cache, p)))
+    }
+
+    fn softplus_gate(&self, x: &mut CpuTensor, gate: &CpuTensor) -> Result<()> {
+        self.check(
+            gate.rows() == x.rows() && gate.cols() > 0 && x.cols().is_multiple_of(gate.cols()),
+            || {
+                format!(
+                    "gate {:?} for {:?}",
+                    (gate.rows(), gate.cols()),
+                    (x.rows(), x.cols())
+                )
+            },
+        )?;
+        let group = x.cols() / gate.cols();
+        for (xs, &g) in x.data_mut().chunks_exact_mut(group).zip(gate.data()) {
+            let s = ops::softplus(g);
+            for v in xs {
+                *v *= s;
+            }
+        }
+        Ok(())
+    }
+
+    fn silu_mul(&self, gate: &CpuTensor, up: &CpuTensor) -> Result<CpuTensor> {
+        self.check(gate.rows() == up.rows() && gate.cols() == up.cols(), || {
+            "silu_mul of different shapes".into()
+        })?;
+        Ok(CpuTensor::new(
+            gate.rows(),
+            gate.cols(),
+            ops::silu_mul(gate.data(), up.data()),
+        ))
+    }
+
+    fn add_scaled(&self, y: &mut CpuTensor, alpha: f32, x: &CpuTensor) -> Result<()> {
+        self.check(y.rows() == x.rows() && y.cols() == x.cols(), || {
+            "add of different shapes".into()
+        })?;
+        kernels::axpy(self.isa, y.data_mut(), alpha, x.data());
+        Ok(())
+    }
+
+    fn route(
+        &self,
+        logits: &CpuTensor,
+        bias: Option<&CpuTensor>,
+        p: &RouterParams,
+        scale: f32,
+    ) -> Result<CpuRouting> {
+        if let Some(b) = bias {
+            self.check(b.data().len() == logits.cols(), || {
+                format!(
+                    "router bias of {} for {} experts",
+                    b.data().len(),
+                    logits.cols()
+                )
+            })?;
+        }
+        self.check(p.top_k > 0 && p.top_k <= logits.cols(), || {
+            format!("top-{} of {} experts", p.top_k, logits.cols())
+        })?;
+        Ok(moe::route(logits, bias.map(|b| b.data()), p, scale))
+    }
+
+    fn experts(&self, x: &CpuTensor, routing: &CpuRouting, e: &CpuExperts) -> Result<CpuTensor> {
+        self.check(
+            routing.experts.len() == x.rows() * routing.top_k
+                && routing
+                    .experts
+                    .iter()
+                    .all(|&i| (i as usize) < e.experts.len()),
+            || "routing does not match the tokens or experts".into(),
+        )?;
+        Ok(self.run(|| moe::experts(self.isa, x, routing, e)))
+    }
+}

@@ -1,0 +1,310 @@
+//! AVX2 + FMA (+ F16C) kernels. Each function is compiled for those features only and called
+//! only after runtime detection ([`super::kernels::Isa`]); the crate is never built with
+//! `target-cpu=native`.
+//!
+//! NVFP4 decode: 8 packed bytes hold one 16-element block; low nibbles are the even elements.
+//! `pshufb` maps each 4-bit code to `2 · e2m1` as an int8 (`{0,1,2,3,4,6,8,12}` with sign), which
+//! is widened to f32; the block's scale `fp8 / g` is pre-halved in the lookup table, so
+//! `int8 · (s / 2)` is exactly `e2m1 · s` (both products are exact: the codes have at most two
+//! significant bits).
+//!
+//! # Safety
+//! Every function here is `unsafe` because it requires AVX2, FMA (and F16C where noted) at run
+//! time. Slice bounds are checked by the callers' assertions and the loops' own limits; loads are
+//! unaligned.
+
+use std::arch::x86_64::*;
+
+/// Sum of the 8 lanes.
+#[inline(always)]
+unsafe fn hsum(v: __m256) -> f32 {
+    let lo = _mm256_castps256_ps128(v);
+    let hi = _mm256_extractf128_ps(v, 1);
+    let s = _mm_add_ps(lo, hi);
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
+    _mm_cvtss_f32(s)
+}
+
+/// `Σ a[i]·b[i]` over `min(len)` elements.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (pa, pb) = (a.as_ptr(), b.as_ptr());
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for (j, a) in acc.iter_mut().enumerate() {
+            let o = i + 8 * j;
+            *a = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(o)), _mm256_loadu_ps(pb.add(o)), *a);
+        }
+        i += 32;
+    }
+    while i + 8 <= n {
+        acc[0] = _mm256_fmadd_ps(
+            _mm256_loadu_ps(pa.add(i)),
+            _mm256_loadu_ps(pb.add(i)),
+            acc[0],
+        );
+        i += 8;
+    }
+    let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let mut total = hsum(s);
+    while i < n {
+        total += a[i] * b[i];
+        i += 1;
+    }
+    total
+}
+
+/// Four dot products of rows `r[0..4]` with the same `x` (shares the loads of `x`).
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn dot4(r: [&[f32]; 4], x: &[f32]) -> [f32; 4] {
+    let n = r.iter().map(|s| s.len()).min().unwrap_or(0).min(x.len());
+    let px = x.as_ptr();
+    let p = r.map(|s| s.as_ptr());
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 8 <= n {
+        let xv = _mm256_loadu_ps(px.add(i));
+        for k in 0..4 {
+            acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(p[k].add(i)), xv, acc[k]);
+        }
+        i += 8;
+    }
+    let mut out = [0f32; 4];
+    for k in 0..4 {
+        out[k] = hsum(acc[k]);
+        for j in i..n {
+            out[k] += r[k][j] * x[j];
+        }
+    }
+    out
+}
+
+/// Eight bf16 values at `p` widened to f32.
+#[inline(always)]
+unsafe fn load_bf16(p: *const u8) -> __m256 {
+    let h = _mm_loadu_si128(p as *const __m128i);
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+}
+
+/// Dot products of `R` bf16 rows (little-endian bytes, `2·n` each) with `x` (`n` values, `n` a
+/// multiple of 16 for the vector loop; the tail is scalar).
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn bf16_rows_dot<const R: usize>(rows: [&[u8]; R], x: &[f32]) -> [f32; R] {
+    let n = rows
+        .iter()
+        .map(|r| r.len() / 2)
+        .min()
+        .unwrap_or(0)
+        .min(x.len());
+    let px = x.as_ptr();
+    let p = rows.map(|r| r.as_ptr());
+    let mut acc0 = [_mm256_setzero_ps(); R];
+    let mut acc1 = [_mm256_setzero_ps(); R];
+    let mut i = 0;
+    while i + 16 <= n {
+        let x0 = _mm256_loadu_ps(px.add(i));
+        let x1 = _mm256_loadu_ps(px.add(i + 8));
+        for k in 0..R {
+            acc0[k] = _mm256_fmadd_ps(load_bf16(p[k].add(2 * i)), x0, acc0[k]);
+            acc1[k] = _mm256_fmadd_ps(load_bf16(p[k].add(2 * i + 16)), x1, acc1[k]);
+        }
+        i += 16;
+    }
+    let mut out = [0f32; R];
+    for k in 0..R {
+        out[k] = hsum(_mm256_add_ps(acc0[k], acc1[k]));
+        for j in i..n {
+            let b = u16::from_le_bytes([rows[k][2 * j], rows[k][2 * j + 1]]);
+            out[k] += f32::from_bits(u32::from(b) << 16) * x[j];
+        }
+    }
+    out
+}
+
+/// Dot products of `R` fp16 rows with `x` (F16C conversion).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn f16_rows_dot<const R: usize>(rows: [&[u8]; R], x: &[f32]) -> [f32; R] {
+    let n = rows
+        .iter()
+        .map(|r| r.len() / 2)
+        .min()
+        .unwrap_or(0)
+        .min(x.len());
+    let px = x.as_ptr();
+    let p = rows.map(|r| r.as_ptr());
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut i = 0;
+    while i + 8 <= n {
+        let xv = _mm256_loadu_ps(px.add(i));
+        for k in 0..R {
+            let h = _mm_loadu_si128(p[k].add(2 * i) as *const __m128i);
+            acc[k] = _mm256_fmadd_ps(_mm256_cvtph_ps(h), xv, acc[k]);
+        }
+        i += 8;
+    }
+    let mut out = [0f32; R];
+    for k in 0..R {
+        out[k] = hsum(acc[k]);
+        for j in i..n {
+            let b = u16::from_le_bytes([rows[k][2 * j], rows[k][2 * j + 1]]);
+            out[k] += half::f16::from_bits(b).to_f32() * x[j];
+        }
+    }
+    out
+}
+
+/// bf16 bytes → f32 (`out.len()` values).
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn bf16_decode(bytes: &[u8], out: &mut [f32]) {
+    let n = out.len().min(bytes.len() / 2);
+    let mut i = 0;
+    while i + 8 <= n {
+        _mm256_storeu_ps(
+            out.as_mut_ptr().add(i),
+            load_bf16(bytes.as_ptr().add(2 * i)),
+        );
+        i += 8;
+    }
+    for j in i..n {
+        out[j] =
+            f32::from_bits(u32::from(u16::from_le_bytes([bytes[2 * j], bytes[2 * j + 1]])) << 16);
+    }
+}
+
+/// fp16 bytes → f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn f16_decode(bytes: &[u8], out: &mut [f32]) {
+    let n = out.len().min(bytes.len() / 2);
+    let mut i = 0;
+    while i + 8 <= n {
+        let h = _mm_loadu_si128(bytes.as_ptr().add(2 * i) as *const __m128i);
+        _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        i += 8;
+    }
+    for j in i..n {
+        out[j] =
+            half::f16::from_bits(u16::from_le_bytes([bytes[2 * j], bytes[2 * j + 1]])).to_f32();
+    }
+}
+
+/// `2 · e2m1(code)` as int8, indexed by code.
+#[inline(always)]
+unsafe fn e2m1_x2_table() -> __m128i {
+    _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+}
+
+/// Sixteen int8 values → two 8-lane f32 vectors.
+#[inline(always)]
+unsafe fn widen16(v: __m128i) -> (__m256, __m256) {
+    (
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)),
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8))),
+    )
+}
+
+/// Dot products of `R` NVFP4 rows with `x`. Each row: `packed` (`n/2` bytes), `scales` (`n/16`
+/// fp8 codes); `half_lut[code] = (fp8(code) / g) / 2`. `n = x.len()` is a multiple of 16.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn nvfp4_rows_dot<const R: usize>(
+    packed: [&[u8]; R],
+    scales: [&[u8]; R],
+    half_lut: &[f32; 256],
+    x: &[f32],
+) -> [f32; R] {
+    let blocks = packed
+        .iter()
+        .map(|p| p.len() / 8)
+        .chain(scales.iter().map(|s| s.len()))
+        .min()
+        .unwrap_or(0)
+        .min(x.len() / 16);
+    let table = e2m1_x2_table();
+    let mask = _mm_set1_epi8(0x0F);
+    let px = x.as_ptr();
+    let pp = packed.map(|p| p.as_ptr());
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut b = 0;
+    // Two blocks per iteration: one 16-byte load of codes per row.
+    while b + 2 <= blocks {
+        let x0 = _mm256_loadu_ps(px.add(16 * b));
+        let x1 = _mm256_loadu_ps(px.add(16 * b + 8));
+        let x2 = _mm256_loadu_ps(px.add(16 * b + 16));
+        let x3 = _mm256_loadu_ps(px.add(16 * b + 24));
+        for k in 0..R {
+            let bytes = _mm_loadu_si128(pp[k].add(8 * b) as *const __m128i);
+            let lo = _mm_and_si128(bytes, mask);
+            let hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+            let c0 = _mm_shuffle_epi8(table, _mm_unpacklo_epi8(lo, hi));
+            let c1 = _mm_shuffle_epi8(table, _mm_unpackhi_epi8(lo, hi));
+            let (w0, w1) = widen16(c0);
+            let (w2, w3) = widen16(c1);
+            let p0 = _mm256_fmadd_ps(w1, x1, _mm256_mul_ps(w0, x0));
+            let p1 = _mm256_fmadd_ps(w3, x3, _mm256_mul_ps(w2, x2));
+            let s0 = _mm256_set1_ps(half_lut[scales[k][b] as usize]);
+            let s1 = _mm256_set1_ps(half_lut[scales[k][b + 1] as usize]);
+            acc[k] = _mm256_fmadd_ps(p0, s0, acc[k]);
+            acc[k] = _mm256_fmadd_ps(p1, s1, acc[k]);
+        }
+        b += 2;
+    }
+    while b < blocks {
+        let x0 = _mm256_loadu_ps(px.add(16 * b));
+        let x1 = _mm256_loadu_ps(px.add(16 * b + 8));
+        for k in 0..R {
+            let bytes = _mm_loadl_epi64(pp[k].add(8 * b) as *const __m128i);
+            let lo = _mm_and_si128(bytes, mask);
+            let hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+            let c = _mm_shuffle_epi8(table, _mm_unpacklo_epi8(lo, hi));
+            let (w0, w1) = widen16(c);
+            let p = _mm256_fmadd_ps(w1, x1, _mm256_mul_ps(w0, x0));
+            let s = _mm256_set1_ps(half_lut[scales[k][b] as usize]);
+            acc[k] = _mm256_fmadd_ps(p, s, acc[k]);
+        }
+        b += 1;
+    }
+    acc.map(|a| hsum(a))
+}
+
+/// One NVFP4 row decoded to f32: `out[16b + i] = e2m1(code) · (fp8(scale_b) / g)` exactly.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn nvfp4_decode(
+    packed: &[u8],
+    scales: &[u8],
+    half_lut: &[f32; 256],
+    out: &mut [f32],
+) {
+    let blocks = (packed.len() / 8).min(scales.len()).min(out.len() / 16);
+    let table = e2m1_x2_table();
+    let mask = _mm_set1_epi8(0x0F);
+    let po = out.as_mut_ptr();
+    for b in 0..blocks {
+        let bytes = _mm_loadl_epi64(packed.as_ptr().add(8 * b) as *const __m128i);
+        let lo = _mm_and_si128(bytes, mask);
+        let hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+        let c = _mm_shuffle_epi8(table, _mm_unpacklo_epi8(lo, hi));
+        let (w0, w1) = widen16(c);
+        let s = _mm256_set1_ps(half_lut[scales[b] as usize]);
+        _mm256_storeu_ps(po.add(16 * b), _mm256_mul_ps(w0, s));
+        _mm256_storeu_ps(po.add(16 * b + 8), _mm256_mul_ps(w1, s));
+    }
+}
+
+/// `y[i] = x[i] · alpha + y[i]`.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
+    let n = y.len().min(x.len());
+    let a = _mm256_set1_ps(alpha);
+    let mut i = 0;
+    while i + 8 <= n {
+        let yv = _mm256_loadu_ps(y.as_ptr().add(i));
+        let xv = _mm256_loadu_ps(x.as_ptr().add(i));
+        _mm256_storeu_ps(y.as_mut_ptr().add(i), _mm256_fmadd_ps(xv, a, yv));
+        i += 8;
+    }
+    for j in i..n {
+        y[j] += x[j] * alpha;
+    }
+}

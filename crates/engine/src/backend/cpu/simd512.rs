@@ -1,0 +1,114 @@
+//! AVX-512F kernels for NVFP4 (used when the CPU has AVX-512F, detected at run time): sixteen
+//! 4-bit codes are widened to 32-bit lanes and mapped through a 16-entry signed f32 table with one
+//! `vpermps`, so an E2M1 block costs a widen, a permute and two FMAs.
+//!
+//! # Safety
+//! Every function requires AVX-512F, AVX2 and FMA at run time (see [`super::kernels::Isa`]).
+//! Bounds: the loops stop at the shortest input; loads are unaligned.
+
+use std::arch::x86_64::*;
+
+/// `e2m1(code)` for the 16 codes, sign included.
+#[inline(always)]
+unsafe fn e2m1_table() -> __m512 {
+    _mm512_setr_ps(
+        0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+    )
+}
+
+/// The 64 codes of 32 packed bytes as four 16-code blocks, in element order.
+#[inline(always)]
+unsafe fn codes64(p: *const u8) -> [__m128i; 4] {
+    let bytes = _mm256_loadu_si256(p as *const __m256i);
+    let mask = _mm256_set1_epi8(0x0F);
+    let lo = _mm256_and_si256(bytes, mask);
+    let hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
+    // Within each 128-bit lane: unpacklo interleaves bytes 0..7 (one block), unpackhi bytes 8..15.
+    let a = _mm256_unpacklo_epi8(lo, hi); // blocks 0 | 2
+    let b = _mm256_unpackhi_epi8(lo, hi); // blocks 1 | 3
+    [
+        _mm256_castsi256_si128(a),
+        _mm256_castsi256_si128(b),
+        _mm256_extracti128_si256(a, 1),
+        _mm256_extracti128_si256(b, 1),
+    ]
+}
+
+/// The 16 codes of 8 packed bytes, in element order.
+#[inline(always)]
+unsafe fn codes16(p: *const u8) -> __m128i {
+    let bytes = _mm_loadl_epi64(p as *const __m128i);
+    let mask = _mm_set1_epi8(0x0F);
+    let lo = _mm_and_si128(bytes, mask);
+    let hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+    _mm_unpacklo_epi8(lo, hi)
+}
+
+/// Sixteen codes → sixteen `e2m1` values.
+#[inline(always)]
+unsafe fn decode16(table: __m512, codes: __m128i) -> __m512 {
+    _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(codes), table)
+}
+
+/// Bytes ahead of the current block to prefetch (past the end of a row is harmless: a prefetch
+/// never faults).
+const PREFETCH: usize = 512;
+
+/// Dot products of `R` NVFP4 rows with `x`; `lut[code] = fp8(code) / g`.
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(crate) unsafe fn nvfp4_rows_dot<const R: usize>(
+    packed: [&[u8]; R],
+    scales: [&[u8]; R],
+    lut: &[f32; 256],
+    x: &[f32],
+) -> [f32; R] {
+    let blocks = packed
+        .iter()
+        .map(|p| p.len() / 8)
+        .chain(scales.iter().map(|s| s.len()))
+        .min()
+        .unwrap_or(0)
+        .min(x.len() / 16);
+    let table = e2m1_table();
+    let px = x.as_ptr();
+    let pp = packed.map(|p| p.as_ptr());
+    let mut acc = [_mm512_setzero_ps(); R];
+    let ps = scales.map(|s| s.as_ptr());
+    let scale = |k: usize, b: usize| _mm512_set1_ps(lut[*ps[k].add(b) as usize]);
+    let mut b = 0;
+    while b + 4 <= blocks {
+        let xs = [0, 1, 2, 3].map(|j| _mm512_loadu_ps(px.add(16 * (b + j))));
+        for k in 0..R {
+            // Stream ahead: 512 bytes (16 iterations) of this row's codes.
+            _mm_prefetch::<_MM_HINT_T0>(pp[k].add(8 * b + PREFETCH) as *const i8);
+            let c = codes64(pp[k].add(8 * b));
+            for j in 0..4 {
+                let p = _mm512_mul_ps(decode16(table, c[j]), xs[j]);
+                acc[k] = _mm512_fmadd_ps(p, scale(k, b + j), acc[k]);
+            }
+        }
+        b += 4;
+    }
+    while b < blocks {
+        let xv = _mm512_loadu_ps(px.add(16 * b));
+        for k in 0..R {
+            let p = _mm512_mul_ps(decode16(table, codes16(pp[k].add(8 * b))), xv);
+            acc[k] = _mm512_fmadd_ps(p, scale(k, b), acc[k]);
+        }
+        b += 1;
+    }
+    acc.map(|a| _mm512_reduce_add_ps(a))
+}
+
+/// One NVFP4 row decoded to f32, exactly `e2m1(code) · (fp8 / g)`.
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(crate) unsafe fn nvfp4_decode(packed: &[u8], scales: &[u8], lut: &[f32; 256], out: &mut [f32]) {
+    let blocks = (packed.len() / 8).min(scales.len()).min(out.len() / 16);
+    let table = e2m1_table();
+    let po = out.as_mut_ptr();
+    for b in 0..blocks {
+        let s = _mm512_set1_ps(lut[scales[b] as usize]);
+        let w = decode16(table, codes16(packed.as_ptr().add(8 * b)));
+        _mm512_storeu_ps(po.add(16 * b), _mm512_mul_ps(w, s));
+    }
+}

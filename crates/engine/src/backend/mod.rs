@@ -1,0 +1,179 @@
+//! The seam between model families and kernels.
+//!
+//! A model family (Llama, Laguna) is written once against [`Backend`]: it uploads its weights at
+//! load time and then calls a small set of ops on activations that live in backend memory
+//! ([`Backend::Tensor`]). The model never touches activation memory itself; host data crosses the
+//! seam only as token ids ([`Backend::embed`]) and logits ([`Backend::download`]), plus
+//! [`Backend::upload`] for small constant vectors (norm weights, biases) at load time.
+//!
+//! Every resident object is an associated type, so a device backend chooses its own layout:
+//! weights ([`Backend::Linear`], [`Backend::Experts`], possibly repacked or swizzled), rotary
+//! tables ([`Backend::Rope`]), the KV cache ([`Backend::KvLayer`], paged or ring) and routing
+//! results ([`Backend::Routing`], indices and weights that never leave the device). Ops take
+//! `&self` and return new tensors (or modify one in place), a shape that also fits recording a
+//! CUDA graph of a decode step: a backend may record instead of execute, and replay.
+//!
+//! Shapes: an activation tensor is a row-major matrix `[rows, cols]`, one row per token.
+
+pub mod cpu;
+
+use crate::error::Result;
+use crate::kv_cache::KvLayerSpec;
+use crate::rope::RopeSpec;
+use crate::weights::{ExpertWeights, LinearWeight};
+
+pub use cpu::CpuBackend;
+
+/// Attention geometry of one call.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionParams {
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (`heads` is a multiple of it: grouped-query attention).
+    pub kv_heads: usize,
+    /// Width of each head.
+    pub head_dim: usize,
+    /// Multiplier of `q · k` before the softmax (usually `1/sqrt(head_dim)`).
+    pub scale: f32,
+}
+
+/// How a mixture-of-experts router turns logits into expert weights.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RouterParams {
+    /// Experts per token.
+    pub top_k: usize,
+    /// `sigmoid` (Laguna, DeepSeek-V3 style) or `softmax` scores.
+    pub scoring: RouterScoring,
+    /// Whether the selected scores are renormalised to sum to 1 (`norm_topk_prob`).
+    pub normalize: bool,
+    /// Logit soft-capping `tanh(l / c) · c` before scoring; 0 disables it.
+    pub logit_softcap: f32,
+}
+
+/// The router's score function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouterScoring {
+    /// `sigmoid(logit)` per expert.
+    Sigmoid,
+    /// `softmax(logits)` over experts.
+    Softmax,
+}
+
+/// Ops and resident objects of one device (CPU, CUDA, ...). See the module docs.
+pub trait Backend: Send + Sync + Sized + 'static {
+    /// An activation matrix `[rows, cols]` of f32 in backend memory.
+    type Tensor: Send + Sync;
+    /// A linear layer's weight as the backend keeps it (packed NVFP4 stays packed).
+    type Linear: Send + Sync;
+    /// All routed experts of one MoE layer.
+    type Experts: Send + Sync;
+    /// A rotary embedding's tables.
+    type Rope: Send + Sync;
+    /// One layer's KV cache.
+    type KvLayer: Send + Sync;
+    /// A router's decision for each token: selected experts and their weights.
+    type Routing: Send + Sync;
+
+    /// A short name for messages (`cpu`, `cpu-avx2`, `cuda:0`).
+    fn name(&self) -> String;
+
+    /// Runs `f` (one whole forward pass: a sequence of ops) in the backend's execution context.
+    /// The CPU backend runs it on a worker of its thread pool, so each op's parallel loop is a
+    /// cheap fork-join instead of a cross-thread hand-off; a device backend may bracket it with
+    /// stream set-up or graph capture. The default just calls `f`.
+    fn execute<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        f()
+    }
+
+    // ---- residency ---------------------------------------------------------------------
+
+    /// Makes a weight resident. `name` identifies it in errors.
+    fn load_linear(&self, name: &str, weight: LinearWeight) -> Result<Self::Linear>;
+    /// Makes one MoE layer's routed experts resident (index = expert id).
+    fn load_experts(&self, name: &str, experts: Vec<ExpertWeights>) -> Result<Self::Experts>;
+    /// Builds a rotary embedding's tables.
+    fn load_rope(&self, rope: &RopeSpec) -> Result<Self::Rope>;
+    /// An empty KV store for one layer.
+    fn new_kv_layer(&self, spec: &KvLayerSpec) -> Result<Self::KvLayer>;
+    /// Bytes a KV store holds now.
+    fn kv_layer_bytes(&self, layer: &Self::KvLayer) -> usize;
+
+    // ---- data in and out ---------------------------------------------------------------
+
+    /// A tensor from host f32 data (`rows * cols` values, row-major).
+    fn upload(&self, rows: usize, cols: usize, data: &[f32]) -> Result<Self::Tensor>;
+    /// A tensor's values, row-major, in host memory.
+    fn download(&self, x: &Self::Tensor) -> Result<Vec<f32>>;
+    /// `(rows, cols)` of a tensor.
+    fn dims(&self, x: &Self::Tensor) -> (usize, usize);
+    /// Rows `start..start + len` of `x`, copied.
+    fn rows(&self, x: &Self::Tensor, start: usize, len: usize) -> Result<Self::Tensor>;
+
+    // ---- ops -----------------------------------------------------------------------------
+
+    /// `[ids.len(), cols]`: row `ids[t]` of `table` for each `t` (embedding lookup). Ids must be
+    /// `< table rows` (the caller checks).
+    fn embed(&self, table: &Self::Linear, ids: &[u32]) -> Result<Self::Tensor>;
+    /// RMSNorm over each consecutive group of `width` columns (`width = cols` for a hidden state,
+    /// `head_dim` for per-head q/k norms): `x / sqrt(mean(x²) + eps) · weight`, `weight` is
+    /// `[1, width]`.
+    fn rms_norm(
+        &self,
+        x: &Self::Tensor,
+        weight: &Self::Tensor,
+        eps: f32,
+        width: usize,
+    ) -> Result<Self::Tensor>;
+    /// `x · Wᵀ (+ bias)`: `[rows, in] → [rows, out]`; `bias` is `[1, out]`.
+    fn linear(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Linear,
+        bias: Option<&Self::Tensor>,
+    ) -> Result<Self::Tensor>;
+    /// Rotates each `head_dim`-wide head of `x` in place, NeoX style within the rope's rotary
+    /// slice; row `t` is at position `pos0 + t`.
+    fn rope(
+        &self,
+        x: &mut Self::Tensor,
+        rope: &Self::Rope,
+        head_dim: usize,
+        pos0: usize,
+    ) -> Result<()>;
+    /// Causal attention of `q [T, heads·d]` over the cache plus this chunk's `k, v
+    /// [T, kv_heads·d]` (row `t` at position `pos0 + t`, where `pos0` is the number of positions
+    /// already in `cache`), honouring the cache's sliding window; appends the chunk to the cache.
+    /// Returns `[T, heads·d]`.
+    fn attention(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        cache: &mut Self::KvLayer,
+        params: &AttentionParams,
+    ) -> Result<Self::Tensor>;
+    /// `x[t, j] *= softplus(gate[t, j / group])` with `group = cols(x) / cols(gate)` (per-head
+    /// output gate: `group = head_dim`), softplus in f32 with threshold 20.
+    fn softplus_gate(&self, x: &mut Self::Tensor, gate: &Self::Tensor) -> Result<()>;
+    /// `silu(gate) ⊙ up`.
+    fn silu_mul(&self, gate: &Self::Tensor, up: &Self::Tensor) -> Result<Self::Tensor>;
+    /// `y = x · alpha + y` (residual adds, scaled sums).
+    fn add_scaled(&self, y: &mut Self::Tensor, alpha: f32, x: &Self::Tensor) -> Result<()>;
+    /// A router's decision per token from its logits `[T, experts]`: scores, top-k selected on
+    /// `score + bias` (the bias `[1, experts]` only selects), selected scores renormalised if
+    /// asked, multiplied by `scale`.
+    fn route(
+        &self,
+        logits: &Self::Tensor,
+        selection_bias: Option<&Self::Tensor>,
+        params: &RouterParams,
+        scale: f32,
+    ) -> Result<Self::Routing>;
+    /// `Σ_j w_j · Expert_{e_j}(x_t)` per token, `Expert(x) = down(silu(gate x) ⊙ up x)`.
+    fn experts(
+        &self,
+        x: &Self::Tensor,
+        routing: &Self::Routing,
+        experts: &Self::Experts,
+    ) -> Result<Self::Tensor>;
+}

@@ -1,0 +1,151 @@
+//! A session: one sequence's KV cache and position, against a borrowed model.
+
+use crate::backend::{Backend, CpuBackend};
+use crate::error::{EngineError, Result};
+use crate::kv_cache::KvCache;
+use crate::model::Model;
+use crate::models::decoder::Wanted;
+
+/// Logits of several positions, row-major `[rows, vocab]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Logits {
+    /// Positions.
+    pub rows: usize,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// `rows * vocab` values.
+    pub data: Vec<f32>,
+}
+
+impl Logits {
+    /// The logits of row `i`.
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.vocab..(i + 1) * self.vocab]
+    }
+}
+
+/// One sequence being processed: feed it a prompt ([`prefill`](Self::prefill)), then one token
+/// at a time ([`step`](Self::step)).
+pub struct Session<'m, B: Backend = CpuBackend> {
+    model: &'m Model<B>,
+    cache: KvCache<B>,
+    position: usize,
+    broken: bool,
+}
+
+impl<'m, B: Backend> Session<'m, B> {
+    pub(crate) fn new(model: &'m Model<B>) -> Result<Self> {
+        Ok(Self {
+            model,
+            cache: KvCache::new(model.backend(), model.kv_specs())?,
+            position: 0,
+            broken: false,
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &'m Model<B> {
+        self.model
+    }
+
+    /// Tokens in the sequence so far.
+    pub fn position(&self) -> usize {
+        self.position
+    }
+
+    /// Bytes held by the KV cache.
+    pub fn kv_bytes(&self) -> usize {
+        self.cache.bytes(self.model.backend())
+    }
+
+    /// Bytes held by layer `layer`'s KV cache.
+    pub fn layer_kv_bytes(&self, layer: usize) -> usize {
+        self.cache.layer_bytes(self.model.backend(), layer)
+    }
+
+    /// Empties the sequence (a fresh cache).
+    pub fn reset(&mut self) -> Result<()> {
+        self.cache = KvCache::new(self.model.backend(), self.model.kv_specs())?;
+        self.position = 0;
+        self.broken = false;
+        Ok(())
+    }
+
+    /// Appends `tokens` and returns the logits of the last one (`vocab` values).
+    pub fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let out = self.run(tokens, false)?;
+        Ok(out.data)
+    }
+
+    /// Appends `tokens` and returns the logits of every one of them (for tests and evaluation).
+    pub fn prefill_all(&mut self, tokens: &[u32]) -> Result<Logits> {
+        self.run(tokens, true)
+    }
+
+    /// Appends one token and returns its logits.
+    pub fn step(&mut self, token: u32) -> Result<Vec<f32>> {
+        self.prefill(&[token])
+    }
+
+    fn run(&mut self, tokens: &[u32], all: bool) -> Result<Logits> {
+        if self.broken {
+            return Err(EngineError::InvalidInput(
+                "the session failed earlier and its cache is inconsistent; reset it".into(),
+            ));
+        }
+        if tokens.is_empty() {
+            return Err(EngineError::InvalidInput("no tokens given".into()));
+        }
+        let info = self.model.info();
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= info.vocab_size) {
+            return Err(EngineError::TokenOutOfRange {
+                token: t,
+                vocab_size: info.vocab_size,
+            });
+        }
+        if self.position + tokens.len() > info.max_context {
+            return Err(EngineError::ContextOverflow {
+                position: self.position,
+                adding: tokens.len(),
+                max_context: info.max_context,
+            });
+        }
+        let vocab = info.vocab_size;
+        let b = self.model.backend();
+        let chunk = self.model.options().prefill_chunk;
+        let mut data = Vec::with_capacity(if all { tokens.len() * vocab } else { vocab });
+        let mut last = Vec::new();
+        for (i, piece) in tokens.chunks(chunk).enumerate() {
+            let is_last = (i + 1) * chunk >= tokens.len();
+            let wanted = match (all, is_last) {
+                (true, _) => Wanted::All,
+                (false, true) => Wanted::Last,
+                (false, false) => Wanted::None,
+            };
+            let (decoder, cache, position) =
+                (self.model.decoder(), self.cache.layers_mut(), self.position);
+            let result = b.execute(|| decoder.forward(b, cache, piece, position, wanted));
+            let logits = match result {
+                Ok(l) => l,
+                Err(e) => {
+                    self.broken = true;
+                    return Err(e);
+                }
+            };
+            self.position += piece.len();
+            if let Some(logits) = logits {
+                let host = b.download(&logits)?;
+                if all {
+                    data.extend_from_slice(&host);
+                } else {
+                    last = host;
+                }
+            }
+        }
+        if !all {
+            data = last;
+        }
+        let rows = data.len() / vocab.max(1);
+        Ok(Logits { rows, vocab, data })
+    }
+}

@@ -1,0 +1,52 @@
+//! KV cache memory: sliding-window layers stay flat once the sequence passes the window (a ring
+//! of `window` slots), full-attention layers grow by one row per token; fp8 halves bf16.
+
+mod common;
+
+use common::{tiny_laguna, token_ids};
+use fp4forge_engine::{KvDtype, Model, ModelOptions};
+
+const WINDOW: usize = 16;
+
+#[test]
+fn sliding_layers_are_flat_past_the_window_and_full_layers_grow() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tiny_laguna(tmp.path(), "bf16", false);
+    for kv in [KvDtype::Bf16, KvDtype::Fp8E4m3, KvDtype::F32] {
+        let model = Model::load(&dir, ModelOptions::new().kv_dtype(kv)).unwrap();
+        let specs = model.kv_specs().to_vec();
+        assert!(specs.iter().any(|s| s.window == Some(WINDOW)));
+        assert!(specs.iter().any(|s| s.window.is_none()));
+        let ids = token_ids(6 * WINDOW, model.info().vocab_size as u32, 3);
+        let mut s = model.new_session().unwrap();
+        s.prefill(&ids[..WINDOW]).unwrap();
+        let at_window: Vec<usize> = (0..specs.len()).map(|l| s.layer_kv_bytes(l)).collect();
+        for &t in &ids[WINDOW..3 * WINDOW] {
+            s.step(t).unwrap();
+        }
+        // a long chunk (longer than the window) on top
+        s.prefill(&ids[3 * WINDOW..]).unwrap();
+        let n = s.position();
+        assert_eq!(n, 6 * WINDOW);
+        for (l, spec) in specs.iter().enumerate() {
+            let bytes = s.layer_kv_bytes(l);
+            let row = 2 * spec.kv_heads * spec.head_dim * kv.size();
+            match spec.window {
+                Some(w) => {
+                    assert_eq!(bytes, at_window[l], "{kv:?} layer {l}: sliding cache grew");
+                    assert_eq!(bytes, w * row, "{kv:?} layer {l}: ring is window rows");
+                }
+                None => {
+                    assert!(
+                        bytes >= n * row,
+                        "{kv:?} layer {l}: full cache holds every row"
+                    );
+                    assert!(
+                        bytes > at_window[l],
+                        "{kv:?} layer {l}: full cache did not grow"
+                    );
+                }
+            }
+        }
+    }
+}
