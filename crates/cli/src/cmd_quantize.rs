@@ -2,7 +2,6 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use fp4forge_builder::build::QuantizeBuilder;
 use fp4forge_builder::plan::PlanSummary;
 
@@ -75,12 +74,7 @@ fn print_summary(s: &PlanSummary) {
 
 /// Runs the subcommand.
 pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
-    if let Some(n) = args.threads {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global()
-            .context("setting --threads")?;
-    }
+    crate::progress::set_threads(args.threads)?;
     let builder = QuantizeBuilder::new(&args.src, &args.dst)
         .targets(args.targets)
         .ignore(args.ignore)

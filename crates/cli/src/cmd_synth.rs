@@ -44,12 +44,7 @@ pub struct SynthArgs {
 
 /// Runs the subcommand.
 pub fn run(args: SynthArgs) -> anyhow::Result<()> {
-    if let Some(n) = args.threads {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global()
-            .context("setting --threads")?;
-    }
+    crate::progress::set_threads(args.threads)?;
     let mut builder = SynthBuilder::new()
         .seed(args.seed)
         .stock_nvfp4(args.stock_nvfp4)

@@ -5,6 +5,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use fp4forge_builder::build::Progress;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+/// Sizes the global rayon pool (`--threads`); `None` keeps one thread per core.
+pub fn set_threads(threads: Option<usize>) -> anyhow::Result<()> {
+    if let Some(n) = threads {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .map_err(|e| anyhow::anyhow!("setting --threads {n}: {e}"))?;
+    }
+    Ok(())
+}
+
 /// Set by the Ctrl-C handler; long jobs poll it and stop cleanly.
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 

@@ -226,26 +226,8 @@ impl QuantizePlan {
         let mut outputs = Vec::new();
         let mut jobs = Vec::new();
         let mut summary = PlanSummary::default();
-        let split_tensors: HashSet<&str> = modules
-            .iter()
-            .filter_map(|m| match &m.state {
-                ModuleState::Dense {
-                    source: WeightSource::ExpertSlice { tensor, .. },
-                    ..
-                } => Some(tensor.as_str()),
-                _ => None,
-            })
-            .collect();
-        let split_needed: HashSet<&str> = selected
-            .iter()
-            .filter_map(|m| match &m.state {
-                ModuleState::Dense {
-                    source: WeightSource::ExpertSlice { tensor, .. },
-                    ..
-                } => Some(tensor.as_str()),
-                _ => None,
-            })
-            .collect();
+        let split_tensors = expert_slice_sources(modules.iter());
+        let split_needed = expert_slice_sources(selected.iter().copied());
         let mut emitted: HashSet<String> = HashSet::new();
         for t in tensors {
             summary.bytes_before += t.byte_len() as u64;
@@ -344,6 +326,19 @@ impl QuantizePlan {
         }
         jobs.push(Job::Quantize { members });
     }
+}
+
+/// The 3-D fused-expert tensors that `modules` are slices of.
+fn expert_slice_sources<'m>(modules: impl Iterator<Item = &'m LinearModule>) -> HashSet<&'m str> {
+    modules
+        .filter_map(|m| match &m.state {
+            ModuleState::Dense {
+                source: WeightSource::ExpertSlice { tensor, .. },
+                ..
+            } => Some(tensor.as_str()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The output `quantization_config`: the existing groups, plus one NVFP4A16 group for the new
