@@ -8,6 +8,7 @@ mod cmd_import_gguf;
 mod cmd_inspect;
 mod cmd_quantize;
 mod cmd_run;
+mod cmd_serve;
 mod cmd_synth;
 mod cmd_verify;
 mod progress;
@@ -39,6 +40,8 @@ enum Command {
     /// Convert a llama.cpp GGUF (llama, qwen2) to an HF checkpoint: dequantized bf16 weights,
     /// config.json, tokenizer.json and chat template.
     ImportGguf(cmd_import_gguf::ImportGgufArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (continuous batching).
+    Serve(cmd_serve::ServeArgs),
     /// Decode/prefill speed at exact prompt lengths and a concurrency sweep, against any
     /// OpenAI-compatible server (ours or vLLM's).
     Bench(cmd_bench::BenchArgs),
@@ -57,6 +60,7 @@ fn main() -> anyhow::Result<()> {
         Command::Synth(args) => cmd_synth::run(args),
         Command::Context(args) => cmd_context::run(args),
         Command::ImportGguf(args) => cmd_import_gguf::run(args),
+        Command::Serve(args) => cmd_serve::run(args),
         Command::Bench(args) => cmd_bench::run(args),
         Command::Eval(args) => cmd_eval::run(args),
     }

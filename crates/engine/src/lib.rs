@@ -18,6 +18,8 @@
 //! sampler.sample(logits)    greedy / temperature, top-k, top-p, seeded
 //! session.step(token)       the same pass for one row: every linear is a GEMV that streams the
 //!                           packed weights once, dequantizing 16-element blocks in registers
+//! model.step_batch(ss, ts)  one pass for many sessions (continuous batching): their rows are
+//!                           stacked through every linear and MLP, attention runs per session
 //! ```
 //!
 //! Everything between the ids going in and the logits coming out happens behind the
@@ -27,6 +29,7 @@
 #![deny(missing_docs)]
 
 pub mod backend;
+mod batch;
 pub mod config;
 mod error;
 mod generate;
@@ -39,7 +42,10 @@ mod session;
 pub mod text;
 pub mod weights;
 
+#[cfg(feature = "cuda")]
+pub use backend::CudaBackend;
 pub use backend::{AttentionParams, Backend, CpuBackend, RouterParams, RouterScoring};
+pub use batch::WantLogits;
 pub use error::{EngineError, Result};
 pub use generate::{GenerateOptions, Generation, GenerationStats, StopReason};
 pub use kv_cache::{KvDtype, KvLayerSpec};

@@ -27,10 +27,10 @@ impl Logits {
 /// One sequence being processed: feed it a prompt ([`prefill`](Self::prefill)), then one token
 /// at a time ([`step`](Self::step)).
 pub struct Session<'m, B: Backend = CpuBackend> {
-    model: &'m Model<B>,
-    cache: KvCache<B>,
-    position: usize,
-    broken: bool,
+    pub(crate) model: &'m Model<B>,
+    pub(crate) cache: KvCache<B>,
+    pub(crate) position: usize,
+    pub(crate) broken: bool,
 }
 
 impl<'m, B: Backend> Session<'m, B> {

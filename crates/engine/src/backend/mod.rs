@@ -16,6 +16,8 @@
 //! Shapes: an activation tensor is a row-major matrix `[rows, cols]`, one row per token.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 
 use crate::error::Result;
 use crate::kv_cache::KvLayerSpec;
@@ -23,6 +25,8 @@ use crate::rope::RopeSpec;
 use crate::weights::{ExpertWeights, LinearWeight};
 
 pub use cpu::CpuBackend;
+#[cfg(feature = "cuda")]
+pub use cuda::CudaBackend;
 
 /// Attention geometry of one call.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -108,6 +112,26 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn dims(&self, x: &Self::Tensor) -> (usize, usize);
     /// Rows `start..start + len` of `x`, copied.
     fn rows(&self, x: &Self::Tensor, start: usize, len: usize) -> Result<Self::Tensor>;
+    /// The rows of `parts` one after another (all of one width): `[Σ rows, cols]`. Batched
+    /// decoding joins the attention outputs of its sequences with it. The default goes through
+    /// host memory; a device backend should override it with a device-side copy.
+    fn concat_rows(&self, parts: &[&Self::Tensor]) -> Result<Self::Tensor> {
+        let cols = parts.first().map_or(0, |p| self.dims(p).1);
+        let mut rows = 0;
+        let mut data = Vec::new();
+        for p in parts {
+            let (r, c) = self.dims(p);
+            if c != cols {
+                return Err(crate::error::EngineError::Backend {
+                    backend: self.name(),
+                    reason: format!("concat_rows of {c} columns onto {cols}"),
+                });
+            }
+            rows += r;
+            data.extend_from_slice(&self.download(p)?);
+        }
+        self.upload(rows, cols, &data)
+    }
 
     // ---- ops -----------------------------------------------------------------------------
 

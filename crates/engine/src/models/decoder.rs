@@ -4,6 +4,10 @@
 //! MLP (dense SwiGLU, or a routed mixture of SwiGLU experts with an optional always-on shared
 //! expert). The families differ only in how they read their config and name their tensors.
 
+mod batch;
+
+pub(crate) use batch::BatchSeq;
+
 use crate::backend::{AttentionParams, Backend, RouterParams};
 use crate::error::Result;
 use crate::kv_cache::KvLayerSpec;

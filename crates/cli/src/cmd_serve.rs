@@ -1,0 +1,93 @@
+//! `fp4forge serve DIR`: the OpenAI-compatible server (continuous batching on the native engine).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use fp4forge_engine::KvDtype;
+use fp4forge_server::{Server, ServerConfig};
+
+/// Arguments of `fp4forge serve`.
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// Checkpoint directory with tokenizer.json (bf16, or NVFP4: weights stay packed).
+    dir: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port (0: any free one).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Model name clients put in requests (default: the directory's name).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Most sequences advanced together per engine step.
+    #[arg(long, default_value_t = fp4forge_server::DEFAULT_MAX_BATCH)]
+    max_batch: usize,
+    /// Ceiling on a request's max_tokens.
+    #[arg(long, default_value_t = fp4forge_server::DEFAULT_MAX_TOKENS_LIMIT)]
+    max_tokens_limit: usize,
+    /// Longest prompt accepted, tokens (default: the model's context).
+    #[arg(long)]
+    max_prompt_tokens: Option<usize>,
+    /// Caps the model's context, tokens (default: the checkpoint's).
+    #[arg(long)]
+    max_context: Option<usize>,
+    /// Most requests waiting for a batch slot (more get 429).
+    #[arg(long, default_value_t = fp4forge_server::DEFAULT_MAX_QUEUE)]
+    max_queue: usize,
+    /// Largest request body, bytes (larger get 413).
+    #[arg(long, default_value_t = fp4forge_server::DEFAULT_MAX_BODY_BYTES)]
+    max_body_bytes: usize,
+    /// Prompt tokens prefilled per engine step over all sequences.
+    #[arg(long, default_value_t = fp4forge_server::DEFAULT_PREFILL_BUDGET)]
+    prefill_budget: usize,
+    /// Engine worker threads (0: one per core).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// KV cache storage.
+    #[arg(long, default_value = "bf16", value_parser = ["bf16", "fp8", "f32"])]
+    kv_dtype: String,
+    /// Seconds a shutdown (SIGINT/SIGTERM) waits for requests in flight.
+    #[arg(long, default_value_t = 60)]
+    drain_timeout: u64,
+}
+
+/// Runs the subcommand.
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let kv = match args.kv_dtype.as_str() {
+        "fp8" => KvDtype::Fp8E4m3,
+        "f32" => KvDtype::F32,
+        _ => KvDtype::Bf16,
+    };
+    let config = ServerConfig::new(&args.dir)
+        .host(args.host)
+        .port(args.port)
+        .served_model_name(args.served_model_name)
+        .max_batch(args.max_batch)
+        .max_tokens_limit(args.max_tokens_limit)
+        .max_prompt_tokens(args.max_prompt_tokens)
+        .max_context(args.max_context)
+        .max_queue(args.max_queue)
+        .max_body_bytes(args.max_body_bytes)
+        .prefill_budget(args.prefill_budget)
+        .threads(args.threads)
+        .kv_dtype(kv)
+        .drain_timeout(Duration::from_secs(args.drain_timeout));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        let server = Server::bind(config).await?;
+        eprintln!(
+            "fp4forge serve: model `{}` (context {} tokens) on http://{}/v1",
+            server.model_name(),
+            server.max_context(),
+            server.local_addr()
+        );
+        server.run(fp4forge_server::shutdown_signal()).await?;
+        eprintln!("fp4forge serve: stopped");
+        anyhow::Ok(())
+    })
+}

@@ -1,0 +1,101 @@
+//! `fp4forge serve` end to end: the binary serves a tiny model on a free loopback port, answers
+//! over plain HTTP, and exits 0 after SIGTERM; a directory without a model fails with a message.
+
+#[path = "../../server/tests/common/tiny_model.rs"]
+mod tiny_model;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// One HTTP/1.1 request; returns the status line and the body.
+fn http(addr: &str, method: &str, path: &str, body: &str) -> (String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.lines().next().unwrap_or_default().to_string();
+    let body = out.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
+    (status, body)
+}
+
+#[test]
+fn serves_and_stops_on_sigterm() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tiny");
+    tiny_model::write_tiny_model(&dir, 7).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fp4forge"))
+        .args([
+            "serve",
+            dir.to_str().unwrap(),
+            "--port",
+            "0",
+            "--threads",
+            "1",
+        ])
+        .args(["--served-model-name", "tiny-cli", "--max-batch", "4"])
+        .args(["--max-tokens-limit", "64", "--kv-dtype", "fp8"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    assert!(line.contains("model `tiny-cli`"), "{line}");
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+
+    let (status, body) = http(&addr, "GET", "/health", "");
+    assert!(status.contains("200"), "{status} {body}");
+    let (status, body) = http(
+        &addr,
+        "POST",
+        "/v1/completions",
+        r#"{"model": "tiny-cli", "prompt": "Hello", "max_tokens": 5, "ignore_eos": true}"#,
+    );
+    assert!(status.contains("200"), "{status} {body}");
+    assert!(body.contains("\"completion_tokens\":5"), "{body}");
+    let (status, body) = http(
+        &addr,
+        "POST",
+        "/v1/completions",
+        r#"{"prompt": "Hello", "max_tokens": 65}"#,
+    );
+    assert!(status.contains("400"), "{status} {body}");
+    assert!(body.contains("max_tokens"), "{body}");
+
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = child.wait().unwrap();
+    let mut rest = String::new();
+    stderr.read_to_string(&mut rest).unwrap();
+    assert!(status.success(), "exit {status}: {rest}");
+    assert!(rest.contains("stopped"), "{rest}");
+}
+
+#[test]
+fn a_directory_without_a_model_fails_with_a_message() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_fp4forge"))
+        .args(["serve", tmp.path().to_str().unwrap(), "--port", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("tokenizer.json"), "{err}");
+}

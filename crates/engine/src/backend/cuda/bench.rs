@@ -1,0 +1,841 @@
+//! A synthetic decode benchmark at real Laguna geometry (SYNTHETIC weights, real byte counts).
+//!
+//! From a Laguna `config.json` (stock: routed experts NVFP4, everything else BF16; lean: q/k/v/o
+//! NVFP4 too, read from `quantization_config`), every weight is allocated on the device at its
+//! real size and filled with seeded pseudo-random values by a kernel (nothing crosses PCIe, no
+//! files). The KV cache is filled with synthetic bf16 values for `context` positions (full
+//! layers; sliding layers hold their 512-slot ring), then one decode step at position `context`
+//! (embedding → 48 layers → lm_head) is captured in a CUDA graph and replayed. Every replay reads
+//! the bytes a real decode step at that context reads (all layer weights, the router's 10
+//! selected experts, the KV cache up to `context`) and writes the new KV row at the same slot, so
+//! tok/s is the replay rate; the position does not advance between replays.
+//!
+//! Launches per layer (13-14): rmsnorm, q/k/v/g in one GEMV launch, per-head norms + rope,
+//! attention (+ split merge with the softplus gate), KV append, o_proj with the residual,
+//! rmsnorm, router, top-k, experts gate/up (routed + shared, one launch), experts down (routed +
+//! shared, one launch), their ordered sum with the residual.
+//!
+//! [`kernel_microbench`] times single kernels at the same shapes.
+
+use std::time::Instant;
+
+use cudarc::driver::{CudaSlice, DeviceRepr};
+use serde_json::Value;
+
+use super::{
+    launch, CudaBackend, CudaExperts, CudaKvLayer, CudaLinear, ExpertArena, SharedExpert,
+    GEMV_WARPS,
+};
+use crate::backend::{AttentionParams, Backend};
+use crate::error::Result;
+use crate::kv_cache::{KvDtype, KvLayerSpec};
+
+/// One measured row of the benchmark.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BenchRow {
+    /// Build label (`stock`, `lean`).
+    pub build: String,
+    /// Context length (positions in the KV cache before the measured step).
+    pub context: usize,
+    /// Decode steps per second (graph replays).
+    pub tok_s: f64,
+    /// Milliseconds per step.
+    pub ms_per_token: f64,
+    /// Weight bytes per token used for the bandwidth figure (inspect's arithmetic, if given).
+    pub bytes_per_token: f64,
+    /// Weight bytes per token the kernels actually read (computed from the allocated shapes).
+    pub weight_bytes_read: f64,
+    /// KV-cache bytes read per token at this context.
+    pub kv_bytes_read: f64,
+    /// `bytes_per_token × tok/s`, GB/s.
+    pub achieved_gbs: f64,
+    /// `(weight_bytes_read + kv_bytes_read) × tok/s`, GB/s.
+    pub achieved_incl_kv_gbs: f64,
+    /// Device-to-device copy bandwidth measured in the same run (read + write), GB/s.
+    pub copy_gbs: f64,
+    /// `achieved_gbs / copy_gbs`.
+    pub fraction_of_copy: f64,
+    /// Kernel launches in the captured graph.
+    pub kernels: usize,
+}
+
+/// Device-to-device copy bandwidth (bytes read + written per second, GB/s) of a `bytes` buffer.
+pub fn copy_bandwidth(b: &CudaBackend, bytes: usize, reps: usize) -> Result<f64> {
+    let src = b.alloc::<u8>(bytes)?;
+    let mut dst = b.alloc::<u8>(bytes)?;
+    let e = |x: cudarc::driver::DriverError| b.err(format!("{x:?}"));
+    b.inner.stream.memcpy_dtod(&src, &mut dst).map_err(e)?;
+    b.synchronize()?;
+    let t = Instant::now();
+    for _ in 0..reps {
+        b.inner.stream.memcpy_dtod(&src, &mut dst).map_err(e)?;
+    }
+    b.synchronize()?;
+    Ok(2.0 * bytes as f64 * reps as f64 / t.elapsed().as_secs_f64() / 1e9)
+}
+
+/// Kernel-side `Seg` / `Segs` of `linear_multi`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Seg {
+    w: u64,
+    scales: u64,
+    y: u64,
+    inv_g: f32,
+    fmt: i32,
+    n: i32,
+    block0: i32,
+}
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Segs {
+    s: [Seg; 6],
+    n: i32,
+    _pad: i32,
+}
+// SAFETY: plain old data matching the C structs.
+unsafe impl DeviceRepr for Segs {}
+
+struct Geometry {
+    hidden: usize,
+    layers: usize,
+    full: Vec<bool>,
+    heads: Vec<usize>,
+    kv_heads: usize,
+    head_dim: usize,
+    window: usize,
+    experts: usize,
+    top_k: usize,
+    moe_inter: usize,
+    shared_inter: usize,
+    dense_inter: usize,
+    dense_layers: Vec<bool>,
+    vocab: usize,
+    attn_nvfp4: bool,
+    experts_nvfp4: bool,
+    theta_full: f64,
+    theta_sliding: f64,
+    partial_full: f64,
+    eps: f32,
+    routed_scale: f32,
+}
+
+fn geometry(cfg: &Value) -> std::result::Result<Geometry, String> {
+    let u = |k: &str| {
+        cfg.get(k)
+            .and_then(Value::as_u64)
+            .map(|v| v as usize)
+            .ok_or(format!("config: no `{k}`"))
+    };
+    let layers = u("num_hidden_layers")?;
+    let types: Vec<String> = cfg
+        .get("layer_types")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    let full: Vec<bool> = (0..layers)
+        .map(|i| !matches!(types.get(i), Some(t) if t != "full_attention"))
+        .collect();
+    let heads: Vec<usize> = match cfg
+        .get("num_attention_heads_per_layer")
+        .and_then(Value::as_array)
+    {
+        Some(a) => a.iter().map(|v| v.as_u64().unwrap_or(0) as usize).collect(),
+        None => vec![u("num_attention_heads")?; layers],
+    };
+    let mlp_types: Vec<String> = cfg
+        .get("mlp_layer_types")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    let dense_layers = (0..layers)
+        .map(|i| mlp_types.get(i).is_some_and(|t| t == "dense"))
+        .collect();
+    let targets: Vec<String> = cfg
+        .pointer("/quantization_config/config_groups")
+        .and_then(Value::as_object)
+        .map(|g| {
+            g.values()
+                .filter_map(|v| v.get("targets").and_then(Value::as_array))
+                .flatten()
+                .filter_map(|t| t.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    let rp = |path: &str| cfg.pointer(path).and_then(Value::as_f64);
+    Ok(Geometry {
+        hidden: u("hidden_size")?,
+        layers,
+        full,
+        heads,
+        kv_heads: u("num_key_value_heads")?,
+        head_dim: u("head_dim")?,
+        window: u("sliding_window")?,
+        experts: u("num_experts")?,
+        top_k: u("num_experts_per_tok")?,
+        moe_inter: u("moe_intermediate_size")?,
+        shared_inter: u("shared_expert_intermediate_size")?,
+        dense_inter: u("intermediate_size")?,
+        dense_layers,
+        vocab: u("vocab_size")?,
+        attn_nvfp4: targets.iter().any(|t| t.contains("self_attn")),
+        experts_nvfp4: targets.iter().any(|t| t.contains("experts")),
+        theta_full: rp("/rope_parameters/full_attention/rope_theta").unwrap_or(500000.0),
+        theta_sliding: rp("/rope_parameters/sliding_attention/rope_theta").unwrap_or(10000.0),
+        partial_full: rp("/rope_parameters/full_attention/partial_rotary_factor").unwrap_or(1.0),
+        eps: cfg
+            .get("rms_norm_eps")
+            .and_then(Value::as_f64)
+            .unwrap_or(1e-6) as f32,
+        routed_scale: cfg
+            .get("moe_routed_scaling_factor")
+            .and_then(Value::as_f64)
+            .unwrap_or(1.0) as f32,
+    })
+}
+
+struct Layer {
+    in_norm: CudaSlice<f32>,
+    post_norm: CudaSlice<f32>,
+    q: CudaLinear,
+    k: CudaLinear,
+    v: CudaLinear,
+    o: CudaLinear,
+    g: CudaLinear,
+    qn: CudaSlice<f32>,
+    kn: CudaSlice<f32>,
+    heads: usize,
+    full: bool,
+    kv: CudaKvLayer,
+    mlp: Mlp,
+}
+
+// One per layer, built once: the variants' size difference does not matter.
+#[allow(clippy::large_enum_variant)]
+enum Mlp {
+    Dense(CudaExperts),
+    Moe {
+        router: CudaLinear,
+        bias: CudaSlice<f32>,
+        experts: CudaExperts,
+        shared: [CudaLinear; 3],
+    },
+}
+
+struct Synth<'a> {
+    b: &'a CudaBackend,
+    seed: u64,
+    bytes: f64,
+}
+
+impl Synth<'_> {
+    fn next(&mut self) -> u64 {
+        self.seed += 1;
+        self.seed
+    }
+
+    fn linear(&mut self, rows: usize, cols: usize, nvfp4: bool) -> Result<CudaLinear> {
+        let b = self.b;
+        if nvfp4 {
+            let data = b.alloc::<u8>(rows * cols / 2)?;
+            let scales = b.alloc::<u8>(rows * cols / 16)?;
+            let s = self.next();
+            b.fill(b.ptr(&data), rows * cols / 2, s, 0, 0.0)?;
+            let s = self.next();
+            b.fill(b.ptr(&scales), rows * cols / 16, s, 2, 0.0)?;
+            Ok(CudaLinear {
+                fmt: 3,
+                data,
+                scales: Some(scales),
+                inv_g: 1.0 / 2688.0,
+                rows,
+                cols,
+                name: "synthetic".into(),
+            })
+        } else {
+            let data = b.alloc::<u8>(rows * cols * 2)?;
+            let s = self.next();
+            b.fill(b.ptr(&data), rows * cols, s, 1, 0.02)?;
+            Ok(CudaLinear {
+                fmt: 2,
+                data,
+                scales: None,
+                inv_g: 1.0,
+                rows,
+                cols,
+                name: "synthetic".into(),
+            })
+        }
+    }
+
+    fn arena(&mut self, n: usize, rows: usize, cols: usize, nvfp4: bool) -> Result<ExpertArena> {
+        let l = self.linear(n * rows, cols, nvfp4)?;
+        Ok(ExpertArena {
+            fmt: l.fmt,
+            data: l.data,
+            scales: l.scales,
+            inv_g: self
+                .b
+                .inner
+                .stream
+                .clone_htod(&vec![l.inv_g; n])
+                .map_err(|e| self.b.err(format!("{e:?}")))?,
+        })
+    }
+
+    fn experts(
+        &mut self,
+        n: usize,
+        inter: usize,
+        hidden: usize,
+        nvfp4: bool,
+    ) -> Result<CudaExperts> {
+        Ok(CudaExperts {
+            gate: self.arena(n, inter, hidden, nvfp4)?,
+            up: self.arena(n, inter, hidden, nvfp4)?,
+            down: self.arena(n, hidden, inter, nvfp4)?,
+            n,
+            inter,
+            hidden,
+        })
+    }
+
+    fn vector(&mut self, n: usize, amp: f32) -> Result<CudaSlice<f32>> {
+        let v = self.b.alloc::<f32>(n)?;
+        let s = self.next();
+        self.b.fill(self.b.ptr(&v), n, s, 3, amp)?;
+        Ok(v)
+    }
+}
+
+fn wbytes(l: &CudaLinear) -> f64 {
+    l.bytes() as f64
+}
+
+/// Runs the synthetic decode benchmark for one build (config) at each context; `bytes_per_token`
+/// is inspect's figure for the build (0 = use the computed weight bytes).
+pub fn synthetic_laguna_decode(
+    b: &CudaBackend,
+    config: &std::path::Path,
+    build: &str,
+    contexts: &[usize],
+    bytes_per_token: f64,
+    copy_gbs: f64,
+    reps: usize,
+) -> Result<Vec<BenchRow>> {
+    let text =
+        std::fs::read_to_string(config).map_err(|e| b.err(format!("{}: {e}", config.display())))?;
+    let cfg: Value = serde_json::from_str(&text).map_err(|e| b.err(format!("config: {e}")))?;
+    let g = geometry(&cfg).map_err(|e| b.err(e))?;
+    let max_ctx = contexts.iter().copied().max().unwrap_or(0);
+    let (h, d) = (g.hidden, g.head_dim);
+    let kvw = g.kv_heads * d;
+    let mut s = Synth {
+        b,
+        seed: 0x5eed,
+        bytes: 0.0,
+    };
+    let embed = s.linear(g.vocab, h, false)?;
+    let lm_head = s.linear(g.vocab, h, false)?;
+    let final_norm = s.vector(h, 1.0)?;
+    s.bytes += wbytes(&lm_head) + (h * 2) as f64 + (h * 4) as f64;
+    let mut layers = Vec::with_capacity(g.layers);
+    for i in 0..g.layers {
+        let heads = g.heads[i];
+        let q = s.linear(heads * d, h, g.attn_nvfp4)?;
+        let k = s.linear(kvw, h, g.attn_nvfp4)?;
+        let v = s.linear(kvw, h, g.attn_nvfp4)?;
+        let o = s.linear(h, heads * d, g.attn_nvfp4)?;
+        let gp = s.linear(heads, h, false)?;
+        s.bytes += wbytes(&q) + wbytes(&k) + wbytes(&v) + wbytes(&o) + wbytes(&gp);
+        let mlp = if g.dense_layers[i] {
+            let e = s.experts(1, g.dense_inter, h, false)?;
+            s.bytes += (3 * g.dense_inter * h * 2) as f64;
+            Mlp::Dense(e)
+        } else {
+            let router = s.linear(g.experts, h, false)?;
+            let bias = s.vector(g.experts, 0.01)?;
+            let experts = s.experts(g.experts, g.moe_inter, h, g.experts_nvfp4)?;
+            let shared = [
+                s.linear(g.shared_inter, h, false)?,
+                s.linear(g.shared_inter, h, false)?,
+                s.linear(h, g.shared_inter, false)?,
+            ];
+            let per_expert =
+                3.0 * (g.moe_inter * h) as f64 * if g.experts_nvfp4 { 0.5625 } else { 2.0 };
+            s.bytes += wbytes(&router)
+                + (g.experts * 4) as f64
+                + g.top_k as f64 * per_expert
+                + shared.iter().map(wbytes).sum::<f64>();
+            Mlp::Moe {
+                router,
+                bias,
+                experts,
+                shared,
+            }
+        };
+        let spec = KvLayerSpec {
+            kv_heads: g.kv_heads,
+            head_dim: d,
+            window: if g.full[i] { None } else { Some(g.window) },
+            dtype: KvDtype::Bf16,
+            k_scale: 1.0,
+            v_scale: 1.0,
+        };
+        let mut kv = b.new_kv_layer(&spec)?;
+        let cap = if g.full[i] { max_ctx + 1 } else { g.window };
+        b.kv_grow(&mut kv, cap)?;
+        let n = kv.cap * kvw;
+        let s1 = s.next();
+        b.fill(b.ptr(&kv.k), n, s1, 1, 1.0)?;
+        let s2 = s.next();
+        b.fill(b.ptr(&kv.v), n, s2, 1, 1.0)?;
+        layers.push(Layer {
+            in_norm: s.vector(h, 1.0)?,
+            post_norm: s.vector(h, 1.0)?,
+            q,
+            k,
+            v,
+            o,
+            g: gp,
+            qn: s.vector(d, 1.0)?,
+            kn: s.vector(d, 1.0)?,
+            heads,
+            full: g.full[i],
+            kv,
+            mlp,
+        });
+    }
+    let inv = |theta: f64, rdim: usize| -> Vec<f32> {
+        (0..rdim / 2)
+            .map(|i| theta.powf(-2.0 * i as f64 / rdim as f64) as f32)
+            .collect()
+    };
+    let rdim_full = ((d as f64) * g.partial_full) as usize;
+    let inv_full = b
+        .inner
+        .stream
+        .clone_htod(&inv(g.theta_full, rdim_full))
+        .map_err(|e| b.err(format!("{e:?}")))?;
+    let inv_sliding = b
+        .inner
+        .stream
+        .clone_htod(&inv(g.theta_sliding, d))
+        .map_err(|e| b.err(format!("{e:?}")))?;
+
+    // Persistent activations (fixed addresses for the graph).
+    let max_heads = g.heads.iter().copied().max().unwrap_or(1);
+    let x = b.alloc::<f32>(h)?;
+    let a = b.alloc::<f32>(h)?;
+    let qb = b.alloc::<f32>(max_heads * d)?;
+    let kb = b.alloc::<f32>(kvw)?;
+    let vb = b.alloc::<f32>(kvw)?;
+    let gb = b.alloc::<f32>(max_heads)?;
+    let ob = b.alloc::<f32>(max_heads * d)?;
+    let rl = b.alloc::<f32>(g.experts.max(1))?;
+    let sel = b.alloc::<i32>(g.top_k)?;
+    let wts = b.alloc::<f32>(g.top_k)?;
+    let dsel = b.alloc::<i32>(1)?;
+    let dwts = b
+        .inner
+        .stream
+        .clone_htod(&[1.0f32])
+        .map_err(|e| b.err(format!("{e:?}")))?;
+    let hw = ((g.top_k + 1) * g.moe_inter.max(g.shared_inter)).max(g.dense_inter);
+    let hb = b.alloc::<f32>(hw)?;
+    let logits = b.alloc::<f32>(g.vocab)?;
+    let part = b.alloc::<f32>((g.top_k + 1) * h)?;
+    let ids = b
+        .inner
+        .stream
+        .clone_htod(&[1u32])
+        .map_err(|e| b.err(format!("{e:?}")))?;
+    let one = |v: f32| {
+        b.inner
+            .stream
+            .clone_htod(&[v])
+            .map_err(|e| b.err(format!("{e:?}")))
+    };
+    let shared_inv: Vec<[CudaSlice<f32>; 3]> = layers
+        .iter()
+        .map(|l| match &l.mlp {
+            Mlp::Moe { shared, .. } => Ok([
+                one(shared[0].inv_g)?,
+                one(shared[1].inv_g)?,
+                one(shared[2].inv_g)?,
+            ]),
+            Mlp::Dense(_) => Ok([one(1.0)?, one(1.0)?, one(1.0)?]),
+        })
+        .collect::<Result<_>>()?;
+    let max_splits = super::MAX_SPLITS;
+    let part_o = b.alloc::<f32>(max_heads * max_splits * d)?;
+    let part_ml = b.alloc::<f32>(max_heads * max_splits * 2)?;
+    b.fill(b.ptr(&x), h, 99, 3, 1.0)?;
+    b.synchronize()?;
+    let weight_bytes = s.bytes;
+    let total_mem = layers.len();
+    let _ = total_mem;
+
+    let mut rows = Vec::new();
+    for &ctx in contexts {
+        for l in layers.iter_mut() {
+            l.kv.len = ctx;
+        }
+        let kv_bytes: f64 = layers
+            .iter()
+            .map(|l| {
+                let keys = if l.full {
+                    ctx + 1
+                } else {
+                    g.window.min(ctx + 1)
+                };
+                (2 * keys * kvw * 2) as f64
+            })
+            .sum();
+        let mut kernels = 0usize;
+        let mut step = |kernels: &mut usize| -> Result<()> {
+            let bp = |s: &CudaSlice<f32>| b.ptr(s);
+            launch!(b, &b.inner.f.embed, (1, 1, 1), (256, 1, 1);
+                embed.fmt, b.ptr(&embed.data), 0u64, 1.0f32, b.ptr(&ids), bp(&x), h as i32)?;
+            *kernels += 1;
+            for (li, l) in layers.iter_mut().enumerate() {
+                launch!(b, &b.inner.f.rms_norm, (1, 1, 1), (512, 1, 1);
+                    bp(&x), bp(&l.in_norm), bp(&a), h as i32, g.eps)?;
+                let mut segs = Segs::default();
+                let mut block0 = 0i32;
+                for (i, (w, y)) in [(&l.q, &qb), (&l.k, &kb), (&l.v, &vb), (&l.g, &gb)]
+                    .iter()
+                    .enumerate()
+                {
+                    segs.s[i] = Seg {
+                        w: b.ptr(&w.data),
+                        scales: w.scales_ptr(b),
+                        y: bp(y),
+                        inv_g: w.inv_g,
+                        fmt: w.fmt,
+                        n: w.rows as i32,
+                        block0,
+                    };
+                    block0 += (w.rows as u32).div_ceil(GEMV_WARPS * super::EXPERT_ROWS) as i32;
+                }
+                segs.n = 4;
+                launch!(b, &b.inner.f.linear_multi2, (block0 as u32, 1, 1), (32 * GEMV_WARPS, 1, 1);
+                    segs, bp(&a), h as i32)?;
+                let (invf, rdim, theta_af) = if l.full {
+                    (&inv_full, rdim_full, 1.0f32)
+                } else {
+                    (&inv_sliding, d, 1.0f32)
+                };
+                launch!(b, &b.inner.f.qk_norm_rope, ((l.heads + g.kv_heads) as u32, 1, 1), (d as u32, 1, 1);
+                    bp(&qb), bp(&kb), bp(&l.qn), bp(&l.kn), l.heads as i32, d as i32, g.eps,
+                    bp(invf), rdim as i32, theta_af, ctx as i32)?;
+                let p = AttentionParams {
+                    heads: l.heads,
+                    kv_heads: g.kv_heads,
+                    head_dim: d,
+                    scale: 1.0 / (d as f32).sqrt(),
+                };
+                let keys = if l.full {
+                    ctx + 1
+                } else {
+                    g.window.min(ctx + 1)
+                };
+                let blocks = g.kv_heads * (l.heads / g.kv_heads).div_ceil(super::ATTN_GMAX);
+                let splits = b.splits_for(keys, blocks, 1).min(max_splits);
+                let pos0 = l.kv.len;
+                b.attention_raw(
+                    bp(&qb),
+                    bp(&kb),
+                    bp(&vb),
+                    &l.kv,
+                    pos0,
+                    1,
+                    &p,
+                    bp(&ob),
+                    bp(&gb),
+                    splits,
+                    Some((bp(&part_o), bp(&part_ml))),
+                )?;
+                *kernels += 5 + usize::from(splits > 1) + 1;
+                // Append the new row without advancing the benchmark's position.
+                b.kv_append_raw(&mut l.kv, bp(&kb), bp(&vb), 1)?;
+                l.kv.len = pos0;
+                b.gemv_raw(&l.o, bp(&ob), bp(&x), 0, bp(&x), 1)?;
+                launch!(b, &b.inner.f.rms_norm, (1, 1, 1), (512, 1, 1);
+                    bp(&x), bp(&l.post_norm), bp(&a), h as i32, g.eps)?;
+                match &l.mlp {
+                    Mlp::Dense(e) => {
+                        b.experts_raw(
+                            e,
+                            None,
+                            &dsel,
+                            &dwts,
+                            1,
+                            1,
+                            bp(&a),
+                            bp(&hb),
+                            bp(&part),
+                            bp(&x),
+                            bp(&x),
+                        )?;
+                        *kernels += 4;
+                    }
+                    Mlp::Moe {
+                        router,
+                        bias,
+                        experts,
+                        shared,
+                    } => {
+                        b.gemv_raw(router, bp(&a), bp(&rl), 0, 0, 1)?;
+                        launch!(b, &b.inner.f.route, (1, 1, 1), (32, 1, 1);
+                            bp(&rl), bp(bias), g.experts as i32, g.top_k as i32, 0i32, 1i32,
+                            0.0f32, g.routed_scale, b.ptr(&sel), bp(&wts))?;
+                        let sh = SharedExpert {
+                            gate: &shared[0],
+                            up: &shared[1],
+                            down: &shared[2],
+                        };
+                        let inv = &shared_inv[li];
+                        b.experts_raw(
+                            experts,
+                            Some((&sh, [&inv[0], &inv[1], &inv[2]])),
+                            &sel,
+                            &wts,
+                            g.top_k,
+                            1,
+                            bp(&a),
+                            bp(&hb),
+                            bp(&part),
+                            bp(&x),
+                            bp(&x),
+                        )?;
+                        *kernels += 6;
+                    }
+                }
+            }
+            launch!(b, &b.inner.f.rms_norm, (1, 1, 1), (512, 1, 1);
+                b.ptr(&x), b.ptr(&final_norm), b.ptr(&a), h as i32, g.eps)?;
+            b.gemv_raw(&lm_head, b.ptr(&a), b.ptr(&logits), 0, 0, 1)?;
+            *kernels += 2;
+            Ok(())
+        };
+        // Eager run once (checks every launch), then capture.
+        step(&mut kernels)?;
+        b.synchronize()?;
+        kernels = 0;
+        let eager_t = Instant::now();
+        for _ in 0..3 {
+            step(&mut kernels)?;
+        }
+        b.synchronize()?;
+        let eager_ms = eager_t.elapsed().as_secs_f64() * 1e3 / 3.0;
+        kernels /= 3;
+        b.inner
+            .stream
+            .begin_capture(
+                cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+            .map_err(|e| b.err(format!("capture: {e:?}")))?;
+        let mut k2 = 0;
+        let r = step(&mut k2);
+        let graph = b
+            .inner
+            .stream
+            .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
+            .map_err(|e| b.err(format!("end capture: {e:?}")))?;
+        r?;
+        let graph = graph.ok_or_else(|| b.err("empty graph"))?;
+        for _ in 0..5 {
+            graph.launch().map_err(|e| b.err(format!("{e:?}")))?;
+        }
+        b.synchronize()?;
+        let t = Instant::now();
+        for _ in 0..reps {
+            graph.launch().map_err(|e| b.err(format!("{e:?}")))?;
+        }
+        b.synchronize()?;
+        let secs = t.elapsed().as_secs_f64() / reps as f64;
+        let bpt = if bytes_per_token > 0.0 {
+            bytes_per_token
+        } else {
+            weight_bytes
+        };
+        let tok_s = 1.0 / secs;
+        eprintln!(
+            "  {build} ctx {ctx}: graph {:.3} ms/token, eager {eager_ms:.3} ms/token, {kernels} kernels",
+            secs * 1e3
+        );
+        rows.push(BenchRow {
+            build: build.to_string(),
+            context: ctx,
+            tok_s,
+            ms_per_token: secs * 1e3,
+            bytes_per_token: bpt,
+            weight_bytes_read: weight_bytes,
+            kv_bytes_read: kv_bytes,
+            achieved_gbs: bpt * tok_s / 1e9,
+            achieved_incl_kv_gbs: (weight_bytes + kv_bytes) * tok_s / 1e9,
+            copy_gbs,
+            fraction_of_copy: bpt * tok_s / 1e9 / copy_gbs,
+            kernels,
+        });
+    }
+    Ok(rows)
+}
+
+/// Times single kernels at Laguna-S shapes (synthetic data): `(name, µs per call, GB/s of the
+/// bytes it must read)`.
+pub fn kernel_microbench(b: &CudaBackend) -> Result<Vec<(String, f64, f64)>> {
+    let mut s = Synth {
+        b,
+        seed: 77,
+        bytes: 0.0,
+    };
+    let reps = 30;
+    let mut out = Vec::new();
+    let x = s.vector(100352, 1.0)?;
+    let y = b.alloc::<f32>(100352)?;
+    let time = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+        f()?;
+        b.synchronize()?;
+        let t = Instant::now();
+        for _ in 0..reps {
+            f()?;
+        }
+        b.synchronize()?;
+        Ok(t.elapsed().as_secs_f64() * 1e6 / reps as f64)
+    };
+    for (rows, cols, nv) in [
+        (9216, 3072, true),
+        (9216, 3072, false),
+        (3072, 9216, true),
+        (1024, 3072, true),
+        (100352, 3072, false),
+        (12288, 3072, false),
+    ] {
+        let w = s.linear(rows, cols, nv)?;
+        let bytes = w.bytes() as f64;
+        let us = time(&mut || b.gemv_raw(&w, b.ptr(&x), b.ptr(&y), 0, 0, 1))?;
+        let name = format!("gemv {} {rows}x{cols}", if nv { "nvfp4" } else { "bf16" });
+        out.push((name.clone(), us, bytes / us / 1e3));
+        let us = time(&mut || {
+            launch!(b, &b.inner.f.linear, ((rows as u32).div_ceil(GEMV_WARPS), 1, 1), (32 * GEMV_WARPS, 1, 1);
+                w.fmt, b.ptr(&w.data), w.scales_ptr(b), w.inv_g, b.ptr(&x), b.ptr(&y), 0u64, 0u64,
+                rows as i32, cols as i32, 1i32)
+        })?;
+        out.push((format!("{name} (1 row/warp)"), us, bytes / us / 1e3));
+    }
+    // One MoE layer's experts: 10 routed NVFP4 + shared bf16.
+    let (hid, inter, k) = (3072usize, 1024usize, 10usize);
+    let e = s.experts(256, inter, hid, true)?;
+    let sh = [
+        s.linear(inter, hid, false)?,
+        s.linear(inter, hid, false)?,
+        s.linear(hid, inter, false)?,
+    ];
+    let one = b
+        .inner
+        .stream
+        .clone_htod(&[1.0f32])
+        .map_err(|e| b.err(format!("{e:?}")))?;
+    let sel: Vec<i32> = (0..k as i32).map(|i| i * 25 + 3).collect();
+    let sel = b
+        .inner
+        .stream
+        .clone_htod(&sel)
+        .map_err(|e| b.err(format!("{e:?}")))?;
+    let wts = b
+        .inner
+        .stream
+        .clone_htod(&[0.1f32; 10])
+        .map_err(|e| b.err(format!("{e:?}")))?;
+    let hb = b.alloc::<f32>((k + 1) * inter)?;
+    let part = b.alloc::<f32>((k + 1) * hid)?;
+    let sx = SharedExpert {
+        gate: &sh[0],
+        up: &sh[1],
+        down: &sh[2],
+    };
+    let bytes = k as f64 * 3.0 * (inter * hid) as f64 * 0.5625 + 3.0 * (inter * hid * 2) as f64;
+    let us = time(&mut || {
+        b.experts_raw(
+            &e,
+            Some((&sx, [&one, &one, &one])),
+            &sel,
+            &wts,
+            k,
+            1,
+            b.ptr(&x),
+            b.ptr(&hb),
+            b.ptr(&part),
+            b.ptr(&y),
+            0,
+        )
+    })?;
+    out.push((
+        "experts 10 nvfp4 + shared bf16 (3 launches)".into(),
+        us,
+        bytes / us / 1e3,
+    ));
+    // Attention over bf16 caches.
+    for (label, window, ctx, heads) in [
+        ("full", None, 2048usize, 48usize),
+        ("full", None, 65536, 48),
+        ("sliding", Some(512usize), 2048, 72),
+    ] {
+        let spec = KvLayerSpec {
+            kv_heads: 8,
+            head_dim: 128,
+            window,
+            dtype: KvDtype::Bf16,
+            k_scale: 1.0,
+            v_scale: 1.0,
+        };
+        let mut kv = b.new_kv_layer(&spec)?;
+        b.kv_grow(&mut kv, ctx + 1)?;
+        let n = kv.cap * 1024;
+        b.fill(b.ptr(&kv.k), n, 5, 1, 1.0)?;
+        b.fill(b.ptr(&kv.v), n, 6, 1, 1.0)?;
+        kv.len = ctx;
+        let p = AttentionParams {
+            heads,
+            kv_heads: 8,
+            head_dim: 128,
+            scale: 0.088,
+        };
+        let keys = window.unwrap_or(ctx + 1).min(ctx + 1);
+        let splits = b.splits_for(keys, 8 * (heads / 8).div_ceil(super::ATTN_GMAX), 1);
+        let po = b.alloc::<f32>(heads * super::MAX_SPLITS * 128)?;
+        let pml = b.alloc::<f32>(heads * super::MAX_SPLITS * 2)?;
+        let us = time(&mut || {
+            b.attention_raw(
+                b.ptr(&x),
+                b.ptr(&x),
+                b.ptr(&x),
+                &kv,
+                ctx,
+                1,
+                &p,
+                b.ptr(&y),
+                b.ptr(&x),
+                splits,
+                Some((b.ptr(&po), b.ptr(&pml))),
+            )
+        })?;
+        let bytes = (keys * 1024 * 2 * 2) as f64;
+        out.push((
+            format!("attention {label} ctx {ctx} ({splits} splits)"),
+            us,
+            bytes / us / 1e3,
+        ));
+    }
+    Ok(out)
+}

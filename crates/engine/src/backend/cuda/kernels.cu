@@ -1,0 +1,1307 @@
+// fp4forge CUDA kernels, compiled with NVRTC at start-up for the device's architecture.
+// No headers: bf16/f16/fp8 conversions are done with bit manipulation (NVRTC needs no CUDA
+// include path). Activations are f32; weights stay in their stored encoding.
+//
+// Weight formats (the `fmt` argument): 0 = f32, 1 = f16, 2 = bf16, 3 = NVFP4
+// (packed e2m1, even element in the low nibble; one fp8 e4m3 scale per 16 elements;
+// w = e2m1 * e4m3(scale) * inv_global).
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define INF_F __int_as_float(0x7f800000)
+
+__device__ __forceinline__ float bf16_to_f32(u32 b) { return __uint_as_float(b << 16); }
+__device__ __forceinline__ u16 f32_to_bf16(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40);
+    u32 r = u + 0x7fffu + ((u >> 16) & 1u);
+    return (u16)(r >> 16);
+}
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    float f;
+    asm("{ cvt.f32.f16 %0, %1; }" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+// fp8 e4m3 (OCP, NaN = 0x7f/0xff, no infinities) to f32.
+__device__ __forceinline__ float e4m3_to_f32(u32 b) {
+    u32 s = (b & 0x80u) << 24;
+    u32 e = (b >> 3) & 0xfu;
+    u32 m = b & 0x7u;
+    float v;
+    if (e == 0) {
+        v = (float)m * 0.001953125f;  // m * 2^-9
+    } else if (e == 15 && m == 7) {
+        return __uint_as_float(0x7fc00000u);
+    } else {
+        v = __uint_as_float(((e + 120u) << 23) | (m << 20));
+    }
+    return __uint_as_float(__float_as_uint(v) | s);
+}
+
+__constant__ float E2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                               -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// ---- NVFP4 dequantization in registers (no tables) ----------------------------------------------
+//
+// e2m1: for a code n, the fp16 with bits ((n & 7) << 9) | ((n & 8) << 12) is exactly
+// e2m1(n) * 2^-14 (e = 0, m = 1 is the fp16 subnormal 2^-15 = 0.5 * 2^-14; e > 0 gives
+// 2^(e-15) (1 + m/2)). Codes i and i + 4 of a u32 (element i in nibble i: element 2c is the low
+// nibble of byte c) form one half2 with two shifts and masks; half -> f32 is exact.
+// e4m3: the fp16 with bits ((b & 0x7f) << 7) | ((b & 0x80) << 8) is exactly e4m3(b) * 2^-8 for
+// every finite code (the NaN code 0x7f is not special-cased: it decodes as 480).
+// So a block's partial sum sum(e2m1 * x) * e4m3 comes out exactly 2^-22 times the true value
+// (power-of-two scaling: the same roundings as the table decode); NV_UNIT restores it together
+// with the tensor's global scale.
+
+#define NV_UNIT 4194304.0f  // 2^22
+
+__device__ __forceinline__ float2 h2_to_f2(u32 h) {
+    float2 f;
+    asm("{ .reg .b16 lo, hi;\n\t mov.b32 {lo, hi}, %2;\n\t cvt.f32.f16 %0, lo;\n\t cvt.f32.f16 %1, hi; }"
+        : "=f"(f.x), "=f"(f.y)
+        : "r"(h));
+    return f;
+}
+
+// The 8 codes of w as f32 values * 2^-14, in element order.
+__device__ __forceinline__ void e2m1x8(u32 w, float f[8]) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const u32 v = w >> (4 * j);
+        const float2 p = h2_to_f2(((v & 0x00070007u) << 9) | ((v & 0x00080008u) << 12));
+        f[j] = p.x;
+        f[j + 4] = p.y;
+    }
+}
+
+// Two fp8 e4m3 scales (low byte first) as f32 values * 2^-8.
+__device__ __forceinline__ float2 e4m3x2(u32 s) {
+    return h2_to_f2(((s & 0x7fu) << 7) | ((s & 0x80u) << 8) | ((s & 0x7f00u) << 15) | ((s & 0x8000u) << 16));
+}
+
+// Global factor of an NVFP4 row sum computed with the decodes above (1 for other formats).
+__device__ __forceinline__ float nv_gscale(int fmt, float inv_g) { return fmt == 3 ? inv_g * NV_UNIT : 1.f; }
+
+// ---- dot products of one weight row with up to TB activation rows (one warp) ---------------
+
+#define TB 4
+
+// acc[t] += sum_k w[row, k] * x[t, k] for t < nt; the warp's lanes split K; not reduced.
+// NVFP4 fast path: K % 32 == 0 (rows 16-byte aligned); each lane loads 16 bytes (32 codes,
+// 2 scales) per step; the e2m1 values are summed per 16-element block, then scaled once.
+__device__ __forceinline__ void dot_nvfp4(const u8* __restrict__ packed, const u8* __restrict__ scales, float inv_g,
+                                          long row, int K, const float* __restrict__ x, long xstride, int nt,
+                                          float acc[TB]) {
+    const int lane = threadIdx.x & 31;
+    const float g14 = inv_g * 16384.0f;  // 2^14 undoes the decode's 2^-14
+    if ((K & 31) == 0) {
+        const uint4* p = (const uint4*)(packed + row * (long)(K / 2));
+        const u16* s = (const u16*)(scales + row * (long)(K / 16));
+        const int n = K / 32;
+        constexpr int U = 4;
+        for (int base = lane; base < n; base += 32 * U) {
+            uint4 w[U];
+            u32 sc[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int i = base + 32 * u;
+                if (i < n) {
+                    w[u] = __ldg(p + i);
+                    sc[u] = __ldg(s + i);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int i = base + 32 * u;
+                if (i < n) {
+                    const float s0 = e4m3_to_f32(sc[u] & 0xff) * g14;
+                    const float s1 = e4m3_to_f32(sc[u] >> 8) * g14;
+                    float wf[32];
+                    e2m1x8(w[u].x, wf);
+                    e2m1x8(w[u].y, wf + 8);
+                    e2m1x8(w[u].z, wf + 16);
+                    e2m1x8(w[u].w, wf + 24);
+                    for (int t = 0; t < nt; t++) {
+                        const float4* xv = (const float4*)(x + t * xstride + (long)i * 32);
+                        float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+                        for (int q = 0; q < 4; q++) {
+                            float4 xx = xv[q];
+                            a0 += wf[4 * q] * xx.x + wf[4 * q + 1] * xx.y + wf[4 * q + 2] * xx.z + wf[4 * q + 3] * xx.w;
+                        }
+#pragma unroll
+                        for (int q = 4; q < 8; q++) {
+                            float4 xx = xv[q];
+                            a1 += wf[4 * q] * xx.x + wf[4 * q + 1] * xx.y + wf[4 * q + 2] * xx.z + wf[4 * q + 3] * xx.w;
+                        }
+                        acc[t] += a0 * s0 + a1 * s1;
+                    }
+                }
+            }
+        }
+    } else {
+        // K % 16 == 0: one 8-byte block (16 codes, 1 scale) per lane step.
+        const uint2* p = (const uint2*)(packed + row * (long)(K / 2));
+        const u8* s = scales + row * (long)(K / 16);
+        const int n = K / 16;
+        for (int i = lane; i < n; i += 32) {
+            uint2 w = p[i];
+            float sc = e4m3_to_f32(s[i]) * g14;
+            float wf[16];
+            e2m1x8(w.x, wf);
+            e2m1x8(w.y, wf + 8);
+            for (int t = 0; t < nt; t++) {
+                const float* xv = x + t * xstride + (long)i * 16;
+                float a = 0.f;
+#pragma unroll
+                for (int q = 0; q < 16; q++) a += wf[q] * xv[q];
+                acc[t] += a * sc;
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ void dot_bf16(const u16* __restrict__ w, long row, int K, const float* __restrict__ x,
+                                         long xstride, int nt, float acc[TB]) {
+    const int lane = threadIdx.x & 31;
+    const u16* r = w + row * (long)K;
+    if ((K & 7) == 0) {
+        const uint4* p = (const uint4*)r;
+        const int n = K / 8;
+        constexpr int U = 4;
+        for (int base = lane; base < n; base += 32 * U) {
+            uint4 v[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int i = base + 32 * u;
+                if (i < n) v[u] = __ldg(p + i);
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int i = base + 32 * u;
+                if (i < n) {
+                    float wf[8];
+                    u32 ws[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        wf[2 * j] = __uint_as_float(ws[j] << 16);
+                        wf[2 * j + 1] = __uint_as_float(ws[j] & 0xffff0000u);
+                    }
+                    for (int t = 0; t < nt; t++) {
+                        const float4* xv = (const float4*)(x + t * xstride + (long)i * 8);
+                        float4 a = xv[0], b = xv[1];
+                        acc[t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y +
+                                  wf[6] * b.z + wf[7] * b.w;
+                    }
+                }
+            }
+        }
+    } else {
+        for (int k = lane; k < K; k += 32) {
+            float wv = bf16_to_f32(r[k]);
+            for (int t = 0; t < nt; t++) acc[t] += wv * x[t * xstride + k];
+        }
+    }
+}
+
+__device__ __forceinline__ void dot_any(int fmt, const void* w, const u8* scales, float inv_g, long row, int K,
+                                        const float* x, long xstride, int nt, float acc[TB]) {
+    const int lane = threadIdx.x & 31;
+    if (fmt == 3) {
+        dot_nvfp4((const u8*)w, scales, inv_g, row, K, x, xstride, nt, acc);
+    } else if (fmt == 2) {
+        dot_bf16((const u16*)w, row, K, x, xstride, nt, acc);
+    } else if (fmt == 1) {
+        const u16* r = (const u16*)w + row * (long)K;
+        for (int k = lane; k < K; k += 32) {
+            float wv = f16_to_f32(r[k]);
+            for (int t = 0; t < nt; t++) acc[t] += wv * x[t * xstride + k];
+        }
+    } else {
+        const float* r = (const float*)w + row * (long)K;
+        for (int k = lane; k < K; k += 32) {
+            float wv = r[k];
+            for (int t = 0; t < nt; t++) acc[t] += wv * x[t * xstride + k];
+        }
+    }
+}
+
+// y[t, o] = (resid ? resid[t, o] : 0) + bias[o] + sum_k W[o, k] x[t, k].
+// grid (ceil(N / warps), ceil(T / TB)); one warp per output row and TB tokens. y may alias resid.
+extern "C" __global__ void linear(int fmt, const void* __restrict__ w, const u8* __restrict__ scales, float inv_g,
+                                  const float* __restrict__ x, float* y, const float* __restrict__ bias,
+                                  const float* resid, int N, int K, int T) {
+    const int warps = blockDim.x >> 5;
+    const int o = blockIdx.x * warps + (threadIdx.x >> 5);
+    if (o >= N) return;
+    const int t0 = blockIdx.y * TB;
+    const int nt = min(TB, T - t0);
+    float acc[TB] = {0.f, 0.f, 0.f, 0.f};
+    dot_any(fmt, w, scales, inv_g, o, K, x + (long)t0 * K, K, nt, acc);
+    const int lane = threadIdx.x & 31;
+    for (int t = 0; t < nt; t++) {
+        float v = warp_sum(acc[t]);
+        if (lane == 0) {
+            long idx = (long)(t0 + t) * N + o;
+            if (bias) v += bias[o];
+            if (resid) v += resid[idx];
+            y[idx] = v;
+        }
+    }
+}
+
+// Several linears of the same input in one launch (q, k, v, gate, ...): segment s covers
+// blocks [seg_block[s], seg_block[s+1]).
+struct Seg {
+    const void* w;
+    const u8* scales;
+    float* y;
+    float inv_g;
+    int fmt;
+    int N;
+    int block0;
+};
+struct Segs {
+    Seg s[6];
+    int n;
+};
+
+// ---- decode GEMV (one token): R rows per warp, x reused from registers across the rows ------
+
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+// R weight rows of one warp: rows r < RA are rows w0 + r (r < n0 valid), the others rows
+// w1 + (r - RA) (valid below n1); `wst` / `sst` are the row strides in bytes of the data and of
+// the NVFP4 scales. (Two bases: gate and up rows of an expert in one pass.)
+struct RowSet {
+    const u8* w0;
+    const u8* s0;
+    const u8* w1;
+    const u8* s1;
+    long wst;
+    long sst;
+    int n0;
+    int n1;
+};
+
+template <int R, int RA>
+__device__ __forceinline__ bool rs_ok(const RowSet& rs, int r) {
+    return r < RA ? r < rs.n0 : r - RA < rs.n1;
+}
+template <int R, int RA>
+__device__ __forceinline__ const u8* rs_w(const RowSet& rs, int r) {
+    return r < RA ? rs.w0 + r * rs.wst : rs.w1 + (r - RA) * rs.wst;
+}
+template <int R, int RA>
+__device__ __forceinline__ const u8* rs_s(const RowSet& rs, int r) {
+    return r < RA ? rs.s0 + r * rs.sst : rs.s1 + (r - RA) * rs.sst;
+}
+
+// NVFP4 rows (K % 32 == 0): out[r] += (per lane, not reduced) 2^-22 * W[r, :] . x / inv_g over
+// the 32-element chunks i = 32 * (part + nparts * j) + lane. Per step every lane issues R * U
+// independent 16-byte loads (coalesced: a warp reads 512 contiguous bytes per row and chunk
+// slot) and R * U 2-byte scale loads before any arithmetic; x stays in registers across the rows.
+template <int R, int RA, int U>
+__device__ __forceinline__ void nv_rows(const RowSet& rs, int K, const float* __restrict__ x, int part, int nparts,
+                                        float out[R]) {
+    const int lane = threadIdx.x & 31;
+    const int n = K >> 5;
+    const int step = 32 * nparts;
+    for (int base = 32 * part + lane; base < n; base += step * U) {
+        uint4 wv[U][R];
+        u32 sv[U][R];
+#pragma unroll
+        for (int q = 0; q < U; q++) {
+            const int i = base + step * q;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (i < n && rs_ok<R, RA>(rs, r)) {
+                    wv[q][r] = ld_stream((const uint4*)rs_w<R, RA>(rs, r) + i);
+                    sv[q][r] = __ldg((const u16*)rs_s<R, RA>(rs, r) + i);
+                }
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < U; q++) {
+            const int i = base + step * q;
+            if (i < n) {
+                const float4* xp = (const float4*)(x + (long)i * 32);
+                float xs[32];
+#pragma unroll
+                for (int c = 0; c < 8; c++) {
+                    const float4 v = __ldg(xp + c);
+                    xs[4 * c] = v.x;
+                    xs[4 * c + 1] = v.y;
+                    xs[4 * c + 2] = v.z;
+                    xs[4 * c + 3] = v.w;
+                }
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    if (rs_ok<R, RA>(rs, r)) {
+                        const u32 ws[4] = {wv[q][r].x, wv[q][r].y, wv[q][r].z, wv[q][r].w};
+                        float a[2] = {0.f, 0.f};
+#pragma unroll
+                        for (int j = 0; j < 4; j++) {
+                            float f[8];
+                            e2m1x8(ws[j], f);
+#pragma unroll
+                            for (int e = 0; e < 8; e++) a[j >> 1] = fmaf(f[e], xs[8 * j + e], a[j >> 1]);
+                        }
+                        const float2 s = e4m3x2(sv[q][r]);
+                        out[r] = fmaf(a[0], s.x, fmaf(a[1], s.y, out[r]));
+                    }
+                }
+            }
+        }
+    }
+}
+
+// x in shared memory for the NVFP4 kernels: chunk i (32 floats = 8 float4) is stored with its
+// float4 q at slot 8 i + (q ^ (i & 7)), so when consecutive lanes read consecutive chunks every
+// quarter-warp's 128-bit reads hit 8 distinct bank groups (conflict-free), while each lane's
+// register index stays static. (Reading x straight from global memory, each lane's 128 bytes
+// lie in a different cache line: 32 L1 wavefronts per load, which capped the old kernels.)
+#define XS_MAX 9216  // floats of x held in shared memory (K <= XS_MAX, K % 32 == 0)
+
+__device__ __forceinline__ void xs_fill(float4* xs, const float* __restrict__ x, int K) {
+    const float4* xg = (const float4*)x;
+    for (int g = threadIdx.x; g < K / 4; g += blockDim.x) {
+        const int i = g >> 3, q = g & 7;
+        xs[(i << 3) | (q ^ (i & 7))] = __ldg(xg + g);
+    }
+}
+
+// One batch of an NVFP4 row set: the loads of U chunk slots of R rows, then their products with
+// x from shared memory (swizzled as above).
+template <int R, int RA, int U>
+struct NvPipe {
+    uint4 wv[U][R];
+    u32 sv[U][R];
+
+    __device__ __forceinline__ void load(const RowSet& rs, int base, int step, int n) {
+#pragma unroll
+        for (int q = 0; q < U; q++) {
+            const int i = base + step * q;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (i < n && rs_ok<R, RA>(rs, r)) {
+                    wv[q][r] = ld_stream((const uint4*)rs_w<R, RA>(rs, r) + i);
+                    sv[q][r] = __ldg((const u16*)rs_s<R, RA>(rs, r) + i);
+                }
+            }
+        }
+    }
+
+    __device__ __forceinline__ void compute(const RowSet& rs, int base, int step, int n, const float4* xs,
+                                            float out[R]) {
+#pragma unroll
+        for (int q = 0; q < U; q++) {
+            const int i = base + step * q;
+            if (i < n) {
+                float xr[32];
+#pragma unroll
+                for (int c = 0; c < 8; c++) {
+                    const float4 v = xs[(i << 3) | (c ^ (i & 7))];
+                    xr[4 * c] = v.x;
+                    xr[4 * c + 1] = v.y;
+                    xr[4 * c + 2] = v.z;
+                    xr[4 * c + 3] = v.w;
+                }
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    if (rs_ok<R, RA>(rs, r)) {
+                        const u32 ws[4] = {wv[q][r].x, wv[q][r].y, wv[q][r].z, wv[q][r].w};
+                        float a[2] = {0.f, 0.f};
+#pragma unroll
+                        for (int j = 0; j < 4; j++) {
+                            float f[8];
+                            e2m1x8(ws[j], f);
+#pragma unroll
+                            for (int e = 0; e < 8; e++) a[j >> 1] = fmaf(f[e], xr[8 * j + e], a[j >> 1]);
+                        }
+                        const float2 s = e4m3x2(sv[q][r]);
+                        out[r] = fmaf(a[0], s.x, fmaf(a[1], s.y, out[r]));
+                    }
+                }
+            }
+        }
+    }
+};
+
+// nv_rows with x in shared memory, for every warp of the block: the first batch of weight loads is
+// issued before x is staged (its latency overlaps the fill), then the block synchronises once.
+// All threads of the block must call it (with `active` false for warps without rows).
+// With `fill` false, x is already staged (no synchronisation).
+template <int R, int RA, int U>
+__device__ __forceinline__ void nv_rows_smem(const RowSet& rs, bool active, bool fill, int K,
+                                             const float* __restrict__ x, float4* xs, int part, int nparts,
+                                             float out[R]) {
+    const int lane = threadIdx.x & 31;
+    const int n = K >> 5;
+    const int step = 32 * nparts;
+    NvPipe<R, RA, U> p;
+    int base = 32 * part + lane;
+    if (active) p.load(rs, base, step, n);
+    if (fill) {
+        xs_fill(xs, x, K);
+        __syncthreads();
+    }
+    if (!active) return;
+    while (base < n) {
+        p.compute(rs, base, step, n, xs, out);
+        base += step * U;
+        if (base < n) p.load(rs, base, step, n);
+    }
+}
+
+// BF16 rows (K % 8 == 0): out[r] += per-lane partial W[r, :] . x over 8-element chunks
+// i = 32 * (part + nparts * j) + lane.
+template <int R, int RA>
+__device__ __forceinline__ void bf_rows(const RowSet& rs, int K, const float* __restrict__ x, int part, int nparts,
+                                        float out[R]) {
+    const int lane = threadIdx.x & 31;
+    const int n = K >> 3;
+    for (int i = 32 * part + lane; i < n; i += 32 * nparts) {
+        uint4 wv[R];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            if (rs_ok<R, RA>(rs, r)) wv[r] = ld_stream((const uint4*)rs_w<R, RA>(rs, r) + i);
+        const float4* xp = (const float4*)(x + (long)i * 8);
+        const float4 xa = __ldg(xp), xb = __ldg(xp + 1);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (rs_ok<R, RA>(rs, r)) {
+                const u32 ws[4] = {wv[r].x, wv[r].y, wv[r].z, wv[r].w};
+                out[r] += __uint_as_float(ws[0] << 16) * xa.x + __uint_as_float(ws[0] & 0xffff0000u) * xa.y +
+                          __uint_as_float(ws[1] << 16) * xa.z + __uint_as_float(ws[1] & 0xffff0000u) * xa.w +
+                          __uint_as_float(ws[2] << 16) * xb.x + __uint_as_float(ws[2] & 0xffff0000u) * xb.y +
+                          __uint_as_float(ws[3] << 16) * xb.z + __uint_as_float(ws[3] & 0xffff0000u) * xb.w;
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ long row_bytes(int fmt, int K) {
+    return fmt == 3 ? (long)(K / 2) : fmt == 0 ? 4l * K : 2l * K;
+}
+
+__device__ __forceinline__ RowSet rowset(int fmt, const void* w, const u8* scales, long row0, int n0, const void* w1,
+                                         const u8* scales1, long row1, int n1, int K) {
+    RowSet rs;
+    rs.wst = row_bytes(fmt, K);
+    rs.sst = K / 16;
+    rs.w0 = (const u8*)w + row0 * rs.wst;
+    rs.s0 = scales + row0 * rs.sst;
+    rs.w1 = (const u8*)w1 + row1 * rs.wst;
+    rs.s1 = scales1 + row1 * rs.sst;
+    rs.n0 = n0;
+    rs.n1 = n1;
+    return rs;
+}
+
+// out[r] = per-lane partial of row r . x (the caller reduces over the warp and multiplies by
+// nv_gscale(fmt, inv_g) of the row's tensor). Fast paths split K over `nparts` warps.
+template <int R, int RA, int U>
+__device__ __forceinline__ void rows_core(int fmt, const RowSet& rs, int K, const float* __restrict__ x, int part,
+                                          int nparts, float out[R]) {
+#pragma unroll
+    for (int r = 0; r < R; r++) out[r] = 0.f;
+    if (fmt == 3 && (K & 31) == 0) {
+        nv_rows<R, RA, U>(rs, K, x, part, nparts, out);
+    } else if (fmt == 2 && (K & 7) == 0) {
+        bf_rows<R, RA>(rs, K, x, part, nparts, out);
+    } else if (part == 0) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (rs_ok<R, RA>(rs, r)) {
+                float acc[TB] = {0.f, 0.f, 0.f, 0.f};
+                dot_any(fmt, rs_w<R, RA>(rs, r), rs_s<R, RA>(rs, r), 1.0f / NV_UNIT, 0, K, x, K, 1, acc);
+                out[r] = acc[0];
+            }
+        }
+    }
+}
+
+// out[r] = (partial, per lane) W[row0 + r, :] . x for r < nrows, global scale applied
+// (caller reduces over the warp).
+template <int R>
+__device__ __forceinline__ void rows_dot(int fmt, const void* w, const u8* scales, float inv_g, long row0, int nrows,
+                                         int K, const float* __restrict__ x, float out[R]) {
+    const RowSet rs = rowset(fmt, w, scales, row0, nrows, w, scales, row0, 0, K);
+    rows_core<R, R, (R >= 8 ? 1 : 8 / R)>(fmt, rs, K, x, 0, 1, out);
+    const float gs = nv_gscale(fmt, inv_g);
+#pragma unroll
+    for (int r = 0; r < R; r++) out[r] *= gs;
+}
+
+// y[o] = resid[o] + bias[o] + W[o, :] . x for one token; R rows per warp.
+template <int R>
+__device__ void gemv1_impl(int fmt, const void* w, const u8* scales, float inv_g, const float* __restrict__ x,
+                           float* y, const float* __restrict__ bias, const float* resid, int N, int K) {
+    const int warps = blockDim.x >> 5;
+    const long row0 = ((long)blockIdx.x * warps + (threadIdx.x >> 5)) * R;
+    if (row0 >= N) return;
+    const int nrows = min((long)R, N - row0);
+    float o[R];
+    rows_dot<R>(fmt, w, scales, inv_g, row0, nrows, K, x, o);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float v = warp_sum(o[r]);
+        if ((threadIdx.x & 31) == 0 && r < nrows) {
+            const long idx = row0 + r;
+            if (bias) v += bias[idx];
+            if (resid) v += resid[idx];
+            y[idx] = v;
+        }
+    }
+}
+
+#define GEMV1(R)                                                                                             \
+    extern "C" __global__ void gemv1_r##R(int fmt, const void* w, const u8* scales, float inv_g,            \
+                                          const float* x, float* y, const float* bias, const float* resid, \
+                                          int N, int K) {                                                   \
+        gemv1_impl<R>(fmt, w, scales, inv_g, x, y, bias, resid, N, K);                                     \
+    }
+GEMV1(1)
+GEMV1(2)
+GEMV1(4)
+GEMV1(8)
+
+// NVFP4 decode GEMV (K % 32 == 0): blocks of NVW warps; KS warps split one group of NV_R rows
+// along K (chunk-interleaved, so every warp load stays a coalesced 512-byte run) and combine
+// through shared memory; NVW / KS row groups per block.
+#define NVW 8
+#define NV_R 2
+// Persistent: block b handles row tiles b, b + gridDim.x, ... (a tile = NVW / KS groups of NV_R
+// rows), staging x in shared memory once. K % 32 == 0, K <= XS_MAX (the host uses gemv1 otherwise).
+template <int KS>
+__device__ __forceinline__ void gemv_nv_impl(const u8* __restrict__ w, const u8* __restrict__ scales, float inv_g,
+                                             const float* __restrict__ x, float* y, const float* __restrict__ bias,
+                                             const float* resid, int N, int K) {
+    constexpr int G = NVW / KS;
+    __shared__ float4 xs[XS_MAX / 4];
+    __shared__ float red[2][NVW][NV_R];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int grp = warp / KS, part = warp % KS;
+    const long tiles = ((long)N + G * NV_R - 1) / (G * NV_R);
+    const float gs = inv_g * NV_UNIT;
+    int it = 0;
+    for (long tile = blockIdx.x; tile < tiles; tile += gridDim.x, it++) {
+        const long row0 = (tile * G + grp) * NV_R;
+        const int nrows = (int)max(0l, min((long)NV_R, (long)N - row0));
+        const RowSet rs = rowset(3, w, scales, row0, nrows, w, scales, row0, 0, K);
+        float o[NV_R];
+#pragma unroll
+        for (int r = 0; r < NV_R; r++) o[r] = 0.f;
+        nv_rows_smem<NV_R, NV_R, 4>(rs, nrows > 0, it == 0, K, x, xs, part, KS, o);
+#pragma unroll
+        for (int r = 0; r < NV_R; r++) o[r] = warp_sum(o[r]);
+        if (KS > 1) {
+            // double-buffered by tile parity: one barrier per tile
+            float (*rb)[NV_R] = red[it & 1];
+            if (lane == 0) {
+#pragma unroll
+                for (int r = 0; r < NV_R; r++) rb[warp][r] = o[r];
+            }
+            __syncthreads();
+            if (part == 0) {
+#pragma unroll
+                for (int r = 0; r < NV_R; r++) {
+                    float v = 0.f;
+#pragma unroll
+                    for (int p = 0; p < KS; p++) v += rb[grp * KS + p][r];
+                    o[r] = v;
+                }
+            }
+        }
+        if (part == 0 && lane == 0) {
+#pragma unroll
+            for (int r = 0; r < NV_R; r++) {
+                if (r < nrows) {
+                    const long idx = row0 + r;
+                    float v = o[r] * gs;
+                    if (bias) v += bias[idx];
+                    if (resid) v += resid[idx];
+                    y[idx] = v;
+                }
+            }
+        }
+    }
+}
+
+#define GEMV_NV(KS)                                                                                              \
+    extern "C" __global__ void __launch_bounds__(NVW * 32, 2) gemv_nv_k##KS(                                      \
+        const u8* w, const u8* scales, float inv_g, const float* x, float* y, const float* bias, const float* resid, \
+        int N, int K) {                                                                                          \
+        gemv_nv_impl<KS>(w, scales, inv_g, x, y, bias, resid, N, K);                                            \
+    }
+GEMV_NV(1)
+GEMV_NV(2)
+GEMV_NV(4)
+GEMV_NV(8)
+
+#define MULTI_R 2
+// Several linears of the same input, one token: segment s covers blocks [block0, next block0),
+// MULTI_R rows per warp.
+extern "C" __global__ void linear_multi2(Segs segs, const float* __restrict__ x, int K) {
+    int si = 0;
+    for (int i = 1; i < segs.n; i++)
+        if ((int)blockIdx.x >= segs.s[i].block0) si = i;
+    const Seg s = segs.s[si];
+    const int warps = blockDim.x >> 5;
+    const long row0 = ((long)(blockIdx.x - s.block0) * warps + (threadIdx.x >> 5)) * MULTI_R;
+    if (row0 >= s.N) return;
+    const int nrows = min((long)MULTI_R, s.N - row0);
+    float o[MULTI_R];
+    rows_dot<MULTI_R>(s.fmt, s.w, s.scales, s.inv_g, row0, nrows, K, x, o);
+#pragma unroll
+    for (int r = 0; r < MULTI_R; r++) {
+        float v = warp_sum(o[r]);
+        if ((threadIdx.x & 31) == 0 && r < nrows) s.y[row0 + r] = v;
+    }
+}
+
+// ---- embedding -------------------------------------------------------------------------------
+
+extern "C" __global__ void embed(int fmt, const void* __restrict__ w, const u8* __restrict__ scales, float inv_g,
+                                 const u32* __restrict__ ids, float* __restrict__ y, int K) {
+    const long r = ids[blockIdx.x];
+    float* out = y + (long)blockIdx.x * K;
+    for (int k = threadIdx.x; k < K; k += blockDim.x) {
+        float v;
+        if (fmt == 3) {
+            u8 b = ((const u8*)w)[r * (K / 2) + k / 2];
+            u32 code = (k & 1) ? (b >> 4) : (b & 0xf);
+            v = E2M1[code] * (e4m3_to_f32(scales[r * (K / 16) + k / 16]) * inv_g);
+        } else if (fmt == 2) {
+            v = bf16_to_f32(((const u16*)w)[r * K + k]);
+        } else if (fmt == 1) {
+            v = f16_to_f32(((const u16*)w)[r * K + k]);
+        } else {
+            v = ((const float*)w)[r * K + k];
+        }
+        out[k] = v;
+    }
+}
+
+// ---- norms, rope, elementwise ----------------------------------------------------------------
+
+__device__ float block_sum(float v) {
+    __shared__ float sh[32];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    float r = 0.f;
+    const int nw = blockDim.x >> 5;
+    for (int i = 0; i < nw; i++) r += sh[i];
+    return r;
+}
+
+// One block per group of `width` values: y = x * rsqrt(mean(x^2) + eps) * w.
+extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
+                                   int width, float eps) {
+    const float* g = x + (long)blockIdx.x * width;
+    float* o = y + (long)blockIdx.x * width;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) ss += g[i] * g[i];
+    ss = block_sum(ss);
+    const float r = 1.0f / sqrtf(ss / (float)width + eps);
+    for (int i = threadIdx.x; i < width; i += blockDim.x) o[i] = w[i] * (g[i] * r);
+}
+
+// NeoX rotation within the first `rdim` of each head: x rows [T, heads * hd], row t at pos0 + t.
+// grid (heads, T), threads >= rdim / 2.
+extern "C" __global__ void rope(float* x, const float* __restrict__ inv_freq, int heads, int hd, int rdim,
+                               float attn_factor, int pos0) {
+    const int half = rdim / 2;
+    const int j = threadIdx.x;
+    if (j >= half) return;
+    const int t = blockIdx.y;
+    float* h = x + ((long)t * heads + blockIdx.x) * hd;
+    const float ang = (float)(pos0 + t) * inv_freq[j];
+    const float c = (float)cos((double)ang) * attn_factor;
+    const float s = (float)sin((double)ang) * attn_factor;
+    const float x1 = h[j], x2 = h[j + half];
+    h[j] = x1 * c - x2 * s;
+    h[j + half] = x2 * c + x1 * s;
+}
+
+// Per-head RMSNorm then rope, for q (heads) and k (kv_heads) of one token, in place.
+// grid (heads + kv_heads), block = hd threads (hd <= 256, a multiple of 32).
+extern "C" __global__ void qk_norm_rope(float* q, float* k, const float* __restrict__ qn, const float* __restrict__ kn,
+                                       int heads, int hd, float eps, const float* __restrict__ inv_freq, int rdim,
+                                       float attn_factor, int pos) {
+    const bool isq = (int)blockIdx.x < heads;
+    float* h = isq ? q + (long)blockIdx.x * hd : k + (long)(blockIdx.x - heads) * hd;
+    const float* w = isq ? qn : kn;
+    const int i = threadIdx.x;
+    float v = i < hd ? h[i] : 0.f;
+    float ss = block_sum(v * v);
+    v = w ? w[i] * (v * (1.0f / sqrtf(ss / (float)hd + eps))) : v;
+    __shared__ float sh[256];
+    if (i < hd) sh[i] = v;
+    __syncthreads();
+    const int half = rdim / 2;
+    if (i < half) {
+        const float ang = (float)pos * inv_freq[i];
+        const float c = (float)cos((double)ang) * attn_factor;
+        const float s = (float)sin((double)ang) * attn_factor;
+        const float x1 = sh[i], x2 = sh[i + half];
+        h[i] = x1 * c - x2 * s;
+        h[i + half] = x2 * c + x1 * s;
+    } else if (i >= rdim && i < hd) {
+        h[i] = sh[i];
+    }
+}
+
+__device__ __forceinline__ float softplus(float g) { return g > 20.f ? g : log1pf(expf(g)); }
+
+// x[t, j] *= softplus(gate[t, j / group]) ; n = rows * cols of x.
+extern "C" __global__ void softplus_gate(float* x, const float* __restrict__ gate, long n, int group) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= softplus(gate[i / group]);
+}
+
+extern "C" __global__ void silu_mul(const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ y,
+                                   long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float a = g[i];
+        y[i] = a / (1.0f + expf(-a)) * u[i];
+    }
+}
+
+extern "C" __global__ void add_scaled(float* y, float alpha, const float* __restrict__ x, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] * alpha + y[i];
+}
+
+// ---- KV cache and attention -------------------------------------------------------------------
+
+// Writes the chunk's rows into the cache (the last `window` rows for a ring). kv_t: 0 = f32, 2 = bf16.
+extern "C" __global__ void kv_append(void* kc, void* vc, const float* __restrict__ k, const float* __restrict__ v,
+                                    int T, int pos0, int window, int width, int kv_t) {
+    const int r = blockIdx.x;
+    if (window > 0 && r < T - window) return;
+    const long pos = pos0 + r;
+    const long slot = window > 0 ? pos % window : pos;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        float kk = k[(long)r * width + i], vv = v[(long)r * width + i];
+        if (kv_t == 2) {
+            ((u16*)kc)[slot * width + i] = f32_to_bf16(kk);
+            ((u16*)vc)[slot * width + i] = f32_to_bf16(vv);
+        } else {
+            ((float*)kc)[slot * width + i] = kk;
+            ((float*)vc)[slot * width + i] = vv;
+        }
+    }
+}
+
+#define GMAX 4
+#define AW 4  // warps per attention block
+
+template <typename KT>
+struct KvIo;
+template <>
+struct KvIo<float> {
+    __device__ static float ld(const float* p, long i) { return p[i]; }
+    __device__ static float rnd(float x) { return x; }
+    __device__ static void ld8(const float* p, float o[8]) {
+        float4 a = *(const float4*)p, b = *(const float4*)(p + 4);
+        o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w; o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
+    }
+};
+template <>
+struct KvIo<u16> {
+    __device__ static float ld(const u16* p, long i) { return bf16_to_f32(p[i]); }
+    __device__ static float rnd(float x) { return round_bf16(x); }
+    __device__ static void ld8(const u16* p, float o[8]) {
+        uint4 a = *(const uint4*)p;
+        u32 w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            o[2 * j] = __uint_as_float(w[j] << 16);
+            o[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+        }
+    }
+};
+
+// Causal attention of q [T, heads*d] over the cache (positions < pos0) and this chunk's k/v
+// (f32 [T, kvh*d], rounded to the storage type on the fly), one block per (kv head, head
+// group, token, split). Lanes own keys for the scores and dims for the values. Writes the
+// output directly (splits == 1) or partial (o, m, l) for attn_combine.
+// d % 8 == 0, d <= 128. DPL = ceil(d / 32).
+template <typename KT, int DPL>
+__device__ void attn_impl(const float* __restrict__ q, const float* __restrict__ kch, const float* __restrict__ vch,
+                          const KT* __restrict__ kc, const KT* __restrict__ vc, float* __restrict__ out,
+                          float* __restrict__ part_o, float* __restrict__ part_ml, int T, int heads, int kvh, int d,
+                          float scale, int pos0, int window, int splits, int ngroups) {
+    __shared__ float qs[GMAX][128];
+    __shared__ float sm[AW][GMAX], sl[AW][GMAX];
+    __shared__ float sacc[AW][GMAX][128];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int kv = blockIdx.x / ngroups, grp = blockIdx.x % ngroups;
+    const int G = heads / kvh;
+    const int g0 = grp * GMAX;
+    const int gn = min(GMAX, G - g0);
+    const int h0 = kv * G + g0;
+    const int t = blockIdx.y, z = blockIdx.z;
+    const int p = pos0 + t;
+    const int first = window > 0 ? max(0, p + 1 - window) : 0;
+    const int nkeys = p - first + 1;
+    const int per = (nkeys + splits - 1) / splits;
+    const int s0 = first + z * per;
+    const int s1 = min(s0 + per, p + 1);
+    const long rw = (long)kvh * d;
+
+    for (int i = threadIdx.x; i < GMAX * d; i += blockDim.x) {
+        int g = i / d, c = i % d;
+        qs[g][c] = g < gn ? q[(long)t * heads * d + (long)(h0 + g) * d + c] * scale : 0.f;
+    }
+    __syncthreads();
+
+    float m[GMAX], l[GMAX], acc[GMAX][DPL];
+#pragma unroll
+    for (int g = 0; g < GMAX; g++) {
+        m[g] = -INF_F;
+        l[g] = 0.f;
+#pragma unroll
+        for (int c = 0; c < DPL; c++) acc[g][c] = 0.f;
+    }
+
+    for (int jb = s0 + wid * 32; jb < s1; jb += AW * 32) {
+        const int j = jb + lane;
+        float sc[GMAX];
+#pragma unroll
+        for (int g = 0; g < GMAX; g++) sc[g] = 0.f;
+        const bool valid = j < s1;
+        if (valid) {
+            // All of the key's loads first (one latency), then the dot products.
+            const bool cached = j < pos0;
+            const KT* kr = kc + (cached ? (window > 0 ? (long)(j % window) : (long)j) : 0) * rw + (long)kv * d;
+            const float* kf = kch + (long)(cached ? 0 : j - pos0) * rw + (long)kv * d;
+            float kk[4 * DPL][8];
+#pragma unroll
+            for (int cc = 0; cc < 4 * DPL; cc++) {
+                if (cc * 8 < d) {
+                    if (cached) {
+                        KvIo<KT>::ld8(kr + cc * 8, kk[cc]);
+                    } else {
+                        KvIo<float>::ld8(kf + cc * 8, kk[cc]);
+#pragma unroll
+                        for (int e = 0; e < 8; e++) kk[cc][e] = KvIo<KT>::rnd(kk[cc][e]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int cc = 0; cc < 4 * DPL; cc++) {
+                if (cc * 8 < d) {
+#pragma unroll
+                    for (int g = 0; g < GMAX; g++)
+                        if (g < gn) {
+#pragma unroll
+                            for (int e = 0; e < 8; e++) sc[g] += qs[g][cc * 8 + e] * kk[cc][e];
+                        }
+                }
+            }
+        }
+        float pr[GMAX];
+#pragma unroll
+        for (int g = 0; g < GMAX; g++) {
+            if (g < gn) {
+                float s = valid ? sc[g] : -INF_F;
+                float mx = warp_max(s);
+                float mn = fmaxf(m[g], mx);
+                float corr = m[g] == -INF_F ? 0.f : expf(m[g] - mn);
+                float pv = valid ? expf(s - mn) : 0.f;
+                l[g] = l[g] * corr + warp_sum(pv);
+#pragma unroll
+                for (int c = 0; c < DPL; c++) acc[g][c] *= corr;
+                m[g] = mn;
+                pr[g] = pv;
+            }
+        }
+        const int nk = min(32, s1 - jb);
+#pragma unroll 8
+        for (int kk = 0; kk < nk; kk++) {
+            const int jj = jb + kk;
+            float vv[DPL];
+            if (jj < pos0) {
+                const long slot = window > 0 ? (long)(jj % window) : (long)jj;
+                const KT* vr = vc + slot * rw + (long)kv * d;
+#pragma unroll
+                for (int c = 0; c < DPL; c++) {
+                    int dd = lane + 32 * c;
+                    vv[c] = dd < d ? KvIo<KT>::ld(vr, dd) : 0.f;
+                }
+            } else {
+                const float* vr = vch + (long)(jj - pos0) * rw + (long)kv * d;
+#pragma unroll
+                for (int c = 0; c < DPL; c++) {
+                    int dd = lane + 32 * c;
+                    vv[c] = dd < d ? KvIo<KT>::rnd(vr[dd]) : 0.f;
+                }
+            }
+#pragma unroll
+            for (int g = 0; g < GMAX; g++)
+                if (g < gn) {
+                    float pk = __shfl_sync(0xffffffffu, pr[g], kk);
+#pragma unroll
+                    for (int c = 0; c < DPL; c++) acc[g][c] += pk * vv[c];
+                }
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < GMAX; g++) {
+        if (lane == 0) {
+            sm[wid][g] = m[g];
+            sl[wid][g] = l[g];
+        }
+#pragma unroll
+        for (int c = 0; c < DPL; c++) {
+            int dd = lane + 32 * c;
+            if (dd < d) sacc[wid][g][dd] = acc[g][c];
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < gn * d; i += blockDim.x) {
+        const int g = i / d, c = i % d;
+        float M = -INF_F;
+        for (int w = 0; w < AW; w++) M = fmaxf(M, sm[w][g]);
+        float L = 0.f, O = 0.f;
+        if (M != -INF_F) {
+            for (int w = 0; w < AW; w++) {
+                float f = sm[w][g] == -INF_F ? 0.f : expf(sm[w][g] - M);
+                L += sl[w][g] * f;
+                O += sacc[w][g][c] * f;
+            }
+        }
+        const long hh = (long)t * heads + h0 + g;
+        if (splits == 1) {
+            out[hh * d + c] = L > 0.f ? O / L : 0.f;
+        } else {
+            part_o[(hh * splits + z) * d + c] = O;
+            if (c == 0) {
+                part_ml[(hh * splits + z) * 2] = M;
+                part_ml[(hh * splits + z) * 2 + 1] = L;
+            }
+        }
+    }
+}
+
+#define ATTN_KERNEL(NAME, KT, DPL)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(AW * 32) NAME(                                                       \
+        const float* q, const float* kch, const float* vch, const KT* kc, const KT* vc, float* out, float* part_o,   \
+        float* part_ml, int T, int heads, int kvh, int d, float scale, int pos0, int window, int splits,             \
+        int ngroups) {                                                                                                \
+        attn_impl<KT, DPL>(q, kch, vch, kc, vc, out, part_o, part_ml, T, heads, kvh, d, scale, pos0, window, splits, \
+                           ngroups);                                                                                  \
+    }
+ATTN_KERNEL(attn_f32_1, float, 1)
+ATTN_KERNEL(attn_f32_2, float, 2)
+ATTN_KERNEL(attn_f32_4, float, 4)
+ATTN_KERNEL(attn_bf16_1, u16, 1)
+ATTN_KERNEL(attn_bf16_2, u16, 2)
+ATTN_KERNEL(attn_bf16_4, u16, 4)
+
+// Merges the splits: grid (heads, T), threads d. Optionally multiplies by softplus(gate[t, h]).
+extern "C" __global__ void attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,
+                                       float* __restrict__ out, const float* __restrict__ gate, int heads, int d,
+                                       int splits) {
+    const long hh = (long)blockIdx.y * heads + blockIdx.x;
+    const int c = threadIdx.x;
+    if (c >= d) return;
+    float M = -INF_F;
+    for (int z = 0; z < splits; z++) M = fmaxf(M, part_ml[(hh * splits + z) * 2]);
+    float L = 0.f, O = 0.f;
+    if (M != -INF_F) {
+        for (int z = 0; z < splits; z++) {
+            float mz = part_ml[(hh * splits + z) * 2];
+            float f = mz == -INF_F ? 0.f : expf(mz - M);
+            L += part_ml[(hh * splits + z) * 2 + 1] * f;
+            O += part_o[(hh * splits + z) * d + c] * f;
+        }
+    }
+    float v = L > 0.f ? O / L : 0.f;
+    if (gate) v *= softplus(gate[hh]);
+    out[hh * d + c] = v;
+}
+
+// ---- mixture of experts -----------------------------------------------------------------------
+
+// One warp per token: scores (sigmoid or softmax), top-k on score + bias (ties: lower id),
+// renormalise, scale. n <= 1024 experts.
+extern "C" __global__ void route(const float* __restrict__ logits, const float* __restrict__ bias, int n, int k,
+                                int softmax, int normalize, float softcap, float scale, int* __restrict__ sel,
+                                float* __restrict__ wts) {
+    const int t = blockIdx.x;
+    const int lane = threadIdx.x;
+    const float* l = logits + (long)t * n;
+    constexpr int PER = 32;  // up to 1024 experts
+    float s[PER], b[PER];
+    float mx = -INF_F;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        int e = lane + 32 * i;
+        float x = e < n ? l[e] : -INF_F;
+        if (softcap > 0.f && e < n) x = tanhf(x / softcap) * softcap;
+        s[i] = x;
+        mx = fmaxf(mx, x);
+    }
+    mx = warp_max(mx);
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        int e = lane + 32 * i;
+        if (e < n) {
+            s[i] = softmax ? expf(s[i] - mx) : 1.0f / (1.0f + expf(-s[i]));
+            sum += s[i];
+        }
+    }
+    if (softmax) {
+        sum = warp_sum(sum);
+#pragma unroll
+        for (int i = 0; i < PER; i++) s[i] /= sum;
+    }
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        int e = lane + 32 * i;
+        b[i] = e < n ? s[i] + (bias ? bias[e] : 0.f) : -INF_F;
+    }
+    float chosen_sum = 0.f;
+    float my_w = 0.f;
+    int my_e = 0;
+    for (int r = 0; r < k; r++) {
+        float best = -INF_F;
+        int bi = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < PER; i++) {
+            int e = lane + 32 * i;
+            if (e < n && (b[i] > best || (b[i] == best && e < bi))) {
+                best = b[i];
+                bi = e;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ob > best || (ob == best && oi < bi)) {
+                best = ob;
+                bi = oi;
+            }
+        }
+        // the owner removes it and broadcasts its unbiased score
+        float sv = 0.f;
+        if ((bi & 31) == lane) {
+#pragma unroll
+            for (int i = 0; i < PER; i++)
+                if (lane + 32 * i == bi) {
+                    sv = s[i];
+                    b[i] = -INF_F;
+                }
+        }
+        sv = __shfl_sync(0xffffffffu, sv, bi & 31);
+        chosen_sum += sv;
+        if (lane == r) {
+            my_w = sv;
+            my_e = bi;
+        }
+    }
+    if (lane < k) {
+        float w = normalize ? my_w / chosen_sum : my_w;
+        sel[t * k + lane] = my_e;
+        wts[t * k + lane] = w * scale;
+    }
+}
+
+// One projection of all experts of a layer, stacked: expert e's rows start at e * rows.
+struct ExpertProj {
+    const void* w;         // [E, rows, K] (or packed [E, rows, K/2])
+    const u8* scales;      // NVFP4: [E, rows, K/16]
+    const float* inv_g;    // NVFP4: [E]
+    int fmt;
+};
+
+// a ? x : y field by field (no local-memory copy of the parameters).
+__device__ __forceinline__ ExpertProj pick(bool a, const ExpertProj& x, const ExpertProj& y) {
+    ExpertProj r;
+    r.w = a ? x.w : y.w;
+    r.scales = a ? x.scales : y.scales;
+    r.inv_g = a ? x.inv_g : y.inv_g;
+    r.fmt = a ? x.fmt : y.fmt;
+    return r;
+}
+
+#define XR 4   // rows of gate and of up per warp in experts_gate_up2
+#define XRD 8  // rows per warp in experts_down2
+
+// Item j of blockIdx.y: the shared expert's items (j >= T*k) are scheduled first (they are the
+// largest when the shared expert is BF16), then the routed ones.
+__device__ __forceinline__ int expert_item(int has_shared, int T, int k) {
+    const int y = blockIdx.y;
+    if (!has_shared) return y;
+    return y < T ? T * k + y : y - T;
+}
+
+// h[j, o..o+XR) = silu(gate_e . x[t]) * (up_e . x[t]) for item j (token t = j / k, expert
+// e = sel[j]; items j >= T*k: the shared expert of token j - T*k). XR rows of gate and XR of up
+// per warp, their loads issued together.
+extern "C" __global__ void experts_gate_up2(ExpertProj gate, ExpertProj up, ExpertProj sgate, ExpertProj sup,
+                                           int has_shared, int shared_inter, const int* __restrict__ sel, int k,
+                                           int T, const float* __restrict__ x, float* __restrict__ h, int inter,
+                                           int K) {
+    const int warps = blockDim.x >> 5;
+    const long o = ((long)blockIdx.x * warps + (threadIdx.x >> 5)) * XR;
+    const int j = expert_item(has_shared, T, k);
+    const bool sh = j >= T * k;
+    const int n = sh ? shared_inter : inter;
+    const bool active = o < n;  // (no early exit: the NVFP4 path synchronises the block)
+    const int nrows = active ? min((long)XR, n - o) : 0;
+    const int t = sh ? j - T * k : j / k;
+    const float* xt = x + (long)t * K;
+    const ExpertProj G = pick(sh, sgate, gate);
+    const ExpertProj U = pick(sh, sup, up);
+    const long e = sh ? 0 : sel[j];
+    const long r0 = e * (long)n + (active ? o : 0);
+    const float gg = nv_gscale(G.fmt, G.fmt == 3 ? G.inv_g[e] : 1.f);
+    const float gu = nv_gscale(U.fmt, U.fmt == 3 ? U.inv_g[e] : 1.f);
+    float g[XR], u[XR];
+    __shared__ float4 xs[XS_MAX / 4];
+    if (G.fmt == 3 && U.fmt == 3 && (K & 31) == 0 && K <= XS_MAX) {
+        const RowSet rs = rowset(3, G.w, G.scales, r0, nrows, U.w, U.scales, r0, nrows, K);
+        float a[2 * XR];
+#pragma unroll
+        for (int r = 0; r < 2 * XR; r++) a[r] = 0.f;
+        nv_rows_smem<2 * XR, XR, 1>(rs, active, true, K, xt, xs, 0, 1, a);
+        if (!active) return;
+#pragma unroll
+        for (int r = 0; r < XR; r++) {
+            g[r] = a[r];
+            u[r] = a[XR + r];
+        }
+    } else if (!active) {
+        return;
+    } else if (G.fmt == U.fmt) {
+        const RowSet rs = rowset(G.fmt, G.w, G.scales, r0, nrows, U.w, U.scales, r0, nrows, K);
+        float a[2 * XR];
+        rows_core<2 * XR, XR, 1>(G.fmt, rs, K, xt, 0, 1, a);
+#pragma unroll
+        for (int r = 0; r < XR; r++) {
+            g[r] = a[r];
+            u[r] = a[XR + r];
+        }
+    } else {
+        const RowSet rg = rowset(G.fmt, G.w, G.scales, r0, nrows, G.w, G.scales, r0, 0, K);
+        const RowSet ru = rowset(U.fmt, U.w, U.scales, r0, nrows, U.w, U.scales, r0, 0, K);
+        rows_core<XR, XR, 2>(G.fmt, rg, K, xt, 0, 1, g);
+        rows_core<XR, XR, 2>(U.fmt, ru, K, xt, 0, 1, u);
+    }
+    const int width = max(inter, shared_inter);
+#pragma unroll
+    for (int r = 0; r < XR; r++) {
+        float gv = warp_sum(g[r]) * gg, uv = warp_sum(u[r]) * gu;
+        if ((threadIdx.x & 31) == 0 && r < nrows) h[(long)j * width + o + r] = gv / (1.0f + expf(-gv)) * uv;
+    }
+}
+
+// part[j, o] = w_j * down_{sel[j]}[o] . h[j] (w = 1 for the shared expert's items j >= T*k).
+// grid (ceil(H / (warps * XRD)), T*k (+ T)).
+extern "C" __global__ void experts_down2(ExpertProj down, ExpertProj sdown, int shared_inter,
+                                        const int* __restrict__ sel, const float* __restrict__ wts, int k, int T,
+                                        const float* __restrict__ h, int inter, float* __restrict__ part, int H) {
+    const int warps = blockDim.x >> 5;
+    const long o0 = ((long)blockIdx.x * warps + (threadIdx.x >> 5)) * XRD;
+    const bool active = o0 < H;  // (no early exit: the NVFP4 path synchronises the block)
+    const long o = active ? o0 : 0;
+    const int nrows = active ? min((long)XRD, H - o) : 0;
+    const int j = expert_item(gridDim.y > T * k, T, k);
+    const bool sh = j >= T * k;
+    const int width = max(inter, shared_inter);
+    const ExpertProj D = pick(sh, sdown, down);
+    const long e = sh ? 0 : sel[j];
+    const int K = sh ? shared_inter : inter;
+    const RowSet rs = rowset(D.fmt, D.w, D.scales, e * H + o, nrows, D.w, D.scales, 0, 0, K);
+    float a[XRD];
+    __shared__ float4 xs[XS_MAX / 4];
+    if (D.fmt == 3 && (K & 31) == 0 && K <= XS_MAX) {
+#pragma unroll
+        for (int r = 0; r < XRD; r++) a[r] = 0.f;
+        nv_rows_smem<XRD, XRD, 1>(rs, active, true, K, h + (long)j * width, xs, 0, 1, a);
+        if (!active) return;
+    } else {
+        if (!active) return;
+        rows_core<XRD, XRD, 1>(D.fmt, rs, K, h + (long)j * width, 0, 1, a);
+    }
+    const float gs = nv_gscale(D.fmt, D.fmt == 3 ? D.inv_g[e] : 1.f) * (sh ? 1.f : wts[j]);
+#pragma unroll
+    for (int r = 0; r < XRD; r++) {
+        float v = warp_sum(a[r]);
+        if ((threadIdx.x & 31) == 0 && r < nrows) part[(long)j * H + o + r] = v * gs;
+    }
+}
+
+// out[t, o] = resid[t, o] + sum_i part[t*k + i, o] (+ part[T*k + t, o]); in item order.
+extern "C" __global__ void experts_reduce(const float* __restrict__ part, int k, int T, int has_shared, float* out,
+                                         const float* resid, int H) {
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)T * H) return;
+    const int t = i / H, o = i % H;
+    float v = 0.f;
+    for (int q = 0; q < k; q++) v += part[(long)(t * k + q) * H + o];
+    if (has_shared) v += part[(long)(T * k + t) * H + o];
+    out[i] = (resid ? resid[i] : 0.f) + v;
+}
+
+// ---- synthetic data (benchmarks) --------------------------------------------------------------
+
+__device__ __forceinline__ u32 hash32(u64 x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return (u32)x;
+}
+
+// mode 0: random bytes; 1: bf16 values in +-amp; 2: fp8 e4m3 scales (exponents 4..9, never NaN);
+// 3: f32 in +-amp.
+extern "C" __global__ void fill(void* p, long n, u64 seed, int mode, float amp) {
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+        u32 r = hash32(seed * 0x9E3779B97F4A7C15ull + (u64)i);
+        if (mode == 0) {
+            ((u8*)p)[i] = (u8)r;
+        } else if (mode == 1) {
+            float f = ((float)(r & 0xffffff) / 16777216.0f * 2.f - 1.f) * amp;
+            ((u16*)p)[i] = f32_to_bf16(f);
+        } else if (mode == 2) {
+            ((u8*)p)[i] = (u8)(((4 + (r % 6)) << 3) | ((r >> 8) & 7));
+        } else {
+            ((float*)p)[i] = ((float)(r & 0xffffff) / 16777216.0f * 2.f - 1.f) * amp;
+        }
+    }
+}

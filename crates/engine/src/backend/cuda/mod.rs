@@ -1,0 +1,1132 @@
+//! The CUDA backend (feature `cuda`): weights resident in GPU memory exactly as stored (packed
+//! NVFP4 stays packed: 4-bit codes, fp8 block scales, one f32 global scale per tensor, dequantized
+//! in registers inside the GEMV), f32 activations, a bf16 (or f32) KV cache.
+//!
+//! The CUDA driver and NVRTC are loaded at run time (`cudarc` with dynamic loading), so a binary
+//! built without CUDA runs unchanged on a GPU machine; the kernels (`kernels.cu`) are compiled by
+//! NVRTC at start-up for the device's architecture, once per process.
+//!
+//! Every op is one to three kernel launches on one stream; nothing synchronises with the host
+//! except [`Backend::download`]. Decode GEMVs (one token) keep the activation in registers and
+//! stream 1-8 weight rows per warp with 128-bit loads; prefill uses a 4-token tiled kernel.
+//! [`bench`](mod@bench) runs a synthetic Laguna decode step at real geometry, with fused
+//! launches, captured in a CUDA graph.
+//!
+//! Not yet: CUDA-graph capture inside [`Backend::execute`] (the model path launches eagerly),
+//! fp8 KV, sampling on device, tensor-core NVFP4 kernels.
+
+pub mod bench;
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
+};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
+
+use super::{AttentionParams, Backend, RouterParams, RouterScoring};
+use crate::error::{EngineError, Result};
+use crate::kv_cache::{KvDtype, KvLayerSpec};
+use crate::rope::RopeSpec;
+use crate::weights::{ExpertWeights, LinearWeight};
+
+/// The kernels' CUDA C source.
+pub const KERNELS_CU: &str = include_str!("kernels.cu");
+
+/// Warps per block of the GEMV kernels (one warp per output row).
+const GEMV_WARPS: u32 = 4;
+/// Tokens per warp of the `linear` kernel (`TB` in the source).
+const GEMV_TOKENS: usize = 4;
+/// Query heads of one KV head handled by one attention block (`GMAX`).
+const ATTN_GMAX: usize = 4;
+/// Most key splits of one decode attention call.
+pub(crate) const MAX_SPLITS: usize = 128;
+/// Rows per warp of `linear_multi2` (`MULTI_R`).
+const EXPERT_ROWS: u32 = 2;
+/// Rows of gate and of up per warp of `experts_gate_up2` (`XR`).
+const EXPERT_GU_ROWS: u32 = 4;
+/// Rows per warp of `experts_down2` (`XRD`).
+const EXPERT_DOWN_ROWS: u32 = 8;
+/// Warps per block (`NVW`) and rows per row group (`NV_R`) of the NVFP4 decode GEMV.
+const NV_WARPS: u32 = 8;
+const NV_ROWS: usize = 2;
+/// Largest K of the NVFP4 decode GEMV (`XS_MAX`: x is staged in shared memory).
+const NV_MAX_K: usize = 9216;
+/// Resident blocks per SM of the NVFP4 decode GEMV (`__launch_bounds__`).
+const NV_BLOCKS_PER_SM: usize = 2;
+
+macro_rules! launch {
+    ($b:expr, $f:expr, $grid:expr, $block:expr; $($a:expr),* $(,)?) => {
+        launch!($b, $f, $grid, $block, 0; $($a),*)
+    };
+    ($b:expr, $f:expr, $grid:expr, $block:expr, $smem:expr; $($a:expr),* $(,)?) => {{
+        let cfg = ::cudarc::driver::LaunchConfig { grid_dim: $grid, block_dim: $block, shared_mem_bytes: $smem };
+        let mut lb = $b.inner.stream.launch_builder($f);
+        $( let a = $a; ::cudarc::driver::PushKernelArg::arg(&mut lb, &a); )*
+        // SAFETY: the argument list matches the kernel's signature in kernels.cu.
+        unsafe { lb.launch(cfg) }.map(|_| ()).map_err(|e| $b.err(format!("launch: {e:?}")))
+    }};
+}
+pub(crate) use launch;
+
+pub(crate) struct Funcs {
+    pub linear: CudaFunction,
+    pub embed: CudaFunction,
+    pub rms_norm: CudaFunction,
+    pub rope: CudaFunction,
+    pub qk_norm_rope: CudaFunction,
+    pub softplus_gate: CudaFunction,
+    pub silu_mul: CudaFunction,
+    pub add_scaled: CudaFunction,
+    pub kv_append: CudaFunction,
+    /// `[f32 d≤32, f32 d≤64, f32 d≤128, bf16 ...]`.
+    pub attn: Vec<CudaFunction>,
+    pub attn_combine: CudaFunction,
+    pub route: CudaFunction,
+    pub fill: CudaFunction,
+    /// One-token GEMV with 1, 2, 4, 8 rows per warp.
+    pub gemv1: Vec<CudaFunction>,
+    /// NVFP4 one-token GEMV with K split over 1, 2, 4, 8 warps.
+    pub gemv_nv: Vec<CudaFunction>,
+    pub linear_multi2: CudaFunction,
+    pub experts_gate_up2: CudaFunction,
+    pub experts_down2: CudaFunction,
+    pub experts_reduce: CudaFunction,
+}
+
+/// PTX per architecture, compiled once per process.
+fn ptx_for(arch: &'static str) -> std::result::Result<Ptx, String> {
+    static CACHE: OnceLock<Mutex<Vec<(&'static str, Ptx)>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(Vec::new()));
+    let mut c = cache.lock().map_err(|_| "ptx cache poisoned".to_string())?;
+    if let Some((_, p)) = c.iter().find(|(a, _)| *a == arch) {
+        return Ok(p.clone());
+    }
+    let opts = CompileOptions {
+        arch: Some(arch),
+        options: vec!["-std=c++17".into(), "-default-device".into()],
+        ..Default::default()
+    };
+    let ptx = compile_ptx_with_opts(KERNELS_CU, opts).map_err(|e| format!("NVRTC: {e}"))?;
+    c.push((arch, ptx.clone()));
+    Ok(ptx)
+}
+
+pub(crate) struct Inner {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub f: Funcs,
+    #[allow(dead_code)]
+    module: Arc<CudaModule>,
+    pub name: String,
+    pub sms: usize,
+}
+
+/// The CUDA backend on one device. Cheap to clone.
+#[derive(Clone)]
+pub struct CudaBackend {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaBackend({})", self.inner.name)
+    }
+}
+
+fn backend_err(reason: impl Into<String>) -> EngineError {
+    EngineError::Backend {
+        backend: "cuda".into(),
+        reason: reason.into(),
+    }
+}
+
+impl CudaBackend {
+    /// Opens device `ordinal`, compiles the kernels for it (NVRTC) and creates a stream.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        let ctx = CudaContext::new(ordinal).map_err(|e| backend_err(format!("{e:?}")))?;
+        // One stream, ordered: no per-buffer events needed.
+        // SAFETY: every op runs on `stream`; buffers are never shared across streams.
+        unsafe { ctx.disable_event_tracking() };
+        let (maj, min) = ctx
+            .compute_capability()
+            .map_err(|e| backend_err(format!("{e:?}")))?;
+        let arch: &'static str = Box::leak(format!("sm_{maj}{min}").into_boxed_str());
+        let ptx = ptx_for(arch).map_err(backend_err)?;
+        let module = ctx
+            .load_module(ptx)
+            .map_err(|e| backend_err(format!("load module: {e:?}")))?;
+        let get = |n: &str| {
+            module
+                .load_function(n)
+                .map_err(|e| backend_err(format!("kernel {n}: {e:?}")))
+        };
+        let f = Funcs {
+            linear: get("linear")?,
+            embed: get("embed")?,
+            rms_norm: get("rms_norm")?,
+            rope: get("rope")?,
+            qk_norm_rope: get("qk_norm_rope")?,
+            softplus_gate: get("softplus_gate")?,
+            silu_mul: get("silu_mul")?,
+            add_scaled: get("add_scaled")?,
+            kv_append: get("kv_append")?,
+            attn: [
+                "attn_f32_1",
+                "attn_f32_2",
+                "attn_f32_4",
+                "attn_bf16_1",
+                "attn_bf16_2",
+                "attn_bf16_4",
+            ]
+            .iter()
+            .map(|n| get(n))
+            .collect::<Result<_>>()?,
+            attn_combine: get("attn_combine")?,
+            route: get("route")?,
+            fill: get("fill")?,
+            gemv1: ["gemv1_r1", "gemv1_r2", "gemv1_r4", "gemv1_r8"]
+                .iter()
+                .map(|n| get(n))
+                .collect::<Result<_>>()?,
+            gemv_nv: ["gemv_nv_k1", "gemv_nv_k2", "gemv_nv_k4", "gemv_nv_k8"]
+                .iter()
+                .map(|n| get(n))
+                .collect::<Result<_>>()?,
+            linear_multi2: get("linear_multi2")?,
+            experts_gate_up2: get("experts_gate_up2")?,
+            experts_down2: get("experts_down2")?,
+            experts_reduce: get("experts_reduce")?,
+        };
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| backend_err(format!("{e:?}")))?;
+        let dev_name = ctx.name().unwrap_or_default();
+        let sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .unwrap_or(100) as usize;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                ctx,
+                stream,
+                f,
+                module,
+                name: format!("cuda:{ordinal} ({dev_name}, {arch})"),
+                sms,
+            }),
+        })
+    }
+
+    pub(crate) fn err(&self, reason: impl Into<String>) -> EngineError {
+        EngineError::Backend {
+            backend: self.inner.name.clone(),
+            reason: reason.into(),
+        }
+    }
+
+    fn check(&self, ok: bool, what: impl FnOnce() -> String) -> Result<()> {
+        if ok {
+            Ok(())
+        } else {
+            Err(self.err(what()))
+        }
+    }
+
+    /// Waits for all queued work.
+    pub fn synchronize(&self) -> Result<()> {
+        self.inner
+            .stream
+            .synchronize()
+            .map_err(|e| self.err(format!("{e:?}")))
+    }
+
+    pub(crate) fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
+        s.device_ptr(&self.inner.stream).0
+    }
+
+    pub(crate) fn alloc<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        n: usize,
+    ) -> Result<CudaSlice<T>> {
+        self.inner
+            .stream
+            .alloc_zeros::<T>(n.max(1))
+            .map_err(|e| self.err(format!("alloc of {n} elements: {e:?}")))
+    }
+
+    fn upload_bytes(&self, b: &[u8]) -> Result<CudaSlice<u8>> {
+        if b.is_empty() {
+            return self.alloc(1);
+        }
+        self.inner
+            .stream
+            .clone_htod(b)
+            .map_err(|e| self.err(format!("upload: {e:?}")))
+    }
+
+    fn tensor(&self, rows: usize, cols: usize) -> Result<CudaTensor> {
+        Ok(CudaTensor {
+            buf: self.alloc(rows * cols)?,
+            rows,
+            cols,
+        })
+    }
+
+    /// Fills `n` elements at `ptr` with seeded synthetic values (see `fill` in kernels.cu).
+    pub(crate) fn fill(&self, ptr: u64, n: usize, seed: u64, mode: i32, amp: f32) -> Result<()> {
+        let blocks = (n.div_ceil(256)).min(65536) as u32;
+        launch!(self, &self.inner.f.fill, (blocks.max(1), 1, 1), (256, 1, 1); ptr, n as i64, seed, mode, amp)
+    }
+
+    /// `y = resid + x · Wᵀ + bias` on raw pointers (`resid`, `bias` may be 0).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemv_raw(
+        &self,
+        w: &CudaLinear,
+        x: u64,
+        y: u64,
+        bias: u64,
+        resid: u64,
+        t: usize,
+    ) -> Result<()> {
+        let fast =
+            (w.fmt == 3 && w.cols.is_multiple_of(32)) || (w.fmt == 2 && w.cols.is_multiple_of(8));
+        if t == 1 && fast && w.fmt == 3 && w.cols <= NV_MAX_K && !self.legacy_gemv() {
+            let (ki, ks) = nv_split(w.rows, w.cols, self.inner.sms);
+            let tile = (NV_WARPS as usize / ks) * NV_ROWS;
+            // persistent blocks (2 per SM), each staging x in shared memory once
+            let blocks = w.rows.div_ceil(tile).min(NV_BLOCKS_PER_SM * self.inner.sms);
+            let grid = (blocks as u32, 1, 1);
+            return launch!(self, &self.inner.f.gemv_nv[ki], grid, (32 * NV_WARPS, 1, 1);
+                self.ptr(&w.data), w.scales_ptr(self), w.inv_g, x, y, bias, resid,
+                w.rows as i32, w.cols as i32);
+        }
+        if t == 1 && fast && !self.legacy_gemv() {
+            // Rows per warp: as many as keep >= 16 warps per SM busy (x is reused across them).
+            let target = 16 * self.inner.sms;
+            let (ri, r) = [(3usize, 8usize), (2, 4), (1, 2)]
+                .into_iter()
+                .find(|&(_, r)| w.rows / r >= target)
+                .unwrap_or((0, 1));
+            let grid = ((w.rows as u32).div_ceil(GEMV_WARPS * r as u32), 1, 1);
+            return launch!(self, &self.inner.f.gemv1[ri], grid, (32 * GEMV_WARPS, 1, 1);
+                w.fmt, self.ptr(&w.data), w.scales_ptr(self), w.inv_g, x, y, bias, resid,
+                w.rows as i32, w.cols as i32);
+        }
+        let grid = (
+            (w.rows as u32).div_ceil(GEMV_WARPS),
+            t.div_ceil(GEMV_TOKENS) as u32,
+            1,
+        );
+        launch!(self, &self.inner.f.linear, grid, (32 * GEMV_WARPS, 1, 1);
+            w.fmt, self.ptr(&w.data), w.scales_ptr(self), w.inv_g, x, y, bias, resid,
+            w.rows as i32, w.cols as i32, t as i32)
+    }
+
+    /// `FP4FORGE_CUDA_LEGACY_GEMV=1` uses the one-row-per-warp kernel for decode (comparisons).
+    fn legacy_gemv(&self) -> bool {
+        static L: OnceLock<bool> = OnceLock::new();
+        *L.get_or_init(|| std::env::var_os("FP4FORGE_CUDA_LEGACY_GEMV").is_some())
+    }
+}
+
+/// `(kernel index, K split)` of the NVFP4 decode GEMV for `rows x cols`: the smallest split of K
+/// over warps (1, 2, 4, 8) that gives at least ~32 row-group warps per SM, while every warp keeps
+/// at least one 32-element chunk per lane.
+fn nv_split(rows: usize, cols: usize, sms: usize) -> (usize, usize) {
+    let chunks = cols / 32;
+    let warps = rows.div_ceil(NV_ROWS);
+    let target = 32 * sms;
+    let mut best = (0, 1);
+    for (i, ks) in [1usize, 2, 4, 8].into_iter().enumerate() {
+        if ks > 1 && chunks < 32 * ks {
+            break;
+        }
+        best = (i, ks);
+        if warps * ks >= target {
+            break;
+        }
+    }
+    best
+}
+
+/// An activation matrix `[rows, cols]` of f32 in device memory.
+pub struct CudaTensor {
+    pub(crate) buf: CudaSlice<f32>,
+    rows: usize,
+    cols: usize,
+}
+
+/// A resident linear weight, in its stored encoding.
+pub struct CudaLinear {
+    pub(crate) fmt: i32,
+    pub(crate) data: CudaSlice<u8>,
+    pub(crate) scales: Option<CudaSlice<u8>>,
+    pub(crate) inv_g: f32,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    name: String,
+}
+
+impl CudaLinear {
+    pub(crate) fn scales_ptr(&self, b: &CudaBackend) -> u64 {
+        self.scales.as_ref().map_or(0, |s| b.ptr(s))
+    }
+
+    /// Bytes resident on the device.
+    pub fn bytes(&self) -> usize {
+        self.data.len() + self.scales.as_ref().map_or(0, |s| s.len())
+    }
+}
+
+/// One projection of all experts of a layer, stacked `[E, rows, cols]`.
+pub struct ExpertArena {
+    pub(crate) fmt: i32,
+    pub(crate) data: CudaSlice<u8>,
+    pub(crate) scales: Option<CudaSlice<u8>>,
+    pub(crate) inv_g: CudaSlice<f32>,
+}
+
+/// The kernel-side description of an [`ExpertArena`] (`ExpertProj` in kernels.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct ExpertProj {
+    w: u64,
+    scales: u64,
+    inv_g: u64,
+    fmt: i32,
+    _pad: i32,
+}
+// SAFETY: plain old data matching the C struct's layout.
+unsafe impl DeviceRepr for ExpertProj {}
+
+impl ExpertArena {
+    pub(crate) fn proj(&self, b: &CudaBackend) -> ExpertProj {
+        ExpertProj {
+            w: b.ptr(&self.data),
+            scales: self.scales.as_ref().map_or(0, |s| b.ptr(s)),
+            inv_g: b.ptr(&self.inv_g),
+            fmt: self.fmt,
+            _pad: 0,
+        }
+    }
+}
+
+/// All routed experts of one MoE layer.
+pub struct CudaExperts {
+    pub(crate) gate: ExpertArena,
+    pub(crate) up: ExpertArena,
+    pub(crate) down: ExpertArena,
+    pub(crate) n: usize,
+    pub(crate) inter: usize,
+    pub(crate) hidden: usize,
+}
+
+/// A rotary embedding: `inv_freq` on the device; cos/sin computed in the kernel.
+pub struct CudaRope {
+    pub(crate) inv_freq: CudaSlice<f32>,
+    pub(crate) rotary_dim: usize,
+    pub(crate) attention_factor: f32,
+}
+
+/// One layer's KV cache on the device: `[slot, kv_heads, head_dim]`, a ring of `window` slots
+/// for sliding layers, growing (doubling) for full ones.
+pub struct CudaKvLayer {
+    spec: KvLayerSpec,
+    pub(crate) len: usize,
+    pub(crate) cap: usize,
+    pub(crate) k: CudaSlice<u8>,
+    pub(crate) v: CudaSlice<u8>,
+    /// 0 = f32, 2 = bf16.
+    pub(crate) kv_t: i32,
+}
+
+impl CudaKvLayer {
+    fn elem(&self) -> usize {
+        if self.kv_t == 2 {
+            2
+        } else {
+            4
+        }
+    }
+}
+
+/// Selected experts and weights per token, on the device.
+pub struct CudaRouting {
+    pub(crate) sel: CudaSlice<i32>,
+    pub(crate) wts: CudaSlice<f32>,
+    pub(crate) top_k: usize,
+    pub(crate) tokens: usize,
+}
+
+fn fmt_of(w: &LinearWeight) -> i32 {
+    match w {
+        LinearWeight::F32 { .. } => 0,
+        LinearWeight::F16 { .. } => 1,
+        LinearWeight::Bf16 { .. } => 2,
+        LinearWeight::Nvfp4 { .. } => 3,
+    }
+}
+
+impl CudaBackend {
+    fn kv_grow(&self, c: &mut CudaKvLayer, need: usize) -> Result<()> {
+        let row_bytes = c.spec.row_width() * c.elem();
+        let target = match c.spec.window {
+            Some(w) => w,
+            None if need <= c.cap => return Ok(()),
+            None => need.max(c.cap * 2).max(256),
+        };
+        if target <= c.cap {
+            return Ok(());
+        }
+        let mut k = self.alloc::<u8>(target * row_bytes)?;
+        let mut v = self.alloc::<u8>(target * row_bytes)?;
+        let used = c.cap.min(c.len) * row_bytes;
+        if used > 0 {
+            self.inner
+                .stream
+                .memcpy_dtod(&c.k.slice(0..used), &mut k.slice_mut(0..used))
+                .map_err(|e| self.err(format!("{e:?}")))?;
+            self.inner
+                .stream
+                .memcpy_dtod(&c.v.slice(0..used), &mut v.slice_mut(0..used))
+                .map_err(|e| self.err(format!("{e:?}")))?;
+        }
+        c.k = k;
+        c.v = v;
+        c.cap = target;
+        Ok(())
+    }
+
+    fn attn_func(&self, kv_t: i32, d: usize) -> Result<&CudaFunction> {
+        let i = match d {
+            d if d <= 32 => 0,
+            d if d <= 64 => 1,
+            d if d <= 128 => 2,
+            _ => return Err(self.err(format!("head_dim {d} > 128"))),
+        };
+        Ok(&self.inner.f.attn[i + if kv_t == 2 { 3 } else { 0 }])
+    }
+
+    /// Attention of `t` query rows (raw pointers) over `cache` (positions `< pos0`) and the
+    /// chunk `k`, `v`; writes `out` (with `softplus(gate)` applied when `gate != 0`). Does not
+    /// append. `scratch` holds the split partials (`part_o`, `part_ml`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attention_raw(
+        &self,
+        q: u64,
+        k: u64,
+        v: u64,
+        cache: &CudaKvLayer,
+        pos0: usize,
+        t: usize,
+        p: &AttentionParams,
+        out: u64,
+        gate: u64,
+        splits: usize,
+        scratch: Option<(u64, u64)>,
+    ) -> Result<()> {
+        let g = p.heads / p.kv_heads;
+        let ngroups = g.div_ceil(ATTN_GMAX);
+        let window = cache.spec.window.unwrap_or(0) as i32;
+        let func = self.attn_func(cache.kv_t, p.head_dim)?;
+        let grid = ((p.kv_heads * ngroups) as u32, t as u32, splits as u32);
+        let (po, pml) = scratch.unwrap_or((0, 0));
+        launch!(self, func, grid, (128, 1, 1);
+            q, k, v, self.ptr(&cache.k), self.ptr(&cache.v), out, po, pml,
+            t as i32, p.heads as i32, p.kv_heads as i32, p.head_dim as i32, p.scale,
+            pos0 as i32, window, splits as i32, ngroups as i32)?;
+        if splits > 1 {
+            launch!(self, &self.inner.f.attn_combine, (p.heads as u32, t as u32, 1),
+                (p.head_dim.max(32) as u32, 1, 1);
+                po, pml, out, gate, p.heads as i32, p.head_dim as i32, splits as i32)?;
+        } else if gate != 0 {
+            let n = t * p.heads * p.head_dim;
+            launch!(self, &self.inner.f.softplus_gate, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1);
+                out, gate, n as i64, p.head_dim as i32)?;
+        }
+        Ok(())
+    }
+
+    /// Number of key splits for a decode step over `keys` keys.
+    pub(crate) fn splits_for(&self, keys: usize, blocks: usize, t: usize) -> usize {
+        if t > 1 {
+            return 1;
+        }
+        let want = (8 * self.inner.sms).div_ceil(blocks.max(1));
+        want.min(keys.div_ceil(128)).clamp(1, MAX_SPLITS)
+    }
+
+    pub(crate) fn kv_append_raw(
+        &self,
+        cache: &mut CudaKvLayer,
+        k: u64,
+        v: u64,
+        t: usize,
+    ) -> Result<()> {
+        let width = cache.spec.row_width();
+        let window = cache.spec.window.unwrap_or(0) as i32;
+        launch!(self, &self.inner.f.kv_append, (t as u32, 1, 1), (128, 1, 1);
+            self.ptr(&cache.k), self.ptr(&cache.v), k, v, t as i32, cache.len as i32,
+            window, width as i32, cache.kv_t)?;
+        cache.len += t;
+        Ok(())
+    }
+
+    fn arena(&self, name: &str, ws: &[&LinearWeight]) -> Result<ExpertArena> {
+        let fmt = fmt_of(ws[0]);
+        let (rows, cols) = (ws[0].rows(), ws[0].cols());
+        self.check(
+            ws.iter()
+                .all(|w| fmt_of(w) == fmt && w.rows() == rows && w.cols() == cols),
+            || format!("`{name}`: experts of one layer differ in encoding or shape"),
+        )?;
+        let mut data = Vec::new();
+        let mut scales = Vec::new();
+        let mut inv = Vec::with_capacity(ws.len());
+        for w in ws {
+            match w {
+                LinearWeight::Bf16 { data: d, .. }
+                | LinearWeight::F16 { data: d, .. }
+                | LinearWeight::F32 { data: d, .. } => {
+                    data.extend_from_slice(d.as_slice());
+                    inv.push(1.0);
+                }
+                LinearWeight::Nvfp4 {
+                    packed,
+                    scales: s,
+                    global_scale,
+                    ..
+                } => {
+                    data.extend_from_slice(packed.as_slice());
+                    scales.extend_from_slice(s.as_slice());
+                    inv.push(1.0 / global_scale);
+                }
+            }
+        }
+        Ok(ExpertArena {
+            fmt,
+            data: self.upload_bytes(&data)?,
+            scales: if fmt == 3 {
+                Some(self.upload_bytes(&scales)?)
+            } else {
+                None
+            },
+            inv_g: self
+                .inner
+                .stream
+                .clone_htod(&inv)
+                .map_err(|e| self.err(format!("{e:?}")))?,
+        })
+    }
+}
+
+impl Backend for CudaBackend {
+    type Tensor = CudaTensor;
+    type Linear = CudaLinear;
+    type Experts = CudaExperts;
+    type Rope = CudaRope;
+    type KvLayer = CudaKvLayer;
+    type Routing = CudaRouting;
+
+    fn name(&self) -> String {
+        self.inner.name.clone()
+    }
+
+    fn execute<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        // The context is current on whichever thread runs the pass.
+        let _ = self.inner.ctx.bind_to_thread();
+        f()
+    }
+
+    fn load_linear(&self, name: &str, weight: LinearWeight) -> Result<CudaLinear> {
+        let (rows, cols) = (weight.rows(), weight.cols());
+        let fmt = fmt_of(&weight);
+        let (data, scales, inv_g) = match &weight {
+            LinearWeight::Bf16 { data, .. }
+            | LinearWeight::F16 { data, .. }
+            | LinearWeight::F32 { data, .. } => (self.upload_bytes(data.as_slice())?, None, 1.0),
+            LinearWeight::Nvfp4 {
+                packed,
+                scales,
+                global_scale,
+                ..
+            } => {
+                self.check(cols.is_multiple_of(16), || {
+                    format!("`{name}`: {cols} columns")
+                })?;
+                (
+                    self.upload_bytes(packed.as_slice())?,
+                    Some(self.upload_bytes(scales.as_slice())?),
+                    1.0 / global_scale,
+                )
+            }
+        };
+        Ok(CudaLinear {
+            fmt,
+            data,
+            scales,
+            inv_g,
+            rows,
+            cols,
+            name: name.to_owned(),
+        })
+    }
+
+    fn load_experts(&self, name: &str, experts: Vec<ExpertWeights>) -> Result<CudaExperts> {
+        self.check(!experts.is_empty(), || format!("`{name}`: no experts"))?;
+        let gate = self.arena(name, &experts.iter().map(|e| &e.gate).collect::<Vec<_>>())?;
+        let up = self.arena(name, &experts.iter().map(|e| &e.up).collect::<Vec<_>>())?;
+        let down = self.arena(name, &experts.iter().map(|e| &e.down).collect::<Vec<_>>())?;
+        Ok(CudaExperts {
+            gate,
+            up,
+            down,
+            n: experts.len(),
+            inter: experts[0].gate.rows(),
+            hidden: experts[0].gate.cols(),
+        })
+    }
+
+    fn load_rope(&self, rope: &RopeSpec) -> Result<CudaRope> {
+        Ok(CudaRope {
+            inv_freq: self
+                .inner
+                .stream
+                .clone_htod(&rope.inv_freq)
+                .map_err(|e| self.err(format!("{e:?}")))?,
+            rotary_dim: rope.rotary_dim,
+            attention_factor: rope.attention_factor,
+        })
+    }
+
+    fn new_kv_layer(&self, spec: &KvLayerSpec) -> Result<CudaKvLayer> {
+        let kv_t = match spec.dtype {
+            KvDtype::F32 => 0,
+            KvDtype::Bf16 => 2,
+            KvDtype::Fp8E4m3 => {
+                return Err(self.err("fp8 KV cache not supported yet on CUDA (use bf16)"))
+            }
+        };
+        self.check(
+            spec.head_dim.is_multiple_of(8) && spec.head_dim <= 128,
+            || format!("head_dim {}", spec.head_dim),
+        )?;
+        Ok(CudaKvLayer {
+            spec: spec.clone(),
+            len: 0,
+            cap: 0,
+            k: self.alloc(1)?,
+            v: self.alloc(1)?,
+            kv_t,
+        })
+    }
+
+    fn kv_layer_bytes(&self, layer: &CudaKvLayer) -> usize {
+        2 * layer.cap * layer.spec.row_width() * layer.elem()
+    }
+
+    fn upload(&self, rows: usize, cols: usize, data: &[f32]) -> Result<CudaTensor> {
+        self.check(data.len() == rows * cols, || {
+            format!("upload of {} values as [{rows}, {cols}]", data.len())
+        })?;
+        let buf = if data.is_empty() {
+            self.alloc(1)?
+        } else {
+            self.inner
+                .stream
+                .clone_htod(data)
+                .map_err(|e| self.err(format!("upload: {e:?}")))?
+        };
+        Ok(CudaTensor { buf, rows, cols })
+    }
+
+    fn download(&self, x: &CudaTensor) -> Result<Vec<f32>> {
+        let mut v = self
+            .inner
+            .stream
+            .clone_dtoh(&x.buf)
+            .map_err(|e| self.err(format!("download: {e:?}")))?;
+        v.truncate(x.rows * x.cols);
+        Ok(v)
+    }
+
+    fn dims(&self, x: &CudaTensor) -> (usize, usize) {
+        (x.rows, x.cols)
+    }
+
+    fn rows(&self, x: &CudaTensor, start: usize, len: usize) -> Result<CudaTensor> {
+        self.check(start + len <= x.rows, || {
+            format!("rows {start}..{} of a {}-row tensor", start + len, x.rows)
+        })?;
+        let mut out = self.tensor(len, x.cols)?;
+        let c = x.cols;
+        if len * c > 0 {
+            self.inner
+                .stream
+                .memcpy_dtod(
+                    &x.buf.slice(start * c..(start + len) * c),
+                    &mut out.buf.slice_mut(0..len * c),
+                )
+                .map_err(|e| self.err(format!("{e:?}")))?;
+        }
+        Ok(out)
+    }
+
+    fn concat_rows(&self, parts: &[&CudaTensor]) -> Result<CudaTensor> {
+        let cols = parts.first().map_or(0, |p| p.cols);
+        self.check(parts.iter().all(|p| p.cols == cols), || {
+            "concat_rows of different widths".into()
+        })?;
+        let rows = parts.iter().map(|p| p.rows).sum();
+        let mut out = self.tensor(rows, cols)?;
+        let mut at = 0;
+        for p in parts {
+            let n = p.rows * cols;
+            if n > 0 {
+                self.inner
+                    .stream
+                    .memcpy_dtod(&p.buf.slice(0..n), &mut out.buf.slice_mut(at..at + n))
+                    .map_err(|e| self.err(format!("{e:?}")))?;
+            }
+            at += n;
+        }
+        Ok(out)
+    }
+
+    fn embed(&self, table: &CudaLinear, ids: &[u32]) -> Result<CudaTensor> {
+        for &id in ids {
+            self.check((id as usize) < table.rows, || {
+                format!("token id {id} outside table `{}`", table.name)
+            })?;
+        }
+        let out = self.tensor(ids.len(), table.cols)?;
+        if ids.is_empty() {
+            return Ok(out);
+        }
+        let d_ids = self
+            .inner
+            .stream
+            .clone_htod(ids)
+            .map_err(|e| self.err(format!("{e:?}")))?;
+        launch!(self, &self.inner.f.embed, (ids.len() as u32, 1, 1), (256, 1, 1);
+            table.fmt, self.ptr(&table.data), table.scales_ptr(self), table.inv_g,
+            self.ptr(&d_ids), self.ptr(&out.buf), table.cols as i32)?;
+        Ok(out)
+    }
+
+    fn rms_norm(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        eps: f32,
+        width: usize,
+    ) -> Result<CudaTensor> {
+        self.check(
+            width > 0 && x.cols.is_multiple_of(width) && w.rows * w.cols == width,
+            || format!("rms_norm of width {width} on {} columns", x.cols),
+        )?;
+        let out = self.tensor(x.rows, x.cols)?;
+        let groups = x.rows * x.cols / width;
+        if groups > 0 {
+            let threads = if width >= 1024 { 512 } else { 128 };
+            launch!(self, &self.inner.f.rms_norm, (groups as u32, 1, 1), (threads, 1, 1);
+                self.ptr(&x.buf), self.ptr(&w.buf), self.ptr(&out.buf), width as i32, eps)?;
+        }
+        Ok(out)
+    }
+
+    fn linear(
+        &self,
+        x: &CudaTensor,
+        w: &CudaLinear,
+        bias: Option<&CudaTensor>,
+    ) -> Result<CudaTensor> {
+        self.check(x.cols == w.cols, || {
+            format!("`{}` takes {} inputs, got {}", w.name, w.cols, x.cols)
+        })?;
+        if let Some(b) = bias {
+            self.check(b.rows * b.cols == w.rows, || {
+                format!("bias for `{}`", w.name)
+            })?;
+        }
+        let y = self.tensor(x.rows, w.rows)?;
+        if x.rows > 0 {
+            self.gemv_raw(
+                w,
+                self.ptr(&x.buf),
+                self.ptr(&y.buf),
+                bias.map_or(0, |b| self.ptr(&b.buf)),
+                0,
+                x.rows,
+            )?;
+        }
+        Ok(y)
+    }
+
+    fn rope(
+        &self,
+        x: &mut CudaTensor,
+        rope: &CudaRope,
+        head_dim: usize,
+        pos0: usize,
+    ) -> Result<()> {
+        self.check(
+            head_dim > 0 && x.cols.is_multiple_of(head_dim) && rope.rotary_dim <= head_dim,
+            || format!("rope of head_dim {head_dim} on {} columns", x.cols),
+        )?;
+        if x.rows == 0 || rope.rotary_dim < 2 {
+            return Ok(());
+        }
+        let heads = x.cols / head_dim;
+        let threads = (rope.rotary_dim / 2).div_ceil(32) * 32;
+        launch!(self, &self.inner.f.rope, (heads as u32, x.rows as u32, 1), (threads as u32, 1, 1);
+            self.ptr(&x.buf), self.ptr(&rope.inv_freq), heads as i32, head_dim as i32,
+            rope.rotary_dim as i32, rope.attention_factor, pos0 as i32)
+    }
+
+    fn attention(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        cache: &mut CudaKvLayer,
+        p: &AttentionParams,
+    ) -> Result<CudaTensor> {
+        let spec = cache.spec.clone();
+        self.check(
+            p.kv_heads > 0
+                && p.heads.is_multiple_of(p.kv_heads)
+                && q.cols == p.heads * p.head_dim
+                && k.cols == p.kv_heads * p.head_dim
+                && v.cols == k.cols
+                && q.rows == k.rows
+                && k.rows == v.rows
+                && spec.kv_heads == p.kv_heads
+                && spec.head_dim == p.head_dim,
+            || {
+                format!(
+                    "attention shapes q {:?} k {:?} for {p:?}",
+                    (q.rows, q.cols),
+                    (k.rows, k.cols)
+                )
+            },
+        )?;
+        let t = q.rows;
+        let out = self.tensor(t, q.cols)?;
+        if t == 0 {
+            return Ok(out);
+        }
+        let pos0 = cache.len;
+        if spec.window.is_none() || cache.cap == 0 {
+            self.kv_grow(cache, pos0 + t)?;
+        }
+        let keys = match spec.window {
+            Some(w) => w.min(pos0 + 1),
+            None => pos0 + 1,
+        };
+        let g = p.heads / p.kv_heads;
+        let blocks = p.kv_heads * g.div_ceil(ATTN_GMAX) * t;
+        let splits = self.splits_for(keys, blocks, t);
+        let scratch = if splits > 1 {
+            let po = self.alloc::<f32>(t * p.heads * splits * p.head_dim)?;
+            let pml = self.alloc::<f32>(t * p.heads * splits * 2)?;
+            Some((po, pml))
+        } else {
+            None
+        };
+        self.attention_raw(
+            self.ptr(&q.buf),
+            self.ptr(&k.buf),
+            self.ptr(&v.buf),
+            cache,
+            pos0,
+            t,
+            p,
+            self.ptr(&out.buf),
+            0,
+            splits,
+            scratch.as_ref().map(|(a, b)| (self.ptr(a), self.ptr(b))),
+        )?;
+        self.kv_append_raw(cache, self.ptr(&k.buf), self.ptr(&v.buf), t)?;
+        drop(scratch);
+        Ok(out)
+    }
+
+    fn softplus_gate(&self, x: &mut CudaTensor, gate: &CudaTensor) -> Result<()> {
+        self.check(
+            gate.rows == x.rows && gate.cols > 0 && x.cols.is_multiple_of(gate.cols),
+            || {
+                format!(
+                    "gate {:?} for {:?}",
+                    (gate.rows, gate.cols),
+                    (x.rows, x.cols)
+                )
+            },
+        )?;
+        let n = x.rows * x.cols;
+        if n == 0 {
+            return Ok(());
+        }
+        launch!(self, &self.inner.f.softplus_gate, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1);
+            self.ptr(&x.buf), self.ptr(&gate.buf), n as i64, (x.cols / gate.cols) as i32)
+    }
+
+    fn silu_mul(&self, gate: &CudaTensor, up: &CudaTensor) -> Result<CudaTensor> {
+        self.check(gate.rows == up.rows && gate.cols == up.cols, || {
+            "silu_mul of different shapes".into()
+        })?;
+        let out = self.tensor(gate.rows, gate.cols)?;
+        let n = gate.rows * gate.cols;
+        if n > 0 {
+            launch!(self, &self.inner.f.silu_mul, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1);
+                self.ptr(&gate.buf), self.ptr(&up.buf), self.ptr(&out.buf), n as i64)?;
+        }
+        Ok(out)
+    }
+
+    fn add_scaled(&self, y: &mut CudaTensor, alpha: f32, x: &CudaTensor) -> Result<()> {
+        self.check(y.rows == x.rows && y.cols == x.cols, || {
+            "add of different shapes".into()
+        })?;
+        let n = y.rows * y.cols;
+        if n == 0 {
+            return Ok(());
+        }
+        launch!(self, &self.inner.f.add_scaled, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1);
+            self.ptr(&y.buf), alpha, self.ptr(&x.buf), n as i64)
+    }
+
+    fn route(
+        &self,
+        logits: &CudaTensor,
+        bias: Option<&CudaTensor>,
+        p: &RouterParams,
+        scale: f32,
+    ) -> Result<CudaRouting> {
+        let n = logits.cols;
+        if let Some(b) = bias {
+            self.check(b.rows * b.cols == n, || {
+                format!("router bias for {n} experts")
+            })?;
+        }
+        self.check(
+            p.top_k > 0 && p.top_k <= n && p.top_k <= 32 && n <= 1024,
+            || format!("top-{} of {n} experts", p.top_k),
+        )?;
+        let t = logits.rows;
+        let sel = self.alloc::<i32>(t * p.top_k)?;
+        let wts = self.alloc::<f32>(t * p.top_k)?;
+        if t > 0 {
+            launch!(self, &self.inner.f.route, (t as u32, 1, 1), (32, 1, 1);
+                self.ptr(&logits.buf), bias.map_or(0, |b| self.ptr(&b.buf)), n as i32,
+                p.top_k as i32, i32::from(p.scoring == RouterScoring::Softmax),
+                i32::from(p.normalize), p.logit_softcap, scale, self.ptr(&sel), self.ptr(&wts))?;
+        }
+        Ok(CudaRouting {
+            sel,
+            wts,
+            top_k: p.top_k,
+            tokens: t,
+        })
+    }
+
+    fn experts(&self, x: &CudaTensor, r: &CudaRouting, e: &CudaExperts) -> Result<CudaTensor> {
+        self.check(r.tokens == x.rows && x.cols == e.hidden, || {
+            "routing does not match the tokens or experts".into()
+        })?;
+        let _ = e.n;
+        let t = x.rows;
+        let out = self.tensor(t, e.hidden)?;
+        if t == 0 {
+            return Ok(out);
+        }
+        let h = self.alloc::<f32>(t * r.top_k * e.inter)?;
+        let part = self.alloc::<f32>(t * r.top_k * e.hidden)?;
+        self.experts_raw(
+            e,
+            None,
+            &r.sel,
+            &r.wts,
+            r.top_k,
+            t,
+            self.ptr(&x.buf),
+            self.ptr(&h),
+            self.ptr(&part),
+            self.ptr(&out.buf),
+            0,
+        )?;
+        Ok(out)
+    }
+}
+
+/// A shared expert for the fused MoE kernels: gate, up, down (each one resident linear).
+pub(crate) struct SharedExpert<'a> {
+    pub gate: &'a CudaLinear,
+    pub up: &'a CudaLinear,
+    pub down: &'a CudaLinear,
+}
+
+impl CudaBackend {
+    fn lin_proj(&self, l: &CudaLinear, inv: &CudaSlice<f32>) -> ExpertProj {
+        ExpertProj {
+            w: self.ptr(&l.data),
+            scales: l.scales_ptr(self),
+            inv_g: self.ptr(inv),
+            fmt: l.fmt,
+            _pad: 0,
+        }
+    }
+
+    /// Routed (and optionally shared) experts in three launches (gate/up, down, ordered sum):
+    /// `out = resid + Σ w·E(x) [+ S(x)]`. `h` holds `items × max(inter, shared_inter)` floats and
+    /// `part` `items × hidden`, `items = t·k [+ t]`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn experts_raw(
+        &self,
+        e: &CudaExperts,
+        shared: Option<(&SharedExpert<'_>, [&CudaSlice<f32>; 3])>,
+        sel: &CudaSlice<i32>,
+        wts: &CudaSlice<f32>,
+        k: usize,
+        t: usize,
+        x: u64,
+        h: u64,
+        part: u64,
+        out: u64,
+        resid: u64,
+    ) -> Result<()> {
+        let (sg, su, sd, sinter) = match &shared {
+            Some((s, inv)) => (
+                self.lin_proj(s.gate, inv[0]),
+                self.lin_proj(s.up, inv[1]),
+                self.lin_proj(s.down, inv[2]),
+                s.gate.rows,
+            ),
+            None => (
+                ExpertProj::default(),
+                ExpertProj::default(),
+                ExpertProj::default(),
+                0,
+            ),
+        };
+        let has = i32::from(shared.is_some());
+        let items = t * k + if shared.is_some() { t } else { 0 };
+        let rows = e.inter.max(sinter) as u32;
+        launch!(self, &self.inner.f.experts_gate_up2,
+            (rows.div_ceil(GEMV_WARPS * EXPERT_GU_ROWS), items as u32, 1),
+            (32 * GEMV_WARPS, 1, 1);
+            e.gate.proj(self), e.up.proj(self), sg, su, has, sinter as i32, self.ptr(sel),
+            k as i32, t as i32, x, h, e.inter as i32, e.hidden as i32)?;
+        launch!(self, &self.inner.f.experts_down2,
+            ((e.hidden as u32).div_ceil(GEMV_WARPS * EXPERT_DOWN_ROWS), items as u32, 1),
+            (32 * GEMV_WARPS, 1, 1);
+            e.down.proj(self), sd, sinter as i32, self.ptr(sel), self.ptr(wts), k as i32,
+            t as i32, h, e.inter as i32, part, e.hidden as i32)?;
+        let n = (t * e.hidden) as u32;
+        launch!(self, &self.inner.f.experts_reduce, (n.div_ceil(256), 1, 1), (256, 1, 1);
+            part, k as i32, t as i32, has, out, resid, e.hidden as i32)
+    }
+}

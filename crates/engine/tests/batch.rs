@@ -1,0 +1,172 @@
+//! Batched forward passes (continuous batching) give each session the logits it gets alone:
+//! `Model::step_batch` against per-session `Session::step`, and `Model::forward_batch` mixing
+//! prompt chunks (last-row and all-row logits) with decode steps against `prefill_all`. Sessions
+//! sit at different positions, some past the sliding window. With an f32 KV cache the paths
+//! differ only in f32 summation order (tiled GEMM for the batch, GEMV alone): 1e-5 relative to
+//! the logits' scale (their largest magnitude, ~4 here: measured ≤ 1.1e-5 absolute).
+
+mod common;
+
+use common::{lean_build, max_abs, max_abs_diff, tiny_laguna, token_ids};
+use fp4forge_engine::{KvDtype, Model, ModelOptions, Session, WantLogits};
+
+const TOL: f32 = 1e-5;
+
+/// `max |a − b|` in units of `b`'s scale (`max |b|`, at least 1).
+fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    max_abs_diff(a, b) / max_abs(b).max(1.0)
+}
+
+fn check_step_batch(model: &Model) {
+    let vocab = model.info().vocab_size as u32;
+    // Prompts of different lengths: positions 1, 7, 16 (= window), 29 (past it).
+    let prompts: Vec<Vec<u32>> = [1usize, 7, 16, 29]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| token_ids(n, vocab, 100 + i as u64))
+        .collect();
+    let steps = 12;
+    let next: Vec<Vec<u32>> = (0..prompts.len())
+        .map(|i| token_ids(steps, vocab, 200 + i as u64))
+        .collect();
+
+    let mut alone: Vec<Session> = prompts
+        .iter()
+        .map(|p| {
+            let mut s = model.new_session().unwrap();
+            s.prefill(p).unwrap();
+            s
+        })
+        .collect();
+    let mut batched: Vec<Session> = prompts
+        .iter()
+        .map(|p| {
+            let mut s = model.new_session().unwrap();
+            s.prefill(p).unwrap();
+            s
+        })
+        .collect();
+    let mut worst = 0f32;
+    for step in 0..steps {
+        let tokens: Vec<u32> = next.iter().map(|n| n[step]).collect();
+        let want: Vec<Vec<f32>> = alone
+            .iter_mut()
+            .zip(&tokens)
+            .map(|(s, &t)| s.step(t).unwrap())
+            .collect();
+        let mut refs: Vec<&mut Session> = batched.iter_mut().collect();
+        let got = model.step_batch(&mut refs, &tokens).unwrap();
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(&want) {
+            worst = worst.max(rel_diff(g, w));
+        }
+    }
+    for (a, b) in alone.iter().zip(&batched) {
+        assert_eq!(a.position(), b.position());
+    }
+    println!("step_batch vs step: max relative |diff| {worst}");
+    assert!(worst <= TOL, "step_batch differs from step by {worst}");
+}
+
+#[test]
+fn step_batch_equals_stepping_each_session() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bf16 = tiny_laguna(tmp.path(), "bf16", false);
+    let lean = lean_build(
+        &tiny_laguna(tmp.path(), "stock", true),
+        &tmp.path().join("lean"),
+    );
+    for dir in [&bf16, &lean] {
+        let model = Model::load(dir, ModelOptions::new().kv_dtype(KvDtype::F32)).unwrap();
+        check_step_batch(&model);
+    }
+}
+
+#[test]
+fn forward_batch_mixes_prompt_chunks_and_decode_steps() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tiny_laguna(tmp.path(), "bf16", false);
+    let model = Model::load(&dir, ModelOptions::new().kv_dtype(KvDtype::F32)).unwrap();
+    let vocab = model.info().vocab_size as u32;
+    let a_ids = token_ids(40, vocab, 1);
+    let b_ids = token_ids(23, vocab, 2);
+    let a_full = model.new_session().unwrap().prefill_all(&a_ids).unwrap();
+    let b_full = model.new_session().unwrap().prefill_all(&b_ids).unwrap();
+
+    // A: a 20-token prompt already in, then decodes a_ids[20..] one at a time.
+    // B: prefills b_ids in chunks of 9, 9, 5 alongside A's steps, asking for every row.
+    let mut a = model.new_session().unwrap();
+    a.prefill(&a_ids[..20]).unwrap();
+    let mut b = model.new_session().unwrap();
+    let mut b_rows: Vec<Vec<f32>> = Vec::new();
+    let mut worst = 0f32;
+    for (step, chunk) in [(0usize, 0..9usize), (1, 9..18), (2, 18..23)] {
+        let a_tok = [a_ids[20 + step]];
+        let mut sessions = [&mut a, &mut b];
+        let out = model
+            .forward_batch(
+                &mut sessions,
+                &[&a_tok, &b_ids[chunk.clone()]],
+                &[WantLogits::Last, WantLogits::All],
+            )
+            .unwrap();
+        let a_logits = out[0].as_ref().unwrap();
+        assert_eq!(a_logits.rows, 1);
+        worst = worst.max(rel_diff(a_logits.row(0), a_full.row(20 + step)));
+        let b_logits = out[1].as_ref().unwrap();
+        assert_eq!(b_logits.rows, chunk.len());
+        b_rows.extend((0..b_logits.rows).map(|r| b_logits.row(r).to_vec()));
+    }
+    for (p, row) in b_rows.iter().enumerate() {
+        worst = worst.max(rel_diff(row, b_full.row(p)));
+    }
+    assert_eq!((a.position(), b.position()), (23, 23));
+
+    // A session that wants nothing next to one that wants its last row.
+    let mut c = model.new_session().unwrap();
+    let mut sessions = [&mut a, &mut c];
+    let out = model
+        .forward_batch(
+            &mut sessions,
+            &[&a_ids[23..24], &b_ids[..4]],
+            &[WantLogits::None, WantLogits::Last],
+        )
+        .unwrap();
+    assert!(out[0].is_none());
+    worst = worst.max(rel_diff(out[1].as_ref().unwrap().row(0), b_full.row(3)));
+    println!("forward_batch vs prefill_all: max relative |diff| {worst}");
+    assert!(worst <= TOL, "forward_batch differs by {worst}");
+}
+
+#[test]
+fn forward_batch_validates_its_inputs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tiny_laguna(tmp.path(), "bf16", false);
+    let model = Model::load(&dir, ModelOptions::new().max_context(8)).unwrap();
+    let mut a = model.new_session().unwrap();
+    let mut b = model.new_session().unwrap();
+    let mut sessions = [&mut a, &mut b];
+    let err = model.step_batch(&mut sessions, &[1]).unwrap_err();
+    assert!(
+        err.to_string().contains("2 sessions, 1 token lists"),
+        "{err}"
+    );
+    let err = model.step_batch(&mut sessions, &[1, 100_000]).unwrap_err();
+    assert!(err.to_string().contains("100000"), "{err}");
+    let long = [1u32; 9];
+    let err = model
+        .forward_batch(
+            &mut sessions,
+            &[&[1], &long],
+            &[WantLogits::Last, WantLogits::Last],
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("context"), "{err}");
+    // Nothing was appended by the refused calls.
+    assert_eq!((a.position(), b.position()), (0, 0));
+    let other = Model::load(&dir, ModelOptions::new()).unwrap();
+    let mut c = other.new_session().unwrap();
+    let mut sessions = [&mut a, &mut c];
+    let err = model.step_batch(&mut sessions, &[1, 2]).unwrap_err();
+    assert!(err.to_string().contains("another model"), "{err}");
+}

@@ -1,0 +1,303 @@
+//! GPU tests of the CUDA backend (feature `cuda`). They need a CUDA device, so they are
+//! `#[ignore]`d: `scripts/gpu-tests.sh` runs them on the GPU machine with `--ignored`.
+//!
+//! * kernels: NVFP4 / bf16 / f16 / f32 GEMV and multi-token linear against an f64 matmul of the
+//!   format crate's dequantization (tolerance as the CPU kernels' test: `1e-5 · Σ|w·x| + 1e-6`).
+//! * tiny Laguna (bf16, stock NVFP4, lean NVFP4; f32 KV): per-position logits of a 600-token
+//!   prefill (crosses the 512 sliding window) against the CPU backend (`1e-4`: both compute in
+//!   f32 from the same weights, only summation order differs) and against transformers'
+//!   reference logits (`1e-4`, as the CPU test), plus prefill in 128-token chunks and
+//!   token-by-token decode of the last positions.
+//! * greedy generation: 256 tokens, GPU vs CPU, token for token (bf16 KV on both).
+//! * SmolLM2 (`assets/smollm2-hf` or `assets/smollm2-nvfp4`, if present): logits vs CPU and
+//!   256 greedy tokens.
+#![cfg(feature = "cuda")]
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use fp4forge_engine::{
+    Backend, CpuBackend, CudaBackend, GenerateOptions, KvDtype, LinearWeight, Model, ModelOptions,
+};
+use fp4forge_format::{
+    dequantize_f32, quantize, Dtype, Nvfp4View, SafetensorsFile, SourceDtype, WeightView,
+};
+
+fn gpu() -> CudaBackend {
+    static B: OnceLock<CudaBackend> = OnceLock::new();
+    B.get_or_init(|| CudaBackend::new(0).expect("CUDA device 0"))
+        .clone()
+}
+
+fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
+        })
+        .collect()
+}
+
+fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
+    let b = gpu();
+    let (rows, cols) = (w.rows(), w.cols());
+    let lin = b.load_linear(label, w).unwrap();
+    for t in [1usize, 3, 9] {
+        let x = values(t * cols, 7 + t as u64, 4.0);
+        let xt = b.upload(t, cols, &x).unwrap();
+        let got = b.download(&b.linear(&xt, &lin, None).unwrap()).unwrap();
+        for tok in 0..t {
+            for r in 0..rows {
+                let (mut want, mut mag) = (0f64, 0f64);
+                for k in 0..cols {
+                    let p = f64::from(dense[r * cols + k]) * f64::from(x[tok * cols + k]);
+                    want += p;
+                    mag += p.abs();
+                }
+                let g = f64::from(got[tok * rows + r]);
+                assert!(
+                    (g - want).abs() <= 1e-5 * mag + 1e-6,
+                    "{label} t={t} [{tok},{r}]: {g} vs {want}"
+                );
+            }
+        }
+    }
+    println!("{label}: ok");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
+fn gpu_linear_kernels_match_f64_matmul() {
+    for (rows, cols) in [(1024, 3072), (3072, 1024), (37, 80), (300, 1040), (5, 16)] {
+        let w = values(rows * cols, rows as u64 * 31 + cols as u64, 0.2);
+        let bits: Vec<u16> = w
+            .iter()
+            .map(|x| half::bf16::from_f32(*x).to_bits())
+            .collect();
+        let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+        let q = quantize(&WeightView::new("w", SourceDtype::Bf16, rows, cols, &bytes).unwrap())
+            .unwrap();
+        let dense = dequantize_f32(&Nvfp4View::of(&q));
+        check_linear(
+            LinearWeight::from_nvfp4(&q, None),
+            &dense,
+            &format!("nvfp4 {rows}x{cols}"),
+        );
+        let bf: Vec<f32> = bits
+            .iter()
+            .map(|b| half::bf16::from_bits(*b).to_f32())
+            .collect();
+        check_linear(
+            LinearWeight::from_bf16_bits(rows, cols, &bits),
+            &bf,
+            &format!("bf16 {rows}x{cols}"),
+        );
+        check_linear(
+            LinearWeight::from_f32(rows, cols, &w),
+            &w,
+            &format!("f32 {rows}x{cols}"),
+        );
+    }
+}
+
+/// The engine crate's folder: `FP4FORGE_ENGINE_DIR` (a test binary carried to another machine)
+/// or where it was built.
+fn engine_dir() -> PathBuf {
+    std::env::var_os("FP4FORGE_ENGINE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
+fn fixtures() -> PathBuf {
+    engine_dir().join("tests/fixtures")
+}
+
+fn read_f32(f: &SafetensorsFile, name: &str) -> Option<Vec<f32>> {
+    let info = f.info(name)?;
+    assert_eq!(info.dtype, Dtype::F32, "{name}");
+    Some(
+        f.bytes(name)
+            .unwrap()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect(),
+    )
+}
+
+fn read_ids(f: &SafetensorsFile, name: &str) -> Vec<u32> {
+    f.bytes(name)
+        .unwrap()
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
+        .collect()
+}
+
+/// Max |diff|, asserting equal argmax per position and max |diff| ≤ tol.
+fn compare(label: &str, got: &[f32], want: &[f32], vocab: usize, tol: f32) -> f32 {
+    assert_eq!(got.len(), want.len(), "{label}: shapes");
+    let mut worst = 0f32;
+    for (p, (g, w)) in got.chunks(vocab).zip(want.chunks(vocab)).enumerate() {
+        let d = g
+            .iter()
+            .zip(w)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        worst = worst.max(d);
+        assert_eq!(
+            fp4forge_engine::sampling::argmax(g),
+            fp4forge_engine::sampling::argmax(w),
+            "{label}: top-1 differs at position {p} (max |diff| {d})"
+        );
+        assert!(d <= tol, "{label}: position {p}: max |diff| {d} > {tol}");
+    }
+    worst
+}
+
+fn tiny_laguna(variant: &str) {
+    let dir = fixtures().join(format!("tiny-laguna-{variant}"));
+    let lf = dir.join("logits.safetensors");
+    if !lf.is_file() {
+        println!("SKIP tiny-laguna-{variant}: {} missing", lf.display());
+        return;
+    }
+    let f = SafetensorsFile::open(&lf).unwrap();
+    let ids = read_ids(&f, "input_ids");
+    let reference = read_f32(&f, "logits_exact_dequant")
+        .or_else(|| read_f32(&f, "logits"))
+        .unwrap();
+    let opts = ModelOptions::new().kv_dtype(KvDtype::F32);
+    let cpu = Model::load(&dir, opts.clone()).unwrap();
+    let vocab = cpu.info().vocab_size;
+    let want_cpu = cpu.new_session().unwrap().prefill_all(&ids).unwrap().data;
+    for chunk in [fp4forge_engine::DEFAULT_PREFILL_CHUNK, 128] {
+        let model =
+            Model::load_with_backend(&dir, opts.clone().prefill_chunk(chunk), gpu()).unwrap();
+        let got = model.new_session().unwrap().prefill_all(&ids).unwrap().data;
+        let d_cpu = compare(
+            &format!("{variant} gpu vs cpu"),
+            &got,
+            &want_cpu,
+            vocab,
+            1e-4,
+        );
+        let d_ref = compare(
+            &format!("{variant} gpu vs transformers"),
+            &got,
+            &reference,
+            vocab,
+            1e-4,
+        );
+        println!(
+            "tiny-laguna-{variant} chunk {chunk}: {} positions, max |gpu - cpu| {d_cpu:.3e}, \
+             max |gpu - transformers| {d_ref:.3e}",
+            ids.len()
+        );
+    }
+    // Decode path: prefill all but the last 40 positions, then one token at a time.
+    let model = Model::load_with_backend(&dir, opts, gpu()).unwrap();
+    let mut s = model.new_session().unwrap();
+    let split = ids.len() - 40;
+    s.prefill(&ids[..split]).unwrap();
+    let mut got = Vec::new();
+    for &t in &ids[split..] {
+        got.extend(s.step(t).unwrap());
+    }
+    let d = compare(
+        &format!("{variant} gpu decode vs cpu"),
+        &got,
+        &want_cpu[split * vocab..],
+        vocab,
+        1e-4,
+    );
+    println!("tiny-laguna-{variant} decode of 40 steps: max |gpu - cpu| {d:.3e}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
+fn gpu_tiny_laguna_bf16_logits() {
+    tiny_laguna("bf16");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
+fn gpu_tiny_laguna_stock_logits() {
+    tiny_laguna("stock");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
+fn gpu_tiny_laguna_lean_logits() {
+    tiny_laguna("lean");
+}
+
+fn greedy_agree(dir: &Path, prompt: &[u32], n: usize) {
+    let opts = ModelOptions::new().kv_dtype(KvDtype::Bf16);
+    let go = GenerateOptions {
+        max_tokens: n,
+        ..Default::default()
+    };
+    let cpu = Model::load_with_backend(dir, opts.clone(), CpuBackend::new()).unwrap();
+    let want = cpu
+        .new_session()
+        .unwrap()
+        .generate(prompt, &go, |_| true)
+        .unwrap();
+    let model = Model::load_with_backend(dir, opts, gpu()).unwrap();
+    let got = model
+        .new_session()
+        .unwrap()
+        .generate(prompt, &go, |_| true)
+        .unwrap();
+    let agree = got
+        .tokens
+        .iter()
+        .zip(&want.tokens)
+        .take_while(|(a, b)| a == b)
+        .count();
+    println!(
+        "{}: greedy {} tokens, GPU and CPU agree on the first {agree} (GPU {:.1} tok/s decode)",
+        dir.display(),
+        want.tokens.len(),
+        got.stats.decode_tokens_per_second()
+    );
+    assert_eq!(got.tokens, want.tokens, "greedy tokens differ");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
+fn gpu_tiny_laguna_greedy_256_tokens_match_cpu() {
+    for variant in ["bf16", "lean"] {
+        let dir = fixtures().join(format!("tiny-laguna-{variant}"));
+        let f = SafetensorsFile::open(dir.join("logits.safetensors")).unwrap();
+        let ids = read_ids(&f, "input_ids");
+        greedy_agree(&dir, &ids[..32], 256);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
+fn gpu_smollm2_logits_and_greedy() {
+    let root = engine_dir().join("../..");
+    let fixture = fixtures().join("smollm2-logits.safetensors");
+    for name in ["smollm2-nvfp4", "smollm2-hf"] {
+        let dir = root.join("assets").join(name);
+        if !dir.join("config.json").is_file() {
+            println!("SKIP {name}: {} not present", dir.display());
+            continue;
+        }
+        let f = SafetensorsFile::open(&fixture).unwrap();
+        let ids = read_ids(&f, "input_ids_0");
+        let opts = ModelOptions::new().kv_dtype(KvDtype::F32);
+        let cpu = Model::load(&dir, opts.clone()).unwrap();
+        let vocab = cpu.info().vocab_size;
+        let want = cpu.new_session().unwrap().prefill_all(&ids).unwrap().data;
+        let model = Model::load_with_backend(&dir, opts, gpu()).unwrap();
+        let got = model.new_session().unwrap().prefill_all(&ids).unwrap().data;
+        let d = compare(&format!("{name} gpu vs cpu"), &got, &want, vocab, 2e-3);
+        println!("{name}: {} positions, max |gpu - cpu| {d:.3e}", ids.len());
+        greedy_agree(&dir, &ids, 256);
+    }
+}

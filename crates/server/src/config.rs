@@ -1,0 +1,197 @@
+//! [`ServerConfig`]: what to serve, where, and the limits every request is held to.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use fp4forge_engine::KvDtype;
+
+/// Default most sequences advanced together per engine step.
+pub const DEFAULT_MAX_BATCH: usize = 32;
+/// Default ceiling on `max_tokens`.
+pub const DEFAULT_MAX_TOKENS_LIMIT: usize = 8192;
+/// Default most requests waiting for a batch slot.
+pub const DEFAULT_MAX_QUEUE: usize = 1024;
+/// Default largest request body, bytes.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
+/// Default prompt tokens prefilled per engine step (over all sequences).
+pub const DEFAULT_PREFILL_BUDGET: usize = 256;
+/// Default most top alternatives per token (`logprobs`, `top_logprobs`).
+pub const DEFAULT_MAX_LOGPROBS: usize = 20;
+/// Default most sequences one request may ask for (prompts × `n`).
+pub const DEFAULT_MAX_CHOICES: usize = 64;
+
+/// How the server runs: plain data (every field public) with builder-style setters of the same
+/// names, e.g. `ServerConfig::new("model").port(0).max_batch(8)`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    /// The checkpoint directory (with `tokenizer.json`).
+    pub model_dir: PathBuf,
+    /// Address to listen on (default `127.0.0.1`).
+    pub host: String,
+    /// Port (default 8000; 0 picks a free one).
+    pub port: u16,
+    /// The model name clients put in requests (default: the directory's name).
+    pub served_model_name: Option<String>,
+    /// Most sequences advanced together per engine step.
+    pub max_batch: usize,
+    /// Ceiling on a request's `max_tokens`.
+    pub max_tokens_limit: usize,
+    /// Longest prompt, tokens (default: the model's context).
+    pub max_prompt_tokens: Option<usize>,
+    /// Most requests waiting for a batch slot; more are refused with 429.
+    pub max_queue: usize,
+    /// Largest request body, bytes; larger ones are refused with 413.
+    pub max_body_bytes: usize,
+    /// Prompt tokens prefilled per engine step, over all sequences (bounds how long one step
+    /// makes the running sequences wait).
+    pub prefill_budget: usize,
+    /// Most top alternatives per token a request may ask for.
+    pub max_logprobs: usize,
+    /// Most sequences (prompts × `n`) one request may ask for.
+    pub max_choices: usize,
+    /// CPU threads of the engine (0: one per core).
+    pub threads: usize,
+    /// KV cache storage.
+    pub kv_dtype: KvDtype,
+    /// Caps the model's context (default: the checkpoint's).
+    pub max_context: Option<usize>,
+    /// How long a shutdown waits for requests in flight before giving up on them.
+    pub drain_timeout: Duration,
+}
+
+impl ServerConfig {
+    /// The defaults for serving `model_dir`.
+    pub fn new(model_dir: impl AsRef<Path>) -> Self {
+        Self {
+            model_dir: model_dir.as_ref().to_path_buf(),
+            host: "127.0.0.1".into(),
+            port: 8000,
+            served_model_name: None,
+            max_batch: DEFAULT_MAX_BATCH,
+            max_tokens_limit: DEFAULT_MAX_TOKENS_LIMIT,
+            max_prompt_tokens: None,
+            max_queue: DEFAULT_MAX_QUEUE,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            prefill_budget: DEFAULT_PREFILL_BUDGET,
+            max_logprobs: DEFAULT_MAX_LOGPROBS,
+            max_choices: DEFAULT_MAX_CHOICES,
+            threads: 0,
+            kv_dtype: KvDtype::Bf16,
+            max_context: None,
+            drain_timeout: Duration::from_secs(60),
+        }
+    }
+
+    /// Sets [`ServerConfig::host`].
+    pub fn host(mut self, host: impl Into<String>) -> Self {
+        self.host = host.into();
+        self
+    }
+
+    /// Sets [`ServerConfig::port`].
+    pub fn port(mut self, port: u16) -> Self {
+        self.port = port;
+        self
+    }
+
+    /// Sets [`ServerConfig::served_model_name`].
+    pub fn served_model_name(mut self, name: Option<String>) -> Self {
+        self.served_model_name = name;
+        self
+    }
+
+    /// Sets [`ServerConfig::max_batch`].
+    pub fn max_batch(mut self, n: usize) -> Self {
+        self.max_batch = n;
+        self
+    }
+
+    /// Sets [`ServerConfig::max_tokens_limit`].
+    pub fn max_tokens_limit(mut self, n: usize) -> Self {
+        self.max_tokens_limit = n;
+        self
+    }
+
+    /// Sets [`ServerConfig::max_prompt_tokens`].
+    pub fn max_prompt_tokens(mut self, n: Option<usize>) -> Self {
+        self.max_prompt_tokens = n;
+        self
+    }
+
+    /// Sets [`ServerConfig::max_queue`].
+    pub fn max_queue(mut self, n: usize) -> Self {
+        self.max_queue = n;
+        self
+    }
+
+    /// Sets [`ServerConfig::max_body_bytes`].
+    pub fn max_body_bytes(mut self, n: usize) -> Self {
+        self.max_body_bytes = n;
+        self
+    }
+
+    /// Sets [`ServerConfig::prefill_budget`].
+    pub fn prefill_budget(mut self, n: usize) -> Self {
+        self.prefill_budget = n;
+        self
+    }
+
+    /// Sets [`ServerConfig::threads`].
+    pub fn threads(mut self, n: usize) -> Self {
+        self.threads = n;
+        self
+    }
+
+    /// Sets [`ServerConfig::kv_dtype`].
+    pub fn kv_dtype(mut self, dtype: KvDtype) -> Self {
+        self.kv_dtype = dtype;
+        self
+    }
+
+    /// Sets [`ServerConfig::max_context`].
+    pub fn max_context(mut self, n: Option<usize>) -> Self {
+        self.max_context = n;
+        self
+    }
+
+    /// Sets [`ServerConfig::drain_timeout`].
+    pub fn drain_timeout(mut self, t: Duration) -> Self {
+        self.drain_timeout = t;
+        self
+    }
+
+    /// The served model name: the configured one, else the directory's last component.
+    pub fn model_name(&self) -> String {
+        if let Some(n) = &self.served_model_name {
+            return n.clone();
+        }
+        let canonical = self.model_dir.canonicalize().ok();
+        canonical
+            .as_deref()
+            .unwrap_or(&self.model_dir)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into())
+    }
+
+    /// Checks the limits are usable.
+    pub(crate) fn validate(&self) -> Result<(), crate::ServerError> {
+        let bad = |m: &str| Err(crate::ServerError::Config(m.to_string()));
+        if self.max_batch == 0 {
+            return bad("max_batch must be at least 1");
+        }
+        if self.max_queue == 0 {
+            return bad("max_queue must be at least 1");
+        }
+        if self.prefill_budget == 0 {
+            return bad("prefill_budget must be at least 1");
+        }
+        if self.max_choices == 0 {
+            return bad("max_choices must be at least 1");
+        }
+        if self.served_model_name.as_deref() == Some("") {
+            return bad("the served model name is empty");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,128 @@
+//! Response plumbing shared by the handlers: JSON bodies, server-sent event streams, the body
+//! limit's rejection, fallbacks for unknown routes and methods, and request counting.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// A JSON response.
+pub(crate) fn json_response(status: StatusCode, value: &serde_json::Value) -> Response {
+    let body = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// One server-sent event carrying `value`.
+pub(crate) fn sse_event(value: &serde_json::Value) -> Bytes {
+    let mut out = b"data: ".to_vec();
+    out.extend(serde_json::to_vec(value).unwrap_or_default());
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
+/// The event that ends a stream.
+pub(crate) fn sse_done() -> Bytes {
+    Bytes::from_static(b"data: [DONE]\n\n")
+}
+
+/// Something that yields the frames of an event stream, one batch at a time (`None` at the
+/// end). Dropping it (the client went away) must cancel the work behind it.
+pub(crate) trait FrameSource: Send + 'static {
+    /// The next frames.
+    fn next_frames(&mut self) -> impl Future<Output = Option<Bytes>> + Send;
+}
+
+/// A `text/event-stream` response over `source`.
+pub(crate) fn sse_response<S: FrameSource>(source: S) -> Response {
+    let stream = futures_util::stream::unfold(source, |mut s| async move {
+        s.next_frames()
+            .await
+            .map(|bytes| (Ok::<Bytes, Infallible>(bytes), s))
+    });
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+/// The body, or the error a client should get for it (413 past the limit).
+pub(crate) fn body_bytes(
+    body: Result<Bytes, BytesRejection>,
+    state: &AppState,
+) -> Result<Bytes, ApiError> {
+    body.map_err(|rej| {
+        let status = rej.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::invalid(
+                None,
+                format!(
+                    "the request body is larger than this server's limit of {} bytes",
+                    state.config.max_body_bytes
+                ),
+            )
+            .with_status(status)
+            .with_code("body_too_large")
+        } else {
+            ApiError::invalid(None, format!("cannot read the request body: {rej}")).with_status(
+                if status.is_client_error() {
+                    status
+                } else {
+                    StatusCode::BAD_REQUEST
+                },
+            )
+        }
+    })
+}
+
+/// 404 for a path the server does not have.
+pub(crate) async fn not_found(req: Request) -> ApiError {
+    ApiError::invalid(
+        None,
+        format!(
+            "no such endpoint: {} {} (this server has GET /v1/models, POST /v1/completions, \
+             POST /v1/chat/completions, GET /health, GET /metrics)",
+            req.method(),
+            req.uri().path()
+        ),
+    )
+    .with_status(StatusCode::NOT_FOUND)
+}
+
+/// 405 for a known path with the wrong method.
+pub(crate) async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::invalid(
+        None,
+        format!("{} is not allowed on {}", req.method(), req.uri().path()),
+    )
+    .with_status(StatusCode::METHOD_NOT_ALLOWED)
+}
+
+/// Counts every request by endpoint and status.
+pub(crate) async fn count_requests(
+    State(state): State<Arc<AppState>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let endpoint = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "other".into());
+    let response = next.run(req).await;
+    state.metrics.request(&endpoint, response.status().as_u16());
+    response
+}

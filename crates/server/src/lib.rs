@@ -1,0 +1,50 @@
+//! fp4forge-server: an OpenAI-compatible HTTP API over the fp4forge engine.
+//!
+//! # The life of a request
+//!
+//! ```text
+//! HTTP (axum, TCP_NODELAY)      body ≤ limit (413), JSON object, every field typed and bounded:
+//!                               a bad request is a 4xx with OpenAI's error body, never a panic
+//! handler                       prompt → token ids (tokenizer.json; chat: the chat template),
+//!                               n choices per prompt → sequences, submitted to the engine queue
+//!                               (429 when full)
+//! engine thread (scheduler)     owns the Model and one Session (KV cache) per running sequence;
+//!                               each step admits waiting sequences, prefills prompt chunks and
+//!                               advances EVERY decoding sequence by one token in ONE batched
+//!                               forward pass (continuous batching), samples, sends tokens back
+//! handler                       tokens → text pieces (incremental detokenization, stop strings,
+//!                               logprobs, text offsets) → one JSON response or SSE chunks
+//! client gone                   the response stream / future is dropped → its channel closes →
+//!                               the scheduler drops the sequence at its next step
+//! ```
+//!
+//! Endpoints: `GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions`,
+//! `GET /health`, `GET /metrics` (Prometheus text). Start one with [`Server::bind`] and
+//! [`Server::run`]; [`shutdown_signal`] is SIGINT/SIGTERM.
+#![deny(missing_docs)]
+
+mod chat;
+mod completions;
+mod config;
+mod error;
+mod generation;
+mod http;
+mod logprobs;
+mod metrics;
+mod params;
+mod request;
+mod scheduler;
+mod server;
+mod state;
+mod text;
+
+#[cfg(test)]
+#[path = "../tests/common/tiny_model.rs"]
+mod test_tiny_model;
+
+pub use config::{
+    ServerConfig, DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CHOICES,
+    DEFAULT_MAX_LOGPROBS, DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS_LIMIT, DEFAULT_PREFILL_BUDGET,
+};
+pub use error::{ApiError, ServerError};
+pub use server::{shutdown_signal, Server};

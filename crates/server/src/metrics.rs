@@ -1,0 +1,219 @@
+//! Counters, gauges and histograms, rendered as Prometheus text (`GET /metrics`).
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Upper bounds (seconds) of the latency histograms' buckets.
+const LATENCY_BUCKETS: [f64; 16] = [
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// A cumulative histogram with fixed buckets.
+pub(crate) struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<AtomicU64>,
+    count: AtomicU64,
+    /// Sum in microseconds.
+    sum_us: AtomicU64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            counts: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            sum_us: AtomicU64::new(0),
+        }
+    }
+
+    /// Records one observation.
+    pub fn observe(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        if let Some(i) = self.bounds.iter().position(|&b| s <= b) {
+            self.counts[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_us.fetch_add(
+            d.as_micros().min(u128::from(u64::MAX)) as u64,
+            Ordering::Relaxed,
+        );
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} histogram");
+        let mut acc = 0;
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            acc += c.load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {acc}");
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}");
+        let _ = writeln!(out, "{name}_count {count}");
+    }
+}
+
+/// Everything `/metrics` reports. Shared by the HTTP handlers and the engine thread.
+pub(crate) struct Metrics {
+    model: String,
+    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    /// Prompt tokens prefilled.
+    pub prompt_tokens: AtomicU64,
+    /// Tokens generated.
+    pub generation_tokens: AtomicU64,
+    /// Requests waiting for a batch slot.
+    pub waiting: AtomicUsize,
+    /// Sequences in the running batch.
+    pub running: AtomicUsize,
+    /// Engine steps (batched forward passes).
+    pub steps: AtomicU64,
+    /// Rows over all engine steps (tokens processed).
+    pub step_rows: AtomicU64,
+    /// Sequences cancelled because their client went away.
+    pub cancelled: AtomicU64,
+    /// Time from a request's arrival to its first generated token.
+    pub ttft: Histogram,
+    /// Time between consecutive generated tokens of a sequence.
+    pub itl: Histogram,
+    /// Time from arrival to the last token.
+    pub e2e: Histogram,
+}
+
+impl Metrics {
+    /// Empty metrics for the served model `model`.
+    pub fn new(model: &str) -> Self {
+        Self {
+            model: model.replace(['\\', '"', '\n'], "_"),
+            requests: Mutex::new(BTreeMap::new()),
+            prompt_tokens: AtomicU64::new(0),
+            generation_tokens: AtomicU64::new(0),
+            waiting: AtomicUsize::new(0),
+            running: AtomicUsize::new(0),
+            steps: AtomicU64::new(0),
+            step_rows: AtomicU64::new(0),
+            cancelled: AtomicU64::new(0),
+            ttft: Histogram::new(&LATENCY_BUCKETS),
+            itl: Histogram::new(&LATENCY_BUCKETS),
+            e2e: Histogram::new(&LATENCY_BUCKETS),
+        }
+    }
+
+    /// Counts one finished HTTP request.
+    pub fn request(&self, endpoint: &str, status: u16) {
+        let mut map = self.requests.lock().unwrap_or_else(|p| p.into_inner());
+        *map.entry((endpoint.to_string(), status)).or_insert(0) += 1;
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let model = &self.model;
+        let _ = writeln!(
+            out,
+            "# HELP fp4forge_requests_total HTTP requests by endpoint and status."
+        );
+        let _ = writeln!(out, "# TYPE fp4forge_requests_total counter");
+        {
+            let map = self.requests.lock().unwrap_or_else(|p| p.into_inner());
+            for ((endpoint, status), n) in map.iter() {
+                let _ = writeln!(
+                    out,
+                    "fp4forge_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}} {n}"
+                );
+            }
+        }
+        let counters = [
+            (
+                "fp4forge_prompt_tokens_total",
+                "Prompt tokens prefilled.",
+                self.prompt_tokens.load(Ordering::Relaxed),
+            ),
+            (
+                "fp4forge_generation_tokens_total",
+                "Tokens generated.",
+                self.generation_tokens.load(Ordering::Relaxed),
+            ),
+            (
+                "fp4forge_engine_steps_total",
+                "Batched forward passes run.",
+                self.steps.load(Ordering::Relaxed),
+            ),
+            (
+                "fp4forge_engine_step_tokens_total",
+                "Tokens processed by all forward passes (prompt and decode rows).",
+                self.step_rows.load(Ordering::Relaxed),
+            ),
+            (
+                "fp4forge_cancelled_sequences_total",
+                "Sequences stopped because their client disconnected.",
+                self.cancelled.load(Ordering::Relaxed),
+            ),
+        ];
+        for (name, help, v) in counters {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} counter");
+            let _ = writeln!(out, "{name}{{model=\"{model}\"}} {v}");
+        }
+        let gauges = [
+            (
+                "fp4forge_requests_waiting",
+                "Sequences waiting for a batch slot (queue depth).",
+                self.waiting.load(Ordering::Relaxed),
+            ),
+            (
+                "fp4forge_requests_running",
+                "Sequences in the running batch.",
+                self.running.load(Ordering::Relaxed),
+            ),
+        ];
+        for (name, help, v) in gauges {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} gauge");
+            let _ = writeln!(out, "{name}{{model=\"{model}\"}} {v}");
+        }
+        self.ttft.render(
+            &mut out,
+            "fp4forge_time_to_first_token_seconds",
+            "Time from a request's arrival to its first generated token.",
+        );
+        self.itl.render(
+            &mut out,
+            "fp4forge_inter_token_latency_seconds",
+            "Time between consecutive generated tokens of a sequence.",
+        );
+        self.e2e.render(
+            &mut out,
+            "fp4forge_request_latency_seconds",
+            "Time from a sequence's arrival to its end.",
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_and_cumulative_buckets() {
+        let m = Metrics::new("m");
+        m.request("/v1/completions", 200);
+        m.request("/v1/completions", 200);
+        m.request("/v1/completions", 400);
+        m.ttft.observe(Duration::from_millis(3));
+        m.ttft.observe(Duration::from_millis(300));
+        let text = m.render();
+        assert!(
+            text.contains("fp4forge_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 2")
+        );
+        assert!(text.contains("fp4forge_time_to_first_token_seconds_bucket{le=\"0.005\"} 1"));
+        assert!(text.contains("fp4forge_time_to_first_token_seconds_bucket{le=\"0.5\"} 2"));
+        assert!(text.contains("fp4forge_time_to_first_token_seconds_count 2"));
+    }
+}

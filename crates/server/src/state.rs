@@ -1,0 +1,53 @@
+//! What every handler shares: the engine, the tokenizer, the model's facts, the limits, the
+//! metrics.
+
+use std::sync::Arc;
+
+use fp4forge_engine::{ModelInfo, TextCodec};
+
+use crate::config::ServerConfig;
+use crate::metrics::Metrics;
+use crate::scheduler::EngineHandle;
+
+/// Shared state of the HTTP handlers.
+pub(crate) struct AppState {
+    /// The engine thread.
+    pub engine: EngineHandle,
+    /// Tokenizer and chat template.
+    pub codec: Arc<TextCodec>,
+    /// The loaded model.
+    pub info: ModelInfo,
+    /// The name clients use.
+    pub model_name: String,
+    /// Limits.
+    pub config: ServerConfig,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// When the server started (Unix seconds).
+    pub created: u64,
+    /// End-of-sequence ids: the model's and the tokenizer's.
+    pub eos_ids: Vec<u32>,
+}
+
+impl AppState {
+    /// The longest prompt accepted, tokens.
+    pub fn max_prompt_tokens(&self) -> usize {
+        self.config
+            .max_prompt_tokens
+            .unwrap_or(usize::MAX)
+            .min(self.info.max_context)
+    }
+}
+
+/// Unix seconds now.
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// A response id with `prefix` (`cmpl`, `chatcmpl`): unique within and across runs.
+pub(crate) fn response_id(prefix: &str) -> String {
+    format!("{prefix}-{:016x}", crate::scheduler::fresh_seed())
+}

@@ -1,0 +1,222 @@
+//! Continuous batching under load: many clients at once get exactly their single-client greedy
+//! answers (and the engine really batched them: fewer forward passes than tokens), a client
+//! that disconnects mid-stream frees its sequence, a full queue answers 429, and a shutdown lets
+//! the requests in flight finish before the server stops.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{client, parse_sse, TestServer};
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+const PROMPTS: [&str; 16] = [
+    "The quick brown fox",
+    "A model reads the text",
+    "Paris is the capital of",
+    "Berlin is",
+    "One, two, three, four",
+    "Hello world!",
+    "How are you today?",
+    "What is the answer?",
+    "Water boils at",
+    "The sun is a star",
+    "We test the batching",
+    "Cats and dogs",
+    "every answer must be",
+    "the client prints it",
+    "seven, eight",
+    "Rome",
+];
+
+fn request(prompt: &str, tokens: usize, stream: bool) -> Value {
+    json!({"prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": true,
+           "stream": stream})
+}
+
+async fn wait_until(what: &str, mut ok: impl AsyncFnMut() -> bool) {
+    let start = Instant::now();
+    while !ok().await {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "timed out waiting: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixteen_clients_at_once_get_their_single_client_answers() {
+    let s = TestServer::start(|c| c.max_batch(16)).await;
+    let tokens = 24;
+    let mut alone = Vec::new();
+    for p in PROMPTS {
+        let (st, v) = s.post("/v1/completions", &request(p, tokens, false)).await;
+        assert_eq!(st, 200);
+        alone.push(v["choices"][0]["text"].as_str().unwrap().to_string());
+    }
+    let steps_before = s.metric("fp4forge_engine_steps_total{").await;
+
+    // All at once: half streamed, half plain.
+    let calls = PROMPTS.iter().enumerate().map(|(i, p)| {
+        let body = request(p, tokens, i % 2 == 0);
+        let url = s.url("/v1/completions");
+        async move {
+            let r = client()
+                .post(url)
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+            let text = r.text().await.unwrap();
+            if i % 2 == 0 {
+                parse_sse(&text)
+                    .iter()
+                    .filter_map(|e| e.get("choices"))
+                    .flat_map(|c| c.as_array().unwrap().iter())
+                    .map(|c| c["text"].as_str().unwrap().to_string())
+                    .collect::<String>()
+            } else {
+                let v: Value = serde_json::from_str(&text).unwrap();
+                v["choices"][0]["text"].as_str().unwrap().to_string()
+            }
+        }
+    });
+    let together = futures_util::future::join_all(calls).await;
+    for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(a, b, "prompt {i} {:?}", PROMPTS[i]);
+    }
+    // Batched: far fewer forward passes than the 16 × 24 tokens generated.
+    let steps = s.metric("fp4forge_engine_steps_total{").await - steps_before;
+    let generated = (PROMPTS.len() * tokens) as f64;
+    println!("{generated} tokens in {steps} engine steps");
+    assert!(
+        steps < generated / 2.0,
+        "{steps} steps for {generated} tokens"
+    );
+    assert_eq!(s.metric("fp4forge_requests_running{").await, 0.0);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_frees_its_sequence() {
+    let s = TestServer::start(|c| c).await;
+    for path in ["/v1/completions", "/v1/chat/completions"] {
+        let cancelled = s.metric("fp4forge_cancelled_sequences_total{").await;
+        let generated = s.metric("fp4forge_generation_tokens_total{").await;
+        let body = if path.contains("chat") {
+            json!({"messages": [{"role": "user", "content": "Go on"}], "max_tokens": 4000,
+                   "ignore_eos": true, "stream": true})
+        } else {
+            request("Count forever:", 4000, true)
+        };
+        let r = client()
+            .post(s.url(path))
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        let mut stream = r.bytes_stream();
+        let mut chunks = 0;
+        while chunks < 3 {
+            stream.next().await.unwrap().unwrap();
+            chunks += 1;
+        }
+        drop(stream);
+        wait_until("the sequence is dropped", async || {
+            s.metric("fp4forge_requests_running{").await == 0.0
+                && s.metric("fp4forge_cancelled_sequences_total{").await > cancelled
+        })
+        .await;
+        let made = s.metric("fp4forge_generation_tokens_total{").await - generated;
+        assert!(made < 4000.0, "{made} tokens: it ran to the end");
+    }
+    // A plain (not streamed) request whose client gives up is dropped too.
+    let cancelled = s.metric("fp4forge_cancelled_sequences_total{").await;
+    let slow = client()
+        .post(s.url("/v1/completions"))
+        .timeout(Duration::from_millis(300))
+        .body(request("Count forever:", 4000, false).to_string())
+        .send()
+        .await;
+    assert!(slow.is_err(), "expected the client to time out");
+    wait_until("the plain request is dropped", async || {
+        s.metric("fp4forge_requests_running{").await == 0.0
+            && s.metric("fp4forge_cancelled_sequences_total{").await > cancelled
+    })
+    .await;
+    // And the server goes on serving.
+    let (st, _) = s.post("/v1/completions", &request("Hello", 4, false)).await;
+    assert_eq!(st, 200);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_answers_429() {
+    let s = TestServer::start(|c| c.max_batch(1).max_queue(1)).await;
+    // The first request holds the only batch slot; wait for its first chunk.
+    let first = client()
+        .post(s.url("/v1/completions"))
+        .body(request("Count forever:", 4000, true).to_string())
+        .send()
+        .await
+        .unwrap();
+    let mut first = first.bytes_stream();
+    first.next().await.unwrap().unwrap();
+    // The second waits in the queue (its response headers come at once).
+    let second = client()
+        .post(s.url("/v1/completions"))
+        .body(request("Count forever:", 4000, true).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(second.status().as_u16(), 200);
+    wait_until("one request waits", async || {
+        s.metric("fp4forge_requests_waiting{").await == 1.0
+    })
+    .await;
+    let (st, v) = s.post("/v1/completions", &request("Hello", 4, false)).await;
+    assert_eq!(st, 429, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("busy"));
+    drop(first);
+    drop(second);
+    wait_until("both are dropped", async || {
+        s.metric("fp4forge_requests_running{").await == 0.0
+            && s.metric("fp4forge_requests_waiting{").await == 0.0
+    })
+    .await;
+    let (st, _) = s.post("/v1/completions", &request("Hello", 4, false)).await;
+    assert_eq!(st, 200);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_drains_requests_in_flight() {
+    let mut s = TestServer::start(|c| c).await;
+    let url = s.url("/v1/completions");
+    let r = client()
+        .post(&url)
+        .body(request("Hello world!", 300, true).to_string())
+        .send()
+        .await
+        .unwrap();
+    let mut stream = r.bytes_stream();
+    let mut text = String::from_utf8(stream.next().await.unwrap().unwrap().to_vec()).unwrap();
+    let stopped = s.begin_shutdown();
+    while let Some(piece) = stream.next().await {
+        text.push_str(std::str::from_utf8(&piece.unwrap()).unwrap());
+    }
+    let events = parse_sse(&text);
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let finish = &events[events.len() - 2]["choices"][0]["finish_reason"];
+    assert_eq!(finish, "length");
+    tokio::time::timeout(Duration::from_secs(30), stopped)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    // Stopped: no more connections.
+    assert!(client().get(s.url("/health")).send().await.is_err());
+}

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# GPU tests and the decode benchmark of the CUDA backend (feature `cuda`).
+#
+# The GPU machine needs no Rust toolchain: build here (no CUDA needed: the driver and NVRTC are
+# loaded at run time), then run the carried binaries there.
+#
+#   scripts/gpu-tests.sh build          # here: test binary + benchmark -> target/gpu/ (stripped)
+#   scripts/gpu-tests.sh run [OUTDIR]   # on the GPU machine, from the repo root
+#   scripts/gpu-tests.sh bench [OUTDIR] # on the GPU machine: only the decode benchmark
+#
+# `run` executes the `#[ignore]`d GPU tests of crates/engine/tests/cuda.rs (kernels vs f64
+# matmul; tiny Laguna bf16/stock/lean logits vs the CPU backend and transformers; 256 greedy
+# tokens GPU vs CPU; SmolLM2 if assets/smollm2-* are present) and then the synthetic Laguna-S
+# decode benchmark (table on stdout, JSON in OUTDIR/bench.json).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-run}
+out=${2:-target/gpu/out}
+
+if [ "$mode" = build ]; then
+    cargo test --release --features cuda -p fp4forge-engine --test cuda --no-run
+    cargo build --release --features cuda -p fp4forge-engine --example cuda_decode_bench
+    mkdir -p target/gpu
+    bin=$(ls -t target/release/deps/cuda-* | grep -v '\.d$' | head -1)
+    objcopy --strip-debug "$bin" target/gpu/cuda-tests
+    objcopy --strip-debug target/release/examples/cuda_decode_bench target/gpu/cuda_decode_bench
+    ls -la target/gpu
+    exit 0
+fi
+
+# NVRTC and the driver are found through the loader's path.
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+         $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, "cu13", "lib") for p in nvidia.__path__))' 2>/dev/null || true); do
+    [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+done
+if ! ls ${LD_LIBRARY_PATH//:/ } 2>/dev/null | grep -q libnvrtc; then
+    lib=$(find / -name 'libnvrtc.so*' -not -path '*/proc/*' 2>/dev/null | head -1 || true)
+    [ -n "$lib" ] && export LD_LIBRARY_PATH="$(dirname "$lib"):${LD_LIBRARY_PATH:-}"
+fi
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$out/gpu.txt" || true
+export FP4FORGE_ENGINE_DIR="$PWD/crates/engine"
+status=0
+if [ "$mode" = run ]; then
+    target/gpu/cuda-tests --ignored --test-threads 1 --nocapture 2>&1 | tee "$out/tests.log" || status=1
+fi
+target/gpu/cuda_decode_bench \
+    --stock crates/builder/tests/fixtures/laguna-s-2.1/config.json \
+    --lean crates/builder/tests/fixtures/laguna-s-2.1-lean/config.json \
+    --contexts 2048,16384,65536 --reps 50 --json "$out/bench.json" 2>&1 | tee "$out/bench.log" || status=1
+exit $status
