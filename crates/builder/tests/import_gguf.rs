@@ -581,10 +581,10 @@ fn unsupported_inputs_are_named() {
         nan_norm: true,
         ..Synth::default()
     });
+    // Every layer's norm holds the NaN; tensors are converted in parallel, so any may be first.
     assert!(
-        e.contains(
-            "bad.gguf: tensor `blk.0.attn_norm.weight`: non-finite value NaN at flat index 5"
-        ),
+        e.contains("bad.gguf: tensor `blk.")
+            && e.contains(".attn_norm.weight`: non-finite value NaN at flat index 5"),
         "{e}"
     );
     let e = import_err(Synth {

@@ -237,6 +237,9 @@ pub(crate) fn quantize_members(
     })
 }
 
+/// Bytes copied between page releases.
+const COPY_CHUNK: usize = 32 << 20;
+
 fn run_job(
     checkpoint: &Checkpoint,
     writer: &ShardWriter,
@@ -248,11 +251,16 @@ fn run_job(
     }
     match job {
         Job::Copy { tensor } => {
-            let source = WeightSource::Tensor(tensor.clone());
-            let (bytes, _) = source_bytes(checkpoint, &source)?;
-            writer.write(tensor, bytes)?;
-            progress.advance(bytes.len() as u64);
-            release(checkpoint, &source);
+            let entry = checkpoint.get(tensor).ok_or_else(|| BuilderError::Tensor {
+                tensor: tensor.clone(),
+                reason: "missing from the source checkpoint".into(),
+            })?;
+            // Piece by piece, releasing each piece's pages: copying a huge embedding keeps one
+            // piece resident, not the tensor.
+            writer.write_in_chunks(tensor, entry.bytes(), COPY_CHUNK, |done| {
+                progress.advance(done.len() as u64);
+                entry.release_range(done);
+            })?;
         }
         Job::CopySlice { module, source } => {
             let (bytes, _) = source_bytes(checkpoint, source)?;

@@ -66,6 +66,11 @@ impl<'a> TensorEntry<'a> {
     pub fn release(&self) {
         self.shard.release_at(self.index_in_shard)
     }
+
+    /// Like [`release`](Self::release) for the byte range `part` of this tensor's data.
+    pub fn release_range(&self, part: std::ops::Range<usize>) {
+        self.shard.release_range_at(self.index_in_shard, part)
+    }
 }
 
 impl Checkpoint {

@@ -118,10 +118,22 @@ impl SafetensorsFile {
     /// file if touched again). Streaming readers call this after each tensor so that resident
     /// memory stays bounded by the tensors in flight, not by the checkpoint.
     pub(crate) fn release_at(&self, i: usize) {
+        let len = self.header.tensors[i].data_offsets.len();
+        self.release_range_at(i, 0..len);
+    }
+
+    /// Like [`release_at`](Self::release_at) for the byte range `part` of tensor `i`'s data.
+    pub(crate) fn release_range_at(&self, i: usize, part: std::ops::Range<usize>) {
+        // The kernel maps pages around a faulting one ("fault-around", 64 KiB by default), so
+        // reading a tensor also maps the tail of the previous one and the head of the next:
+        // release that margin too, or ~1 window per tensor stays resident. Dropping a page
+        // another reader still uses is harmless (it is faulted in again from the file).
+        const MARGIN: usize = 64 << 10;
         const PAGE: usize = 4096;
         let range = &self.header.tensors[i].data_offsets;
-        let begin = (self.header.data_start() + range.start) / PAGE * PAGE;
-        let end = (self.header.data_start() + range.end).min(self.map.len());
+        let base = self.header.data_start() + range.start;
+        let begin = (base + part.start).saturating_sub(MARGIN) / PAGE * PAGE;
+        let end = (base + part.end.min(range.len()) + MARGIN).min(self.map.len());
         if end > begin {
             // SAFETY: the map is a read-only shared file mapping; MADV_DONTNEED only drops cached
             // pages, which the kernel re-reads from the unchanged file on the next access.

@@ -232,6 +232,19 @@ impl ShardWriter {
     /// Writes the data of tensor `name`: exactly its declared byte length, once.
     /// Safe to call concurrently for different tensors.
     pub fn write(&self, name: &str, data: &[u8]) -> Result<(), CheckpointError> {
+        self.write_in_chunks(name, data, usize::MAX, |_| {})
+    }
+
+    /// Like [`write`](Self::write), in pieces of at most `chunk` bytes, calling `done` with the
+    /// byte range of `data` after each piece is written (e.g. to release the source's pages, so
+    /// that copying a huge tensor keeps only one piece resident).
+    pub fn write_in_chunks(
+        &self,
+        name: &str,
+        data: &[u8],
+        chunk: usize,
+        mut done: impl FnMut(std::ops::Range<usize>),
+    ) -> Result<(), CheckpointError> {
         let slot = self
             .by_name
             .get(name)
@@ -257,16 +270,24 @@ impl ShardWriter {
             return Err(self.error(name, "written twice".into()));
         }
         let shard = &self.shards[slot.at.shard];
-        match shard.file.write_all_at(data, slot.at.offset) {
-            Ok(()) => {
-                slot.state.store(WRITTEN, Ordering::Release);
-                Ok(())
-            }
-            Err(e) => {
+        let mut start = 0;
+        while start < data.len() || (start == 0 && data.is_empty()) {
+            let end = data.len().min(start.saturating_add(chunk.max(1)));
+            if let Err(e) = shard
+                .file
+                .write_all_at(&data[start..end], slot.at.offset + start as u64)
+            {
                 slot.state.store(PENDING, Ordering::Release);
-                Err(CheckpointError::io(&shard.partial, e))
+                return Err(CheckpointError::io(&shard.partial, e));
             }
+            done(start..end);
+            if end == data.len() {
+                break;
+            }
+            start = end;
         }
+        slot.state.store(WRITTEN, Ordering::Release);
+        Ok(())
     }
 
     /// The output directory.
