@@ -596,7 +596,7 @@ GEMV1(8)
 #define NV_R 2
 // Persistent: block b handles row tiles b, b + gridDim.x, ... (a tile = NVW / KS groups of NV_R
 // rows), staging x in shared memory once. K % 32 == 0, K <= XS_MAX (the host uses gemv1 otherwise).
-template <int KS>
+template <int KS, int U>
 __device__ __forceinline__ void gemv_nv_impl(const u8* __restrict__ w, const u8* __restrict__ scales, float inv_g,
                                              const float* __restrict__ x, float* y, const float* __restrict__ bias,
                                              const float* resid, int N, int K) {
@@ -615,7 +615,7 @@ __device__ __forceinline__ void gemv_nv_impl(const u8* __restrict__ w, const u8*
         float o[NV_R];
 #pragma unroll
         for (int r = 0; r < NV_R; r++) o[r] = 0.f;
-        nv_rows_smem<NV_R, NV_R, 4>(rs, nrows > 0, it == 0, K, x, xs, part, KS, o);
+        nv_rows_smem<NV_R, NV_R, U>(rs, nrows > 0, it == 0, K, x, xs, part, KS, o);
 #pragma unroll
         for (int r = 0; r < NV_R; r++) o[r] = warp_sum(o[r]);
         if (KS > 1) {
@@ -651,31 +651,50 @@ __device__ __forceinline__ void gemv_nv_impl(const u8* __restrict__ w, const u8*
     }
 }
 
-#define GEMV_NV(KS)                                                                                              \
-    extern "C" __global__ void __launch_bounds__(NVW * 32, 2) gemv_nv_k##KS(                                      \
+// gemv_nv_k<KS>_b<MINB>: MINB resident blocks per SM (register bound); 4 chunk slots per lane and
+// batch with 2 blocks per SM, 2 with 3 (fewer registers).
+#define GEMV_NV(KS, MINB)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(NVW * 32, MINB) gemv_nv_k##KS##_b##MINB(                        \
         const u8* w, const u8* scales, float inv_g, const float* x, float* y, const float* bias, const float* resid, \
         int N, int K) {                                                                                          \
-        gemv_nv_impl<KS>(w, scales, inv_g, x, y, bias, resid, N, K);                                            \
+        gemv_nv_impl<KS, (MINB >= 3 ? 2 : 4)>(w, scales, inv_g, x, y, bias, resid, N, K);                                            \
     }
-GEMV_NV(1)
-GEMV_NV(2)
-GEMV_NV(4)
-GEMV_NV(8)
+GEMV_NV(1, 2)
+GEMV_NV(2, 2)
+GEMV_NV(4, 2)
+GEMV_NV(8, 2)
+GEMV_NV(1, 3)
+GEMV_NV(2, 3)
+GEMV_NV(4, 3)
+GEMV_NV(8, 3)
 
-#define MULTI_R 2
+#define MULTI_R 4
 // Several linears of the same input, one token: segment s covers blocks [block0, next block0),
-// MULTI_R rows per warp.
+// MULTI_R rows per warp. NVFP4 segments stage x in shared memory (the segment, hence the
+// format, is uniform over a block).
 extern "C" __global__ void linear_multi2(Segs segs, const float* __restrict__ x, int K) {
+    __shared__ float4 xs[XS_MAX / 4];
     int si = 0;
     for (int i = 1; i < segs.n; i++)
         if ((int)blockIdx.x >= segs.s[i].block0) si = i;
     const Seg s = segs.s[si];
     const int warps = blockDim.x >> 5;
     const long row0 = ((long)(blockIdx.x - s.block0) * warps + (threadIdx.x >> 5)) * MULTI_R;
-    if (row0 >= s.N) return;
-    const int nrows = min((long)MULTI_R, s.N - row0);
+    const bool active = row0 < s.N;  // (no early exit: the NVFP4 path synchronises the block)
+    const int nrows = active ? min((long)MULTI_R, s.N - row0) : 0;
     float o[MULTI_R];
-    rows_dot<MULTI_R>(s.fmt, s.w, s.scales, s.inv_g, row0, nrows, K, x, o);
+    if (s.fmt == 3 && (K & 31) == 0 && K <= XS_MAX) {
+        const RowSet rs = rowset(3, s.w, s.scales, active ? row0 : 0, nrows, s.w, s.scales, 0, 0, K);
+#pragma unroll
+        for (int r = 0; r < MULTI_R; r++) o[r] = 0.f;
+        nv_rows_smem<MULTI_R, MULTI_R, 2>(rs, active, true, K, x, xs, 0, 1, o);
+        if (!active) return;
+#pragma unroll
+        for (int r = 0; r < MULTI_R; r++) o[r] *= s.inv_g * NV_UNIT;
+    } else {
+        if (!active) return;
+        rows_dot<MULTI_R>(s.fmt, s.w, s.scales, s.inv_g, row0, nrows, K, x, o);
+    }
 #pragma unroll
     for (int r = 0; r < MULTI_R; r++) {
         float v = warp_sum(o[r]);
@@ -1157,7 +1176,8 @@ __device__ __forceinline__ ExpertProj pick(bool a, const ExpertProj& x, const Ex
     return r;
 }
 
-#define XR 4   // rows of gate and of up per warp in experts_gate_up2
+#define XR 2   // rows of gate and of up per warp in experts_gate_up2
+#define XU 3   // chunk slots per lane and batch in experts_gate_up2 (K = 3072: the whole row at once)
 #define XRD 8  // rows per warp in experts_down2
 
 // Item j of blockIdx.y: the shared expert's items (j >= T*k) are scheduled first (they are the
@@ -1171,7 +1191,7 @@ __device__ __forceinline__ int expert_item(int has_shared, int T, int k) {
 // h[j, o..o+XR) = silu(gate_e . x[t]) * (up_e . x[t]) for item j (token t = j / k, expert
 // e = sel[j]; items j >= T*k: the shared expert of token j - T*k). XR rows of gate and XR of up
 // per warp, their loads issued together.
-extern "C" __global__ void experts_gate_up2(ExpertProj gate, ExpertProj up, ExpertProj sgate, ExpertProj sup,
+extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up2(ExpertProj gate, ExpertProj up, ExpertProj sgate, ExpertProj sup,
                                            int has_shared, int shared_inter, const int* __restrict__ sel, int k,
                                            int T, const float* __restrict__ x, float* __restrict__ h, int inter,
                                            int K) {
@@ -1197,7 +1217,7 @@ extern "C" __global__ void experts_gate_up2(ExpertProj gate, ExpertProj up, Expe
         float a[2 * XR];
 #pragma unroll
         for (int r = 0; r < 2 * XR; r++) a[r] = 0.f;
-        nv_rows_smem<2 * XR, XR, 1>(rs, active, true, K, xt, xs, 0, 1, a);
+        nv_rows_smem<2 * XR, XR, XU>(rs, active, true, K, xt, xs, 0, 1, a);
         if (!active) return;
 #pragma unroll
         for (int r = 0; r < XR; r++) {
@@ -1209,7 +1229,7 @@ extern "C" __global__ void experts_gate_up2(ExpertProj gate, ExpertProj up, Expe
     } else if (G.fmt == U.fmt) {
         const RowSet rs = rowset(G.fmt, G.w, G.scales, r0, nrows, U.w, U.scales, r0, nrows, K);
         float a[2 * XR];
-        rows_core<2 * XR, XR, 1>(G.fmt, rs, K, xt, 0, 1, a);
+        rows_core<2 * XR, XR, XU>(G.fmt, rs, K, xt, 0, 1, a);
 #pragma unroll
         for (int r = 0; r < XR; r++) {
             g[r] = a[r];

@@ -42,14 +42,42 @@ const ATTN_GMAX: usize = 4;
 /// Most key splits of one decode attention call.
 pub(crate) const MAX_SPLITS: usize = 128;
 /// Rows per warp of `linear_multi2` (`MULTI_R`).
-const EXPERT_ROWS: u32 = 2;
+const EXPERT_ROWS: u32 = 4;
 /// Rows of gate and of up per warp of `experts_gate_up2` (`XR`).
-const EXPERT_GU_ROWS: u32 = 4;
+const EXPERT_GU_ROWS: u32 = 2;
+/// Warps per block of `experts_gate_up2` (x is staged in shared memory once per block).
+const EXPERT_GU_WARPS: u32 = 8;
 /// Rows per warp of `experts_down2` (`XRD`).
 const EXPERT_DOWN_ROWS: u32 = 8;
 /// Warps per block (`NVW`) and rows per row group (`NV_R`) of the NVFP4 decode GEMV.
 const NV_WARPS: u32 = 8;
 const NV_ROWS: usize = 2;
+/// Launch tuning of the NVFP4 decode GEMV (defaults; the environment overrides them for
+/// experiments: `FP4FORGE_NV_MINB` = 2 | 3 resident blocks per SM, `FP4FORGE_NV_GRID` = blocks
+/// per SM of the persistent grid (0: one block per tile), `FP4FORGE_NV_KS` = 1 | 2 | 4 | 8).
+#[derive(Clone, Copy)]
+struct NvTune {
+    minb: usize,
+    grid_per_sm: usize,
+    ks: Option<usize>,
+}
+
+fn nv_tune() -> NvTune {
+    static T: OnceLock<NvTune> = OnceLock::new();
+    *T.get_or_init(|| {
+        let var = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
+        let minb = match var("FP4FORGE_NV_MINB") {
+            Some(3) => 3,
+            _ => NV_BLOCKS_PER_SM,
+        };
+        NvTune {
+            minb,
+            grid_per_sm: var("FP4FORGE_NV_GRID").unwrap_or(minb),
+            ks: var("FP4FORGE_NV_KS").filter(|k| [1, 2, 4, 8].contains(k)),
+        }
+    })
+}
+
 /// Largest K of the NVFP4 decode GEMV (`XS_MAX`: x is staged in shared memory).
 const NV_MAX_K: usize = 9216;
 /// Resident blocks per SM of the NVFP4 decode GEMV (`__launch_bounds__`).
@@ -86,7 +114,7 @@ pub(crate) struct Funcs {
     pub fill: CudaFunction,
     /// One-token GEMV with 1, 2, 4, 8 rows per warp.
     pub gemv1: Vec<CudaFunction>,
-    /// NVFP4 one-token GEMV with K split over 1, 2, 4, 8 warps.
+    /// NVFP4 one-token GEMV with K split over 1, 2, 4, 8 warps; 2 then 3 blocks per SM.
     pub gemv_nv: Vec<CudaFunction>,
     pub linear_multi2: CudaFunction,
     pub experts_gate_up2: CudaFunction,
@@ -189,10 +217,19 @@ impl CudaBackend {
                 .iter()
                 .map(|n| get(n))
                 .collect::<Result<_>>()?,
-            gemv_nv: ["gemv_nv_k1", "gemv_nv_k2", "gemv_nv_k4", "gemv_nv_k8"]
-                .iter()
-                .map(|n| get(n))
-                .collect::<Result<_>>()?,
+            gemv_nv: [
+                "gemv_nv_k1_b2",
+                "gemv_nv_k2_b2",
+                "gemv_nv_k4_b2",
+                "gemv_nv_k8_b2",
+                "gemv_nv_k1_b3",
+                "gemv_nv_k2_b3",
+                "gemv_nv_k4_b3",
+                "gemv_nv_k8_b3",
+            ]
+            .iter()
+            .map(|n| get(n))
+            .collect::<Result<_>>()?,
             linear_multi2: get("linear_multi2")?,
             experts_gate_up2: get("experts_gate_up2")?,
             experts_down2: get("experts_down2")?,
@@ -294,10 +331,21 @@ impl CudaBackend {
         let fast =
             (w.fmt == 3 && w.cols.is_multiple_of(32)) || (w.fmt == 2 && w.cols.is_multiple_of(8));
         if t == 1 && fast && w.fmt == 3 && w.cols <= NV_MAX_K && !self.legacy_gemv() {
-            let (ki, ks) = nv_split(w.rows, w.cols, self.inner.sms);
+            let tune = nv_tune();
+            let (mut ki, mut ks) = nv_split(w.rows, w.cols, self.inner.sms);
+            if let Some(f) = tune.ks {
+                ks = f;
+                ki = f.trailing_zeros() as usize;
+            }
             let tile = (NV_WARPS as usize / ks) * NV_ROWS;
-            // persistent blocks (2 per SM), each staging x in shared memory once
-            let blocks = w.rows.div_ceil(tile).min(NV_BLOCKS_PER_SM * self.inner.sms);
+            // persistent blocks (as many as are resident), each staging x in shared memory once;
+            // `grid_per_sm` 0: one block per tile.
+            let tiles = w.rows.div_ceil(tile);
+            let blocks = match tune.grid_per_sm {
+                0 => tiles,
+                g => tiles.min(g * self.inner.sms),
+            };
+            let ki = ki + if tune.minb == 3 { 4 } else { 0 };
             let grid = (blocks as u32, 1, 1);
             return launch!(self, &self.inner.f.gemv_nv[ki], grid, (32 * NV_WARPS, 1, 1);
                 self.ptr(&w.data), w.scales_ptr(self), w.inv_g, x, y, bias, resid,
@@ -1116,8 +1164,8 @@ impl CudaBackend {
         let items = t * k + if shared.is_some() { t } else { 0 };
         let rows = e.inter.max(sinter) as u32;
         launch!(self, &self.inner.f.experts_gate_up2,
-            (rows.div_ceil(GEMV_WARPS * EXPERT_GU_ROWS), items as u32, 1),
-            (32 * GEMV_WARPS, 1, 1);
+            (rows.div_ceil(EXPERT_GU_WARPS * EXPERT_GU_ROWS), items as u32, 1),
+            (32 * EXPERT_GU_WARPS, 1, 1);
             e.gate.proj(self), e.up.proj(self), sg, su, has, sinter as i32, self.ptr(sel),
             k as i32, t as i32, x, h, e.inter as i32, e.hidden as i32)?;
         launch!(self, &self.inner.f.experts_down2,
