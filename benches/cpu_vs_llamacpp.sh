@@ -5,8 +5,11 @@
 #   benches/cpu_vs_llamacpp.sh                 # everything; work dir /tmp/fp4forge-cpu-bench
 #
 # What runs:
-#   llama.cpp  llama-bench -m SmolLM2-135M-Instruct.Q4_1.gguf -p 512 -n 128 -t THREADS -r REPS -o json
-#              (the GGUF as shipped: Q4_1 linears, Q8_0 token_embd = tied output, F32 norms)
+#   llama.cpp  llama-bench -m SmolLM2-135M-Instruct.Q4_1.gguf -p 512 -n 0 -t THREADS -r REPS -o json
+#              llama-bench -m SmolLM2-135M-Instruct.Q4_1.gguf -p 0 -n 128 -t THREADS -r REPS -o json
+#              (= `llama-bench -p 512 -n 128`, split into a pp and a tg process so that contention
+#              and RSS are seen per test; the GGUF as shipped: Q4_1 linears, Q8_0 token_embd =
+#              tied output, F32 norms)
 #   fp4forge   crates/engine/examples/decode_speed.rs on
 #                bf16   import-gguf of the same GGUF (every tensor dequantized to bf16)
 #                nvfp4  quantize --targets Linear of the bf16 import (all 210 Linear layers NVFP4;
@@ -20,11 +23,12 @@
 # Every process runs under `taskset -c CPUS` and `/usr/bin/time -v` (peak RSS = "Maximum resident
 # set size"; %CPU shows whether the process got its cores), after waiting for the machine to be
 # quiet, and is repeated if other processes took CPU while it ran (see QUIET_PCT, CONTENDED_PCT):
-# llama.cpp's spinning OpenMP threads collapse when a core is taken from them (2-3x slower). llama-bench runs pp and tg in one
-# process, so its RSS is the larger of the two; fp4forge's peak RSS is the max over its pp and tg
-# processes. The runs are interleaved in ROUNDS rounds (llama-bench, then fp4forge bf16 and nvfp4
-# pp/tg) so that load from other users of the machine hits all engines alike; mean ± sd are over
-# all samples (llama-bench: ROUNDS x REPS samples; fp4forge: ROUNDS x FF_REPS processes).
+# llama.cpp's spinning OpenMP threads collapse when a core is taken from them (2-10x slower).
+# Peak RSS of an engine is the max over its pp and tg processes. The runs are interleaved in
+# ROUNDS rounds (llama.cpp pp, tg; fp4forge bf16 pp, tg; nvfp4 pp, tg) so that slow drift of the
+# machine hits all engines alike; mean ± sd are over all samples (llama-bench: ROUNDS x REPS
+# in-process repetitions; fp4forge: ROUNDS x FF_REPS processes); the report also gives medians and
+# per-round ratios to llama.cpp (paired within a round, so drift between rounds cancels).
 #
 # Steps:
 #   1. llama-bench from the llama-cpp-python sdist on PyPI (vendor/llama.cpp), CPU only, Release,
@@ -49,11 +53,14 @@
 #   FF_REPS=2                        fp4forge processes per (weights, test) per round
 #   SKIP_BUILD=0                     1: use the existing fp4forge binaries (no cargo build)
 #   SKIP_ASSETS=0                    1: reuse assets/smollm2-hf and assets/smollm2-nvfp4 if present
-#   QUIET_PCT=10 QUIET_WAIT=300      before each process, wait (at most QUIET_WAIT s) until other
+#   QUIET_PCT=10 QUIET_WAIT=1800     before each process, wait (at most QUIET_WAIT s) until other
 #                                    processes use < QUIET_PCT % of one core (2 s sample)
-#   CONTENDED_PCT=15 RETRIES=2       a process during which others used >= CONTENDED_PCT % of a
+#   CONTENDED_PCT=15 RETRIES=5       a process during which others used >= CONTENDED_PCT % of a
 #                                    core (machine busy time minus its own user+sys) is run again,
-#                                    at most RETRIES times; every attempt is in processes.tsv
+#                                    at most RETRIES times; every attempt is in processes.tsv. If
+#                                    the last attempt is still contended its samples are kept but
+#                                    flagged, and left out of mean ± sd while the cell has clean ones
+#   REPORT_ONLY=0                    1: only redo step 4 from WORK/samples.tsv and processes.tsv
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -72,9 +79,10 @@ FF_REPS="${FF_REPS:-2}"
 SKIP_BUILD="${SKIP_BUILD:-0}"
 SKIP_ASSETS="${SKIP_ASSETS:-0}"
 QUIET_PCT="${QUIET_PCT:-10}"
-QUIET_WAIT="${QUIET_WAIT:-300}"
+QUIET_WAIT="${QUIET_WAIT:-1800}"
 CONTENDED_PCT="${CONTENDED_PCT:-15}"
-RETRIES="${RETRIES:-2}"
+RETRIES="${RETRIES:-5}"
+REPORT_ONLY="${REPORT_ONLY:-0}"
 PYTHON="${PYTHON:-python3}"
 TIME=/usr/bin/time
 FF="$ROOT/target/release/fp4forge"
@@ -95,6 +103,7 @@ apt_install() { # apt_install PACKAGE
 command -v taskset >/dev/null || apt_install util-linux
 command -v "$PYTHON" >/dev/null || die "$PYTHON missing"
 
+if [[ $REPORT_ONLY != 1 ]]; then
 # ---- 1. llama-bench from the llama-cpp-python sdist -----------------------------------------------
 LLAMA_FLAGS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF
   -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_AVX512=ON -DGGML_FMA=ON -DGGML_F16C=ON
@@ -169,8 +178,8 @@ rm -rf "$WORK/logs"
 mkdir -p "$WORK/logs"
 SAMPLES="$WORK/samples.tsv"
 PROCS="$WORK/processes.tsv"
-printf 'engine\tweights\ttest\tround\trep\ttok_s\n' > "$SAMPLES"
-printf 'engine\tweights\ttest\tround\trep\tattempt\tkept\tpeak_rss_kib\tcpu_pct\tothers_pct\twall_s\tload1\texit\tlog\n' > "$PROCS"
+printf 'engine\tweights\ttest\tround\trep\ttok_s\tcontended\n' > "$SAMPLES"
+printf 'engine\tweights\ttest\tround\trep\tattempt\tkept\tcontended\tpeak_rss_kib\tcpu_pct\tothers_pct\twall_s\tload1\texit\tlog\n' > "$PROCS"
 {
   echo "date:        $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "cpu:         $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores (nproc), $(lscpu | sed -n 's/^Thread(s) per core: *//p') thread(s)/core"
@@ -182,6 +191,16 @@ printf 'engine\tweights\ttest\tround\trep\tattempt\tkept\tpeak_rss_kib\tcpu_pct\
   echo "llama build: $LLAMA_ARCH"
   echo "taskset:     -c $CPUS; threads $THREADS"
 } > "$WORK/machine.txt"
+LLAMA_PP=("$LLAMA_BENCH" -m "$GGUF" -p "$PP" -n 0 -t "$THREADS" -r "$REPS" -o json)
+LLAMA_TG=("$LLAMA_BENCH" -m "$GGUF" -p 0 -n "$TG" -t "$THREADS" -r "$REPS" -o json)
+{
+  echo "llama.cpp_pp	${LLAMA_PP[*]}"
+  echo "llama.cpp_tg	${LLAMA_TG[*]}"
+  echo "fp4forge_pp	$SPEED DIR $PP 0 $THREADS"
+  echo "fp4forge_tg	$SPEED DIR 1 $TG $THREADS"
+  echo "pinning	taskset -c $CPUS"
+} > "$WORK/commands.tsv"
+printf 'PP=%q TG=%q THREADS=%q CPUS=%q\n' "$PP" "$TG" "$THREADS" "$CPUS" > "$WORK/params.env"
 lscpu > "$WORK/lscpu.txt"
 cat "$WORK/machine.txt" >&2
 
@@ -202,7 +221,8 @@ wait_quiet() {
 }
 # timed ENGINE WEIGHTS TEST ROUND REP LOG -- CMD...: runs CMD pinned, under GNU time, after waiting
 # for a quiet machine; repeats it (at most RETRIES more times) while other processes took more than
-# CONTENDED_PCT % of a core during the run. Appends every attempt to PROCS; the last one is kept.
+# CONTENDED_PCT % of a core during the run. Appends every attempt to PROCS; the last one is kept,
+# and CONTENDED says whether it was contended all the same.
 timed() {
   local engine=$1 weights=$2 test=$3 round=$4 rep=$5 logf=$6; shift 7
   local attempt load rc rss cpu wall user sys b0 b1 others kept
@@ -222,24 +242,26 @@ timed() {
     # CPU of everything else during the run, in % of one core: machine busy time minus ours.
     others=$(awk -v b="$((b1 - b0))" -v hz="$HZ" -v u="$user" -v s="$sys" -v w="$wall" \
       'BEGIN { o = (b / hz - u - s) / (w > 0 ? w : 1) * 100; printf "%d", (o < 0 ? 0 : o) }')
-    kept=1
-    if [[ $rc == 0 ]] && (( others >= CONTENDED_PCT && attempt <= RETRIES )); then kept=0; fi
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$engine" "$weights" "$test" "$round" "$rep" \
-      "$attempt" "$kept" "$rss" "$cpu" "$others" "$wall" "$load" "$rc" "$logf" >> "$PROCS"
+    kept=1 CONTENDED=0
+    (( others >= CONTENDED_PCT )) && CONTENDED=1
+    if [[ $rc == 0 && $CONTENDED == 1 ]] && (( attempt <= RETRIES )); then kept=0; fi
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$engine" "$weights" "$test" "$round" "$rep" \
+      "$attempt" "$kept" "$CONTENDED" "$rss" "$cpu" "$others" "$wall" "$load" "$rc" "$logf" >> "$PROCS"
     [[ $rc == 0 ]] || { tail -20 "$logf" >&2; die "$engine $weights $test failed (exit $rc, $logf)"; }
     log "  $engine $weights $test #$round.$rep: peak RSS $((rss / 1024)) MiB, CPU ${cpu}%, others ${others}% of a core$([[ $kept == 1 ]] || echo ' -> contended, again')"
     [[ $kept == 1 ]] && break
   done
 }
 
-LLAMA_CMD=("$LLAMA_BENCH" -m "$GGUF" -p "$PP" -n "$TG" -t "$THREADS" -r "$REPS" -o json)
 for ((round = 1; round <= ROUNDS; round++)); do
   log "round $round/$ROUNDS"
-  logf="$WORK/logs/llama-r$round.json"
-  timed llama.cpp Q4_1 "pp$PP+tg$TG" "$round" 1 "$logf" -- "${LLAMA_CMD[@]}"
-  "$PYTHON" - "$logf" "$round" "$PP" "$TG" >> "$SAMPLES" <<'EOF'
+  for test in "pp$PP" "tg$TG"; do
+    logf="$WORK/logs/llama-$test-r$round.log"
+    if [[ $test == pp* ]]; then cmd=("${LLAMA_PP[@]}"); else cmd=("${LLAMA_TG[@]}"); fi
+    timed llama.cpp Q4_1 "$test" "$round" 1 "$logf" -- "${cmd[@]}"
+    "$PYTHON" - "$logf" "$round" "$PP" "$TG" "$CONTENDED" >> "$SAMPLES" <<'EOF'
 import json, sys
-path, rnd, pp, tg = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+path, rnd, pp, tg, contended = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 text = open(path).read()   # llama-bench's JSON (stdout) and its stderr share the log
 dec, i, tests = json.JSONDecoder(), text.find("["), None
 while tests is None and i >= 0:
@@ -256,8 +278,9 @@ if tests is None:
 for t in tests:
     name = f"pp{pp}" if t["n_gen"] == 0 else f"tg{tg}"
     for i, ts in enumerate(t["samples_ts"], 1):
-        print(f"llama.cpp\tQ4_1\t{name}\t{rnd}\t{i}\t{ts}")
+        print(f"llama.cpp\tQ4_1\t{name}\t{rnd}\t{i}\t{ts}\t{contended}")
 EOF
+  done
   for weights in bf16 nvfp4; do
     if [[ $weights == bf16 ]]; then dir=$BF16; else dir=$NVFP4; fi
     for test in "pp$PP" "tg$TG"; do
@@ -273,21 +296,27 @@ EOF
           [[ $n == "$TG" ]] || die "$logf: $n decode steps, expected $TG"
           ts=$(sed -E 's/.*; decode [0-9]+ tokens: ([0-9.]+) tok\/s.*/\1/' <<< "$line")
         fi
-        printf 'fp4forge\t%s\t%s\t%s\t%s\t%s\n' "$weights" "$test" "$round" "$rep" "$ts" >> "$SAMPLES"
+        printf 'fp4forge\t%s\t%s\t%s\t%s\t%s\t%s\n' "$weights" "$test" "$round" "$rep" "$ts" "$CONTENDED" >> "$SAMPLES"
       done
     done
   done
 done
 
+else
+  [[ -f $WORK/samples.tsv && -f $WORK/processes.tsv ]] || die "REPORT_ONLY=1: no samples in $WORK"
+  # shellcheck disable=SC1091
+  source "$WORK/params.env"   # PP TG THREADS CPUS of the measured run
+fi
+
 # ---- 4. report --------------------------------------------------------------------------------------
 exec > >(tee "$WORK/report.md")
-"$PYTHON" - "$WORK" "$PP" "$TG" "$THREADS" "$GGUF" "$BF16" "$NVFP4" \
-  "${LLAMA_CMD[*]}" "$SPEED DIR $PP 0 $THREADS" "$SPEED DIR 1 $TG $THREADS" "taskset -c $CPUS" <<'EOF'
+"$PYTHON" - "$WORK" "$PP" "$TG" "$THREADS" "$GGUF" "$BF16" "$NVFP4" <<'EOF'
 import csv, json, os, statistics, sys
-work, pp, tg, threads, gguf, bf16, nvfp4, llama_cmd, ff_pp_cmd, ff_tg_cmd, taskset = sys.argv[1:]
+work, pp, tg, threads, gguf, bf16, nvfp4 = sys.argv[1:]
 pp_name, tg_name = f"pp{pp}", f"tg{tg}"
 rows = lambda p: list(csv.DictReader(open(os.path.join(work, p)), delimiter="\t"))
 samples, procs = rows("samples.tsv"), rows("processes.tsv")
+commands = dict(l.rstrip("\n").split("\t", 1) for l in open(os.path.join(work, "commands.tsv")))
 machine = open(os.path.join(work, "machine.txt")).read()
 
 def weights_mb(engine, w):
@@ -298,19 +327,24 @@ def weights_mb(engine, w):
 
 def stats(xs):
     return {"n": len(xs), "mean": statistics.fmean(xs) if xs else None,
-            "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0, "min": min(xs, default=None),
-            "max": max(xs, default=None), "samples": xs}
+            "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0, "median": statistics.median(xs) if xs else None,
+            "min": min(xs, default=None), "max": max(xs, default=None)}
 
 cells = []
 for engine, w in [("llama.cpp", "Q4_1"), ("fp4forge", "bf16"), ("fp4forge", "nvfp4")]:
     c = {"engine": engine, "weights": w, "threads": int(threads), "weights_file_mb": round(weights_mb(engine, w), 1)}
     for test in (pp_name, tg_name):
-        xs = [float(s["tok_s"]) for s in samples if s["engine"] == engine and s["weights"] == w and s["test"] == test]
-        c[test] = stats(xs)
-        # per-round means, to see drift and interference
-        c[test]["round_means"] = [round(statistics.fmean(v), 2) for r in sorted({s["round"] for s in samples})
-                                  if (v := [float(s["tok_s"]) for s in samples if s["engine"] == engine
-                                            and s["weights"] == w and s["test"] == test and s["round"] == r])]
+        mine = [s for s in samples if s["engine"] == engine and s["weights"] == w and s["test"] == test]
+        clean = [s for s in mine if s["contended"] == "0"]
+        used = clean or mine   # contended samples only count when there is nothing else
+        c[test] = stats([float(s["tok_s"]) for s in used])
+        c[test]["contended_excluded"] = len(mine) - len(used)
+        c[test]["only_contended"] = not clean
+        c[test]["samples"] = [{"round": int(s["round"]), "rep": int(s["rep"]), "tok_s": float(s["tok_s"]),
+                               "contended": s["contended"] == "1"} for s in mine]
+        # per-round means of the samples used, to see drift
+        c[test]["round_means"] = {r: round(statistics.fmean(v), 2) for r in sorted({s["round"] for s in used}, key=int)
+                                  if (v := [float(s["tok_s"]) for s in used if s["round"] == r])}
     ps = [p for p in procs if p["engine"] == engine and p["weights"] == w and p["kept"] == "1"]
     c["peak_rss_mb"] = max(int(p["peak_rss_kib"]) for p in ps) / 1024
     for test in (pp_name, tg_name):
@@ -318,16 +352,20 @@ for engine, w in [("llama.cpp", "Q4_1"), ("fp4forge", "bf16"), ("fp4forge", "nvf
         if t:
             c[f"peak_rss_mb_{test}"] = max(t)
     c["cpu_pct"] = [int(p["cpu_pct"]) for p in ps]
-    c["load1"] = [float(p["load1"]) for p in ps]
     c["others_pct"] = [int(p["others_pct"]) for p in ps]
     cells.append(c)
 base = cells[0]
 for c in cells:
     for test in (pp_name, tg_name):
         c[test]["ratio_vs_llamacpp_q4_1"] = c[test]["mean"] / base[test]["mean"]
+        # paired: ratio of the round means, over rounds where both have usable samples (drift cancels)
+        b, m = base[test]["round_means"], c[test]["round_means"]
+        paired = [m[r] / b[r] for r in m if r in b]
+        c[test]["paired_round_ratios"] = [round(x, 3) for x in paired]
 
 def fmt(s):
-    return f"{s['mean']:.1f} ± {s['sd']:.1f}"
+    flag = " (contended!)" if s["only_contended"] else ""
+    return f"{s['mean']:.1f} ± {s['sd']:.1f} (n={s['n']}){flag}"
 
 print(f"\n## SmolLM2-135M-Instruct on CPU: fp4forge vs llama.cpp (llama-bench), {threads} threads\n")
 print("\n".join("    " + l for l in machine.rstrip().splitlines()))
@@ -335,8 +373,8 @@ print()
 print(f"| engine | weights | file MB | threads | {pp_name} tok/s | {tg_name} tok/s | peak RSS MB | {pp_name} vs llama.cpp Q4_1 | {tg_name} vs llama.cpp Q4_1 |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
 for c in cells:
-    print(f"| {c['engine']} | {c['weights']} | {c['weights_file_mb']:.1f} | {c['threads']} | {fmt(c[pp_name])} (n={c[pp_name]['n']}) "
-          f"| {fmt(c[tg_name])} (n={c[tg_name]['n']}) | {c['peak_rss_mb']:.1f} "
+    print(f"| {c['engine']} | {c['weights']} | {c['weights_file_mb']:.1f} | {c['threads']} | {fmt(c[pp_name])} "
+          f"| {fmt(c[tg_name])} | {c['peak_rss_mb']:.1f} "
           f"| {c[pp_name]['ratio_vs_llamacpp_q4_1']:.2f}x | {c[tg_name]['ratio_vs_llamacpp_q4_1']:.2f}x |")
 nv = cells[2]
 bar = nv[tg_name]["mean"] >= base[tg_name]["mean"]
@@ -344,27 +382,32 @@ print()
 print(f"Bar (fp4forge NVFP4 {tg_name} >= llama.cpp Q4_1 {tg_name}): "
       f"{'MET' if bar else 'NOT MET'} ({nv[tg_name]['mean']:.1f} vs {base[tg_name]['mean']:.1f} tok/s)")
 print()
+print("mean ± sd over samples (llama-bench: its repetitions in every round; fp4forge: one process each).")
+print("Medians (tok/s): " + "; ".join(
+    f"{c['engine']} {c['weights']} {t} {c[t]['median']:.1f}" for c in cells for t in (pp_name, tg_name)))
 print("Per-round means (tok/s): " + "; ".join(
-    f"{c['engine']} {c['weights']} {t}: {c[t]['round_means']}" for c in cells for t in (pp_name, tg_name)))
-print(f"Process %CPU (200 = both cores busy all along): " + "; ".join(
+    f"{c['engine']} {c['weights']} {t}: {list(c[t]['round_means'].values())}" for c in cells for t in (pp_name, tg_name)))
+print("Per-round ratios vs llama.cpp in the same round: " + "; ".join(
+    f"{c['engine']} {c['weights']} {t}: {c[t]['paired_round_ratios']}" for c in cells[1:] for t in (pp_name, tg_name)))
+print("Process %CPU (200 = both cores busy all along; load + warm-up are single-threaded): " + "; ".join(
     f"{c['engine']} {c['weights']}: {min(c['cpu_pct'])}-{max(c['cpu_pct'])}" for c in cells))
-print("CPU used by other processes while each measured process ran (% of one core): " + "; ".join(
+excluded = sum(c[t]["contended_excluded"] for c in cells for t in (pp_name, tg_name))
+print("CPU used by other processes while each kept process ran (% of one core): " + "; ".join(
     f"{c['engine']} {c['weights']}: {min(c['others_pct'])}-{max(c['others_pct'])}" for c in cells)
-    + f"; {sum(p['kept'] == '0' for p in procs)} contended run(s) repeated")
+    + f". {sum(p['kept'] == '0' for p in procs)} contended run(s) repeated; {excluded} contended sample(s) left out.")
 print()
-print("Commands (each under `/usr/bin/time -v " + taskset + "`):")
-print(f"- llama.cpp: `{llama_cmd}`")
-print(f"- fp4forge {pp_name}: `{ff_pp_cmd}`;  {tg_name}: `{ff_tg_cmd}`  (DIR = {bf16} or {nvfp4};"
-      " decode_speed is a copy of target/release/examples/decode_speed)")
+print(f"Commands (each under `/usr/bin/time -v {commands['pinning']}`):")
+print(f"- llama.cpp {pp_name}: `{commands['llama.cpp_pp']}`")
+print(f"- llama.cpp {tg_name}: `{commands['llama.cpp_tg']}`")
+print(f"- fp4forge {pp_name}: `{commands['fp4forge_pp']}`;  {tg_name}: `{commands['fp4forge_tg']}`")
+print(f"  (DIR = {bf16} or {nvfp4}; decode_speed is a copy of target/release/examples/decode_speed)")
 print()
 print("Notes: llama.cpp's Q4_1 GGUF has Q8_0 token_embd, which is also its (tied) output matrix; fp4forge's")
 print("NVFP4 build quantizes every Linear layer, but the tied lm_head is the bf16 embedding (56.6 MB read")
-print("per decoded token). llama-bench's peak RSS covers pp and tg in one process; fp4forge's is the max over its")
-print("pp and tg processes. Peak RSS includes the mmapped weight pages touched.")
+print("per decoded token). Peak RSS is the max over an engine's pp and tg processes, and includes the")
+print("mmapped weight pages touched.")
 result = {"machine": machine, "pp": int(pp), "tg": int(tg), "threads": int(threads), "cells": cells,
-          "bar_nvfp4_decode_ge_llamacpp_q4_1": bar,
-          "commands": {"llama.cpp": llama_cmd, "fp4forge_pp": ff_pp_cmd, "fp4forge_tg": ff_tg_cmd, "pinning": taskset},
-          "processes": procs}
+          "bar_nvfp4_decode_ge_llamacpp_q4_1": bar, "commands": commands, "processes": procs}
 json.dump(result, open(os.path.join(work, "results.json"), "w"), indent=1)
 print(f"\nJSON: {os.path.join(work, 'results.json')}   logs: {os.path.join(work, 'logs')}/")
 EOF
