@@ -4,7 +4,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use fp4forge_format::config::Field;
 use fp4forge_format::{
@@ -144,13 +144,9 @@ impl QuantizeBuilder {
             summary: plan.summary,
             shards: written.shards.clone(),
             copied_files,
-            seconds: duration_secs(started.elapsed()),
+            seconds: started.elapsed().as_secs_f64(),
         })
     }
-}
-
-fn duration_secs(d: Duration) -> f64 {
-    d.as_secs_f64()
 }
 
 /// The bytes of a weight source and the shard file that holds them.

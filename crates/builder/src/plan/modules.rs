@@ -180,8 +180,3 @@ pub fn linear_modules<'a>(tensors: impl IntoIterator<Item = &'a TensorInfo>) -> 
     }
     out
 }
-
-/// The tensor names that make up a packed module in a checkpoint (those that exist).
-pub fn packed_tensor_names(module: &str) -> impl Iterator<Item = String> + '_ {
-    NVFP4_SUFFIXES.iter().map(move |s| format!("{module}.{s}"))
-}

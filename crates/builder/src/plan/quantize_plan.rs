@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::fusion::{fusion_key, global_scale_groups};
 use super::matcher::TargetMatcher;
-use super::modules::{linear_modules, LinearModule, ModuleState, WeightSource, NVFP4_SUFFIXES};
+use super::modules::{linear_modules, LinearModule, ModuleState, WeightSource};
 use crate::BuilderError;
 
 /// Targets used when none are given: the lean build (attention q/k/v/o).
@@ -416,9 +416,4 @@ fn build_config(
         None => QuantizationConfig::compressed_tensors(groups, ignore),
     };
     Ok((config, new_group, new_targets))
-}
-
-/// The names of the tensors a packed module writes (without `input_global_scale`).
-pub fn nvfp4a16_tensor_names(module: &str) -> [String; 3] {
-    [0, 1, 2].map(|i| format!("{module}.{}", NVFP4_SUFFIXES[i]))
 }
