@@ -370,7 +370,7 @@ def fmt(s):
 print(f"\n## SmolLM2-135M-Instruct on CPU: fp4forge vs llama.cpp (llama-bench), {threads} threads\n")
 print("\n".join("    " + l for l in machine.rstrip().splitlines()))
 print()
-print(f"| engine | weights | file MB | threads | {pp_name} tok/s | {tg_name} tok/s | peak RSS MB | {pp_name} vs llama.cpp Q4_1 | {tg_name} vs llama.cpp Q4_1 |")
+print(f"| engine | weights | file MB | threads | {pp_name} tok/s | {tg_name} tok/s | peak RSS MiB | {pp_name} vs llama.cpp Q4_1 | {tg_name} vs llama.cpp Q4_1 |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
 for c in cells:
     print(f"| {c['engine']} | {c['weights']} | {c['weights_file_mb']:.1f} | {c['threads']} | {fmt(c[pp_name])} "
