@@ -85,6 +85,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             r.kernels
         );
     }
+    for r in &rows {
+        println!();
+        println!(
+            "{} ctx {}: GPU time per stage of one eager step (events between stages)",
+            r.build, r.context
+        );
+        println!("| stage | µs/token | share |\n|---|---:|---:|");
+        let total: f64 = r.stages_us.iter().map(|(_, us)| us).sum();
+        for (name, us) in &r.stages_us {
+            println!("| {name} | {us:.0} | {:.1}% |", 100.0 * us / total);
+        }
+        println!("| total (eager) | {total:.0} | |");
+    }
     println!();
     for &c in &contexts {
         let s = rows.iter().find(|r| r.build == "stock" && r.context == c);

@@ -103,6 +103,72 @@ fn gpu_linear_kernels_match_f64_matmul() {
     }
 }
 
+/// Attention through the `Backend` trait, GPU vs CPU, on bf16 caches at the shapes the decode
+/// kernel specialises (head_dim 64 and 128, 3 and 6 query heads per kv head), full and sliding
+/// (window 512): a prefill in chunks to ~2,100 positions, then decode steps.
+#[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
+fn gpu_attention_matches_cpu_on_bf16_caches() {
+    let gpu = gpu();
+    let cpu = CpuBackend::new();
+    for (heads, kvh, d) in [(48usize, 8usize, 128usize), (9, 3, 64), (6, 2, 128)] {
+        for window in [None, Some(512usize)] {
+            let spec = fp4forge_engine::KvLayerSpec {
+                kv_heads: kvh,
+                head_dim: d,
+                window,
+                dtype: KvDtype::Bf16,
+                k_scale: 1.0,
+                v_scale: 1.0,
+            };
+            let p = fp4forge_engine::AttentionParams {
+                heads,
+                kv_heads: kvh,
+                head_dim: d,
+                scale: 1.0 / (d as f32).sqrt(),
+            };
+            let mut gc = gpu.new_kv_layer(&spec).unwrap();
+            let mut cc = cpu.new_kv_layer(&spec).unwrap();
+            let (mut pos, mut worst) = (0usize, 0f32);
+            let chunks = [512usize, 512, 512, 512, 70, 1, 1, 1, 1, 1, 1, 1, 1];
+            for (i, &t) in chunks.iter().enumerate() {
+                let seed = (heads * 1000 + d + i) as u64 + window.unwrap_or(0) as u64;
+                let q = values(t * heads * d, seed, 4.0);
+                let k = values(t * kvh * d, seed + 1, 4.0);
+                let v = values(t * kvh * d, seed + 2, 2.0);
+                let go = gpu
+                    .attention(
+                        &gpu.upload(t, heads * d, &q).unwrap(),
+                        &gpu.upload(t, kvh * d, &k).unwrap(),
+                        &gpu.upload(t, kvh * d, &v).unwrap(),
+                        &mut gc,
+                        &p,
+                    )
+                    .unwrap();
+                let co = cpu
+                    .attention(
+                        &cpu.upload(t, heads * d, &q).unwrap(),
+                        &cpu.upload(t, kvh * d, &k).unwrap(),
+                        &cpu.upload(t, kvh * d, &v).unwrap(),
+                        &mut cc,
+                        &p,
+                    )
+                    .unwrap();
+                let (g, c) = (gpu.download(&go).unwrap(), cpu.download(&co).unwrap());
+                for (a, b) in g.iter().zip(&c) {
+                    worst = worst.max((a - b).abs());
+                }
+                pos += t;
+            }
+            println!("attention heads {heads}/{kvh} d {d} window {window:?}: {pos} positions, max |gpu - cpu| {worst:.3e}");
+            assert!(
+                worst < 1e-4,
+                "heads {heads}/{kvh} d {d} window {window:?}: {worst}"
+            );
+        }
+    }
+}
+
 /// The engine crate's folder: `FP4FORGE_ENGINE_DIR` (a test binary carried to another machine)
 /// or where it was built.
 fn engine_dir() -> PathBuf {

@@ -57,6 +57,60 @@ pub struct BenchRow {
     pub fraction_of_copy: f64,
     /// Kernel launches in the captured graph.
     pub kernels: usize,
+    /// GPU time per stage of one eager (not captured) step, µs, in launch order: events between
+    /// the stages, so each figure includes the stage's launch gaps.
+    pub stages_us: Vec<(String, f64)>,
+}
+
+/// Events recorded between the stages of an eager step; resolved after a synchronize.
+struct StageTimer<'a> {
+    b: &'a CudaBackend,
+    on: bool,
+    pending: Vec<(&'static str, cudarc::driver::CudaEvent)>,
+    totals: Vec<(&'static str, f64)>,
+}
+
+impl<'a> StageTimer<'a> {
+    fn new(b: &'a CudaBackend) -> Self {
+        Self {
+            b,
+            on: false,
+            pending: Vec::new(),
+            totals: Vec::new(),
+        }
+    }
+
+    /// Marks the end of stage `name` (the time since the previous mark is charged to it).
+    fn mark(&mut self, name: &'static str) -> Result<()> {
+        if !self.on {
+            return Ok(());
+        }
+        let e = self
+            .b
+            .inner
+            .stream
+            .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| self.b.err(format!("event: {e:?}")))?;
+        self.pending.push((name, e));
+        Ok(())
+    }
+
+    /// Charges the recorded intervals to their stages (call after a synchronize).
+    fn resolve(&mut self) -> Result<()> {
+        for w in self.pending.windows(2) {
+            let us = 1e3
+                * w[0]
+                    .1
+                    .elapsed_ms(&w[1].1)
+                    .map_err(|e| self.b.err(format!("event: {e:?}")))? as f64;
+            match self.totals.iter_mut().find(|(n, _)| *n == w[1].0) {
+                Some(t) => t.1 += us,
+                None => self.totals.push((w[1].0, us)),
+            }
+        }
+        self.pending.clear();
+        Ok(())
+    }
 }
 
 /// Device-to-device copy bandwidth (bytes read + written per second, GB/s) of a `bytes` buffer.
@@ -501,14 +555,17 @@ pub fn synthetic_laguna_decode(
             })
             .sum();
         let mut kernels = 0usize;
-        let mut step = |kernels: &mut usize| -> Result<()> {
+        let mut step = |kernels: &mut usize, tm: &mut StageTimer| -> Result<()> {
             let bp = |s: &CudaSlice<f32>| b.ptr(s);
+            tm.mark("start")?;
             launch!(b, &b.inner.f.embed, (1, 1, 1), (256, 1, 1);
                 embed.fmt, b.ptr(&embed.data), 0u64, 1.0f32, b.ptr(&ids), bp(&x), h as i32)?;
+            tm.mark("embed")?;
             *kernels += 1;
             for (li, l) in layers.iter_mut().enumerate() {
                 launch!(b, &b.inner.f.rms_norm, (1, 1, 1), (512, 1, 1);
                     bp(&x), bp(&l.in_norm), bp(&a), h as i32, g.eps)?;
+                tm.mark("input rmsnorm")?;
                 let mut segs = Segs::default();
                 let mut block0 = 0i32;
                 for (i, (w, y)) in [(&l.q, &qb), (&l.k, &kb), (&l.v, &vb), (&l.g, &gb)]
@@ -529,6 +586,7 @@ pub fn synthetic_laguna_decode(
                 segs.n = 4;
                 launch!(b, &b.inner.f.linear_multi2, (block0 as u32, 1, 1), (32 * GEMV_WARPS, 1, 1);
                     segs, bp(&a), h as i32)?;
+                tm.mark("q/k/v/g projections (one launch)")?;
                 let (invf, rdim, theta_af) = if l.full {
                     (&inv_full, rdim_full, 1.0f32)
                 } else {
@@ -537,6 +595,7 @@ pub fn synthetic_laguna_decode(
                 launch!(b, &b.inner.f.qk_norm_rope, ((l.heads + g.kv_heads) as u32, 1, 1), (d as u32, 1, 1);
                     bp(&qb), bp(&kb), bp(&l.qn), bp(&l.kn), l.heads as i32, d as i32, g.eps,
                     bp(invf), rdim as i32, theta_af, ctx as i32)?;
+                tm.mark("q/k norms + rope")?;
                 let p = AttentionParams {
                     heads: l.heads,
                     kv_heads: g.kv_heads,
@@ -564,13 +623,21 @@ pub fn synthetic_laguna_decode(
                     splits,
                     Some((bp(&part_o), bp(&part_ml))),
                 )?;
+                tm.mark(if l.full {
+                    "attention full (+ merge, gate)"
+                } else {
+                    "attention sliding (+ merge, gate)"
+                })?;
                 *kernels += 5 + usize::from(splits > 1) + 1;
                 // Append the new row without advancing the benchmark's position.
                 b.kv_append_raw(&mut l.kv, bp(&kb), bp(&vb), 1)?;
                 l.kv.len = pos0;
+                tm.mark("kv append")?;
                 b.gemv_raw(&l.o, bp(&ob), bp(&x), 0, bp(&x), 1)?;
+                tm.mark("o projection")?;
                 launch!(b, &b.inner.f.rms_norm, (1, 1, 1), (512, 1, 1);
                     bp(&x), bp(&l.post_norm), bp(&a), h as i32, g.eps)?;
+                tm.mark("post rmsnorm")?;
                 match &l.mlp {
                     Mlp::Dense(e) => {
                         b.experts_raw(
@@ -586,6 +653,7 @@ pub fn synthetic_laguna_decode(
                             bp(&x),
                             bp(&x),
                         )?;
+                        tm.mark("dense mlp")?;
                         *kernels += 4;
                     }
                     Mlp::Moe {
@@ -595,9 +663,11 @@ pub fn synthetic_laguna_decode(
                         shared,
                     } => {
                         b.gemv_raw(router, bp(&a), bp(&rl), 0, 0, 1)?;
+                        tm.mark("router gemv")?;
                         launch!(b, &b.inner.f.route, (1, 1, 1), (32, 1, 1);
                             bp(&rl), bp(bias), g.experts as i32, g.top_k as i32, 0i32, 1i32,
                             0.0f32, g.routed_scale, b.ptr(&sel), bp(&wts))?;
+                        tm.mark("top-k")?;
                         let sh = SharedExpert {
                             gate: &shared[0],
                             up: &shared[1],
@@ -617,23 +687,40 @@ pub fn synthetic_laguna_decode(
                             bp(&x),
                             bp(&x),
                         )?;
+                        tm.mark("experts (routed + shared)")?;
                         *kernels += 6;
                     }
                 }
             }
             launch!(b, &b.inner.f.rms_norm, (1, 1, 1), (512, 1, 1);
                 b.ptr(&x), b.ptr(&final_norm), b.ptr(&a), h as i32, g.eps)?;
+            tm.mark("final rmsnorm")?;
             b.gemv_raw(&lm_head, b.ptr(&a), b.ptr(&logits), 0, 0, 1)?;
+            tm.mark("lm_head")?;
             *kernels += 2;
             Ok(())
         };
-        // Eager run once (checks every launch), then capture.
-        step(&mut kernels)?;
+        // Eager run once (checks every launch), then timed per stage, then capture.
+        let mut tm = StageTimer::new(b);
+        step(&mut kernels, &mut tm)?;
         b.synchronize()?;
+        tm.on = true;
+        const PROFILED: usize = 3;
+        for _ in 0..PROFILED {
+            step(&mut kernels, &mut tm)?;
+            b.synchronize()?;
+            tm.resolve()?;
+        }
+        tm.on = false;
+        let stages_us: Vec<(String, f64)> = tm
+            .totals
+            .iter()
+            .map(|(n, us)| (n.to_string(), us / PROFILED as f64))
+            .collect();
         kernels = 0;
         let eager_t = Instant::now();
         for _ in 0..3 {
-            step(&mut kernels)?;
+            step(&mut kernels, &mut tm)?;
         }
         b.synchronize()?;
         let eager_ms = eager_t.elapsed().as_secs_f64() * 1e3 / 3.0;
@@ -645,7 +732,7 @@ pub fn synthetic_laguna_decode(
             )
             .map_err(|e| b.err(format!("capture: {e:?}")))?;
         let mut k2 = 0;
-        let r = step(&mut k2);
+        let r = step(&mut k2, &mut tm);
         let graph = b
             .inner
             .stream
@@ -686,6 +773,7 @@ pub fn synthetic_laguna_decode(
             copy_gbs,
             fraction_of_copy: bpt * tok_s / 1e9 / copy_gbs,
             kernels,
+            stages_us,
         });
     }
     Ok(rows)

@@ -477,27 +477,40 @@ __device__ __forceinline__ void nv_rows_smem(const RowSet& rs, bool active, bool
 }
 
 // BF16 rows (K % 8 == 0): out[r] += per-lane partial W[r, :] . x over 8-element chunks
-// i = 32 * (part + nparts * j) + lane.
+// i = 32 * (part + nparts * j) + lane. Each lane issues the 16-byte loads of BU chunk slots of all
+// R rows before any arithmetic (a 3072-wide row is 12 slots: one serial latency per BU slots).
 template <int R, int RA>
 __device__ __forceinline__ void bf_rows(const RowSet& rs, int K, const float* __restrict__ x, int part, int nparts,
                                         float out[R]) {
+    constexpr int BU = R >= 8 ? 2 : 16 / R;
     const int lane = threadIdx.x & 31;
     const int n = K >> 3;
-    for (int i = 32 * part + lane; i < n; i += 32 * nparts) {
-        uint4 wv[R];
+    const int step = 32 * nparts;
+    for (int base = 32 * part + lane; base < n; base += step * BU) {
+        uint4 wv[BU][R];
 #pragma unroll
-        for (int r = 0; r < R; r++)
-            if (rs_ok<R, RA>(rs, r)) wv[r] = ld_stream((const uint4*)rs_w<R, RA>(rs, r) + i);
-        const float4* xp = (const float4*)(x + (long)i * 8);
-        const float4 xa = __ldg(xp), xb = __ldg(xp + 1);
+        for (int q = 0; q < BU; q++) {
+            const int i = base + step * q;
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            if (rs_ok<R, RA>(rs, r)) {
-                const u32 ws[4] = {wv[r].x, wv[r].y, wv[r].z, wv[r].w};
-                out[r] += __uint_as_float(ws[0] << 16) * xa.x + __uint_as_float(ws[0] & 0xffff0000u) * xa.y +
-                          __uint_as_float(ws[1] << 16) * xa.z + __uint_as_float(ws[1] & 0xffff0000u) * xa.w +
-                          __uint_as_float(ws[2] << 16) * xb.x + __uint_as_float(ws[2] & 0xffff0000u) * xb.y +
-                          __uint_as_float(ws[3] << 16) * xb.z + __uint_as_float(ws[3] & 0xffff0000u) * xb.w;
+            for (int r = 0; r < R; r++)
+                if (i < n && rs_ok<R, RA>(rs, r)) wv[q][r] = ld_stream((const uint4*)rs_w<R, RA>(rs, r) + i);
+        }
+#pragma unroll
+        for (int q = 0; q < BU; q++) {
+            const int i = base + step * q;
+            if (i < n) {
+                const float4* xp = (const float4*)(x + (long)i * 8);
+                const float4 xa = __ldg(xp), xb = __ldg(xp + 1);
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    if (rs_ok<R, RA>(rs, r)) {
+                        const u32 ws[4] = {wv[q][r].x, wv[q][r].y, wv[q][r].z, wv[q][r].w};
+                        out[r] += __uint_as_float(ws[0] << 16) * xa.x + __uint_as_float(ws[0] & 0xffff0000u) * xa.y +
+                                  __uint_as_float(ws[1] << 16) * xa.z + __uint_as_float(ws[1] & 0xffff0000u) * xa.w +
+                                  __uint_as_float(ws[2] << 16) * xb.x + __uint_as_float(ws[2] & 0xffff0000u) * xb.y +
+                                  __uint_as_float(ws[3] << 16) * xb.z + __uint_as_float(ws[3] & 0xffff0000u) * xb.w;
+                    }
+                }
             }
         }
     }
@@ -1032,6 +1045,213 @@ __device__ void attn_impl(const float* __restrict__ q, const float* __restrict__
     }
 }
 
+// Decode attention (one query row, T == 1) over a bf16 cache: the host's ngroups blocks per
+// (kv head, split) split the kv head's G query heads evenly (ceil(G / ngroups) <= DEC_GMAX each;
+// the group's blocks run side by side, so their K/V reads after the first hit L2).
+// Warp w takes tiles of 16 keys (key jb + lane / 2, jb = s0 + 16 (w + AW i)); per tile every lane
+// issues half of its key's D / 8 16-byte K loads and the 16 keys' V slices (D / 32 dims per
+// lane) before any arithmetic; online softmax per head with per-lane partial sums of exp. The chunk's own key
+// (position pos0, not yet in the cache) is read from kch/vch, rounded to bf16 like a stored row.
+// Same grid and outputs as attn_impl.
+#define DEC_GMAX 4
+
+__device__ __forceinline__ void bf16x8_to_f32(uint4 a, float o[8]) {
+    const u32 w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        o[2 * j] = __uint_as_float(w[j] << 16);
+        o[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+    }
+}
+
+__device__ __forceinline__ u32 pack_bf16x2(float a, float b) {
+    return (u32)f32_to_bf16(a) | ((u32)f32_to_bf16(b) << 16);
+}
+
+template <int D>
+__device__ void attn_dec_impl(const float* __restrict__ q, const float* __restrict__ kch,
+                              const float* __restrict__ vch, const u16* __restrict__ kc, const u16* __restrict__ vc,
+                              float* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml,
+                              int heads, int kvh, float scale, int pos0, int window, int splits, int ngroups) {
+    constexpr int KC = D / 8;   // 16-byte chunks of a key row
+    constexpr int VL = D / 32;  // value dims per lane (2 or 4)
+    __shared__ float qs[DEC_GMAX][D];
+    __shared__ float wm[AW][DEC_GMAX], wl[AW][DEC_GMAX];
+    __shared__ float wacc[AW][DEC_GMAX][D];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int kv = blockIdx.x / ngroups, grp = blockIdx.x % ngroups;
+    const int GA = heads / kvh;
+    const int gs = (GA + ngroups - 1) / ngroups;
+    const int G = min(gs, GA - grp * gs);  // heads of this block (<= 0: none)
+    if (G <= 0) return;
+    const int h0 = kv * GA + grp * gs;
+    const int z = blockIdx.z;
+    const int p = pos0;
+    const int first = window > 0 ? max(0, p + 1 - window) : 0;
+    const int nkeys = p - first + 1;
+    const int per = (nkeys + splits - 1) / splits;
+    const int s0 = first + z * per;
+    const int s1 = min(s0 + per, p + 1);
+    const long rw = (long)kvh * D;
+
+    for (int i = threadIdx.x; i < G * D; i += blockDim.x) qs[i / D][i % D] = q[(long)h0 * D + i] * scale;
+    __syncthreads();
+
+    float m[DEC_GMAX], l[DEC_GMAX], acc[DEC_GMAX][VL];
+#pragma unroll
+    for (int g = 0; g < DEC_GMAX; g++) {
+        m[g] = -INF_F;
+        l[g] = 0.f;
+#pragma unroll
+        for (int c = 0; c < VL; c++) acc[g][c] = 0.f;
+    }
+
+    // Tiles of 16 keys per warp: key jb + (lane >> 1); the lane pair splits its K row in halves.
+    const int half = lane & 1;
+    for (int jb = s0 + wid * 16; jb < s1; jb += AW * 16) {
+        const int j = jb + (lane >> 1);
+        const bool valid = j < s1;
+        // ---- loads: half of this lane's key row, then the 16 keys' V slices of this lane
+        uint4 kr[KC / 2];
+        if (valid) {
+            if (j < pos0) {
+                const long slot = window > 0 ? (long)(j % window) : (long)j;
+                const uint4* src = (const uint4*)(kc + slot * rw + (long)kv * D) + half * (KC / 2);
+#pragma unroll
+                for (int c = 0; c < KC / 2; c++) kr[c] = __ldg(src + c);
+            } else {
+                const float* src = kch + (long)(j - pos0) * rw + (long)kv * D + half * (D / 2);
+#pragma unroll
+                for (int c = 0; c < KC / 2; c++) {
+                    const float4 a = *(const float4*)(src + 8 * c), b = *(const float4*)(src + 8 * c + 4);
+                    kr[c] = make_uint4(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w), pack_bf16x2(b.x, b.y),
+                                       pack_bf16x2(b.z, b.w));
+                }
+            }
+        }
+        const int nk = min(16, s1 - jb);
+        const int slotb = window > 0 ? jb % window : jb;
+        u32 vr[16][VL / 2];
+#pragma unroll
+        for (int kk = 0; kk < 16; kk++) {
+            if (kk < nk) {
+                const int jj = jb + kk;
+                if (jj < pos0) {
+                    int slot = slotb + kk;
+                    if (window > 0 && slot >= window) slot -= window;
+                    const u16* src = vc + (long)slot * rw + (long)kv * D + lane * VL;
+                    if (VL == 4) {
+                        const uint2 t = __ldg((const uint2*)src);
+                        vr[kk][0] = t.x;
+                        vr[kk][VL / 2 - 1] = t.y;
+                    } else {
+                        vr[kk][0] = __ldg((const u32*)src);
+                    }
+                } else {
+                    const float* src = vch + (long)(jj - pos0) * rw + (long)kv * D + lane * VL;
+#pragma unroll
+                    for (int c = 0; c < VL / 2; c++) vr[kk][c] = pack_bf16x2(src[2 * c], src[2 * c + 1]);
+                }
+            }
+        }
+        // ---- scores (pair-reduced) and online softmax
+        float sc[DEC_GMAX];
+#pragma unroll
+        for (int g = 0; g < DEC_GMAX; g++) sc[g] = 0.f;
+        if (valid) {
+#pragma unroll
+            for (int c = 0; c < KC / 2; c++) {
+                float kf[8];
+                bf16x8_to_f32(kr[c], kf);
+                const int qo = (half * (KC / 2) + c) * 8;
+#pragma unroll
+                for (int g = 0; g < DEC_GMAX; g++) {
+                    if (g < G) {
+                        const float4 qa = *(const float4*)&qs[g][qo], qb = *(const float4*)&qs[g][qo + 4];
+                        sc[g] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4] +
+                                 qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
+                    }
+                }
+            }
+        }
+        float pr[DEC_GMAX];
+#pragma unroll
+        for (int g = 0; g < DEC_GMAX; g++) {
+            pr[g] = 0.f;
+            if (g < G) {
+                const float full = sc[g] + __shfl_xor_sync(0xffffffffu, sc[g], 1);
+                const float s = valid ? full : -INF_F;
+                const float mn = fmaxf(m[g], warp_max(s));
+                const float corr = m[g] == -INF_F ? 0.f : expf(m[g] - mn);
+                const float pv = valid ? expf(s - mn) : 0.f;
+                l[g] = l[g] * corr + (half ? 0.f : pv);  // per-lane partial; reduced at the end
+#pragma unroll
+                for (int c = 0; c < VL; c++) acc[g][c] *= corr;
+                m[g] = mn;
+                pr[g] = pv;
+            }
+        }
+        // ---- values
+#pragma unroll
+        for (int kk = 0; kk < 16; kk++) {
+            if (kk < nk) {
+                float vf[VL];
+#pragma unroll
+                for (int c = 0; c < VL / 2; c++) {
+                    vf[2 * c] = __uint_as_float(vr[kk][c] << 16);
+                    vf[2 * c + 1] = __uint_as_float(vr[kk][c] & 0xffff0000u);
+                }
+#pragma unroll
+                for (int g = 0; g < DEC_GMAX; g++) {
+                    if (g < G) {
+                        const float pk = __shfl_sync(0xffffffffu, pr[g], 2 * kk);
+#pragma unroll
+                        for (int c = 0; c < VL; c++) acc[g][c] = fmaf(pk, vf[c], acc[g][c]);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < DEC_GMAX; g++) {
+        if (g < G) {
+            const float ls = warp_sum(l[g]);
+            if (lane == 0) {
+                wm[wid][g] = m[g];
+                wl[wid][g] = ls;
+            }
+#pragma unroll
+            for (int c = 0; c < VL; c++) wacc[wid][g][lane * VL + c] = acc[g][c];
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+        const int g = i / D, c = i % D;
+        float M = -INF_F;
+#pragma unroll
+        for (int w = 0; w < AW; w++) M = fmaxf(M, wm[w][g]);
+        float L = 0.f, O = 0.f;
+        if (M != -INF_F) {
+#pragma unroll
+            for (int w = 0; w < AW; w++) {
+                const float f = wm[w][g] == -INF_F ? 0.f : expf(wm[w][g] - M);
+                L += wl[w][g] * f;
+                O += wacc[w][g][c] * f;
+            }
+        }
+        const long hh = h0 + g;
+        if (splits == 1) {
+            out[hh * D + c] = L > 0.f ? O / L : 0.f;
+        } else {
+            part_o[(hh * splits + z) * D + c] = O;
+            if (c == 0) {
+                part_ml[(hh * splits + z) * 2] = M;
+                part_ml[(hh * splits + z) * 2 + 1] = L;
+            }
+        }
+    }
+}
+
 #define ATTN_KERNEL(NAME, KT, DPL)                                                                                     \
     extern "C" __global__ void __launch_bounds__(AW * 32) NAME(                                                       \
         const float* q, const float* kch, const float* vch, const KT* kc, const KT* vc, float* out, float* part_o,   \
@@ -1040,12 +1260,25 @@ __device__ void attn_impl(const float* __restrict__ q, const float* __restrict__
         attn_impl<KT, DPL>(q, kch, vch, kc, vc, out, part_o, part_ml, T, heads, kvh, d, scale, pos0, window, splits, \
                            ngroups);                                                                                  \
     }
+// bf16 caches with d = 64 / 128: decode steps take attn_dec_impl.
+#define ATTN_KERNEL_DEC(NAME, DPL, D)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(AW * 32) NAME(                                                       \
+        const float* q, const float* kch, const float* vch, const u16* kc, const u16* vc, float* out, float* part_o,   \
+        float* part_ml, int T, int heads, int kvh, int d, float scale, int pos0, int window, int splits,             \
+        int ngroups) {                                                                                                \
+        if (T == 1 && d == D && (heads / kvh + ngroups - 1) / ngroups <= DEC_GMAX)                                    \
+            attn_dec_impl<D>(q, kch, vch, kc, vc, out, part_o, part_ml, heads, kvh, scale, pos0, window, splits,      \
+                             ngroups);                                                                                \
+        else                                                                                                          \
+            attn_impl<u16, DPL>(q, kch, vch, kc, vc, out, part_o, part_ml, T, heads, kvh, d, scale, pos0, window,    \
+                                splits, ngroups);                                                                     \
+    }
 ATTN_KERNEL(attn_f32_1, float, 1)
 ATTN_KERNEL(attn_f32_2, float, 2)
 ATTN_KERNEL(attn_f32_4, float, 4)
 ATTN_KERNEL(attn_bf16_1, u16, 1)
-ATTN_KERNEL(attn_bf16_2, u16, 2)
-ATTN_KERNEL(attn_bf16_4, u16, 4)
+ATTN_KERNEL_DEC(attn_bf16_2, 2, 64)
+ATTN_KERNEL_DEC(attn_bf16_4, 4, 128)
 
 // Merges the splits: grid (heads, T), threads d. Optionally multiplies by softplus(gate[t, h]).
 extern "C" __global__ void attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,
@@ -1074,13 +1307,14 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part_o, const 
 
 // One warp per token: scores (sigmoid or softmax), top-k on score + bias (ties: lower id),
 // renormalise, scale. n <= 1024 experts.
-extern "C" __global__ void route(const float* __restrict__ logits, const float* __restrict__ bias, int n, int k,
-                                int softmax, int normalize, float softcap, float scale, int* __restrict__ sel,
-                                float* __restrict__ wts) {
+// PER = experts per lane (n <= 32 PER): the selection loops are unrolled over PER registers.
+template <int PER>
+__device__ void route_impl(const float* __restrict__ logits, const float* __restrict__ bias, int n, int k,
+                           int softmax, int normalize, float softcap, float scale, int* __restrict__ sel,
+                           float* __restrict__ wts) {
     const int t = blockIdx.x;
     const int lane = threadIdx.x;
     const float* l = logits + (long)t * n;
-    constexpr int PER = 32;  // up to 1024 experts
     float s[PER], b[PER];
     float mx = -INF_F;
 #pragma unroll
@@ -1156,6 +1390,21 @@ extern "C" __global__ void route(const float* __restrict__ logits, const float* 
         sel[t * k + lane] = my_e;
         wts[t * k + lane] = w * scale;
     }
+}
+
+extern "C" __global__ void route(const float* __restrict__ logits, const float* __restrict__ bias, int n, int k,
+                                int softmax, int normalize, float softcap, float scale, int* __restrict__ sel,
+                                float* __restrict__ wts) {
+    if (n <= 64)
+        route_impl<2>(logits, bias, n, k, softmax, normalize, softcap, scale, sel, wts);
+    else if (n <= 128)
+        route_impl<4>(logits, bias, n, k, softmax, normalize, softcap, scale, sel, wts);
+    else if (n <= 256)
+        route_impl<8>(logits, bias, n, k, softmax, normalize, softcap, scale, sel, wts);
+    else if (n <= 512)
+        route_impl<16>(logits, bias, n, k, softmax, normalize, softcap, scale, sel, wts);
+    else
+        route_impl<32>(logits, bias, n, k, softmax, normalize, softcap, scale, sel, wts);
 }
 
 // One projection of all experts of a layer, stacked: expert e's rows start at e * rows.

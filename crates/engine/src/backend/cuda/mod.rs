@@ -135,7 +135,15 @@ fn ptx_for(arch: &'static str) -> std::result::Result<Ptx, String> {
         options: vec!["-std=c++17".into(), "-default-device".into()],
         ..Default::default()
     };
-    let ptx = compile_ptx_with_opts(KERNELS_CU, opts).map_err(|e| format!("NVRTC: {e}"))?;
+    // Development hook: FP4FORGE_CUDA_KERNELS=path compiles that source instead of the built-in
+    // one (same kernel names and signatures), so kernels can be tuned on a GPU machine without
+    // rebuilding the binary.
+    let source = match std::env::var_os("FP4FORGE_CUDA_KERNELS") {
+        Some(path) => std::fs::read_to_string(&path)
+            .map_err(|e| format!("FP4FORGE_CUDA_KERNELS={}: {e}", path.to_string_lossy()))?,
+        None => KERNELS_CU.to_string(),
+    };
+    let ptx = compile_ptx_with_opts(source, opts).map_err(|e| format!("NVRTC: {e}"))?;
     c.push((arch, ptx.clone()));
     Ok(ptx)
 }
