@@ -5,9 +5,10 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use fp4forge_engine::{
-    ChatMessage, GenerateOptions, KvDtype, Model, ModelOptions, SamplingParams, StopReason,
-    TextCodec,
+    Backend, ChatMessage, GenerateOptions, KvDtype, Model, ModelOptions, SamplingParams,
+    StopReason, TextCodec,
 };
+use fp4forge_server::Device;
 
 /// Arguments of `fp4forge run`.
 #[derive(clap::Args)]
@@ -47,7 +48,11 @@ pub struct RunArgs {
     /// Quantize activations of W4A4 modules to NVFP4 as Blackwell does (default: weight-only).
     #[arg(long)]
     emulate_w4a4: bool,
-    /// Worker threads (default: all cores).
+    /// Where the engine runs: cpu, or cuda[:N] (GPU N, default 0; needs a build with the `cuda`
+    /// feature).
+    #[arg(long, default_value = "cpu")]
+    device: Device,
+    /// CPU worker threads (default: all cores; ignored with --device cuda).
     #[arg(long, default_value_t = 0)]
     threads: usize,
 }
@@ -63,7 +68,28 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         .kv_dtype(kv)
         .emulate_w4a4(args.emulate_w4a4)
         .threads(args.threads);
-    let model = Model::load(&args.dir, options)?;
+    match args.device {
+        Device::Cpu => generate(&Model::load(&args.dir, options)?, &args),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(ordinal) => {
+            let backend = fp4forge_engine::CudaBackend::new(ordinal)
+                .with_context(|| format!("starting device {}", args.device))?;
+            generate(
+                &Model::load_with_backend(&args.dir, options, backend)?,
+                &args,
+            )
+        }
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => bail!(
+            "device {}: this fp4forge was built without the CUDA backend; rebuild with the \
+             `cuda` feature (cargo build --release -p fp4forge --features cuda)",
+            args.device
+        ),
+    }
+}
+
+/// Generates from the prompt of `args` with `model` (on any backend), streamed to stdout.
+fn generate<B: Backend>(model: &Model<B>, args: &RunArgs) -> anyhow::Result<()> {
     let info = model.info().clone();
     let codec = if args.dir.join("tokenizer.json").exists() {
         Some(TextCodec::load(&args.dir)?)
@@ -183,4 +209,24 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn cuda_without_the_feature_is_a_clear_error() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            run: super::RunArgs,
+        }
+        let cli =
+            Cli::try_parse_from(["run", "no-such-dir", "--prompt", "hi", "--device", "cuda:2"])
+                .unwrap();
+        let message = format!("{:#}", super::run(cli.run).unwrap_err());
+        assert!(message.contains("device cuda:2"), "{message}");
+        assert!(message.contains("`cuda` feature"), "{message}");
+    }
 }

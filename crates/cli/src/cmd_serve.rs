@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use fp4forge_engine::KvDtype;
-use fp4forge_server::{Server, ServerConfig};
+use fp4forge_server::{Device, Server, ServerConfig};
 
 /// Arguments of `fp4forge serve`.
 #[derive(clap::Args)]
@@ -42,7 +42,11 @@ pub struct ServeArgs {
     /// Prompt tokens prefilled per engine step over all sequences.
     #[arg(long, default_value_t = fp4forge_server::DEFAULT_PREFILL_BUDGET)]
     prefill_budget: usize,
-    /// Engine worker threads (0: one per core).
+    /// Where the engine runs: cpu, or cuda[:N] (GPU N, default 0; needs a build with the `cuda`
+    /// feature).
+    #[arg(long, default_value = "cpu")]
+    device: Device,
+    /// CPU engine worker threads (0: one per core; ignored with --device cuda).
     #[arg(long, default_value_t = 0)]
     threads: usize,
     /// KV cache storage.
@@ -71,6 +75,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .max_queue(args.max_queue)
         .max_body_bytes(args.max_body_bytes)
         .prefill_budget(args.prefill_budget)
+        .device(args.device)
         .threads(args.threads)
         .kv_dtype(kv)
         .drain_timeout(Duration::from_secs(args.drain_timeout));
@@ -81,9 +86,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     runtime.block_on(async {
         let server = Server::bind(config).await?;
         eprintln!(
-            "fp4forge serve: model `{}` (context {} tokens) on http://{}/v1",
+            "fp4forge serve: model `{}` (context {} tokens, backend {}) on http://{}/v1",
             server.model_name(),
             server.max_context(),
+            server.backend(),
             server.local_addr()
         );
         server.run(fp4forge_server::shutdown_signal()).await?;

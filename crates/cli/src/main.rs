@@ -29,7 +29,7 @@ enum Command {
     /// Prove that DST was built from SRC: re-derive every quantized tensor bit for bit, compare
     /// every other tensor byte for byte, check the config.
     Verify(cmd_verify::VerifyArgs),
-    /// Generate text with the native engine (CPU), streamed to the terminal.
+    /// Generate text with the native engine (CPU or CUDA), streamed to the terminal.
     Run(cmd_run::RunArgs),
     /// Parameters and bytes per component, bytes per decoded token, KV cache, decode ceilings.
     Inspect(cmd_inspect::InspectArgs),
@@ -63,5 +63,28 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => cmd_serve::run(args),
         Command::Bench(args) => cmd_bench::run(args),
         Command::Eval(args) => cmd_eval::run(args),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_is_parsed_for_run_and_serve() {
+        for sub in ["run", "serve"] {
+            for arg in ["cpu", "cuda", "cuda:1"] {
+                let cli = Cli::try_parse_from(["fp4forge", sub, "dir", "--device", arg]);
+                assert!(cli.is_ok(), "{sub} --device {arg}");
+            }
+            let err = Cli::try_parse_from(["fp4forge", sub, "dir", "--device", "tpu"])
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(
+                err.contains("unknown device 'tpu': expected cpu or cuda[:N]"),
+                "{err}"
+            );
+        }
     }
 }

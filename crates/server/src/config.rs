@@ -1,6 +1,8 @@
 //! [`ServerConfig`]: what to serve, where, and the limits every request is held to.
 
+use std::fmt;
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 use std::time::Duration;
 
 use fp4forge_engine::KvDtype;
@@ -19,6 +21,61 @@ pub const DEFAULT_PREFILL_BUDGET: usize = 256;
 pub const DEFAULT_MAX_LOGPROBS: usize = 20;
 /// Default most sequences one request may ask for (prompts × `n`).
 pub const DEFAULT_MAX_CHOICES: usize = 64;
+
+/// Where the engine runs the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Device {
+    /// The CPU backend (`threads` worker threads).
+    #[default]
+    Cpu,
+    /// The CUDA backend on the GPU of this ordinal (needs the `cuda` feature).
+    Cuda(usize),
+}
+
+impl Device {
+    /// Whether this build can run on it (CUDA needs the `cuda` feature).
+    pub fn available(self) -> bool {
+        match self {
+            Device::Cpu => true,
+            Device::Cuda(_) => cfg!(feature = "cuda"),
+        }
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+/// A device name that is not `cpu`, `cuda` or `cuda:N`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown device '{0}': expected cpu or cuda[:N]")]
+pub struct ParseDeviceError(pub String);
+
+impl FromStr for Device {
+    type Err = ParseDeviceError;
+
+    /// `cpu`, `cuda` (GPU 0) or `cuda:N`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || ParseDeviceError(s.to_string());
+        let t = s.trim().to_ascii_lowercase();
+        match t.as_str() {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda(0)),
+            _ => {
+                let n = t.strip_prefix("cuda:").ok_or_else(bad)?;
+                if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(bad());
+                }
+                n.parse().map(Device::Cuda).map_err(|_| bad())
+            }
+        }
+    }
+}
 
 /// How the server runs: plain data (every field public) with builder-style setters of the same
 /// names, e.g. `ServerConfig::new("model").port(0).max_batch(8)`.
@@ -49,7 +106,9 @@ pub struct ServerConfig {
     pub max_logprobs: usize,
     /// Most sequences (prompts × `n`) one request may ask for.
     pub max_choices: usize,
-    /// CPU threads of the engine (0: one per core).
+    /// Where the engine runs (default: the CPU).
+    pub device: Device,
+    /// CPU threads of the engine (0: one per core; ignored on CUDA).
     pub threads: usize,
     /// KV cache storage.
     pub kv_dtype: KvDtype,
@@ -75,6 +134,7 @@ impl ServerConfig {
             prefill_budget: DEFAULT_PREFILL_BUDGET,
             max_logprobs: DEFAULT_MAX_LOGPROBS,
             max_choices: DEFAULT_MAX_CHOICES,
+            device: Device::Cpu,
             threads: 0,
             kv_dtype: KvDtype::Bf16,
             max_context: None,
@@ -136,6 +196,12 @@ impl ServerConfig {
         self
     }
 
+    /// Sets [`ServerConfig::device`].
+    pub fn device(mut self, device: Device) -> Self {
+        self.device = device;
+        self
+    }
+
     /// Sets [`ServerConfig::threads`].
     pub fn threads(mut self, n: usize) -> Self {
         self.threads = n;
@@ -193,5 +259,32 @@ impl ServerConfig {
             return bad("the served model name is empty");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_devices() {
+        assert_eq!("cpu".parse(), Ok(Device::Cpu));
+        assert_eq!("CPU".parse(), Ok(Device::Cpu));
+        assert_eq!("cuda".parse(), Ok(Device::Cuda(0)));
+        assert_eq!("cuda:0".parse(), Ok(Device::Cuda(0)));
+        assert_eq!("cuda:3".parse(), Ok(Device::Cuda(3)));
+        for bad in [
+            "", "gpu", "cuda:", "cuda:x", "cuda:-1", "cuda:+1", "cuda0", "cpu:0",
+        ] {
+            let e = bad.parse::<Device>().unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("unknown device '{bad}': expected cpu or cuda[:N]")
+            );
+        }
+        for d in [Device::Cpu, Device::Cuda(0), Device::Cuda(7)] {
+            assert_eq!(d.to_string().parse(), Ok(d));
+        }
+        assert_eq!(ServerConfig::new("m").device, Device::Cpu);
     }
 }

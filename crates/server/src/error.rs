@@ -18,6 +18,23 @@ pub enum ServerError {
         /// What the engine said.
         source: fp4forge_engine::EngineError,
     },
+    /// The device asked for is not built in (CUDA without the `cuda` feature).
+    #[error(
+        "device {device}: this build has no CUDA backend; rebuild with the `cuda` feature \
+         (cargo build --release -p fp4forge --features cuda)"
+    )]
+    DeviceNotBuilt {
+        /// The device asked for.
+        device: crate::config::Device,
+    },
+    /// The device could not be started (no driver, no such GPU, ...).
+    #[error("starting device {device}: {source}")]
+    Device {
+        /// The device asked for.
+        device: crate::config::Device,
+        /// What the engine said.
+        source: fp4forge_engine::EngineError,
+    },
     /// The model directory has no tokenizer, which a text API needs.
     #[error("{}: no tokenizer.json (the server needs the checkpoint's tokenizer)", dir.display())]
     NoTokenizer {

@@ -43,8 +43,9 @@ mod text;
 mod test_tiny_model;
 
 pub use config::{
-    ServerConfig, DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CHOICES,
-    DEFAULT_MAX_LOGPROBS, DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS_LIMIT, DEFAULT_PREFILL_BUDGET,
+    Device, ParseDeviceError, ServerConfig, DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CHOICES, DEFAULT_MAX_LOGPROBS, DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS_LIMIT,
+    DEFAULT_PREFILL_BUDGET,
 };
 pub use error::{ApiError, ServerError};
 pub use server::{shutdown_signal, Server};

@@ -26,11 +26,11 @@ use std::thread::JoinHandle;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use fp4forge_engine::{
-    Model, ModelInfo, ModelOptions, Sampler, SamplingParams, Session, WantLogits,
+    Backend, Model, ModelInfo, ModelOptions, Sampler, SamplingParams, Session, WantLogits,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::config::ServerConfig;
+use crate::config::{Device, ServerConfig};
 use crate::error::{ApiError, ServerError};
 use crate::logprobs::{token_logprob, TokenLogprob};
 use crate::metrics::Metrics;
@@ -173,8 +173,8 @@ impl EngineHandle {
     }
 }
 
-/// Starts the engine thread: loads the model there, then schedules until shut down. Returns
-/// once the model is loaded (or failed to load).
+/// Starts the engine thread: loads the model there (on `config.device`), then schedules until
+/// shut down. Returns once the model is loaded (or failed to load).
 pub(crate) fn start(
     config: &ServerConfig,
     metrics: Arc<Metrics>,
@@ -188,6 +188,7 @@ pub(crate) fn start(
         options = options.max_context(c);
     }
     let dir = config.model_dir.clone();
+    let device = config.device;
     let limits = Limits {
         max_batch: config.max_batch,
         prefill_budget: config.prefill_budget,
@@ -199,15 +200,41 @@ pub(crate) fn start(
         .name("fp4forge-engine".into())
         .spawn(move || {
             let _guard = guard;
-            let model = match Model::load(&dir, options) {
-                Ok(m) => m,
-                Err(source) => {
-                    let _ = ready_tx.send(Err(ServerError::Load { dir, source }));
-                    return;
-                }
+            let serve = Serve {
+                ready: ready_tx,
+                rx,
+                limits,
+                metrics: thread_metrics,
             };
-            let _ = ready_tx.send(Ok(model.info().clone()));
-            Scheduler::new(&model, limits, thread_metrics).run(rx);
+            match device {
+                Device::Cpu => {
+                    let model = Model::load(&dir, options).map_err(|source| ServerError::Load {
+                        dir: dir.clone(),
+                        source,
+                    });
+                    serve.run(model);
+                }
+                #[cfg(feature = "cuda")]
+                Device::Cuda(ordinal) => {
+                    let model = fp4forge_engine::CudaBackend::new(ordinal)
+                        .map_err(|source| ServerError::Device { device, source })
+                        .and_then(|backend| {
+                            Model::load_with_backend(&dir, options, backend).map_err(|source| {
+                                ServerError::Load {
+                                    dir: dir.clone(),
+                                    source,
+                                }
+                            })
+                        });
+                    serve.run(model);
+                }
+                #[cfg(not(feature = "cuda"))]
+                Device::Cuda(_) => {
+                    let _ = serve
+                        .ready
+                        .send(Err(ServerError::DeviceNotBuilt { device }));
+                }
+            }
         })
         .map_err(|e| ServerError::Engine(e.to_string()))?;
     match ready_rx.recv() {
@@ -234,6 +261,29 @@ pub(crate) fn start(
     }
 }
 
+/// What the engine thread needs once its model is loaded.
+struct Serve {
+    ready: Sender<Result<ModelInfo, ServerError>>,
+    rx: Receiver<Msg>,
+    limits: Limits,
+    metrics: Arc<Metrics>,
+}
+
+impl Serve {
+    /// Reports the load's outcome; with a model, schedules until shut down.
+    fn run<B: Backend>(self, model: Result<Model<B>, ServerError>) {
+        let model = match model {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = self.ready.send(Err(e));
+                return;
+            }
+        };
+        let _ = self.ready.send(Ok(model.info().clone()));
+        Scheduler::new(&model, self.limits, self.metrics).run(self.rx);
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Limits {
     max_batch: usize,
@@ -241,9 +291,9 @@ struct Limits {
 }
 
 /// A running sequence.
-struct Seq<'m> {
+struct Seq<'m, B: Backend> {
     job: Job,
-    session: Session<'m>,
+    session: Session<'m, B>,
     sampler: Sampler,
     prefilled: usize,
     generated: usize,
@@ -255,18 +305,18 @@ struct Seq<'m> {
     done: bool,
 }
 
-struct Scheduler<'m> {
-    model: &'m Model,
+struct Scheduler<'m, B: Backend> {
+    model: &'m Model<B>,
     limits: Limits,
     metrics: Arc<Metrics>,
     max_context: usize,
     waiting: VecDeque<Job>,
-    active: Vec<Seq<'m>>,
+    active: Vec<Seq<'m, B>>,
     shutting_down: bool,
 }
 
-impl<'m> Scheduler<'m> {
-    fn new(model: &'m Model, limits: Limits, metrics: Arc<Metrics>) -> Self {
+impl<'m, B: Backend> Scheduler<'m, B> {
+    fn new(model: &'m Model<B>, limits: Limits, metrics: Arc<Metrics>) -> Self {
         Self {
             max_context: model.info().max_context,
             model,

@@ -110,6 +110,11 @@ impl Server {
         &self.state.model_name
     }
 
+    /// The backend the model runs on (`cpu-avx2`, `cuda:0`, ...).
+    pub fn backend(&self) -> &str {
+        &self.state.info.backend
+    }
+
     /// The longest sequence (prompt + generated tokens) served.
     pub fn max_context(&self) -> usize {
         self.state.info.max_context
@@ -245,5 +250,51 @@ pub async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {},
         () = term => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_tiny_model as tiny_model;
+
+    #[tokio::test]
+    async fn binds_on_the_cpu_by_default() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("tiny");
+        tiny_model::write_tiny_model(&dir, 3).unwrap();
+        let server = Server::bind(
+            ServerConfig::new(&dir)
+                .port(0)
+                .threads(1)
+                .drain_timeout(std::time::Duration::from_secs(1)),
+        )
+        .await
+        .unwrap();
+        assert!(server.backend().starts_with("cpu"), "{}", server.backend());
+        server.run(async {}).await.unwrap();
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[tokio::test]
+    async fn cuda_without_the_feature_is_a_clear_error() {
+        use crate::config::Device;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("tiny");
+        tiny_model::write_tiny_model(&dir, 3).unwrap();
+        let config = ServerConfig::new(&dir).port(0).device(Device::Cuda(1));
+        let err = Server::bind(config).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ServerError::DeviceNotBuilt {
+                    device: Device::Cuda(1)
+                }
+            ),
+            "{err:?}"
+        );
+        let message = err.to_string();
+        assert!(message.contains("cuda:1"), "{message}");
+        assert!(message.contains("`cuda` feature"), "{message}");
     }
 }
