@@ -1260,25 +1260,22 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
         attn_impl<KT, DPL>(q, kch, vch, kc, vc, out, part_o, part_ml, T, heads, kvh, d, scale, pos0, window, splits, \
                            ngroups);                                                                                  \
     }
-// bf16 caches with d = 64 / 128: decode steps take attn_dec_impl.
-#define ATTN_KERNEL_DEC(NAME, DPL, D)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(AW * 32) NAME(                                                       \
+// Decode steps (T == 1) over bf16 caches with d = 64 / 128 (the host picks these when
+// ceil(G / ngroups) <= DEC_GMAX); at most 128 registers, so 4 blocks fit on an SM.
+#define ATTN_KERNEL_DEC(NAME, D)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(AW * 32, 4) NAME(                                                    \
         const float* q, const float* kch, const float* vch, const u16* kc, const u16* vc, float* out, float* part_o,   \
-        float* part_ml, int T, int heads, int kvh, int d, float scale, int pos0, int window, int splits,             \
-        int ngroups) {                                                                                                \
-        if (T == 1 && d == D && (heads / kvh + ngroups - 1) / ngroups <= DEC_GMAX)                                    \
-            attn_dec_impl<D>(q, kch, vch, kc, vc, out, part_o, part_ml, heads, kvh, scale, pos0, window, splits,      \
-                             ngroups);                                                                                \
-        else                                                                                                          \
-            attn_impl<u16, DPL>(q, kch, vch, kc, vc, out, part_o, part_ml, T, heads, kvh, d, scale, pos0, window,    \
-                                splits, ngroups);                                                                     \
+        float* part_ml, int heads, int kvh, float scale, int pos0, int window, int splits, int ngroups) {             \
+        attn_dec_impl<D>(q, kch, vch, kc, vc, out, part_o, part_ml, heads, kvh, scale, pos0, window, splits, ngroups); \
     }
+ATTN_KERNEL_DEC(attn_dec_bf16_64, 64)
+ATTN_KERNEL_DEC(attn_dec_bf16_128, 128)
 ATTN_KERNEL(attn_f32_1, float, 1)
 ATTN_KERNEL(attn_f32_2, float, 2)
 ATTN_KERNEL(attn_f32_4, float, 4)
 ATTN_KERNEL(attn_bf16_1, u16, 1)
-ATTN_KERNEL_DEC(attn_bf16_2, 2, 64)
-ATTN_KERNEL_DEC(attn_bf16_4, 4, 128)
+ATTN_KERNEL(attn_bf16_2, u16, 2)
+ATTN_KERNEL(attn_bf16_4, u16, 4)
 
 // Merges the splits: grid (heads, T), threads d. Optionally multiplies by softplus(gate[t, h]).
 extern "C" __global__ void attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,

@@ -109,6 +109,8 @@ pub(crate) struct Funcs {
     pub kv_append: CudaFunction,
     /// `[f32 d≤32, f32 d≤64, f32 d≤128, bf16 ...]`.
     pub attn: Vec<CudaFunction>,
+    /// Decode attention over bf16 caches: `[d = 64, d = 128]`.
+    pub attn_dec: Vec<CudaFunction>,
     pub attn_combine: CudaFunction,
     pub route: CudaFunction,
     pub fill: CudaFunction,
@@ -218,6 +220,10 @@ impl CudaBackend {
             .iter()
             .map(|n| get(n))
             .collect::<Result<_>>()?,
+            attn_dec: ["attn_dec_bf16_64", "attn_dec_bf16_128"]
+                .iter()
+                .map(|n| get(n))
+                .collect::<Result<_>>()?,
             attn_combine: get("attn_combine")?,
             route: get("route")?,
             fill: get("fill")?,
@@ -587,13 +593,26 @@ impl CudaBackend {
         let g = p.heads / p.kv_heads;
         let ngroups = g.div_ceil(ATTN_GMAX);
         let window = cache.spec.window.unwrap_or(0) as i32;
-        let func = self.attn_func(cache.kv_t, p.head_dim)?;
         let grid = ((p.kv_heads * ngroups) as u32, t as u32, splits as u32);
         let (po, pml) = scratch.unwrap_or((0, 0));
-        launch!(self, func, grid, (128, 1, 1);
-            q, k, v, self.ptr(&cache.k), self.ptr(&cache.v), out, po, pml,
-            t as i32, p.heads as i32, p.kv_heads as i32, p.head_dim as i32, p.scale,
-            pos0 as i32, window, splits as i32, ngroups as i32)?;
+        // Decode over bf16 caches: the grouped kernel (ngroups blocks split a kv head's queries).
+        let dec = match p.head_dim {
+            64 if t == 1 && cache.kv_t == 2 => Some(&self.inner.f.attn_dec[0]),
+            128 if t == 1 && cache.kv_t == 2 => Some(&self.inner.f.attn_dec[1]),
+            _ => None,
+        };
+        if let Some(func) = dec {
+            launch!(self, func, grid, (128, 1, 1);
+                q, k, v, self.ptr(&cache.k), self.ptr(&cache.v), out, po, pml,
+                p.heads as i32, p.kv_heads as i32, p.scale,
+                pos0 as i32, window, splits as i32, ngroups as i32)?;
+        } else {
+            let func = self.attn_func(cache.kv_t, p.head_dim)?;
+            launch!(self, func, grid, (128, 1, 1);
+                q, k, v, self.ptr(&cache.k), self.ptr(&cache.v), out, po, pml,
+                t as i32, p.heads as i32, p.kv_heads as i32, p.head_dim as i32, p.scale,
+                pos0 as i32, window, splits as i32, ngroups as i32)?;
+        }
         if splits > 1 {
             launch!(self, &self.inner.f.attn_combine, (p.heads as u32, t as u32, 1),
                 (p.head_dim.max(32) as u32, 1, 1);
@@ -606,13 +625,15 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Number of key splits for a decode step over `keys` keys.
+    /// Number of key splits for a decode step over `keys` keys: enough blocks for ~16 per SM
+    /// (decode attention is latency-bound: it needs many warps in flight), at least 64 keys
+    /// (one round of the block's 4 warps) per split.
     pub(crate) fn splits_for(&self, keys: usize, blocks: usize, t: usize) -> usize {
         if t > 1 {
             return 1;
         }
-        let want = (8 * self.inner.sms).div_ceil(blocks.max(1));
-        want.min(keys.div_ceil(128)).clamp(1, MAX_SPLITS)
+        let want = (16 * self.inner.sms).div_ceil(blocks.max(1));
+        want.min(keys.div_ceil(64)).clamp(1, MAX_SPLITS)
     }
 
     pub(crate) fn kv_append_raw(
