@@ -1050,8 +1050,9 @@ __device__ void attn_impl(const float* __restrict__ q, const float* __restrict__
 // the group's blocks run side by side, so their K/V reads after the first hit L2).
 // Warp w takes tiles of 16 keys (key jb + lane / 2, jb = s0 + 16 (w + AW i)); per tile every lane
 // issues half of its key's D / 8 16-byte K loads and the 16 keys' V slices (D / 32 dims per
-// lane) before any arithmetic; online softmax per head with per-lane partial sums of exp. The chunk's own key
-// (position pos0, not yet in the cache) is read from kch/vch, rounded to bf16 like a stored row.
+// lane) before any arithmetic; online softmax per head with per-lane partial sums of exp. The
+// chunk's own key (position pos0, not yet in the cache) is read from kch/vch, rounded to bf16
+// like a stored row.
 // Same grid and outputs as attn_impl.
 #define DEC_GMAX 4
 
