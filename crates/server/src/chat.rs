@@ -15,9 +15,9 @@ use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::generation::{Generation, Update};
-use crate::http::{body_bytes, json_response, sse_done, sse_event, sse_response, FrameSource};
+use crate::http::{json_response, sse_done, sse_event, sse_response, FrameSource};
 use crate::params::{type_name, Body};
-use crate::request::{check_prompt, choice_specs, max_tokens, CommonParams};
+use crate::request::{check_prompt, choice_specs, max_tokens, read_request, with_codec};
 use crate::state::{response_id, AppState};
 use crate::text::Piece;
 
@@ -128,8 +128,7 @@ async fn prompt_ids(
     codec: &Arc<TextCodec>,
     messages: Vec<ChatMessage>,
 ) -> Result<Vec<u32>, ApiError> {
-    let codec = codec.clone();
-    tokio::task::spawn_blocking(move || {
+    with_codec(codec, move |codec| {
         let text = codec.render_chat(&messages, true).map_err(|e| match e {
             EngineError::NoChatTemplate => ApiError::field(
                 "messages",
@@ -145,7 +144,6 @@ async fn prompt_ids(
             .map_err(|e| ApiError::field("messages", format!("cannot tokenize: {e}")))
     })
     .await
-    .map_err(|e| ApiError::internal(format!("tokenizer task: {e}")))?
 }
 
 /// The handler.
@@ -163,9 +161,7 @@ async fn run(
     state: Arc<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let bytes = body_bytes(body, &state)?;
-    let body = Body::parse(&bytes)?;
-    let common = CommonParams::read(&body, &state)?;
+    let (body, common) = read_request(body, &state)?;
     let want_logprobs = body.bool("logprobs")?.unwrap_or(false);
     let max_lp = state.config.max_logprobs as i64;
     let top = body

@@ -15,9 +15,9 @@ use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
 use crate::generation::{Generation, Update};
-use crate::http::{body_bytes, json_response, sse_done, sse_event, sse_response, FrameSource};
+use crate::http::{json_response, sse_done, sse_event, sse_response, FrameSource};
 use crate::params::{as_int, type_name, Body};
-use crate::request::{check_prompt, choice_specs, max_tokens, CommonParams};
+use crate::request::{check_prompt, choice_specs, max_tokens, read_request, with_codec};
 use crate::state::{response_id, AppState};
 use crate::text::Piece;
 
@@ -82,8 +82,7 @@ async fn tokenize(
     codec: &Arc<TextCodec>,
     prompts: Vec<PromptIn>,
 ) -> Result<Vec<Vec<u32>>, ApiError> {
-    let codec = codec.clone();
-    tokio::task::spawn_blocking(move || {
+    with_codec(codec, move |codec| {
         prompts
             .into_iter()
             .map(|p| match p {
@@ -95,7 +94,6 @@ async fn tokenize(
             .collect()
     })
     .await
-    .map_err(|e| ApiError::internal(format!("tokenizer task: {e}")))?
 }
 
 /// The handler.
@@ -113,9 +111,7 @@ async fn run(
     state: Arc<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let bytes = body_bytes(body, &state)?;
-    let body = Body::parse(&bytes)?;
-    let common = CommonParams::read(&body, &state)?;
+    let (body, common) = read_request(body, &state)?;
     let echo = body.bool("echo")?.unwrap_or(false);
     let max_lp = state.config.max_logprobs as i64;
     let logprobs = body

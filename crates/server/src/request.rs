@@ -4,12 +4,15 @@
 
 use std::sync::Arc;
 
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
-use fp4forge_engine::SamplingParams;
+use fp4forge_engine::{SamplingParams, TextCodec};
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::generation::ChoiceSpec;
+use crate::http::body_bytes;
 use crate::params::{as_int, Body};
 use crate::scheduler::{fresh_seed, SeqRequest};
 use crate::state::AppState;
@@ -18,6 +21,30 @@ use crate::state::AppState;
 const MAX_STOPS: usize = 16;
 /// Longest stop string, bytes (the hold-back check is quadratic in it).
 const MAX_STOP_BYTES: usize = 256;
+
+/// Reads a generation request's body (within the size limit), parses it as a JSON object and
+/// reads the parameters every generation endpoint shares.
+pub(crate) fn read_request(
+    body: Result<Bytes, BytesRejection>,
+    state: &AppState,
+) -> Result<(Body, CommonParams), ApiError> {
+    let bytes = body_bytes(body, state)?;
+    let body = Body::parse(&bytes)?;
+    let common = CommonParams::read(&body, state)?;
+    Ok((body, common))
+}
+
+/// Runs `work` with the tokenizer on a blocking thread (tokenizing and template rendering are
+/// CPU work that must not stall the async runtime).
+pub(crate) async fn with_codec<T: Send + 'static>(
+    codec: &Arc<TextCodec>,
+    work: impl FnOnce(&TextCodec) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let codec = codec.clone();
+    tokio::task::spawn_blocking(move || work(&codec))
+        .await
+        .map_err(|e| ApiError::internal(format!("tokenizer task: {e}")))?
+}
 
 /// The fields both endpoints read the same way.
 #[derive(Debug, Clone)]
