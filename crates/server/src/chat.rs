@@ -15,10 +15,11 @@ use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::generation::{Generation, Update};
-use crate::http::{json_response, sse_done, sse_event, sse_response, FrameSource};
+use crate::http::{json_response, sse_response, FrameSource};
 use crate::params::{type_name, Body};
 use crate::request::{check_prompt, choice_specs, max_tokens, read_request, with_codec};
 use crate::state::{response_id, AppState};
+use crate::stream::ChunkStream;
 use crate::text::Piece;
 
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
@@ -198,13 +199,16 @@ async fn run(
     if common.stream {
         return Ok(sse_response(ChatStream {
             started: false,
-            generation,
-            state,
-            id,
-            created,
+            inner: ChunkStream {
+                generation,
+                state,
+                id,
+                created,
+                object: "chat.completion.chunk",
+                include_usage: common.include_usage,
+                done: false,
+            },
             logprobs: logprobs.is_some(),
-            include_usage: common.include_usage,
-            done: false,
         }));
     }
     let (choices, usage) = generation.collect().await?;
@@ -268,44 +272,20 @@ fn content_logprobs(codec: &TextCodec, piece: &Piece) -> Vec<Value> {
         .collect()
 }
 
-/// A streamed chat completion's events.
+/// A streamed chat completion's events: a role chunk per choice first, then the shared stream.
 struct ChatStream {
     started: bool,
-    generation: Generation,
-    state: Arc<AppState>,
-    id: String,
-    created: u64,
+    inner: ChunkStream,
     logprobs: bool,
-    include_usage: bool,
-    done: bool,
-}
-
-impl ChatStream {
-    fn chunk(&self, choices: Vec<Value>, usage: Option<Value>) -> Bytes {
-        let mut v = json!({
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.state.model_name,
-            "choices": choices,
-        });
-        if let Some(u) = usage {
-            v["usage"] = u;
-        }
-        sse_event(&v)
-    }
 }
 
 impl FrameSource for ChatStream {
     async fn next_frames(&mut self) -> Option<Bytes> {
-        if self.done {
-            return None;
-        }
         if !self.started {
             self.started = true;
             let mut out = Vec::new();
-            for i in 0..self.generation.choice_count() {
-                out.extend_from_slice(&self.chunk(
+            for i in 0..self.inner.generation.choice_count() {
+                out.extend_from_slice(&self.inner.chunk(
                     vec![
                         json!({"index": i, "delta": {"role": "assistant", "content": ""},
                                 "logprobs": null, "finish_reason": null}),
@@ -315,47 +295,20 @@ impl FrameSource for ChatStream {
             }
             return Some(Bytes::from(out));
         }
-        loop {
-            match self.generation.next().await {
-                Some(Ok(updates)) => {
-                    let mut out = Vec::new();
-                    for u in updates {
-                        let choice = match u {
-                            Update::Piece { choice, piece } => {
-                                let lp = self.logprobs.then(|| {
-                                    json!({"content": content_logprobs(&self.state.codec, &piece)})
-                                });
-                                json!({"index": choice, "delta": {"content": piece.text},
-                                       "logprobs": lp, "finish_reason": null})
-                            }
-                            Update::Finished { choice, reason } => {
-                                json!({"index": choice, "delta": {}, "logprobs": null,
-                                       "finish_reason": reason, "stop_reason": null})
-                            }
-                        };
-                        out.extend_from_slice(&self.chunk(vec![choice], None));
-                    }
-                    if !out.is_empty() {
-                        return Some(Bytes::from(out));
-                    }
+        let logprobs = self.logprobs;
+        self.inner
+            .next_frames(|state, u| match u {
+                Update::Piece { choice, piece } => {
+                    let lp = logprobs
+                        .then(|| json!({"content": content_logprobs(&state.codec, &piece)}));
+                    json!({"index": choice, "delta": {"content": piece.text},
+                           "logprobs": lp, "finish_reason": null})
                 }
-                Some(Err(e)) => {
-                    self.done = true;
-                    let mut out = sse_event(&e.body()).to_vec();
-                    out.extend_from_slice(&sse_done());
-                    return Some(Bytes::from(out));
+                Update::Finished { choice, reason } => {
+                    json!({"index": choice, "delta": {}, "logprobs": null,
+                           "finish_reason": reason, "stop_reason": null})
                 }
-                None => {
-                    self.done = true;
-                    let mut out = Vec::new();
-                    if self.include_usage {
-                        let usage = self.generation.usage().json();
-                        out.extend_from_slice(&self.chunk(Vec::new(), Some(usage)));
-                    }
-                    out.extend_from_slice(&sse_done());
-                    return Some(Bytes::from(out));
-                }
-            }
-        }
+            })
+            .await
     }
 }

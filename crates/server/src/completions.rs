@@ -15,10 +15,11 @@ use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
 use crate::generation::{Generation, Update};
-use crate::http::{json_response, sse_done, sse_event, sse_response, FrameSource};
+use crate::http::{json_response, sse_response, FrameSource};
 use crate::params::{as_int, type_name, Body};
 use crate::request::{check_prompt, choice_specs, max_tokens, read_request, with_codec};
 use crate::state::{response_id, AppState};
+use crate::stream::ChunkStream;
 use crate::text::Piece;
 
 /// OpenAI's default `max_tokens` for completions.
@@ -152,14 +153,17 @@ async fn run(
     if common.stream {
         let n = generation.choice_count();
         return Ok(sse_response(CompletionStream {
-            generation,
-            state,
-            id,
-            created,
+            inner: ChunkStream {
+                generation,
+                state,
+                id,
+                created,
+                object: "text_completion",
+                include_usage: common.include_usage,
+                done: false,
+            },
             logprobs: logprobs.is_some(),
             offsets: vec![0; n],
-            include_usage: common.include_usage,
-            done: false,
         }));
     }
     let (choices, usage) = generation.collect().await?;
@@ -247,82 +251,32 @@ impl LegacyLogprobs {
     }
 }
 
-/// A streamed completion's events.
+/// A streamed completion's events (legacy logprobs keep each choice's text offset).
 struct CompletionStream {
-    generation: Generation,
-    state: Arc<AppState>,
-    id: String,
-    created: u64,
+    inner: ChunkStream,
     logprobs: bool,
     offsets: Vec<usize>,
-    include_usage: bool,
-    done: bool,
-}
-
-impl CompletionStream {
-    fn chunk(&self, choices: Vec<Value>, usage: Option<Value>) -> Bytes {
-        let mut v = json!({
-            "id": self.id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.state.model_name,
-            "choices": choices,
-        });
-        if let Some(u) = usage {
-            v["usage"] = u;
-        }
-        sse_event(&v)
-    }
 }
 
 impl FrameSource for CompletionStream {
     async fn next_frames(&mut self) -> Option<Bytes> {
-        if self.done {
-            return None;
-        }
-        loop {
-            match self.generation.next().await {
-                Some(Ok(updates)) => {
-                    let mut out = Vec::new();
-                    for u in updates {
-                        let choice = match u {
-                            Update::Piece { choice, piece } => {
-                                let lp = self.logprobs.then(|| {
-                                    let mut acc = LegacyLogprobs::default();
-                                    acc.add(&self.state.codec, &piece, &mut self.offsets[choice]);
-                                    acc.json()
-                                });
-                                json!({"index": choice, "text": piece.text, "logprobs": lp,
-                                       "finish_reason": null})
-                            }
-                            Update::Finished { choice, reason } => {
-                                json!({"index": choice, "text": "", "logprobs": null,
-                                       "finish_reason": reason, "stop_reason": null})
-                            }
-                        };
-                        out.extend_from_slice(&self.chunk(vec![choice], None));
-                    }
-                    if !out.is_empty() {
-                        return Some(Bytes::from(out));
-                    }
+        let (logprobs, offsets) = (self.logprobs, &mut self.offsets);
+        self.inner
+            .next_frames(|state, u| match u {
+                Update::Piece { choice, piece } => {
+                    let lp = logprobs.then(|| {
+                        let mut acc = LegacyLogprobs::default();
+                        acc.add(&state.codec, &piece, &mut offsets[choice]);
+                        acc.json()
+                    });
+                    json!({"index": choice, "text": piece.text, "logprobs": lp,
+                           "finish_reason": null})
                 }
-                Some(Err(e)) => {
-                    self.done = true;
-                    let mut out = sse_event(&e.body()).to_vec();
-                    out.extend_from_slice(&sse_done());
-                    return Some(Bytes::from(out));
+                Update::Finished { choice, reason } => {
+                    json!({"index": choice, "text": "", "logprobs": null,
+                           "finish_reason": reason, "stop_reason": null})
                 }
-                None => {
-                    self.done = true;
-                    let mut out = Vec::new();
-                    if self.include_usage {
-                        let usage = self.generation.usage().json();
-                        out.extend_from_slice(&self.chunk(Vec::new(), Some(usage)));
-                    }
-                    out.extend_from_slice(&sse_done());
-                    return Some(Bytes::from(out));
-                }
-            }
-        }
+            })
+            .await
     }
 }

@@ -36,6 +36,7 @@ mod request;
 mod scheduler;
 mod server;
 mod state;
+mod stream;
 mod text;
 
 #[cfg(test)]
