@@ -182,15 +182,18 @@ fn geometry(cfg: &Value) -> std::result::Result<Geometry, String> {
             .ok_or(format!("config: no `{k}`"))
     };
     let layers = u("num_hidden_layers")?;
-    let types: Vec<String> = cfg
-        .get("layer_types")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|v| v.as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default();
+    // A per-layer list of strings (empty when absent).
+    let strs = |k: &str| -> Vec<String> {
+        cfg.get(k)
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let types = strs("layer_types");
     let full: Vec<bool> = (0..layers)
         .map(|i| !matches!(types.get(i), Some(t) if t != "full_attention"))
         .collect();
@@ -201,15 +204,7 @@ fn geometry(cfg: &Value) -> std::result::Result<Geometry, String> {
         Some(a) => a.iter().map(|v| v.as_u64().unwrap_or(0) as usize).collect(),
         None => vec![u("num_attention_heads")?; layers],
     };
-    let mlp_types: Vec<String> = cfg
-        .get("mlp_layer_types")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|v| v.as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default();
+    let mlp_types = strs("mlp_layer_types");
     let dense_layers = (0..layers)
         .map(|i| mlp_types.get(i).is_some_and(|t| t == "dense"))
         .collect();
