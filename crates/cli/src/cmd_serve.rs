@@ -52,6 +52,10 @@ pub struct ServeArgs {
     /// KV cache storage.
     #[arg(long, default_value = "bf16", value_parser = ["bf16", "fp8", "f32"])]
     kv_dtype: String,
+    /// KV storage of finished sequences kept so that requests sharing a prompt prefix skip its
+    /// prefill, MiB (0: no prefix caching).
+    #[arg(long, default_value_t = fp4forge_server::DEFAULT_PREFIX_CACHE_BYTES >> 20)]
+    prefix_cache_mib: usize,
     /// Seconds a shutdown (SIGINT/SIGTERM) waits for requests in flight.
     #[arg(long, default_value_t = 60)]
     drain_timeout: u64,
@@ -78,6 +82,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .device(args.device)
         .threads(args.threads)
         .kv_dtype(kv)
+        .prefix_cache_bytes(args.prefix_cache_mib.saturating_mul(1 << 20))
         .drain_timeout(Duration::from_secs(args.drain_timeout));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -133,6 +133,14 @@ impl KvRows {
         }
     }
 
+    fn truncate(&mut self, elements: usize) {
+        match self {
+            KvRows::F32(v) => v.truncate(elements),
+            KvRows::Bf16(v) => v.truncate(elements),
+            KvRows::Fp8(v) => v.truncate(elements),
+        }
+    }
+
     fn capacity_bytes(&self) -> usize {
         match self {
             KvRows::F32(v) => v.capacity() * 4,
@@ -277,6 +285,25 @@ impl HostKvLayer {
     /// Whether nothing has been written.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Whether positions `len..` can be forgotten with the earlier ones intact: `len` at most
+    /// the length, and a sliding layer's ring not yet wrapped (or nothing to forget).
+    pub fn can_truncate(&self, len: usize) -> bool {
+        len == self.len || (len < self.len && self.spec.window.is_none_or(|w| self.len <= w))
+    }
+
+    /// Forgets positions `len..` (see [`Self::can_truncate`]); false, changing nothing, when
+    /// that is not possible.
+    pub fn truncate(&mut self, len: usize) -> bool {
+        if !self.can_truncate(len) {
+            return false;
+        }
+        let rows = len * self.spec.row_width();
+        self.k.truncate(rows);
+        self.v.truncate(rows);
+        self.len = len;
+        true
     }
 
     /// Rows held in storage (at most `window` for a sliding layer).

@@ -71,6 +71,30 @@ impl<'m, B: Backend> Session<'m, B> {
         Ok(())
     }
 
+    /// Keeps the first `len` tokens of the sequence and forgets the rest, so a request that
+    /// shares them continues from here without recomputing them. Returns false, changing
+    /// nothing, when that is impossible: `len` past the position, a failed session, or a
+    /// sliding-window layer whose ring has wrapped (it no longer holds the keys before the
+    /// window) unless `len` is the whole sequence.
+    pub fn truncate(&mut self, len: usize) -> Result<bool> {
+        let wrapped = |w: Option<usize>| w.is_some_and(|w| self.position > w);
+        if self.broken
+            || len > self.position
+            || (len < self.position && self.model.kv_specs().iter().any(|s| wrapped(s.window)))
+        {
+            return Ok(false);
+        }
+        let b = self.model.backend();
+        for layer in self.cache.layers_mut() {
+            if let Err(e) = b.kv_truncate(layer, len) {
+                self.broken = true;
+                return Err(e);
+            }
+        }
+        self.position = len;
+        Ok(true)
+    }
+
     /// Appends `tokens` and returns the logits of the last one (`vocab` values).
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         let out = self.run(tokens, false)?;

@@ -21,6 +21,8 @@ pub const DEFAULT_PREFILL_BUDGET: usize = 256;
 pub const DEFAULT_MAX_LOGPROBS: usize = 20;
 /// Default most sequences one request may ask for (prompts × `n`).
 pub const DEFAULT_MAX_CHOICES: usize = 64;
+/// Default budget of the prefix cache: KV storage of finished sequences kept for reuse, bytes.
+pub const DEFAULT_PREFIX_CACHE_BYTES: usize = 1 << 30;
 
 /// Where the engine runs the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -114,6 +116,9 @@ pub struct ServerConfig {
     pub kv_dtype: KvDtype,
     /// Caps the model's context (default: the checkpoint's).
     pub max_context: Option<usize>,
+    /// KV storage of finished sequences kept so that later requests sharing a prompt prefix
+    /// skip its prefill, bytes (0 disables prefix caching).
+    pub prefix_cache_bytes: usize,
     /// How long a shutdown waits for requests in flight before giving up on them.
     pub drain_timeout: Duration,
 }
@@ -138,6 +143,7 @@ impl ServerConfig {
             threads: 0,
             kv_dtype: KvDtype::Bf16,
             max_context: None,
+            prefix_cache_bytes: DEFAULT_PREFIX_CACHE_BYTES,
             drain_timeout: Duration::from_secs(60),
         }
     }
@@ -217,6 +223,12 @@ impl ServerConfig {
     /// Sets [`ServerConfig::max_context`].
     pub fn max_context(mut self, n: Option<usize>) -> Self {
         self.max_context = n;
+        self
+    }
+
+    /// Sets [`ServerConfig::prefix_cache_bytes`].
+    pub fn prefix_cache_bytes(mut self, n: usize) -> Self {
+        self.prefix_cache_bytes = n;
         self
     }
 

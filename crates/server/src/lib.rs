@@ -32,6 +32,7 @@ mod http;
 mod logprobs;
 mod metrics;
 mod params;
+mod prefix_cache;
 mod request;
 mod scheduler;
 mod server;
@@ -46,7 +47,7 @@ mod test_tiny_model;
 pub use config::{
     Device, ParseDeviceError, ServerConfig, DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CHOICES, DEFAULT_MAX_LOGPROBS, DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS_LIMIT,
-    DEFAULT_PREFILL_BUDGET,
+    DEFAULT_PREFILL_BUDGET, DEFAULT_PREFIX_CACHE_BYTES,
 };
 pub use error::{ApiError, ServerError};
 pub use server::{shutdown_signal, Server};

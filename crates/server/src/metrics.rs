@@ -75,6 +75,14 @@ pub(crate) struct Metrics {
     pub steps: AtomicU64,
     /// Rows over all engine steps (tokens processed).
     pub step_rows: AtomicU64,
+    /// Requests that started from a cached prefix.
+    pub prefix_hits: AtomicU64,
+    /// Prompt tokens taken from the prefix cache instead of prefilled.
+    pub prefix_reused_tokens: AtomicU64,
+    /// Bytes of KV storage the prefix cache holds.
+    pub prefix_cache_bytes: AtomicUsize,
+    /// Finished sequences the prefix cache holds.
+    pub prefix_cache_entries: AtomicUsize,
     /// Sequences cancelled because their client went away.
     pub cancelled: AtomicU64,
     /// Time from a request's arrival to its first generated token.
@@ -98,6 +106,10 @@ impl Metrics {
             steps: AtomicU64::new(0),
             step_rows: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
+            prefix_hits: AtomicU64::new(0),
+            prefix_reused_tokens: AtomicU64::new(0),
+            prefix_cache_bytes: AtomicUsize::new(0),
+            prefix_cache_entries: AtomicUsize::new(0),
             ttft: Histogram::new(&LATENCY_BUCKETS),
             itl: Histogram::new(&LATENCY_BUCKETS),
             e2e: Histogram::new(&LATENCY_BUCKETS),
@@ -131,7 +143,7 @@ impl Metrics {
         let counters = [
             (
                 "fp4forge_prompt_tokens_total",
-                "Prompt tokens prefilled.",
+                "Prompt tokens of the requests served (those taken from the prefix cache included).",
                 self.prompt_tokens.load(Ordering::Relaxed),
             ),
             (
@@ -154,6 +166,16 @@ impl Metrics {
                 "Sequences stopped because their client disconnected.",
                 self.cancelled.load(Ordering::Relaxed),
             ),
+            (
+                "fp4forge_prefix_cache_hits_total",
+                "Requests that started from a cached prefix of an earlier sequence.",
+                self.prefix_hits.load(Ordering::Relaxed),
+            ),
+            (
+                "fp4forge_prefix_cache_reused_tokens_total",
+                "Prompt tokens taken from the prefix cache instead of being prefilled.",
+                self.prefix_reused_tokens.load(Ordering::Relaxed),
+            ),
         ];
         for (name, help, v) in counters {
             let _ = writeln!(out, "# HELP {name} {help}");
@@ -170,6 +192,16 @@ impl Metrics {
                 "fp4forge_requests_running",
                 "Sequences in the running batch.",
                 self.running.load(Ordering::Relaxed),
+            ),
+            (
+                "fp4forge_prefix_cache_bytes",
+                "KV storage held by the prefix cache, bytes.",
+                self.prefix_cache_bytes.load(Ordering::Relaxed),
+            ),
+            (
+                "fp4forge_prefix_cache_entries",
+                "Finished sequences held by the prefix cache.",
+                self.prefix_cache_entries.load(Ordering::Relaxed),
             ),
         ];
         for (name, help, v) in gauges {

@@ -16,6 +16,9 @@
 //!
 //! With nothing to do the thread sleeps on the channel. On shutdown it finishes the sequences
 //! it has (draining) and returns.
+//!
+//! A finished sequence's session goes to the [`PrefixCache`]; an admitted one starts from the
+//! cached session sharing the longest prefix with its prompt, when there is one.
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
@@ -34,6 +37,7 @@ use crate::config::{Device, ServerConfig};
 use crate::error::{ApiError, ServerError};
 use crate::logprobs::{token_logprob, TokenLogprob};
 use crate::metrics::Metrics;
+use crate::prefix_cache::PrefixCache;
 
 /// Prompt rows per step for a sequence that wants every prompt position's logprobs (bounds the
 /// `[rows, vocab]` logits held at once).
@@ -192,6 +196,7 @@ pub(crate) fn start(
     let limits = Limits {
         max_batch: config.max_batch,
         prefill_budget: config.prefill_budget,
+        prefix_cache_bytes: config.prefix_cache_bytes,
     };
     let thread_metrics = metrics.clone();
     let alive = Arc::new(AtomicBool::new(true));
@@ -288,6 +293,7 @@ impl Serve {
 struct Limits {
     max_batch: usize,
     prefill_budget: usize,
+    prefix_cache_bytes: usize,
 }
 
 /// A running sequence.
@@ -299,10 +305,16 @@ struct Seq<'m, B: Backend> {
     generated: usize,
     /// The token to feed next (valid once decoding).
     next: u32,
+    /// Generated tokens fed back so far (the session holds the prompt, then these).
+    fed: Vec<u32>,
     decoding: bool,
     prompt_logprobs: Vec<Option<TokenLogprob>>,
+    /// A copy of the prompt logprobs for the prefix cache.
+    cached_prompt_logprobs: Option<Vec<Option<TokenLogprob>>>,
     last_token_at: Option<Instant>,
     done: bool,
+    /// Ended normally: its session may serve a later request's prefix.
+    reusable: bool,
 }
 
 struct Scheduler<'m, B: Backend> {
@@ -312,6 +324,7 @@ struct Scheduler<'m, B: Backend> {
     max_context: usize,
     waiting: VecDeque<Job>,
     active: Vec<Seq<'m, B>>,
+    prefix_cache: PrefixCache<'m, B>,
     shutting_down: bool,
 }
 
@@ -324,6 +337,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             metrics,
             waiting: VecDeque::new(),
             active: Vec::new(),
+            prefix_cache: PrefixCache::new(limits.prefix_cache_bytes),
             shutting_down: false,
         }
     }
@@ -354,7 +368,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             self.admit();
             if !self.active.is_empty() {
                 self.step();
-                self.active.retain(|s| !s.done);
+                self.retire();
             }
             self.metrics
                 .running
@@ -388,24 +402,68 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                 break;
             };
             self.metrics.waiting.fetch_sub(1, Ordering::SeqCst);
-            match self.model.new_session() {
-                Ok(session) => self.active.push(Seq {
+            let reuse = self
+                .prefix_cache
+                .take(&job.req.prompt, job.req.prompt_logprobs);
+            let start = match reuse {
+                Some(r) => {
+                    self.metrics.prefix_hits.fetch_add(1, Ordering::Relaxed);
+                    self.metrics
+                        .prefix_reused_tokens
+                        .fetch_add(r.len as u64, Ordering::Relaxed);
+                    Ok((r.session, r.len, r.prompt_logprobs))
+                }
+                None => self.model.new_session().map(|s| (s, 0, Vec::new())),
+            };
+            match start {
+                Ok((session, prefilled, prompt_logprobs)) => self.active.push(Seq {
                     sampler: Sampler::new(job.req.sampling),
+                    cached_prompt_logprobs: None,
                     job,
                     session,
-                    prefilled: 0,
+                    prefilled,
                     generated: 0,
                     next: 0,
+                    fed: Vec::new(),
                     decoding: false,
-                    prompt_logprobs: Vec::new(),
+                    prompt_logprobs,
                     last_token_at: None,
                     done: false,
+                    reusable: false,
                 }),
                 Err(e) => {
                     job.send(Event::Failed(e.to_string()));
                 }
             }
         }
+        self.publish_cache_size();
+    }
+
+    /// Removes ended sequences; those that ended normally leave their session to the prefix
+    /// cache.
+    fn retire(&mut self) {
+        let ended: Vec<Seq<'m, B>> = self.active.extract_if(.., |s| s.done).collect();
+        for s in ended {
+            if !s.reusable || !self.prefix_cache.enabled() {
+                continue;
+            }
+            let mut tokens = Vec::with_capacity(s.job.req.prompt.len() + s.fed.len());
+            tokens.extend_from_slice(&s.job.req.prompt);
+            tokens.extend_from_slice(&s.fed);
+            let logprobs = s.job.req.prompt_logprobs.zip(s.cached_prompt_logprobs);
+            self.prefix_cache
+                .put(s.session, tokens, s.job.req.prompt.len(), logprobs);
+        }
+        self.publish_cache_size();
+    }
+
+    fn publish_cache_size(&self) {
+        self.metrics
+            .prefix_cache_bytes
+            .store(self.prefix_cache.bytes(), Ordering::Relaxed);
+        self.metrics
+            .prefix_cache_entries
+            .store(self.prefix_cache.len(), Ordering::Relaxed);
     }
 
     /// What each sequence feeds this step: `(index in active, tokens, logits wanted)`.
@@ -488,6 +546,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         for (&(i, n, _), logits) in plan.iter().zip(outputs) {
             let s = &mut self.active[i];
             if s.decoding {
+                s.fed.push(s.next);
                 match logits {
                     Some(mut l) => self.emit(i, &mut l.data),
                     None => self.fail_one(i, "no logits for a decode step"),
@@ -515,6 +574,9 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                 .prompt_tokens
                 .fetch_add(prompt.len() as u64, Ordering::Relaxed);
             let lps = std::mem::take(&mut s.prompt_logprobs);
+            if self.prefix_cache.enabled() && s.job.req.prompt_logprobs.is_some() {
+                s.cached_prompt_logprobs = Some(lps.clone());
+            }
             if !s.job.send(Event::Prompt(lps)) {
                 s.done = true;
                 continue;
@@ -554,6 +616,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         let s = &mut self.active[i];
         s.job.send(Event::Done { reason, stop_token });
         s.done = true;
+        s.reusable = true;
         self.metrics.e2e.observe(s.job.arrived.elapsed());
     }
 

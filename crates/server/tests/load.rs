@@ -26,6 +26,8 @@ const MEASURED_ROUNDS: usize = 3;
 const MAX_TOKENS: usize = 3;
 /// Allowed RSS growth over the measured rounds, MiB (see `memory_is_flat` below).
 const RSS_GROWTH_BOUND_MIB: f64 = 16.0;
+/// The prefix cache's budget in this test, bytes.
+const PREFIX_CACHE_BYTES: usize = 1 << 20;
 
 const PROMPTS: [&str; 8] = [
     "The quick brown fox",
@@ -321,7 +323,15 @@ async fn metrics(s: &TestServer) -> String {
 async fn sixty_four_clients_zero_errors_and_flat_memory() {
     // Batch and queue admit all 64 at once (32 running + 32 waiting with the defaults would
     // do too; a 429 would be an error here, never a success).
-    let s = TestServer::start(|c| c.max_batch(CLIENTS).max_queue(4 * CLIENTS)).await;
+    // The prefix cache keeps finished sequences up to its budget: a small one here, filled and
+    // evicting from the warm-up round on (the default, 1 GiB, would legitimately grow through
+    // every round of this test).
+    let s = TestServer::start(|c| {
+        c.max_batch(CLIENTS)
+            .max_queue(4 * CLIENTS)
+            .prefix_cache_bytes(PREFIX_CACHE_BYTES)
+    })
+    .await;
     let started = Instant::now();
     let rss_start = rss_mib();
 
@@ -408,6 +418,12 @@ async fn sixty_four_clients_zero_errors_and_flat_memory() {
         metric_value(&text, "fp4forge_cancelled_sequences_total{"),
         Some(0.0)
     );
+    let cached = metric_value(&text, "fp4forge_prefix_cache_bytes{").unwrap_or(-1.0);
+    assert!(
+        cached > 0.0 && cached <= PREFIX_CACHE_BYTES as f64,
+        "prefix cache holds {cached} bytes (budget {PREFIX_CACHE_BYTES})"
+    );
+    assert!(metric_value(&text, "fp4forge_prefix_cache_hits_total{").unwrap_or(0.0) > 0.0);
 
     // Memory is flat. Steady state is small: the tiny model's weights are a few MiB and a
     // sequence's KV cache 1.25 KiB a token (5 layers × 2 KV heads × 16 dims × K and V × f32), so

@@ -175,6 +175,13 @@ impl Backend for CpuBackend {
         layer.bytes()
     }
 
+    fn kv_truncate(&self, layer: &mut HostKvLayer, len: usize) -> Result<()> {
+        let have = layer.len();
+        self.check(layer.truncate(len), || {
+            format!("KV truncation to {len} of a layer holding {have} positions")
+        })
+    }
+
     fn upload(&self, rows: usize, cols: usize, data: &[f32]) -> Result<CpuTensor> {
         self.check(data.len() == rows * cols, || {
             format!("upload of {} values as [{rows}, {cols}]", data.len())

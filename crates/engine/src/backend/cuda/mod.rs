@@ -805,6 +805,19 @@ impl Backend for CudaBackend {
         2 * layer.cap * layer.spec.row_width() * layer.elem()
     }
 
+    fn kv_truncate(&self, layer: &mut CudaKvLayer, len: usize) -> Result<()> {
+        let ok = len == layer.len
+            || (len < layer.len && layer.spec.window.is_none_or(|w| layer.len <= w));
+        self.check(ok, || {
+            format!(
+                "KV truncation to {len} of a layer holding {} positions",
+                layer.len
+            )
+        })?;
+        layer.len = len;
+        Ok(())
+    }
+
     fn upload(&self, rows: usize, cols: usize, data: &[f32]) -> Result<CudaTensor> {
         self.check(data.len() == rows * cols, || {
             format!("upload of {} values as [{rows}, {cols}]", data.len())
