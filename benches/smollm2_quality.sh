@@ -45,7 +45,10 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 port=18431
 for v in bf16 attn linear; do
-    "$bin" serve "$work/$v" --port $port --served-model-name smollm2 --threads 1 --device "$device" \
+    # the bf16 server answers both comparisons: twice the requests, twice the threads
+    threads=1
+    [ "$v" = bf16 ] && threads=2
+    "$bin" serve "$work/$v" --port $port --served-model-name smollm2 --threads $threads --device "$device" \
         > "$work/serve-$v.log" 2>&1 &
     pids+=($!)
     eval "url_$v=http://127.0.0.1:$port"

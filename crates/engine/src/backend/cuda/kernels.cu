@@ -13,6 +13,29 @@ typedef unsigned long long u64;
 
 #define INF_F __int_as_float(0x7f800000)
 
+// ---- programmatic dependent launch --------------------------------------------------------------
+//
+// The host launches every kernel with programmatic stream serialization (sm_90+): its blocks may
+// start while the previous kernel still runs. Each kernel first waits for its predecessor's
+// results (griddepcontrol.wait: the previous grid completed and its writes are visible), then
+// lets its own successor launch, so the successor's launch and block scheduling overlap this
+// kernel's work instead of following it. Data never written by kernels (weights) may be read
+// before the wait.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+__device__ __forceinline__ void pdl_enter() {
+    pdl_wait();
+    pdl_launch_dependents();
+}
+
 __device__ __forceinline__ float bf16_to_f32(u32 b) { return __uint_as_float(b << 16); }
 __device__ __forceinline__ u16 f32_to_bf16(float f) {
     u32 u = __float_as_uint(f);
@@ -246,7 +269,7 @@ __device__ __forceinline__ void dot_any(int fmt, const void* w, const u8* scales
 // grid (ceil(N / warps), ceil(T / TB)); one warp per output row and TB tokens. y may alias resid.
 extern "C" __global__ void linear(int fmt, const void* __restrict__ w, const u8* __restrict__ scales, float inv_g,
                                   const float* __restrict__ x, float* y, const float* __restrict__ bias,
-                                  const float* resid, int N, int K, int T) {
+                                  const float* resid, int N, int K, int T) { pdl_enter();
     const int warps = blockDim.x >> 5;
     const int o = blockIdx.x * warps + (threadIdx.x >> 5);
     if (o >= N) return;
@@ -453,17 +476,20 @@ struct NvPipe {
 // nv_rows with x in shared memory, for every warp of the block: the first batch of weight loads is
 // issued before x is staged (its latency overlaps the fill), then the block synchronises once.
 // All threads of the block must call it (with `active` false for warps without rows).
-// With `fill` false, x is already staged (no synchronisation).
+// With `fill` false, x is already staged (no synchronisation). With `enter`, the kernel's
+// pdl_enter() comes between the first weight loads and the fill (weights are never written by a
+// kernel), so those loads overlap the previous kernel's end.
 template <int R, int RA, int U>
 __device__ __forceinline__ void nv_rows_smem(const RowSet& rs, bool active, bool fill, int K,
                                              const float* __restrict__ x, float4* xs, int part, int nparts,
-                                             float out[R]) {
+                                             float out[R], bool enter = false) {
     const int lane = threadIdx.x & 31;
     const int n = K >> 5;
     const int step = 32 * nparts;
     NvPipe<R, RA, U> p;
     int base = 32 * part + lane;
     if (active) p.load(rs, base, step, n);
+    if (enter) pdl_enter();
     if (fill) {
         xs_fill(xs, x, K);
         __syncthreads();
@@ -575,6 +601,7 @@ __device__ void gemv1_impl(int fmt, const void* w, const u8* scales, float inv_g
                            float* y, const float* __restrict__ bias, const float* resid, int N, int K) {
     const int warps = blockDim.x >> 5;
     const long row0 = ((long)blockIdx.x * warps + (threadIdx.x >> 5)) * R;
+    pdl_enter();
     if (row0 >= N) return;
     const int nrows = min((long)R, N - row0);
     float o[R];
@@ -594,7 +621,7 @@ __device__ void gemv1_impl(int fmt, const void* w, const u8* scales, float inv_g
 #define GEMV1(R)                                                                                             \
     extern "C" __global__ void gemv1_r##R(int fmt, const void* w, const u8* scales, float inv_g,            \
                                           const float* x, float* y, const float* bias, const float* resid, \
-                                          int N, int K) {                                                   \
+                                          int N, int K) {                                                               \
         gemv1_impl<R>(fmt, w, scales, inv_g, x, y, bias, resid, N, K);                                     \
     }
 GEMV1(1)
@@ -628,7 +655,7 @@ __device__ __forceinline__ void gemv_nv_impl(const u8* __restrict__ w, const u8*
         float o[NV_R];
 #pragma unroll
         for (int r = 0; r < NV_R; r++) o[r] = 0.f;
-        nv_rows_smem<NV_R, NV_R, U>(rs, nrows > 0, it == 0, K, x, xs, part, KS, o);
+        nv_rows_smem<NV_R, NV_R, U>(rs, nrows > 0, it == 0, K, x, xs, part, KS, o, it == 0);
 #pragma unroll
         for (int r = 0; r < NV_R; r++) o[r] = warp_sum(o[r]);
         if (KS > 1) {
@@ -669,7 +696,7 @@ __device__ __forceinline__ void gemv_nv_impl(const u8* __restrict__ w, const u8*
 #define GEMV_NV(KS, MINB)                                                                                        \
     extern "C" __global__ void __launch_bounds__(NVW * 32, MINB) gemv_nv_k##KS##_b##MINB(                        \
         const u8* w, const u8* scales, float inv_g, const float* x, float* y, const float* bias, const float* resid, \
-        int N, int K) {                                                                                          \
+        int N, int K) {                                                                                                      \
         gemv_nv_impl<KS, (MINB >= 3 ? 2 : 4)>(w, scales, inv_g, x, y, bias, resid, N, K);                                            \
     }
 GEMV_NV(1, 2)
@@ -695,12 +722,14 @@ extern "C" __global__ void linear_multi2(Segs segs, const float* __restrict__ x,
     const long row0 = ((long)(blockIdx.x - s.block0) * warps + (threadIdx.x >> 5)) * MULTI_R;
     const bool active = row0 < s.N;  // (no early exit: the NVFP4 path synchronises the block)
     const int nrows = active ? min((long)MULTI_R, s.N - row0) : 0;
+    const bool nv_path = s.fmt == 3 && (K & 31) == 0 && K <= XS_MAX;
+    if (!nv_path) pdl_enter();  // (the NVFP4 path waits after issuing its first weight loads)
     float o[MULTI_R];
-    if (s.fmt == 3 && (K & 31) == 0 && K <= XS_MAX) {
+    if (nv_path) {
         const RowSet rs = rowset(3, s.w, s.scales, active ? row0 : 0, nrows, s.w, s.scales, 0, 0, K);
 #pragma unroll
         for (int r = 0; r < MULTI_R; r++) o[r] = 0.f;
-        nv_rows_smem<MULTI_R, MULTI_R, 2>(rs, active, true, K, x, xs, 0, 1, o);
+        nv_rows_smem<MULTI_R, MULTI_R, 2>(rs, active, true, K, x, xs, 0, 1, o, true);
         if (!active) return;
 #pragma unroll
         for (int r = 0; r < MULTI_R; r++) o[r] *= s.inv_g * NV_UNIT;
@@ -718,7 +747,7 @@ extern "C" __global__ void linear_multi2(Segs segs, const float* __restrict__ x,
 // ---- embedding -------------------------------------------------------------------------------
 
 extern "C" __global__ void embed(int fmt, const void* __restrict__ w, const u8* __restrict__ scales, float inv_g,
-                                 const u32* __restrict__ ids, float* __restrict__ y, int K) {
+                                 const u32* __restrict__ ids, float* __restrict__ y, int K) { pdl_enter();
     const long r = ids[blockIdx.x];
     float* out = y + (long)blockIdx.x * K;
     for (int k = threadIdx.x; k < K; k += blockDim.x) {
@@ -755,7 +784,7 @@ __device__ float block_sum(float v) {
 
 // One block per group of `width` values: y = x * rsqrt(mean(x^2) + eps) * w.
 extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
-                                   int width, float eps) {
+                                   int width, float eps) { pdl_enter();
     const float* g = x + (long)blockIdx.x * width;
     float* o = y + (long)blockIdx.x * width;
     float ss = 0.f;
@@ -768,7 +797,7 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
 // NeoX rotation within the first `rdim` of each head: x rows [T, heads * hd], row t at pos0 + t.
 // grid (heads, T), threads >= rdim / 2.
 extern "C" __global__ void rope(float* x, const float* __restrict__ inv_freq, int heads, int hd, int rdim,
-                               float attn_factor, int pos0) {
+                               float attn_factor, int pos0) { pdl_enter();
     const int half = rdim / 2;
     const int j = threadIdx.x;
     if (j >= half) return;
@@ -786,7 +815,7 @@ extern "C" __global__ void rope(float* x, const float* __restrict__ inv_freq, in
 // grid (heads + kv_heads), block = hd threads (hd <= 256, a multiple of 32).
 extern "C" __global__ void qk_norm_rope(float* q, float* k, const float* __restrict__ qn, const float* __restrict__ kn,
                                        int heads, int hd, float eps, const float* __restrict__ inv_freq, int rdim,
-                                       float attn_factor, int pos) {
+                                       float attn_factor, int pos) { pdl_enter();
     const bool isq = (int)blockIdx.x < heads;
     float* h = isq ? q + (long)blockIdx.x * hd : k + (long)(blockIdx.x - heads) * hd;
     const float* w = isq ? qn : kn;
@@ -813,13 +842,13 @@ extern "C" __global__ void qk_norm_rope(float* q, float* k, const float* __restr
 __device__ __forceinline__ float softplus(float g) { return g > 20.f ? g : log1pf(expf(g)); }
 
 // x[t, j] *= softplus(gate[t, j / group]) ; n = rows * cols of x.
-extern "C" __global__ void softplus_gate(float* x, const float* __restrict__ gate, long n, int group) {
+extern "C" __global__ void softplus_gate(float* x, const float* __restrict__ gate, long n, int group) { pdl_enter();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] *= softplus(gate[i / group]);
 }
 
 extern "C" __global__ void silu_mul(const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ y,
-                                   long n) {
+                                   long n) { pdl_enter();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         float a = g[i];
@@ -827,7 +856,7 @@ extern "C" __global__ void silu_mul(const float* __restrict__ g, const float* __
     }
 }
 
-extern "C" __global__ void add_scaled(float* y, float alpha, const float* __restrict__ x, long n) {
+extern "C" __global__ void add_scaled(float* y, float alpha, const float* __restrict__ x, long n) { pdl_enter();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = x[i] * alpha + y[i];
 }
@@ -836,7 +865,7 @@ extern "C" __global__ void add_scaled(float* y, float alpha, const float* __rest
 
 // Writes the chunk's rows into the cache (the last `window` rows for a ring). kv_t: 0 = f32, 2 = bf16.
 extern "C" __global__ void kv_append(void* kc, void* vc, const float* __restrict__ k, const float* __restrict__ v,
-                                    int T, int pos0, int window, int width, int kv_t) {
+                                    int T, int pos0, int window, int width, int kv_t) { pdl_enter();
     const int r = blockIdx.x;
     if (window > 0 && r < T - window) return;
     const long pos = pos0 + r;
@@ -1257,7 +1286,7 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
     extern "C" __global__ void __launch_bounds__(AW * 32) NAME(                                                       \
         const float* q, const float* kch, const float* vch, const KT* kc, const KT* vc, float* out, float* part_o,   \
         float* part_ml, int T, int heads, int kvh, int d, float scale, int pos0, int window, int splits,             \
-        int ngroups) {                                                                                                \
+        int ngroups) { pdl_enter();                                                                                                \
         attn_impl<KT, DPL>(q, kch, vch, kc, vc, out, part_o, part_ml, T, heads, kvh, d, scale, pos0, window, splits, \
                            ngroups);                                                                                  \
     }
@@ -1266,7 +1295,7 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
 #define ATTN_KERNEL_DEC(NAME, D)                                                                                       \
     extern "C" __global__ void __launch_bounds__(AW * 32, 4) NAME(                                                    \
         const float* q, const float* kch, const float* vch, const u16* kc, const u16* vc, float* out, float* part_o,   \
-        float* part_ml, int heads, int kvh, float scale, int pos0, int window, int splits, int ngroups) {             \
+        float* part_ml, int heads, int kvh, float scale, int pos0, int window, int splits, int ngroups) { pdl_enter();             \
         attn_dec_impl<D>(q, kch, vch, kc, vc, out, part_o, part_ml, heads, kvh, scale, pos0, window, splits, ngroups); \
     }
 ATTN_KERNEL_DEC(attn_dec_bf16_64, 64)
@@ -1281,7 +1310,7 @@ ATTN_KERNEL(attn_bf16_4, u16, 4)
 // Merges the splits: grid (heads, T), threads d. Optionally multiplies by softplus(gate[t, h]).
 extern "C" __global__ void attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,
                                        float* __restrict__ out, const float* __restrict__ gate, int heads, int d,
-                                       int splits) {
+                                       int splits) { pdl_enter();
     const long hh = (long)blockIdx.y * heads + blockIdx.x;
     const int c = threadIdx.x;
     if (c >= d) return;
@@ -1392,7 +1421,7 @@ __device__ void route_impl(const float* __restrict__ logits, const float* __rest
 
 extern "C" __global__ void route(const float* __restrict__ logits, const float* __restrict__ bias, int n, int k,
                                 int softmax, int normalize, float softcap, float scale, int* __restrict__ sel,
-                                float* __restrict__ wts) {
+                                float* __restrict__ wts) { pdl_enter();
     if (n <= 64)
         route_impl<2>(logits, bias, n, k, softmax, normalize, softcap, scale, sel, wts);
     else if (n <= 128)
@@ -1447,6 +1476,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up2(ExpertProj
     const int j = expert_item(has_shared, T, k);
     const bool sh = j >= T * k;
     const int n = sh ? shared_inter : inter;
+    pdl_enter();
     const bool active = o < n;  // (no early exit: the NVFP4 path synchronises the block)
     const int nrows = active ? min((long)XR, n - o) : 0;
     const int t = sh ? j - T * k : j / k;
@@ -1508,6 +1538,7 @@ extern "C" __global__ void experts_down2(ExpertProj down, ExpertProj sdown, int 
     const int nrows = active ? min((long)XRD, H - o) : 0;
     const int j = expert_item(gridDim.y > T * k, T, k);
     const bool sh = j >= T * k;
+    pdl_enter();
     const int width = max(inter, shared_inter);
     const ExpertProj D = pick(sh, sdown, down);
     const long e = sh ? 0 : sel[j];
@@ -1534,7 +1565,7 @@ extern "C" __global__ void experts_down2(ExpertProj down, ExpertProj sdown, int 
 
 // out[t, o] = resid[t, o] + sum_i part[t*k + i, o] (+ part[T*k + t, o]); in item order.
 extern "C" __global__ void experts_reduce(const float* __restrict__ part, int k, int T, int has_shared, float* out,
-                                         const float* resid, int H) {
+                                         const float* resid, int H) { pdl_enter();
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)T * H) return;
     const int t = i / H, o = i % H;
@@ -1557,7 +1588,7 @@ __device__ __forceinline__ u32 hash32(u64 x) {
 
 // mode 0: random bytes; 1: bf16 values in +-amp; 2: fp8 e4m3 scales (exponents 4..9, never NaN);
 // 3: f32 in +-amp.
-extern "C" __global__ void fill(void* p, long n, u64 seed, int mode, float amp) {
+extern "C" __global__ void fill(void* p, long n, u64 seed, int mode, float amp) { pdl_enter();
     for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
         u32 r = hash32(seed * 0x9E3779B97F4A7C15ull + (u64)i);
         if (mode == 0) {

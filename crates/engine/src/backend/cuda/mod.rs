@@ -89,10 +89,26 @@ macro_rules! launch {
     };
     ($b:expr, $f:expr, $grid:expr, $block:expr, $smem:expr; $($a:expr),* $(,)?) => {{
         let cfg = ::cudarc::driver::LaunchConfig { grid_dim: $grid, block_dim: $block, shared_mem_bytes: $smem };
-        let mut lb = $b.inner.stream.launch_builder($f);
-        $( let a = $a; ::cudarc::driver::PushKernelArg::arg(&mut lb, &a); )*
-        // SAFETY: the argument list matches the kernel's signature in kernels.cu.
-        unsafe { lb.launch(cfg) }.map(|_| ()).map_err(|e| $b.err(format!("launch: {e:?}")))
+        if $b.inner.pdl {
+            // Each argument boxed (a stable address until the launch returns); `'static`
+            // values only, so a reference can never be passed where a device pointer belongs.
+            let mut keep: Vec<Box<dyn ::std::any::Any>> = Vec::new();
+            let mut params: Vec<*mut ::core::ffi::c_void> = Vec::new();
+            $(
+                let bx = Box::new($a);
+                params.push(&*bx as *const _ as *mut ::core::ffi::c_void);
+                keep.push(bx);
+            )*
+            // SAFETY: the argument list matches the kernel's signature in kernels.cu.
+            let r = unsafe { $b.launch_pdl($f, cfg, &mut params) };
+            drop(keep);
+            r
+        } else {
+            let mut lb = $b.inner.stream.launch_builder($f);
+            $( let a = $a; ::cudarc::driver::PushKernelArg::arg(&mut lb, &a); )*
+            // SAFETY: the argument list matches the kernel's signature in kernels.cu.
+            unsafe { lb.launch(cfg) }.map(|_| ()).map_err(|e| $b.err(format!("launch: {e:?}")))
+        }
     }};
 }
 pub(crate) use launch;
@@ -158,6 +174,10 @@ pub(crate) struct Inner {
     module: Arc<CudaModule>,
     pub name: String,
     pub sms: usize,
+    /// Launch with programmatic dependent launch (sm_90+, unless `FP4FORGE_CUDA_PDL=0`): a
+    /// kernel's blocks start while its predecessor drains and wait for its results in
+    /// `pdl_enter()` (kernels.cu), hiding launch and ramp-up between the small kernels of a step.
+    pub pdl: bool,
 }
 
 /// The CUDA backend on one device. Cheap to clone.
@@ -266,8 +286,54 @@ impl CudaBackend {
                 module,
                 name: format!("cuda:{ordinal} ({dev_name}, {arch})"),
                 sms,
+                pdl: maj >= 9 && std::env::var("FP4FORGE_CUDA_PDL").map_or(true, |v| v != "0"),
             }),
         })
+    }
+
+    /// Launches `f` on the stream with programmatic stream serialization allowed.
+    ///
+    /// # Safety
+    /// `params` points at one value per kernel parameter, of the parameter's type, alive until
+    /// this returns; the kernel calls `pdl_enter()` before touching memory another kernel writes.
+    pub(crate) unsafe fn launch_pdl(
+        &self,
+        f: &CudaFunction,
+        cfg: cudarc::driver::LaunchConfig,
+        params: &mut [*mut std::ffi::c_void],
+    ) -> Result<()> {
+        use cudarc::driver::sys;
+        // SAFETY: plain C structs; zero is a valid start for both.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.inner.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        self.inner
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| self.err(format!("bind: {e:?}")))?;
+        // SAFETY: the caller's contract; `config` and `attr` outlive the call.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(|e| self.err(format!("launch: {e:?}")))
     }
 
     pub(crate) fn err(&self, reason: impl Into<String>) -> EngineError {
