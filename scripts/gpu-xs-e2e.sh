@@ -22,7 +22,8 @@ mkdir -p "$work"
 [ -d "$stock" ] || "$bin" synth --preset xs --stock-nvfp4 "$stock"
 [ -d "$lean" ] || "$bin" quantize "$stock" "$lean"
 for m in "$stock" "$lean"; do
-    echo "== $(basename "$m"): $("$bin" inspect "$m" | grep -E '^total' | awk '{print $(NF-1), "per token"}')"
+    echo "== $(basename "$m"): $("$bin" inspect "$m" --json |
+        python3 -c 'import json, sys; print("%.3f GB per token" % (json.load(sys.stdin)["totals"]["bytes_per_token"] / 1e9))')"
 done
 # A prompt of exactly N token ids (synthetic checkpoints have no tokenizer), passed in pieces.
 ids() {
