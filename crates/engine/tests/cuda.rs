@@ -13,9 +13,12 @@
 //!   256 greedy tokens.
 #![cfg(feature = "cuda")]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use common::values;
 use fp4forge_engine::{
     Backend, CpuBackend, CudaBackend, GenerateOptions, KvDtype, LinearWeight, Model, ModelOptions,
 };
@@ -27,18 +30,6 @@ fn gpu() -> CudaBackend {
     static B: OnceLock<CudaBackend> = OnceLock::new();
     B.get_or_init(|| CudaBackend::new(0).expect("CUDA device 0"))
         .clone()
-}
-
-fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
-        })
-        .collect()
 }
 
 fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {

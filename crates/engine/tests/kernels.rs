@@ -6,21 +6,12 @@
 //! in f32 in a different order (blocks of 16, eight lanes, scale applied per block), so the error
 //! is bounded by a few f32 ulps of the sum of absolute terms.
 
+mod common;
+
+use common::values;
 use fp4forge_engine::backend::cpu::CpuBackend;
 use fp4forge_engine::{Backend, LinearWeight};
 use fp4forge_format::{dequantize_f32, quantize, Nvfp4View, SourceDtype, WeightView};
-
-fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
-        })
-        .collect()
-}
 
 fn bf16_bits(v: &[f32]) -> Vec<u16> {
     v.iter()

@@ -128,3 +128,16 @@ pub fn dequantized_copy(src: &Path, dst: &Path) -> PathBuf {
     .unwrap();
     dst.to_path_buf()
 }
+
+/// `n` seeded pseudo-random values, uniform in `[-scale / 2, scale / 2)` (xorshift).
+pub fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
+        })
+        .collect()
+}
