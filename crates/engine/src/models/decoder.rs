@@ -95,15 +95,9 @@ impl<B: Backend> Decoder<B> {
     ) -> Result<Option<B::Tensor>> {
         let mut x = b.embed(&self.embed, ids)?;
         for (layer, cache) in self.layers.iter().zip(kv.iter_mut()) {
-            let a = b.rms_norm(&x, &layer.input_norm, self.eps, self.hidden)?;
-            let h = layer.attn.forward(b, &a, cache, pos0, self)?;
-            b.add_scaled(&mut x, 1.0, &h)?;
-            let m = b.rms_norm(&x, &layer.post_norm, self.eps, self.hidden)?;
-            let h = match &layer.mlp {
-                Mlp::Dense(mlp) => mlp.forward(b, &m)?,
-                Mlp::Moe(moe) => moe.forward(b, &m)?,
-            };
-            b.add_scaled(&mut x, 1.0, &h)?;
+            self.residual_block(b, layer, &mut x, |a| {
+                layer.attn.forward(b, a, cache, pos0, self)
+            })?;
         }
         let x = match wanted {
             Wanted::None => return Ok(None),
@@ -116,6 +110,26 @@ impl<B: Backend> Decoder<B> {
         let y = b.rms_norm(&x, &self.norm, self.eps, self.hidden)?;
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         b.linear(&y, head, None).map(Some)
+    }
+
+    /// One layer on the residual stream `x`: `x += attention(norm(x))`, then
+    /// `x += mlp(post_norm(x))`; `attention` maps the normed rows to the attention output.
+    pub(crate) fn residual_block(
+        &self,
+        b: &B,
+        layer: &Layer<B>,
+        x: &mut B::Tensor,
+        attention: impl FnOnce(&B::Tensor) -> Result<B::Tensor>,
+    ) -> Result<()> {
+        let a = b.rms_norm(x, &layer.input_norm, self.eps, self.hidden)?;
+        let h = attention(&a)?;
+        b.add_scaled(x, 1.0, &h)?;
+        let m = b.rms_norm(x, &layer.post_norm, self.eps, self.hidden)?;
+        let h = match &layer.mlp {
+            Mlp::Dense(mlp) => mlp.forward(b, &m)?,
+            Mlp::Moe(moe) => moe.forward(b, &m)?,
+        };
+        b.add_scaled(x, 1.0, &h)
     }
 }
 

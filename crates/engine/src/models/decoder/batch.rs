@@ -7,7 +7,7 @@
 //! Every row is computed exactly as [`Decoder::forward`] computes it alone, up to the f32
 //! summation order of the batched (GEMM) and single-row (GEMV) kernels.
 
-use super::{Attention, Decoder, Mlp, Wanted};
+use super::{Attention, Decoder, Wanted};
 use crate::backend::Backend;
 use crate::error::Result;
 
@@ -38,15 +38,9 @@ impl<B: Backend> Decoder<B> {
         let ids: Vec<u32> = seqs.iter().flat_map(|s| s.ids.iter().copied()).collect();
         let mut x = b.embed(&self.embed, &ids)?;
         for (li, layer) in self.layers.iter().enumerate() {
-            let a = b.rms_norm(&x, &layer.input_norm, self.eps, self.hidden)?;
-            let h = layer.attn.forward_batch(b, &a, seqs, li, self)?;
-            b.add_scaled(&mut x, 1.0, &h)?;
-            let m = b.rms_norm(&x, &layer.post_norm, self.eps, self.hidden)?;
-            let h = match &layer.mlp {
-                Mlp::Dense(mlp) => mlp.forward(b, &m)?,
-                Mlp::Moe(moe) => moe.forward(b, &m)?,
-            };
-            b.add_scaled(&mut x, 1.0, &h)?;
+            self.residual_block(b, layer, &mut x, |a| {
+                layer.attn.forward_batch(b, a, seqs, li, self)
+            })?;
         }
 
         // The rows whose logits are wanted, in sequence order: (start in x, rows) per sequence.
