@@ -342,65 +342,6 @@ __device__ __forceinline__ const u8* rs_s(const RowSet& rs, int r) {
     return r < RA ? rs.s0 + r * rs.sst : rs.s1 + (r - RA) * rs.sst;
 }
 
-// NVFP4 rows (K % 32 == 0): out[r] += (per lane, not reduced) 2^-22 * W[r, :] . x / inv_g over
-// the 32-element chunks i = 32 * (part + nparts * j) + lane. Per step every lane issues R * U
-// independent 16-byte loads (coalesced: a warp reads 512 contiguous bytes per row and chunk
-// slot) and R * U 2-byte scale loads before any arithmetic; x stays in registers across the rows.
-template <int R, int RA, int U>
-__device__ __forceinline__ void nv_rows(const RowSet& rs, int K, const float* __restrict__ x, int part, int nparts,
-                                        float out[R]) {
-    const int lane = threadIdx.x & 31;
-    const int n = K >> 5;
-    const int step = 32 * nparts;
-    for (int base = 32 * part + lane; base < n; base += step * U) {
-        uint4 wv[U][R];
-        u32 sv[U][R];
-#pragma unroll
-        for (int q = 0; q < U; q++) {
-            const int i = base + step * q;
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                if (i < n && rs_ok<R, RA>(rs, r)) {
-                    wv[q][r] = ld_stream((const uint4*)rs_w<R, RA>(rs, r) + i);
-                    sv[q][r] = __ldg((const u16*)rs_s<R, RA>(rs, r) + i);
-                }
-            }
-        }
-#pragma unroll
-        for (int q = 0; q < U; q++) {
-            const int i = base + step * q;
-            if (i < n) {
-                const float4* xp = (const float4*)(x + (long)i * 32);
-                float xs[32];
-#pragma unroll
-                for (int c = 0; c < 8; c++) {
-                    const float4 v = __ldg(xp + c);
-                    xs[4 * c] = v.x;
-                    xs[4 * c + 1] = v.y;
-                    xs[4 * c + 2] = v.z;
-                    xs[4 * c + 3] = v.w;
-                }
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    if (rs_ok<R, RA>(rs, r)) {
-                        const u32 ws[4] = {wv[q][r].x, wv[q][r].y, wv[q][r].z, wv[q][r].w};
-                        float a[2] = {0.f, 0.f};
-#pragma unroll
-                        for (int j = 0; j < 4; j++) {
-                            float f[8];
-                            e2m1x8(ws[j], f);
-#pragma unroll
-                            for (int e = 0; e < 8; e++) a[j >> 1] = fmaf(f[e], xs[8 * j + e], a[j >> 1]);
-                        }
-                        const float2 s = e4m3x2(sv[q][r]);
-                        out[r] = fmaf(a[0], s.x, fmaf(a[1], s.y, out[r]));
-                    }
-                }
-            }
-        }
-    }
-}
-
 // x in shared memory for the NVFP4 kernels: chunk i (32 floats = 8 float4) is stored with its
 // float4 q at slot 8 i + (q ^ (i & 7)), so when consecutive lanes read consecutive chunks every
 // quarter-warp's 128-bit reads hit 8 distinct bank groups (conflict-free), while each lane's
@@ -416,8 +357,20 @@ __device__ __forceinline__ void xs_fill(float4* xs, const float* __restrict__ x,
     }
 }
 
-// One batch of an NVFP4 row set: the loads of U chunk slots of R rows, then their products with
-// x from shared memory (swizzled as above).
+// Where NvPipe reads x: chunk i's float4 c (32 floats per chunk), from global memory or from the
+// swizzled shared-memory copy.
+struct XGlobal {
+    const float* x;
+    __device__ __forceinline__ float4 get(int i, int c) const { return __ldg((const float4*)(x + (long)i * 32) + c); }
+};
+struct XShared {
+    const float4* xs;
+    __device__ __forceinline__ float4 get(int i, int c) const { return xs[(i << 3) | (c ^ (i & 7))]; }
+};
+
+// One batch of an NVFP4 row set: the loads of U chunk slots of R rows (each lane 16-byte loads,
+// a warp 512 contiguous bytes per row and slot, and the 2-byte scales), then their products with
+// x; the e2m1 values are summed per 16-element block, then scaled once.
 template <int R, int RA, int U>
 struct NvPipe {
     uint4 wv[U][R];
@@ -437,8 +390,8 @@ struct NvPipe {
         }
     }
 
-    __device__ __forceinline__ void compute(const RowSet& rs, int base, int step, int n, const float4* xs,
-                                            float out[R]) {
+    template <class X>
+    __device__ __forceinline__ void compute(const RowSet& rs, int base, int step, int n, const X& x, float out[R]) {
 #pragma unroll
         for (int q = 0; q < U; q++) {
             const int i = base + step * q;
@@ -446,7 +399,7 @@ struct NvPipe {
                 float xr[32];
 #pragma unroll
                 for (int c = 0; c < 8; c++) {
-                    const float4 v = xs[(i << 3) | (c ^ (i & 7))];
+                    const float4 v = x.get(i, c);
                     xr[4 * c] = v.x;
                     xr[4 * c + 1] = v.y;
                     xr[4 * c + 2] = v.z;
@@ -495,10 +448,27 @@ __device__ __forceinline__ void nv_rows_smem(const RowSet& rs, bool active, bool
         __syncthreads();
     }
     if (!active) return;
+    const XShared xr{xs};
     while (base < n) {
-        p.compute(rs, base, step, n, xs, out);
+        p.compute(rs, base, step, n, xr, out);
         base += step * U;
         if (base < n) p.load(rs, base, step, n);
+    }
+}
+
+// NVFP4 rows (K % 32 == 0) with x read from global memory: out[r] += (per lane, not reduced)
+// 2^-22 * W[r, :] . x / inv_g over the 32-element chunks i = 32 * (part + nparts * j) + lane, U
+// chunk slots of all R rows loaded before any arithmetic.
+template <int R, int RA, int U>
+__device__ __forceinline__ void nv_rows(const RowSet& rs, int K, const float* __restrict__ x, int part, int nparts,
+                                        float out[R]) {
+    const int n = K >> 5;
+    const int step = 32 * nparts;
+    const XGlobal xg{x};
+    NvPipe<R, RA, U> p;
+    for (int base = 32 * part + (threadIdx.x & 31); base < n; base += step * U) {
+        p.load(rs, base, step, n);
+        p.compute(rs, base, step, n, xg, out);
     }
 }
 
