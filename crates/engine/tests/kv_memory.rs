@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{tiny_laguna, token_ids};
+use common::{max_abs_diff, tiny_laguna, token_ids};
 use fp4forge_engine::{KvDtype, Model, ModelOptions};
 
 const WINDOW: usize = 16;
@@ -70,12 +70,7 @@ fn a_truncated_session_continues_like_a_fresh_one() {
     let mut fresh = model.new_session().unwrap();
     fresh.prefill(&ids[..10]).unwrap();
     let want = fresh.prefill_all(&other).unwrap();
-    let diff = reused
-        .data
-        .iter()
-        .zip(&want.data)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
+    let diff = max_abs_diff(&reused.data, &want.data);
     assert!(diff <= 1e-5, "max |Δ| {diff}");
     // past the window the sliding rings have wrapped: only the whole sequence is kept
     s.prefill(&token_ids(2 * WINDOW, vocab, 11)).unwrap();

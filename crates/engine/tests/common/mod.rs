@@ -37,15 +37,21 @@ pub fn all_linear_build(src: &Path, dst: &Path) -> PathBuf {
 
 /// `n` pseudo-random token ids below `vocab`.
 pub fn token_ids(n: usize, vocab: u32, seed: u64) -> Vec<u32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % u64::from(vocab)) as u32
-        })
+    xorshift(seed)
+        .take(n)
+        .map(|s| (s % u64::from(vocab)) as u32)
         .collect()
+}
+
+/// The seeded xorshift64 stream behind [`token_ids`] and [`values`].
+fn xorshift(seed: u64) -> impl Iterator<Item = u64> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    std::iter::repeat_with(move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    })
 }
 
 /// Largest absolute element difference.
@@ -131,13 +137,8 @@ pub fn dequantized_copy(src: &Path, dst: &Path) -> PathBuf {
 
 /// `n` seeded pseudo-random values, uniform in `[-scale / 2, scale / 2)` (xorshift).
 pub fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
-        })
+    xorshift(seed)
+        .take(n)
+        .map(|s| ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale)
         .collect()
 }
