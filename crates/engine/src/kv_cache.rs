@@ -82,6 +82,17 @@ impl<B: Backend> KvCache<B> {
         Ok(Self { layers })
     }
 
+    /// A new cache holding a copy of the first `len` positions of every layer
+    /// ([`Backend::kv_fork`]).
+    pub fn fork(&self, backend: &B, len: usize) -> Result<Self> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| backend.kv_fork(l, len))
+            .collect::<Result<_>>()?;
+        Ok(Self { layers })
+    }
+
     /// The per-layer stores.
     pub fn layers_mut(&mut self) -> &mut [B::KvLayer] {
         &mut self.layers
@@ -133,11 +144,12 @@ impl KvRows {
         }
     }
 
-    fn truncate(&mut self, elements: usize) {
+    /// A copy of the first `elements` values.
+    fn prefix(&self, elements: usize) -> Self {
         match self {
-            KvRows::F32(v) => v.truncate(elements),
-            KvRows::Bf16(v) => v.truncate(elements),
-            KvRows::Fp8(v) => v.truncate(elements),
+            KvRows::F32(v) => KvRows::F32(v[..elements].to_vec()),
+            KvRows::Bf16(v) => KvRows::Bf16(v[..elements].to_vec()),
+            KvRows::Fp8(v) => KvRows::Fp8(v[..elements].to_vec()),
         }
     }
 
@@ -287,23 +299,26 @@ impl HostKvLayer {
         self.len == 0
     }
 
-    /// Whether positions `len..` can be forgotten with the earlier ones intact: `len` at most
-    /// the length, and a sliding layer's ring not yet wrapped (or nothing to forget).
-    pub fn can_truncate(&self, len: usize) -> bool {
+    /// Whether the first `len` positions can be had on their own: `len` at most the length, and
+    /// a sliding layer's ring not yet wrapped (or all of it).
+    pub fn can_fork(&self, len: usize) -> bool {
         len == self.len || (len < self.len && self.spec.window.is_none_or(|w| self.len <= w))
     }
 
-    /// Forgets positions `len..` (see [`Self::can_truncate`]); false, changing nothing, when
-    /// that is not possible.
-    pub fn truncate(&mut self, len: usize) -> bool {
-        if !self.can_truncate(len) {
-            return false;
+    /// A new store holding a copy of the first `len` positions (see [`Self::can_fork`]); `None`
+    /// when that is not possible. `self` is unchanged.
+    pub fn fork(&self, len: usize) -> Option<Self> {
+        if !self.can_fork(len) {
+            return None;
         }
-        let rows = len * self.spec.row_width();
-        self.k.truncate(rows);
-        self.v.truncate(rows);
-        self.len = len;
-        true
+        // unwrapped: rows 0..len are positions 0..len; wrapped (len is the whole sequence): the ring
+        let elements = len.min(self.stored_rows()) * self.spec.row_width();
+        Some(Self {
+            spec: self.spec.clone(),
+            len,
+            k: self.k.prefix(elements),
+            v: self.v.prefix(elements),
+        })
     }
 
     /// Rows held in storage (at most `window` for a sliding layer).

@@ -71,28 +71,30 @@ impl<'m, B: Backend> Session<'m, B> {
         Ok(())
     }
 
-    /// Keeps the first `len` tokens of the sequence and forgets the rest, so a request that
-    /// shares them continues from here without recomputing them. Returns false, changing
-    /// nothing, when that is impossible: `len` past the position, a failed session, or a
-    /// sliding-window layer whose ring has wrapped (it no longer holds the keys before the
-    /// window) unless `len` is the whole sequence.
-    pub fn truncate(&mut self, len: usize) -> Result<bool> {
+    /// Whether [`fork`](Self::fork) can copy the first `len` tokens: a sound session, `len` at
+    /// most the position, and no sliding-window ring wrapped unless `len` is the whole sequence.
+    pub fn can_fork(&self, len: usize) -> bool {
         let wrapped = |w: Option<usize>| w.is_some_and(|w| self.position > w);
-        if self.broken
-            || len > self.position
-            || (len < self.position && self.model.kv_specs().iter().any(|s| wrapped(s.window)))
-        {
-            return Ok(false);
+        !self.broken
+            && len <= self.position
+            && (len == self.position || !self.model.kv_specs().iter().any(|s| wrapped(s.window)))
+    }
+
+    /// A new session holding a copy of the first `len` tokens of this one (their keys and
+    /// values), so a request that shares them continues from there without recomputing them;
+    /// this session is unchanged. `None` when that is impossible: `len` past the position, a
+    /// failed session, or a sliding-window layer whose ring has wrapped (it no longer holds the
+    /// keys before the window) unless `len` is the whole sequence.
+    pub fn fork(&self, len: usize) -> Result<Option<Self>> {
+        if !self.can_fork(len) {
+            return Ok(None);
         }
-        let b = self.model.backend();
-        for layer in self.cache.layers_mut() {
-            if let Err(e) = b.kv_truncate(layer, len) {
-                self.broken = true;
-                return Err(e);
-            }
-        }
-        self.position = len;
-        Ok(true)
+        Ok(Some(Self {
+            model: self.model,
+            cache: self.cache.fork(self.model.backend(), len)?,
+            position: len,
+            broken: false,
+        }))
     }
 
     /// Appends `tokens` and returns the logits of the last one (`vocab` values).

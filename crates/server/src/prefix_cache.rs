@@ -3,10 +3,12 @@
 //! Requests often share a long beginning: a few-shot evaluation repeats its examples in every
 //! prompt, the choices of a multiple-choice item share their context, a chat's next turn repeats
 //! the conversation so far. When a sequence finishes, the engine thread puts its session (its
-//! KV cache) here with the tokens it holds. A new request takes the entry sharing the longest
-//! prefix with its prompt, cuts it back to that prefix ([`Session::truncate`]) and prefills only
-//! the rest. Each entry serves one request (it is moved, never shared); the request's own
-//! session comes back when it finishes, so a popular prefix stays cached.
+//! KV cache) here with the tokens it holds. A new request copies the part of the entry it shares
+//! the longest prefix with ([`Session::fork`]) and prefills only the rest; the entry stays, so
+//! every later request of a few-shot task finds its examples cached, however many use them at
+//! once. A
+//! finished sequence replaces the entries it extends (same tokens first, no fewer prompt
+//! logprobs), so repeating a prompt does not pile up copies.
 //!
 //! Exactness: the reused keys and values are the ones the prefix's own prefill wrote, so the
 //! continuation's logits are what a full prefill computes (up to the f32 summation order that
@@ -80,8 +82,8 @@ impl<'m, B: Backend> PrefixCache<'m, B> {
         self.entries.len()
     }
 
-    /// Takes the entry sharing the longest usable prefix with `prompt` (non-empty), cut back to
-    /// that prefix. `prompt_top`: the request wants every prompt position's logprobs with that
+    /// A copy of the entry sharing the longest usable prefix with `prompt` (non-empty), cut
+    /// back to that prefix (the entry stays). `prompt_top`: the request wants every prompt position's logprobs with that
     /// many alternatives (only entries that kept at least as many serve it). `None` when no
     /// entry shares a token.
     pub fn take(&mut self, prompt: &[u32], prompt_top: Option<usize>) -> Option<Reuse<'m, B>> {
@@ -95,26 +97,26 @@ impl<'m, B: Backend> PrefixCache<'m, B> {
         // longest first; among equals the most recently used
         candidates.sort_by_key(|&(len, i)| std::cmp::Reverse((len, self.entries[i].last_used)));
         for (len, i) in candidates {
-            let entry = &mut self.entries[i];
-            match entry.session.truncate(len) {
-                Ok(true) => {}
+            let session = match self.entries[i].session.fork(len) {
+                Ok(Some(s)) => s,
                 // a wrapped sliding-window ring: only the whole sequence is reusable
-                Ok(false) => continue,
+                Ok(None) => continue,
                 Err(_) => {
-                    // the session is broken now: it serves nobody
+                    // the session is broken (or out of memory for the copy): it serves nobody
                     let e = self.entries.swap_remove(i);
                     self.bytes -= e.bytes;
                     return self.take(prompt, prompt_top);
                 }
-            }
-            let e = self.entries.swap_remove(i);
-            self.bytes -= e.bytes;
-            let prompt_logprobs = match (prompt_top, e.prompt_logprobs) {
+            };
+            self.clock += 1;
+            let e = &mut self.entries[i];
+            e.last_used = self.clock;
+            let prompt_logprobs = match (prompt_top, &e.prompt_logprobs) {
                 (Some(top), Some((_, lps))) => lps
-                    .into_iter()
+                    .iter()
                     .take(len + 1)
                     .map(|lp| {
-                        lp.map(|mut lp| {
+                        lp.clone().map(|mut lp| {
                             lp.top.truncate(top);
                             lp
                         })
@@ -123,7 +125,7 @@ impl<'m, B: Backend> PrefixCache<'m, B> {
                 _ => Vec::new(),
             };
             return Some(Reuse {
-                session: e.session,
+                session,
                 len,
                 prompt_logprobs,
             });
@@ -133,8 +135,9 @@ impl<'m, B: Backend> PrefixCache<'m, B> {
 
     /// Keeps a finished sequence's `session`, which holds `tokens` (the first `prompt_len` of
     /// them its prompt, whose logprobs with `top` alternatives are given when they were
-    /// computed). Evicts the least recently used entries to make room; drops the session when it
-    /// alone is over the capacity or its length disagrees with `tokens`.
+    /// computed). Drops the entries it extends (their tokens a prefix of `tokens`, no more
+    /// prompt logprobs kept), then the least recently used ones to make room; drops the session
+    /// when it alone is over the capacity or its length disagrees with `tokens`.
     pub fn put(
         &mut self,
         session: Session<'m, B>,
@@ -150,6 +153,24 @@ impl<'m, B: Backend> PrefixCache<'m, B> {
         {
             return;
         }
+        let prompt_logprobs = prompt_logprobs.filter(|(_, l)| l.len() == prompt_len);
+        // entries this one extends, with no more prompt logprobs, serve nothing it does not
+        let kept = prompt_logprobs.as_ref().map(|(top, _)| *top);
+        let mut i = 0;
+        while i < self.entries.len() {
+            let e = &self.entries[i];
+            let covered = match (&e.prompt_logprobs, kept) {
+                (None, _) => true,
+                (Some((top, _)), Some(new_top)) => *top <= new_top && e.prompt_len <= prompt_len,
+                (Some(_), None) => false,
+            };
+            if covered && tokens.starts_with(&e.tokens) && session.can_fork(e.tokens.len()) {
+                let e = self.entries.swap_remove(i);
+                self.bytes -= e.bytes;
+            } else {
+                i += 1;
+            }
+        }
         while self.bytes + bytes > self.capacity {
             let Some(oldest) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used)
             else {
@@ -160,7 +181,6 @@ impl<'m, B: Backend> PrefixCache<'m, B> {
         }
         self.clock += 1;
         self.bytes += bytes;
-        let prompt_logprobs = prompt_logprobs.filter(|(_, l)| l.len() == prompt_len);
         self.entries.push(Entry {
             tokens,
             prompt_len,

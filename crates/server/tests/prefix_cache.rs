@@ -95,18 +95,35 @@ async fn reused_prefixes_answer_exactly_like_fresh_prefills() {
     // positions 0..=10 are shared, 1..=10 keep their logprobs: 10 tokens reused
     assert_eq!(cached.metric(reused).await, 10.0);
     assert_eq!(fresh.metric(hits).await, 0.0);
-    // The only entry now is the second request's (the first's session served it and is gone),
-    // kept with 3 alternatives: it cannot serve a request for 5 (recomputed, still exact).
-    let before = cached.metric(hits).await;
+    // The first request's entry stays after serving the second: it serves `other` again, now
+    // with 5 alternatives (the second request's entry kept only 3).
     let (_, a) = cached.post("/v1/completions", &score(&other, 5)).await;
     let (_, b) = fresh.post("/v1/completions", &score(&other, 5)).await;
+    assert_same("a prefix served twice", &a, &b, 1e-6);
+    assert_eq!(cached.metric(hits).await, 2.0);
+    assert_eq!(cached.metric(reused).await, 20.0);
+    // No entry kept 7 alternatives: recomputed, still exact.
+    let (_, a) = cached.post("/v1/completions", &score(&other, 7)).await;
+    let (_, b) = fresh.post("/v1/completions", &score(&other, 7)).await;
     assert_same("more alternatives than cached", &a, &b, 1e-6);
-    assert_eq!(cached.metric(hits).await, before);
-    // ... but the one just kept, with 5, serves a request for 1
+    assert_eq!(cached.metric(hits).await, 2.0);
+    // ... but one with 5 serves a request for 1: the whole shared prompt but its last token
     let (_, a) = cached.post("/v1/completions", &score(&base, 1)).await;
     let (_, b) = fresh.post("/v1/completions", &score(&base, 1)).await;
     assert_same("fewer alternatives than cached", &a, &b, 1e-6);
-    assert_eq!(cached.metric(hits).await, before + 1.0);
+    assert_eq!(cached.metric(hits).await, 3.0);
+    assert_eq!(cached.metric(reused).await, 33.0);
+    // Each finished `other` replaced the entry it repeats with fewer alternatives: left are
+    // `base` with 5 and with 1, `other` with 7.
+    // (a response can reach the client before its session reaches the cache)
+    let entries = "fp4forge_prefix_cache_entries{";
+    for _ in 0..100 {
+        if cached.metric(entries).await == 3.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(cached.metric(entries).await, 3.0);
 
     // 2. Greedy generation from a reused prefix.
     let mut gen_prompt = base[..9].to_vec();

@@ -101,11 +101,11 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn new_kv_layer(&self, spec: &KvLayerSpec) -> Result<Self::KvLayer>;
     /// Bytes a KV store holds now.
     fn kv_layer_bytes(&self, layer: &Self::KvLayer) -> usize;
-    /// Forgets every position from `len` on, keeping the keys and values before it (a prefix
-    /// of the sequence reused by another request). Callers ensure `len` is at most the stored
-    /// length and, for a sliding layer whose length is past its window, equal to it (a ring has
-    /// overwritten older slots); otherwise an error.
-    fn kv_truncate(&self, layer: &mut Self::KvLayer, len: usize) -> Result<()>;
+    /// A new store holding a copy of the first `len` positions' keys and values (a prefix of
+    /// the sequence reused by another request); `layer` is unchanged. Callers ensure `len` is at
+    /// most the stored length and, for a sliding layer whose length is past its window, equal to
+    /// it (a ring has overwritten older slots); otherwise an error.
+    fn kv_fork(&self, layer: &Self::KvLayer, len: usize) -> Result<Self::KvLayer>;
 
     // ---- data in and out ---------------------------------------------------------------
 

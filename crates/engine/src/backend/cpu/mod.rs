@@ -175,10 +175,12 @@ impl Backend for CpuBackend {
         layer.bytes()
     }
 
-    fn kv_truncate(&self, layer: &mut HostKvLayer, len: usize) -> Result<()> {
-        let have = layer.len();
-        self.check(layer.truncate(len), || {
-            format!("KV truncation to {len} of a layer holding {have} positions")
+    fn kv_fork(&self, layer: &HostKvLayer, len: usize) -> Result<HostKvLayer> {
+        layer.fork(len).ok_or_else(|| {
+            self.error(format!(
+                "KV copy of {len} positions of a layer holding {}",
+                layer.len()
+            ))
         })
     }
 

@@ -871,17 +871,30 @@ impl Backend for CudaBackend {
         2 * layer.cap * layer.spec.row_width() * layer.elem()
     }
 
-    fn kv_truncate(&self, layer: &mut CudaKvLayer, len: usize) -> Result<()> {
+    fn kv_fork(&self, layer: &CudaKvLayer, len: usize) -> Result<CudaKvLayer> {
         let ok = len == layer.len
             || (len < layer.len && layer.spec.window.is_none_or(|w| layer.len <= w));
         self.check(ok, || {
             format!(
-                "KV truncation to {len} of a layer holding {} positions",
+                "KV copy of {len} positions of a layer holding {}",
                 layer.len
             )
         })?;
-        layer.len = len;
-        Ok(())
+        let mut out = self.new_kv_layer(&layer.spec)?;
+        // unwrapped: rows 0..len are positions 0..len; wrapped (len is the whole sequence): the ring
+        let rows = len.min(layer.cap);
+        self.kv_grow(&mut out, rows)?;
+        let bytes = rows * layer.spec.row_width() * layer.elem();
+        if bytes > 0 {
+            for (src, dst) in [(&layer.k, &mut out.k), (&layer.v, &mut out.v)] {
+                self.inner
+                    .stream
+                    .memcpy_dtod(&src.slice(0..bytes), &mut dst.slice_mut(0..bytes))
+                    .map_err(|e| self.err(format!("{e:?}")))?;
+            }
+        }
+        out.len = len;
+        Ok(out)
     }
 
     fn upload(&self, rows: usize, cols: usize, data: &[f32]) -> Result<CudaTensor> {
