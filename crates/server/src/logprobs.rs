@@ -2,6 +2,9 @@
 //! from the model's raw distribution (`log_softmax` of the logits, before temperature or
 //! filtering), accumulated in f64.
 
+use fp4forge_engine::Logits;
+use rayon::prelude::*;
+
 /// One position's log-probabilities.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct TokenLogprob {
@@ -41,6 +44,22 @@ pub(crate) fn token_logprob(logits: &[f32], token: u32, top: usize) -> TokenLogp
         .map(|i| (i as u32, lp(i)))
         .collect();
     TokenLogprob { logprob, top }
+}
+
+/// [`token_logprob`] of every row `r` of `logits` with token `targets[r]` (`targets` may be
+/// shorter than the rows: the rest are skipped), split over `pool`'s threads when there is one.
+pub(crate) fn rows_logprobs(
+    pool: Option<&rayon::ThreadPool>,
+    logits: &Logits,
+    targets: &[u32],
+    top: usize,
+) -> Vec<TokenLogprob> {
+    let n = targets.len().min(logits.rows);
+    let one = |r: usize| token_logprob(logits.row(r), targets[r], top);
+    match pool {
+        Some(pool) if n > 1 => pool.install(|| (0..n).into_par_iter().map(one).collect()),
+        _ => (0..n).map(one).collect(),
+    }
 }
 
 /// Indices of the `k` largest logits, largest first (lower index first on ties; NaN last).

@@ -35,7 +35,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::config::{Device, ServerConfig};
 use crate::error::{ApiError, ServerError};
-use crate::logprobs::{token_logprob, TokenLogprob};
+use crate::logprobs::{rows_logprobs, token_logprob, TokenLogprob};
 use crate::metrics::Metrics;
 use crate::prefix_cache::PrefixCache;
 
@@ -197,6 +197,7 @@ pub(crate) fn start(
         max_batch: config.max_batch,
         prefill_budget: config.prefill_budget,
         prefix_cache_bytes: config.prefix_cache_bytes,
+        threads: config.threads,
     };
     let thread_metrics = metrics.clone();
     let alive = Arc::new(AtomicBool::new(true));
@@ -294,6 +295,8 @@ struct Limits {
     max_batch: usize,
     prefill_budget: usize,
     prefix_cache_bytes: usize,
+    /// Worker threads (0: one per core), also for prompt logprobs.
+    threads: usize,
 }
 
 /// A running sequence.
@@ -325,6 +328,9 @@ struct Scheduler<'m, B: Backend> {
     waiting: VecDeque<Job>,
     active: Vec<Seq<'m, B>>,
     prefix_cache: PrefixCache<'m, B>,
+    /// Threads for prompt logprobs (a vocabulary-wide log-softmax per position); `None` if it
+    /// could not be started (computed on the engine thread then).
+    logprob_pool: Option<rayon::ThreadPool>,
     shutting_down: bool,
 }
 
@@ -338,6 +344,11 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             waiting: VecDeque::new(),
             active: Vec::new(),
             prefix_cache: PrefixCache::new(limits.prefix_cache_bytes),
+            logprob_pool: rayon::ThreadPoolBuilder::new()
+                .num_threads(limits.threads)
+                .thread_name(|i| format!("fp4forge-logprobs-{i}"))
+                .build()
+                .ok(),
             shutting_down: false,
         }
     }
@@ -558,13 +569,10 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                 if s.prefilled == 0 {
                     s.prompt_logprobs.push(None);
                 }
-                for r in 0..l.rows {
-                    let p = s.prefilled + r;
-                    if p + 1 < prompt.len() {
-                        s.prompt_logprobs
-                            .push(Some(token_logprob(l.row(r), prompt[p + 1], top)));
-                    }
-                }
+                // row r predicts prompt position prefilled + r + 1
+                let targets = &prompt[(s.prefilled + 1).min(prompt.len())..];
+                let lps = rows_logprobs(self.logprob_pool.as_ref(), l, targets, top);
+                s.prompt_logprobs.extend(lps.into_iter().map(Some));
             }
             s.prefilled += n;
             if s.prefilled < prompt.len() {
