@@ -325,6 +325,51 @@ fn greedy_agree(dir: &Path, prompt: &[u32], n: usize) {
 
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
+fn gpu_forked_sessions_continue_like_fresh_ones() {
+    // Backend::kv_fork on device memory (the server's prefix cache): a copy of a prefix continues
+    // like a fresh prefill of it, the original is untouched, a wrapped ring copies only whole.
+    let dir = fixtures().join("tiny-laguna-lean");
+    let f = SafetensorsFile::open(dir.join("logits.safetensors")).unwrap();
+    let ids = read_ids(&f, "input_ids");
+    let model =
+        Model::load_with_backend(&dir, ModelOptions::new().kv_dtype(KvDtype::Bf16), gpu()).unwrap();
+    let vocab = model.info().vocab_size;
+    let fresh = |prefix: &[u32], rest: &[u32]| {
+        let mut s = model.new_session().unwrap();
+        s.prefill(prefix).unwrap();
+        s.prefill_all(rest).unwrap().data
+    };
+    let mut s = model.new_session().unwrap();
+    s.prefill(&ids[..300]).unwrap();
+    let mut forked = s.fork(200).unwrap().unwrap();
+    let got = forked.prefill_all(&ids[300..340]).unwrap().data;
+    let d = compare(
+        "fork",
+        &got,
+        &fresh(&ids[..200], &ids[300..340]),
+        vocab,
+        1e-5,
+    );
+    let got = s.prefill_all(&ids[300..310]).unwrap().data;
+    let d_orig = compare(
+        "original",
+        &got,
+        &fresh(&ids[..300], &ids[300..310]),
+        vocab,
+        1e-5,
+    );
+    // past the 512-key window the sliding rings have wrapped
+    s.prefill(&ids[310..]).unwrap();
+    let n = s.position();
+    assert!(s.fork(n - 1).unwrap().is_none());
+    let mut whole = s.fork(n).unwrap().unwrap();
+    let (a, b) = (whole.step(3).unwrap(), s.step(3).unwrap());
+    let d_ring = compare("wrapped copy", &a, &b, vocab, 1e-5);
+    println!("fork: max |Δ| {d:.3e} (copy), {d_orig:.3e} (original), {d_ring:.3e} (wrapped ring)");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
 fn gpu_tiny_laguna_greedy_256_tokens_match_cpu() {
     for variant in ["bf16", "lean"] {
         let dir = fixtures().join(format!("tiny-laguna-{variant}"));
