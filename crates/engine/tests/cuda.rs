@@ -1,8 +1,9 @@
 //! GPU tests of the CUDA backend (feature `cuda`). They need a CUDA device, so they are
 //! `#[ignore]`d: `scripts/gpu-tests.sh` runs them on the GPU machine with `--ignored`.
 //!
-//! * kernels: NVFP4 / bf16 / f16 / f32 GEMV and multi-token linear against an f64 matmul of the
-//!   format crate's dequantization (tolerance as the CPU kernels' test: `1e-5 · Σ|w·x| + 1e-6`).
+//! * kernels: NVFP4 / bf16 / f32 GEMV, multi-token linear and tiled prefill GEMM against an f64
+//!   matmul of the format crate's dequantization (tolerance as the CPU kernels' test:
+//!   `1e-5 · Σ|w·x| + 1e-6`).
 //! * tiny Laguna (bf16, stock NVFP4, lean NVFP4; f32 KV): per-position logits of a 600-token
 //!   prefill (crosses the 512 sliding window) against the CPU backend (`1e-4`: both compute in
 //!   f32 from the same weights, only summation order differs) and against transformers'
@@ -36,7 +37,8 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
     let b = gpu();
     let (rows, cols) = (w.rows(), w.cols());
     let lin = b.load_linear(label, w).unwrap();
-    for t in [1usize, 3, 9] {
+    // 1: decode GEMV; 3, 9: the `linear` kernel; 16, 70: `gemm_tiled` (70: a partial tile)
+    for t in [1usize, 3, 9, 16, 70] {
         let x = values(t * cols, 7 + t as u64, 4.0);
         let xt = b.upload(t, cols, &x).unwrap();
         let got = b.download(&b.linear(&xt, &lin, None).unwrap()).unwrap();
@@ -62,7 +64,14 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
 fn gpu_linear_kernels_match_f64_matmul() {
-    for (rows, cols) in [(1024, 3072), (3072, 1024), (37, 80), (300, 1040), (5, 16)] {
+    for (rows, cols) in [
+        (1024, 3072),
+        (3072, 1024),
+        (100, 96),
+        (37, 80),
+        (300, 1040),
+        (5, 16),
+    ] {
         let w = values(rows * cols, rows as u64 * 31 + cols as u64, 0.2);
         let bits: Vec<u16> = w
             .iter()

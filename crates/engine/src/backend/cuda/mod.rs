@@ -37,6 +37,11 @@ pub const KERNELS_CU: &str = include_str!("kernels.cu");
 const GEMV_WARPS: u32 = 4;
 /// Tokens per warp of the `linear` kernel (`TB` in the source).
 const GEMV_TOKENS: usize = 4;
+/// Output rows and tokens of one `gemm_tiled` block (`GM_BM`, `GM_BN` in the source).
+const GEMM_ROWS: u32 = 64;
+const GEMM_TOKENS: u32 = 64;
+/// Fewest tokens for which a multi-token linear uses `gemm_tiled` (fewer: the `linear` GEMV).
+const GEMM_MIN_TOKENS: usize = 16;
 /// Query heads of one KV head handled by one attention block (`GMAX`).
 const ATTN_GMAX: usize = 4;
 /// Most key splits of one decode attention call.
@@ -115,6 +120,7 @@ pub(crate) use launch;
 
 pub(crate) struct Funcs {
     pub linear: CudaFunction,
+    pub gemm_tiled: CudaFunction,
     pub embed: CudaFunction,
     pub rms_norm: CudaFunction,
     pub rope: CudaFunction,
@@ -199,6 +205,13 @@ fn backend_err(reason: impl Into<String>) -> EngineError {
     }
 }
 
+/// `FP4FORGE_CUDA_GEMM=0` computes multi-token linears with the `linear` GEMV kernel instead of
+/// `gemm_tiled` (comparisons).
+fn tiled_prefill() -> bool {
+    static G: OnceLock<bool> = OnceLock::new();
+    *G.get_or_init(|| std::env::var("FP4FORGE_CUDA_GEMM").as_deref() != Ok("0"))
+}
+
 impl CudaBackend {
     /// Opens device `ordinal`, compiles the kernels for it (NVRTC) and creates a stream.
     pub fn new(ordinal: usize) -> Result<Self> {
@@ -221,6 +234,7 @@ impl CudaBackend {
         };
         let f = Funcs {
             linear: get("linear")?,
+            gemm_tiled: get("gemm_tiled")?,
             embed: get("embed")?,
             rms_norm: get("rms_norm")?,
             rope: get("rope")?,
@@ -442,6 +456,16 @@ impl CudaBackend {
             return launch!(self, &self.inner.f.gemv1[ri], grid, (32 * GEMV_WARPS, 1, 1);
                 w.fmt, self.ptr(&w.data), w.scales_ptr(self), w.inv_g, x, y, bias, resid,
                 w.rows as i32, w.cols as i32);
+        }
+        if t >= GEMM_MIN_TOKENS && w.cols.is_multiple_of(32) && tiled_prefill() {
+            let grid = (
+                (w.rows as u32).div_ceil(GEMM_ROWS),
+                (t as u32).div_ceil(GEMM_TOKENS),
+                1,
+            );
+            return launch!(self, &self.inner.f.gemm_tiled, grid, (256, 1, 1);
+                w.fmt, self.ptr(&w.data), w.scales_ptr(self), w.inv_g, x, y, bias, resid,
+                w.rows as i32, w.cols as i32, t as i32);
         }
         let grid = (
             (w.rows as u32).div_ceil(GEMV_WARPS),
