@@ -9,7 +9,7 @@
 #   scripts/gpu-tests.sh bench [OUTDIR] # on the GPU machine: only the decode benchmark
 #
 # `run` executes the `#[ignore]`d GPU tests of crates/engine/tests/cuda.rs (kernels vs f64
-# matmul; decode/prefill attention vs the CPU backend on bf16 caches at d 64/128 (GQA, sliding
+# matmul; decode/prefill attention vs the CPU backend on bf16 and fp8 caches at d 64/128 (GQA, sliding
 # and full); tiny Laguna bf16/stock/lean logits vs the CPU backend and transformers; 256 greedy
 # tokens GPU vs CPU; SmolLM2 if assets/smollm2-* are present) and then the synthetic Laguna-S
 # decode benchmark (table on stdout, JSON in OUTDIR/bench.json).

@@ -103,23 +103,27 @@ fn gpu_linear_kernels_match_f64_matmul() {
     }
 }
 
-/// Attention through the `Backend` trait, GPU vs CPU, on bf16 caches at the shapes the decode
-/// kernel specialises (head_dim 64 and 128, 3 and 6 query heads per kv head), full and sliding
-/// (window 512): a prefill in chunks to ~2,100 positions, then decode steps.
+/// Attention through the `Backend` trait, GPU vs CPU, on bf16 and fp8 caches (fp8 with k/v scales)
+/// at the shapes the decode kernel specialises (head_dim 64 and 128, 3 and 6 query heads per kv
+/// head), full and sliding (window 512): a prefill in chunks to ~2,100 positions, then decode.
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
-fn gpu_attention_matches_cpu_on_bf16_caches() {
+fn gpu_attention_matches_cpu_on_bf16_and_fp8_caches() {
     let gpu = gpu();
     let cpu = CpuBackend::new();
+    let caches = [(KvDtype::Bf16, 1.0, 1.0), (KvDtype::Fp8E4m3, 0.05, 0.02)];
     for (heads, kvh, d) in [(48usize, 8usize, 128usize), (9, 3, 64), (6, 2, 128)] {
-        for window in [None, Some(512usize)] {
+        for (window, (dtype, k_scale, v_scale)) in [None, Some(512usize)]
+            .into_iter()
+            .flat_map(|w| caches.map(|c| (w, c)))
+        {
             let spec = fp4forge_engine::KvLayerSpec {
                 kv_heads: kvh,
                 head_dim: d,
                 window,
-                dtype: KvDtype::Bf16,
-                k_scale: 1.0,
-                v_scale: 1.0,
+                dtype,
+                k_scale,
+                v_scale,
             };
             let p = fp4forge_engine::AttentionParams {
                 heads,
@@ -160,10 +164,10 @@ fn gpu_attention_matches_cpu_on_bf16_caches() {
                 }
                 pos += t;
             }
-            println!("attention heads {heads}/{kvh} d {d} window {window:?}: {pos} positions, max |gpu - cpu| {worst:.3e}");
+            println!("attention {dtype:?} heads {heads}/{kvh} d {d} window {window:?}: {pos} positions, max |gpu - cpu| {worst:.3e}");
             assert!(
                 worst < 1e-4,
-                "heads {heads}/{kvh} d {d} window {window:?}: {worst}"
+                "{dtype:?} heads {heads}/{kvh} d {d} window {window:?}: {worst}"
             );
         }
     }
@@ -299,8 +303,8 @@ fn gpu_tiny_laguna_lean_logits() {
     tiny_laguna("lean");
 }
 
-fn greedy_agree(dir: &Path, prompt: &[u32], n: usize) {
-    let opts = ModelOptions::new().kv_dtype(KvDtype::Bf16);
+fn greedy_agree(dir: &Path, prompt: &[u32], n: usize, kv: KvDtype) {
+    let opts = ModelOptions::new().kv_dtype(kv);
     let go = GenerateOptions {
         max_tokens: n,
         ..Default::default()
@@ -324,7 +328,8 @@ fn greedy_agree(dir: &Path, prompt: &[u32], n: usize) {
         .take_while(|(a, b)| a == b)
         .count();
     println!(
-        "{}: greedy {} tokens, GPU and CPU agree on the first {agree} (GPU {:.1} tok/s decode)",
+        "{} ({kv:?} KV): greedy {} tokens, GPU and CPU agree on the first {agree} (GPU {:.1} tok/s \
+         decode)",
         dir.display(),
         want.tokens.len(),
         got.stats.decode_tokens_per_second()
@@ -384,7 +389,8 @@ fn gpu_tiny_laguna_greedy_256_tokens_match_cpu() {
         let dir = fixtures().join(format!("tiny-laguna-{variant}"));
         let f = SafetensorsFile::open(dir.join("logits.safetensors")).unwrap();
         let ids = read_ids(&f, "input_ids");
-        greedy_agree(&dir, &ids[..32], 256);
+        greedy_agree(&dir, &ids[..32], 256, KvDtype::Bf16);
+        greedy_agree(&dir, &ids[..32], 256, KvDtype::Fp8E4m3);
     }
 }
 
@@ -409,6 +415,6 @@ fn gpu_smollm2_logits_and_greedy() {
         let got = model.new_session().unwrap().prefill_all(&ids).unwrap().data;
         let d = compare(&format!("{name} gpu vs cpu"), &got, &want, vocab, 2e-3);
         println!("{name}: {} positions, max |gpu - cpu| {d:.3e}", ids.len());
-        greedy_agree(&dir, &ids, 256);
+        greedy_agree(&dir, &ids, 256, KvDtype::Bf16);
     }
 }

@@ -66,6 +66,24 @@ __device__ __forceinline__ float e4m3_to_f32(u32 b) {
     return __uint_as_float(__float_as_uint(v) | s);
 }
 
+// f32 to fp8 e4m3 exactly as the format crate's f32_to_e4m3_saturating (torch's cast after a clamp
+// to +-448): round to nearest even, subnormals kept, NaN stays NaN (0x7f with x's sign).
+__device__ __forceinline__ u32 f32_to_e4m3_sat(float x) {
+    const u32 bits = __float_as_uint(x);
+    const u32 sign = (bits >> 24) & 0x80u;
+    if (x != x) return sign | 0x7fu;
+    const u32 a = bits & 0x7fffffffu;
+    u32 mag;
+    if (a > 0x43e80000u) {
+        mag = 0x7eu;  // above the 448 / 480 tie (464): saturates
+    } else if (a < 0x3c800000u) {
+        mag = (u32)rintf(__uint_as_float(a) * 512.f);  // subnormal: m * 2^-9, ties to even
+    } else {
+        mag = (a - (120u << 23) + 0x7ffffu + ((a >> 20) & 1u)) >> 20;
+    }
+    return sign | mag;
+}
+
 __constant__ float E2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
                                -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
@@ -948,9 +966,11 @@ extern "C" __global__ void add_scaled(float* y, float alpha, const float* __rest
 
 // ---- KV cache and attention -------------------------------------------------------------------
 
-// Writes the chunk's rows into the cache (the last `window` rows for a ring). kv_t: 0 = f32, 2 = bf16.
+// Writes the chunk's rows into the cache (the last `window` rows for a ring). kv_t: 0 = f32,
+// 1 = fp8 e4m3 of x / scale (ks for keys, vs for values), 2 = bf16.
 extern "C" __global__ void kv_append(void* kc, void* vc, const float* __restrict__ k, const float* __restrict__ v,
-                                    int T, int pos0, int window, int width, int kv_t) { pdl_enter();
+                                    int T, int pos0, int window, int width, int kv_t, float ks, float vs) {
+    pdl_enter();
     const int r = blockIdx.x;
     if (window > 0 && r < T - window) return;
     const long pos = pos0 + r;
@@ -960,6 +980,9 @@ extern "C" __global__ void kv_append(void* kc, void* vc, const float* __restrict
         if (kv_t == 2) {
             ((u16*)kc)[slot * width + i] = f32_to_bf16(kk);
             ((u16*)vc)[slot * width + i] = f32_to_bf16(vv);
+        } else if (kv_t == 1) {
+            ((u8*)kc)[slot * width + i] = (u8)f32_to_e4m3_sat(kk / ks);
+            ((u8*)vc)[slot * width + i] = (u8)f32_to_e4m3_sat(vv / vs);
         } else {
             ((float*)kc)[slot * width + i] = kk;
             ((float*)vc)[slot * width + i] = vv;
@@ -970,28 +993,43 @@ extern "C" __global__ void kv_append(void* kc, void* vc, const float* __restrict
 #define GMAX 4
 #define AW 4  // warps per attention block
 
+// Reads and rounding of one cache storage type; `s` is the fp8 scale (ignored by the others).
 template <typename KT>
 struct KvIo;
 template <>
 struct KvIo<float> {
-    __device__ static float ld(const float* p, long i) { return p[i]; }
-    __device__ static float rnd(float x) { return x; }
-    __device__ static void ld8(const float* p, float o[8]) {
+    __device__ static float ld(const float* p, long i, float) { return p[i]; }
+    __device__ static float rnd(float x, float) { return x; }
+    __device__ static void ld8(const float* p, float o[8], float) {
         float4 a = *(const float4*)p, b = *(const float4*)(p + 4);
         o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w; o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
     }
 };
 template <>
 struct KvIo<u16> {
-    __device__ static float ld(const u16* p, long i) { return bf16_to_f32(p[i]); }
-    __device__ static float rnd(float x) { return round_bf16(x); }
-    __device__ static void ld8(const u16* p, float o[8]) {
+    __device__ static float ld(const u16* p, long i, float) { return bf16_to_f32(p[i]); }
+    __device__ static float rnd(float x, float) { return round_bf16(x); }
+    __device__ static void ld8(const u16* p, float o[8], float) {
         uint4 a = *(const uint4*)p;
         u32 w[4] = {a.x, a.y, a.z, a.w};
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             o[2 * j] = __uint_as_float(w[j] << 16);
             o[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+        }
+    }
+};
+// fp8 e4m3 of x / s: decoded as e4m3 * s (the CPU cache's rounding and decode).
+template <>
+struct KvIo<u8> {
+    __device__ static float ld(const u8* p, long i, float s) { return e4m3_to_f32(p[i]) * s; }
+    __device__ static float rnd(float x, float s) { return e4m3_to_f32(f32_to_e4m3_sat(x / s)) * s; }
+    __device__ static void ld8(const u8* p, float o[8], float s) {
+        const uint2 a = *(const uint2*)p;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            o[j] = e4m3_to_f32((a.x >> (8 * j)) & 0xffu) * s;
+            o[4 + j] = e4m3_to_f32((a.y >> (8 * j)) & 0xffu) * s;
         }
     }
 };
@@ -1005,7 +1043,7 @@ template <typename KT, int DPL>
 __device__ void attn_impl(const float* __restrict__ q, const float* __restrict__ kch, const float* __restrict__ vch,
                           const KT* __restrict__ kc, const KT* __restrict__ vc, float* __restrict__ out,
                           float* __restrict__ part_o, float* __restrict__ part_ml, int T, int heads, int kvh, int d,
-                          float scale, int pos0, int window, int splits, int ngroups) {
+                          float scale, int pos0, int window, int splits, int ngroups, float ks, float vs) {
     __shared__ float qs[GMAX][128];
     __shared__ float sm[AW][GMAX], sl[AW][GMAX];
     __shared__ float sacc[AW][GMAX][128];
@@ -1055,11 +1093,11 @@ __device__ void attn_impl(const float* __restrict__ q, const float* __restrict__
             for (int cc = 0; cc < 4 * DPL; cc++) {
                 if (cc * 8 < d) {
                     if (cached) {
-                        KvIo<KT>::ld8(kr + cc * 8, kk[cc]);
+                        KvIo<KT>::ld8(kr + cc * 8, kk[cc], ks);
                     } else {
-                        KvIo<float>::ld8(kf + cc * 8, kk[cc]);
+                        KvIo<float>::ld8(kf + cc * 8, kk[cc], 1.f);
 #pragma unroll
-                        for (int e = 0; e < 8; e++) kk[cc][e] = KvIo<KT>::rnd(kk[cc][e]);
+                        for (int e = 0; e < 8; e++) kk[cc][e] = KvIo<KT>::rnd(kk[cc][e], ks);
                     }
                 }
             }
@@ -1102,14 +1140,14 @@ __device__ void attn_impl(const float* __restrict__ q, const float* __restrict__
 #pragma unroll
                 for (int c = 0; c < DPL; c++) {
                     int dd = lane + 32 * c;
-                    vv[c] = dd < d ? KvIo<KT>::ld(vr, dd) : 0.f;
+                    vv[c] = dd < d ? KvIo<KT>::ld(vr, dd, vs) : 0.f;
                 }
             } else {
                 const float* vr = vch + (long)(jj - pos0) * rw + (long)kv * d;
 #pragma unroll
                 for (int c = 0; c < DPL; c++) {
                     int dd = lane + 32 * c;
-                    vv[c] = dd < d ? KvIo<KT>::rnd(vr[dd]) : 0.f;
+                    vv[c] = dd < d ? KvIo<KT>::rnd(vr[dd], vs) : 0.f;
                 }
             }
 #pragma unroll
@@ -1371,9 +1409,10 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
     extern "C" __global__ void __launch_bounds__(AW * 32) NAME(                                                       \
         const float* q, const float* kch, const float* vch, const KT* kc, const KT* vc, float* out, float* part_o,   \
         float* part_ml, int T, int heads, int kvh, int d, float scale, int pos0, int window, int splits,             \
-        int ngroups) { pdl_enter();                                                                                                \
+        int ngroups, float ks, float vs) {                                                                             \
+        pdl_enter();                                                                                                   \
         attn_impl<KT, DPL>(q, kch, vch, kc, vc, out, part_o, part_ml, T, heads, kvh, d, scale, pos0, window, splits, \
-                           ngroups);                                                                                  \
+                           ngroups, ks, vs);                                                                          \
     }
 // Decode steps (T == 1) over bf16 caches with d = 64 / 128 (the host picks these when
 // ceil(G / ngroups) <= DEC_GMAX); at most 128 registers, so 4 blocks fit on an SM.
@@ -1391,6 +1430,9 @@ ATTN_KERNEL(attn_f32_4, float, 4)
 ATTN_KERNEL(attn_bf16_1, u16, 1)
 ATTN_KERNEL(attn_bf16_2, u16, 2)
 ATTN_KERNEL(attn_bf16_4, u16, 4)
+ATTN_KERNEL(attn_fp8_1, u8, 1)
+ATTN_KERNEL(attn_fp8_2, u8, 2)
+ATTN_KERNEL(attn_fp8_4, u8, 4)
 
 // Merges the splits: grid (heads, T), threads d. Optionally multiplies by softplus(gate[t, h]).
 extern "C" __global__ void attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,

@@ -244,9 +244,13 @@ impl CudaBackend {
             add_scaled: get("add_scaled")?,
             kv_append: get("kv_append")?,
             attn: [
+                // indexed by 3 * kv_t + head-dim class: f32, fp8, bf16
                 "attn_f32_1",
                 "attn_f32_2",
                 "attn_f32_4",
+                "attn_fp8_1",
+                "attn_fp8_2",
+                "attn_fp8_4",
                 "attn_bf16_1",
                 "attn_bf16_2",
                 "attn_bf16_4",
@@ -591,16 +595,19 @@ pub struct CudaKvLayer {
     pub(crate) cap: usize,
     pub(crate) k: CudaSlice<u8>,
     pub(crate) v: CudaSlice<u8>,
-    /// 0 = f32, 2 = bf16.
+    /// 0 = f32, 1 = fp8 e4m3, 2 = bf16.
     pub(crate) kv_t: i32,
+    /// fp8: stored values are e4m3(x / scale) (1 for the other types).
+    pub(crate) k_scale: f32,
+    pub(crate) v_scale: f32,
 }
 
 impl CudaKvLayer {
     fn elem(&self) -> usize {
-        if self.kv_t == 2 {
-            2
-        } else {
-            4
+        match self.kv_t {
+            2 => 2,
+            1 => 1,
+            _ => 4,
         }
     }
 }
@@ -659,7 +666,7 @@ impl CudaBackend {
             d if d <= 128 => 2,
             _ => return Err(self.err(format!("head_dim {d} > 128"))),
         };
-        Ok(&self.inner.f.attn[i + if kv_t == 2 { 3 } else { 0 }])
+        Ok(&self.inner.f.attn[i + 3 * kv_t as usize])
     }
 
     /// Attention of `t` query rows (raw pointers) over `cache` (positions `< pos0`) and the
@@ -701,7 +708,7 @@ impl CudaBackend {
             launch!(self, func, grid, (128, 1, 1);
                 q, k, v, self.ptr(&cache.k), self.ptr(&cache.v), out, po, pml,
                 t as i32, p.heads as i32, p.kv_heads as i32, p.head_dim as i32, p.scale,
-                pos0 as i32, window, splits as i32, ngroups as i32)?;
+                pos0 as i32, window, splits as i32, ngroups as i32, cache.k_scale, cache.v_scale)?;
         }
         if splits > 1 {
             launch!(self, &self.inner.f.attn_combine, (p.heads as u32, t as u32, 1),
@@ -737,7 +744,7 @@ impl CudaBackend {
         let window = cache.spec.window.unwrap_or(0) as i32;
         launch!(self, &self.inner.f.kv_append, (t as u32, 1, 1), (128, 1, 1);
             self.ptr(&cache.k), self.ptr(&cache.v), k, v, t as i32, cache.len as i32,
-            window, width as i32, cache.kv_t)?;
+            window, width as i32, cache.kv_t, cache.k_scale, cache.v_scale)?;
         cache.len += t;
         Ok(())
     }
@@ -872,9 +879,15 @@ impl Backend for CudaBackend {
     fn new_kv_layer(&self, spec: &KvLayerSpec) -> Result<CudaKvLayer> {
         let kv_t = match spec.dtype {
             KvDtype::F32 => 0,
+            KvDtype::Fp8E4m3 => 1,
             KvDtype::Bf16 => 2,
-            KvDtype::Fp8E4m3 => {
-                return Err(self.err("fp8 KV cache not supported yet on CUDA (use bf16)"))
+        };
+        // as the CPU cache: scales only for fp8, and a missing or bad one is 1
+        let scale = |s: f32| {
+            if kv_t == 1 && s.is_finite() && s > 0.0 {
+                s
+            } else {
+                1.0
             }
         };
         self.check(
@@ -888,6 +901,8 @@ impl Backend for CudaBackend {
             k: self.alloc(1)?,
             v: self.alloc(1)?,
             kv_t,
+            k_scale: scale(spec.k_scale),
+            v_scale: scale(spec.v_scale),
         })
     }
 
