@@ -6,9 +6,8 @@
 //! KV cache) here with the tokens it holds. A new request copies the part of the entry it shares
 //! the longest prefix with ([`Session::fork`]) and prefills only the rest; the entry stays, so
 //! every later request of a few-shot task finds its examples cached, however many use them at
-//! once. A
-//! finished sequence replaces the entries it extends (same tokens first, no fewer prompt
-//! logprobs), so repeating a prompt does not pile up copies.
+//! once. A finished sequence replaces the entries whose tokens begin its own (and which kept no
+//! more prompt logprobs), so repeating a prompt does not pile up copies.
 //!
 //! Exactness: the reused keys and values are the ones the prefix's own prefill wrote, so the
 //! continuation's logits are what a full prefill computes (up to the f32 summation order that
@@ -83,9 +82,9 @@ impl<'m, B: Backend> PrefixCache<'m, B> {
     }
 
     /// A copy of the entry sharing the longest usable prefix with `prompt` (non-empty), cut
-    /// back to that prefix (the entry stays). `prompt_top`: the request wants every prompt position's logprobs with that
-    /// many alternatives (only entries that kept at least as many serve it). `None` when no
-    /// entry shares a token.
+    /// back to that prefix; the entry stays. `prompt_top`: the request wants every prompt
+    /// position's logprobs with that many alternatives (only entries that kept at least as many
+    /// serve it). `None` when no entry shares a token.
     pub fn take(&mut self, prompt: &[u32], prompt_top: Option<usize>) -> Option<Reuse<'m, B>> {
         let mut candidates: Vec<(usize, usize)> = self
             .entries
