@@ -65,6 +65,12 @@ impl KvLayerSpec {
     pub fn row_width(&self) -> usize {
         self.kv_heads * self.head_dim
     }
+
+    /// Whether a store of this layer holding `held` positions still has its first `len` on
+    /// their own: `len` at most `held`, and a sliding ring not yet wrapped (or all of it).
+    pub fn can_fork(&self, held: usize, len: usize) -> bool {
+        len == held || (len < held && self.window.is_none_or(|w| held <= w))
+    }
 }
 
 /// A session's cache: one backend store per layer.
@@ -302,7 +308,7 @@ impl HostKvLayer {
     /// Whether the first `len` positions can be had on their own: `len` at most the length, and
     /// a sliding layer's ring not yet wrapped (or all of it).
     pub fn can_fork(&self, len: usize) -> bool {
-        len == self.len || (len < self.len && self.spec.window.is_none_or(|w| self.len <= w))
+        self.spec.can_fork(self.len, len)
     }
 
     /// A new store holding a copy of the first `len` positions (see [`Self::can_fork`]); `None`

@@ -748,7 +748,7 @@ __device__ __forceinline__ void gm_weights(int fmt, const void* __restrict__ w, 
         const u32 q = __ldg((const u32*)((const u8*)w + row * (K / 2) + k / 2));
         e2m1x8(q, f);
         const u32 b = __ldg(scales + row * (K / 16) + k / 16);
-        const float sc = h2_to_f2(((b & 0x7fu) << 7) | ((b & 0x80u) << 8)).x * (inv_g * NV_UNIT);
+        const float sc = e4m3x2(b).x * (inv_g * NV_UNIT);
 #pragma unroll
         for (int e = 0; e < 8; e++) f[e] *= sc;
     } else if (fmt == 2 || fmt == 1) {

@@ -911,9 +911,7 @@ impl Backend for CudaBackend {
     }
 
     fn kv_fork(&self, layer: &CudaKvLayer, len: usize) -> Result<CudaKvLayer> {
-        let ok = len == layer.len
-            || (len < layer.len && layer.spec.window.is_none_or(|w| layer.len <= w));
-        self.check(ok, || {
+        self.check(layer.spec.can_fork(layer.len, len), || {
             format!(
                 "KV copy of {len} positions of a layer holding {}",
                 layer.len
