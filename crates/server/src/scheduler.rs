@@ -610,9 +610,16 @@ impl<'m, B: Backend> Scheduler<'m, B> {
     }
 
     fn fail_one(&mut self, i: usize, message: &str) {
-        let s = &mut self.active[i];
-        s.job.send(Event::Failed(message.to_string()));
-        s.done = true;
+        self.active[i].done = true;
+        self.publish_running();
+        self.active[i].job.send(Event::Failed(message.to_string()));
+    }
+
+    /// Publishes the sequences still running, before an ended one's last event goes out (a
+    /// client that reads `/metrics` after its answer sees its sequence gone).
+    fn publish_running(&self) {
+        let running = self.active.iter().filter(|s| !s.done).count();
+        self.metrics.running.store(running, Ordering::Relaxed);
     }
 
     fn finish(
@@ -622,10 +629,11 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         stop_token: Option<(u32, Option<TokenLogprob>)>,
     ) {
         let s = &mut self.active[i];
-        s.job.send(Event::Done { reason, stop_token });
         s.done = true;
         s.reusable = true;
         self.metrics.e2e.observe(s.job.arrived.elapsed());
+        self.publish_running();
+        self.active[i].job.send(Event::Done { reason, stop_token });
     }
 
     /// Samples sequence `i`'s next token from `logits` and sends it.
