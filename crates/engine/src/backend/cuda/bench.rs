@@ -10,10 +10,11 @@
 //! selected experts, the KV cache up to `context`) and writes the new KV row at the same slot, so
 //! tok/s is the replay rate; the position does not advance between replays.
 //!
-//! Launches per layer (13-14): rmsnorm, q/k/v/g in one GEMV launch, per-head norms + rope,
-//! attention (+ split merge with the softplus gate), KV append, o_proj with the residual,
-//! rmsnorm, router, top-k, experts gate/up (routed + shared, one launch), experts down (routed +
-//! shared, one launch), their ordered sum with the residual.
+//! Launches per layer (12-13): q/k/v/g in one GEMV launch, per-head norms + rope, attention (+
+//! split merge with the softplus gate), KV append, o_proj with the residual, rmsnorm, router,
+//! top-k, experts gate/up (routed + shared, one launch), experts down (routed + shared, one
+//! launch), their ordered sum with the residual (whose last block then computes the next layer's
+//! input rmsnorm, or the final norm).
 //!
 //! [`kernel_microbench`] times single kernels at the same shapes.
 
@@ -23,7 +24,7 @@ use cudarc::driver::{CudaSlice, DeviceRepr};
 use serde_json::Value;
 
 use super::{
-    launch, CudaBackend, CudaExperts, CudaKvLayer, CudaLinear, ExpertArena, SharedExpert,
+    launch, CudaBackend, CudaExperts, CudaKvLayer, CudaLinear, Epi, ExpertArena, SharedExpert,
     GEMV_WARPS,
 };
 use crate::backend::{AttentionParams, Backend};
@@ -57,6 +58,10 @@ pub struct BenchRow {
     pub fraction_of_copy: f64,
     /// Kernel launches in the captured graph.
     pub kernels: usize,
+    /// Largest |logit difference| between the step with fused epilogues (norms and top-k in the
+    /// last block of the kernel before them) and the same step with them as separate launches,
+    /// relative to the largest |logit| (the bench fails above 1e-2).
+    pub fused_vs_separate_rel: f64,
     /// GPU time per stage of one eager (not captured) step, µs, in launch order: events between
     /// the stages, so each figure includes the stage's launch gaps.
     pub stages_us: Vec<(String, f64)>,
@@ -550,17 +555,28 @@ pub fn synthetic_laguna_decode(
             })
             .sum();
         let mut kernels = 0usize;
-        let mut step = |kernels: &mut usize, tm: &mut StageTimer| -> Result<()> {
+        let mut step = |kernels: &mut usize, tm: &mut StageTimer, fuse: bool| -> Result<()> {
             let bp = |s: &CudaSlice<f32>| b.ptr(s);
             tm.mark("start")?;
             launch!(b, &b.inner.f.embed, (1, 1, 1), (256, 1, 1);
                 embed.fmt, b.ptr(&embed.data), 0u64, 1.0f32, b.ptr(&ids), bp(&x), h as i32)?;
             tm.mark("embed")?;
             *kernels += 1;
-            for (li, l) in layers.iter_mut().enumerate() {
-                launch!(b, &b.inner.f.rms_norm, (1, 1, 1), (512, 1, 1);
-                    bp(&x), bp(&l.in_norm), bp(&a), h as i32, g.eps)?;
-                tm.mark("input rmsnorm")?;
+            launch!(b, &b.inner.f.rms_norm, (1, 1, 1), (512, 1, 1);
+                bp(&x), bp(&layers[0].in_norm), bp(&a), h as i32, g.eps)?;
+            tm.mark("input rmsnorm")?;
+            *kernels += 1;
+            let nl = layers.len();
+            for li in 0..nl {
+                // The next layer's input norm (or the final norm) is fused into this layer's
+                // last kernel (the experts' ordered sum).
+                let next_norm = if li + 1 < nl {
+                    bp(&layers[li + 1].in_norm)
+                } else {
+                    bp(&final_norm)
+                };
+                let next = Epi::norm(b, bp(&x), next_norm, bp(&a), h, g.eps);
+                let l = &mut layers[li];
                 let mut segs = Segs::default();
                 let mut block0 = 0i32;
                 for (i, (w, y)) in [(&l.q, &qb), (&l.k, &kb), (&l.v, &vb), (&l.g, &gb)]
@@ -580,7 +596,7 @@ pub fn synthetic_laguna_decode(
                 }
                 segs.n = 4;
                 launch!(b, &b.inner.f.linear_multi2, (block0 as u32, 1, 1), (32 * GEMV_WARPS, 1, 1);
-                    segs, bp(&a), h as i32)?;
+                    segs, bp(&a), h as i32, i32::from(b.inner.mma))?;
                 tm.mark("q/k/v/g projections (one launch)")?;
                 let (invf, rdim, theta_af) = if l.full {
                     (&inv_full, rdim_full, 1.0f32)
@@ -647,9 +663,13 @@ pub fn synthetic_laguna_decode(
                             bp(&part),
                             bp(&x),
                             bp(&x),
+                            if fuse { next } else { Epi::default() },
                         )?;
-                        tm.mark("dense mlp")?;
-                        *kernels += 4;
+                        if !fuse {
+                            b.epilogue_launch(&next, 1)?;
+                        }
+                        tm.mark("dense mlp (+ next norm)")?;
+                        *kernels += 3;
                     }
                     Mlp::Moe {
                         router,
@@ -681,28 +701,56 @@ pub fn synthetic_laguna_decode(
                             bp(&part),
                             bp(&x),
                             bp(&x),
+                            if fuse { next } else { Epi::default() },
                         )?;
-                        tm.mark("experts (routed + shared)")?;
-                        *kernels += 6;
+                        if !fuse {
+                            b.epilogue_launch(&next, 1)?;
+                        }
+                        tm.mark("experts (routed + shared, + next norm)")?;
+                        *kernels += 5;
                     }
                 }
             }
-            launch!(b, &b.inner.f.rms_norm, (1, 1, 1), (512, 1, 1);
-                b.ptr(&x), b.ptr(&final_norm), b.ptr(&a), h as i32, g.eps)?;
-            tm.mark("final rmsnorm")?;
             b.gemv_raw(&lm_head, b.ptr(&a), b.ptr(&logits), 0, 0, 1)?;
             tm.mark("lm_head")?;
-            *kernels += 2;
+            *kernels += 1;
             Ok(())
         };
-        // Eager run once (checks every launch), then timed per stage, then capture.
+        // Eager run once (checks every launch) with the epilogues fused and once with them as
+        // separate launches (same logits expected), then timed per stage, then capture.
         let mut tm = StageTimer::new(b);
-        step(&mut kernels, &mut tm)?;
-        b.synchronize()?;
+        step(&mut kernels, &mut tm, false)?;
+        let separate = b
+            .inner
+            .stream
+            .clone_dtoh(&logits)
+            .map_err(|e| b.err(format!("{e:?}")))?;
+        step(&mut kernels, &mut tm, true)?;
+        let fused = b
+            .inner
+            .stream
+            .clone_dtoh(&logits)
+            .map_err(|e| b.err(format!("{e:?}")))?;
+        let top = separate.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
+        let diff = separate
+            .iter()
+            .zip(&fused)
+            .fold(0f32, |m, (p, q)| m.max((p - q).abs()));
+        let fused_vs_separate_rel = f64::from(diff / top);
+        eprintln!(
+            "  {build} ctx {ctx}: fused epilogues vs separate launches: max |Δ logit| {diff:.3e} \
+             ({fused_vs_separate_rel:.2e} of max |logit| {top:.3})"
+        );
+        if fused_vs_separate_rel.is_nan() || fused_vs_separate_rel > 1e-2 {
+            return Err(b.err(format!(
+                "{build} ctx {ctx}: fused epilogues change the logits by {fused_vs_separate_rel:.2e} \
+                 of their range"
+            )));
+        }
         tm.on = true;
         const PROFILED: usize = 3;
         for _ in 0..PROFILED {
-            step(&mut kernels, &mut tm)?;
+            step(&mut kernels, &mut tm, true)?;
             b.synchronize()?;
             tm.resolve()?;
         }
@@ -715,7 +763,7 @@ pub fn synthetic_laguna_decode(
         kernels = 0;
         let eager_t = Instant::now();
         for _ in 0..3 {
-            step(&mut kernels, &mut tm)?;
+            step(&mut kernels, &mut tm, true)?;
         }
         b.synchronize()?;
         let eager_ms = eager_t.elapsed().as_secs_f64() * 1e3 / 3.0;
@@ -727,7 +775,7 @@ pub fn synthetic_laguna_decode(
             )
             .map_err(|e| b.err(format!("capture: {e:?}")))?;
         let mut k2 = 0;
-        let r = step(&mut k2, &mut tm);
+        let r = step(&mut k2, &mut tm, true);
         let graph = b
             .inner
             .stream
@@ -768,6 +816,7 @@ pub fn synthetic_laguna_decode(
             copy_gbs,
             fraction_of_copy: bpt * tok_s / 1e9 / copy_gbs,
             kernels,
+            fused_vs_separate_rel,
             stages_us,
         });
     }
@@ -861,6 +910,7 @@ pub fn kernel_microbench(b: &CudaBackend) -> Result<Vec<(String, f64, f64)>> {
             b.ptr(&part),
             b.ptr(&y),
             0,
+            Epi::default(),
         )
     })?;
     out.push((

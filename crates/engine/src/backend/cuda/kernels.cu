@@ -139,6 +139,69 @@ __device__ __forceinline__ float2 e4m3x2(u32 s) {
 // Global factor of an NVFP4 row sum computed with the decodes above (1 for other formats).
 __device__ __forceinline__ float nv_gscale(int fmt, float inv_g) { return fmt == 3 ? inv_g * NV_UNIT : 1.f; }
 
+// ---- fused epilogue ----------------------------------------------------------------------------
+//
+// Epi: work a decode kernel does once its outputs are complete, in the last of its blocks to finish
+// (a grid-wide completion counter), in place of a separate launch: out = rmsnorm(x) * w for one
+// row of n values (kind 1; kind 0: none).
+struct Epi {
+    u32* counter;    // zero before and after the kernel
+    const float* x;  // the row to normalise
+    const float* w;  // the norm weight
+    float* out;      // the normalised row
+    float eps;
+    int kind;
+    int n;
+    int pad;
+};
+
+__device__ float block_sum(float v);
+
+__device__ __forceinline__ float4 ld_cg4(const float* p) {
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+    return v;
+}
+
+#define EPI_V 8  // float4s of x per thread held in registers (n <= 32 * blockDim)
+
+// All threads of every block call it last (no thread may have returned early). n % 4 == 0 and
+// n <= 4 * EPI_V * blockDim (the host checks).
+__device__ void epilogue(const Epi& ep) {
+    if (ep.kind == 0) return;
+    __shared__ int last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(ep.counter, 1u) == gridDim.x * gridDim.y * gridDim.z - 1u;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    // the whole row in registers, all loads in flight together (from L2: other blocks wrote it)
+    float4 v[EPI_V];
+    float ss = 0.f;
+#pragma unroll
+    for (int q = 0; q < EPI_V; q++) {
+        const int i = 4 * (threadIdx.x + q * blockDim.x);
+        v[q] = i < ep.n ? ld_cg4(ep.x + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int q = 0; q < EPI_V; q++) ss += v[q].x * v[q].x + v[q].y * v[q].y + v[q].z * v[q].z + v[q].w * v[q].w;
+    ss = block_sum(ss);
+    const float r = 1.0f / sqrtf(ss / (float)ep.n + ep.eps);
+#pragma unroll
+    for (int q = 0; q < EPI_V; q++) {
+        const int i = 4 * (threadIdx.x + q * blockDim.x);
+        if (i < ep.n) {
+            const float4 w = *(const float4*)(ep.w + i);
+            *(float4*)(ep.out + i) = make_float4(w.x * (v[q].x * r), w.y * (v[q].y * r), w.z * (v[q].z * r),
+                                                 w.w * (v[q].w * r));
+        }
+    }
+    if (threadIdx.x == 0) *ep.counter = 0u;
+}
+
 // ---- dot products of one weight row with up to TB activation rows (one warp) ---------------
 
 #define TB 4
@@ -325,11 +388,21 @@ struct Segs {
 
 // ---- decode GEMV (one token): R rows per warp, x reused from registers across the rows ------
 
+// Weights are read once per token: no L1 allocation, and first out of L2 (evict_first), so the
+// weight stream does not push activations and KV rows out of L2.
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     uint4 v;
+#if __CUDA_ARCH__ >= 800
+    u64 pol;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p), "l"(pol));
+#else
     asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
         : "l"(p));
+#endif
     return v;
 }
 
@@ -590,18 +663,19 @@ __device__ void gemv1_impl(int fmt, const void* w, const u8* scales, float inv_g
     const int warps = blockDim.x >> 5;
     const long row0 = ((long)blockIdx.x * warps + (threadIdx.x >> 5)) * R;
     pdl_enter();
-    if (row0 >= N) return;
-    const int nrows = min((long)R, N - row0);
-    float o[R];
-    rows_dot<R>(fmt, w, scales, inv_g, row0, nrows, K, x, o);
+    if (row0 < N) {
+        const int nrows = min((long)R, N - row0);
+        float o[R];
+        rows_dot<R>(fmt, w, scales, inv_g, row0, nrows, K, x, o);
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        float v = warp_sum(o[r]);
-        if ((threadIdx.x & 31) == 0 && r < nrows) {
-            const long idx = row0 + r;
-            if (bias) v += bias[idx];
-            if (resid) v += resid[idx];
-            y[idx] = v;
+        for (int r = 0; r < R; r++) {
+            float v = warp_sum(o[r]);
+            if ((threadIdx.x & 31) == 0 && r < nrows) {
+                const long idx = row0 + r;
+                if (bias) v += bias[idx];
+                if (resid) v += resid[idx];
+                y[idx] = v;
+            }
         }
     }
 }
@@ -696,17 +770,285 @@ GEMV_NV(2, 3)
 GEMV_NV(4, 3)
 GEMV_NV(8, 3)
 
+// ---- NVFP4 decode GEMV on tensor cores (K % 128 == 0) ----------------------------------------
+//
+// mma.m16n8k16 (f16 operands, f32 accumulation) with the weights as A: a warp owns a tile of 16
+// rows; lane (group g = lane / 4, t = lane % 4) loads 16 bytes of rows g and g + 8 per 128-column
+// chunk (the warp: 64 contiguous bytes of each row), i.e. columns 32 t .. 32 t + 31, two NVFP4
+// blocks. A dot product does not depend on the order of its terms, so the mma's k index is a
+// permutation of the columns, chosen so that each 32-bit word (8 codes) becomes the A operands of
+// two mma steps in few instructions: the codes are widened to fp8 e4m3 bytes with shifts and masks
+// (exactly e2m1 * 2^-6), converted pairwise to f16 by the hardware (cvt.f16x2.e4m3x2) and
+// multiplied by their block's scale in f16 (exact: at most 6 significant bits, within range).
+// x enters as B: column 0 its f16 high parts, column 1 the f16 remainders (x = hi + lo to ~22
+// bits), after scaling x by the power of two that puts max|x| in [2^14, 2^15); the other columns
+// are zero. The f32 accumulators of columns 0 and 1 (lanes t == 0) hold the rows' dot products:
+// 2^-6 * 2^e * sum(e2m1 * scale * x). ~2.3 instructions per weight instead of ~5 for the f32
+// decode (NvPipe), which is what bounds that path below the memory bandwidth.
+
+// Two e4m3 bytes per 16-bit half of v as two f16 pairs: lo from bytes 0, 1; hi from bytes 2, 3
+// (the lower byte in the lower half).
+// (sm_89+; on older devices the host never selects these paths and they compile to nothing.)
+__device__ __forceinline__ void e4m3x4_h2(u32 v, u32& lo, u32& hi) {
+#if __CUDA_ARCH__ < 890
+    lo = hi = 0u;
+#else
+    asm("{ .reg .b16 a, b;\n\t mov.b32 {a, b}, %2;\n\t cvt.rn.f16x2.e4m3x2 %0, a;\n\t cvt.rn.f16x2.e4m3x2 %1, b; }"
+        : "=r"(lo), "=r"(hi)
+        : "r"(v));
+#endif
+}
+__device__ __forceinline__ u32 e4m3x2_h2(u32 v) {
+    u32 lo, hi;
+    e4m3x4_h2(v, lo, hi);
+    return lo;
+}
+__device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
+    u32 d;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+__device__ __forceinline__ u16 f32_to_f16_rn(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ float f16_bits_to_f32(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// The 8 codes of an NVFP4 word (code i in nibble i) times the f16 pair `s2` (one block scale in
+// both halves), as the f16 pairs (code 0, code 2), (4, 6), (1, 3), (5, 7): e2m1 * scale * 2^-6.
+__device__ __forceinline__ void nv_word_h2(u32 w, u32 s2, u32 o[4]) {
+    const u32 even = ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u);  // codes 0, 2, 4, 6
+    const u32 odd = ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);          // codes 1, 3, 5, 7
+    u32 a, b, c, d;
+    e4m3x4_h2(even, a, b);
+    e4m3x4_h2(odd, c, d);
+    o[0] = hmul2(a, s2);
+    o[1] = hmul2(b, s2);
+    o[2] = hmul2(c, s2);
+    o[3] = hmul2(d, s2);
+}
+
+__device__ __forceinline__ void mma16816(float c[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+#if __CUDA_ARCH__ >= 890
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+// x as the mma's B operand in shared memory (uint2 entries; K / 2 of them, K <= XS_MAX): entry
+// 8 s + 4 p + t, for mma step s = 8 c + 2 j + h (chunk c, word j, half h) and lane t of group p
+// (0: f16 high parts, 1: remainders), holds {(x[i], x[i + 2]), (x[i + 4], x[i + 6])} * 2^e,
+// i = 128 c + 32 t + 8 j + h. Returns 2^-e; 2^e puts max|x| in [2^14, 2^15) (1 when x is zero or
+// not finite: a NaN or inf then reaches the output). All threads of the block must call it; it
+// ends with a barrier.
+__device__ float xb_fill(uint2* xb, const float* __restrict__ x, int K) {
+    __shared__ float wmax[32];
+    const float4* x4 = (const float4*)x;
+    const int no = K >> 3;  // octets: x[8 o .. 8 o + 7]
+    float m = 0.f;
+    // max |x|: each thread's loads of a round (4 octets) in flight together
+    for (int o0 = threadIdx.x; o0 < no; o0 += 4 * blockDim.x) {
+        float4 v[8];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int o = o0 + q * (int)blockDim.x;
+            v[2 * q] = o < no ? __ldg(x4 + 2 * o) : make_float4(0.f, 0.f, 0.f, 0.f);
+            v[2 * q + 1] = o < no ? __ldg(x4 + 2 * o + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int q = 0; q < 8; q++)
+            m = fmaxf(m, fmaxf(fmaxf(fabsf(v[q].x), fabsf(v[q].y)), fmaxf(fabsf(v[q].z), fabsf(v[q].w))));
+    }
+    m = warp_max(m);
+    if ((threadIdx.x & 31) == 0) wmax[threadIdx.x >> 5] = m;
+    __syncthreads();
+    m = 0.f;
+    for (int i = 0; i < (int)(blockDim.x >> 5); i++) m = fmaxf(m, wmax[i]);
+    const int E = (int)((__float_as_uint(m) >> 23) & 0xff);  // biased exponent of max|x|
+    const int e = (m > 0.f && E < 255) ? max(-100, min(100, 141 - E)) : 0;
+    const float sc = __uint_as_float((u32)(127 + e) << 23);
+    // octet o = 16 c + 4 t + j feeds the entries of steps 8 c + 2 j + h (h = 0, 1), lane t, both
+    // parts: x[8 o + h + {0, 2, 4, 6}] (the reloads hit L1)
+#pragma unroll 2
+    for (int o = threadIdx.x; o < no; o += blockDim.x) {
+        const float4 a = __ldg(x4 + 2 * o), b = __ldg(x4 + 2 * o + 1);
+        const int t = (o >> 2) & 3;
+        uint2* dst = xb + 8 * (8 * (o >> 4) + 2 * (o & 3)) + t;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const float v[4] = {(h ? a.y : a.x) * sc, (h ? a.w : a.z) * sc, (h ? b.y : b.x) * sc,
+                                (h ? b.w : b.z) * sc};
+            u16 hi[4], lo[4];
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                hi[q] = f32_to_f16_rn(v[q]);
+                lo[q] = f32_to_f16_rn(v[q] - f16_bits_to_f32(hi[q]));
+            }
+            dst[8 * h] = make_uint2((u32)hi[0] | ((u32)hi[1] << 16), (u32)hi[2] | ((u32)hi[3] << 16));
+            dst[8 * h + 4] = make_uint2((u32)lo[0] | ((u32)lo[1] << 16), (u32)lo[2] | ((u32)lo[3] << 16));
+        }
+    }
+    __syncthreads();
+    return __uint_as_float((u32)(127 - e) << 23);
+}
+
+// One chunk of a tile: 8 mma steps over lane pieces `qa` (row g), `qb` (row g + 8) with their
+// block scale pairs `za`, `zb`; `xb` points at the chunk's B entries + lane.
+__device__ __forceinline__ void mma_chunk(uint4 qa, uint4 qb, u32 za, u32 zb, const uint2* xb, bool bx,
+                                          float acc[4]) {
+    const u32 sa = e4m3x2_h2(za), sb = e4m3x2_h2(zb);
+    const u32 sal = __byte_perm(sa, 0, 0x1010), sah = __byte_perm(sa, 0, 0x3232);
+    const u32 sbl = __byte_perm(sb, 0, 0x1010), sbh = __byte_perm(sb, 0, 0x3232);
+    const u32 wa[4] = {qa.x, qa.y, qa.z, qa.w}, wb[4] = {qb.x, qb.y, qb.z, qb.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        u32 ha[4], hb[4];
+        nv_word_h2(wa[j], j < 2 ? sal : sah, ha);
+        nv_word_h2(wb[j], j < 2 ? sbl : sbh, hb);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint2 b = bx ? xb[(2 * j + h) * 8] : make_uint2(0u, 0u);
+            mma16816(acc, ha[2 * h], hb[2 * h], ha[2 * h + 1], hb[2 * h + 1], b.x, b.y);
+        }
+    }
+}
+
+// A 16-row NVFP4 tile (rows >= nrows read row nrows - 1; their results are to be discarded) over
+// the chunks [c, c1), U chunks in flight per lane: the loads of chunk c + U are issued as soon as
+// chunk c is consumed.
+template <int U>
+struct MmaTile {
+    const uint4* wa;
+    const uint4* wb;
+    const u16* sa;
+    const u16* sb;
+    uint4 qa[U], qb[U];
+    u32 za[U], zb[U];
+    int c, c1;
+
+    // Issues the first loads (weights only: may precede pdl_enter()).
+    __device__ __forceinline__ void start(const u8* w, const u8* s, long wst, long sst, int nrows, int c0,
+                                          int cend) {
+        const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+        const int ra = min(g, nrows - 1), rb = min(g + 8, nrows - 1);
+        wa = (const uint4*)(w + ra * wst) + t;
+        wb = (const uint4*)(w + rb * wst) + t;
+        sa = (const u16*)(s + ra * sst) + t;
+        sb = (const u16*)(s + rb * sst) + t;
+        c = c0;
+        c1 = cend;
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (c0 + u < c1) load(u, c0 + u);
+    }
+    __device__ __forceinline__ void load(int u, int ch) {
+        qa[u] = ld_stream(wa + 4 * ch);
+        qb[u] = ld_stream(wb + 4 * ch);
+        za[u] = __ldg(sa + 4 * ch);
+        zb[u] = __ldg(sb + 4 * ch);
+    }
+    // acc: the mma accumulators (row g: acc[0] + acc[1], row g + 8: acc[2] + acc[3] in lanes t == 0).
+    __device__ __forceinline__ void run(const uint2* xb, float acc[4]) {
+        const int lane = threadIdx.x & 31;
+        const bool bx = lane < 8;
+        for (; c < c1; c += U) {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int ch = c + u;
+                if (ch < c1) {
+                    mma_chunk(qa[u], qb[u], za[u], zb[u], xb + ch * 64 + lane, bx, acc);
+                    if (ch + U < c1) load(u, ch + U);
+                }
+            }
+        }
+    }
+};
+
+#define MMA_U 4
+
+// Sums the tile results of the KS warps of each tile (warps w, w + 1, ... w + KS - 1 share one)
+// through shared memory `red` [warps][16]; returns in lanes r < 16 of each tile's first warp the
+// row r sum (0 elsewhere). All threads of the block must call it.
+__device__ __forceinline__ float mma_reduce(const float acc[4], float (*red)[16], int ks) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if ((lane & 3) == 0) {
+        red[warp][lane >> 2] = acc[0] + acc[1];
+        red[warp][(lane >> 2) + 8] = acc[2] + acc[3];
+    }
+    __syncthreads();
+    float v = 0.f;
+    if (warp % ks == 0 && lane < 16)
+        for (int p = 0; p < ks; p++) v += red[warp + p][lane];
+    return v;
+}
+
+// y = resid + bias + W x for one token, W NVFP4 [N, K] with K % 128 == 0, K <= XS_MAX: blocks of
+// 8 warps; KS warps per 16-row tile split its chunks into contiguous runs, 8 / KS tiles per block.
+extern "C" __global__ void __launch_bounds__(256) gemv_mma(const u8* __restrict__ w, const u8* __restrict__ scales,
+                                                           float inv_g, const float* __restrict__ x, float* y,
+                                                           const float* __restrict__ bias, const float* resid, int N,
+                                                           int K, int ks) {
+    __shared__ uint2 xb[XS_MAX / 2];
+    __shared__ float red[8][16];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long row0 = ((long)blockIdx.x * (8 / ks) + warp / ks) * 16;
+    const int nrows = (int)max(0l, min(16l, (long)N - row0));
+    const int nc = K >> 7, part = warp % ks;
+    MmaTile<MMA_U> m;
+    if (nrows > 0)
+        m.start(w + row0 * (K / 2), scales + row0 * (K / 16), K / 2, K / 16, nrows, part * nc / ks,
+                (part + 1) * nc / ks);
+    pdl_enter();
+    const float ds = xb_fill(xb, x, K);
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    if (nrows > 0) m.run(xb, acc);
+    const float v = mma_reduce(acc, red, ks);
+    if (part == 0 && lane < nrows) {
+        const long idx = row0 + lane;
+        float o = v * (64.f * ds * inv_g);
+        if (bias) o += bias[idx];
+        if (resid) o += resid[idx];
+        y[idx] = o;
+    }
+}
+
 #define MULTI_R 4
 // Several linears of the same input, one token: segment s covers blocks [block0, next block0),
 // MULTI_R rows per warp. NVFP4 segments stage x in shared memory (the segment, hence the
 // format, is uniform over a block).
-extern "C" __global__ void linear_multi2(Segs segs, const float* __restrict__ x, int K) {
+// With `mma` (blocks of 4 warps), NVFP4 segments with K % 128 == 0 take the tensor-core path: the
+// block's 16 rows are one tile, its 4 warps split the chunks.
+extern "C" __global__ void linear_multi2(Segs segs, const float* __restrict__ x, int K, int mma) {
     __shared__ float4 xs[XS_MAX / 4];
     int si = 0;
     for (int i = 1; i < segs.n; i++)
         if ((int)blockIdx.x >= segs.s[i].block0) si = i;
     const Seg s = segs.s[si];
     const int warps = blockDim.x >> 5;
+    if (mma && s.fmt == 3 && (K & 127) == 0 && K <= XS_MAX && warps * MULTI_R == 16) {
+        __shared__ float red[4][16];
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        const long row0 = (long)(blockIdx.x - s.block0) * 16;
+        const int nrows = (int)max(0l, min(16l, (long)s.N - row0));
+        const int nc = K >> 7;
+        MmaTile<MMA_U> m;
+        m.start((const u8*)s.w + row0 * (K / 2), s.scales + row0 * (K / 16), K / 2, K / 16, nrows,
+                warp * nc / warps, (warp + 1) * nc / warps);
+        pdl_enter();
+        const float ds = xb_fill((uint2*)xs, x, K);
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        m.run((const uint2*)xs, acc);
+        const float v = mma_reduce(acc, red, warps);
+        if (warp == 0 && lane < nrows) s.y[row0 + lane] = v * (64.f * ds * s.inv_g);
+        return;
+    }
     const long row0 = ((long)(blockIdx.x - s.block0) * warps + (threadIdx.x >> 5)) * MULTI_R;
     const bool active = row0 < s.N;  // (no early exit: the NVFP4 path synchronises the block)
     const int nrows = active ? min((long)MULTI_R, s.N - row0) : 0;
@@ -887,7 +1229,8 @@ __device__ float block_sum(float v) {
 
 // One block per group of `width` values: y = x * rsqrt(mean(x^2) + eps) * w.
 extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
-                                   int width, float eps) { pdl_enter();
+                                   int width, float eps) {
+    pdl_enter();
     const float* g = x + (long)blockIdx.x * width;
     float* o = y + (long)blockIdx.x * width;
     float ss = 0.f;
@@ -918,7 +1261,8 @@ extern "C" __global__ void rope(float* x, const float* __restrict__ inv_freq, in
 // grid (heads + kv_heads), block = hd threads (hd <= 256, a multiple of 32).
 extern "C" __global__ void qk_norm_rope(float* q, float* k, const float* __restrict__ qn, const float* __restrict__ kn,
                                        int heads, int hd, float eps, const float* __restrict__ inv_freq, int rdim,
-                                       float attn_factor, int pos) { pdl_enter();
+                                       float attn_factor, int pos) {
+    pdl_enter();
     const bool isq = (int)blockIdx.x < heads;
     float* h = isq ? q + (long)blockIdx.x * hd : k + (long)(blockIdx.x - heads) * hd;
     const float* w = isq ? qn : kn;
@@ -1465,9 +1809,8 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part_o, const 
 template <int PER>
 __device__ void route_impl(const float* __restrict__ logits, const float* __restrict__ bias, int n, int k,
                            int softmax, int normalize, float softcap, float scale, int* __restrict__ sel,
-                           float* __restrict__ wts) {
-    const int t = blockIdx.x;
-    const int lane = threadIdx.x;
+                           float* __restrict__ wts, int t) {
+    const int lane = threadIdx.x & 31;
     const float* l = logits + (long)t * n;
     float s[PER], b[PER];
     float mx = -INF_F;
@@ -1546,19 +1889,27 @@ __device__ void route_impl(const float* __restrict__ logits, const float* __rest
     }
 }
 
+// Top-k routing of token t by one warp (the calling threads 0..31).
+__device__ void route_token(const float* __restrict__ logits, const float* __restrict__ bias, int n, int k,
+                            int softmax, int normalize, float softcap, float scale, int* __restrict__ sel,
+                            float* __restrict__ wts, int t) {
+    if (n <= 64)
+        route_impl<2>(logits, bias, n, k, softmax, normalize, softcap, scale, sel, wts, t);
+    else if (n <= 128)
+        route_impl<4>(logits, bias, n, k, softmax, normalize, softcap, scale, sel, wts, t);
+    else if (n <= 256)
+        route_impl<8>(logits, bias, n, k, softmax, normalize, softcap, scale, sel, wts, t);
+    else if (n <= 512)
+        route_impl<16>(logits, bias, n, k, softmax, normalize, softcap, scale, sel, wts, t);
+    else
+        route_impl<32>(logits, bias, n, k, softmax, normalize, softcap, scale, sel, wts, t);
+}
+
 extern "C" __global__ void route(const float* __restrict__ logits, const float* __restrict__ bias, int n, int k,
                                 int softmax, int normalize, float softcap, float scale, int* __restrict__ sel,
-                                float* __restrict__ wts) { pdl_enter();
-    if (n <= 64)
-        route_impl<2>(logits, bias, n, k, softmax, normalize, softcap, scale, sel, wts);
-    else if (n <= 128)
-        route_impl<4>(logits, bias, n, k, softmax, normalize, softcap, scale, sel, wts);
-    else if (n <= 256)
-        route_impl<8>(logits, bias, n, k, softmax, normalize, softcap, scale, sel, wts);
-    else if (n <= 512)
-        route_impl<16>(logits, bias, n, k, softmax, normalize, softcap, scale, sel, wts);
-    else
-        route_impl<32>(logits, bias, n, k, softmax, normalize, softcap, scale, sel, wts);
+                                float* __restrict__ wts) {
+    pdl_enter();
+    route_token(logits, bias, n, k, softmax, normalize, softcap, scale, sel, wts, blockIdx.x);
 }
 
 // One projection of all experts of a layer, stacked: expert e's rows start at e * rows.
@@ -1594,15 +1945,48 @@ __device__ __forceinline__ int expert_item(int has_shared, int T, int k) {
 // h[j, o..o+XR) = silu(gate_e . x[t]) * (up_e . x[t]) for item j (token t = j / k, expert
 // e = sel[j]; items j >= T*k: the shared expert of token j - T*k). XR rows of gate and XR of up
 // per warp, their loads issued together.
+// With `mma` (blocks of 8 warps), NVFP4 gate and up with K % 128 == 0 take the tensor-core path:
+// the block's 16 gate rows are one tile (warps 0-3), its 16 up rows another (warps 4-7).
 extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up2(ExpertProj gate, ExpertProj up, ExpertProj sgate, ExpertProj sup,
                                            int has_shared, int shared_inter, const int* __restrict__ sel, int k,
                                            int T, const float* __restrict__ x, float* __restrict__ h, int inter,
-                                           int K) {
+                                           int K, int mma) {
     const int warps = blockDim.x >> 5;
     const long o = ((long)blockIdx.x * warps + (threadIdx.x >> 5)) * XR;
     const int j = expert_item(has_shared, T, k);
     const bool sh = j >= T * k;
     const int n = sh ? shared_inter : inter;
+    __shared__ float4 xs[XS_MAX / 4];
+    if (mma && !sh && gate.fmt == 3 && up.fmt == 3 && (K & 127) == 0 && K <= XS_MAX && warps == 8 && XR == 2) {
+        __shared__ float red[8][16];
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        const long ob = (long)blockIdx.x * 16;
+        const int nrows = (int)max(0l, min(16l, (long)n - ob));
+        const bool is_up = warp >= 4;
+        const ExpertProj P = is_up ? up : gate;
+        const int nc = K >> 7, part = warp & 3;
+        pdl_enter();  // (sel is the router's output: the weights' address is known only after it)
+        const long ee = sel[j];
+        const long r0 = ee * (long)n + ob;
+        MmaTile<MMA_U> m;
+        if (nrows > 0)
+            m.start((const u8*)P.w + r0 * (K / 2), P.scales + r0 * (K / 16), K / 2, K / 16, nrows, part * nc / 4,
+                    (part + 1) * nc / 4);
+        const int t = j / k;
+        const float ds = xb_fill((uint2*)xs, x + (long)t * K, K);
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        if (nrows > 0) m.run((const uint2*)xs, acc);
+        const float v = mma_reduce(acc, red, 4);
+        __syncthreads();
+        if (warp == 4 && lane < 16) red[1][lane] = v * (64.f * ds * up.inv_g[ee]);
+        if (warp == 0 && lane < 16) red[0][lane] = v * (64.f * ds * gate.inv_g[ee]);
+        __syncthreads();
+        if (warp == 0 && lane < nrows) {
+            const float gv = red[0][lane], uv = red[1][lane];
+            h[(long)j * max(inter, shared_inter) + ob + lane] = gv / (1.0f + expf(-gv)) * uv;
+        }
+        return;
+    }
     pdl_enter();
     const bool active = o < n;  // (no early exit: the NVFP4 path synchronises the block)
     const int nrows = active ? min((long)XR, n - o) : 0;
@@ -1615,7 +1999,6 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up2(ExpertProj
     const float gg = nv_gscale(G.fmt, G.fmt == 3 ? G.inv_g[e] : 1.f);
     const float gu = nv_gscale(U.fmt, U.fmt == 3 ? U.inv_g[e] : 1.f);
     float g[XR], u[XR];
-    __shared__ float4 xs[XS_MAX / 4];
     if (G.fmt == 3 && U.fmt == 3 && (K & 31) == 0 && K <= XS_MAX) {
         const RowSet rs = rowset(3, G.w, G.scales, r0, nrows, U.w, U.scales, r0, nrows, K);
         float a[2 * XR];
@@ -1655,10 +2038,36 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up2(ExpertProj
 
 // part[j, o] = w_j * down_{sel[j]}[o] . h[j] (w = 1 for the shared expert's items j >= T*k).
 // grid (ceil(H / (warps * XRD)), T*k (+ T)).
+// With `mma` (blocks of 4 warps), NVFP4 experts with K % 128 == 0 take the tensor-core path: the
+// block's 32 rows are two tiles of 2 warps each.
 extern "C" __global__ void experts_down2(ExpertProj down, ExpertProj sdown, int shared_inter,
                                         const int* __restrict__ sel, const float* __restrict__ wts, int k, int T,
-                                        const float* __restrict__ h, int inter, float* __restrict__ part, int H) {
+                                        const float* __restrict__ h, int inter, float* __restrict__ part, int H,
+                                        int mma) {
     const int warps = blockDim.x >> 5;
+    __shared__ float4 xs[XS_MAX / 4];
+    if (mma && down.fmt == 3 && (inter & 127) == 0 && inter <= XS_MAX && warps * XRD == 32 &&
+        expert_item(gridDim.y > T * k, T, k) < T * k) {
+        __shared__ float red[4][16];
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        const int j = expert_item(gridDim.y > T * k, T, k);
+        const long ob = (long)blockIdx.x * 32 + (warp >> 1) * 16;
+        const int nrows = (int)max(0l, min(16l, (long)H - ob));
+        const int K = inter, nc = K >> 7, p = warp & 1;
+        pdl_enter();
+        const long e = sel[j];
+        const long r0 = e * (long)H + ob;
+        MmaTile<MMA_U> m;
+        if (nrows > 0)
+            m.start((const u8*)down.w + r0 * (K / 2), down.scales + r0 * (K / 16), K / 2, K / 16, nrows, p * nc / 2,
+                    (p + 1) * nc / 2);
+        const float ds = xb_fill((uint2*)xs, h + (long)j * max(inter, shared_inter), K);
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        if (nrows > 0) m.run((const uint2*)xs, acc);
+        const float v = mma_reduce(acc, red, 2);
+        if (p == 0 && lane < nrows) part[(long)j * H + ob + lane] = v * (64.f * ds * down.inv_g[e] * wts[j]);
+        return;
+    }
     const long o0 = ((long)blockIdx.x * warps + (threadIdx.x >> 5)) * XRD;
     const bool active = o0 < H;  // (no early exit: the NVFP4 path synchronises the block)
     const long o = active ? o0 : 0;
@@ -1672,7 +2081,6 @@ extern "C" __global__ void experts_down2(ExpertProj down, ExpertProj sdown, int 
     const int K = sh ? shared_inter : inter;
     const RowSet rs = rowset(D.fmt, D.w, D.scales, e * H + o, nrows, D.w, D.scales, 0, 0, K);
     float a[XRD];
-    __shared__ float4 xs[XS_MAX / 4];
     if (D.fmt == 3 && (K & 31) == 0 && K <= XS_MAX) {
 #pragma unroll
         for (int r = 0; r < XRD; r++) a[r] = 0.f;
@@ -1692,14 +2100,17 @@ extern "C" __global__ void experts_down2(ExpertProj down, ExpertProj sdown, int 
 
 // out[t, o] = resid[t, o] + sum_i part[t*k + i, o] (+ part[T*k + t, o]); in item order.
 extern "C" __global__ void experts_reduce(const float* __restrict__ part, int k, int T, int has_shared, float* out,
-                                         const float* resid, int H) { pdl_enter();
+                                         const float* resid, int H, Epi ep) {
+    pdl_enter();
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long)T * H) return;
-    const int t = i / H, o = i % H;
-    float v = 0.f;
-    for (int q = 0; q < k; q++) v += part[(long)(t * k + q) * H + o];
-    if (has_shared) v += part[(long)(T * k + t) * H + o];
-    out[i] = (resid ? resid[i] : 0.f) + v;
+    if (i < (long)T * H) {
+        const int t = i / H, o = i % H;
+        float v = 0.f;
+        for (int q = 0; q < k; q++) v += part[(long)(t * k + q) * H + o];
+        if (has_shared) v += part[(long)(T * k + t) * H + o];
+        out[i] = (resid ? resid[i] : 0.f) + v;
+    }
+    epilogue(ep);
 }
 
 // ---- synthetic data (benchmarks) --------------------------------------------------------------

@@ -140,6 +140,8 @@ pub(crate) struct Funcs {
     pub gemv1: Vec<CudaFunction>,
     /// NVFP4 one-token GEMV with K split over 1, 2, 4, 8 warps; 2 then 3 blocks per SM.
     pub gemv_nv: Vec<CudaFunction>,
+    /// NVFP4 one-token GEMV on tensor cores (K % 128 == 0).
+    pub gemv_mma: CudaFunction,
     pub linear_multi2: CudaFunction,
     pub experts_gate_up2: CudaFunction,
     pub experts_down2: CudaFunction,
@@ -184,6 +186,12 @@ pub(crate) struct Inner {
     /// kernel's blocks start while its predecessor drains and wait for its results in
     /// `pdl_enter()` (kernels.cu), hiding launch and ramp-up between the small kernels of a step.
     pub pdl: bool,
+    /// Decode GEMVs of NVFP4 weights with K % 128 == 0 on tensor cores (`gemv_mma` and the
+    /// `mma` paths of `linear_multi2` / `experts_*`): sm_89+ (fp8 conversions), unless
+    /// `FP4FORGE_CUDA_MMA=0`.
+    pub mma: bool,
+    /// Completion counter of the fused epilogues (`Epi` in kernels.cu).
+    counters: CudaSlice<u32>,
 }
 
 /// The CUDA backend on one device. Cheap to clone.
@@ -282,6 +290,7 @@ impl CudaBackend {
             .iter()
             .map(|n| get(n))
             .collect::<Result<_>>()?,
+            gemv_mma: get("gemv_mma")?,
             linear_multi2: get("linear_multi2")?,
             experts_gate_up2: get("experts_gate_up2")?,
             experts_down2: get("experts_down2")?,
@@ -296,8 +305,12 @@ impl CudaBackend {
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             )
             .unwrap_or(100) as usize;
+        let counters = stream
+            .alloc_zeros::<u32>(1)
+            .map_err(|e| backend_err(format!("{e:?}")))?;
         Ok(Self {
             inner: Arc::new(Inner {
+                counters,
                 ctx,
                 stream,
                 f,
@@ -305,6 +318,8 @@ impl CudaBackend {
                 name: format!("cuda:{ordinal} ({dev_name}, {arch})"),
                 sms,
                 pdl: maj >= 9 && std::env::var("FP4FORGE_CUDA_PDL").map_or(true, |v| v != "0"),
+                mma: (maj, min) >= (8, 9)
+                    && std::env::var("FP4FORGE_CUDA_MMA").map_or(true, |v| v != "0"),
             }),
         })
     }
@@ -415,6 +430,15 @@ impl CudaBackend {
         launch!(self, &self.inner.f.fill, (blocks.max(1), 1, 1), (256, 1, 1); ptr, n as i64, seed, mode, amp)
     }
 
+    /// Runs an epilogue as its own launch (for `rows` rows).
+    pub(crate) fn epilogue_launch(&self, epi: &Epi, rows: usize) -> Result<()> {
+        if epi.kind == 0 {
+            return Ok(());
+        }
+        launch!(self, &self.inner.f.rms_norm, (rows as u32, 1, 1), (512, 1, 1);
+            epi.x, epi.w, epi.out, epi.n, epi.eps)
+    }
+
     /// `y = resid + x · Wᵀ + bias` on raw pointers (`resid`, `bias` may be 0).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gemv_raw(
@@ -428,6 +452,19 @@ impl CudaBackend {
     ) -> Result<()> {
         let fast =
             (w.fmt == 3 && w.cols.is_multiple_of(32)) || (w.fmt == 2 && w.cols.is_multiple_of(8));
+        if t == 1
+            && w.fmt == 3
+            && self.inner.mma
+            && w.cols.is_multiple_of(MMA_CHUNK)
+            && w.cols <= NV_MAX_K
+            && !self.legacy_gemv()
+        {
+            let ks = mma_split(w.rows, w.cols, self.inner.sms);
+            let blocks = w.rows.div_ceil(16 * (NV_WARPS as usize / ks));
+            return launch!(self, &self.inner.f.gemv_mma, (blocks as u32, 1, 1), (32 * NV_WARPS, 1, 1);
+                self.ptr(&w.data), w.scales_ptr(self), w.inv_g, x, y, bias, resid,
+                w.rows as i32, w.cols as i32, ks as i32);
+        }
         if t == 1 && fast && w.fmt == 3 && w.cols <= NV_MAX_K && !self.legacy_gemv() {
             let tune = nv_tune();
             let (mut ki, mut ks) = nv_split(w.rows, w.cols, self.inner.sms);
@@ -486,6 +523,64 @@ impl CudaBackend {
         static L: OnceLock<bool> = OnceLock::new();
         *L.get_or_init(|| std::env::var_os("FP4FORGE_CUDA_LEGACY_GEMV").is_some())
     }
+}
+
+/// Work fused into a decode kernel's last block (`Epi` in kernels.cu; layout identical): kind 0
+/// none, 1 `out = rmsnorm(x) · w` of one row of `n` values.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Epi {
+    counter: u64,
+    x: u64,
+    w: u64,
+    out: u64,
+    eps: f32,
+    kind: i32,
+    n: i32,
+    _pad: i32,
+}
+// SAFETY: plain old data matching the C struct's layout.
+unsafe impl DeviceRepr for Epi {}
+
+impl Epi {
+    /// `out = rmsnorm(x) · w` over `n` values.
+    pub(crate) fn norm(b: &CudaBackend, x: u64, w: u64, out: u64, n: usize, eps: f32) -> Self {
+        Self {
+            counter: b.ptr(&b.inner.counters),
+            x,
+            w,
+            out,
+            eps,
+            kind: 1,
+            n: n as i32,
+            _pad: 0,
+        }
+    }
+
+    /// Whether a kernel of `threads` threads per block can run it in its last block (`EPI_V`
+    /// float4s per thread).
+    fn fusable(&self, threads: usize) -> bool {
+        self.kind == 1 && self.n % 4 == 0 && (self.n as usize) <= 32 * threads
+    }
+}
+
+/// Columns of one chunk of the tensor-core NVFP4 GEMV (a lane's 16 bytes of a row = 32 columns).
+const MMA_CHUNK: usize = 128;
+
+/// K split (warps per 16-row tile: 1, 2, 4, 8) of `gemv_mma` for `rows x cols`: the smallest
+/// that leaves each warp at most 8 chunks, then larger while the grid has fewer blocks than SMs
+/// and each warp keeps at least 2 chunks.
+fn mma_split(rows: usize, cols: usize, sms: usize) -> usize {
+    let chunks = cols / MMA_CHUNK;
+    let tiles = rows.div_ceil(16);
+    let mut ks = 1;
+    while ks < 8 && chunks > 8 * ks {
+        ks *= 2;
+    }
+    while ks < 8 && chunks >= 4 * ks && tiles.div_ceil(NV_WARPS as usize / ks) < sms {
+        ks *= 2;
+    }
+    ks
 }
 
 /// `(kernel index, K split)` of the NVFP4 decode GEMV for `rows x cols`: the smallest split of K
@@ -1263,6 +1358,7 @@ impl Backend for CudaBackend {
             self.ptr(&part),
             self.ptr(&out.buf),
             0,
+            Epi::default(),
         )?;
         Ok(out)
     }
@@ -1303,6 +1399,7 @@ impl CudaBackend {
         part: u64,
         out: u64,
         resid: u64,
+        epi: Epi,
     ) -> Result<()> {
         let (sg, su, sd, sinter) = match &shared {
             Some((s, inv)) => (
@@ -1325,14 +1422,23 @@ impl CudaBackend {
             (rows.div_ceil(EXPERT_GU_WARPS * EXPERT_GU_ROWS), items as u32, 1),
             (32 * EXPERT_GU_WARPS, 1, 1);
             e.gate.proj(self), e.up.proj(self), sg, su, has, sinter as i32, self.ptr(sel),
-            k as i32, t as i32, x, h, e.inter as i32, e.hidden as i32)?;
+            k as i32, t as i32, x, h, e.inter as i32, e.hidden as i32, i32::from(self.inner.mma))?;
         launch!(self, &self.inner.f.experts_down2,
             ((e.hidden as u32).div_ceil(GEMV_WARPS * EXPERT_DOWN_ROWS), items as u32, 1),
             (32 * GEMV_WARPS, 1, 1);
             e.down.proj(self), sd, sinter as i32, self.ptr(sel), self.ptr(wts), k as i32,
-            t as i32, h, e.inter as i32, part, e.hidden as i32)?;
+            t as i32, h, e.inter as i32, part, e.hidden as i32, i32::from(self.inner.mma))?;
         let n = (t * e.hidden) as u32;
+        let (fused, separate) = if t == 1 && epi.fusable(256) {
+            (epi, false)
+        } else {
+            (Epi::default(), epi.kind != 0)
+        };
         launch!(self, &self.inner.f.experts_reduce, (n.div_ceil(256), 1, 1), (256, 1, 1);
-            part, k as i32, t as i32, has, out, resid, e.hidden as i32)
+            part, k as i32, t as i32, has, out, resid, e.hidden as i32, fused)?;
+        if separate {
+            self.epilogue_launch(&epi, t)?;
+        }
+        Ok(())
     }
 }
