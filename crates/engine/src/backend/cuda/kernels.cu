@@ -2098,6 +2098,195 @@ extern "C" __global__ void experts_down2(ExpertProj down, ExpertProj sdown, int 
     }
 }
 
+// ---- persistent decode MoE (one token, NVFP4 routed experts on tensor cores) ------------------
+//
+// As many blocks as are resident loop over groups of rows; the shared expert's groups first (any
+// format, through rows_core, x from global memory), then the routed items'. x (gate/up) or every
+// item's h (down) is staged once per block, and all groups run in one wave
+// (the per-item kernels above restage x in every block and run in several waves). A block's
+// groups are reduced through shared memory double-buffered by group parity: one barrier each.
+
+// Where a warp of a routed group reads: tile rows `row0..` of projection P, chunks [c0, c1).
+__device__ __forceinline__ void mma_start_group(MmaTile<MMA_U>& m, const ExpertProj& P, long row0, int nrows, int K,
+                                                int c0, int c1) {
+    if (nrows > 0) m.start((const u8*)P.w + row0 * (K / 2), P.scales + row0 * (K / 16), K / 2, K / 16, nrows, c0, c1);
+}
+
+// h[j] = silu(gate_e . x) * (up_e . x) for the k routed items j (e = sel[j]) and the shared
+// expert (item k); T = 1. Groups of 16 rows: warps 0-3 split the gate tile's chunks, warps 4-7
+// the up tile's. Requires K % 128 == 0, K <= XS_MAX, NVFP4 routed gate/up, a BF16 shared expert
+// (if any), 8 warps.
+extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up_p(ExpertProj gate, ExpertProj up, ExpertProj sgate,
+                                                                        ExpertProj sup, int has_shared, int shared_inter,
+                                                                        const int* __restrict__ sel, int k,
+                                                                        const float* __restrict__ x, float* __restrict__ h,
+                                                                        int inter, int K) {
+    __shared__ uint2 xb[XS_MAX / 2];
+    __shared__ float red[2][8][16];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int width = max(inter, shared_inter);
+    const int sgroups = has_shared ? (shared_inter + 15) / 16 : 0;
+    const int rgroups = (inter + 15) / 16;
+    const int groups = sgroups + k * rgroups;
+    const int nc = K >> 7, part = warp & 3;
+    const bool is_up = warp >= 4;
+    const ExpertProj P = is_up ? up : gate;
+    pdl_enter();
+    int gi = blockIdx.x;
+    // the shared expert: XR gate and XR up rows per warp (16 per group)
+    for (; gi < sgroups; gi += gridDim.x) {
+        const long o = (long)gi * 16 + warp * XR;
+        const int nrows = (int)max(0l, min((long)XR, (long)shared_inter - o));
+        if (nrows == 0) continue;
+        const RowSet rs = rowset(2, sgate.w, sgate.scales, o, nrows, sup.w, sup.scales, o, nrows, K);
+        float a[2 * XR];
+#pragma unroll
+        for (int r = 0; r < 2 * XR; r++) a[r] = 0.f;
+        bf_rows<2 * XR, XR>(rs, K, x, 0, 1, a);
+#pragma unroll
+        for (int r = 0; r < XR; r++) {
+            const float gv = warp_sum(a[r]), uv = warp_sum(a[XR + r]);
+            if (lane == 0 && r < nrows) h[(long)k * width + o + r] = gv / (1.0f + expf(-gv)) * uv;
+        }
+    }
+    const float ds = xb_fill(xb, x, K);
+    // routed groups
+    for (int it = 0; gi < groups; it++, gi += gridDim.x) {
+        const int r = gi - sgroups;
+        const int item = r / rgroups;
+        const long ob = (long)(r % rgroups) * 16;
+        const int nrows = (int)min(16l, (long)inter - ob);
+        MmaTile<MMA_U> m;
+        mma_start_group(m, P, (long)sel[item] * inter + ob, nrows, K, part * nc / 4, (part + 1) * nc / 4);
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        if (nrows > 0) m.run(xb, acc);
+        float (*rb)[16] = red[it & 1];
+        if ((lane & 3) == 0) {
+            rb[warp][lane >> 2] = acc[0] + acc[1];
+            rb[warp][(lane >> 2) + 8] = acc[2] + acc[3];
+        }
+        __syncthreads();
+        if (warp == 0 && lane < nrows) {
+            const long e = sel[item];
+            float gv = 0.f, uv = 0.f;
+#pragma unroll
+            for (int p = 0; p < 4; p++) {
+                gv += rb[p][lane];
+                uv += rb[4 + p][lane];
+            }
+            gv *= 64.f * ds * gate.inv_g[e];
+            uv *= 64.f * ds * up.inv_g[e];
+            h[(long)item * width + ob + lane] = gv / (1.0f + expf(-gv)) * uv;
+        }
+    }
+}
+
+// Each routed item's h row (K = inter values) as B entries at xb + j * K / 2, with its own
+// power-of-two scale: returns nothing; ds[j] = 2^-e_j. The warps compute the items' maxima
+// (warp w: items w, w + 8, ...), then all threads fill. Ends with a barrier.
+__device__ void xb_fill_items(uint2* xb, float* ds, const float* __restrict__ h, int width, int items, int K) {
+    __shared__ float sc[64];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    for (int j = warp; j < items; j += warps) {
+        const float4* x4 = (const float4*)(h + (long)j * width);
+        float m = 0.f;
+        for (int i = lane; i < K / 4; i += 32) {
+            const float4 v = x4[i];
+            m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+        }
+        m = warp_max(m);
+        const int E = (int)((__float_as_uint(m) >> 23) & 0xff);
+        const int e = (m > 0.f && E < 255) ? max(-100, min(100, 141 - E)) : 0;
+        if (lane == 0) {
+            sc[j] = __uint_as_float((u32)(127 + e) << 23);
+            ds[j] = __uint_as_float((u32)(127 - e) << 23);
+        }
+    }
+    __syncthreads();
+    const int no = K >> 3;
+    for (int q = threadIdx.x; q < items * no; q += blockDim.x) {
+        const int j = q / no, o = q % no;
+        const float4* x4 = (const float4*)(h + (long)j * width);
+        const float4 a = x4[2 * o], b = x4[2 * o + 1];
+        const float s = sc[j];
+        uint2* dst = xb + (long)j * (K / 2) + 8 * (8 * (o >> 4) + 2 * (o & 3)) + ((o >> 2) & 3);
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const float v[4] = {(hh ? a.y : a.x) * s, (hh ? a.w : a.z) * s, (hh ? b.y : b.x) * s, (hh ? b.w : b.z) * s};
+            u16 hi[4], lo[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                hi[i] = f32_to_f16_rn(v[i]);
+                lo[i] = f32_to_f16_rn(v[i] - f16_bits_to_f32(hi[i]));
+            }
+            dst[8 * hh] = make_uint2((u32)hi[0] | ((u32)hi[1] << 16), (u32)hi[2] | ((u32)hi[3] << 16));
+            dst[8 * hh + 4] = make_uint2((u32)lo[0] | ((u32)lo[1] << 16), (u32)lo[2] | ((u32)lo[3] << 16));
+        }
+    }
+    __syncthreads();
+}
+
+#define XB_ITEMS_MAX 5120  // uint2 B entries for all routed items of experts_down_p (k * inter <= 10240)
+
+// part[j, o] = w_j * down_{sel[j]}[o] . h[j] for the k routed items and (w = 1) the shared expert
+// (item k); T = 1. Groups of 64 rows: 4 tiles, 2 warps splitting each tile's chunks. Requires
+// inter % 128 == 0, k * inter <= 2 * XB_ITEMS_MAX, NVFP4 routed down, a BF16 shared expert (if
+// any), 8 warps.
+extern "C" __global__ void __launch_bounds__(256, 2) experts_down_p(ExpertProj down, ExpertProj sdown, int has_shared,
+                                                                     int shared_inter, const int* __restrict__ sel,
+                                                                     const float* __restrict__ wts, int k,
+                                                                     const float* __restrict__ h, int inter,
+                                                                     float* __restrict__ part, int H) {
+    __shared__ uint2 xb[XB_ITEMS_MAX];
+    __shared__ float ds[64];
+    __shared__ float red[2][8][16];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int width = max(inter, shared_inter);
+    const int sgroups = has_shared ? (H + 63) / 64 : 0;
+    const int rgroups = (H + 63) / 64;
+    const int groups = sgroups + k * rgroups;
+    const int K = inter, nc = K >> 7, p = warp & 1, tile = warp >> 1;
+    pdl_enter();
+    int gi = blockIdx.x;
+    for (; gi < sgroups; gi += gridDim.x) {
+        const long o = (long)gi * 64 + warp * XRD;
+        const int nrows = (int)max(0l, min((long)XRD, (long)H - o));
+        if (nrows == 0) continue;
+        const RowSet rs = rowset(2, sdown.w, sdown.scales, o, nrows, sdown.w, sdown.scales, 0, 0, shared_inter);
+        float a[XRD];
+#pragma unroll
+        for (int r = 0; r < XRD; r++) a[r] = 0.f;
+        bf_rows<XRD, XRD>(rs, shared_inter, h + (long)k * width, 0, 1, a);
+#pragma unroll
+        for (int r = 0; r < XRD; r++) {
+            const float v = warp_sum(a[r]);
+            if (lane == 0 && r < nrows) part[(long)k * H + o + r] = v;
+        }
+    }
+    xb_fill_items(xb, ds, h, width, k, K);
+    for (int it = 0; gi < groups; it++, gi += gridDim.x) {
+        const int r = gi - sgroups;
+        const int item = r / rgroups;
+        const long ob = (long)(r % rgroups) * 64 + tile * 16;
+        const int nrows = (int)max(0l, min(16l, (long)H - ob));
+        MmaTile<MMA_U> m;
+        mma_start_group(m, down, (long)sel[item] * H + ob, nrows, K, p * nc / 2, (p + 1) * nc / 2);
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        if (nrows > 0) m.run(xb + (long)item * (K / 2), acc);
+        float (*rb)[16] = red[it & 1];
+        if ((lane & 3) == 0) {
+            rb[warp][lane >> 2] = acc[0] + acc[1];
+            rb[warp][(lane >> 2) + 8] = acc[2] + acc[3];
+        }
+        __syncthreads();
+        if (p == 0 && lane < nrows) {
+            const long e = sel[item];
+            const float v = rb[warp][lane] + rb[warp + 1][lane];
+            part[(long)item * H + ob + lane] = v * (64.f * ds[item] * down.inv_g[e] * wts[item]);
+        }
+    }
+}
+
 // out[t, o] = resid[t, o] + sum_i part[t*k + i, o] (+ part[T*k + t, o]); in item order.
 extern "C" __global__ void experts_reduce(const float* __restrict__ part, int k, int T, int has_shared, float* out,
                                          const float* resid, int H, Epi ep) {

@@ -145,6 +145,9 @@ pub(crate) struct Funcs {
     pub linear_multi2: CudaFunction,
     pub experts_gate_up2: CudaFunction,
     pub experts_down2: CudaFunction,
+    /// One token's experts on persistent blocks (tensor cores; `persistent_moe`).
+    pub experts_gate_up_p: CudaFunction,
+    pub experts_down_p: CudaFunction,
     pub experts_reduce: CudaFunction,
 }
 
@@ -192,6 +195,9 @@ pub(crate) struct Inner {
     pub mma: bool,
     /// Completion counter of the fused epilogues (`Epi` in kernels.cu).
     counters: CudaSlice<u32>,
+    /// One token's experts on the persistent kernels where they apply (`persistent_moe`);
+    /// `FP4FORGE_CUDA_PERSIST=0` starts it off.
+    persist: std::sync::atomic::AtomicBool,
 }
 
 /// The CUDA backend on one device. Cheap to clone.
@@ -294,6 +300,8 @@ impl CudaBackend {
             linear_multi2: get("linear_multi2")?,
             experts_gate_up2: get("experts_gate_up2")?,
             experts_down2: get("experts_down2")?,
+            experts_gate_up_p: get("experts_gate_up_p")?,
+            experts_down_p: get("experts_down_p")?,
             experts_reduce: get("experts_reduce")?,
         };
         let stream = ctx
@@ -311,6 +319,9 @@ impl CudaBackend {
         Ok(Self {
             inner: Arc::new(Inner {
                 counters,
+                persist: std::sync::atomic::AtomicBool::new(
+                    std::env::var("FP4FORGE_CUDA_PERSIST").as_deref() != Ok("0"),
+                ),
                 ctx,
                 stream,
                 f,
@@ -563,6 +574,11 @@ impl Epi {
         self.kind == 1 && self.n % 4 == 0 && (self.n as usize) <= 32 * threads
     }
 }
+
+/// Resident blocks per SM of the persistent MoE kernels (`__launch_bounds__(256, 2)`).
+const PERSIST_BLOCKS_PER_SM: usize = 2;
+/// B entries for all routed items in `experts_down_p` (`XB_ITEMS_MAX`).
+const PERSIST_XB_ENTRIES: usize = 5120;
 
 /// Columns of one chunk of the tensor-core NVFP4 GEMV (a lane's 16 bytes of a row = 32 columns).
 const MMA_CHUNK: usize = 128;
@@ -1418,16 +1434,23 @@ impl CudaBackend {
         let has = i32::from(shared.is_some());
         let items = t * k + if shared.is_some() { t } else { 0 };
         let rows = e.inter.max(sinter) as u32;
-        launch!(self, &self.inner.f.experts_gate_up2,
-            (rows.div_ceil(EXPERT_GU_WARPS * EXPERT_GU_ROWS), items as u32, 1),
-            (32 * EXPERT_GU_WARPS, 1, 1);
-            e.gate.proj(self), e.up.proj(self), sg, su, has, sinter as i32, self.ptr(sel),
-            k as i32, t as i32, x, h, e.inter as i32, e.hidden as i32, i32::from(self.inner.mma))?;
-        launch!(self, &self.inner.f.experts_down2,
-            ((e.hidden as u32).div_ceil(GEMV_WARPS * EXPERT_DOWN_ROWS), items as u32, 1),
-            (32 * GEMV_WARPS, 1, 1);
-            e.down.proj(self), sd, sinter as i32, self.ptr(sel), self.ptr(wts), k as i32,
-            t as i32, h, e.inter as i32, part, e.hidden as i32, i32::from(self.inner.mma))?;
+        if self.persistent_moe(e, &shared, k, t) {
+            let groups = |rows: usize, per: usize, items: usize| rows.div_ceil(per) * items;
+            let shared_n = usize::from(shared.is_some());
+            let resident = PERSIST_BLOCKS_PER_SM * self.inner.sms;
+            let gu = groups(e.inter, 16, k) + groups(sinter, 16, shared_n);
+            launch!(self, &self.inner.f.experts_gate_up_p, (gu.min(resident) as u32, 1, 1), (256, 1, 1);
+                e.gate.proj(self), e.up.proj(self), sg, su, has, sinter as i32, self.ptr(sel),
+                k as i32, x, h, e.inter as i32, e.hidden as i32)?;
+            let dn = groups(e.hidden, 64, k + shared_n);
+            launch!(self, &self.inner.f.experts_down_p, (dn.min(resident) as u32, 1, 1), (256, 1, 1);
+                e.down.proj(self), sd, has, sinter as i32, self.ptr(sel), self.ptr(wts), k as i32,
+                h, e.inter as i32, part, e.hidden as i32)?;
+        } else {
+            self.experts_per_item(
+                e, sg, su, sd, has, sinter, sel, wts, k, t, x, h, part, rows, items,
+            )?;
+        }
         let n = (t * e.hidden) as u32;
         let (fused, separate) = if t == 1 && epi.fusable(256) {
             (epi, false)
@@ -1440,5 +1463,78 @@ impl CudaBackend {
             self.epilogue_launch(&epi, t)?;
         }
         Ok(())
+    }
+
+    /// Whether one token's experts run on the persistent kernels (`experts_*_p`): tensor cores on
+    /// (sm_89+), NVFP4 routed experts with `hidden` and `inter` multiples of 128, every routed
+    /// item's `h` staged at once (`k · inter <= 10240`), a BF16 shared expert if any; unless
+    /// switched off (`set_persistent_moe`).
+    fn persistent_moe(
+        &self,
+        e: &CudaExperts,
+        shared: &Option<(&SharedExpert<'_>, [&CudaSlice<f32>; 3])>,
+        k: usize,
+        t: usize,
+    ) -> bool {
+        let on = self
+            .inner
+            .persist
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let shared_ok = match shared {
+            None => true,
+            Some((s, _)) => {
+                [s.gate, s.up, s.down].iter().all(|l| l.fmt == 2)
+                    && s.gate.rows.is_multiple_of(8)
+                    && e.hidden.is_multiple_of(8)
+            }
+        };
+        on && t == 1
+            && self.inner.mma
+            && [e.gate.fmt, e.up.fmt, e.down.fmt].iter().all(|&f| f == 3)
+            && e.hidden.is_multiple_of(MMA_CHUNK)
+            && e.hidden <= NV_MAX_K
+            && e.inter.is_multiple_of(MMA_CHUNK)
+            && k * e.inter <= 2 * PERSIST_XB_ENTRIES
+            && k < 64
+            && shared_ok
+    }
+
+    /// Switches the persistent MoE kernels on or off (for comparisons; on by default).
+    pub(crate) fn set_persistent_moe(&self, on: bool) {
+        self.inner
+            .persist
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Gate/up and down of `items` (token, expert) pairs, one grid row per item.
+    #[allow(clippy::too_many_arguments)]
+    fn experts_per_item(
+        &self,
+        e: &CudaExperts,
+        sg: ExpertProj,
+        su: ExpertProj,
+        sd: ExpertProj,
+        has: i32,
+        sinter: usize,
+        sel: &CudaSlice<i32>,
+        wts: &CudaSlice<f32>,
+        k: usize,
+        t: usize,
+        x: u64,
+        h: u64,
+        part: u64,
+        rows: u32,
+        items: usize,
+    ) -> Result<()> {
+        launch!(self, &self.inner.f.experts_gate_up2,
+            (rows.div_ceil(EXPERT_GU_WARPS * EXPERT_GU_ROWS), items as u32, 1),
+            (32 * EXPERT_GU_WARPS, 1, 1);
+            e.gate.proj(self), e.up.proj(self), sg, su, has, sinter as i32, self.ptr(sel),
+            k as i32, t as i32, x, h, e.inter as i32, e.hidden as i32, i32::from(self.inner.mma))?;
+        launch!(self, &self.inner.f.experts_down2,
+            ((e.hidden as u32).div_ceil(GEMV_WARPS * EXPERT_DOWN_ROWS), items as u32, 1),
+            (32 * GEMV_WARPS, 1, 1);
+            e.down.proj(self), sd, sinter as i32, self.ptr(sel), self.ptr(wts), k as i32,
+            t as i32, h, e.inter as i32, part, e.hidden as i32, i32::from(self.inner.mma))
     }
 }
