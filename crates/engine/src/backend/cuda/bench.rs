@@ -10,8 +10,8 @@
 //! selected experts, the KV cache up to `context`) and writes the new KV row at the same slot, so
 //! tok/s is the replay rate; the position does not advance between replays.
 //!
-//! Launches per layer (12-13): q/k/v/g in one GEMV launch, per-head norms + rope, attention (+
-//! split merge with the softplus gate), KV append, o_proj with the residual, rmsnorm, router,
+//! Launches per layer (11-12): q/k/v/g in one GEMV launch, per-head norms + rope + the KV append,
+//! attention (+ split merge with the softplus gate), o_proj with the residual, rmsnorm, router,
 //! top-k, experts gate/up (routed + shared, one launch), experts down (routed + shared, one
 //! launch), their ordered sum with the residual (whose last block then computes the next layer's
 //! input rmsnorm, or the final norm).
@@ -25,7 +25,7 @@ use serde_json::Value;
 
 use super::{
     launch, CudaBackend, CudaExperts, CudaKvLayer, CudaLinear, Epi, ExpertArena, SharedExpert,
-    GEMV_WARPS,
+    GEMV_WARPS, MULTI_WARPS,
 };
 use crate::backend::{AttentionParams, Backend};
 use crate::error::Result;
@@ -593,10 +593,10 @@ pub fn synthetic_laguna_decode(
                         n: w.rows as i32,
                         block0,
                     };
-                    block0 += (w.rows as u32).div_ceil(GEMV_WARPS * super::EXPERT_ROWS) as i32;
+                    block0 += (w.rows as u32).div_ceil(b.multi_rows_per_block(w, h)) as i32;
                 }
                 segs.n = 4;
-                launch!(b, &b.inner.f.linear_multi2, (block0 as u32, 1, 1), (32 * GEMV_WARPS, 1, 1);
+                launch!(b, &b.inner.f.linear_multi2, (block0 as u32, 1, 1), (32 * MULTI_WARPS, 1, 1);
                     segs, bp(&a), h as i32, i32::from(b.inner.mma))?;
                 tm.mark("q/k/v/g projections (one launch)")?;
                 let (invf, rdim, theta_af) = if l.full {
@@ -604,10 +604,15 @@ pub fn synthetic_laguna_decode(
                 } else {
                     (&inv_sliding, d, 1.0f32)
                 };
-                launch!(b, &b.inner.f.qk_norm_rope, ((l.heads + g.kv_heads) as u32, 1, 1), (d as u32, 1, 1);
+                // The new k (rotated) and v rows go into the cache slot of position `ctx` in the
+                // same launch (the benchmark's position does not advance: every replay rewrites
+                // the same slot; attention reads the new row from kb/vb, not the cache).
+                let slot = if l.full { ctx } else { ctx % g.window };
+                launch!(b, &b.inner.f.qk_norm_rope, ((l.heads + 2 * g.kv_heads) as u32, 1, 1), (d as u32, 1, 1);
                     bp(&qb), bp(&kb), bp(&l.qn), bp(&l.kn), l.heads as i32, d as i32, g.eps,
-                    bp(invf), rdim as i32, theta_af, ctx as i32)?;
-                tm.mark("q/k norms + rope")?;
+                    bp(invf), rdim as i32, theta_af, ctx as i32, b.ptr(&l.kv.k), b.ptr(&l.kv.v),
+                    bp(&vb), slot as i64, g.kv_heads as i32, l.kv.kv_t, l.kv.k_scale, l.kv.v_scale)?;
+                tm.mark("q/k norms + rope + kv append")?;
                 let p = AttentionParams {
                     heads: l.heads,
                     kv_heads: g.kv_heads,
@@ -640,11 +645,7 @@ pub fn synthetic_laguna_decode(
                 } else {
                     "attention sliding (+ merge, gate)"
                 })?;
-                *kernels += 5 + usize::from(splits > 1) + 1;
-                // Append the new row without advancing the benchmark's position.
-                b.kv_append_raw(&mut l.kv, bp(&kb), bp(&vb), 1)?;
-                l.kv.len = pos0;
-                tm.mark("kv append")?;
+                *kernels += 4 + usize::from(splits > 1) + 1;
                 b.gemv_raw(&l.o, bp(&ob), bp(&x), 0, bp(&x), 1)?;
                 tm.mark("o projection")?;
                 launch!(b, &b.inner.f.rms_norm, (1, 1, 1), (512, 1, 1);

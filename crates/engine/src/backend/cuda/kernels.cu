@@ -1023,8 +1023,9 @@ extern "C" __global__ void __launch_bounds__(256) gemv_mma(const u8* __restrict_
 // Several linears of the same input, one token: segment s covers blocks [block0, next block0),
 // MULTI_R rows per warp. NVFP4 segments stage x in shared memory (the segment, hence the
 // format, is uniform over a block).
-// With `mma` (blocks of 4 warps), NVFP4 segments with K % 128 == 0 take the tensor-core path: the
-// block's 16 rows are one tile, its 4 warps split the chunks.
+// With `mma` (blocks of 8 warps), NVFP4 segments with K % 128 == 0 take the tensor-core path: a
+// block's 64 rows are 4 tiles, 2 warps splitting each tile's chunks (the other segments: MULTI_R
+// rows per warp).
 extern "C" __global__ void linear_multi2(Segs segs, const float* __restrict__ x, int K, int mma) {
     __shared__ float4 xs[XS_MAX / 4];
     int si = 0;
@@ -1032,21 +1033,22 @@ extern "C" __global__ void linear_multi2(Segs segs, const float* __restrict__ x,
         if ((int)blockIdx.x >= segs.s[i].block0) si = i;
     const Seg s = segs.s[si];
     const int warps = blockDim.x >> 5;
-    if (mma && s.fmt == 3 && (K & 127) == 0 && K <= XS_MAX && warps * MULTI_R == 16) {
-        __shared__ float red[4][16];
+    if (mma && s.fmt == 3 && (K & 127) == 0 && K <= XS_MAX && warps == 8) {
+        __shared__ float red[8][16];
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-        const long row0 = (long)(blockIdx.x - s.block0) * 16;
+        const long row0 = (long)(blockIdx.x - s.block0) * 64 + (warp >> 1) * 16;
         const int nrows = (int)max(0l, min(16l, (long)s.N - row0));
-        const int nc = K >> 7;
+        const int nc = K >> 7, p = warp & 1;
         MmaTile<MMA_U> m;
-        m.start((const u8*)s.w + row0 * (K / 2), s.scales + row0 * (K / 16), K / 2, K / 16, nrows,
-                warp * nc / warps, (warp + 1) * nc / warps);
+        if (nrows > 0)
+            m.start((const u8*)s.w + row0 * (K / 2), s.scales + row0 * (K / 16), K / 2, K / 16, nrows, p * nc / 2,
+                    (p + 1) * nc / 2);
         pdl_enter();
         const float ds = xb_fill((uint2*)xs, x, K);
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        m.run((const uint2*)xs, acc);
-        const float v = mma_reduce(acc, red, warps);
-        if (warp == 0 && lane < nrows) s.y[row0 + lane] = v * (64.f * ds * s.inv_g);
+        if (nrows > 0) m.run((const uint2*)xs, acc);
+        const float v = mma_reduce(acc, red, 2);
+        if (p == 0 && lane < nrows) s.y[row0 + lane] = v * (64.f * ds * s.inv_g);
         return;
     }
     const long row0 = ((long)(blockIdx.x - s.block0) * warps + (threadIdx.x >> 5)) * MULTI_R;
@@ -1233,6 +1235,29 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
     pdl_enter();
     const float* g = x + (long)blockIdx.x * width;
     float* o = y + (long)blockIdx.x * width;
+    if ((width & 3) == 0 && width <= 4 * EPI_V * (int)blockDim.x) {
+        // the row and the weight in registers, every load in flight at once
+        float4 v[EPI_V], wv[EPI_V];
+        float ss = 0.f;
+#pragma unroll
+        for (int q = 0; q < EPI_V; q++) {
+            const int i = 4 * (threadIdx.x + q * blockDim.x);
+            v[q] = i < width ? *(const float4*)(g + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+            wv[q] = i < width ? __ldg((const float4*)(w + i)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int q = 0; q < EPI_V; q++) ss += v[q].x * v[q].x + v[q].y * v[q].y + v[q].z * v[q].z + v[q].w * v[q].w;
+        ss = block_sum(ss);
+        const float r = 1.0f / sqrtf(ss / (float)width + eps);
+#pragma unroll
+        for (int q = 0; q < EPI_V; q++) {
+            const int i = 4 * (threadIdx.x + q * blockDim.x);
+            if (i < width)
+                *(float4*)(o + i) = make_float4(wv[q].x * (v[q].x * r), wv[q].y * (v[q].y * r), wv[q].z * (v[q].z * r),
+                                                wv[q].w * (v[q].w * r));
+        }
+        return;
+    }
     float ss = 0.f;
     for (int i = threadIdx.x; i < width; i += blockDim.x) ss += g[i] * g[i];
     ss = block_sum(ss);
@@ -1257,32 +1282,57 @@ extern "C" __global__ void rope(float* x, const float* __restrict__ inv_freq, in
     h[j + half] = x2 * c + x1 * s;
 }
 
+// One value into a KV cache of storage type kv_t (0 f32, 1 fp8 e4m3 of x / scale, 2 bf16).
+__device__ __forceinline__ void kv_store(void* c, long i, float x, int kv_t, float scale) {
+    if (kv_t == 2)
+        ((u16*)c)[i] = f32_to_bf16(x);
+    else if (kv_t == 1)
+        ((u8*)c)[i] = (u8)f32_to_e4m3_sat(x / scale);
+    else
+        ((float*)c)[i] = x;
+}
+
 // Per-head RMSNorm then rope, for q (heads) and k (kv_heads) of one token, in place.
-// grid (heads + kv_heads), block = hd threads (hd <= 256, a multiple of 32).
+// grid (heads + kv_heads [+ kv_heads]), block = hd threads (hd <= 256, a multiple of 32).
+// With `kc` (the KV append fused in): the k heads' blocks also write their rotated row into
+// cache slot `slot` (row width kv_heads * hd), and kv_heads more blocks write v's.
 extern "C" __global__ void qk_norm_rope(float* q, float* k, const float* __restrict__ qn, const float* __restrict__ kn,
                                        int heads, int hd, float eps, const float* __restrict__ inv_freq, int rdim,
-                                       float attn_factor, int pos) {
+                                       float attn_factor, int pos, void* kc, void* vc, const float* __restrict__ v,
+                                       long slot, int kv_heads, int kv_t, float ks, float vs) {
     pdl_enter();
+    const int i = threadIdx.x;
+    if ((int)blockIdx.x >= heads + kv_heads) {
+        const int hv = blockIdx.x - heads - kv_heads;
+        if (i < hd) kv_store(vc, slot * kv_heads * hd + (long)hv * hd + i, v[(long)hv * hd + i], kv_t, vs);
+        return;
+    }
     const bool isq = (int)blockIdx.x < heads;
     float* h = isq ? q + (long)blockIdx.x * hd : k + (long)(blockIdx.x - heads) * hd;
     const float* w = isq ? qn : kn;
-    const int i = threadIdx.x;
-    float v = i < hd ? h[i] : 0.f;
-    float ss = block_sum(v * v);
-    v = w ? w[i] * (v * (1.0f / sqrtf(ss / (float)hd + eps))) : v;
+    float v0 = i < hd ? h[i] : 0.f;
+    float ss = block_sum(v0 * v0);
+    v0 = w ? w[i] * (v0 * (1.0f / sqrtf(ss / (float)hd + eps))) : v0;
     __shared__ float sh[256];
-    if (i < hd) sh[i] = v;
+    if (i < hd) sh[i] = v0;
     __syncthreads();
     const int half = rdim / 2;
+    float out = v0;
     if (i < half) {
         const float ang = (float)pos * inv_freq[i];
         const float c = (float)cos((double)ang) * attn_factor;
         const float s = (float)sin((double)ang) * attn_factor;
-        const float x1 = sh[i], x2 = sh[i + half];
-        h[i] = x1 * c - x2 * s;
-        h[i + half] = x2 * c + x1 * s;
-    } else if (i >= rdim && i < hd) {
-        h[i] = sh[i];
+        out = sh[i] * c - sh[i + half] * s;
+    } else if (i < rdim) {
+        const int j = i - half;
+        const float ang = (float)pos * inv_freq[j];
+        const float c = (float)cos((double)ang) * attn_factor;
+        const float s = (float)sin((double)ang) * attn_factor;
+        out = sh[i] * c + sh[j] * s;
+    }
+    if (i < hd) {
+        h[i] = out;
+        if (kc && !isq) kv_store(kc, slot * kv_heads * hd + (long)(blockIdx.x - heads) * hd + i, out, kv_t, ks);
     }
 }
 

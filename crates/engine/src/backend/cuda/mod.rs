@@ -46,8 +46,10 @@ const GEMM_MIN_TOKENS: usize = 16;
 const ATTN_GMAX: usize = 4;
 /// Most key splits of one decode attention call.
 pub(crate) const MAX_SPLITS: usize = 128;
-/// Rows per warp of `linear_multi2` (`MULTI_R`).
+/// Rows per warp of `linear_multi2` (`MULTI_R`) outside its tensor-core path.
 const EXPERT_ROWS: u32 = 4;
+/// Warps per block of `linear_multi2` (its tensor-core path: 4 tiles of 16 rows, 2 warps each).
+pub(crate) const MULTI_WARPS: u32 = 8;
 /// Rows of gate and of up per warp of `experts_gate_up2` (`XR`).
 const EXPERT_GU_ROWS: u32 = 2;
 /// Warps per block of `experts_gate_up2` (x is staged in shared memory once per block).
@@ -1497,6 +1499,16 @@ impl CudaBackend {
             && k * e.inter <= 2 * PERSIST_XB_ENTRIES
             && k < 64
             && shared_ok
+    }
+
+    /// Output rows of one `linear_multi2` block for the segment of weight `w` (input width `k`):
+    /// 64 on the tensor-core path, `MULTI_WARPS · MULTI_R` otherwise.
+    pub(crate) fn multi_rows_per_block(&self, w: &CudaLinear, k: usize) -> u32 {
+        if self.inner.mma && w.fmt == 3 && k.is_multiple_of(MMA_CHUNK) && k <= NV_MAX_K {
+            64
+        } else {
+            MULTI_WARPS * EXPERT_ROWS
+        }
     }
 
     /// Switches the persistent MoE kernels on or off (for comparisons; on by default).
