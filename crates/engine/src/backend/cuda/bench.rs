@@ -24,10 +24,10 @@ use cudarc::driver::{CudaSlice, DeviceRepr};
 use serde_json::Value;
 
 use super::{
-    launch, CudaBackend, CudaExperts, CudaKvLayer, CudaLinear, Epi, ExpertArena, SharedExpert,
-    GEMV_WARPS, MULTI_WARPS,
+    launch, CudaBackend, CudaExperts, CudaKvLayer, CudaLinear, Epi, ExpertArena, Route,
+    SharedExpert, GEMV_WARPS, MULTI_WARPS,
 };
-use crate::backend::{AttentionParams, Backend};
+use crate::backend::{AttentionParams, Backend, RouterParams, RouterScoring};
 use crate::error::Result;
 use crate::kv_cache::{KvDtype, KvLayerSpec};
 
@@ -56,7 +56,7 @@ pub struct BenchRow {
     pub copy_gbs: f64,
     /// `achieved_gbs / copy_gbs`.
     pub fraction_of_copy: f64,
-    /// Kernel launches in the captured graph.
+    /// Kernel launches (nodes) in the captured graph.
     pub kernels: usize,
     /// Largest |logit difference| between the step as measured (the input norms fused into the
     /// kernel before them, one token's experts on the persistent kernels) and the same step with
@@ -555,18 +555,15 @@ pub fn synthetic_laguna_decode(
                 (2 * keys * kvw * 2) as f64
             })
             .sum();
-        let mut kernels = 0usize;
-        let mut step = |kernels: &mut usize, tm: &mut StageTimer, fuse: bool| -> Result<()> {
+        let mut step = |tm: &mut StageTimer, fuse: bool| -> Result<()> {
             let bp = |s: &CudaSlice<f32>| b.ptr(s);
             tm.mark("start")?;
             launch!(b, &b.inner.f.embed, (1, 1, 1), (256, 1, 1);
                 embed.fmt, b.ptr(&embed.data), 0u64, 1.0f32, b.ptr(&ids), bp(&x), h as i32)?;
             tm.mark("embed")?;
-            *kernels += 1;
             launch!(b, &b.inner.f.rms_norm, (1, 1, 1), (512, 1, 1);
                 bp(&x), bp(&layers[0].in_norm), bp(&a), h as i32, g.eps)?;
             tm.mark("input rmsnorm")?;
-            *kernels += 1;
             let nl = layers.len();
             for li in 0..nl {
                 // The next layer's input norm (or the final norm) is fused into this layer's
@@ -645,7 +642,6 @@ pub fn synthetic_laguna_decode(
                 } else {
                     "attention sliding (+ merge, gate)"
                 })?;
-                *kernels += 4 + usize::from(splits > 1) + 1;
                 b.gemv_raw(&l.o, bp(&ob), bp(&x), 0, bp(&x), 1)?;
                 tm.mark("o projection")?;
                 launch!(b, &b.inner.f.rms_norm, (1, 1, 1), (512, 1, 1);
@@ -666,12 +662,12 @@ pub fn synthetic_laguna_decode(
                             bp(&x),
                             bp(&x),
                             if fuse { next } else { Epi::default() },
+                            None,
                         )?;
                         if !fuse {
                             b.epilogue_launch(&next, 1)?;
                         }
                         tm.mark("dense mlp (+ next norm)")?;
-                        *kernels += 3;
                     }
                     Mlp::Moe {
                         router,
@@ -681,10 +677,14 @@ pub fn synthetic_laguna_decode(
                     } => {
                         b.gemv_raw(router, bp(&a), bp(&rl), 0, 0, 1)?;
                         tm.mark("router gemv")?;
-                        launch!(b, &b.inner.f.route, (1, 1, 1), (32, 1, 1);
-                            bp(&rl), bp(bias), g.experts as i32, g.top_k as i32, 0i32, 1i32,
-                            0.0f32, g.routed_scale, b.ptr(&sel), bp(&wts))?;
-                        tm.mark("top-k")?;
+                        let params = RouterParams {
+                            top_k: g.top_k,
+                            scoring: RouterScoring::Sigmoid,
+                            normalize: true,
+                            logit_softcap: 0.0,
+                        };
+                        let route =
+                            Route::new(bp(&rl), bp(bias), g.experts, &params, g.routed_scale);
                         let sh = SharedExpert {
                             gate: &shared[0],
                             up: &shared[1],
@@ -704,18 +704,17 @@ pub fn synthetic_laguna_decode(
                             bp(&x),
                             bp(&x),
                             if fuse { next } else { Epi::default() },
+                            Some(&route),
                         )?;
                         if !fuse {
                             b.epilogue_launch(&next, 1)?;
                         }
                         tm.mark("experts (routed + shared, + next norm)")?;
-                        *kernels += 5;
                     }
                 }
             }
             b.gemv_raw(&lm_head, b.ptr(&a), b.ptr(&logits), 0, 0, 1)?;
             tm.mark("lm_head")?;
-            *kernels += 1;
             Ok(())
         };
         // Eager run once (checks every launch) with the epilogues fused and the persistent MoE
@@ -724,7 +723,7 @@ pub fn synthetic_laguna_decode(
         let mut tm = StageTimer::new(b);
         let persist = b.inner.persist.load(std::sync::atomic::Ordering::Relaxed);
         b.set_persistent_moe(false);
-        let r = step(&mut kernels, &mut tm, false);
+        let r = step(&mut tm, false);
         b.set_persistent_moe(persist);
         r?;
         let separate = b
@@ -732,7 +731,7 @@ pub fn synthetic_laguna_decode(
             .stream
             .clone_dtoh(&logits)
             .map_err(|e| b.err(format!("{e:?}")))?;
-        step(&mut kernels, &mut tm, true)?;
+        step(&mut tm, true)?;
         let fused = b
             .inner
             .stream
@@ -758,7 +757,7 @@ pub fn synthetic_laguna_decode(
         tm.on = true;
         const PROFILED: usize = 3;
         for _ in 0..PROFILED {
-            step(&mut kernels, &mut tm, true)?;
+            step(&mut tm, true)?;
             b.synchronize()?;
             tm.resolve()?;
         }
@@ -768,22 +767,19 @@ pub fn synthetic_laguna_decode(
             .iter()
             .map(|(n, us)| (n.to_string(), us / PROFILED as f64))
             .collect();
-        kernels = 0;
         let eager_t = Instant::now();
         for _ in 0..3 {
-            step(&mut kernels, &mut tm, true)?;
+            step(&mut tm, true)?;
         }
         b.synchronize()?;
         let eager_ms = eager_t.elapsed().as_secs_f64() * 1e3 / 3.0;
-        kernels /= 3;
         b.inner
             .stream
             .begin_capture(
                 cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
             )
             .map_err(|e| b.err(format!("capture: {e:?}")))?;
-        let mut k2 = 0;
-        let r = step(&mut k2, &mut tm, true);
+        let r = step(&mut tm, true);
         let graph = b
             .inner
             .stream
@@ -791,6 +787,17 @@ pub fn synthetic_laguna_decode(
             .map_err(|e| b.err(format!("end capture: {e:?}")))?;
         r?;
         let graph = graph.ok_or_else(|| b.err("empty graph"))?;
+        let mut kernels = 0usize;
+        // SAFETY: a valid captured graph; a null node array asks for the count only.
+        unsafe {
+            cudarc::driver::sys::cuGraphGetNodes(
+                graph.cu_graph(),
+                std::ptr::null_mut(),
+                &mut kernels,
+            )
+        }
+        .result()
+        .map_err(|e| b.err(format!("graph nodes: {e:?}")))?;
         for _ in 0..5 {
             graph.launch().map_err(|e| b.err(format!("{e:?}")))?;
         }
@@ -919,6 +926,7 @@ pub fn kernel_microbench(b: &CudaBackend) -> Result<Vec<(String, f64, f64)>> {
             b.ptr(&y),
             0,
             Epi::default(),
+            None,
         )
     })?;
     out.push((

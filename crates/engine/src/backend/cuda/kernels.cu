@@ -2156,6 +2156,25 @@ extern "C" __global__ void experts_down2(ExpertProj down, ExpertProj sdown, int 
 // (the per-item kernels above restage x in every block and run in several waves). A block's
 // groups are reduced through shared memory double-buffered by group parity: one barrier each.
 
+// The router's top-k (n <= 256 experts, k <= 32), computed by every block of experts_gate_up_p
+// from the router logits (in place of a separate launch; block 0 also writes sel / wts for the
+// kernels after it). `logits` null: sel / wts are inputs (already routed).
+struct Route {
+    const float* logits;
+    const float* bias;
+    float softcap;
+    float scale;
+    int n;
+    int softmax;
+    int normalize;
+    int pad;
+};
+
+template <int PER>
+__device__ void route_impl(const float* __restrict__ logits, const float* __restrict__ bias, int n, int k,
+                           int softmax, int normalize, float softcap, float scale, int* __restrict__ sel,
+                           float* __restrict__ wts, int t);
+
 // Where a warp of a routed group reads: tile rows `row0..` of projection P, chunks [c0, c1).
 __device__ __forceinline__ void mma_start_group(MmaTile<MMA_U>& m, const ExpertProj& P, long row0, int nrows, int K,
                                                 int c0, int c1) {
@@ -2168,11 +2187,13 @@ __device__ __forceinline__ void mma_start_group(MmaTile<MMA_U>& m, const ExpertP
 // (if any), 8 warps.
 extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up_p(ExpertProj gate, ExpertProj up, ExpertProj sgate,
                                                                         ExpertProj sup, int has_shared, int shared_inter,
-                                                                        const int* __restrict__ sel, int k,
+                                                                        int* sel_out, float* wts_out, int k,
                                                                         const float* __restrict__ x, float* __restrict__ h,
-                                                                        int inter, int K) {
+                                                                        int inter, int K, Route rt) {
     __shared__ uint2 xb[XS_MAX / 2];
     __shared__ float red[2][8][16];
+    __shared__ int sel[64];
+    __shared__ float wsel[64];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int width = max(inter, shared_inter);
     const int sgroups = has_shared ? (shared_inter + 15) / 16 : 0;
@@ -2182,6 +2203,19 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up_p(ExpertPro
     const bool is_up = warp >= 4;
     const ExpertProj P = is_up ? up : gate;
     pdl_enter();
+    if (threadIdx.x < 32) {
+        if (rt.logits) {
+            route_impl<8>(rt.logits, rt.bias, rt.n, k, rt.softmax, rt.normalize, rt.softcap, rt.scale, sel, wsel, 0);
+            __syncwarp();
+            if (blockIdx.x == 0 && lane < k) {
+                sel_out[lane] = sel[lane];
+                wts_out[lane] = wsel[lane];
+            }
+        } else {
+            for (int i = lane; i < k; i += 32) sel[i] = sel_out[i];
+        }
+    }
+    __syncthreads();
     int gi = blockIdx.x;
     // the shared expert: XR gate and XR up rows per warp (16 per group)
     for (; gi < sgroups; gi += gridDim.x) {

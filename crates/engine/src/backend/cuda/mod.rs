@@ -577,6 +577,39 @@ impl Epi {
     }
 }
 
+/// The router's top-k for `experts_raw` (`Route` in kernels.cu; layout identical): computed
+/// inside the persistent gate/up kernel where it applies, else by the `route` kernel first.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Route {
+    logits: u64,
+    bias: u64,
+    softcap: f32,
+    scale: f32,
+    n: i32,
+    softmax: i32,
+    normalize: i32,
+    _pad: i32,
+}
+// SAFETY: plain old data matching the C struct's layout.
+unsafe impl DeviceRepr for Route {}
+
+impl Route {
+    /// The decision of `p` over `n` experts from `logits` (`bias` 0: none), weights × `scale`.
+    pub(crate) fn new(logits: u64, bias: u64, n: usize, p: &RouterParams, scale: f32) -> Self {
+        Self {
+            logits,
+            bias,
+            softcap: p.logit_softcap,
+            scale,
+            n: n as i32,
+            softmax: i32::from(p.scoring == RouterScoring::Softmax),
+            normalize: i32::from(p.normalize),
+            _pad: 0,
+        }
+    }
+}
+
 /// Resident blocks per SM of the persistent MoE kernels (`__launch_bounds__(256, 2)`).
 const PERSIST_BLOCKS_PER_SM: usize = 2;
 /// B entries for all routed items in `experts_down_p` (`XB_ITEMS_MAX`).
@@ -1377,6 +1410,7 @@ impl Backend for CudaBackend {
             self.ptr(&out.buf),
             0,
             Epi::default(),
+            None,
         )?;
         Ok(out)
     }
@@ -1418,6 +1452,7 @@ impl CudaBackend {
         out: u64,
         resid: u64,
         epi: Epi,
+        route: Option<&Route>,
     ) -> Result<()> {
         let (sg, su, sd, sinter) = match &shared {
             Some((s, inv)) => (
@@ -1436,14 +1471,25 @@ impl CudaBackend {
         let has = i32::from(shared.is_some());
         let items = t * k + if shared.is_some() { t } else { 0 };
         let rows = e.inter.max(sinter) as u32;
-        if self.persistent_moe(e, &shared, k, t) {
+        let persistent = self.persistent_moe(e, &shared, k, t);
+        let fused_route = match route {
+            Some(r) if persistent && r.n <= 256 && k <= 32 => *r,
+            Some(r) => {
+                launch!(self, &self.inner.f.route, (t as u32, 1, 1), (32, 1, 1);
+                    r.logits, r.bias, r.n, k as i32, r.softmax, r.normalize, r.softcap, r.scale,
+                    self.ptr(sel), self.ptr(wts))?;
+                Route::default()
+            }
+            None => Route::default(),
+        };
+        if persistent {
             let groups = |rows: usize, per: usize, items: usize| rows.div_ceil(per) * items;
             let shared_n = usize::from(shared.is_some());
             let resident = PERSIST_BLOCKS_PER_SM * self.inner.sms;
             let gu = groups(e.inter, 16, k) + groups(sinter, 16, shared_n);
             launch!(self, &self.inner.f.experts_gate_up_p, (gu.min(resident) as u32, 1, 1), (256, 1, 1);
                 e.gate.proj(self), e.up.proj(self), sg, su, has, sinter as i32, self.ptr(sel),
-                k as i32, x, h, e.inter as i32, e.hidden as i32)?;
+                self.ptr(wts), k as i32, x, h, e.inter as i32, e.hidden as i32, fused_route)?;
             let dn = groups(e.hidden, 64, k + shared_n);
             launch!(self, &self.inner.f.experts_down_p, (dn.min(resident) as u32, 1, 1), (256, 1, 1);
                 e.down.proj(self), sd, has, sinter as i32, self.ptr(sel), self.ptr(wts), k as i32,
