@@ -61,12 +61,14 @@ const NV_WARPS: u32 = 8;
 const NV_ROWS: usize = 2;
 /// Launch tuning of the NVFP4 decode GEMV (defaults; the environment overrides them for
 /// experiments: `FP4FORGE_NV_MINB` = 2 | 3 resident blocks per SM, `FP4FORGE_NV_GRID` = blocks
-/// per SM of the persistent grid (0: one block per tile), `FP4FORGE_NV_KS` = 1 | 2 | 4 | 8).
+/// per SM of the persistent grid (0: one block per tile), `FP4FORGE_NV_KS` = 1 | 2 | 4 | 8;
+/// `FP4FORGE_MMA_KS` = 1 | 2 | 4 | 8 warps per tile of `gemv_mma`).
 #[derive(Clone, Copy)]
 struct NvTune {
     minb: usize,
     grid_per_sm: usize,
     ks: Option<usize>,
+    mma_ks: Option<usize>,
 }
 
 fn nv_tune() -> NvTune {
@@ -81,6 +83,7 @@ fn nv_tune() -> NvTune {
             minb,
             grid_per_sm: var("FP4FORGE_NV_GRID").unwrap_or(minb),
             ks: var("FP4FORGE_NV_KS").filter(|k| [1, 2, 4, 8].contains(k)),
+            mma_ks: var("FP4FORGE_MMA_KS").filter(|k| [1, 2, 4, 8].contains(k)),
         }
     })
 }
@@ -472,7 +475,9 @@ impl CudaBackend {
             && w.cols <= NV_MAX_K
             && !self.legacy_gemv()
         {
-            let ks = mma_split(w.rows, w.cols, self.inner.sms);
+            let ks = nv_tune()
+                .mma_ks
+                .unwrap_or_else(|| mma_split(w.rows, w.cols, self.inner.sms));
             let blocks = w.rows.div_ceil(16 * (NV_WARPS as usize / ks));
             return launch!(self, &self.inner.f.gemv_mma, (blocks as u32, 1, 1), (32 * NV_WARPS, 1, 1);
                 self.ptr(&w.data), w.scales_ptr(self), w.inv_g, x, y, bias, resid,
