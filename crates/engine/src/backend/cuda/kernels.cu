@@ -842,6 +842,32 @@ __device__ __forceinline__ void mma16816(float c[4], u32 a0, u32 a1, u32 a2, u32
 #endif
 }
 
+// The power-of-two exponent e that puts m = max|x| in [2^14, 2^15) (0 when m is zero or not
+// finite: a NaN or inf then reaches the output).
+__device__ __forceinline__ int xb_exp(float m) {
+    const int E = (int)((__float_as_uint(m) >> 23) & 0xff);  // biased exponent of m
+    return (m > 0.f && E < 255) ? max(-100, min(100, 141 - E)) : 0;
+}
+__device__ __forceinline__ float pow2f(int e) { return __uint_as_float((u32)(127 + e) << 23); }
+
+// The four B entries fed by octet o (x[8 o .. 8 o + 7] = a, b, times s): steps 8 c + 2 j + h
+// (o = 16 c + 4 t + j, h = 0, 1), lane t, high parts and remainders.
+__device__ __forceinline__ void xb_octet(uint2* xb, int o, float4 a, float4 b, float s) {
+    uint2* dst = xb + 8 * (8 * (o >> 4) + 2 * (o & 3)) + ((o >> 2) & 3);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const float v[4] = {(h ? a.y : a.x) * s, (h ? a.w : a.z) * s, (h ? b.y : b.x) * s, (h ? b.w : b.z) * s};
+        u16 hi[4], lo[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            hi[q] = f32_to_f16_rn(v[q]);
+            lo[q] = f32_to_f16_rn(v[q] - f16_bits_to_f32(hi[q]));
+        }
+        dst[8 * h] = make_uint2((u32)hi[0] | ((u32)hi[1] << 16), (u32)hi[2] | ((u32)hi[3] << 16));
+        dst[8 * h + 4] = make_uint2((u32)lo[0] | ((u32)lo[1] << 16), (u32)lo[2] | ((u32)lo[3] << 16));
+    }
+}
+
 // x as the mma's B operand in shared memory (uint2 entries; K / 2 of them, K <= XS_MAX): entry
 // 8 s + 4 p + t, for mma step s = 8 c + 2 j + h (chunk c, word j, half h) and lane t of group p
 // (0: f16 high parts, 1: remainders), holds {(x[i], x[i + 2]), (x[i + 4], x[i + 6])} * 2^e,
@@ -871,32 +897,13 @@ __device__ float xb_fill(uint2* xb, const float* __restrict__ x, int K) {
     __syncthreads();
     m = 0.f;
     for (int i = 0; i < (int)(blockDim.x >> 5); i++) m = fmaxf(m, wmax[i]);
-    const int E = (int)((__float_as_uint(m) >> 23) & 0xff);  // biased exponent of max|x|
-    const int e = (m > 0.f && E < 255) ? max(-100, min(100, 141 - E)) : 0;
-    const float sc = __uint_as_float((u32)(127 + e) << 23);
-    // octet o = 16 c + 4 t + j feeds the entries of steps 8 c + 2 j + h (h = 0, 1), lane t, both
-    // parts: x[8 o + h + {0, 2, 4, 6}] (the reloads hit L1)
+    const int e = xb_exp(m);
+    const float sc = pow2f(e);
+    // (the reloads hit L1)
 #pragma unroll 2
-    for (int o = threadIdx.x; o < no; o += blockDim.x) {
-        const float4 a = __ldg(x4 + 2 * o), b = __ldg(x4 + 2 * o + 1);
-        const int t = (o >> 2) & 3;
-        uint2* dst = xb + 8 * (8 * (o >> 4) + 2 * (o & 3)) + t;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const float v[4] = {(h ? a.y : a.x) * sc, (h ? a.w : a.z) * sc, (h ? b.y : b.x) * sc,
-                                (h ? b.w : b.z) * sc};
-            u16 hi[4], lo[4];
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                hi[q] = f32_to_f16_rn(v[q]);
-                lo[q] = f32_to_f16_rn(v[q] - f16_bits_to_f32(hi[q]));
-            }
-            dst[8 * h] = make_uint2((u32)hi[0] | ((u32)hi[1] << 16), (u32)hi[2] | ((u32)hi[3] << 16));
-            dst[8 * h + 4] = make_uint2((u32)lo[0] | ((u32)lo[1] << 16), (u32)lo[2] | ((u32)lo[3] << 16));
-        }
-    }
+    for (int o = threadIdx.x; o < no; o += blockDim.x) xb_octet(xb, o, __ldg(x4 + 2 * o), __ldg(x4 + 2 * o + 1), sc);
     __syncthreads();
-    return __uint_as_float((u32)(127 - e) << 23);
+    return pow2f(-e);
 }
 
 // One chunk of a tile: 8 mma steps over lane pieces `qa` (row g), `qb` (row g + 8) with their
@@ -2279,11 +2286,10 @@ __device__ void xb_fill_items(uint2* xb, float* ds, const float* __restrict__ h,
             m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
         }
         m = warp_max(m);
-        const int E = (int)((__float_as_uint(m) >> 23) & 0xff);
-        const int e = (m > 0.f && E < 255) ? max(-100, min(100, 141 - E)) : 0;
+        const int e = xb_exp(m);
         if (lane == 0) {
-            sc[j] = __uint_as_float((u32)(127 + e) << 23);
-            ds[j] = __uint_as_float((u32)(127 - e) << 23);
+            sc[j] = pow2f(e);
+            ds[j] = pow2f(-e);
         }
     }
     __syncthreads();
@@ -2291,21 +2297,7 @@ __device__ void xb_fill_items(uint2* xb, float* ds, const float* __restrict__ h,
     for (int q = threadIdx.x; q < items * no; q += blockDim.x) {
         const int j = q / no, o = q % no;
         const float4* x4 = (const float4*)(h + (long)j * width);
-        const float4 a = x4[2 * o], b = x4[2 * o + 1];
-        const float s = sc[j];
-        uint2* dst = xb + (long)j * (K / 2) + 8 * (8 * (o >> 4) + 2 * (o & 3)) + ((o >> 2) & 3);
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            const float v[4] = {(hh ? a.y : a.x) * s, (hh ? a.w : a.z) * s, (hh ? b.y : b.x) * s, (hh ? b.w : b.z) * s};
-            u16 hi[4], lo[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                hi[i] = f32_to_f16_rn(v[i]);
-                lo[i] = f32_to_f16_rn(v[i] - f16_bits_to_f32(hi[i]));
-            }
-            dst[8 * hh] = make_uint2((u32)hi[0] | ((u32)hi[1] << 16), (u32)hi[2] | ((u32)hi[3] << 16));
-            dst[8 * hh + 4] = make_uint2((u32)lo[0] | ((u32)lo[1] << 16), (u32)lo[2] | ((u32)lo[3] << 16));
-        }
+        xb_octet(xb + (long)j * (K / 2), o, x4[2 * o], x4[2 * o + 1], sc[j]);
     }
     __syncthreads();
 }
