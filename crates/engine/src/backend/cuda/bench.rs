@@ -10,11 +10,12 @@
 //! selected experts, the KV cache up to `context`) and writes the new KV row at the same slot, so
 //! tok/s is the replay rate; the position does not advance between replays.
 //!
-//! Launches per layer (11-12): q/k/v/g in one GEMV launch, per-head norms + rope + the KV append,
-//! attention (+ split merge with the softplus gate), o_proj with the residual, rmsnorm, router,
-//! top-k, experts gate/up (routed + shared, one launch), experts down (routed + shared, one
-//! launch), their ordered sum with the residual (whose last block then computes the next layer's
-//! input rmsnorm, or the final norm).
+//! Launches per layer (10-11): q/k/v/g in one GEMV launch, per-head norms + rope + the KV append,
+//! attention (+ split merge with the softplus gate), o_proj with the residual, rmsnorm, router
+//! GEMV, experts gate/up (the router's top-k, then routed + shared, one launch), experts down
+//! (routed + shared, one launch), their ordered sum with the residual (whose last block then
+//! computes the next layer's input rmsnorm, or the final norm). Where the persistent MoE kernels
+//! do not apply, the top-k is a launch of its own.
 //!
 //! [`kernel_microbench`] times single kernels at the same shapes.
 
@@ -709,7 +710,7 @@ pub fn synthetic_laguna_decode(
                         if !fuse {
                             b.epilogue_launch(&next, 1)?;
                         }
-                        tm.mark("experts (routed + shared, + next norm)")?;
+                        tm.mark("experts (top-k, routed + shared, + next norm)")?;
                     }
                 }
             }

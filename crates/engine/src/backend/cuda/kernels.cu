@@ -783,8 +783,9 @@ GEMV_NV(8, 3)
 // x enters as B: column 0 its f16 high parts, column 1 the f16 remainders (x = hi + lo to ~22
 // bits), after scaling x by the power of two that puts max|x| in [2^14, 2^15); the other columns
 // are zero. The f32 accumulators of columns 0 and 1 (lanes t == 0) hold the rows' dot products:
-// 2^-6 * 2^e * sum(e2m1 * scale * x). ~2.3 instructions per weight instead of ~5 for the f32
-// decode (NvPipe), which is what bounds that path below the memory bandwidth.
+// 2^-6 * 2^e * sum(e2m1 * scale * x). ~2.5 SASS instructions per weight instead of ~5 for the
+// f32 decode (NvPipe); measured, these GEMVs are bound more by latency and by staging x than by
+// instructions (docs/performance.md).
 
 // Two e4m3 bytes per 16-bit half of v as two f16 pairs: lo from bytes 0, 1; hi from bytes 2, 3
 // (the lower byte in the lower half).

@@ -1441,7 +1441,10 @@ impl CudaBackend {
 
     /// Routed (and optionally shared) experts in three launches (gate/up, down, ordered sum):
     /// `out = resid + Σ w·E(x) [+ S(x)]`. `h` holds `items × max(inter, shared_inter)` floats and
-    /// `part` `items × hidden`, `items = t·k [+ t]`.
+    /// `part` `items × hidden`, `items = t·k [+ t]`. With `route`, `sel` / `wts` are outputs: the
+    /// router's top-k is computed first (inside the gate/up kernel on the persistent path, else
+    /// by the `route` kernel); without, they are inputs. `epi` runs after the sum (in its last
+    /// block for one token).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn experts_raw(
         &self,
