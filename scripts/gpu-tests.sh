@@ -9,10 +9,11 @@
 #   scripts/gpu-tests.sh bench [OUTDIR] # on the GPU machine: only the decode benchmark
 #
 # `run` executes the `#[ignore]`d GPU tests of crates/engine/tests/cuda.rs (kernels vs f64
-# matmul; decode/prefill attention vs the CPU backend on bf16 and fp8 caches at d 64/128 (GQA, sliding
-# and full); tiny Laguna bf16/stock/lean logits vs the CPU backend and transformers; 256 greedy
-# tokens GPU vs CPU; SmolLM2 if assets/smollm2-* are present) and then the synthetic Laguna-S
-# decode benchmark (table on stdout, JSON in OUTDIR/bench.json).
+# matmul; NVFP4 experts vs the CPU backend; decode/prefill attention vs the CPU backend on bf16 and
+# fp8 caches at d 64/128 (GQA, sliding and full); tiny Laguna bf16/stock/lean logits vs the CPU
+# backend and transformers; 256 greedy tokens GPU vs CPU; the benchmark's decode step with fused
+# and persistent kernels vs separate launches; SmolLM2 if assets/smollm2-* are present) and then
+# the synthetic Laguna-S decode benchmark (table on stdout, JSON in OUTDIR/bench.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-run}
