@@ -156,6 +156,60 @@ pub(crate) struct Funcs {
     pub experts_reduce: CudaFunction,
 }
 
+/// Every kernel the backend loads from the compiled source (`CudaBackend::new` refuses a name
+/// missing here, so the NVRTC build check can cover them all).
+pub const KERNEL_ENTRIES: &[&str] = &[
+    "linear",
+    "gemm_tiled",
+    "embed",
+    "rms_norm",
+    "rope",
+    "qk_norm_rope",
+    "softplus_gate",
+    "silu_mul",
+    "add_scaled",
+    "kv_append",
+    "attn_f32_1",
+    "attn_f32_2",
+    "attn_f32_4",
+    "attn_fp8_1",
+    "attn_fp8_2",
+    "attn_fp8_4",
+    "attn_bf16_1",
+    "attn_bf16_2",
+    "attn_bf16_4",
+    "attn_dec_bf16_64",
+    "attn_dec_bf16_128",
+    "attn_combine",
+    "route",
+    "fill",
+    "gemv1_r1",
+    "gemv1_r2",
+    "gemv1_r4",
+    "gemv1_r8",
+    "gemv_nv_k1_b2",
+    "gemv_nv_k2_b2",
+    "gemv_nv_k4_b2",
+    "gemv_nv_k8_b2",
+    "gemv_nv_k1_b3",
+    "gemv_nv_k2_b3",
+    "gemv_nv_k4_b3",
+    "gemv_nv_k8_b3",
+    "gemv_mma",
+    "linear_multi2",
+    "experts_gate_up2",
+    "experts_down2",
+    "experts_gate_up_p",
+    "experts_down_p",
+    "experts_reduce",
+];
+
+/// Compiles the kernel source for `arch` (e.g. `sm_90`) with NVRTC, as the backend does at
+/// start-up, and returns the PTX. Needs only NVRTC (no GPU, no driver): a build check.
+pub fn compile_kernels(arch: &'static str) -> std::result::Result<String, String> {
+    ptx_for(arch).map(|p| p.to_src())
+}
+
 /// PTX per architecture, compiled once per process.
 fn ptx_for(arch: &'static str) -> std::result::Result<Ptx, String> {
     static CACHE: OnceLock<Mutex<Vec<(&'static str, Ptx)>>> = OnceLock::new();
@@ -247,6 +301,9 @@ impl CudaBackend {
             .load_module(ptx)
             .map_err(|e| backend_err(format!("load module: {e:?}")))?;
         let get = |n: &str| {
+            if !KERNEL_ENTRIES.contains(&n) {
+                return Err(backend_err(format!("kernel {n} is not in KERNEL_ENTRIES")));
+            }
             module
                 .load_function(n)
                 .map_err(|e| backend_err(format!("kernel {n}: {e:?}")))
