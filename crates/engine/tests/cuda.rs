@@ -19,7 +19,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use common::values;
+use common::{max_abs, max_abs_diff, values};
 use fp4forge_engine::{
     Backend, CpuBackend, CudaBackend, GenerateOptions, KvDtype, LinearWeight, Model, ModelOptions,
 };
@@ -145,31 +145,10 @@ fn gpu_nvfp4_experts_match_cpu() {
         for t in [1usize, 3] {
             let x = values(t * hidden, 11 + t as u64, 3.0);
             let logits = values(t * n, 17 + t as u64, 2.0);
-            let got = {
-                let r = gpu
-                    .route(&gpu.upload(t, n, &logits).unwrap(), None, &params, 2.5)
-                    .unwrap();
-                gpu.download(
-                    &gpu.experts(&gpu.upload(t, hidden, &x).unwrap(), &r, &ge)
-                        .unwrap(),
-                )
-                .unwrap()
-            };
-            let want = {
-                let r = cpu
-                    .route(&cpu.upload(t, n, &logits).unwrap(), None, &params, 2.5)
-                    .unwrap();
-                cpu.download(
-                    &cpu.experts(&cpu.upload(t, hidden, &x).unwrap(), &r, &ce)
-                        .unwrap(),
-                )
-                .unwrap()
-            };
-            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let d = got
-                .iter()
-                .zip(&want)
-                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            let got = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
+            let want = route_and_experts(&cpu, &ce, &params, t, &x, &logits);
+            let scale = max_abs(&want);
+            let d = max_abs_diff(&got, &want);
             println!(
                 "experts hidden {hidden} inter {inter} t {t}: max |Δ| {d:.3e} (max |y| {scale:.3})"
             );
@@ -179,6 +158,27 @@ fn gpu_nvfp4_experts_match_cpu() {
             );
         }
     }
+}
+
+/// The experts' output for tokens `x` routed by `logits` (top-k scaled by 2.5) on backend `b`.
+fn route_and_experts<B: Backend>(
+    b: &B,
+    experts: &B::Experts,
+    params: &fp4forge_engine::RouterParams,
+    t: usize,
+    x: &[f32],
+    logits: &[f32],
+) -> Vec<f32> {
+    let r = b
+        .route(
+            &b.upload(t, logits.len() / t, logits).unwrap(),
+            None,
+            params,
+            2.5,
+        )
+        .unwrap();
+    let xt = b.upload(t, x.len() / t, x).unwrap();
+    b.download(&b.experts(&xt, &r, experts).unwrap()).unwrap()
 }
 
 /// Attention through the `Backend` trait, GPU vs CPU, on bf16 and fp8 caches (fp8 with k/v scales)

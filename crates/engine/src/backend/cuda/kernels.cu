@@ -663,19 +663,18 @@ __device__ void gemv1_impl(int fmt, const void* w, const u8* scales, float inv_g
     const int warps = blockDim.x >> 5;
     const long row0 = ((long)blockIdx.x * warps + (threadIdx.x >> 5)) * R;
     pdl_enter();
-    if (row0 < N) {
-        const int nrows = min((long)R, N - row0);
-        float o[R];
-        rows_dot<R>(fmt, w, scales, inv_g, row0, nrows, K, x, o);
+    if (row0 >= N) return;
+    const int nrows = min((long)R, N - row0);
+    float o[R];
+    rows_dot<R>(fmt, w, scales, inv_g, row0, nrows, K, x, o);
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            float v = warp_sum(o[r]);
-            if ((threadIdx.x & 31) == 0 && r < nrows) {
-                const long idx = row0 + r;
-                if (bias) v += bias[idx];
-                if (resid) v += resid[idx];
-                y[idx] = v;
-            }
+    for (int r = 0; r < R; r++) {
+        float v = warp_sum(o[r]);
+        if ((threadIdx.x & 31) == 0 && r < nrows) {
+            const long idx = row0 + r;
+            if (bias) v += bias[idx];
+            if (resid) v += resid[idx];
+            y[idx] = v;
         }
     }
 }
@@ -2034,13 +2033,13 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up2(ExpertProj
         const float ds = xb_fill((uint2*)xs, x + (long)t * K, K);
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
         if (nrows > 0) m.run((const uint2*)xs, acc);
-        const float v = mma_reduce(acc, red, 4);
-        __syncthreads();
-        if (warp == 4 && lane < 16) red[1][lane] = v * (64.f * ds * up.inv_g[ee]);
-        if (warp == 0 && lane < 16) red[0][lane] = v * (64.f * ds * gate.inv_g[ee]);
-        __syncthreads();
+        const float v = mma_reduce(acc, red, 4);  // warp 0: the gate rows (warps 0-3)
         if (warp == 0 && lane < nrows) {
-            const float gv = red[0][lane], uv = red[1][lane];
+            float uv = 0.f;
+#pragma unroll
+            for (int p = 0; p < 4; p++) uv += red[4 + p][lane];
+            const float gv = v * (64.f * ds * gate.inv_g[ee]);
+            uv *= 64.f * ds * up.inv_g[ee];
             h[(long)j * max(inter, shared_inter) + ob + lane] = gv / (1.0f + expf(-gv)) * uv;
         }
         return;
@@ -2253,19 +2252,12 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up_p(ExpertPro
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
         if (nrows > 0) m.run(xb, acc);
         float (*rb)[16] = red[it & 1];
-        if ((lane & 3) == 0) {
-            rb[warp][lane >> 2] = acc[0] + acc[1];
-            rb[warp][(lane >> 2) + 8] = acc[2] + acc[3];
-        }
-        __syncthreads();
+        float gv = mma_reduce(acc, rb, 4);  // warp 0: the gate rows (warps 0-3)
         if (warp == 0 && lane < nrows) {
             const long e = sel[item];
-            float gv = 0.f, uv = 0.f;
+            float uv = 0.f;
 #pragma unroll
-            for (int p = 0; p < 4; p++) {
-                gv += rb[p][lane];
-                uv += rb[4 + p][lane];
-            }
+            for (int p = 0; p < 4; p++) uv += rb[4 + p][lane];
             gv *= 64.f * ds * gate.inv_g[e];
             uv *= 64.f * ds * up.inv_g[e];
             h[(long)item * width + ob + lane] = gv / (1.0f + expf(-gv)) * uv;
@@ -2350,15 +2342,9 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_down_p(ExpertProj d
         mma_start_group(m, down, (long)sel[item] * H + ob, nrows, K, p * nc / 2, (p + 1) * nc / 2);
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
         if (nrows > 0) m.run(xb + (long)item * (K / 2), acc);
-        float (*rb)[16] = red[it & 1];
-        if ((lane & 3) == 0) {
-            rb[warp][lane >> 2] = acc[0] + acc[1];
-            rb[warp][(lane >> 2) + 8] = acc[2] + acc[3];
-        }
-        __syncthreads();
+        const float v = mma_reduce(acc, red[it & 1], 2);
         if (p == 0 && lane < nrows) {
             const long e = sel[item];
-            const float v = rb[warp][lane] + rb[warp + 1][lane];
             part[(long)item * H + ob + lane] = v * (64.f * ds[item] * down.inv_g[e] * wts[item]);
         }
     }

@@ -156,9 +156,35 @@ pub(crate) struct Funcs {
     pub experts_reduce: CudaFunction,
 }
 
-/// Every kernel the backend loads from the compiled source (`CudaBackend::new` refuses a name
-/// missing here, so the NVRTC build check can cover them all).
-pub const KERNEL_ENTRIES: &[&str] = &[
+/// Attention kernels indexed by `3 · kv_t + head-dim class` (f32, fp8, bf16 caches).
+const ATTN_KERNELS: [&str; 9] = [
+    "attn_f32_1",
+    "attn_f32_2",
+    "attn_f32_4",
+    "attn_fp8_1",
+    "attn_fp8_2",
+    "attn_fp8_4",
+    "attn_bf16_1",
+    "attn_bf16_2",
+    "attn_bf16_4",
+];
+/// Decode attention over bf16 caches, head_dim 64 and 128.
+const ATTN_DEC_KERNELS: [&str; 2] = ["attn_dec_bf16_64", "attn_dec_bf16_128"];
+/// One-token GEMV with 1, 2, 4, 8 rows per warp.
+const GEMV1_KERNELS: [&str; 4] = ["gemv1_r1", "gemv1_r2", "gemv1_r4", "gemv1_r8"];
+/// NVFP4 one-token GEMV with K split over 1, 2, 4, 8 warps; 2 then 3 blocks per SM.
+const GEMV_NV_KERNELS: [&str; 8] = [
+    "gemv_nv_k1_b2",
+    "gemv_nv_k2_b2",
+    "gemv_nv_k4_b2",
+    "gemv_nv_k8_b2",
+    "gemv_nv_k1_b3",
+    "gemv_nv_k2_b3",
+    "gemv_nv_k4_b3",
+    "gemv_nv_k8_b3",
+];
+/// The kernels loaded one by one.
+const SINGLE_KERNELS: [&str; 20] = [
     "linear",
     "gemm_tiled",
     "embed",
@@ -169,32 +195,9 @@ pub const KERNEL_ENTRIES: &[&str] = &[
     "silu_mul",
     "add_scaled",
     "kv_append",
-    "attn_f32_1",
-    "attn_f32_2",
-    "attn_f32_4",
-    "attn_fp8_1",
-    "attn_fp8_2",
-    "attn_fp8_4",
-    "attn_bf16_1",
-    "attn_bf16_2",
-    "attn_bf16_4",
-    "attn_dec_bf16_64",
-    "attn_dec_bf16_128",
     "attn_combine",
     "route",
     "fill",
-    "gemv1_r1",
-    "gemv1_r2",
-    "gemv1_r4",
-    "gemv1_r8",
-    "gemv_nv_k1_b2",
-    "gemv_nv_k2_b2",
-    "gemv_nv_k4_b2",
-    "gemv_nv_k8_b2",
-    "gemv_nv_k1_b3",
-    "gemv_nv_k2_b3",
-    "gemv_nv_k4_b3",
-    "gemv_nv_k8_b3",
     "gemv_mma",
     "linear_multi2",
     "experts_gate_up2",
@@ -203,6 +206,19 @@ pub const KERNEL_ENTRIES: &[&str] = &[
     "experts_down_p",
     "experts_reduce",
 ];
+
+/// Every kernel the backend loads from the compiled source (`CudaBackend::new` refuses a name
+/// missing here, so the NVRTC build check covers them all).
+pub fn kernel_entries() -> Vec<&'static str> {
+    [
+        &SINGLE_KERNELS[..],
+        &ATTN_KERNELS,
+        &ATTN_DEC_KERNELS,
+        &GEMV1_KERNELS,
+        &GEMV_NV_KERNELS,
+    ]
+    .concat()
+}
 
 /// Compiles the kernel source for `arch` (e.g. `sm_90`) with NVRTC, as the backend does at
 /// start-up, and returns the PTX. Needs only NVRTC (no GPU, no driver): a build check.
@@ -300,9 +316,12 @@ impl CudaBackend {
         let module = ctx
             .load_module(ptx)
             .map_err(|e| backend_err(format!("load module: {e:?}")))?;
+        let entries = kernel_entries();
         let get = |n: &str| {
-            if !KERNEL_ENTRIES.contains(&n) {
-                return Err(backend_err(format!("kernel {n} is not in KERNEL_ENTRIES")));
+            if !entries.contains(&n) {
+                return Err(backend_err(format!(
+                    "kernel {n} is not in kernel_entries()"
+                )));
             }
             module
                 .load_function(n)
@@ -319,45 +338,22 @@ impl CudaBackend {
             silu_mul: get("silu_mul")?,
             add_scaled: get("add_scaled")?,
             kv_append: get("kv_append")?,
-            attn: [
-                // indexed by 3 * kv_t + head-dim class: f32, fp8, bf16
-                "attn_f32_1",
-                "attn_f32_2",
-                "attn_f32_4",
-                "attn_fp8_1",
-                "attn_fp8_2",
-                "attn_fp8_4",
-                "attn_bf16_1",
-                "attn_bf16_2",
-                "attn_bf16_4",
-            ]
-            .iter()
-            .map(|n| get(n))
-            .collect::<Result<_>>()?,
-            attn_dec: ["attn_dec_bf16_64", "attn_dec_bf16_128"]
+            attn: ATTN_KERNELS.iter().map(|n| get(n)).collect::<Result<_>>()?,
+            attn_dec: ATTN_DEC_KERNELS
                 .iter()
                 .map(|n| get(n))
                 .collect::<Result<_>>()?,
             attn_combine: get("attn_combine")?,
             route: get("route")?,
             fill: get("fill")?,
-            gemv1: ["gemv1_r1", "gemv1_r2", "gemv1_r4", "gemv1_r8"]
+            gemv1: GEMV1_KERNELS
                 .iter()
                 .map(|n| get(n))
                 .collect::<Result<_>>()?,
-            gemv_nv: [
-                "gemv_nv_k1_b2",
-                "gemv_nv_k2_b2",
-                "gemv_nv_k4_b2",
-                "gemv_nv_k8_b2",
-                "gemv_nv_k1_b3",
-                "gemv_nv_k2_b3",
-                "gemv_nv_k4_b3",
-                "gemv_nv_k8_b3",
-            ]
-            .iter()
-            .map(|n| get(n))
-            .collect::<Result<_>>()?,
+            gemv_nv: GEMV_NV_KERNELS
+                .iter()
+                .map(|n| get(n))
+                .collect::<Result<_>>()?,
             gemv_mma: get("gemv_mma")?,
             linear_multi2: get("linear_multi2")?,
             experts_gate_up2: get("experts_gate_up2")?,
@@ -1534,8 +1530,6 @@ impl CudaBackend {
             ),
         };
         let has = i32::from(shared.is_some());
-        let items = t * k + if shared.is_some() { t } else { 0 };
-        let rows = e.inter.max(sinter) as u32;
         let persistent = self.persistent_moe(e, &shared, k, t);
         let fused_route = match route {
             Some(r) if persistent && r.n <= 256 && k <= 32 => *r,
@@ -1560,9 +1554,7 @@ impl CudaBackend {
                 e.down.proj(self), sd, has, sinter as i32, self.ptr(sel), self.ptr(wts), k as i32,
                 h, e.inter as i32, part, e.hidden as i32)?;
         } else {
-            self.experts_per_item(
-                e, sg, su, sd, has, sinter, sel, wts, k, t, x, h, part, rows, items,
-            )?;
+            self.experts_per_item(e, sg, su, sd, has, sinter, sel, wts, k, t, x, h, part)?;
         }
         let n = (t * e.hidden) as u32;
         let (fused, separate) = if t == 1 && epi.fusable(256) {
@@ -1646,9 +1638,9 @@ impl CudaBackend {
         x: u64,
         h: u64,
         part: u64,
-        rows: u32,
-        items: usize,
     ) -> Result<()> {
+        let items = t * k + if has != 0 { t } else { 0 };
+        let rows = e.inter.max(sinter) as u32;
         launch!(self, &self.inner.f.experts_gate_up2,
             (rows.div_ceil(EXPERT_GU_WARPS * EXPERT_GU_ROWS), items as u32, 1),
             (32 * EXPERT_GU_WARPS, 1, 1);
