@@ -979,6 +979,7 @@ struct MmaTile {
 };
 
 #define MMA_U 4
+#define GEMV_U 6  // chunk slots per lane in gemv_mma (6: a whole 8-warp o projection tile in flight at once)
 
 // Sums the tile results of the KS warps of each tile (warps w, w + 1, ... w + KS - 1 share one)
 // through shared memory `red` [warps][16]; returns in lanes r < 16 of each tile's first warp the
@@ -1008,7 +1009,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_mma(const u8* __restrict_
     const long row0 = ((long)blockIdx.x * (8 / ks) + warp / ks) * 16;
     const int nrows = (int)max(0l, min(16l, (long)N - row0));
     const int nc = K >> 7, part = warp % ks;
-    MmaTile<MMA_U> m;
+    MmaTile<GEMV_U> m;
     if (nrows > 0)
         m.start(w + row0 * (K / 2), scales + row0 * (K / 16), K / 2, K / 16, nrows, part * nc / ks,
                 (part + 1) * nc / ks);
@@ -1816,15 +1817,18 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
                            ngroups, ks, vs);                                                                          \
     }
 // Decode steps (T == 1) over bf16 caches with d = 64 / 128 (the host picks these when
-// ceil(G / ngroups) <= DEC_GMAX); at most 128 registers, so 4 blocks fit on an SM.
-#define ATTN_KERNEL_DEC(NAME, D)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(AW * 32, 4) NAME(                                                    \
+// ceil(G / ngroups) <= DEC_GMAX). MINB resident blocks per SM: 4 caps the registers at 128 (d 128
+// spills a little, but long contexts gain from the occupancy), 2 leaves them uncapped (short
+// spans: sliding layers and short contexts).
+#define ATTN_KERNEL_DEC(NAME, D, MINB)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(AW * 32, MINB) NAME(                                                 \
         const float* q, const float* kch, const float* vch, const u16* kc, const u16* vc, float* out, float* part_o,   \
         float* part_ml, int heads, int kvh, float scale, int pos0, int window, int splits, int ngroups) { pdl_enter();             \
         attn_dec_impl<D>(q, kch, vch, kc, vc, out, part_o, part_ml, heads, kvh, scale, pos0, window, splits, ngroups); \
     }
-ATTN_KERNEL_DEC(attn_dec_bf16_64, 64)
-ATTN_KERNEL_DEC(attn_dec_bf16_128, 128)
+ATTN_KERNEL_DEC(attn_dec_bf16_64, 64, 4)
+ATTN_KERNEL_DEC(attn_dec_bf16_128, 128, 4)
+ATTN_KERNEL_DEC(attn_dec_bf16_128_short, 128, 2)
 ATTN_KERNEL(attn_f32_1, float, 1)
 ATTN_KERNEL(attn_f32_2, float, 2)
 ATTN_KERNEL(attn_f32_4, float, 4)
@@ -2188,10 +2192,30 @@ __device__ __forceinline__ void mma_start_group(MmaTile<MMA_U>& m, const ExpertP
     if (nrows > 0) m.start((const u8*)P.w + row0 * (K / 2), P.scales + row0 * (K / 16), K / 2, K / 16, nrows, c0, c1);
 }
 
+// The rows [s0, s1) of a shared expert (`srows` rows costing `cs` bytes each) that block `b` of
+// `nb` takes, so that with the routed groups it gets round-robin (`groups` of `cr` bytes each:
+// blocks below groups % nb one more) every block streams about the same bytes. Blocks with more
+// routed groups take fewer shared rows; the shares are contiguous and cover [0, srows).
+__device__ __forceinline__ void shared_share(int srows, float cs, int groups, float cr, int b, int nb, int& s0,
+                                             int& s1) {
+    const float per_block = ((float)groups * cr + (float)srows * cs) / (float)nb;
+    const int base = groups / nb, extra = groups % nb;
+    auto start = [&](int i) {
+        if (i >= nb) return srows;
+        const float routed = (float)(i * base + min(i, extra)) * cr;
+        return max(0, min(srows, (int)(((float)i * per_block - routed) / cs)));
+    };
+    s0 = start(b);
+    s1 = max(s0, start(b + 1));
+}
+
 // h[j] = silu(gate_e . x) * (up_e . x) for the k routed items j (e = sel[j]) and the shared
-// expert (item k); T = 1. Groups of 16 rows: warps 0-3 split the gate tile's chunks, warps 4-7
-// the up tile's. Requires K % 128 == 0, K <= XS_MAX, NVFP4 routed gate/up, a BF16 shared expert
-// (if any), 8 warps.
+// expert (item k); T = 1. Routed groups of 16 rows go round-robin over the blocks (warps 0-3
+// split the gate tile's chunks, warps 4-7 the up tile's; the next group's first loads are issued
+// before the current one is reduced); the shared expert's rows are shared out so that every block
+// streams about the same bytes (`shared_share`), one gate and up row per warp, on warps 1-7
+// while warp 0 computes the top-k. Requires K % 128 == 0, K <= XS_MAX, NVFP4 routed gate/up, a
+// BF16 shared expert (if any), 8 warps.
 extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up_p(ExpertProj gate, ExpertProj up, ExpertProj sgate,
                                                                         ExpertProj sup, int has_shared, int shared_inter,
                                                                         int* sel_out, float* wts_out, int k,
@@ -2203,14 +2227,15 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up_p(ExpertPro
     __shared__ float wsel[64];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int width = max(inter, shared_inter);
-    const int sgroups = has_shared ? (shared_inter + 15) / 16 : 0;
     const int rgroups = (inter + 15) / 16;
-    const int groups = sgroups + k * rgroups;
+    const int groups = k * rgroups;
     const int nc = K >> 7, part = warp & 3;
     const bool is_up = warp >= 4;
     const ExpertProj P = is_up ? up : gate;
+    int s0 = 0, s1 = 0;
+    if (has_shared) shared_share(shared_inter, 4.f * K, groups, 18.f * K, blockIdx.x, gridDim.x, s0, s1);
     pdl_enter();
-    if (threadIdx.x < 32) {
+    if (warp == 0) {
         if (rt.logits) {
             route_impl<8>(rt.logits, rt.bias, rt.n, k, rt.softmax, rt.normalize, rt.softcap, rt.scale, sel, wsel, 0);
             __syncwarp();
@@ -2221,39 +2246,40 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up_p(ExpertPro
         } else {
             for (int i = lane; i < k; i += 32) sel[i] = sel_out[i];
         }
-    }
-    __syncthreads();
-    int gi = blockIdx.x;
-    // the shared expert: XR gate and XR up rows per warp (16 per group)
-    for (; gi < sgroups; gi += gridDim.x) {
-        const long o = (long)gi * 16 + warp * XR;
-        const int nrows = (int)max(0l, min((long)XR, (long)shared_inter - o));
-        if (nrows == 0) continue;
-        const RowSet rs = rowset(2, sgate.w, sgate.scales, o, nrows, sup.w, sup.scales, o, nrows, K);
-        float a[2 * XR];
-#pragma unroll
-        for (int r = 0; r < 2 * XR; r++) a[r] = 0.f;
-        bf_rows<2 * XR, XR>(rs, K, x, 0, 1, a);
-#pragma unroll
-        for (int r = 0; r < XR; r++) {
-            const float gv = warp_sum(a[r]), uv = warp_sum(a[XR + r]);
-            if (lane == 0 && r < nrows) h[(long)k * width + o + r] = gv / (1.0f + expf(-gv)) * uv;
+    } else {
+        // this block's shared rows: one gate and one up row per warp and pass
+        for (int o = s0 + warp - 1; o < s1; o += 7) {
+            const RowSet rs = rowset(2, sgate.w, sgate.scales, o, 1, sup.w, sup.scales, o, 1, K);
+            float a[2] = {0.f, 0.f};
+            bf_rows<2, 1>(rs, K, x, 0, 1, a);
+            const float gv = warp_sum(a[0]), uv = warp_sum(a[1]);
+            if (lane == 0) h[(long)k * width + o] = gv / (1.0f + expf(-gv)) * uv;
         }
     }
-    const float ds = xb_fill(xb, x, K);
-    // routed groups
-    for (int it = 0; gi < groups; it++, gi += gridDim.x) {
-        const int r = gi - sgroups;
-        const int item = r / rgroups;
-        const long ob = (long)(r % rgroups) * 16;
+    __syncthreads();
+    // routed groups gi = blockIdx.x + it * gridDim.x; the first one's loads fly during the staging
+    auto tile_of = [&](int gi, MmaTile<MMA_U>& m) {
+        const int item = gi / rgroups;
+        const long ob = (long)(gi % rgroups) * 16;
         const int nrows = (int)min(16l, (long)inter - ob);
-        MmaTile<MMA_U> m;
         mma_start_group(m, P, (long)sel[item] * inter + ob, nrows, K, part * nc / 4, (part + 1) * nc / 4);
+        return nrows;
+    };
+    MmaTile<MMA_U> m;
+    int gi = blockIdx.x;
+    int nrows = gi < groups ? tile_of(gi, m) : 0;
+    const float ds = xb_fill(xb, x, K);
+    for (int it = 0; gi < groups; it++) {
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
         if (nrows > 0) m.run(xb, acc);
+        const int item = gi / rgroups;
+        const long ob = (long)(gi % rgroups) * 16;
+        const int rows = nrows;
+        gi += gridDim.x;
+        nrows = gi < groups ? tile_of(gi, m) : 0;
         float (*rb)[16] = red[it & 1];
         float gv = mma_reduce(acc, rb, 4);  // warp 0: the gate rows (warps 0-3)
-        if (warp == 0 && lane < nrows) {
+        if (warp == 0 && lane < rows) {
             const long e = sel[item];
             float uv = 0.f;
 #pragma unroll
@@ -2298,9 +2324,11 @@ __device__ void xb_fill_items(uint2* xb, float* ds, const float* __restrict__ h,
 #define XB_ITEMS_MAX 5120  // uint2 B entries for all routed items of experts_down_p (k * inter <= 10240)
 
 // part[j, o] = w_j * down_{sel[j]}[o] . h[j] for the k routed items and (w = 1) the shared expert
-// (item k); T = 1. Groups of 64 rows: 4 tiles, 2 warps splitting each tile's chunks. Requires
-// inter % 128 == 0, k * inter <= 2 * XB_ITEMS_MAX, NVFP4 routed down, a BF16 shared expert (if
-// any), 8 warps.
+// (item k); T = 1. Routed groups of 64 rows (4 tiles, 2 warps splitting each tile's chunks) go
+// round-robin over the blocks, the next group's first loads issued before the current one is
+// reduced; the shared expert's rows are shared out so that every block streams about the same
+// bytes (`shared_share`), two rows per warp and pass. Requires inter % 128 == 0,
+// k * inter <= 2 * XB_ITEMS_MAX, NVFP4 routed down, a BF16 shared expert (if any), 8 warps.
 extern "C" __global__ void __launch_bounds__(256, 2) experts_down_p(ExpertProj down, ExpertProj sdown, int has_shared,
                                                                      int shared_inter, const int* __restrict__ sel,
                                                                      const float* __restrict__ wts, int k,
@@ -2311,39 +2339,44 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_down_p(ExpertProj d
     __shared__ float red[2][8][16];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int width = max(inter, shared_inter);
-    const int sgroups = has_shared ? (H + 63) / 64 : 0;
     const int rgroups = (H + 63) / 64;
-    const int groups = sgroups + k * rgroups;
+    const int groups = k * rgroups;
     const int K = inter, nc = K >> 7, p = warp & 1, tile = warp >> 1;
+    int s0 = 0, s1 = 0;
+    if (has_shared) shared_share(H, 2.f * shared_inter, groups, 36.f * K, blockIdx.x, gridDim.x, s0, s1);
     pdl_enter();
-    int gi = blockIdx.x;
-    for (; gi < sgroups; gi += gridDim.x) {
-        const long o = (long)gi * 64 + warp * XRD;
-        const int nrows = (int)max(0l, min((long)XRD, (long)H - o));
-        if (nrows == 0) continue;
+    for (int o = s0 + 2 * warp; o < s1; o += 16) {
+        const int nrows = min(2, s1 - o);
         const RowSet rs = rowset(2, sdown.w, sdown.scales, o, nrows, sdown.w, sdown.scales, 0, 0, shared_inter);
-        float a[XRD];
+        float a[2] = {0.f, 0.f};
+        bf_rows<2, 2>(rs, shared_inter, h + (long)k * width, 0, 1, a);
 #pragma unroll
-        for (int r = 0; r < XRD; r++) a[r] = 0.f;
-        bf_rows<XRD, XRD>(rs, shared_inter, h + (long)k * width, 0, 1, a);
-#pragma unroll
-        for (int r = 0; r < XRD; r++) {
+        for (int r = 0; r < 2; r++) {
             const float v = warp_sum(a[r]);
             if (lane == 0 && r < nrows) part[(long)k * H + o + r] = v;
         }
     }
-    xb_fill_items(xb, ds, h, width, k, K);
-    for (int it = 0; gi < groups; it++, gi += gridDim.x) {
-        const int r = gi - sgroups;
-        const int item = r / rgroups;
-        const long ob = (long)(r % rgroups) * 64 + tile * 16;
+    // routed groups gi = blockIdx.x + it * gridDim.x; the first one's loads fly during the staging
+    auto tile_of = [&](int gi, MmaTile<MMA_U>& m) {
+        const long ob = (long)(gi % rgroups) * 64 + tile * 16;
         const int nrows = (int)max(0l, min(16l, (long)H - ob));
-        MmaTile<MMA_U> m;
-        mma_start_group(m, down, (long)sel[item] * H + ob, nrows, K, p * nc / 2, (p + 1) * nc / 2);
+        mma_start_group(m, down, (long)sel[gi / rgroups] * H + ob, nrows, K, p * nc / 2, (p + 1) * nc / 2);
+        return nrows;
+    };
+    MmaTile<MMA_U> m;
+    int gi = blockIdx.x;
+    int nrows = gi < groups ? tile_of(gi, m) : 0;
+    xb_fill_items(xb, ds, h, width, k, K);
+    for (int it = 0; gi < groups; it++) {
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        const int item = gi / rgroups;
         if (nrows > 0) m.run(xb + (long)item * (K / 2), acc);
+        const long ob = (long)(gi % rgroups) * 64 + tile * 16;
+        const int rows = nrows;
+        gi += gridDim.x;
+        nrows = gi < groups ? tile_of(gi, m) : 0;
         const float v = mma_reduce(acc, red[it & 1], 2);
-        if (p == 0 && lane < nrows) {
+        if (p == 0 && lane < rows) {
             const long e = sel[item];
             part[(long)item * H + ob + lane] = v * (64.f * ds[item] * down.inv_g[e] * wts[item]);
         }
