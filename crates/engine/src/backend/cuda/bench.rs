@@ -11,8 +11,8 @@
 //! tok/s is the replay rate; the position does not advance between replays.
 //!
 //! Launches per layer (10-11): q/k/v/g in one GEMV launch, per-head norms + rope + the KV append,
-//! attention (+ split merge with the softplus gate), o_proj with the residual, rmsnorm, router
-//! GEMV, experts gate/up (the router's top-k, then routed + shared, one launch), experts down
+//! attention (+ split merge with the softplus gate), o_proj with the residual, rmsnorm and router
+//! GEMV (one launch, `norm_gemv_bf16`), experts gate/up (the router's top-k, then routed + shared, one launch), experts down
 //! (routed + shared, one launch), their ordered sum with the residual (whose last block then
 //! computes the next layer's input rmsnorm, or the final norm). Where the persistent MoE kernels
 //! do not apply, the top-k is a launch of its own.
@@ -645,9 +645,14 @@ pub fn synthetic_laguna_decode(
                 })?;
                 b.gemv_raw(&l.o, bp(&ob), bp(&x), 0, bp(&x), 1)?;
                 tm.mark("o projection")?;
-                launch!(b, &b.inner.f.rms_norm, (1, 1, 1), (512, 1, 1);
-                    bp(&x), bp(&l.post_norm), bp(&a), h as i32, g.eps)?;
-                tm.mark("post rmsnorm")?;
+                // With `fuse`, a MoE layer's post-attention norm runs inside the router's launch.
+                let norm_in_router = fuse
+                    && matches!(&l.mlp, Mlp::Moe { router, .. } if CudaBackend::norm_gemv_applies(router));
+                if !norm_in_router {
+                    launch!(b, &b.inner.f.rms_norm, (1, 1, 1), (512, 1, 1);
+                        bp(&x), bp(&l.post_norm), bp(&a), h as i32, g.eps)?;
+                    tm.mark("post rmsnorm")?;
+                }
                 match &l.mlp {
                     Mlp::Dense(e) => {
                         b.experts_raw(
@@ -676,8 +681,20 @@ pub fn synthetic_laguna_decode(
                         experts,
                         shared,
                     } => {
-                        b.gemv_raw(router, bp(&a), bp(&rl), 0, 0, 1)?;
-                        tm.mark("router gemv")?;
+                        if norm_in_router {
+                            b.norm_gemv_raw(
+                                router,
+                                bp(&x),
+                                bp(&l.post_norm),
+                                g.eps,
+                                bp(&a),
+                                bp(&rl),
+                            )?;
+                            tm.mark("post rmsnorm + router gemv")?;
+                        } else {
+                            b.gemv_raw(router, bp(&a), bp(&rl), 0, 0, 1)?;
+                            tm.mark("router gemv")?;
+                        }
                         let params = RouterParams {
                             top_k: g.top_k,
                             scoring: RouterScoring::Sigmoid,

@@ -1273,6 +1273,74 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
     for (int i = threadIdx.x; i < width; i += blockDim.x) o[i] = w[i] * (g[i] * r);
 }
 
+#define NG_SLOTS 16  // 16-byte weight loads per lane of a row in norm_gemv_bf16 (K <= 32 * 8 * NG_SLOTS)
+#define NG_WARPS 4
+
+// y[r] = W[r, :] . xn for one token, xn = nw * (x * rsqrt(mean(x^2) + eps)) (the rms_norm
+// kernel's formula): the norm feeding a small BF16 GEMV (the MoE router) in the same launch.
+// One row per warp, NG_WARPS warps per block; each warp's whole row is loaded before the wait
+// (weights are never written by kernels), so the loads overlap the previous kernel. Every block
+// normalises x itself; block 0 also writes xn (the experts' input). Requires K % 256 == 0,
+// K <= 256 * NG_SLOTS.
+extern "C" __global__ void __launch_bounds__(NG_WARPS * 32) norm_gemv_bf16(const u16* __restrict__ w,
+                                                                         const float* __restrict__ x,
+                                                                         const float* __restrict__ nw, float eps,
+                                                                         float* __restrict__ xn, float* __restrict__ y,
+                                                                         int N, int K) {
+    __shared__ float4 xs[256 * NG_SLOTS / 4];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long row = (long)blockIdx.x * NG_WARPS + warp;
+    const int slots = K >> 8;
+    uint4 wv[NG_SLOTS];
+    if (row < N) {
+        const uint4* p = (const uint4*)(w + row * K);
+#pragma unroll
+        for (int j = 0; j < NG_SLOTS; j++)
+            if (j < slots) wv[j] = ld_stream(p + lane + 32 * j);
+    }
+    pdl_enter();
+    constexpr int XQ = 256 * NG_SLOTS / 4 / (NG_WARPS * 32);  // float4s of x per thread
+    const float4* x4 = (const float4*)x;
+    const int n4 = K >> 2;
+    float4 v[XQ];
+    float ss = 0.f;
+#pragma unroll
+    for (int q = 0; q < XQ; q++) {
+        const int i = threadIdx.x + q * NG_WARPS * 32;
+        v[q] = i < n4 ? x4[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+        ss += v[q].x * v[q].x + v[q].y * v[q].y + v[q].z * v[q].z + v[q].w * v[q].w;
+    }
+    ss = block_sum(ss);
+    const float r = 1.0f / sqrtf(ss / (float)K + eps);
+#pragma unroll
+    for (int q = 0; q < XQ; q++) {
+        const int i = threadIdx.x + q * NG_WARPS * 32;
+        if (i < n4) {
+            const float4 g = __ldg((const float4*)nw + i);
+            const float4 o = make_float4(g.x * (v[q].x * r), g.y * (v[q].y * r), g.z * (v[q].z * r), g.w * (v[q].w * r));
+            xs[i] = o;
+            if (blockIdx.x == 0) ((float4*)xn)[i] = o;
+        }
+    }
+    __syncthreads();
+    if (row >= N) return;
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < NG_SLOTS; j++) {
+        if (j < slots) {
+            const int i = lane + 32 * j;  // elements 8 i .. 8 i + 7
+            const float4 a = xs[2 * i], b = xs[2 * i + 1];
+            const u32 ws[4] = {wv[j].x, wv[j].y, wv[j].z, wv[j].w};
+            acc += __uint_as_float(ws[0] << 16) * a.x + __uint_as_float(ws[0] & 0xffff0000u) * a.y +
+                   __uint_as_float(ws[1] << 16) * a.z + __uint_as_float(ws[1] & 0xffff0000u) * a.w +
+                   __uint_as_float(ws[2] << 16) * b.x + __uint_as_float(ws[2] & 0xffff0000u) * b.y +
+                   __uint_as_float(ws[3] << 16) * b.z + __uint_as_float(ws[3] & 0xffff0000u) * b.w;
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) y[row] = acc;
+}
+
 // NeoX rotation within the first `rdim` of each head: x rows [T, heads * hd], row t at pos0 + t.
 // grid (heads, T), threads >= rdim / 2.
 extern "C" __global__ void rope(float* x, const float* __restrict__ inv_freq, int heads, int hd, int rdim,

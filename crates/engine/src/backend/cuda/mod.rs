@@ -154,6 +154,8 @@ pub(crate) struct Funcs {
     pub experts_gate_up_p: CudaFunction,
     pub experts_down_p: CudaFunction,
     pub experts_reduce: CudaFunction,
+    /// rmsnorm feeding a small BF16 GEMV (the MoE router), one token, one launch.
+    pub norm_gemv_bf16: CudaFunction,
 }
 
 /// Attention kernels indexed by `3 · kv_t + head-dim class` (f32, fp8, bf16 caches).
@@ -194,7 +196,7 @@ const GEMV_NV_KERNELS: [&str; 8] = [
     "gemv_nv_k8_b3",
 ];
 /// The kernels loaded one by one.
-const SINGLE_KERNELS: [&str; 20] = [
+const SINGLE_KERNELS: [&str; 21] = [
     "linear",
     "gemm_tiled",
     "embed",
@@ -215,6 +217,7 @@ const SINGLE_KERNELS: [&str; 20] = [
     "experts_gate_up_p",
     "experts_down_p",
     "experts_reduce",
+    "norm_gemv_bf16",
 ];
 
 /// Every kernel the backend loads from the compiled source (`CudaBackend::new` refuses a name
@@ -371,6 +374,7 @@ impl CudaBackend {
             experts_gate_up_p: get("experts_gate_up_p")?,
             experts_down_p: get("experts_down_p")?,
             experts_reduce: get("experts_reduce")?,
+            norm_gemv_bf16: get("norm_gemv_bf16")?,
         };
         let stream = ctx
             .new_stream()
@@ -516,6 +520,34 @@ impl CudaBackend {
         }
         launch!(self, &self.inner.f.rms_norm, (rows as u32, 1, 1), (512, 1, 1);
             epi.x, epi.w, epi.out, epi.n, epi.eps)
+    }
+
+    /// Whether `norm_gemv_raw` takes `w`: BF16, `cols` a multiple of 256 and at most 4,096.
+    pub(crate) fn norm_gemv_applies(w: &CudaLinear) -> bool {
+        w.fmt == 2 && w.cols.is_multiple_of(256) && w.cols <= 4096
+    }
+
+    /// One token: `xn = norm_w * rmsnorm(x)` (written to `xn`) and `y = xn · Wᵀ`, in one launch
+    /// (`norm_gemv_bf16`; `norm_gemv_applies(w)` must hold).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn norm_gemv_raw(
+        &self,
+        w: &CudaLinear,
+        x: u64,
+        norm_w: u64,
+        eps: f32,
+        xn: u64,
+        y: u64,
+    ) -> Result<()> {
+        self.check(Self::norm_gemv_applies(w), || {
+            format!(
+                "norm_gemv: {} is not BF16 with columns a multiple of 256 up to 4,096",
+                w.name
+            )
+        })?;
+        const WARPS: usize = 4; // NG_WARPS
+        launch!(self, &self.inner.f.norm_gemv_bf16, (w.rows.div_ceil(WARPS) as u32, 1, 1), (32 * WARPS as u32, 1, 1);
+            self.ptr(&w.data), x, norm_w, eps, xn, y, w.rows as i32, w.cols as i32)
     }
 
     /// `y = resid + x · Wᵀ + bias` on raw pointers (`resid`, `bias` may be 0).
