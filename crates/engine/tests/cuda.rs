@@ -522,10 +522,24 @@ fn gpu_fused_decode_epilogues_match_separate_launches() {
         cfg[key] = serde_json::json!(v);
     }
     std::fs::write(&wide, cfg.to_string()).unwrap();
+    // head_dim 64 and 128: the decode attention kernel applies the q/k norms and rope and appends
+    // the KV rows itself in the fused step
+    let mut heads = Vec::new();
+    for d in [64, 128] {
+        let path = std::env::temp_dir().join(format!(
+            "fp4forge-wide-laguna-d{d}-{}.json",
+            std::process::id()
+        ));
+        cfg["head_dim"] = serde_json::json!(d);
+        std::fs::write(&path, cfg.to_string()).unwrap();
+        heads.push(path);
+    }
     for (variant, cfg) in [
         ("stock", fixtures().join("tiny-laguna-stock/config.json")),
         ("lean", fixtures().join("tiny-laguna-lean/config.json")),
         ("wide lean", wide.clone()),
+        ("wide lean d64", heads[0].clone()),
+        ("wide lean d128", heads[1].clone()),
     ] {
         let rows = fp4forge_engine::backend::cuda::bench::synthetic_laguna_decode(
             &gpu(),
@@ -550,4 +564,7 @@ fn gpu_fused_decode_epilogues_match_separate_launches() {
         }
     }
     let _ = std::fs::remove_file(&wide);
+    for p in &heads {
+        let _ = std::fs::remove_file(p);
+    }
 }

@@ -10,8 +10,9 @@
 //! selected experts, the KV cache up to `context`) and writes the new KV row at the same slot, so
 //! tok/s is the replay rate; the position does not advance between replays.
 //!
-//! Launches per layer (10-11): q/k/v/g in one GEMV launch, per-head norms + rope + the KV append,
-//! attention (+ split merge with the softplus gate), o_proj with the residual, rmsnorm and router
+//! Launches per layer (8-9): q/k/v/g in one GEMV launch, attention with the per-head norms,
+//! rope and KV append inside (`AttnPrep`; a launch of its own where the decode kernel does not
+//! apply) (+ split merge with the softplus gate), o_proj with the residual, rmsnorm and router
 //! GEMV (one launch, `norm_gemv_bf16`), experts gate/up (the router's top-k, then routed + shared, one launch), experts down
 //! (routed + shared, one launch), their ordered sum with the residual (whose last block then
 //! computes the next layer's input rmsnorm, or the final norm). Where the persistent MoE kernels
@@ -25,7 +26,7 @@ use cudarc::driver::{CudaSlice, DeviceRepr};
 use serde_json::Value;
 
 use super::{
-    launch, CudaBackend, CudaExperts, CudaKvLayer, CudaLinear, Epi, ExpertArena, Route,
+    launch, AttnPrep, CudaBackend, CudaExperts, CudaKvLayer, CudaLinear, Epi, ExpertArena, Route,
     SharedExpert, GEMV_WARPS, MULTI_WARPS,
 };
 use crate::backend::{AttentionParams, Backend, RouterParams, RouterScoring};
@@ -606,11 +607,27 @@ pub fn synthetic_laguna_decode(
                 // same launch (the benchmark's position does not advance: every replay rewrites
                 // the same slot; attention reads the new row from kb/vb, not the cache).
                 let slot = if l.full { ctx } else { ctx % g.window };
-                launch!(b, &b.inner.f.qk_norm_rope, ((l.heads + 2 * g.kv_heads) as u32, 1, 1), (d as u32, 1, 1);
-                    bp(&qb), bp(&kb), bp(&l.qn), bp(&l.kn), l.heads as i32, d as i32, g.eps,
-                    bp(invf), rdim as i32, theta_af, ctx as i32, b.ptr(&l.kv.k), b.ptr(&l.kv.v),
-                    bp(&vb), slot as i64, g.kv_heads as i32, l.kv.kv_t, l.kv.k_scale, l.kv.v_scale)?;
-                tm.mark("q/k norms + rope + kv append")?;
+                // With `fuse`, the decode attention kernel does the norms, rope and append itself.
+                let prep = (fuse && CudaBackend::dec_attention_applies(&l.kv, d, 1)).then(|| {
+                    AttnPrep::new(
+                        b,
+                        &l.kv,
+                        slot,
+                        bp(&l.qn),
+                        bp(&l.kn),
+                        g.eps,
+                        bp(invf),
+                        rdim,
+                        theta_af,
+                    )
+                });
+                if prep.is_none() {
+                    launch!(b, &b.inner.f.qk_norm_rope, ((l.heads + 2 * g.kv_heads) as u32, 1, 1), (d as u32, 1, 1);
+                        bp(&qb), bp(&kb), bp(&l.qn), bp(&l.kn), l.heads as i32, d as i32, g.eps,
+                        bp(invf), rdim as i32, theta_af, ctx as i32, b.ptr(&l.kv.k), b.ptr(&l.kv.v),
+                        bp(&vb), slot as i64, g.kv_heads as i32, l.kv.kv_t, l.kv.k_scale, l.kv.v_scale)?;
+                    tm.mark("q/k norms + rope + kv append")?;
+                }
                 let p = AttentionParams {
                     heads: l.heads,
                     kv_heads: g.kv_heads,
@@ -637,11 +654,13 @@ pub fn synthetic_laguna_decode(
                     bp(&gb),
                     splits,
                     Some((bp(&part_o), bp(&part_ml))),
+                    prep,
                 )?;
-                tm.mark(if l.full {
-                    "attention full (+ merge, gate)"
-                } else {
-                    "attention sliding (+ merge, gate)"
+                tm.mark(match (l.full, prep.is_some()) {
+                    (true, false) => "attention full (+ merge, gate)",
+                    (false, false) => "attention sliding (+ merge, gate)",
+                    (true, true) => "attention full (+ q/k norms, rope, append, merge, gate)",
+                    (false, true) => "attention sliding (+ q/k norms, rope, append, merge, gate)",
                 })?;
                 b.gemv_raw(&l.o, bp(&ob), bp(&x), 0, bp(&x), 1)?;
                 tm.mark("o projection")?;
@@ -995,6 +1014,7 @@ pub fn kernel_microbench(b: &CudaBackend) -> Result<Vec<(String, f64, f64)>> {
                 b.ptr(&x),
                 splits,
                 Some((b.ptr(&po), b.ptr(&pml))),
+                None,
             )
         })?;
         let bytes = (keys * 1024 * 2 * 2) as f64;

@@ -1028,6 +1028,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_mma(const u8* __restrict_
 }
 
 #define MULTI_R 4
+#define MULTI_U 4  // chunk slots per lane on the tensor-core path of linear_multi2
 // Several linears of the same input, one token: segment s covers blocks [block0, next block0),
 // MULTI_R rows per warp. NVFP4 segments stage x in shared memory (the segment, hence the
 // format, is uniform over a block).
@@ -1047,7 +1048,7 @@ extern "C" __global__ void linear_multi2(Segs segs, const float* __restrict__ x,
         const long row0 = (long)(blockIdx.x - s.block0) * 64 + (warp >> 1) * 16;
         const int nrows = (int)max(0l, min(16l, (long)s.N - row0));
         const int nc = K >> 7, p = warp & 1;
-        MmaTile<MMA_U> m;
+        MmaTile<MULTI_U> m;
         if (nrows > 0)
             m.start((const u8*)s.w + row0 * (K / 2), s.scales + row0 * (K / 16), K / 2, K / 16, nrows, p * nc / 2,
                     (p + 1) * nc / 2);
@@ -1691,11 +1692,68 @@ __device__ __forceinline__ u32 pack_bf16x2(float a, float b) {
     return (u32)f32_to_bf16(a) | ((u32)f32_to_bf16(b) << 16);
 }
 
+// The per-head q/k rmsnorm, rope and KV append of a decode step, done inside the decode attention
+// kernel instead of a qk_norm_rope launch before it (`on` = 0: q and k arrive normalised and
+// rotated and the cache row is written). Layout matches `AttnPrep` on the host.
+struct Prep {
+    const float* qn;        // q norm weight [D] (null: none)
+    const float* kn;        // k norm weight [D] (null: none)
+    const float* inv_freq;  // rope frequencies [rdim / 2]
+    u16* kc;                // the cache (the same rows the kernel reads): slot `slot` is written
+    u16* vc;
+    long slot;
+    float eps;
+    float attn_factor;
+    int rdim;
+    int on;
+};
+
+// One warp: v[0..D) = mul * rope(w * rmsnorm(src)) at position pos (NeoX rotation of the first
+// rdim dims; w null: no norm), with qk_norm_rope's arithmetic and summation order.
+template <int D>
+__device__ __forceinline__ void head_norm_rope(float* v, const float* __restrict__ src, const float* __restrict__ w,
+                                               const Prep& pp, int pos, float mul) {
+    constexpr int C = D / 32;
+    const int lane = threadIdx.x & 31;
+    float x[C];
+#pragma unroll
+    for (int c = 0; c < C; c++) x[c] = src[lane + 32 * c];
+    float ss = 0.f;
+#pragma unroll
+    for (int c = 0; c < C; c++) ss += warp_sum(x[c] * x[c]);
+    const float r = 1.0f / sqrtf(ss / (float)D + pp.eps);
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+        if (w) x[c] = w[lane + 32 * c] * (x[c] * r);
+        v[lane + 32 * c] = x[c];
+    }
+    __syncwarp();
+    const int half = pp.rdim / 2;
+    float o[C];
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+        const int i = lane + 32 * c;
+        o[c] = x[c];
+        if (i < pp.rdim) {
+            const int j = i < half ? i : i - half;
+            const float ang = (float)pos * pp.inv_freq[j];
+            const float cs = (float)cos((double)ang) * pp.attn_factor;
+            const float sn = (float)sin((double)ang) * pp.attn_factor;
+            o[c] = i < half ? v[i] * cs - v[i + half] * sn : v[i] * cs + v[j] * sn;
+        }
+    }
+    __syncwarp();
+#pragma unroll
+    for (int c = 0; c < C; c++) v[lane + 32 * c] = o[c] * mul;
+    __syncwarp();
+}
+
 template <int D>
 __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restrict__ kch,
                               const float* __restrict__ vch, const u16* __restrict__ kc, const u16* __restrict__ vc,
                               float* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml,
-                              int heads, int kvh, float scale, int pos0, int window, int splits, int ngroups) {
+                              int heads, int kvh, float scale, int pos0, int window, int splits, int ngroups,
+                              const Prep& pp) {
     constexpr int KC = D / 8;   // 16-byte chunks of a key row
     constexpr int VL = D / 32;  // value dims per lane (2 or 4)
     __shared__ float qs[DEC_GMAX][D];
@@ -1717,8 +1775,23 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
     const int s1 = min(s0 + per, p + 1);
     const long rw = (long)kvh * D;
 
-    for (int i = threadIdx.x; i < G * D; i += blockDim.x) qs[i / D][i % D] = q[(long)h0 * D + i] * scale;
+    // With pp.on, q and the new key (position p, in the block whose split holds it) are normalised
+    // and rotated here; the kv head's first group block appends the key and value rows.
+    __shared__ float knew[D];
+    const bool own_new = pp.on && s0 <= p && p < s1;
+    if (pp.on) {
+        for (int g = wid; g < G; g += AW) head_norm_rope<D>(qs[g], q + (long)(h0 + g) * D, pp.qn, pp, p, scale);
+        if (own_new && wid == AW - 1) head_norm_rope<D>(knew, kch + (long)kv * D, pp.kn, pp, p, 1.f);
+    } else {
+        for (int i = threadIdx.x; i < G * D; i += blockDim.x) qs[i / D][i % D] = q[(long)h0 * D + i] * scale;
+    }
     __syncthreads();
+    if (own_new && grp == 0) {
+        for (int i = threadIdx.x; i < D; i += blockDim.x) {
+            pp.kc[pp.slot * rw + (long)kv * D + i] = f32_to_bf16(knew[i]);
+            pp.vc[pp.slot * rw + (long)kv * D + i] = f32_to_bf16(vch[(long)kv * D + i]);
+        }
+    }
 
     float m[DEC_GMAX], l[DEC_GMAX], acc[DEC_GMAX][VL];
 #pragma unroll
@@ -1743,7 +1816,8 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
 #pragma unroll
                 for (int c = 0; c < KC / 2; c++) kr[c] = __ldg(src + c);
             } else {
-                const float* src = kch + (long)(j - pos0) * rw + (long)kv * D + half * (D / 2);
+                const float* src =
+                    (pp.on ? knew : kch + (long)(j - pos0) * rw + (long)kv * D) + half * (D / 2);
 #pragma unroll
                 for (int c = 0; c < KC / 2; c++) {
                     const float4 a = *(const float4*)(src + 8 * c), b = *(const float4*)(src + 8 * c + 4);
@@ -1891,8 +1965,10 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
 #define ATTN_KERNEL_DEC(NAME, D, MINB)                                                                                 \
     extern "C" __global__ void __launch_bounds__(AW * 32, MINB) NAME(                                                 \
         const float* q, const float* kch, const float* vch, const u16* kc, const u16* vc, float* out, float* part_o,   \
-        float* part_ml, int heads, int kvh, float scale, int pos0, int window, int splits, int ngroups) { pdl_enter();             \
-        attn_dec_impl<D>(q, kch, vch, kc, vc, out, part_o, part_ml, heads, kvh, scale, pos0, window, splits, ngroups); \
+        float* part_ml, int heads, int kvh, float scale, int pos0, int window, int splits, int ngroups, Prep pp) {      \
+        pdl_enter();                                                                                                   \
+        attn_dec_impl<D>(q, kch, vch, kc, vc, out, part_o, part_ml, heads, kvh, scale, pos0, window, splits, ngroups, \
+                         pp);                                                                                          \
     }
 ATTN_KERNEL_DEC(attn_dec_bf16_64, 64, 4)
 ATTN_KERNEL_DEC(attn_dec_bf16_128, 128, 4)

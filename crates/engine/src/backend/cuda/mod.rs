@@ -710,6 +710,55 @@ impl Route {
     }
 }
 
+/// The per-head q/k norms, rope and KV append of a decode step, done by the decode attention
+/// kernel (`Prep` in kernels.cu; layout identical).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct AttnPrep {
+    qn: u64,
+    kn: u64,
+    inv_freq: u64,
+    kc: u64,
+    vc: u64,
+    slot: i64,
+    eps: f32,
+    attn_factor: f32,
+    rdim: i32,
+    on: i32,
+}
+// SAFETY: plain old data matching the C struct's layout.
+unsafe impl DeviceRepr for AttnPrep {}
+
+impl AttnPrep {
+    /// Norm weights `qn`, `kn` (0: none, each `head_dim` long), rope `inv_freq` over the first
+    /// `rdim` dims scaled by `attn_factor`, and the new rows written to `slot` of `cache`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        b: &CudaBackend,
+        cache: &CudaKvLayer,
+        slot: usize,
+        qn: u64,
+        kn: u64,
+        eps: f32,
+        inv_freq: u64,
+        rdim: usize,
+        attn_factor: f32,
+    ) -> Self {
+        Self {
+            qn,
+            kn,
+            inv_freq,
+            kc: b.ptr(&cache.k),
+            vc: b.ptr(&cache.v),
+            slot: slot as i64,
+            eps,
+            attn_factor,
+            rdim: rdim as i32,
+            on: 1,
+        }
+    }
+}
+
 /// Resident blocks per SM of the persistent MoE kernels (`__launch_bounds__(256, 2)`).
 const PERSIST_BLOCKS_PER_SM: usize = 2;
 /// B entries for all routed items in `experts_down_p` (`XB_ITEMS_MAX`).
@@ -915,9 +964,19 @@ impl CudaBackend {
         Ok(&self.inner.f.attn[i + 3 * kv_t as usize])
     }
 
+    /// Whether a decode step (`t` = 1) over `cache` with heads of `head_dim` takes the grouped
+    /// decode kernel (bf16 cache, head_dim 64 or 128), the one that can also do the q/k norms,
+    /// rope and KV append itself (`AttnPrep`).
+    pub(crate) fn dec_attention_applies(cache: &CudaKvLayer, head_dim: usize, t: usize) -> bool {
+        t == 1 && cache.kv_t == 2 && matches!(head_dim, 64 | 128)
+    }
+
     /// Attention of `t` query rows (raw pointers) over `cache` (positions `< pos0`) and the
     /// chunk `k`, `v`; writes `out` (with `softplus(gate)` applied when `gate != 0`). Does not
-    /// append. `scratch` holds the split partials (`part_o`, `part_ml`).
+    /// append, unless `prep` is given: then q and k arrive as projected, and the kernel applies
+    /// the per-head norms and rope and writes the new key and value rows into cache slot
+    /// `prep.slot` (only where `dec_attention_applies`). `scratch` holds the split partials
+    /// (`part_o`, `part_ml`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn attention_raw(
         &self,
@@ -932,6 +991,7 @@ impl CudaBackend {
         gate: u64,
         splits: usize,
         scratch: Option<(u64, u64)>,
+        prep: Option<AttnPrep>,
     ) -> Result<()> {
         let g = p.heads / p.kv_heads;
         let ngroups = g.div_ceil(ATTN_GMAX);
@@ -939,9 +999,17 @@ impl CudaBackend {
         let grid = ((p.kv_heads * ngroups) as u32, t as u32, splits as u32);
         let (po, pml) = scratch.unwrap_or((0, 0));
         // Decode over bf16 caches: the grouped kernel (ngroups blocks split a kv head's queries).
+        let dec_ok = Self::dec_attention_applies(cache, p.head_dim, t);
+        self.check(dec_ok || prep.is_none(), || {
+            format!(
+                "attention: norms + rope inside the kernel need a bf16 cache, head_dim 64 or 128 \
+                 and one token (kv type {}, head_dim {}, {t} tokens)",
+                cache.kv_t, p.head_dim
+            )
+        })?;
         let dec = match p.head_dim {
-            64 if t == 1 && cache.kv_t == 2 => Some(&self.inner.f.attn_dec[0]),
-            128 if t == 1 && cache.kv_t == 2 => {
+            64 if dec_ok => Some(&self.inner.f.attn_dec[0]),
+            128 if dec_ok => {
                 let keys = pos0 + 1;
                 let keys = cache.spec.window.map_or(keys, |w| keys.min(w));
                 Some(&self.inner.f.attn_dec[if keys <= ATTN_SHORT_KEYS { 2 } else { 1 }])
@@ -952,7 +1020,7 @@ impl CudaBackend {
             launch!(self, func, grid, (128, 1, 1);
                 q, k, v, self.ptr(&cache.k), self.ptr(&cache.v), out, po, pml,
                 p.heads as i32, p.kv_heads as i32, p.scale,
-                pos0 as i32, window, splits as i32, ngroups as i32)?;
+                pos0 as i32, window, splits as i32, ngroups as i32, prep.unwrap_or_default())?;
         } else {
             let func = self.attn_func(cache.kv_t, p.head_dim)?;
             launch!(self, func, grid, (128, 1, 1);
@@ -1405,6 +1473,7 @@ impl Backend for CudaBackend {
             0,
             splits,
             scratch.as_ref().map(|(a, b)| (self.ptr(a), self.ptr(b))),
+            None,
         )?;
         self.kv_append_raw(cache, self.ptr(&k.buf), self.ptr(&v.buf), t)?;
         drop(scratch);
