@@ -142,7 +142,10 @@ fn gpu_nvfp4_experts_match_cpu() {
             normalize: true,
             logit_softcap: 0.0,
         };
-        for t in [1usize, 3] {
+        // (grid 0: as many persistent blocks as are resident, i.e. one group each at these
+        // shapes; 5: each block walks several groups and items, as at full size)
+        for (t, grid) in [(1usize, 0usize), (1, 5), (3, 0)] {
+            gpu.set_persistent_grid(grid);
             let x = values(t * hidden, 11 + t as u64, 3.0);
             let logits = values(t * n, 17 + t as u64, 2.0);
             let got = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
@@ -150,13 +153,14 @@ fn gpu_nvfp4_experts_match_cpu() {
             let scale = max_abs(&want);
             let d = max_abs_diff(&got, &want);
             println!(
-                "experts hidden {hidden} inter {inter} t {t}: max |Δ| {d:.3e} (max |y| {scale:.3})"
+                "experts hidden {hidden} inter {inter} t {t} grid {grid}: max |Δ| {d:.3e} (max |y| {scale:.3})"
             );
             assert!(
                 d <= 1e-4 * scale.max(1.0),
-                "hidden {hidden} t {t}: {d} vs scale {scale}"
+                "hidden {hidden} t {t} grid {grid}: {d} vs scale {scale}"
             );
         }
+        gpu.set_persistent_grid(0);
     }
 }
 
@@ -534,15 +538,20 @@ fn gpu_fused_decode_epilogues_match_separate_launches() {
         std::fs::write(&path, cfg.to_string()).unwrap();
         heads.push(path);
     }
-    for (variant, cfg) in [
-        ("stock", fixtures().join("tiny-laguna-stock/config.json")),
-        ("lean", fixtures().join("tiny-laguna-lean/config.json")),
-        ("wide lean", wide.clone()),
-        ("wide lean d64", heads[0].clone()),
-        ("wide lean d128", heads[1].clone()),
+    // (grid 7: the persistent MoE kernels on 7 blocks, each walking several routed groups and
+    // a share of the shared expert's rows)
+    for (variant, cfg, grid) in [
+        ("stock", fixtures().join("tiny-laguna-stock/config.json"), 0),
+        ("lean", fixtures().join("tiny-laguna-lean/config.json"), 0),
+        ("wide lean", wide.clone(), 0),
+        ("wide lean, persistent grid 7", wide.clone(), 7),
+        ("wide lean d64", heads[0].clone(), 0),
+        ("wide lean d128", heads[1].clone(), 0),
     ] {
+        let backend = gpu();
+        backend.set_persistent_grid(grid);
         let rows = fp4forge_engine::backend::cuda::bench::synthetic_laguna_decode(
-            &gpu(),
+            &backend,
             &cfg,
             variant,
             &[40, 600],

@@ -906,6 +906,38 @@ __device__ float xb_fill(uint2* xb, const float* __restrict__ x, int K) {
     return pow2f(-e);
 }
 
+#define XW_CHUNKS 9  // chunks of x one warp of gemv_mma stages for itself (8 warps: XS_MAX / 128)
+#define XW_OCT ((XW_CHUNKS * 16 + 31) / 32)  // octets per lane
+
+// One warp stages x's chunks [c0, c1) (c1 - c0 <= XW_CHUNKS) as B entries at xw (entry layout of
+// xb_fill, relative to chunk c0) with the power of two of this range's own max|x|; returns 2^-e.
+// No block barrier: each warp scales its own partial sums back (exact: powers of two).
+__device__ float xb_fill_warp(uint2* xw, const float* __restrict__ x, int c0, int c1) {
+    const int lane = threadIdx.x & 31;
+    const float4* x4 = (const float4*)x + 32 * c0;  // octet o of the range: float4s 2 o, 2 o + 1
+    const int no = 16 * (c1 - c0);
+    float4 v[2 * XW_OCT];
+    float m = 0.f;
+#pragma unroll
+    for (int q = 0; q < XW_OCT; q++) {
+        const int o = lane + 32 * q;
+        v[2 * q] = o < no ? __ldg(x4 + 2 * o) : make_float4(0.f, 0.f, 0.f, 0.f);
+        v[2 * q + 1] = o < no ? __ldg(x4 + 2 * o + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int q = 0; q < 2 * XW_OCT; q++)
+        m = fmaxf(m, fmaxf(fmaxf(fabsf(v[q].x), fabsf(v[q].y)), fmaxf(fabsf(v[q].z), fabsf(v[q].w))));
+    const int e = xb_exp(warp_max(m));
+    const float sc = pow2f(e);
+#pragma unroll
+    for (int q = 0; q < XW_OCT; q++) {
+        const int o = lane + 32 * q;
+        if (o < no) xb_octet(xw, o, v[2 * q], v[2 * q + 1], sc);
+    }
+    __syncwarp();
+    return pow2f(-e);
+}
+
 // One chunk of a tile: 8 mma steps over lane pieces `qa` (row g), `qb` (row g + 8) with their
 // block scale pairs `za`, `zb`; `xb` points at the chunk's B entries + lane.
 __device__ __forceinline__ void mma_chunk(uint4 qa, uint4 qb, u32 za, u32 zb, const uint2* xb, bool bx,
@@ -1014,13 +1046,20 @@ extern "C" __global__ void __launch_bounds__(256) gemv_mma(const u8* __restrict_
         m.start(w + row0 * (K / 2), scales + row0 * (K / 16), K / 2, K / 16, nrows, part * nc / ks,
                 (part + 1) * nc / ks);
     pdl_enter();
-    const float ds = xb_fill(xb, x, K);
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    if (nrows > 0) m.run(xb, acc);
+    if (nrows > 0) {
+        // this warp's chunks of x, staged by the warp itself into its own region
+        const int c0 = part * nc / ks, c1 = (part + 1) * nc / ks;
+        uint2* xw = xb + warp * (XW_CHUNKS * 64);
+        const float ds = xb_fill_warp(xw, x, c0, c1);
+        m.run(xw - c0 * 64, acc);
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[i] *= ds;
+    }
     const float v = mma_reduce(acc, red, ks);
     if (part == 0 && lane < nrows) {
         const long idx = row0 + lane;
-        float o = v * (64.f * ds * inv_g);
+        float o = v * (64.f * inv_g);
         if (bias) o += bias[idx];
         if (resid) o += resid[idx];
         y[idx] = o;
@@ -1708,11 +1747,21 @@ struct Prep {
     int on;
 };
 
-// One warp: v[0..D) = mul * rope(w * rmsnorm(src)) at position pos (NeoX rotation of the first
-// rdim dims; w null: no norm), with qk_norm_rope's arithmetic and summation order.
+// The rope's cos and sin at position pos for the rdim / 2 frequencies (qk_norm_rope's
+// arithmetic), by the block's threads into cs / sn; the caller synchronises.
+__device__ __forceinline__ void rope_table(float* cs, float* sn, const Prep& pp, int pos) {
+    for (int j = threadIdx.x; j < pp.rdim / 2; j += blockDim.x) {
+        const float ang = (float)pos * pp.inv_freq[j];
+        cs[j] = (float)cos((double)ang) * pp.attn_factor;
+        sn[j] = (float)sin((double)ang) * pp.attn_factor;
+    }
+}
+
+// One warp: v[0..D) = mul * rope(w * rmsnorm(src)) (NeoX rotation of the first rdim dims by the
+// table cs / sn; w null: no norm), with qk_norm_rope's arithmetic and summation order.
 template <int D>
 __device__ __forceinline__ void head_norm_rope(float* v, const float* __restrict__ src, const float* __restrict__ w,
-                                               const Prep& pp, int pos, float mul) {
+                                               const Prep& pp, const float* cs, const float* sn, float mul) {
     constexpr int C = D / 32;
     const int lane = threadIdx.x & 31;
     float x[C];
@@ -1736,10 +1785,7 @@ __device__ __forceinline__ void head_norm_rope(float* v, const float* __restrict
         o[c] = x[c];
         if (i < pp.rdim) {
             const int j = i < half ? i : i - half;
-            const float ang = (float)pos * pp.inv_freq[j];
-            const float cs = (float)cos((double)ang) * pp.attn_factor;
-            const float sn = (float)sin((double)ang) * pp.attn_factor;
-            o[c] = i < half ? v[i] * cs - v[i + half] * sn : v[i] * cs + v[j] * sn;
+            o[c] = i < half ? v[i] * cs[j] - v[i + half] * sn[j] : v[i] * cs[j] + v[j] * sn[j];
         }
     }
     __syncwarp();
@@ -1777,11 +1823,13 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
 
     // With pp.on, q and the new key (position p, in the block whose split holds it) are normalised
     // and rotated here; the kv head's first group block appends the key and value rows.
-    __shared__ float knew[D];
+    __shared__ float knew[D], rcs[D / 2], rsn[D / 2];
     const bool own_new = pp.on && s0 <= p && p < s1;
     if (pp.on) {
-        for (int g = wid; g < G; g += AW) head_norm_rope<D>(qs[g], q + (long)(h0 + g) * D, pp.qn, pp, p, scale);
-        if (own_new && wid == AW - 1) head_norm_rope<D>(knew, kch + (long)kv * D, pp.kn, pp, p, 1.f);
+        rope_table(rcs, rsn, pp, p);
+        __syncthreads();
+        for (int g = wid; g < G; g += AW) head_norm_rope<D>(qs[g], q + (long)(h0 + g) * D, pp.qn, pp, rcs, rsn, scale);
+        if (own_new && wid == AW - 1) head_norm_rope<D>(knew, kch + (long)kv * D, pp.kn, pp, rcs, rsn, 1.f);
     } else {
         for (int i = threadIdx.x; i < G * D; i += blockDim.x) qs[i / D][i % D] = q[(long)h0 * D + i] * scale;
     }
@@ -2435,14 +2483,15 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up_p(ExpertPro
     }
 }
 
-// Each routed item's h row (K = inter values) as B entries at xb + j * K / 2, with its own
-// power-of-two scale: returns nothing; ds[j] = 2^-e_j. The warps compute the items' maxima
-// (warp w: items w, w + 8, ...), then all threads fill. Ends with a barrier.
-__device__ void xb_fill_items(uint2* xb, float* ds, const float* __restrict__ h, int width, int items, int K) {
+// The h rows of items its[0..n) (K = inter values each) as B entries at xb + j * K / 2 (row
+// its[j]), each with its own power-of-two scale: ds[j] = 2^-e_j. The warps compute the rows'
+// maxima (warp w: rows w, w + 8, ...), then all threads fill. Ends with a barrier.
+__device__ void xb_fill_items(uint2* xb, float* ds, const float* __restrict__ h, int width, const int* its, int n,
+                              int K) {
     __shared__ float sc[64];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    for (int j = warp; j < items; j += warps) {
-        const float4* x4 = (const float4*)(h + (long)j * width);
+    for (int j = warp; j < n; j += warps) {
+        const float4* x4 = (const float4*)(h + (long)its[j] * width);
         float m = 0.f;
         for (int i = lane; i < K / 4; i += 32) {
             const float4 v = x4[i];
@@ -2457,9 +2506,9 @@ __device__ void xb_fill_items(uint2* xb, float* ds, const float* __restrict__ h,
     }
     __syncthreads();
     const int no = K >> 3;
-    for (int q = threadIdx.x; q < items * no; q += blockDim.x) {
+    for (int q = threadIdx.x; q < n * no; q += blockDim.x) {
         const int j = q / no, o = q % no;
-        const float4* x4 = (const float4*)(h + (long)j * width);
+        const float4* x4 = (const float4*)(h + (long)its[j] * width);
         xb_octet(xb + (long)j * (K / 2), o, x4[2 * o], x4[2 * o + 1], sc[j]);
     }
     __syncthreads();
@@ -2510,11 +2559,25 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_down_p(ExpertProj d
     MmaTile<MMA_U> m;
     int gi = blockIdx.x;
     int nrows = gi < groups ? tile_of(gi, m) : 0;
-    xb_fill_items(xb, ds, h, width, k, K);
-    for (int it = 0; gi < groups; it++) {
+    // only the items this block's groups use are staged (slot j: its[j]; groups ascend, so do
+    // their items)
+    __shared__ int its[64];
+    int nits = 0;
+    for (int g = blockIdx.x, last = -1; g < groups; g += gridDim.x) {
+        const int item = g / rgroups;
+        if (item != last) {
+            if (threadIdx.x == 0) its[nits] = item;
+            nits++;
+            last = item;
+        }
+    }
+    __syncthreads();
+    xb_fill_items(xb, ds, h, width, its, nits, K);
+    for (int it = 0, slot = 0; gi < groups; it++) {
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
         const int item = gi / rgroups;
-        if (nrows > 0) m.run(xb + (long)item * (K / 2), acc);
+        while (slot + 1 < nits && its[slot] != item) slot++;
+        if (nrows > 0) m.run(xb + (long)slot * (K / 2), acc);
         const long ob = (long)(gi % rgroups) * 64 + tile * 16;
         const int rows = nrows;
         gi += gridDim.x;
@@ -2522,7 +2585,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_down_p(ExpertProj d
         const float v = mma_reduce(acc, red[it & 1], 2);
         if (p == 0 && lane < rows) {
             const long e = sel[item];
-            part[(long)item * H + ob + lane] = v * (64.f * ds[item] * down.inv_g[e] * wts[item]);
+            part[(long)item * H + ob + lane] = v * (64.f * ds[slot] * down.inv_g[e] * wts[item]);
         }
     }
 }

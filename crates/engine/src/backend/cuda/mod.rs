@@ -286,6 +286,8 @@ pub(crate) struct Inner {
     /// One token's experts on the persistent kernels where they apply (`persistent_moe`);
     /// `FP4FORGE_CUDA_PERSIST=0` starts it off.
     persist: std::sync::atomic::AtomicBool,
+    /// Cap on the persistent MoE kernels' grid (0: as many blocks as are resident).
+    persist_grid: std::sync::atomic::AtomicUsize,
 }
 
 /// The CUDA backend on one device. Cheap to clone.
@@ -394,6 +396,7 @@ impl CudaBackend {
                 persist: std::sync::atomic::AtomicBool::new(
                     std::env::var("FP4FORGE_CUDA_PERSIST").as_deref() != Ok("0"),
                 ),
+                persist_grid: std::sync::atomic::AtomicUsize::new(0),
                 ctx,
                 stream,
                 f,
@@ -570,8 +573,17 @@ impl CudaBackend {
             && w.cols <= NV_MAX_K
             && !self.legacy_gemv()
         {
+            // (each warp stages at most MMA_WARP_CHUNKS chunks of x: an override is raised to that)
+            let chunks = w.cols / MMA_CHUNK;
             let ks = nv_tune()
                 .mma_ks
+                .map(|k| {
+                    let mut k = k;
+                    while chunks.div_ceil(k) > MMA_WARP_CHUNKS {
+                        k *= 2;
+                    }
+                    k
+                })
                 .unwrap_or_else(|| mma_split(w.rows, w.cols, self.inner.sms));
             let blocks = w.rows.div_ceil(16 * (NV_WARPS as usize / ks));
             return launch!(self, &self.inner.f.gemv_mma, (blocks as u32, 1, 1), (32 * NV_WARPS, 1, 1);
@@ -766,6 +778,8 @@ const PERSIST_XB_ENTRIES: usize = 5120;
 
 /// Columns of one chunk of the tensor-core NVFP4 GEMV (a lane's 16 bytes of a row = 32 columns).
 const MMA_CHUNK: usize = 128;
+/// Chunks of x one warp of `gemv_mma` stages for itself (`XW_CHUNKS`).
+const MMA_WARP_CHUNKS: usize = 9;
 
 /// K split (warps per 16-row tile: 1, 2, 4, 8) of `gemv_mma` for `rows x cols`: the smallest
 /// that leaves each warp at most 8 chunks, then larger while the grid has fewer blocks than SMs
@@ -1659,7 +1673,14 @@ impl CudaBackend {
         if persistent {
             let groups = |rows: usize, per: usize, items: usize| rows.div_ceil(per) * items;
             let shared_n = usize::from(shared.is_some());
-            let resident = PERSIST_BLOCKS_PER_SM * self.inner.sms;
+            let resident = match self
+                .inner
+                .persist_grid
+                .load(std::sync::atomic::Ordering::Relaxed)
+            {
+                0 => PERSIST_BLOCKS_PER_SM * self.inner.sms,
+                cap => cap.min(PERSIST_BLOCKS_PER_SM * self.inner.sms),
+            };
             let gu = groups(e.inter, 16, k) + groups(sinter, 16, shared_n);
             launch!(self, &self.inner.f.experts_gate_up_p, (gu.min(resident) as u32, 1, 1), (256, 1, 1);
                 e.gate.proj(self), e.up.proj(self), sg, su, has, sinter as i32, self.ptr(sel),
@@ -1736,6 +1757,14 @@ impl CudaBackend {
             .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Caps the persistent MoE kernels' grid at `blocks` (0: as many as are resident), so that
+    /// tests at small shapes make each block walk several groups and items, as at full size.
+    pub fn set_persistent_grid(&self, blocks: usize) {
+        self.inner
+            .persist_grid
+            .store(blocks, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Gate/up and down of `items` (token, expert) pairs, one grid row per item.
     #[allow(clippy::too_many_arguments)]
     fn experts_per_item(
@@ -1766,5 +1795,28 @@ impl CudaBackend {
             (32 * GEMV_WARPS, 1, 1);
             e.down.proj(self), sd, sinter as i32, self.ptr(sel), self.ptr(wts), k as i32,
             t as i32, h, e.inter as i32, part, e.hidden as i32, i32::from(self.inner.mma))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `gemv_mma` stages each warp's chunks of x in a region of `MMA_WARP_CHUNKS`: the split
+    /// must keep every warp within it for every K the kernel takes.
+    #[test]
+    fn mma_split_keeps_each_warp_within_its_staging_region() {
+        for cols in (MMA_CHUNK..=NV_MAX_K).step_by(MMA_CHUNK) {
+            for rows in [16, 100, 1024, 3072, 6144, 100_352] {
+                for sms in [1, 78, 132] {
+                    let ks = mma_split(rows, cols, sms);
+                    assert!([1, 2, 4, 8].contains(&ks));
+                    assert!(
+                        (cols / MMA_CHUNK).div_ceil(ks) <= MMA_WARP_CHUNKS,
+                        "{rows} x {cols} on {sms} SMs: split {ks}"
+                    );
+                }
+            }
+        }
     }
 }
