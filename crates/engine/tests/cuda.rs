@@ -194,7 +194,15 @@ fn gpu_attention_matches_cpu_on_bf16_and_fp8_caches() {
     let gpu = gpu();
     let cpu = CpuBackend::new();
     let caches = [(KvDtype::Bf16, 1.0, 1.0), (KvDtype::Fp8E4m3, 0.05, 0.02)];
-    for (heads, kvh, d) in [(48usize, 8usize, 128usize), (9, 3, 64), (6, 2, 128)] {
+    // (head_dim 128 decode steps over bf16 caches: the short-span kernel variant by default,
+    // the occupancy-capped one with the threshold at 0)
+    for (heads, kvh, d, short_keys) in [
+        (48usize, 8usize, 128usize, None),
+        (48, 8, 128, Some(0usize)),
+        (9, 3, 64, None),
+        (6, 2, 128, None),
+    ] {
+        gpu.set_attn_short_keys(short_keys);
         for (window, (dtype, k_scale, v_scale)) in [None, Some(512usize)]
             .into_iter()
             .flat_map(|w| caches.map(|c| (w, c)))
@@ -246,13 +254,14 @@ fn gpu_attention_matches_cpu_on_bf16_and_fp8_caches() {
                 }
                 pos += t;
             }
-            println!("attention {dtype:?} heads {heads}/{kvh} d {d} window {window:?}: {pos} positions, max |gpu - cpu| {worst:.3e}");
+            println!("attention {dtype:?} heads {heads}/{kvh} d {d} window {window:?} short-span threshold {short_keys:?}: {pos} positions, max |gpu - cpu| {worst:.3e}");
             assert!(
                 worst < 1e-4,
                 "{dtype:?} heads {heads}/{kvh} d {d} window {window:?}: {worst}"
             );
         }
     }
+    gpu.set_attn_short_keys(None);
 }
 
 /// The engine crate's folder: `FP4FORGE_ENGINE_DIR` (a test binary carried to another machine)

@@ -563,6 +563,14 @@ __device__ __forceinline__ void nv_rows(const RowSet& rs, int K, const float* __
     }
 }
 
+// The dot product of 8 bf16 weights (one 16-byte load) with x[0..4) = a, x[4..8) = b.
+__device__ __forceinline__ float dot_bf16x8(uint4 w, float4 a, float4 b) {
+    return __uint_as_float(w.x << 16) * a.x + __uint_as_float(w.x & 0xffff0000u) * a.y +
+           __uint_as_float(w.y << 16) * a.z + __uint_as_float(w.y & 0xffff0000u) * a.w +
+           __uint_as_float(w.z << 16) * b.x + __uint_as_float(w.z & 0xffff0000u) * b.y +
+           __uint_as_float(w.w << 16) * b.z + __uint_as_float(w.w & 0xffff0000u) * b.w;
+}
+
 // BF16 rows (K % 8 == 0): out[r] += per-lane partial W[r, :] . x over 8-element chunks
 // i = 32 * (part + nparts * j) + lane. Each lane issues the 16-byte loads of BU chunk slots of all
 // R rows before any arithmetic (a 3072-wide row is 12 slots: one serial latency per BU slots).
@@ -590,13 +598,7 @@ __device__ __forceinline__ void bf_rows(const RowSet& rs, int K, const float* __
                 const float4 xa = __ldg(xp), xb = __ldg(xp + 1);
 #pragma unroll
                 for (int r = 0; r < R; r++) {
-                    if (rs_ok<R, RA>(rs, r)) {
-                        const u32 ws[4] = {wv[q][r].x, wv[q][r].y, wv[q][r].z, wv[q][r].w};
-                        out[r] += __uint_as_float(ws[0] << 16) * xa.x + __uint_as_float(ws[0] & 0xffff0000u) * xa.y +
-                                  __uint_as_float(ws[1] << 16) * xa.z + __uint_as_float(ws[1] & 0xffff0000u) * xa.w +
-                                  __uint_as_float(ws[2] << 16) * xb.x + __uint_as_float(ws[2] & 0xffff0000u) * xb.y +
-                                  __uint_as_float(ws[3] << 16) * xb.z + __uint_as_float(ws[3] & 0xffff0000u) * xb.w;
-                    }
+                    if (rs_ok<R, RA>(rs, r)) out[r] += dot_bf16x8(wv[q][r], xa, xb);
                 }
             }
         }
@@ -1370,11 +1372,7 @@ extern "C" __global__ void __launch_bounds__(NG_WARPS * 32) norm_gemv_bf16(const
         if (j < slots) {
             const int i = lane + 32 * j;  // elements 8 i .. 8 i + 7
             const float4 a = xs[2 * i], b = xs[2 * i + 1];
-            const u32 ws[4] = {wv[j].x, wv[j].y, wv[j].z, wv[j].w};
-            acc += __uint_as_float(ws[0] << 16) * a.x + __uint_as_float(ws[0] & 0xffff0000u) * a.y +
-                   __uint_as_float(ws[1] << 16) * a.z + __uint_as_float(ws[1] & 0xffff0000u) * a.w +
-                   __uint_as_float(ws[2] << 16) * b.x + __uint_as_float(ws[2] & 0xffff0000u) * b.y +
-                   __uint_as_float(ws[3] << 16) * b.z + __uint_as_float(ws[3] & 0xffff0000u) * b.w;
+            acc += dot_bf16x8(wv[j], a, b);
         }
     }
     acc = warp_sum(acc);

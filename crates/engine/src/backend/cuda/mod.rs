@@ -288,6 +288,9 @@ pub(crate) struct Inner {
     persist: std::sync::atomic::AtomicBool,
     /// Cap on the persistent MoE kernels' grid (0: as many blocks as are resident).
     persist_grid: std::sync::atomic::AtomicUsize,
+    /// Attended keys up to which head_dim-128 decode attention takes the short-span variant
+    /// (`ATTN_SHORT_KEYS` unless set).
+    attn_short_keys: std::sync::atomic::AtomicUsize,
 }
 
 /// The CUDA backend on one device. Cheap to clone.
@@ -397,6 +400,7 @@ impl CudaBackend {
                     std::env::var("FP4FORGE_CUDA_PERSIST").as_deref() != Ok("0"),
                 ),
                 persist_grid: std::sync::atomic::AtomicUsize::new(0),
+                attn_short_keys: std::sync::atomic::AtomicUsize::new(ATTN_SHORT_KEYS),
                 ctx,
                 stream,
                 f,
@@ -1026,7 +1030,11 @@ impl CudaBackend {
             128 if dec_ok => {
                 let keys = pos0 + 1;
                 let keys = cache.spec.window.map_or(keys, |w| keys.min(w));
-                Some(&self.inner.f.attn_dec[if keys <= ATTN_SHORT_KEYS { 2 } else { 1 }])
+                let short = self
+                    .inner
+                    .attn_short_keys
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                Some(&self.inner.f.attn_dec[if keys <= short { 2 } else { 1 }])
             }
             _ => None,
         };
@@ -1755,6 +1763,16 @@ impl CudaBackend {
         self.inner
             .persist
             .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Sets the attended keys up to which head_dim-128 decode attention takes its short-span
+    /// variant (`None`: the default, `ATTN_SHORT_KEYS`; `Some(0)`: never), so tests cover both
+    /// variants.
+    pub fn set_attn_short_keys(&self, keys: Option<usize>) {
+        self.inner.attn_short_keys.store(
+            keys.unwrap_or(ATTN_SHORT_KEYS),
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 
     /// Caps the persistent MoE kernels' grid at `blocks` (0: as many as are resident), so that
