@@ -13,7 +13,8 @@
 # fp8 caches at d 64/128 (GQA, sliding and full); tiny Laguna bf16/stock/lean logits vs the CPU
 # backend and transformers; 256 greedy tokens GPU vs CPU; the benchmark's decode step with fused
 # and persistent kernels vs separate launches; SmolLM2 if assets/smollm2-* are present) and then
-# the synthetic Laguna-S decode benchmark (table on stdout, JSON in OUTDIR/bench.json).
+# the synthetic Laguna-S decode benchmark (table on stdout, JSON in OUTDIR/bench.json). With
+# compute-sanitizer on the machine, the NVFP4 experts test also runs under racecheck and memcheck.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-run}
@@ -45,6 +46,18 @@ export FP4FORGE_ENGINE_DIR="$PWD/crates/engine"
 status=0
 if [ "$mode" = run ]; then
     target/gpu/cuda-tests --ignored --test-threads 1 --nocapture 2>&1 | tee "$out/tests.log" || status=1
+    # The persistent MoE kernels (shared-memory staging, several groups per block) under
+    # compute-sanitizer's race and memory checkers, where the machine has it.
+    sanitizer=$(ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer 2>/dev/null | head -1 || true)
+    if [ -n "$sanitizer" ]; then
+        for tool in racecheck memcheck; do
+            "$sanitizer" --tool "$tool" --error-exitcode 1 --print-limit 10 \
+                target/gpu/cuda-tests --ignored --test-threads 1 gpu_nvfp4_experts 2>&1 |
+                tee "$out/sanitizer-$tool.log" | tail -n 3 || status=1
+        done
+    else
+        echo "compute-sanitizer not found: race/memory checks skipped"
+    fi
 fi
 target/gpu/cuda_decode_bench \
     --stock crates/builder/tests/fixtures/laguna-s-2.1/config.json \
