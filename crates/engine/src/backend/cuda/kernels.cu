@@ -2171,6 +2171,12 @@ struct ExpertProj {
     int fmt;
 };
 
+// Where a warp of an expert's 16-row tile reads: tile rows `row0..` of projection P, chunks [c0, c1).
+__device__ __forceinline__ void mma_start_group(MmaTile<MMA_U>& m, const ExpertProj& P, long row0, int nrows, int K,
+                                                int c0, int c1) {
+    if (nrows > 0) m.start((const u8*)P.w + row0 * (K / 2), P.scales + row0 * (K / 16), K / 2, K / 16, nrows, c0, c1);
+}
+
 // a ? x : y field by field (no local-memory copy of the parameters).
 __device__ __forceinline__ ExpertProj pick(bool a, const ExpertProj& x, const ExpertProj& y) {
     ExpertProj r;
@@ -2220,9 +2226,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up2(ExpertProj
         const long ee = sel[j];
         const long r0 = ee * (long)n + ob;
         MmaTile<MMA_U> m;
-        if (nrows > 0)
-            m.start((const u8*)P.w + r0 * (K / 2), P.scales + r0 * (K / 16), K / 2, K / 16, nrows, part * nc / 4,
-                    (part + 1) * nc / 4);
+        mma_start_group(m, P, r0, nrows, K, part * nc / 4, (part + 1) * nc / 4);
         const int t = j / k;
         const float ds = xb_fill((uint2*)xs, x + (long)t * K, K);
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -2309,9 +2313,7 @@ extern "C" __global__ void experts_down2(ExpertProj down, ExpertProj sdown, int 
         const long e = sel[j];
         const long r0 = e * (long)H + ob;
         MmaTile<MMA_U> m;
-        if (nrows > 0)
-            m.start((const u8*)down.w + r0 * (K / 2), down.scales + r0 * (K / 16), K / 2, K / 16, nrows, p * nc / 2,
-                    (p + 1) * nc / 2);
+        mma_start_group(m, down, r0, nrows, K, p * nc / 2, (p + 1) * nc / 2);
         const float ds = xb_fill((uint2*)xs, h + (long)j * max(inter, shared_inter), K);
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
         if (nrows > 0) m.run((const uint2*)xs, acc);
@@ -2376,11 +2378,6 @@ __device__ void route_impl(const float* __restrict__ logits, const float* __rest
                            int softmax, int normalize, float softcap, float scale, int* __restrict__ sel,
                            float* __restrict__ wts, int t);
 
-// Where a warp of a routed group reads: tile rows `row0..` of projection P, chunks [c0, c1).
-__device__ __forceinline__ void mma_start_group(MmaTile<MMA_U>& m, const ExpertProj& P, long row0, int nrows, int K,
-                                                int c0, int c1) {
-    if (nrows > 0) m.start((const u8*)P.w + row0 * (K / 2), P.scales + row0 * (K / 16), K / 2, K / 16, nrows, c0, c1);
-}
 
 // The rows [s0, s1) of a shared expert (`srows` rows costing `cs` bytes each) that block `b` of
 // `nb` takes, so that with the routed groups it gets round-robin (`groups` of `cr` bytes each:
