@@ -21,6 +21,7 @@ pub mod cuda;
 
 use crate::error::Result;
 use crate::kv_cache::KvLayerSpec;
+use crate::models::decoder::Decoder;
 use crate::rope::RopeSpec;
 use crate::weights::{ExpertWeights, LinearWeight};
 
@@ -205,4 +206,23 @@ pub trait Backend: Send + Sync + Sized + 'static {
         routing: &Self::Routing,
         experts: &Self::Experts,
     ) -> Result<Self::Tensor>;
+
+    // ---- whole steps -----------------------------------------------------------------------
+
+    /// One token `id` at position `pos0` through the whole `decoder` on a decode step of the
+    /// backend's own (fused launches on fixed buffers), appending to `kv`: the token's logits
+    /// `[1, vocab]`, equal to the generic ops' up to f32 summation order. `Ok(None)` (the
+    /// default) where the backend has no such step or it does not cover `decoder`: the caller
+    /// then runs the generic ops.
+    #[allow(private_interfaces)]
+    fn decode_step(
+        &self,
+        decoder: &Decoder<Self>,
+        kv: &mut [Self::KvLayer],
+        id: u32,
+        pos0: usize,
+    ) -> Result<Option<Self::Tensor>> {
+        let _ = (decoder, kv, id, pos0);
+        Ok(None)
+    }
 }

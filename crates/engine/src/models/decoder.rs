@@ -93,6 +93,11 @@ impl<B: Backend> Decoder<B> {
         pos0: usize,
         wanted: Wanted,
     ) -> Result<Option<B::Tensor>> {
+        if let ([id], Wanted::Last) = (ids, wanted) {
+            if let Some(logits) = b.decode_step(self, kv, *id, pos0)? {
+                return Ok(Some(logits));
+            }
+        }
         let mut x = b.embed(&self.embed, ids)?;
         for (layer, cache) in self.layers.iter().zip(kv.iter_mut()) {
             self.residual_block(b, layer, &mut x, |a| {

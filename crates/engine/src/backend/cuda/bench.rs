@@ -22,12 +22,12 @@
 
 use std::time::Instant;
 
-use cudarc::driver::{CudaSlice, DeviceRepr};
+use cudarc::driver::CudaSlice;
 use serde_json::Value;
 
 use super::{
-    launch, AttnPrep, CudaBackend, CudaExperts, CudaKvLayer, CudaLinear, Epi, ExpertArena, Route,
-    SharedExpert, GEMV_WARPS, MULTI_WARPS,
+    launch, AttnPrep, CudaBackend, CudaExperts, CudaKvLayer, CudaLinear, Epi, ExpertArena,
+    MultiLinear, Route, SharedExpert, GEMV_WARPS,
 };
 use crate::backend::{AttentionParams, Backend, RouterParams, RouterScoring};
 use crate::error::Result;
@@ -135,28 +135,6 @@ pub fn copy_bandwidth(b: &CudaBackend, bytes: usize, reps: usize) -> Result<f64>
     b.synchronize()?;
     Ok(2.0 * bytes as f64 * reps as f64 / t.elapsed().as_secs_f64() / 1e9)
 }
-
-/// Kernel-side `Seg` / `Segs` of `linear_multi`.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct Seg {
-    w: u64,
-    scales: u64,
-    y: u64,
-    inv_g: f32,
-    fmt: i32,
-    n: i32,
-    block0: i32,
-}
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct Segs {
-    s: [Seg; 6],
-    n: i32,
-    _pad: i32,
-}
-// SAFETY: plain old data matching the C structs.
-unsafe impl DeviceRepr for Segs {}
 
 struct Geometry {
     hidden: usize,
@@ -577,26 +555,17 @@ pub fn synthetic_laguna_decode(
                 };
                 let next = Epi::norm(b, bp(&x), next_norm, bp(&a), h, g.eps);
                 let l = &mut layers[li];
-                let mut segs = Segs::default();
-                let mut block0 = 0i32;
-                for (i, (w, y)) in [(&l.q, &qb), (&l.k, &kb), (&l.v, &vb), (&l.g, &gb)]
-                    .iter()
-                    .enumerate()
-                {
-                    segs.s[i] = Seg {
-                        w: b.ptr(&w.data),
-                        scales: w.scales_ptr(b),
-                        y: bp(y),
-                        inv_g: w.inv_g,
-                        fmt: w.fmt,
-                        n: w.rows as i32,
-                        block0,
-                    };
-                    block0 += (w.rows as u32).div_ceil(b.multi_rows_per_block(w, h)) as i32;
-                }
-                segs.n = 4;
-                launch!(b, &b.inner.f.linear_multi2, (block0 as u32, 1, 1), (32 * MULTI_WARPS, 1, 1);
-                    segs, bp(&a), h as i32, i32::from(b.inner.mma))?;
+                let qkvg = MultiLinear::new(
+                    b,
+                    &[
+                        (&l.q, bp(&qb)),
+                        (&l.k, bp(&kb)),
+                        (&l.v, bp(&vb)),
+                        (&l.g, bp(&gb)),
+                    ],
+                    h,
+                )?;
+                b.linear_multi_raw(&qkvg, bp(&a))?;
                 tm.mark("q/k/v/g projections (one launch)")?;
                 let (invf, rdim, theta_af) = if l.full {
                     (&inv_full, rdim_full, 1.0f32)
@@ -622,10 +591,17 @@ pub fn synthetic_laguna_decode(
                     )
                 });
                 if prep.is_none() {
-                    launch!(b, &b.inner.f.qk_norm_rope, ((l.heads + 2 * g.kv_heads) as u32, 1, 1), (d as u32, 1, 1);
-                        bp(&qb), bp(&kb), bp(&l.qn), bp(&l.kn), l.heads as i32, d as i32, g.eps,
-                        bp(invf), rdim as i32, theta_af, ctx as i32, b.ptr(&l.kv.k), b.ptr(&l.kv.v),
-                        bp(&vb), slot as i64, g.kv_heads as i32, l.kv.kv_t, l.kv.k_scale, l.kv.v_scale)?;
+                    b.qk_norm_rope_raw(
+                        bp(&qb),
+                        bp(&kb),
+                        bp(&vb),
+                        (bp(&l.qn), bp(&l.kn), g.eps),
+                        l.heads,
+                        (bp(invf), rdim, theta_af),
+                        ctx,
+                        &l.kv,
+                        slot,
+                    )?;
                     tm.mark("q/k norms + rope + kv append")?;
                 }
                 let p = AttentionParams {
@@ -730,7 +706,7 @@ pub fn synthetic_laguna_decode(
                         let inv = &shared_inv[li];
                         b.experts_raw(
                             experts,
-                            Some((&sh, [&inv[0], &inv[1], &inv[2]])),
+                            Some((&sh, [b.ptr(&inv[0]), b.ptr(&inv[1]), b.ptr(&inv[2])])),
                             &sel,
                             &wts,
                             g.top_k,
@@ -952,7 +928,7 @@ pub fn kernel_microbench(b: &CudaBackend) -> Result<Vec<(String, f64, f64)>> {
     let us = time(&mut || {
         b.experts_raw(
             &e,
-            Some((&sx, [&one, &one, &one])),
+            Some((&sx, [b.ptr(&one); 3])),
             &sel,
             &wts,
             k,

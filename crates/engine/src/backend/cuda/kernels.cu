@@ -1407,7 +1407,7 @@ __device__ __forceinline__ void kv_store(void* c, long i, float x, int kv_t, flo
 }
 
 // Per-head RMSNorm then rope, for q (heads) and k (kv_heads) of one token, in place.
-// grid (heads + kv_heads [+ kv_heads]), block = hd threads (hd <= 256, a multiple of 32).
+// grid (heads + kv_heads [+ kv_heads]), block = hd rounded up to whole warps (hd <= 256).
 // With `kc` (the KV append fused in): the k heads' blocks also write their rotated row into
 // cache slot `slot` (row width kv_heads * hd), and kv_heads more blocks write v's.
 extern "C" __global__ void qk_norm_rope(float* q, float* k, const float* __restrict__ qn, const float* __restrict__ kn,
@@ -1426,7 +1426,7 @@ extern "C" __global__ void qk_norm_rope(float* q, float* k, const float* __restr
     const float* w = isq ? qn : kn;
     float v0 = i < hd ? h[i] : 0.f;
     float ss = block_sum(v0 * v0);
-    v0 = w ? w[i] * (v0 * (1.0f / sqrtf(ss / (float)hd + eps))) : v0;
+    v0 = (w && i < hd) ? w[i] * (v0 * (1.0f / sqrtf(ss / (float)hd + eps))) : v0;
     __shared__ float sh[256];
     if (i < hd) sh[i] = v0;
     __syncthreads();

@@ -16,6 +16,7 @@
 //! fp8 KV, sampling on device, tensor-core NVFP4 kernels.
 
 pub mod bench;
+mod decode;
 
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -27,6 +28,7 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 use super::{AttentionParams, Backend, RouterParams, RouterScoring};
 use crate::error::{EngineError, Result};
 use crate::kv_cache::{KvDtype, KvLayerSpec};
+use crate::models::decoder::Decoder;
 use crate::rope::RopeSpec;
 use crate::weights::{ExpertWeights, LinearWeight};
 
@@ -291,6 +293,13 @@ pub(crate) struct Inner {
     /// Attended keys up to which head_dim-128 decode attention takes the short-span variant
     /// (`ATTN_SHORT_KEYS` unless set).
     attn_short_keys: std::sync::atomic::AtomicUsize,
+    /// The model path's single-token steps on the fused launch sequence (`decode.rs`) where it
+    /// covers the model; `FP4FORGE_CUDA_FUSED_DECODE=0` starts it off.
+    fused_decode: std::sync::atomic::AtomicBool,
+    /// The fused step's activation buffers (one step at a time).
+    decode: Mutex<Option<decode::DecodeBuffers>>,
+    /// Tokens decoded on the fused step so far.
+    fused_steps: std::sync::atomic::AtomicUsize,
 }
 
 /// The CUDA backend on one device. Cheap to clone.
@@ -401,6 +410,11 @@ impl CudaBackend {
                 ),
                 persist_grid: std::sync::atomic::AtomicUsize::new(0),
                 attn_short_keys: std::sync::atomic::AtomicUsize::new(ATTN_SHORT_KEYS),
+                fused_decode: std::sync::atomic::AtomicBool::new(
+                    std::env::var("FP4FORGE_CUDA_FUSED_DECODE").as_deref() != Ok("0"),
+                ),
+                decode: Mutex::new(None),
+                fused_steps: std::sync::atomic::AtomicUsize::new(0),
                 ctx,
                 stream,
                 f,
@@ -647,10 +661,137 @@ impl CudaBackend {
             w.rows as i32, w.cols as i32, t as i32)
     }
 
+    /// One token's per-head q/k RMSNorms (`qn`, `kn`: 0 for none) and rope at `pos` over
+    /// `q` (`heads` heads) and `k` (the cache's kv heads), in place, and the rotated k row and
+    /// the `v` row written into cache slot `slot`, in one launch (`qk_norm_rope`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn qk_norm_rope_raw(
+        &self,
+        q: u64,
+        k: u64,
+        v: u64,
+        (qn, kn, eps): (u64, u64, f32),
+        heads: usize,
+        (inv_freq, rdim, attn_factor): (u64, usize, f32),
+        pos: usize,
+        cache: &CudaKvLayer,
+        slot: usize,
+    ) -> Result<()> {
+        let (kvh, d) = (cache.spec.kv_heads, cache.spec.head_dim);
+        // one thread per value of a head, whole warps (the block sum reads every warp's share)
+        let threads = d.div_ceil(32) * 32;
+        launch!(self, &self.inner.f.qk_norm_rope, ((heads + 2 * kvh) as u32, 1, 1), (threads as u32, 1, 1);
+            q, k, qn, kn, heads as i32, d as i32, eps, inv_freq, rdim as i32, attn_factor, pos as i32,
+            self.ptr(&cache.k), self.ptr(&cache.v), v, slot as i64, kvh as i32, cache.kv_t,
+            cache.k_scale, cache.v_scale)
+    }
+
+    /// Whether `linear_multi` takes inputs of width `k` (`K % 32 == 0`, `K <= XS_MAX`).
+    pub fn linear_multi_applies(k: usize) -> bool {
+        k > 0 && k.is_multiple_of(32) && k <= NV_MAX_K
+    }
+
+    /// `x · W_iᵀ` for each of `ws` (at most [`MultiLinear::MAX`], all of `x`'s width, which
+    /// `linear_multi_applies`) over one token `x` (`[1, cols]`), in one launch: the q/k/v/gate
+    /// projections of a decode step.
+    pub fn linear_multi(&self, x: &CudaTensor, ws: &[&CudaLinear]) -> Result<Vec<CudaTensor>> {
+        self.check(x.rows == 1, || {
+            format!("linear_multi of {} tokens (one only)", x.rows)
+        })?;
+        let ys = ws
+            .iter()
+            .map(|w| self.tensor(1, w.rows))
+            .collect::<Result<Vec<_>>>()?;
+        let parts: Vec<(&CudaLinear, u64)> = ws
+            .iter()
+            .zip(&ys)
+            .map(|(w, y)| (*w, self.ptr(&y.buf)))
+            .collect();
+        self.linear_multi_raw(&MultiLinear::new(self, &parts, x.cols)?, self.ptr(&x.buf))?;
+        Ok(ys)
+    }
+
+    /// The linears of `m` over one token's `x` in one launch (`linear_multi2`).
+    pub(crate) fn linear_multi_raw(&self, m: &MultiLinear, x: u64) -> Result<()> {
+        launch!(self, &self.inner.f.linear_multi2, (m.blocks, 1, 1), (32 * MULTI_WARPS, 1, 1);
+            m.segs, x, m.k as i32, i32::from(self.inner.mma))
+    }
+
     /// `FP4FORGE_CUDA_LEGACY_GEMV=1` uses the one-row-per-warp kernel for decode (comparisons).
     fn legacy_gemv(&self) -> bool {
         static L: OnceLock<bool> = OnceLock::new();
         *L.get_or_init(|| std::env::var_os("FP4FORGE_CUDA_LEGACY_GEMV").is_some())
+    }
+}
+
+/// One linear of a `linear_multi2` launch (`Seg` in kernels.cu; layout identical).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Seg {
+    w: u64,
+    scales: u64,
+    y: u64,
+    inv_g: f32,
+    fmt: i32,
+    n: i32,
+    block0: i32,
+}
+
+/// The segments of a `linear_multi2` launch (`Segs` in kernels.cu; layout identical): segment
+/// `s` covers the blocks from its `block0` to the next one's.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Segs {
+    s: [Seg; 6],
+    n: i32,
+    _pad: i32,
+}
+// SAFETY: plain old data matching the C structs.
+unsafe impl DeviceRepr for Segs {}
+
+/// Up to [`MultiLinear::MAX`] linears of one input vector (one token) in one launch
+/// (`linear_multi2`): q/k/v/gate, or an MLP's gate and up.
+#[derive(Clone, Copy)]
+pub(crate) struct MultiLinear {
+    segs: Segs,
+    blocks: u32,
+    k: usize,
+}
+
+impl MultiLinear {
+    /// Most linears in one launch.
+    pub(crate) const MAX: usize = 6;
+
+    /// `y_i = x · W_iᵀ` for each `(W_i, y_i)` of `parts`; every `W_i` takes `k` inputs and
+    /// `CudaBackend::linear_multi_applies(k)` holds.
+    pub(crate) fn new(b: &CudaBackend, parts: &[(&CudaLinear, u64)], k: usize) -> Result<Self> {
+        b.check(
+            CudaBackend::linear_multi_applies(k)
+                && !parts.is_empty()
+                && parts.len() <= Self::MAX
+                && parts.iter().all(|(w, _)| w.cols == k),
+            || format!("linear_multi: {} linears of {k} inputs", parts.len()),
+        )?;
+        let mut segs = Segs::default();
+        let mut block0 = 0u32;
+        for (i, (w, y)) in parts.iter().enumerate() {
+            segs.s[i] = Seg {
+                w: b.ptr(&w.data),
+                scales: w.scales_ptr(b),
+                y: *y,
+                inv_g: w.inv_g,
+                fmt: w.fmt,
+                n: w.rows as i32,
+                block0: block0 as i32,
+            };
+            block0 += (w.rows as u32).div_ceil(b.multi_rows_per_block(w, k));
+        }
+        segs.n = parts.len() as i32;
+        Ok(Self {
+            segs,
+            blocks: block0,
+            k,
+        })
     }
 }
 
@@ -1609,6 +1750,17 @@ impl Backend for CudaBackend {
         )?;
         Ok(out)
     }
+
+    #[allow(private_interfaces)]
+    fn decode_step(
+        &self,
+        decoder: &Decoder<Self>,
+        kv: &mut [CudaKvLayer],
+        id: u32,
+        pos0: usize,
+    ) -> Result<Option<CudaTensor>> {
+        self.decode_fused(decoder, kv, id, pos0)
+    }
 }
 
 /// A shared expert for the fused MoE kernels: gate, up, down (each one resident linear).
@@ -1619,11 +1771,12 @@ pub(crate) struct SharedExpert<'a> {
 }
 
 impl CudaBackend {
-    fn lin_proj(&self, l: &CudaLinear, inv: &CudaSlice<f32>) -> ExpertProj {
+    /// `l` as an expert projection whose `1 / global_scale` is the f32 at device address `inv`.
+    fn lin_proj(&self, l: &CudaLinear, inv: u64) -> ExpertProj {
         ExpertProj {
             w: self.ptr(&l.data),
             scales: l.scales_ptr(self),
-            inv_g: self.ptr(inv),
+            inv_g: inv,
             fmt: l.fmt,
             _pad: 0,
         }
@@ -1639,7 +1792,7 @@ impl CudaBackend {
     pub(crate) fn experts_raw(
         &self,
         e: &CudaExperts,
-        shared: Option<(&SharedExpert<'_>, [&CudaSlice<f32>; 3])>,
+        shared: Option<(&SharedExpert<'_>, [u64; 3])>,
         sel: &CudaSlice<i32>,
         wts: &CudaSlice<f32>,
         k: usize,
@@ -1721,7 +1874,7 @@ impl CudaBackend {
     fn persistent_moe(
         &self,
         e: &CudaExperts,
-        shared: &Option<(&SharedExpert<'_>, [&CudaSlice<f32>; 3])>,
+        shared: &Option<(&SharedExpert<'_>, [u64; 3])>,
         k: usize,
         t: usize,
     ) -> bool {

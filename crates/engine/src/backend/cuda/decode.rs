@@ -1,0 +1,405 @@
+//! The model path's decode step on CUDA: one token through a loaded decoder with the fused
+//! launch sequence of the benchmark (`bench.rs`), over the model's own weights and KV caches and
+//! on activation buffers allocated once.
+//!
+//! Per layer: q/k/v(/gate) in one launch (`linear_multi2`); attention that also applies the
+//! per-head q/k norms and rope and appends the new KV rows (`AttnPrep`, bf16 caches at head_dim
+//! 64/128; elsewhere one `qk_norm_rope` launch first) and the softplus gate; o_proj with the
+//! residual; then a MoE layer's post-attention norm inside the router's launch, the router's top-k
+//! and the routed + shared experts on the persistent kernels, and their ordered sum with the
+//! residual, whose last block computes the next layer's input norm (or the final norm); a dense
+//! layer runs norm, gate/up (one launch), SiLU·up, down with the residual and the next norm.
+//! Then the lm_head.
+//!
+//! [`CudaBackend::decode_fused`] runs it where the decoder has nothing it does not cover (no
+//! projection biases, a gate of one value per head, inputs of at most `XS_MAX` values); otherwise
+//! the caller takes the generic ops. Every row is computed as the generic path computes it, up to
+//! f32 summation order (the GPU tests compare both, and both against the CPU backend).
+
+use std::sync::atomic::Ordering;
+
+use cudarc::driver::CudaSlice;
+
+use super::{
+    launch, AttnPrep, CudaBackend, CudaKvLayer, CudaTensor, Epi, MultiLinear, Route, SharedExpert,
+    MAX_SPLITS,
+};
+use crate::error::Result;
+use crate::models::decoder::{Decoder, Mlp, Moe};
+
+/// Activation buffers of the fused decode step, at fixed addresses, grown when a decoder needs
+/// more. Held by the backend (one step at a time: the lock around it serialises steps).
+pub(crate) struct DecodeBuffers {
+    sizes: Sizes,
+    x: CudaSlice<f32>,
+    a: CudaSlice<f32>,
+    q: CudaSlice<f32>,
+    k: CudaSlice<f32>,
+    v: CudaSlice<f32>,
+    gate: CudaSlice<f32>,
+    attn: CudaSlice<f32>,
+    part_o: CudaSlice<f32>,
+    part_ml: CudaSlice<f32>,
+    router: CudaSlice<f32>,
+    sel: CudaSlice<i32>,
+    wts: CudaSlice<f32>,
+    h: CudaSlice<f32>,
+    part: CudaSlice<f32>,
+    up: CudaSlice<f32>,
+    act: CudaSlice<f32>,
+    ids: CudaSlice<u32>,
+    /// `1 / global_scale` of each MoE layer's shared gate, up and down (the persistent kernels
+    /// read them from device memory), and the host copy they were uploaded from.
+    shared_inv: CudaSlice<f32>,
+    shared_inv_host: Vec<f32>,
+}
+
+/// Element counts of the buffers (what a decoder needs).
+#[derive(Clone, Copy, PartialEq, Default)]
+struct Sizes {
+    hidden: usize,
+    q: usize,
+    kv: usize,
+    gate: usize,
+    heads_x_dim: usize,
+    heads: usize,
+    router: usize,
+    top_k: usize,
+    h: usize,
+    part: usize,
+    dense: usize,
+}
+
+impl Sizes {
+    fn of(d: &Decoder<CudaBackend>) -> Self {
+        let mut s = Sizes {
+            hidden: d.hidden,
+            ..Default::default()
+        };
+        for l in &d.layers {
+            let p = &l.attn.params;
+            s.q = s.q.max(p.heads * p.head_dim);
+            s.kv = s.kv.max(p.kv_heads * p.head_dim);
+            s.gate = s.gate.max(l.attn.gate.as_ref().map_or(0, |g| g.rows));
+            s.heads_x_dim = s.heads_x_dim.max(p.heads * p.head_dim);
+            s.heads = s.heads.max(p.heads);
+            match &l.mlp {
+                Mlp::Moe(m) => {
+                    let sh = m.shared.as_ref().map_or(0, |x| x.gate.rows);
+                    let items = m.params.top_k + usize::from(m.shared.is_some());
+                    s.router = s.router.max(m.router.rows);
+                    s.top_k = s.top_k.max(m.params.top_k);
+                    s.h = s.h.max(items * m.experts.inter.max(sh));
+                    s.part = s.part.max(items * d.hidden);
+                }
+                Mlp::Dense(m) => s.dense = s.dense.max(m.gate.rows),
+            }
+        }
+        s
+    }
+
+    fn covers(&self, need: &Sizes) -> bool {
+        self.hidden == need.hidden
+            && self.q >= need.q
+            && self.kv >= need.kv
+            && self.gate >= need.gate
+            && self.heads_x_dim >= need.heads_x_dim
+            && self.heads >= need.heads
+            && self.router >= need.router
+            && self.top_k >= need.top_k
+            && self.h >= need.h
+            && self.part >= need.part
+            && self.dense >= need.dense
+    }
+}
+
+impl DecodeBuffers {
+    fn new(b: &CudaBackend, s: Sizes) -> Result<Self> {
+        Ok(Self {
+            sizes: s,
+            x: b.alloc(s.hidden)?,
+            a: b.alloc(s.hidden)?,
+            q: b.alloc(s.q)?,
+            k: b.alloc(s.kv)?,
+            v: b.alloc(s.kv)?,
+            gate: b.alloc(s.gate)?,
+            attn: b.alloc(s.heads_x_dim)?,
+            part_o: b.alloc(s.heads_x_dim * MAX_SPLITS)?,
+            part_ml: b.alloc(s.heads * MAX_SPLITS * 2)?,
+            router: b.alloc(s.router)?,
+            sel: b.alloc(s.top_k)?,
+            wts: b.alloc(s.top_k)?,
+            h: b.alloc(s.h.max(s.dense))?,
+            part: b.alloc(s.part)?,
+            up: b.alloc(s.dense)?,
+            act: b.alloc(s.dense)?,
+            ids: b.alloc(1)?,
+            shared_inv: b.alloc(1)?,
+            shared_inv_host: Vec::new(),
+        })
+    }
+}
+
+/// Whether the fused step covers `d`: no projection biases, a gate of one value per head, every
+/// layer's linears of one input vector within `linear_multi2`'s reach, MoE routing the `route`
+/// kernel takes (top-k <= 32 of <= 1,024 experts).
+fn covers(d: &Decoder<CudaBackend>) -> bool {
+    CudaBackend::linear_multi_applies(d.hidden)
+        && d.layers.iter().all(|l| {
+            let a = &l.attn;
+            let p = &a.params;
+            let no_bias = a.q_bias.is_none()
+                && a.k_bias.is_none()
+                && a.v_bias.is_none()
+                && a.o_bias.is_none();
+            let gate_ok = a.gate.as_ref().is_none_or(|g| g.rows == p.heads);
+            let mlp_ok = match &l.mlp {
+                Mlp::Dense(m) => CudaBackend::linear_multi_applies(m.down.cols),
+                Mlp::Moe(m) => m.params.top_k > 0 && m.params.top_k <= 32 && m.router.rows <= 1024,
+            };
+            no_bias && gate_ok && mlp_ok && p.head_dim <= 128
+        })
+}
+
+impl CudaBackend {
+    /// Switches the model path's fused decode step on or off (on by default;
+    /// `FP4FORGE_CUDA_FUSED_DECODE=0` starts it off), e.g. to compare it with the generic ops.
+    pub fn set_fused_decode(&self, on: bool) {
+        self.inner.fused_decode.store(on, Ordering::Relaxed);
+    }
+
+    /// Tokens decoded on the fused step by this backend (and its clones) so far.
+    pub fn fused_decode_steps(&self) -> usize {
+        self.inner.fused_steps.load(Ordering::Relaxed)
+    }
+
+    /// One token `id` at position `pos0` through the whole decoder `d` on the fused step,
+    /// appending its keys and values to `kv`; the logits of the token (`[1, vocab]`). `None`
+    /// where the fused step is off or does not cover `d` (the caller runs the generic ops).
+    pub(crate) fn decode_fused(
+        &self,
+        d: &Decoder<CudaBackend>,
+        kv: &mut [CudaKvLayer],
+        id: u32,
+        pos0: usize,
+    ) -> Result<Option<CudaTensor>> {
+        if !self.inner.fused_decode.load(Ordering::Relaxed) || !covers(d) {
+            return Ok(None);
+        }
+        self.check(kv.len() == d.layers.len(), || {
+            format!("{} KV layers for {} layers", kv.len(), d.layers.len())
+        })?;
+        self.check(kv.iter().all(|c| c.len == pos0), || {
+            format!("a KV cache does not hold the {pos0} positions before this token")
+        })?;
+        self.check((id as usize) < d.embed.rows, || {
+            format!("token id {id} outside table `{}`", d.embed.name)
+        })?;
+        let mut guard = self
+            .inner
+            .decode
+            .lock()
+            .map_err(|_| self.err("a fused decode step panicked earlier"))?;
+        let need = Sizes::of(d);
+        let bufs = match guard.take() {
+            Some(bufs) if bufs.sizes.covers(&need) => bufs,
+            _ => DecodeBuffers::new(self, need)?,
+        };
+        let bufs = guard.insert(bufs);
+        self.refresh_shared_inv(d, bufs)?;
+        self.inner
+            .stream
+            .memcpy_htod(&[id], &mut bufs.ids)
+            .map_err(|e| self.err(format!("{e:?}")))?;
+        let logits = self.decode_launches(d, kv, bufs, pos0)?;
+        for c in kv.iter_mut() {
+            c.len += 1;
+        }
+        self.inner.fused_steps.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(logits))
+    }
+
+    /// Uploads the shared experts' `1 / global_scale` values where they changed (another
+    /// decoder on this backend).
+    fn refresh_shared_inv(&self, d: &Decoder<CudaBackend>, bufs: &mut DecodeBuffers) -> Result<()> {
+        let host: Vec<f32> = d
+            .layers
+            .iter()
+            .flat_map(|l| match &l.mlp {
+                Mlp::Moe(Moe {
+                    shared: Some(s), ..
+                }) => [s.gate.inv_g, s.up.inv_g, s.down.inv_g],
+                _ => [1.0; 3],
+            })
+            .collect();
+        if host != bufs.shared_inv_host {
+            bufs.shared_inv = self
+                .inner
+                .stream
+                .clone_htod(&host)
+                .map_err(|e| self.err(format!("{e:?}")))?;
+            bufs.shared_inv_host = host;
+        }
+        Ok(())
+    }
+
+    /// The launches of one step (the token id already in `bufs.ids`); the logits.
+    fn decode_launches(
+        &self,
+        d: &Decoder<CudaBackend>,
+        kv: &mut [CudaKvLayer],
+        bufs: &DecodeBuffers,
+        pos0: usize,
+    ) -> Result<CudaTensor> {
+        let p = |s: &CudaSlice<f32>| self.ptr(s);
+        let (x, a) = (p(&bufs.x), p(&bufs.a));
+        let h = d.hidden;
+        launch!(self, &self.inner.f.embed, (1, 1, 1), (256, 1, 1);
+            d.embed.fmt, self.ptr(&d.embed.data), d.embed.scales_ptr(self), d.embed.inv_g,
+            self.ptr(&bufs.ids), x, h as i32)?;
+        let first = d.layers.first().map_or(&d.norm, |l| &l.input_norm);
+        launch!(self, &self.inner.f.rms_norm, (1, 1, 1), (512, 1, 1);
+            x, p(&first.buf), a, h as i32, d.eps)?;
+        let shared_inv = self.ptr(&bufs.shared_inv);
+        for (li, (l, cache)) in d.layers.iter().zip(kv.iter_mut()).enumerate() {
+            let next_norm = d.layers.get(li + 1).map_or(&d.norm, |n| &n.input_norm);
+            let next = Epi::norm(self, x, p(&next_norm.buf), a, h, d.eps);
+            let at = &l.attn;
+            let ap = &at.params;
+            // q, k, v (and the per-head gate) of the normed input, one launch
+            let mut parts = vec![
+                (&at.q, p(&bufs.q)),
+                (&at.k, p(&bufs.k)),
+                (&at.v, p(&bufs.v)),
+            ];
+            if let Some(g) = &at.gate {
+                parts.push((g, p(&bufs.gate)));
+            }
+            self.linear_multi_raw(&MultiLinear::new(self, &parts, h)?, a)?;
+
+            // attention over the cache and this token (norms, rope and append inside or first)
+            if cache.spec.window.is_none() || cache.cap == 0 {
+                self.kv_grow(cache, pos0 + 1)?;
+            }
+            let slot = cache.spec.window.map_or(pos0, |w| pos0 % w);
+            let rope = &d.ropes[at.rope];
+            let rope_args = (
+                self.ptr(&rope.inv_freq),
+                rope.rotary_dim,
+                rope.attention_factor,
+            );
+            let norms = (
+                at.q_norm.as_ref().map_or(0, |n| p(&n.buf)),
+                at.k_norm.as_ref().map_or(0, |n| p(&n.buf)),
+                d.eps,
+            );
+            let prep = Self::dec_attention_applies(cache, ap.head_dim, 1).then(|| {
+                AttnPrep::new(
+                    self,
+                    cache,
+                    slot,
+                    norms.0,
+                    norms.1,
+                    d.eps,
+                    rope_args.0,
+                    rope_args.1,
+                    rope_args.2,
+                )
+            });
+            if prep.is_none() {
+                self.qk_norm_rope_raw(
+                    p(&bufs.q),
+                    p(&bufs.k),
+                    p(&bufs.v),
+                    norms,
+                    ap.heads,
+                    rope_args,
+                    pos0,
+                    cache,
+                    slot,
+                )?;
+            }
+            let keys = cache.spec.window.map_or(pos0 + 1, |w| w.min(pos0 + 1));
+            let blocks = ap.kv_heads * (ap.heads / ap.kv_heads).div_ceil(super::ATTN_GMAX);
+            let splits = self.splits_for(keys, blocks, 1);
+            self.attention_raw(
+                p(&bufs.q),
+                p(&bufs.k),
+                p(&bufs.v),
+                cache,
+                pos0,
+                1,
+                ap,
+                p(&bufs.attn),
+                at.gate.as_ref().map_or(0, |_| p(&bufs.gate)),
+                splits,
+                Some((p(&bufs.part_o), p(&bufs.part_ml))),
+                prep,
+            )?;
+            // x += o(attention)
+            self.gemv_raw(&at.o, p(&bufs.attn), x, 0, x, 1)?;
+
+            match &l.mlp {
+                Mlp::Moe(m) => {
+                    if Self::norm_gemv_applies(&m.router) {
+                        self.norm_gemv_raw(
+                            &m.router,
+                            x,
+                            p(&l.post_norm.buf),
+                            d.eps,
+                            a,
+                            p(&bufs.router),
+                        )?;
+                    } else {
+                        launch!(self, &self.inner.f.rms_norm, (1, 1, 1), (512, 1, 1);
+                            x, p(&l.post_norm.buf), a, h as i32, d.eps)?;
+                        self.gemv_raw(&m.router, a, p(&bufs.router), 0, 0, 1)?;
+                    }
+                    let route = Route::new(
+                        p(&bufs.router),
+                        m.selection_bias.as_ref().map_or(0, |b| p(&b.buf)),
+                        m.router.rows,
+                        &m.params,
+                        m.routed_scale,
+                    );
+                    let shared = m.shared.as_ref().map(|s| SharedExpert {
+                        gate: &s.gate,
+                        up: &s.up,
+                        down: &s.down,
+                    });
+                    let inv = shared_inv + (12 * li) as u64;
+                    self.experts_raw(
+                        &m.experts,
+                        shared.as_ref().map(|s| (s, [inv, inv + 4, inv + 8])),
+                        &bufs.sel,
+                        &bufs.wts,
+                        m.params.top_k,
+                        1,
+                        a,
+                        p(&bufs.h),
+                        p(&bufs.part),
+                        x,
+                        x,
+                        next,
+                        Some(&route),
+                    )?;
+                }
+                Mlp::Dense(m) => {
+                    launch!(self, &self.inner.f.rms_norm, (1, 1, 1), (512, 1, 1);
+                        x, p(&l.post_norm.buf), a, h as i32, d.eps)?;
+                    let gu = [(&m.gate, p(&bufs.h)), (&m.up, p(&bufs.up))];
+                    self.linear_multi_raw(&MultiLinear::new(self, &gu, h)?, a)?;
+                    let n = m.gate.rows;
+                    launch!(self, &self.inner.f.silu_mul, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1);
+                        p(&bufs.h), p(&bufs.up), p(&bufs.act), n as i64)?;
+                    self.gemv_raw(&m.down, p(&bufs.act), x, 0, x, 1)?;
+                    self.epilogue_launch(&next, 1)?;
+                }
+            }
+        }
+        let head = d.lm_head.as_ref().unwrap_or(&d.embed);
+        let logits = self.tensor(1, head.rows)?;
+        self.gemv_raw(head, a, self.ptr(&logits.buf), 0, 0, 1)?;
+        Ok(logits)
+    }
+}
