@@ -103,15 +103,16 @@ impl<B: Backend> Session<'_, B> {
             ..Default::default()
         };
         let start = Instant::now();
-        let mut logits = self.prefill(prompt)?;
+        let logits = self.prefill(prompt)?;
         stats.prefill_time = start.elapsed();
         let mut tokens = Vec::new();
         let max_context = self.model().info().max_context;
+        // each decode step picks its successor where the logits are (`step_sampled`)
+        let mut pending = (options.max_tokens > 0).then(|| sampler.sample(&logits));
         let stop = loop {
-            if tokens.len() >= options.max_tokens {
+            let Some(next) = pending.take() else {
                 break StopReason::MaxTokens;
-            }
-            let next = sampler.sample(&logits);
+            };
             if options.stop_tokens.contains(&next) {
                 break StopReason::StopToken(next);
             }
@@ -126,7 +127,7 @@ impl<B: Backend> Session<'_, B> {
                 break StopReason::ContextFull;
             }
             let t = Instant::now();
-            logits = self.step(next)?;
+            pending = Some(self.step_sampled(next, &mut sampler)?);
             stats.decode_time += t.elapsed();
             stats.decode_steps += 1;
         };

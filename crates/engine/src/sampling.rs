@@ -102,9 +102,24 @@ impl Sampler {
 
     /// The next token for `logits` (NaN counts as -inf). Returns 0 for empty logits.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        if self.params.is_greedy() {
+        let u = self.draw();
+        self.pick(logits, u)
+    }
+
+    /// The uniform draw in `[0, 1)` the next non-greedy pick uses (advancing the generator), or
+    /// `None` for greedy parameters (which draw nothing). `sample` is `pick(logits, draw())`;
+    /// a device that samples itself takes the same draw, so a seed gives the same tokens there.
+    pub fn draw(&mut self) -> Option<f64> {
+        (!self.params.is_greedy()).then(|| self.rng.next_f64())
+    }
+
+    /// The token for `logits` given the draw `u` of [`draw`](Self::draw) (`None`: greedy).
+    /// Candidates are ordered by `logit / temperature` descending, then index; top-k, then the
+    /// softmax in f64, then the top-p prefix; the first whose cumulative probability exceeds `u`.
+    pub fn pick(&self, logits: &[f32], u: Option<f64>) -> u32 {
+        let Some(u) = u.filter(|_| !self.params.is_greedy()) else {
             return argmax(logits);
-        }
+        };
         let t = self.params.temperature;
         let mut cand: Vec<(u32, f32)> = logits
             .iter()
@@ -115,10 +130,15 @@ impl Sampler {
         if cand.is_empty() {
             return 0;
         }
-        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        if self.params.top_k > 0 {
-            cand.truncate(self.params.top_k);
+        // (a total order: selecting the top k first and sorting only them is the full sort's
+        // prefix, in O(vocab) instead of O(vocab log vocab))
+        let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        let k = self.params.top_k;
+        if k > 0 && k < cand.len() {
+            cand.select_nth_unstable_by(k - 1, order);
+            cand.truncate(k);
         }
+        cand.sort_by(order);
         let max = cand[0].1;
         let mut probs: Vec<f64> = cand.iter().map(|c| f64::from(c.1 - max).exp()).collect();
         let total: f64 = probs.iter().sum();
@@ -141,7 +161,6 @@ impl Sampler {
                 *p /= total;
             }
         }
-        let u = self.rng.next_f64();
         let mut acc = 0.0;
         for (i, p) in probs.iter().enumerate() {
             acc += p;
@@ -199,6 +218,25 @@ mod tests {
         top.sort_by(|&x, &y| logits[y as usize].total_cmp(&logits[x as usize]));
         assert!(a.iter().all(|t| top[..3].contains(t)));
         assert!(top[..3].iter().all(|t| a.contains(t)));
+    }
+
+    #[test]
+    fn top_k_cuts_ties_by_index() {
+        // three tokens tie for the top: top-2 keeps the two lowest indices, each equally likely
+        let logits = [1.0f32, 2.0, 2.0, 2.0, 0.0, f32::NAN];
+        let s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 2,
+            top_p: 1.0,
+            seed: 0,
+        });
+        assert_eq!(s.pick(&logits, Some(0.0)), 1);
+        assert_eq!(s.pick(&logits, Some(0.49)), 1);
+        assert_eq!(s.pick(&logits, Some(0.51)), 2);
+        assert_eq!(s.pick(&logits, Some(0.999)), 2);
+        // greedy parameters ignore the draw
+        let g = Sampler::new(SamplingParams::greedy());
+        assert_eq!(g.pick(&logits, Some(0.9)), 1);
     }
 
     #[test]

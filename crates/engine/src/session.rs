@@ -5,6 +5,7 @@ use crate::error::{EngineError, Result};
 use crate::kv_cache::KvCache;
 use crate::model::Model;
 use crate::models::decoder::Wanted;
+use crate::sampling::Sampler;
 
 /// Logits of several positions, row-major `[rows, vocab]`.
 #[derive(Debug, Clone, PartialEq)]
@@ -113,7 +114,39 @@ impl<'m, B: Backend> Session<'m, B> {
         self.prefill(&[token])
     }
 
-    fn run(&mut self, tokens: &[u32], all: bool) -> Result<Logits> {
+    /// Appends one token and picks the next one with `sampler`: on the backend where it
+    /// samples these parameters itself (only the token id leaves the device), else on the host
+    /// from the downloaded logits. The same draw either way, so a seed gives the same tokens.
+    pub fn step_sampled(&mut self, token: u32, sampler: &mut Sampler) -> Result<u32> {
+        self.check_append(&[token])?;
+        let b = self.model.backend();
+        let (decoder, cache, position) =
+            (self.model.decoder(), self.cache.layers_mut(), self.position);
+        let result = b.execute(|| decoder.forward(b, cache, &[token], position, Wanted::Last));
+        let logits = match result {
+            Ok(Some(l)) => l,
+            Ok(None) => {
+                self.broken = true;
+                return Err(EngineError::InvalidInput(
+                    "the step returned no logits".into(),
+                ));
+            }
+            Err(e) => {
+                self.broken = true;
+                return Err(e);
+            }
+        };
+        self.position += 1;
+        let u = sampler.draw();
+        match b.sample(&logits, sampler.params(), u)? {
+            Some(next) => Ok(next),
+            None => Ok(sampler.pick(&b.download(&logits)?, u)),
+        }
+    }
+
+    /// Errors unless `tokens` can be appended: a sound session, at least one token, every id
+    /// in the vocabulary, room in the context.
+    fn check_append(&self, tokens: &[u32]) -> Result<()> {
         if self.broken {
             return Err(EngineError::InvalidInput(
                 "the session failed earlier and its cache is inconsistent; reset it".into(),
@@ -136,7 +169,12 @@ impl<'m, B: Backend> Session<'m, B> {
                 max_context: info.max_context,
             });
         }
-        let vocab = info.vocab_size;
+        Ok(())
+    }
+
+    fn run(&mut self, tokens: &[u32], all: bool) -> Result<Logits> {
+        self.check_append(tokens)?;
+        let vocab = self.model.info().vocab_size;
         let b = self.model.backend();
         let chunk = self.model.options().prefill_chunk;
         let mut data = Vec::with_capacity(if all { tokens.len() * vocab } else { vocab });

@@ -605,7 +605,8 @@ fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
 /// The model path's fused decode step (`backend/cuda/decode.rs`: q/k/v/gate in one launch,
 /// attention doing the q/k norms, rope and KV append, the post-norm inside the router, persistent
 /// MoE with the shared expert, the next norm in the experts' sum) gives the logits of the generic
-/// ops on the same GPU and of the CPU backend, step after step, with the sliding rings wrapping:
+/// ops on the same GPU from the same cache (1e-4 of the logit range), step after step with the
+/// sliding rings wrapping, and a whole decode on f32 caches gives the CPU backend's:
 /// synthetic Laguna checkpoints (stock NVFP4 and the lean build) at the tiny preset (head_dim 16:
 /// the separate norm/rope launch and the per-item experts) and widened to hidden 256 with
 /// head_dim 64 and 128 (the fused attention and the persistent MoE kernels, also on a grid capped
@@ -648,30 +649,42 @@ fn gpu_model_fused_decode_matches_generic_ops_and_cpu() {
                 "{name} {} {kv:?}",
                 dir.file_name().unwrap().to_string_lossy()
             );
-            let cpu = decode_steps(&Model::load(dir, opts.clone()).unwrap(), prompt, steps);
-            let model = Model::load_with_backend(dir, opts, backend.clone()).unwrap();
+            let model = Model::load_with_backend(dir, opts.clone(), backend.clone()).unwrap();
+            let ids = common::token_ids(prompt + steps, model.info().vocab_size as u32, 5);
             for grid in [0, 5] {
                 backend.set_persistent_grid(grid);
-                let before = backend.fused_decode_steps();
-                let fused = decode_steps(&model, prompt, steps);
+                // Each step twice from the same cache: the fused step on a copy of the session
+                // (its cache), then the generic ops on the session itself.
+                let mut s = model.new_session().unwrap();
+                s.prefill(&ids[..prompt]).unwrap();
+                let (mut d, before) = (0f32, backend.fused_decode_steps());
+                for &t in &ids[prompt..] {
+                    let mut copy = s.fork(s.position()).unwrap().unwrap();
+                    let fused = copy.step(t).unwrap();
+                    backend.set_fused_decode(false);
+                    let generic = s.step(t);
+                    backend.set_fused_decode(true);
+                    d = d.max(rel_diff(&fused, &generic.unwrap()));
+                }
                 let used = backend.fused_decode_steps() - before;
-                backend.set_fused_decode(false);
-                let generic = decode_steps(&model, prompt, steps);
-                backend.set_fused_decode(true);
                 backend.set_persistent_grid(0);
                 assert_eq!(used, steps, "{label}: steps on the fused path");
-                // On bf16 / fp8 caches an entry rounds differently where the f32 value lies on
-                // a rounding boundary up to f32 summation order (the paths sum the projections
-                // in different orders), and this random model amplifies such a flip to ~1e-3 of
-                // the logit range; on f32 caches only summation order remains.
-                let bound = if kv == KvDtype::F32 { 1e-4 } else { 2e-3 };
-                let (d, d_cpu) = (rel_diff(&fused, &generic), rel_diff(&fused, &cpu));
-                println!(
-                    "{label} grid {grid}: fused vs generic ops {d:.2e}, vs CPU {d_cpu:.2e} of the \
-                     logit range (bound {bound:.0e})"
-                );
-                if d > bound || d_cpu > bound || d.is_nan() || d_cpu.is_nan() {
-                    failures.push(format!("{label} grid {grid}: {d:.2e} / {d_cpu:.2e}"));
+                println!("{label} grid {grid}: fused vs generic ops {d:.2e} of the logit range");
+                if d.is_nan() || d > 1e-4 {
+                    failures.push(format!("{label} grid {grid}: fused vs generic {d:.2e}"));
+                }
+            }
+            // Whole decodes on each path accumulate their own caches: on bf16 / fp8 caches an
+            // entry rounds differently where the f32 value lies on a rounding boundary up to
+            // summation order, and the random routers amplify such a flip (up to ~0.4 of the
+            // logit range seen at the widest model); on f32 caches only summation order
+            // remains, so the fused decode is compared with the CPU backend's there.
+            if kv == KvDtype::F32 {
+                let cpu = decode_steps(&Model::load(dir, opts).unwrap(), prompt, steps);
+                let d = rel_diff(&decode_steps(&model, prompt, steps), &cpu);
+                println!("{label}: fused decode vs CPU {d:.2e} of the logit range");
+                if d.is_nan() || d > 1e-4 {
+                    failures.push(format!("{label}: fused vs CPU {d:.2e}"));
                 }
             }
         }
@@ -688,4 +701,66 @@ fn decode_steps<B: Backend>(m: &Model<B>, prompt: usize, steps: usize) -> Vec<f3
         .iter()
         .flat_map(|&t| s.step(t).unwrap())
         .collect()
+}
+
+/// Sampling on the device (`sample_logits`) picks exactly the host `Sampler`'s token for the same
+/// draw: greedy, and temperature with top-k (2..256) and top-p, over a 100,352-entry vocabulary
+/// and a small one, with ties (repeated values: the lower index first), NaN (never picked) and
+/// -inf entries; top-k beyond 256 is left to the host.
+#[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
+fn gpu_sampling_picks_the_host_samplers_token() {
+    use fp4forge_engine::{Sampler, SamplingParams};
+    let b = gpu();
+    let mut checked = 0;
+    for (n, seed) in [(100_352usize, 1u64), (300, 2), (40, 3)] {
+        let mut logits = values(n, seed, 6.0);
+        // ties: every 7th value repeats its predecessor; a few NaN and -inf entries
+        for i in (7..n).step_by(7) {
+            logits[i] = logits[i - 1];
+        }
+        for i in (5..n).step_by(97) {
+            logits[i] = f32::NAN;
+        }
+        for i in (11..n).step_by(89) {
+            logits[i] = f32::NEG_INFINITY;
+        }
+        let t = b.upload(1, n, &logits).unwrap();
+        for (temperature, top_k, top_p) in [
+            (0.0, 0, 1.0),
+            (0.7, 1, 1.0),
+            (0.7, 20, 1.0),
+            (1.0, 256, 0.9),
+            (1.3, 2, 0.5),
+            (1.0, 50, 1.0),
+            (0.05, 8, 0.95),
+        ] {
+            let params = SamplingParams {
+                temperature,
+                top_k,
+                top_p,
+                seed: 9,
+            };
+            let mut sampler = Sampler::new(params);
+            for _ in 0..200 {
+                let u = sampler.draw();
+                let host = sampler.pick(&logits, u);
+                let dev = b.sample(&t, &params, u).unwrap();
+                assert_eq!(
+                    dev,
+                    Some(host),
+                    "n {n} t {temperature} k {top_k} p {top_p} u {u:?}"
+                );
+                checked += 1;
+            }
+        }
+        let wide = SamplingParams {
+            temperature: 1.0,
+            top_k: 257,
+            top_p: 1.0,
+            seed: 0,
+        };
+        assert_eq!(b.sample(&t, &wide, Some(0.5)).unwrap(), None);
+    }
+    println!("device sampling: {checked} picks equal the host sampler's");
 }

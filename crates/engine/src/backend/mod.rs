@@ -23,6 +23,7 @@ use crate::error::Result;
 use crate::kv_cache::KvLayerSpec;
 use crate::models::decoder::Decoder;
 use crate::rope::RopeSpec;
+use crate::sampling::SamplingParams;
 use crate::weights::{ExpertWeights, LinearWeight};
 
 pub use cpu::CpuBackend;
@@ -206,6 +207,20 @@ pub trait Backend: Send + Sync + Sized + 'static {
         routing: &Self::Routing,
         experts: &Self::Experts,
     ) -> Result<Self::Tensor>;
+
+    /// The token [`Sampler::pick`](crate::Sampler::pick) chooses from `logits` (`[1, vocab]`)
+    /// with `params` and draw `u`, picked where the logits are (only the token id comes back).
+    /// `Ok(None)` (the default) where the backend does not sample these parameters itself: the
+    /// caller downloads the logits and picks on the host.
+    fn sample(
+        &self,
+        logits: &Self::Tensor,
+        params: &SamplingParams,
+        u: Option<f64>,
+    ) -> Result<Option<u32>> {
+        let _ = (logits, params, u);
+        Ok(None)
+    }
 
     // ---- whole steps -----------------------------------------------------------------------
 

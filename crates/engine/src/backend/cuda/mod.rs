@@ -30,6 +30,7 @@ use crate::error::{EngineError, Result};
 use crate::kv_cache::{KvDtype, KvLayerSpec};
 use crate::models::decoder::Decoder;
 use crate::rope::RopeSpec;
+use crate::sampling::SamplingParams;
 use crate::weights::{ExpertWeights, LinearWeight};
 
 /// The kernels' CUDA C source.
@@ -158,6 +159,8 @@ pub(crate) struct Funcs {
     pub experts_reduce: CudaFunction,
     /// rmsnorm feeding a small BF16 GEMV (the MoE router), one token, one launch.
     pub norm_gemv_bf16: CudaFunction,
+    /// The next token from one row of logits, as the host `Sampler` picks it.
+    pub sample_logits: CudaFunction,
 }
 
 /// Attention kernels indexed by `3 · kv_t + head-dim class` (f32, fp8, bf16 caches).
@@ -198,7 +201,7 @@ const GEMV_NV_KERNELS: [&str; 8] = [
     "gemv_nv_k8_b3",
 ];
 /// The kernels loaded one by one.
-const SINGLE_KERNELS: [&str; 21] = [
+const SINGLE_KERNELS: [&str; 22] = [
     "linear",
     "gemm_tiled",
     "embed",
@@ -220,6 +223,7 @@ const SINGLE_KERNELS: [&str; 21] = [
     "experts_down_p",
     "experts_reduce",
     "norm_gemv_bf16",
+    "sample_logits",
 ];
 
 /// Every kernel the backend loads from the compiled source (`CudaBackend::new` refuses a name
@@ -389,6 +393,7 @@ impl CudaBackend {
             experts_down_p: get("experts_down_p")?,
             experts_reduce: get("experts_reduce")?,
             norm_gemv_bf16: get("norm_gemv_bf16")?,
+            sample_logits: get("sample_logits")?,
         };
         let stream = ctx
             .new_stream()
@@ -915,6 +920,9 @@ impl AttnPrep {
         }
     }
 }
+
+/// Largest top-k the device samples (`SAMPLE_K_MAX`); beyond it the host sorts.
+const SAMPLE_K_MAX: usize = 256;
 
 /// Resident blocks per SM of the persistent MoE kernels (`__launch_bounds__(256, 2)`).
 const PERSIST_BLOCKS_PER_SM: usize = 2;
@@ -1749,6 +1757,33 @@ impl Backend for CudaBackend {
             None,
         )?;
         Ok(out)
+    }
+
+    fn sample(
+        &self,
+        logits: &CudaTensor,
+        params: &SamplingParams,
+        u: Option<f64>,
+    ) -> Result<Option<u32>> {
+        let greedy = params.is_greedy() || u.is_none();
+        if logits.rows != 1 || !(greedy || (2..=SAMPLE_K_MAX).contains(&params.top_k)) {
+            return Ok(None);
+        }
+        let out = self.alloc::<u32>(1)?;
+        let (temperature, top_k) = if greedy {
+            (0.0, 1)
+        } else {
+            (params.temperature, params.top_k as i32)
+        };
+        launch!(self, &self.inner.f.sample_logits, (1, 1, 1), (1024, 1, 1);
+            self.ptr(&logits.buf), logits.cols as i32, temperature, top_k, params.top_p,
+            u.unwrap_or(0.0), self.ptr(&out))?;
+        let id = self
+            .inner
+            .stream
+            .clone_dtoh(&out)
+            .map_err(|e| self.err(format!("download: {e:?}")))?;
+        Ok(id.first().copied())
     }
 
     #[allow(private_interfaces)]
