@@ -609,8 +609,9 @@ fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
 /// sliding rings wrapping, and a whole decode on f32 caches gives the CPU backend's:
 /// synthetic Laguna checkpoints (stock NVFP4 and the lean build) at the tiny preset (head_dim 16:
 /// the separate norm/rope launch and the per-item experts) and widened to hidden 256 with
-/// head_dim 64 and 128 (the fused attention and the persistent MoE kernels, also on a grid capped
-/// at 5 blocks), on bf16, f32 and fp8 KV caches.
+/// head_dim 64 and 128 and a 128-key window (the fused attention, merging its key splits itself,
+/// and the persistent MoE kernels, also on a grid capped at 5 blocks), on bf16, f32 and fp8 KV
+/// caches.
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
 fn gpu_model_fused_decode_matches_generic_ops_and_cpu() {
@@ -628,6 +629,7 @@ fn gpu_model_fused_decode_matches_generic_ops_and_cpu() {
             ("moe_intermediate_size", 128),
             ("shared_expert_intermediate_size", 128),
             ("intermediate_size", 256),
+            ("sliding_window", 128),
         ] {
             cfg.insert(key.into(), serde_json::json!(v));
         }
@@ -639,7 +641,9 @@ fn gpu_model_fused_decode_matches_generic_ops_and_cpu() {
         variants.push((name, stock));
         variants.push((name, lean));
     }
-    let (prompt, steps) = (30, 40);
+    // (300 + 40 positions: the full layers' decode attention runs in 5-6 key splits, the
+    // 128-key sliding windows (16 on the tiny preset) in 2 and wrap)
+    let (prompt, steps) = (300, 40);
     let backend = gpu();
     let mut failures = Vec::new();
     for (name, dir) in &variants {
