@@ -12,7 +12,9 @@
 # matmul; NVFP4 experts vs the CPU backend; decode/prefill attention vs the CPU backend on bf16 and
 # fp8 caches at d 64/128 (GQA, sliding and full); tiny Laguna bf16/stock/lean logits vs the CPU
 # backend and transformers; 256 greedy tokens GPU vs CPU; the benchmark's decode step with fused
-# and persistent kernels vs separate launches; SmolLM2 if assets/smollm2-* are present) and then
+# and persistent kernels vs separate launches; the model path's fused decode step vs the generic
+# ops and the CPU on synthetic Laguna checkpoints; device sampling vs the host sampler; SmolLM2 if
+# assets/smollm2-* are present) and then
 # the synthetic Laguna-S decode benchmark (table on stdout, JSON in OUTDIR/bench.json). With
 # compute-sanitizer on the machine, the NVFP4 experts test also runs under racecheck and memcheck.
 set -euo pipefail
