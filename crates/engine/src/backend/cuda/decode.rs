@@ -61,7 +61,6 @@ struct Sizes {
     q: usize,
     kv: usize,
     gate: usize,
-    heads_x_dim: usize,
     heads: usize,
     router: usize,
     top_k: usize,
@@ -81,7 +80,6 @@ impl Sizes {
             s.q = s.q.max(p.heads * p.head_dim);
             s.kv = s.kv.max(p.kv_heads * p.head_dim);
             s.gate = s.gate.max(l.attn.gate.as_ref().map_or(0, |g| g.rows));
-            s.heads_x_dim = s.heads_x_dim.max(p.heads * p.head_dim);
             s.heads = s.heads.max(p.heads);
             match &l.mlp {
                 Mlp::Moe(m) => {
@@ -103,7 +101,6 @@ impl Sizes {
             && self.q >= need.q
             && self.kv >= need.kv
             && self.gate >= need.gate
-            && self.heads_x_dim >= need.heads_x_dim
             && self.heads >= need.heads
             && self.router >= need.router
             && self.top_k >= need.top_k
@@ -123,8 +120,8 @@ impl DecodeBuffers {
             k: b.alloc(s.kv)?,
             v: b.alloc(s.kv)?,
             gate: b.alloc(s.gate)?,
-            attn: b.alloc(s.heads_x_dim)?,
-            part_o: b.alloc(s.heads_x_dim * MAX_SPLITS)?,
+            attn: b.alloc(s.q)?,
+            part_o: b.alloc(s.q * MAX_SPLITS)?,
             part_ml: b.alloc(s.heads * MAX_SPLITS * 2)?,
             router: b.alloc(s.router)?,
             sel: b.alloc(s.top_k)?,

@@ -700,7 +700,7 @@ impl CudaBackend {
         k > 0 && k.is_multiple_of(32) && k <= NV_MAX_K
     }
 
-    /// `x · W_iᵀ` for each of `ws` (at most [`MultiLinear::MAX`], all of `x`'s width, which
+    /// `x · W_iᵀ` for each of `ws` (at most 6, all of `x`'s width, which
     /// `linear_multi_applies`) over one token `x` (`[1, cols]`), in one launch: the q/k/v/gate
     /// projections of a decode step.
     pub fn linear_multi(&self, x: &CudaTensor, ws: &[&CudaLinear]) -> Result<Vec<CudaTensor>> {
