@@ -228,7 +228,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// backend's own (fused launches on fixed buffers), appending to `kv`: the token's logits
     /// `[1, vocab]`, equal to the generic ops' up to f32 summation order. `Ok(None)` (the
     /// default) where the backend has no such step or it does not cover `decoder`: the caller
-    /// then runs the generic ops.
+    /// then runs the generic ops. The decoder type is crate-internal, so only this crate's
+    /// backends override it.
     #[allow(private_interfaces)]
     fn decode_step(
         &self,
