@@ -510,6 +510,11 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         if plan.is_empty() {
             return;
         }
+        if let [(i, 1, WantLogits::Last)] = plan[..] {
+            if self.picks_without_logits(i) {
+                return self.step_sampled(i);
+            }
+        }
         let rows: usize = plan.iter().map(|p| p.1).sum();
         let result = {
             let mut sessions = Vec::with_capacity(plan.len());
@@ -603,6 +608,37 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         }
     }
 
+    /// Whether sequence `i`'s next token needs no logits on the host: it is decoding, asks for
+    /// no logprobs and may already sample its stop tokens (nothing to mask).
+    fn picks_without_logits(&self, i: usize) -> bool {
+        let s = &self.active[i];
+        let req = &s.job.req;
+        s.decoding
+            && req.logprobs.is_none()
+            && (s.generated >= req.min_tokens || req.stop_ids.is_empty())
+    }
+
+    /// Sequence `i` alone decodes one token and picks the next where the logits are
+    /// (`Session::step_sampled`: on the device where the backend samples, so only the token id
+    /// crosses to the host; the same token as `emit` would pick from the downloaded logits).
+    fn step_sampled(&mut self, i: usize) {
+        self.metrics.steps.fetch_add(1, Ordering::Relaxed);
+        self.metrics.step_rows.fetch_add(1, Ordering::Relaxed);
+        let s = &mut self.active[i];
+        let token = s.next;
+        let (session, sampler) = (&mut s.session, &mut s.sampler);
+        let result =
+            std::panic::catch_unwind(AssertUnwindSafe(|| session.step_sampled(token, sampler)));
+        match result {
+            Ok(Ok(next)) => {
+                self.active[i].fed.push(token);
+                self.deliver(i, next, None);
+            }
+            Ok(Err(e)) => self.fail_one(i, &e.to_string()),
+            Err(_) => self.fail_one(i, "the engine panicked on this batch"),
+        }
+    }
+
     fn fail(&mut self, plan: &[(usize, usize, WantLogits)], message: &str) {
         for &(i, _, _) in plan {
             self.fail_one(i, message);
@@ -661,6 +697,14 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             logits[t] = old;
         }
         let lp = req.logprobs.map(|top| token_logprob(logits, token, top));
+        self.deliver(i, token, lp);
+    }
+
+    /// Sends sequence `i`'s new `token` (with its logprobs `lp`, if asked) and ends the sequence
+    /// on a stop token, its `max_tokens` or the context.
+    fn deliver(&mut self, i: usize, token: u32, lp: Option<TokenLogprob>) {
+        let s = &mut self.active[i];
+        let req = &s.job.req;
         s.generated += 1;
         let now = Instant::now();
         match s.last_token_at {
