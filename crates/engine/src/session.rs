@@ -120,23 +120,9 @@ impl<'m, B: Backend> Session<'m, B> {
     pub fn step_sampled(&mut self, token: u32, sampler: &mut Sampler) -> Result<u32> {
         self.check_append(&[token])?;
         let b = self.model.backend();
-        let (decoder, cache, position) =
-            (self.model.decoder(), self.cache.layers_mut(), self.position);
-        let result = b.execute(|| decoder.forward(b, cache, &[token], position, Wanted::Last));
-        let logits = match result {
-            Ok(Some(l)) => l,
-            Ok(None) => {
-                self.broken = true;
-                return Err(EngineError::InvalidInput(
-                    "the step returned no logits".into(),
-                ));
-            }
-            Err(e) => {
-                self.broken = true;
-                return Err(e);
-            }
-        };
-        self.position += 1;
+        let logits = self
+            .forward(&[token], Wanted::Last)?
+            .ok_or_else(|| EngineError::InvalidInput("the step returned no logits".into()))?;
         let u = sampler.draw();
         match b.sample(&logits, sampler.params(), u)? {
             Some(next) => Ok(next),
@@ -172,6 +158,25 @@ impl<'m, B: Backend> Session<'m, B> {
         Ok(())
     }
 
+    /// One forward pass of `tokens` at the current position (appending them to the cache and
+    /// advancing the position), returning the logits `wanted`; a failure marks the session
+    /// broken (its cache may hold part of the pass).
+    fn forward(&mut self, tokens: &[u32], wanted: Wanted) -> Result<Option<B::Tensor>> {
+        let b = self.model.backend();
+        let (decoder, cache, position) =
+            (self.model.decoder(), self.cache.layers_mut(), self.position);
+        match b.execute(|| decoder.forward(b, cache, tokens, position, wanted)) {
+            Ok(logits) => {
+                self.position += tokens.len();
+                Ok(logits)
+            }
+            Err(e) => {
+                self.broken = true;
+                Err(e)
+            }
+        }
+    }
+
     fn run(&mut self, tokens: &[u32], all: bool) -> Result<Logits> {
         self.check_append(tokens)?;
         let vocab = self.model.info().vocab_size;
@@ -186,18 +191,7 @@ impl<'m, B: Backend> Session<'m, B> {
                 (false, true) => Wanted::Last,
                 (false, false) => Wanted::None,
             };
-            let (decoder, cache, position) =
-                (self.model.decoder(), self.cache.layers_mut(), self.position);
-            let result = b.execute(|| decoder.forward(b, cache, piece, position, wanted));
-            let logits = match result {
-                Ok(l) => l,
-                Err(e) => {
-                    self.broken = true;
-                    return Err(e);
-                }
-            };
-            self.position += piece.len();
-            if let Some(logits) = logits {
+            if let Some(logits) = self.forward(piece, wanted)? {
                 let host = b.download(&logits)?;
                 if all {
                     data.extend_from_slice(&host);
