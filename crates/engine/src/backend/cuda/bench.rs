@@ -615,8 +615,7 @@ pub fn synthetic_laguna_decode(
                 } else {
                     g.window.min(ctx + 1)
                 };
-                let blocks = g.kv_heads * (l.heads / g.kv_heads).div_ceil(super::ATTN_GMAX);
-                let splits = b.splits_for(keys, blocks, 1).min(max_splits);
+                let splits = b.splits_for(keys, &p, 1);
                 let pos0 = l.kv.len;
                 b.attention_raw(
                     bp(&qb),
@@ -974,7 +973,7 @@ pub fn kernel_microbench(b: &CudaBackend) -> Result<Vec<(String, f64, f64)>> {
             scale: 0.088,
         };
         let keys = window.unwrap_or(ctx + 1).min(ctx + 1);
-        let splits = b.splits_for(keys, 8 * (heads / 8).div_ceil(super::ATTN_GMAX), 1);
+        let splits = b.splits_for(keys, &p, 1);
         let po = b.alloc::<f32>(heads * super::MAX_SPLITS * 128)?;
         let pml = b.alloc::<f32>(heads * super::MAX_SPLITS * 2)?;
         let us = time(&mut || {

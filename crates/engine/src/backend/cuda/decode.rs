@@ -255,8 +255,7 @@ impl CudaBackend {
             d.embed.fmt, self.ptr(&d.embed.data), d.embed.scales_ptr(self), d.embed.inv_g,
             self.ptr(&bufs.ids), x, h as i32)?;
         let first = d.layers.first().map_or(&d.norm, |l| &l.input_norm);
-        launch!(self, &self.inner.f.rms_norm, (1, 1, 1), (512, 1, 1);
-            x, p(&first.buf), a, h as i32, d.eps)?;
+        self.epilogue_launch(&Epi::norm(self, x, p(&first.buf), a, h, d.eps), 1)?;
         let shared_inv = self.ptr(&bufs.shared_inv);
         for (li, (l, cache)) in d.layers.iter().zip(kv.iter_mut()).enumerate() {
             let next_norm = d.layers.get(li + 1).map_or(&d.norm, |n| &n.input_norm);
@@ -317,8 +316,7 @@ impl CudaBackend {
                 )?;
             }
             let keys = cache.spec.window.map_or(pos0 + 1, |w| w.min(pos0 + 1));
-            let blocks = ap.kv_heads * (ap.heads / ap.kv_heads).div_ceil(super::ATTN_GMAX);
-            let splits = self.splits_for(keys, blocks, 1);
+            let splits = self.splits_for(keys, ap, 1);
             self.attention_raw(
                 p(&bufs.q),
                 p(&bufs.k),
@@ -336,6 +334,8 @@ impl CudaBackend {
             // x += o(attention)
             self.gemv_raw(&at.o, p(&bufs.attn), x, 0, x, 1)?;
 
+            // a = post_norm · rmsnorm(x) (inside the router's launch where it applies)
+            let post_norm = Epi::norm(self, x, p(&l.post_norm.buf), a, h, d.eps);
             match &l.mlp {
                 Mlp::Moe(m) => {
                     if Self::norm_gemv_applies(&m.router) {
@@ -348,8 +348,7 @@ impl CudaBackend {
                             p(&bufs.router),
                         )?;
                     } else {
-                        launch!(self, &self.inner.f.rms_norm, (1, 1, 1), (512, 1, 1);
-                            x, p(&l.post_norm.buf), a, h as i32, d.eps)?;
+                        self.epilogue_launch(&post_norm, 1)?;
                         self.gemv_raw(&m.router, a, p(&bufs.router), 0, 0, 1)?;
                     }
                     let route = Route::new(
@@ -382,8 +381,7 @@ impl CudaBackend {
                     )?;
                 }
                 Mlp::Dense(m) => {
-                    launch!(self, &self.inner.f.rms_norm, (1, 1, 1), (512, 1, 1);
-                        x, p(&l.post_norm.buf), a, h as i32, d.eps)?;
+                    self.epilogue_launch(&post_norm, 1)?;
                     let gu = [(&m.gate, p(&bufs.h)), (&m.up, p(&bufs.up))];
                     self.linear_multi_raw(&MultiLinear::new(self, &gu, h)?, a)?;
                     let n = m.gate.rows;

@@ -1215,13 +1215,15 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Number of key splits for a decode step over `keys` keys: enough blocks for ~16 per SM
-    /// (decode attention is latency-bound: it needs many warps in flight), at least 64 keys
-    /// (one round of the block's 4 warps) per split.
-    pub(crate) fn splits_for(&self, keys: usize, blocks: usize, t: usize) -> usize {
+    /// Number of key splits for a decode step of `p` over `keys` keys: enough blocks for ~16
+    /// per SM (decode attention is latency-bound: it needs many warps in flight), at least 64
+    /// keys (one round of the block's 4 warps) per split. Prefill (`t > 1`): one.
+    pub(crate) fn splits_for(&self, keys: usize, p: &AttentionParams, t: usize) -> usize {
         if t > 1 {
             return 1;
         }
+        // blocks per split: each kv head's query heads in groups of at most ATTN_GMAX
+        let blocks = p.kv_heads * (p.heads / p.kv_heads.max(1)).div_ceil(ATTN_GMAX);
         let want = (16 * self.inner.sms).div_ceil(blocks.max(1));
         want.min(keys.div_ceil(64)).clamp(1, MAX_SPLITS)
     }
@@ -1626,9 +1628,7 @@ impl Backend for CudaBackend {
             Some(w) => w.min(pos0 + 1),
             None => pos0 + 1,
         };
-        let g = p.heads / p.kv_heads;
-        let blocks = p.kv_heads * g.div_ceil(ATTN_GMAX) * t;
-        let splits = self.splits_for(keys, blocks, t);
+        let splits = self.splits_for(keys, p, t);
         let scratch = if splits > 1 {
             let po = self.alloc::<f32>(t * p.heads * splits * p.head_dim)?;
             let pml = self.alloc::<f32>(t * p.heads * splits * 2)?;
