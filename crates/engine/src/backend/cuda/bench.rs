@@ -351,15 +351,6 @@ impl Synth<'_> {
     }
 }
 
-/// The shared expert of a synthetic layer (gate, up, down).
-fn shared_expert(s: &[CudaLinear; 3]) -> SharedExpert<'_> {
-    SharedExpert {
-        gate: &s[0],
-        up: &s[1],
-        down: &s[2],
-    }
-}
-
 fn wbytes(l: &CudaLinear) -> f64 {
     l.bytes() as f64
 }
@@ -651,33 +642,7 @@ pub fn synthetic_laguna_decode(
                 // With `fuse`, a MoE layer's post-attention norm runs inside the router's launch.
                 let norm_in_router = fuse
                     && matches!(&l.mlp, Mlp::Moe { router, .. } if CudaBackend::norm_gemv_applies(router));
-                // With `fuse`, a MoE layer whose shapes `moe_decode` takes is one launch (post
-                // norm, router, top-k, experts, sum, next norm).
-                let inv_ptrs = [
-                    b.ptr(&shared_inv[li][0]),
-                    b.ptr(&shared_inv[li][1]),
-                    b.ptr(&shared_inv[li][2]),
-                ];
-                let moe_fused = fuse
-                    && match &l.mlp {
-                        Mlp::Moe {
-                            router,
-                            experts,
-                            shared,
-                            ..
-                        } => {
-                            let sh = shared_expert(shared);
-                            b.moe_decode_applies(
-                                experts,
-                                router,
-                                &Some((&sh, inv_ptrs)),
-                                g.top_k,
-                                &next,
-                            )
-                        }
-                        Mlp::Dense(_) => false,
-                    };
-                if !norm_in_router && !moe_fused {
+                if !norm_in_router {
                     launch!(b, &b.inner.f.rms_norm, (1, 1, 1), (512, 1, 1);
                         bp(&x), bp(&l.post_norm), bp(&a), h as i32, g.eps)?;
                     tm.mark("post rmsnorm")?;
@@ -709,39 +674,6 @@ pub fn synthetic_laguna_decode(
                         bias,
                         experts,
                         shared,
-                    } if moe_fused => {
-                        let params = RouterParams {
-                            top_k: g.top_k,
-                            scoring: RouterScoring::Sigmoid,
-                            normalize: true,
-                            logit_softcap: 0.0,
-                        };
-                        let route =
-                            Route::new(bp(&rl), bp(bias), g.experts, &params, g.routed_scale);
-                        let sh = shared_expert(shared);
-                        b.moe_decode_raw(
-                            experts,
-                            Some((&sh, inv_ptrs)),
-                            router,
-                            &route,
-                            bp(&x),
-                            bp(&l.post_norm),
-                            g.eps,
-                            &sel,
-                            &wts,
-                            g.top_k,
-                            bp(&hb),
-                            bp(&part),
-                            bp(&x),
-                            next,
-                        )?;
-                        tm.mark("moe layer in one launch (post norm, router, experts, next norm)")?;
-                    }
-                    Mlp::Moe {
-                        router,
-                        bias,
-                        experts,
-                        shared,
                     } => {
                         if norm_in_router {
                             b.norm_gemv_raw(
@@ -765,10 +697,15 @@ pub fn synthetic_laguna_decode(
                         };
                         let route =
                             Route::new(bp(&rl), bp(bias), g.experts, &params, g.routed_scale);
-                        let sh = shared_expert(shared);
+                        let sh = SharedExpert {
+                            gate: &shared[0],
+                            up: &shared[1],
+                            down: &shared[2],
+                        };
+                        let inv = &shared_inv[li];
                         b.experts_raw(
                             experts,
-                            Some((&sh, inv_ptrs)),
+                            Some((&sh, [b.ptr(&inv[0]), b.ptr(&inv[1]), b.ptr(&inv[2])])),
                             &sel,
                             &wts,
                             g.top_k,

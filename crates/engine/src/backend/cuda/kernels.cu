@@ -163,19 +163,6 @@ __device__ __forceinline__ float4 ld_cg4(const float* p) {
     return v;
 }
 
-// Activation loads by where the data lives: XM_LDG global and read-only for the kernel's lifetime
-// (the non-coherent path), XM_CG global but written by other blocks of the same kernel (from
-// L2), XM_ANY any address space (e.g. shared memory).
-#define XM_LDG 0
-#define XM_CG 1
-#define XM_ANY 2
-template <int XM>
-__device__ __forceinline__ float4 ld_x4(const float* p) {
-    if (XM == XM_CG) return ld_cg4(p);
-    if (XM == XM_ANY) return *(const float4*)p;
-    return __ldg((const float4*)p);
-}
-
 #define EPI_V 8  // float4s of x per thread held in registers (n <= 32 * blockDim)
 
 // All threads of every block call it last (no thread may have returned early). n % 4 == 0 and
@@ -587,7 +574,7 @@ __device__ __forceinline__ float dot_bf16x8(uint4 w, float4 a, float4 b) {
 // BF16 rows (K % 8 == 0): out[r] += per-lane partial W[r, :] . x over 8-element chunks
 // i = 32 * (part + nparts * j) + lane. Each lane issues the 16-byte loads of BU chunk slots of all
 // R rows before any arithmetic (a 3072-wide row is 12 slots: one serial latency per BU slots).
-template <int R, int RA, int XM = XM_LDG>
+template <int R, int RA>
 __device__ __forceinline__ void bf_rows(const RowSet& rs, int K, const float* __restrict__ x, int part, int nparts,
                                         float out[R]) {
     constexpr int BU = R >= 8 ? 2 : 16 / R;
@@ -607,7 +594,8 @@ __device__ __forceinline__ void bf_rows(const RowSet& rs, int K, const float* __
         for (int q = 0; q < BU; q++) {
             const int i = base + step * q;
             if (i < n) {
-                const float4 xa = ld_x4<XM>(x + (long)i * 8), xb = ld_x4<XM>(x + (long)i * 8 + 4);
+                const float4* xp = (const float4*)(x + (long)i * 8);
+                const float4 xa = __ldg(xp), xb = __ldg(xp + 1);
 #pragma unroll
                 for (int r = 0; r < R; r++) {
                     if (rs_ok<R, RA>(rs, r)) out[r] += dot_bf16x8(wv[q][r], xa, xb);
@@ -888,9 +876,9 @@ __device__ __forceinline__ void xb_octet(uint2* xb, int o, float4 a, float4 b, f
 // i = 128 c + 32 t + 8 j + h. Returns 2^-e; 2^e puts max|x| in [2^14, 2^15) (1 when x is zero or
 // not finite: a NaN or inf then reaches the output). All threads of the block must call it; it
 // ends with a barrier.
-template <int XM>
-__device__ float xb_fill_t(uint2* xb, const float* __restrict__ x, int K) {
+__device__ float xb_fill(uint2* xb, const float* __restrict__ x, int K) {
     __shared__ float wmax[32];
+    const float4* x4 = (const float4*)x;
     const int no = K >> 3;  // octets: x[8 o .. 8 o + 7]
     float m = 0.f;
     // max |x|: each thread's loads of a round (4 octets) in flight together
@@ -899,8 +887,8 @@ __device__ float xb_fill_t(uint2* xb, const float* __restrict__ x, int K) {
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             const int o = o0 + q * (int)blockDim.x;
-            v[2 * q] = o < no ? ld_x4<XM>(x + 8 * o) : make_float4(0.f, 0.f, 0.f, 0.f);
-            v[2 * q + 1] = o < no ? ld_x4<XM>(x + 8 * o + 4) : make_float4(0.f, 0.f, 0.f, 0.f);
+            v[2 * q] = o < no ? __ldg(x4 + 2 * o) : make_float4(0.f, 0.f, 0.f, 0.f);
+            v[2 * q + 1] = o < no ? __ldg(x4 + 2 * o + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
 #pragma unroll
         for (int q = 0; q < 8; q++)
@@ -915,11 +903,10 @@ __device__ float xb_fill_t(uint2* xb, const float* __restrict__ x, int K) {
     const float sc = pow2f(e);
     // (the reloads hit L1)
 #pragma unroll 2
-    for (int o = threadIdx.x; o < no; o += blockDim.x) xb_octet(xb, o, ld_x4<XM>(x + 8 * o), ld_x4<XM>(x + 8 * o + 4), sc);
+    for (int o = threadIdx.x; o < no; o += blockDim.x) xb_octet(xb, o, __ldg(x4 + 2 * o), __ldg(x4 + 2 * o + 1), sc);
     __syncthreads();
     return pow2f(-e);
 }
-__device__ float xb_fill(uint2* xb, const float* __restrict__ x, int K) { return xb_fill_t<XM_LDG>(xb, x, K); }
 
 #define XW_CHUNKS 9  // chunks of x one warp of gemv_mma stages for itself (8 warps: XS_MAX / 128)
 #define XW_OCT ((XW_CHUNKS * 16 + 31) / 32)  // octets per lane
@@ -2493,17 +2480,16 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up_p(ExpertPro
 
 // The h rows of items its[0..n) (K = inter values each) as B entries at xb + j * K / 2 (row
 // its[j]), each with its own power-of-two scale: ds[j] = 2^-e_j. The warps compute the rows'
-// maxima (warp w: rows w, w + 8, ...), then all threads fill. Ends with a barrier. h is read
-// through L2 (other blocks of moe_decode may have written it).
+// maxima (warp w: rows w, w + 8, ...), then all threads fill. Ends with a barrier.
 __device__ void xb_fill_items(uint2* xb, float* ds, const float* __restrict__ h, int width, const int* its, int n,
                               int K) {
     __shared__ float sc[64];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     for (int j = warp; j < n; j += warps) {
-        const float* hj = h + (long)its[j] * width;
+        const float4* x4 = (const float4*)(h + (long)its[j] * width);
         float m = 0.f;
         for (int i = lane; i < K / 4; i += 32) {
-            const float4 v = ld_cg4(hj + 4 * i);
+            const float4 v = x4[i];
             m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
         }
         m = warp_max(m);
@@ -2517,8 +2503,8 @@ __device__ void xb_fill_items(uint2* xb, float* ds, const float* __restrict__ h,
     const int no = K >> 3;
     for (int q = threadIdx.x; q < n * no; q += blockDim.x) {
         const int j = q / no, o = q % no;
-        const float* hj = h + (long)its[j] * width;
-        xb_octet(xb + (long)j * (K / 2), o, ld_cg4(hj + 8 * o), ld_cg4(hj + 8 * o + 4), sc[j]);
+        const float4* x4 = (const float4*)(h + (long)its[j] * width);
+        xb_octet(xb + (long)j * (K / 2), o, x4[2 * o], x4[2 * o + 1], sc[j]);
     }
     __syncthreads();
 }
@@ -2597,322 +2583,6 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_down_p(ExpertProj d
             part[(long)item * H + ob + lane] = v * (64.f * ds[slot] * down.inv_g[e] * wts[item]);
         }
     }
-}
-
-// ---- one MoE layer of one token in one persistent launch ---------------------------------------
-//
-// moe_decode does what norm_gemv_bf16 (post-attention norm + router), experts_gate_up_p,
-// experts_down_p and experts_reduce do in four launches, in one: every block of a grid that is
-// entirely resident walks the stages in order, and a stage waits only for the data it reads,
-// through counters in global memory (`MoeLayer.cnt`, zero before and after) instead of kernel
-// boundaries. Producers store, `__threadfence()`, then add to the counter; consumers spin on it
-// with ld.acquire and read the data through L2 (ld.cg) or after copying it into shared memory.
-// So the shared expert's rows stream while the router's last rows finish elsewhere, and a
-// block's down-projection weights are in flight while the items it needs are still being
-// computed. The arithmetic of every output is that of the four kernels (same functions, same
-// summation order).
-
-struct MoeLayer {
-    const u16* router;   // [n, H] BF16 router weight
-    const float* x;      // the residual stream (before the norm); also the residual added at the end
-    const float* nw;     // post-attention norm weight [H]
-    float* logits;       // [n] router logits (scratch)
-    int* sel_out;        // [k] selected experts
-    float* wts_out;      // [k] their weights
-    float* h;            // [(k + 1) * width] gate/up outputs (item k: the shared expert)
-    float* part;         // [(k + 1) * H] down outputs
-    float* out;          // [H] x + the experts' sum (may be x itself)
-    u32* cnt;            // [k + 4] zero before and after: router rows, per item gate/up groups
-                         // (item k: shared rows), blocks done, blocks out
-    float eps;
-    int k;
-    int inter;
-    int shared_inter;    // 0: no shared expert
-    int H;
-    int pad;
-};
-
-__device__ __forceinline__ u32 ld_acquire(const u32* p) {
-    u32 v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-// Thread 0 spins until *c >= target, then the whole block proceeds (all threads must call it).
-__device__ __forceinline__ void block_wait_count(const u32* c, u32 target) {
-    if (threadIdx.x == 0)
-        while (ld_acquire(c) < target) {
-        }
-    __syncthreads();
-}
-
-// Publishes the block's stores before it: all threads call it; thread 0 adds `n` to *c.
-__device__ __forceinline__ void block_publish(u32* c, u32 n) {
-    __syncthreads();
-    if (threadIdx.x == 0 && n) {
-        __threadfence();
-        atomicAdd(c, n);
-    }
-}
-
-// moe_decode's shared memory (at namespace scope, so that its stages can be functions of their
-// own, each with its own register allocation, and still address it as shared memory).
-__shared__ __align__(16) uint2 moe_buf[XB_ITEMS_MAX];  // xn (f32) + x's B entries; later the items' h
-__shared__ int moe_sel[64];
-__shared__ float moe_wsel[64];
-
-// moe_decode stage 4: the routed gate/up groups gi = blockIdx.x + it * gridDim.x (as
-// experts_gate_up_p, x's B entries at moe_buf + K / 2); each finished group counts towards its
-// item (cnt[1 + item]). Not inlined: alone it fits the 128 registers of 2 blocks per SM.
-__device__ __noinline__ void moe_gate_up(ExpertProj gate, ExpertProj up, float* h, u32* cnt, int k, int inter,
-                                         int K, int width, float dsx) {
-    __shared__ float red[2][8][16];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nb = gridDim.x;
-    const int rgroups = (inter + 15) / 16, groups = k * rgroups;
-    const int* sel = moe_sel;
-    const uint2* xb = moe_buf + K / 2;
-    {
-        const int nc = K >> 7, part = warp & 3;
-        const ExpertProj P = warp >= 4 ? up : gate;
-        auto tile_of = [&](int gi, MmaTile<MMA_U>& m) {
-            const int item = gi / rgroups;
-            const long ob = (long)(gi % rgroups) * 16;
-            const int nrows = (int)min(16l, (long)inter - ob);
-            mma_start_group(m, P, (long)sel[item] * inter + ob, nrows, K, part * nc / 4, (part + 1) * nc / 4);
-            return nrows;
-        };
-        MmaTile<MMA_U> m;
-        int gi = blockIdx.x;
-        int nrows = gi < groups ? tile_of(gi, m) : 0;
-        for (int it = 0; gi < groups; it++) {
-            float acc[4] = {0.f, 0.f, 0.f, 0.f};
-            if (nrows > 0) m.run(xb, acc);
-            const int item = gi / rgroups;
-            const long ob = (long)(gi % rgroups) * 16;
-            const int rows = nrows;
-            gi += nb;
-            nrows = gi < groups ? tile_of(gi, m) : 0;
-            float (*rb)[16] = red[it & 1];
-            float gv = mma_reduce(acc, rb, 4);
-            if (warp == 0) {
-                if (lane < rows) {
-                    const long e = sel[item];
-                    float uv = 0.f;
-#pragma unroll
-                    for (int p = 0; p < 4; p++) uv += rb[4 + p][lane];
-                    gv *= 64.f * dsx * gate.inv_g[e];
-                    uv *= 64.f * dsx * up.inv_g[e];
-                    h[(long)item * width + ob + lane] = gv / (1.0f + expf(-gv)) * uv;
-                    __threadfence();
-                }
-                __syncwarp();
-                if (lane == 0) atomicAdd(&cnt[1 + item], 1u);
-            }
-        }
-    }
-}
-
-// moe_decode stage 5: the shared expert's down rows (shared_share, once all its h rows are in),
-// then the routed groups of 64 rows (as experts_down_p), the first group's loads issued before
-// waiting for its items' h. Not inlined (as moe_gate_up).
-__device__ __noinline__ void moe_down(ExpertProj down, ExpertProj sdown, const float* h, float* part, u32* cnt,
-                                      int k, int inter, int sinter, int H) {
-    __shared__ float red[2][8][16];
-    __shared__ float ds[64];
-    __shared__ int its[64];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nb = gridDim.x;
-    const int width = max(inter, sinter), rgroups = (inter + 15) / 16;
-    const int* sel = moe_sel;
-    const float* wsel = moe_wsel;
-    uint2* const buf = moe_buf;
-    {
-        const int dgroups = (H + 63) / 64;
-        const int groups_d = k * dgroups;
-        const int Kd = inter, nc = Kd >> 7, p = warp & 1, tile = warp >> 1;
-        auto tile_of = [&](int gi, MmaTile<MMA_U>& m) {
-            const long ob = (long)(gi % dgroups) * 64 + tile * 16;
-            const int nrows = (int)max(0l, min(16l, (long)H - ob));
-            mma_start_group(m, down, (long)sel[gi / dgroups] * H + ob, nrows, Kd, p * nc / 2, (p + 1) * nc / 2);
-            return nrows;
-        };
-        if (sinter) {
-            int d0 = 0, d1 = 0;
-            shared_share(H, 2.f * sinter, groups_d, 36.f * Kd, blockIdx.x, nb, d0, d1);
-            block_wait_count(&cnt[k + 1], (u32)sinter);
-            for (int o = d0 + 2 * warp; o < d1; o += 16) {
-                const int n2 = min(2, d1 - o);
-                const RowSet rs = rowset(2, sdown.w, sdown.scales, o, n2, sdown.w, sdown.scales, 0, 0, sinter);
-                float a[2] = {0.f, 0.f};
-                bf_rows<2, 2, XM_CG>(rs, sinter, h + (long)k * width, 0, 1, a);
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    const float v = warp_sum(a[r]);
-                    if (lane == 0 && r < n2) part[(long)k * H + o + r] = v;
-                }
-            }
-        }
-        MmaTile<MMA_U> m;
-        int gi = blockIdx.x;
-        int nrows = gi < groups_d ? tile_of(gi, m) : 0;
-        int nits = 0;
-        for (int g = blockIdx.x, last = -1; g < groups_d; g += nb) {
-            const int item = g / dgroups;
-            if (item != last) {
-                if (threadIdx.x == 0) its[nits] = item;
-                nits++;
-                last = item;
-            }
-        }
-        __syncthreads();
-        for (int j = 0; j < nits; j++) block_wait_count(&cnt[1 + its[j]], (u32)rgroups);
-        if (nits) xb_fill_items(buf, ds, h, width, its, nits, Kd);
-        for (int it = 0, slot = 0; gi < groups_d; it++) {
-            float acc[4] = {0.f, 0.f, 0.f, 0.f};
-            const int item = gi / dgroups;
-            while (slot + 1 < nits && its[slot] != item) slot++;
-            if (nrows > 0) m.run(buf + (long)slot * (Kd / 2), acc);
-            const long ob = (long)(gi % dgroups) * 64 + tile * 16;
-            const int rows = nrows;
-            gi += nb;
-            nrows = gi < groups_d ? tile_of(gi, m) : 0;
-            const float v = mma_reduce(acc, red[it & 1], 2);
-            if (p == 0 && lane < rows) {
-                const long e = sel[item];
-                part[(long)item * H + ob + lane] = v * (64.f * ds[slot] * down.inv_g[e] * wsel[item]);
-            }
-        }
-    }
-}
-
-#define MOE_H_MAX 4096  // largest H of moe_decode (x and its B entries share `buf` with the items' h)
-
-// Requires: gridDim.x blocks all resident at once (the host sizes the grid by occupancy), 8
-// warps, H % 256 == 0, H <= MOE_H_MAX, inter % 128 == 0, k * inter <= 2 * XB_ITEMS_MAX,
-// n <= 256, k <= 32, NVFP4 routed experts, a BF16 router and shared expert.
-extern "C" __global__ void __launch_bounds__(256, 2) moe_decode(ExpertProj gate, ExpertProj up, ExpertProj down,
-                                                                 ExpertProj sgate, ExpertProj sup, ExpertProj sdown,
-                                                                 MoeLayer L, Route rt, Epi ep) {
-    uint2* const buf = moe_buf;
-    int* const sel = moe_sel;
-    float* const wsel = moe_wsel;
-    __shared__ float lg[256];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int H = L.H, K = H, k = L.k, inter = L.inter, sinter = L.shared_inter;
-    const int width = max(inter, sinter);
-    const int nb = gridDim.x;
-    float* xs = (float*)buf;                // the normalised x, H floats
-    uint2* xb = buf + H / 2;                // its B entries, H / 2
-    u32* const cnt = L.cnt;
-    // warp 0's first router row: the whole row in registers before the wait (weights are static)
-    const int slots = H >> 8;
-    uint4 wv[NG_SLOTS];
-    if (warp == 0 && (int)blockIdx.x < rt.n) {
-        const uint4* p = (const uint4*)(L.router + (long)blockIdx.x * H);
-#pragma unroll
-        for (int j = 0; j < NG_SLOTS; j++)
-            if (j < slots) wv[j] = ld_stream(p + lane + 32 * j);
-    }
-    pdl_enter();
-    // 1. xn = nw * rmsnorm(x), in every block (the formula of norm_gemv_bf16 / rms_norm)
-    {
-        constexpr int XQ = MOE_H_MAX / 4 / 256;
-        const int n4 = H >> 2;
-        float4 v[XQ];
-        float ss = 0.f;
-#pragma unroll
-        for (int q = 0; q < XQ; q++) {
-            const int i = threadIdx.x + q * 256;
-            v[q] = i < n4 ? ((const float4*)L.x)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
-            ss += v[q].x * v[q].x + v[q].y * v[q].y + v[q].z * v[q].z + v[q].w * v[q].w;
-        }
-        ss = block_sum(ss);
-        const float r = 1.0f / sqrtf(ss / (float)H + L.eps);
-#pragma unroll
-        for (int q = 0; q < XQ; q++) {
-            const int i = threadIdx.x + q * 256;
-            if (i < n4) {
-                const float4 g = __ldg((const float4*)L.nw + i);
-                ((float4*)xs)[i] =
-                    make_float4(g.x * (v[q].x * r), g.y * (v[q].y * r), g.z * (v[q].z * r), g.w * (v[q].w * r));
-            }
-        }
-        __syncthreads();
-    }
-    // 2. warp 0: router rows blockIdx.x, + nb, ...; warps 1-7: this block's shared gate/up rows
-    const int rgroups = (inter + 15) / 16;
-    const int groups = k * rgroups;
-    int s0 = 0, s1 = 0;
-    if (sinter) shared_share(sinter, 4.f * K, groups, 18.f * K, blockIdx.x, nb, s0, s1);
-    int my_rows = 0;
-    if (warp == 0) {
-        for (int row = blockIdx.x; row < rt.n; row += nb, my_rows++) {
-            if (row != (int)blockIdx.x) {
-                const uint4* p = (const uint4*)(L.router + (long)row * H);
-#pragma unroll
-                for (int j = 0; j < NG_SLOTS; j++)
-                    if (j < slots) wv[j] = ld_stream(p + lane + 32 * j);
-            }
-            float acc = 0.f;
-#pragma unroll
-            for (int j = 0; j < NG_SLOTS; j++) {
-                if (j < slots) {
-                    const int i = lane + 32 * j;  // elements 8 i .. 8 i + 7
-                    acc += dot_bf16x8(wv[j], ((const float4*)xs)[2 * i], ((const float4*)xs)[2 * i + 1]);
-                }
-            }
-            acc = warp_sum(acc);
-            if (lane == 0) L.logits[row] = acc;
-        }
-        __syncwarp();
-        if (lane == 0 && my_rows) {
-            __threadfence();
-            atomicAdd(&cnt[0], (u32)my_rows);
-        }
-    } else {
-        for (int o = s0 + warp - 1; o < s1; o += 7) {
-            const RowSet rs = rowset(2, sgate.w, sgate.scales, o, 1, sup.w, sup.scales, o, 1, K);
-            float a[2] = {0.f, 0.f};
-            bf_rows<2, 1, XM_ANY>(rs, K, xs, 0, 1, a);
-            const float gv = warp_sum(a[0]), uv = warp_sum(a[1]);
-            if (lane == 0) L.h[(long)k * width + o] = gv / (1.0f + expf(-gv)) * uv;
-        }
-    }
-    const float dsx = xb_fill_t<XM_ANY>(xb, xs, K);  // (ends with a barrier)
-    if (sinter) block_publish(&cnt[k + 1], (u32)(s1 - s0));
-    // 3. the top-k, in every block, once all router rows are in
-    block_wait_count(&cnt[0], (u32)rt.n);
-    for (int i = threadIdx.x; i < rt.n; i += blockDim.x) lg[i] = __ldcg(L.logits + i);
-    __syncthreads();
-    if (warp == 0) {
-        route_impl<8>(lg, rt.bias, rt.n, k, rt.softmax, rt.normalize, rt.softcap, rt.scale, sel, wsel, 0);
-        __syncwarp();
-        if (blockIdx.x == 0 && lane < k) {
-            L.sel_out[lane] = sel[lane];
-            L.wts_out[lane] = wsel[lane];
-        }
-    }
-    __syncthreads();
-    // 4. routed gate/up groups (their own register allocation: see moe_gate_up)
-    moe_gate_up(gate, up, L.h, cnt, k, inter, K, width, dsx);
-    // 5. down: the shared expert's rows, then the routed groups
-    moe_down(down, sdown, L.h, L.part, cnt, k, inter, sinter, H);
-    // 6. once every block is done: out = x + the items' sum in item order (as experts_reduce),
-    // each block a slice of H; the last block out resets the counters
-    block_publish(&cnt[k + 2], 1u);
-    block_wait_count(&cnt[k + 2], (u32)nb);
-    {
-        const int o0 = (int)((long)blockIdx.x * H / nb), o1 = (int)((long)(blockIdx.x + 1) * H / nb);
-        for (int o = o0 + threadIdx.x; o < o1; o += blockDim.x) {
-            float v = 0.f;
-            for (int q = 0; q < k; q++) v += __ldcg(L.part + (long)q * H + o);
-            if (sinter) v += __ldcg(L.part + (long)k * H + o);
-            L.out[o] = __ldcg(L.x + o) + v;
-        }
-    }
-    if (threadIdx.x == 0 && atomicAdd(&cnt[k + 3], 1u) == (u32)nb - 1u) {
-        for (int i = 0; i < k + 4; i++) cnt[i] = 0u;
-    }
-    epilogue(ep);
 }
 
 // out[t, o] = resid[t, o] + sum_i part[t*k + i, o] (+ part[T*k + t, o]); in item order.

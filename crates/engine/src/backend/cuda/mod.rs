@@ -40,12 +40,6 @@ use crate::weights::{ExpertWeights, LinearWeight};
 /// The kernels' CUDA C source.
 pub const KERNELS_CU: &str = include_str!("kernels.cu");
 
-/// `moe_decode`'s counters: router rows, one per routed item and the shared expert, blocks done,
-/// blocks out (k + 4 <= 36 for k <= 32).
-const MOE_COUNTERS: usize = 64;
-/// Largest hidden size of `moe_decode` (`MOE_H_MAX`).
-const MOE_H_MAX: usize = 4096;
-
 /// Warps per block of the GEMV kernels (one warp per output row).
 const GEMV_WARPS: u32 = 4;
 /// Tokens per warp of the `linear` kernel (`TB` in the source).
@@ -171,7 +165,6 @@ pub(crate) struct Funcs {
     pub norm_gemv_bf16: CudaFunction,
     /// The next token from one row of logits, as the host `Sampler` picks it.
     pub sample_logits: CudaFunction,
-    pub moe_decode: CudaFunction,
 }
 
 /// Attention kernels indexed by `3 · kv_t + head-dim class` (f32, fp8, bf16 caches).
@@ -212,7 +205,7 @@ const GEMV_NV_KERNELS: [&str; 8] = [
     "gemv_nv_k8_b3",
 ];
 /// The kernels loaded one by one.
-const SINGLE_KERNELS: [&str; 23] = [
+const SINGLE_KERNELS: [&str; 22] = [
     "linear",
     "gemm_tiled",
     "embed",
@@ -226,7 +219,6 @@ const SINGLE_KERNELS: [&str; 23] = [
     "attn_combine",
     "route",
     "fill",
-    "moe_decode",
     "gemv_mma",
     "linear_multi2",
     "experts_gate_up2",
@@ -304,13 +296,6 @@ pub(crate) struct Inner {
     /// One token's experts on the persistent kernels where they apply (`persistent_moe`);
     /// `FP4FORGE_CUDA_PERSIST=0` starts it off.
     persist: std::sync::atomic::AtomicBool,
-    /// One token's MoE layer as one `moe_decode` launch where it applies (`moe_decode_applies`);
-    /// `FP4FORGE_CUDA_MOE_FUSED=0` starts it off.
-    moe_fused: std::sync::atomic::AtomicBool,
-    /// Blocks of `moe_decode` resident per SM (its grid must be resident all at once).
-    moe_blocks_per_sm: usize,
-    /// `moe_decode`'s counters (`MoeLayer.cnt`), zero between launches.
-    moe_counters: CudaSlice<u32>,
     /// Cap on the persistent MoE kernels' grid (0: as many blocks as are resident).
     persist_grid: std::sync::atomic::AtomicUsize,
     /// Attended keys up to which head_dim-128 decode attention takes the short-span variant
@@ -396,7 +381,6 @@ impl CudaBackend {
             attn_combine: get("attn_combine")?,
             route: get("route")?,
             fill: get("fill")?,
-            moe_decode: get("moe_decode")?,
             gemv1: GEMV1_KERNELS
                 .iter()
                 .map(|n| get(n))
@@ -427,14 +411,6 @@ impl CudaBackend {
         let counters = stream
             .alloc_zeros::<u32>(1)
             .map_err(|e| backend_err(format!("{e:?}")))?;
-        let moe_counters = stream
-            .alloc_zeros::<u32>(MOE_COUNTERS)
-            .map_err(|e| backend_err(format!("{e:?}")))?;
-        let moe_blocks_per_sm = f
-            .moe_decode
-            .occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
-            .map_err(|e| backend_err(format!("moe_decode occupancy: {e:?}")))?
-            as usize;
         Ok(Self {
             inner: Arc::new(Inner {
                 counters,
@@ -442,11 +418,6 @@ impl CudaBackend {
                     std::env::var("FP4FORGE_CUDA_PERSIST").as_deref() != Ok("0"),
                 ),
                 persist_grid: std::sync::atomic::AtomicUsize::new(0),
-                moe_fused: std::sync::atomic::AtomicBool::new(
-                    std::env::var("FP4FORGE_CUDA_MOE_FUSED").as_deref() != Ok("0"),
-                ),
-                moe_blocks_per_sm,
-                moe_counters,
                 attn_short_keys: std::sync::atomic::AtomicUsize::new(ATTN_SHORT_KEYS),
                 fused_decode: std::sync::atomic::AtomicBool::new(
                     std::env::var("FP4FORGE_CUDA_FUSED_DECODE").as_deref() != Ok("0"),
@@ -1039,30 +1010,6 @@ pub struct ExpertArena {
     pub(crate) scales: Option<CudaSlice<u8>>,
     pub(crate) inv_g: CudaSlice<f32>,
 }
-
-/// One MoE layer's buffers for `moe_decode` (`MoeLayer` in kernels.cu; layout identical).
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-pub(crate) struct MoeLayer {
-    router: u64,
-    x: u64,
-    nw: u64,
-    logits: u64,
-    sel_out: u64,
-    wts_out: u64,
-    h: u64,
-    part: u64,
-    out: u64,
-    cnt: u64,
-    eps: f32,
-    k: i32,
-    inter: i32,
-    shared_inter: i32,
-    hidden: i32,
-    _pad: i32,
-}
-// SAFETY: plain old data matching the C struct's layout.
-unsafe impl DeviceRepr for MoeLayer {}
 
 /// The kernel-side description of an [`ExpertArena`] (`ExpertProj` in kernels.cu).
 #[repr(C)]
@@ -1957,105 +1904,6 @@ impl CudaBackend {
             self.epilogue_launch(&epi, t)?;
         }
         Ok(())
-    }
-
-    /// Whether `moe_decode_raw` takes this MoE layer (one token): the persistent kernels'
-    /// conditions (`persistent_moe`), a BF16 router over at most 256 experts, hidden a multiple
-    /// of 256 up to 4,096, top-k at most 32, a fusable epilogue; unless switched off
-    /// (`set_moe_fused`).
-    pub(crate) fn moe_decode_applies(
-        &self,
-        e: &CudaExperts,
-        router: &CudaLinear,
-        shared: &Option<(&SharedExpert<'_>, [u64; 3])>,
-        k: usize,
-        epi: &Epi,
-    ) -> bool {
-        self.inner
-            .moe_fused
-            .load(std::sync::atomic::Ordering::Relaxed)
-            && self.inner.moe_blocks_per_sm > 0
-            && self.persistent_moe(e, shared, k, 1)
-            && router.fmt == 2
-            && router.cols == e.hidden
-            && router.rows <= 256
-            && e.hidden.is_multiple_of(256)
-            && e.hidden <= MOE_H_MAX
-            && k <= 32
-            && k + 4 <= MOE_COUNTERS
-            && (epi.kind == 0 || epi.fusable(256))
-    }
-
-    /// Switches `moe_decode` on or off (for comparisons; on by default).
-    pub fn set_moe_fused(&self, on: bool) {
-        self.inner
-            .moe_fused
-            .store(on, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// One token's MoE layer in one launch (`moe_decode`; `moe_decode_applies` must hold):
-    /// `xn = post_norm * rmsnorm(x)`, the router's logits (into `route`'s logits buffer) and
-    /// top-k (into `sel` / `wts`), the routed and shared experts (scratch `h`, `part` as for
-    /// `experts_raw`), `out = x + their sum`, then `epi`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn moe_decode_raw(
-        &self,
-        e: &CudaExperts,
-        shared: Option<(&SharedExpert<'_>, [u64; 3])>,
-        router: &CudaLinear,
-        route: &Route,
-        x: u64,
-        post_norm: u64,
-        eps: f32,
-        sel: &CudaSlice<i32>,
-        wts: &CudaSlice<f32>,
-        k: usize,
-        h: u64,
-        part: u64,
-        out: u64,
-        epi: Epi,
-    ) -> Result<()> {
-        let (sg, su, sd, sinter) = match &shared {
-            Some((s, inv)) => (
-                self.lin_proj(s.gate, inv[0]),
-                self.lin_proj(s.up, inv[1]),
-                self.lin_proj(s.down, inv[2]),
-                s.gate.rows,
-            ),
-            None => Default::default(),
-        };
-        let resident = self.inner.moe_blocks_per_sm * self.inner.sms;
-        let resident = match self
-            .inner
-            .persist_grid
-            .load(std::sync::atomic::Ordering::Relaxed)
-        {
-            0 => resident,
-            cap => cap.min(resident),
-        };
-        let work = (e.inter.div_ceil(16) * k)
-            .max(e.hidden.div_ceil(64) * k)
-            .max(router.rows);
-        let layer = MoeLayer {
-            router: self.ptr(&router.data),
-            x,
-            nw: post_norm,
-            logits: route.logits,
-            sel_out: self.ptr(sel),
-            wts_out: self.ptr(wts),
-            h,
-            part,
-            out,
-            cnt: self.ptr(&self.inner.moe_counters),
-            eps,
-            k: k as i32,
-            inter: e.inter as i32,
-            shared_inter: sinter as i32,
-            hidden: e.hidden as i32,
-            _pad: 0,
-        };
-        launch!(self, &self.inner.f.moe_decode, (work.min(resident).max(1) as u32, 1, 1), (256, 1, 1);
-            e.gate.proj(self), e.up.proj(self), e.down.proj(self), sg, su, sd, layer, *route, epi)
     }
 
     /// Whether one token's experts run on the persistent kernels (`experts_*_p`): tensor cores on
