@@ -1013,83 +1013,6 @@ struct MmaTile {
 };
 
 #define MMA_U 4
-
-// ---- per-warp asynchronous copy ring of NVFP4 tile chunks -------------------------------------
-//
-// The persistent MoE kernels stream their weight tiles through shared memory with cp.async
-// instead of holding the loads in registers: each warp keeps RING_D chunk stages of its own (in
-// dynamic shared memory, RING_WARP_BYTES each warp), RING_D - 1 of them in flight while it
-// consumes one, and the stream runs on across its tiles (the next group's chunks are in flight
-// while the current group is reduced). A stage holds, for each lane, the two 16-byte pieces it
-// consumes (rows g and g + 8 of the tile, as MmaTile loads them) and the 16 rows' 8 scale bytes
-// of the chunk. Only the warp's own lanes write and read its stages: a __syncwarp() orders a
-// stage's reads before its next copy.
-
-#define RING_D 7
-#define RING_STAGE 1152  // bytes: 2 x 32 lanes x 16 B of codes + 16 rows x 8 B of scales
-#define RING_WARP_BYTES (RING_D * RING_STAGE)
-
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src, u64 pol) {
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "l"(pol)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async8(u32 dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// Waits until at most N of this thread's most recent copy groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-// Rows [0, nrows) of a 16-row NVFP4 tile: codes at w (row stride wst bytes), scales at s (sst).
-struct TileSrc {
-    const u8* w;
-    const u8* s;
-    long wst;
-    long sst;
-    int nrows;
-};
-
-struct WarpRing {
-    u8* st;   // this warp's RING_D stages (shared memory)
-    u64 pol;  // evict-first: the weights are read once per token
-
-    __device__ __forceinline__ void init(u8* dyn) {
-        st = dyn + (threadIdx.x >> 5) * RING_WARP_BYTES;
-        asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-    }
-    // Copies chunk ch of tile t into stage `stage` (rows >= nrows repeat row nrows - 1).
-    __device__ __forceinline__ void issue(int stage, const TileSrc& t, int ch) {
-        const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-        const u32 d = (u32)__cvta_generic_to_shared(st + stage * RING_STAGE);
-        const int ra = min(g, t.nrows - 1), rb = min(g + 8, t.nrows - 1);
-        cp_async16(d + 16 * lane, t.w + ra * t.wst + 16 * (4 * ch + q), pol);
-        cp_async16(d + 512 + 16 * lane, t.w + rb * t.wst + 16 * (4 * ch + q), pol);
-        if (lane < 16) cp_async8(d + 1024 + 8 * lane, t.s + min(lane, t.nrows - 1) * t.sst + 8 * ch);
-    }
-    // The lane's pieces of the chunk in stage `stage` (after cp_async_wait and __syncwarp).
-    __device__ __forceinline__ void read(int stage, uint4& qa, uint4& qb, u32& za, u32& zb) const {
-        const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-        const u8* p = st + stage * RING_STAGE;
-        qa = ((const uint4*)p)[lane];
-        qb = ((const uint4*)(p + 512))[lane];
-        za = ((const u16*)(p + 1024 + 8 * g))[q];
-        zb = ((const u16*)(p + 1024 + 8 * (g + 8)))[q];
-    }
-};
-
-// Before consuming chunk kk of a warp's stream: issues chunk kk + RING_D - 1 (into the stage
-// chunk kk - 1 used; `issue(j)` copies chunk j if there is one and commits a copy group either
-// way, so that group j always holds chunk j) and waits for chunk kk.
-template <typename Issue>
-__device__ __forceinline__ void ring_step(const WarpRing&, int kk, Issue& issue) {
-    __syncwarp();  // every lane is done reading stage (kk - 1) % RING_D
-    issue(kk + RING_D - 1);
-    cp_async_wait<RING_D - 1>();
-    __syncwarp();  // the lanes' copies of chunk kk are visible to the whole warp
-}
 #define GEMV_U 6  // chunk slots per lane in gemv_mma (6: a whole 8-warp o projection tile in flight at once)
 
 // Sums the tile results of the KS warps of each tile (warps w, w + 1, ... w + KS - 1 share one)
@@ -2249,17 +2172,6 @@ struct ExpertProj {
 };
 
 // Where a warp of an expert's 16-row tile reads: tile rows `row0..` of projection P, chunks [c0, c1).
-// Rows [row0, row0 + nrows) of expert projection P (NVFP4, K columns) as a ring tile source.
-__device__ __forceinline__ TileSrc tile_src(const ExpertProj& P, long row0, int nrows, int K) {
-    TileSrc t;
-    t.wst = K / 2;
-    t.sst = K / 16;
-    t.w = (const u8*)P.w + row0 * t.wst;
-    t.s = P.scales + row0 * t.sst;
-    t.nrows = nrows;
-    return t;
-}
-
 __device__ __forceinline__ void mma_start_group(MmaTile<MMA_U>& m, const ExpertProj& P, long row0, int nrows, int K,
                                                 int c0, int c1) {
     if (nrows > 0) m.start((const u8*)P.w + row0 * (K / 2), P.scales + row0 * (K / 16), K / 2, K / 16, nrows, c0, c1);
@@ -2532,47 +2444,26 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up_p(ExpertPro
         }
     }
     __syncthreads();
-    // routed groups gi = blockIdx.x + it * gridDim.x, streamed through the warp's ring (chunks
-    // [c0, c1) of each group's tile); the first RING_D - 1 chunks fly during the staging
-    const int c0 = part * nc / 4, nper = (part + 1) * nc / 4 - c0;
-    const int mine = (int)blockIdx.x < groups ? (groups - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
-    const int total = mine * nper;
-    auto src_of = [&](int it) {
-        const int gi = blockIdx.x + it * gridDim.x, item = gi / rgroups;
+    // routed groups gi = blockIdx.x + it * gridDim.x; the first one's loads fly during the staging
+    auto tile_of = [&](int gi, MmaTile<MMA_U>& m) {
+        const int item = gi / rgroups;
         const long ob = (long)(gi % rgroups) * 16;
-        return tile_src(P, (long)sel[item] * inter + ob, (int)min(16l, (long)inter - ob), K);
+        const int nrows = (int)min(16l, (long)inter - ob);
+        mma_start_group(m, P, (long)sel[item] * inter + ob, nrows, K, part * nc / 4, (part + 1) * nc / 4);
+        return nrows;
     };
-    extern __shared__ __align__(16) u8 dyn[];
-    WarpRing ring;
-    ring.init(dyn);
-    TileSrc is = total > 0 ? src_of(0) : TileSrc{};
-    int i_it = 0, i_c = 0;  // the next chunk to issue: group i_it, chunk c0 + i_c
-    auto issue_next = [&](int kk) {
-        if (kk < total) {
-            ring.issue(kk % RING_D, is, c0 + i_c);
-            if (++i_c == nper) {
-                i_c = 0;
-                if (++i_it < mine) is = src_of(i_it);
-            }
-        }
-        cp_async_commit();
-    };
-    for (int kk = 0; kk < RING_D - 1; kk++) issue_next(kk);
+    MmaTile<MMA_U> m;
+    int gi = blockIdx.x;
+    int nrows = gi < groups ? tile_of(gi, m) : 0;
     const float ds = xb_fill(xb, x, K);
-    const bool bx = lane < 8;
-    for (int it = 0; it < mine; it++) {
+    for (int it = 0; gi < groups; it++) {
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int ci = 0; ci < nper; ci++) {
-            const int kk = it * nper + ci;
-            ring_step(ring, kk, issue_next);
-            uint4 qa, qb;
-            u32 za, zb;
-            ring.read(kk % RING_D, qa, qb, za, zb);
-            mma_chunk(qa, qb, za, zb, xb + (c0 + ci) * 64 + lane, bx, acc);
-        }
-        const int gi = blockIdx.x + it * gridDim.x, item = gi / rgroups;
+        if (nrows > 0) m.run(xb, acc);
+        const int item = gi / rgroups;
         const long ob = (long)(gi % rgroups) * 16;
-        const int rows = (int)min(16l, (long)inter - ob);
+        const int rows = nrows;
+        gi += gridDim.x;
+        nrows = gi < groups ? tile_of(gi, m) : 0;
         float (*rb)[16] = red[it & 1];
         float gv = mma_reduce(acc, rb, 4);  // warp 0: the gate rows (warps 0-3)
         if (warp == 0 && lane < rows) {
@@ -2653,41 +2544,16 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_down_p(ExpertProj d
             if (lane == 0 && r < nrows) part[(long)k * H + o + r] = v;
         }
     }
-    // routed groups gi = blockIdx.x + it * gridDim.x, streamed through the warp's ring (chunks
-    // [c0, c0 + nper) of its tile of each group); the first RING_D - 1 chunks fly during the staging
-    const int c0 = p * nc / 2, nper = (p + 1) * nc / 2 - c0;
-    const int mine = (int)blockIdx.x < groups ? (groups - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
-    auto rows_of = [&](int it) {
-        const long ob = (long)((blockIdx.x + it * gridDim.x) % rgroups) * 64 + tile * 16;
-        return (int)max(0l, min(16l, (long)H - ob));
-    };
-    // (tiles past H have no rows: their warps stream nothing, but still reduce with the block)
-    int n_my = 0;
-    for (int it = 0; it < mine; it++) n_my += rows_of(it) > 0 ? nper : 0;
-    auto src_of = [&](int it) {
-        const int gi = blockIdx.x + it * gridDim.x;
+    // routed groups gi = blockIdx.x + it * gridDim.x; the first one's loads fly during the staging
+    auto tile_of = [&](int gi, MmaTile<MMA_U>& m) {
         const long ob = (long)(gi % rgroups) * 64 + tile * 16;
-        return tile_src(down, (long)sel[gi / rgroups] * H + ob, rows_of(it), K);
+        const int nrows = (int)max(0l, min(16l, (long)H - ob));
+        mma_start_group(m, down, (long)sel[gi / rgroups] * H + ob, nrows, K, p * nc / 2, (p + 1) * nc / 2);
+        return nrows;
     };
-    extern __shared__ __align__(16) u8 dyn[];
-    WarpRing ring;
-    ring.init(dyn);
-    int i_it = 0, i_c = 0;  // the next chunk to issue: group i_it (one with rows), chunk c0 + i_c
-    while (i_it < mine && rows_of(i_it) == 0) i_it++;
-    TileSrc is = i_it < mine ? src_of(i_it) : TileSrc{};
-    auto issue_next = [&](int kk) {
-        if (kk < n_my) {
-            ring.issue(kk % RING_D, is, c0 + i_c);
-            if (++i_c == nper) {
-                i_c = 0;
-                do i_it++;
-                while (i_it < mine && rows_of(i_it) == 0);
-                if (i_it < mine) is = src_of(i_it);
-            }
-        }
-        cp_async_commit();
-    };
-    for (int kk = 0; kk < RING_D - 1; kk++) issue_next(kk);
+    MmaTile<MMA_U> m;
+    int gi = blockIdx.x;
+    int nrows = gi < groups ? tile_of(gi, m) : 0;
     // only the items this block's groups use are staged (slot j: its[j]; groups ascend, so do
     // their items)
     __shared__ int its[64];
@@ -2702,23 +2568,15 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_down_p(ExpertProj d
     }
     __syncthreads();
     xb_fill_items(xb, ds, h, width, its, nits, K);
-    const bool bx = lane < 8;
-    for (int it = 0, slot = 0, kk = 0; it < mine; it++) {
+    for (int it = 0, slot = 0; gi < groups; it++) {
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        const int gi = blockIdx.x + it * gridDim.x, item = gi / rgroups;
+        const int item = gi / rgroups;
         while (slot + 1 < nits && its[slot] != item) slot++;
-        const int rows = rows_of(it);
-        if (rows > 0) {
-            const uint2* xi = xb + (long)slot * (K / 2);
-            for (int ci = 0; ci < nper; ci++, kk++) {
-                ring_step(ring, kk, issue_next);
-                uint4 qa, qb;
-                u32 za, zb;
-                ring.read(kk % RING_D, qa, qb, za, zb);
-                mma_chunk(qa, qb, za, zb, xi + (c0 + ci) * 64 + lane, bx, acc);
-            }
-        }
+        if (nrows > 0) m.run(xb + (long)slot * (K / 2), acc);
         const long ob = (long)(gi % rgroups) * 64 + tile * 16;
+        const int rows = nrows;
+        gi += gridDim.x;
+        nrows = gi < groups ? tile_of(gi, m) : 0;
         const float v = mma_reduce(acc, red[it & 1], 2);
         if (p == 0 && lane < rows) {
             const long e = sel[item];

@@ -358,17 +358,9 @@ impl CudaBackend {
                     "kernel {n} is not in kernel_entries()"
                 )));
             }
-            let func = module
+            module
                 .load_function(n)
-                .map_err(|e| backend_err(format!("kernel {n}: {e:?}")))?;
-            if std::env::var("FP4FORGE_CUDA_CARVEOUT").as_deref() == Ok("all") {
-                func.set_attribute(
-                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                    100,
-                )
-                .map_err(|e| backend_err(format!("kernel {n}: {e:?}")))?;
-            }
-            Ok(func)
+                .map_err(|e| backend_err(format!("kernel {n}: {e:?}")))
         };
         let f = Funcs {
             linear: get("linear")?,
@@ -407,22 +399,6 @@ impl CudaBackend {
             norm_gemv_bf16: get("norm_gemv_bf16")?,
             sample_logits: get("sample_logits")?,
         };
-        // The persistent MoE kernels' weight rings live in dynamic shared memory (beyond the
-        // 48 KiB a launch gets without opting in); two blocks per SM need the largest carveout.
-        let ring_smem = std::env::var("FP4FORGE_CUDA_RING_SMEM").as_deref() != Ok("0");
-        let carve = std::env::var("FP4FORGE_CUDA_CARVEOUT").as_deref() != Ok("none");
-        for func in [&f.experts_gate_up_p, &f.experts_down_p].into_iter().filter(|_| ring_smem) {
-            use cudarc::driver::sys::CUfunction_attribute as A;
-            func.set_attribute(
-                A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                PERSIST_RING_BYTES as i32,
-            )
-            .and_then(|()| {
-                if carve {
-                func.set_attribute(A::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100) } else {Ok(())}
-            })
-            .map_err(|e| backend_err(format!("persistent MoE kernels' shared memory: {e:?}")))?;
-        }
         let stream = ctx
             .new_stream()
             .map_err(|e| backend_err(format!("{e:?}")))?;
@@ -954,9 +930,6 @@ const SAMPLE_K_MAX: usize = 256;
 
 /// Resident blocks per SM of the persistent MoE kernels (`__launch_bounds__(256, 2)`).
 const PERSIST_BLOCKS_PER_SM: usize = 2;
-/// Dynamic shared memory of the persistent MoE kernels: 8 warps' weight rings
-/// (`RING_WARP_BYTES` = `RING_D` 7 stages × `RING_STAGE` 1,152 bytes each).
-const PERSIST_RING_BYTES: usize = 8 * 7 * 1152;
 /// B entries for all routed items in `experts_down_p` (`XB_ITEMS_MAX`).
 const PERSIST_XB_ENTRIES: usize = 5120;
 
@@ -1909,12 +1882,11 @@ impl CudaBackend {
                 cap => cap.min(PERSIST_BLOCKS_PER_SM * self.inner.sms),
             };
             let gu = groups(e.inter, 16, k) + groups(sinter, 16, shared_n);
-            let ring = if std::env::var("FP4FORGE_CUDA_RING_SMEM").as_deref() == Ok("0") { 0 } else { PERSIST_RING_BYTES as u32 };
-            launch!(self, &self.inner.f.experts_gate_up_p, (gu.min(resident) as u32, 1, 1), (256, 1, 1), ring;
+            launch!(self, &self.inner.f.experts_gate_up_p, (gu.min(resident) as u32, 1, 1), (256, 1, 1);
                 e.gate.proj(self), e.up.proj(self), sg, su, has, sinter as i32, self.ptr(sel),
                 self.ptr(wts), k as i32, x, h, e.inter as i32, e.hidden as i32, fused_route)?;
             let dn = groups(e.hidden, 64, k + shared_n);
-            launch!(self, &self.inner.f.experts_down_p, (dn.min(resident) as u32, 1, 1), (256, 1, 1), ring;
+            launch!(self, &self.inner.f.experts_down_p, (dn.min(resident) as u32, 1, 1), (256, 1, 1);
                 e.down.proj(self), sd, has, sinter as i32, self.ptr(sel), self.ptr(wts), k as i32,
                 h, e.inter as i32, part, e.hidden as i32)?;
         } else {
@@ -2039,22 +2011,6 @@ impl CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The host's size of the persistent MoE kernels' rings is the kernels' own.
-    #[test]
-    fn ring_bytes_match_the_kernels_defines() {
-        let define = |name: &str| -> usize {
-            let line = KERNELS_CU
-                .lines()
-                .find(|l| l.starts_with(&format!("#define {name} ")))
-                .unwrap_or_else(|| panic!("#define {name} missing"));
-            line.split_whitespace().nth(2).unwrap().parse().unwrap()
-        };
-        assert_eq!(
-            PERSIST_RING_BYTES,
-            8 * define("RING_D") * define("RING_STAGE")
-        );
-    }
 
     /// `gemv_mma` stages each warp's chunks of x in a region of `MMA_WARP_CHUNKS`: the split
     /// must keep every warp within it for every K the kernel takes.
