@@ -820,6 +820,51 @@ pub fn synthetic_laguna_decode(
         }
         b.synchronize()?;
         let secs = t.elapsed().as_secs_f64() / reps as f64;
+        if let Ok(list) = std::env::var("FP4FORGE_BENCH_SPLIT_SWEEP") {
+            let keep = b
+                .inner
+                .split_knobs
+                .load(std::sync::atomic::Ordering::Relaxed);
+            for item in list.split(',') {
+                let mut it = item.split(':').filter_map(|v| v.trim().parse::<u32>().ok());
+                let (Some(mk), Some(ps)) = (it.next(), it.next()) else {
+                    continue;
+                };
+                b.inner
+                    .split_knobs
+                    .store((mk << 16) | ps, std::sync::atomic::Ordering::Relaxed);
+                b.inner
+                    .stream
+                    .begin_capture(
+                        cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                    )
+                    .map_err(|e| b.err(format!("capture: {e:?}")))?;
+                let r = step(&mut tm, true);
+                let g2 = b
+                    .inner
+                    .stream
+                    .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
+                    .map_err(|e| b.err(format!("end capture: {e:?}")))?;
+                r?;
+                let g2 = g2.ok_or_else(|| b.err("empty graph"))?;
+                for _ in 0..5 {
+                    g2.launch().map_err(|e| b.err(format!("{e:?}")))?;
+                }
+                b.synchronize()?;
+                let t = Instant::now();
+                for _ in 0..reps {
+                    g2.launch().map_err(|e| b.err(format!("{e:?}")))?;
+                }
+                b.synchronize()?;
+                let ms = t.elapsed().as_secs_f64() * 1e3 / reps as f64;
+                eprintln!(
+                    "  {build} ctx {ctx}: split keys {mk} blocks/SM {ps}: graph {ms:.3} ms/token"
+                );
+            }
+            b.inner
+                .split_knobs
+                .store(keep, std::sync::atomic::Ordering::Relaxed);
+        }
         let bpt = if bytes_per_token > 0.0 {
             bytes_per_token
         } else {

@@ -51,6 +51,11 @@ const GEMM_TOKENS: u32 = 64;
 const GEMM_MIN_TOKENS: usize = 16;
 /// Query heads of one KV head handled by one attention block (`GMAX`).
 const ATTN_GMAX: usize = 4;
+/// Fewest keys per split of decode attention.
+const ATTN_SPLIT_MIN_KEYS: u32 = 64;
+/// Decode attention blocks per SM that `splits_for` aims at (measured on H200, Laguna-S, graph
+/// replay: 8 vs 16 is 4-5% faster per token at 16K context, equal at 2K).
+const ATTN_SPLIT_BLOCKS_PER_SM: u32 = 8;
 /// Most key splits of one decode attention call.
 pub(crate) const MAX_SPLITS: usize = 128;
 /// Rows per warp of `linear_multi2` (`MULTI_R`) outside its tensor-core path.
@@ -296,6 +301,10 @@ pub(crate) struct Inner {
     /// One token's experts on the persistent kernels where they apply (`persistent_moe`);
     /// `FP4FORGE_CUDA_PERSIST=0` starts it off.
     persist: std::sync::atomic::AtomicBool,
+    /// The decode attention split heuristic of `splits_for`: (fewest keys per split << 16) |
+    /// blocks per SM aimed at; `ATTN_SPLIT_MIN_KEYS` and `ATTN_SPLIT_BLOCKS_PER_SM` unless the
+    /// benchmark sweeps them (`FP4FORGE_BENCH_SPLIT_SWEEP`).
+    pub(crate) split_knobs: std::sync::atomic::AtomicU32,
     /// Cap on the persistent MoE kernels' grid (0: as many blocks as are resident).
     persist_grid: std::sync::atomic::AtomicUsize,
     /// Attended keys up to which head_dim-128 decode attention takes the short-span variant
@@ -418,6 +427,9 @@ impl CudaBackend {
                     std::env::var("FP4FORGE_CUDA_PERSIST").as_deref() != Ok("0"),
                 ),
                 persist_grid: std::sync::atomic::AtomicUsize::new(0),
+                split_knobs: std::sync::atomic::AtomicU32::new(
+                    (ATTN_SPLIT_MIN_KEYS << 16) | ATTN_SPLIT_BLOCKS_PER_SM,
+                ),
                 attn_short_keys: std::sync::atomic::AtomicUsize::new(ATTN_SHORT_KEYS),
                 fused_decode: std::sync::atomic::AtomicBool::new(
                     std::env::var("FP4FORGE_CUDA_FUSED_DECODE").as_deref() != Ok("0"),
@@ -1215,17 +1227,27 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Number of key splits for a decode step of `p` over `keys` keys: enough blocks for ~16
-    /// per SM (decode attention is latency-bound: it needs many warps in flight), at least 64
+    /// Number of key splits for a decode step of `p` over `keys` keys: enough blocks for
+    /// `ATTN_SPLIT_BLOCKS_PER_SM` per SM (decode attention is latency-bound: it needs warps in
+    /// flight; more splits cost more partial results to merge), at least `ATTN_SPLIT_MIN_KEYS`
     /// keys (one round of the block's 4 warps) per split. Prefill (`t > 1`): one.
     pub(crate) fn splits_for(&self, keys: usize, p: &AttentionParams, t: usize) -> usize {
         if t > 1 {
             return 1;
         }
-        // blocks per split: each kv head's query heads in groups of at most ATTN_GMAX
+        // blocks per split: each kv head's query heads in groups of at most ATTN_GMAX; as many
+        // splits as make the blocks per SM aimed at, each of at least the fewest keys
         let blocks = p.kv_heads * (p.heads / p.kv_heads.max(1)).div_ceil(ATTN_GMAX);
-        let want = (16 * self.inner.sms).div_ceil(blocks.max(1));
-        want.min(keys.div_ceil(64)).clamp(1, MAX_SPLITS)
+        let (min_keys, per_sm) = {
+            let v = self
+                .inner
+                .split_knobs
+                .load(std::sync::atomic::Ordering::Relaxed);
+            ((v >> 16) as usize, (v & 0xffff) as usize)
+        };
+        let want = (per_sm * self.inner.sms).div_ceil(blocks.max(1));
+        want.min(keys.div_ceil(min_keys.max(1)))
+            .clamp(1, MAX_SPLITS)
     }
 
     pub(crate) fn kv_append_raw(
