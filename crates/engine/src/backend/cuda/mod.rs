@@ -53,9 +53,10 @@ const GEMM_MIN_TOKENS: usize = 16;
 const ATTN_GMAX: usize = 4;
 /// Fewest keys per split of decode attention.
 const ATTN_SPLIT_MIN_KEYS: u32 = 64;
-/// Decode attention blocks per SM that `splits_for` aims at (measured on H200, Laguna-S, graph
-/// replay: 8 vs 16 is 4-5% faster per token at 16K context, equal at 2K).
-const ATTN_SPLIT_BLOCKS_PER_SM: u32 = 8;
+/// Decode attention blocks per SM that `splits_for` aims at (H200, Laguna-S, graph replay, one
+/// run: lean 5.056 / 5.249 / 5.531 ms per token at 16K context with 4 / 8 / 16, 7.130 / 7.346 /
+/// 7.698 at 64K, equal at 2K; fewer splits leave fewer partial results to merge).
+const ATTN_SPLIT_BLOCKS_PER_SM: u32 = 4;
 /// Most key splits of one decode attention call.
 pub(crate) const MAX_SPLITS: usize = 128;
 /// Rows per warp of `linear_multi2` (`MULTI_R`) outside its tensor-core path.
