@@ -53,10 +53,11 @@ const GEMM_MIN_TOKENS: usize = 16;
 const ATTN_GMAX: usize = 4;
 /// Fewest keys per split of decode attention.
 const ATTN_SPLIT_MIN_KEYS: u32 = 64;
-/// Decode attention blocks per SM that `splits_for` aims at (H200, Laguna-S, graph replay, one
-/// run: lean 5.056 / 5.249 / 5.531 ms per token at 16K context with 4 / 8 / 16, 7.130 / 7.346 /
-/// 7.698 at 64K, equal at 2K; fewer splits leave fewer partial results to merge).
-const ATTN_SPLIT_BLOCKS_PER_SM: u32 = 4;
+/// Decode attention blocks per SM that `splits_for` aims at; 0: one full wave of the kernel it
+/// launches (its resident blocks per SM). H200, Laguna-S, graph replay, one run: lean 5.056 /
+/// 5.249 / 5.531 ms per token at 16K context aiming at 4 / 8 / 16 (4 = one wave of the long-span
+/// kernel), 7.130 / 7.346 / 7.698 at 64K; at 2K 2 (one wave of the short-span kernel) beats 4.
+const ATTN_SPLIT_BLOCKS_PER_SM: u32 = 0;
 /// Most key splits of one decode attention call.
 pub(crate) const MAX_SPLITS: usize = 128;
 /// Rows per warp of `linear_multi2` (`MULTI_R`) outside its tensor-core path.
@@ -1228,16 +1229,16 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Number of key splits for a decode step of `p` over `keys` keys: enough blocks for
-    /// `ATTN_SPLIT_BLOCKS_PER_SM` per SM (decode attention is latency-bound: it needs warps in
-    /// flight; more splits cost more partial results to merge), at least `ATTN_SPLIT_MIN_KEYS`
-    /// keys (one round of the block's 4 warps) per split. Prefill (`t > 1`): one.
+    /// Number of key splits for a decode step of `p` over `keys` keys: as many blocks as fill one
+    /// wave of the attention kernel (`ATTN_SPLIT_BLOCKS_PER_SM`; decode attention is latency-bound
+    /// and needs warps in flight, but a partial second wave and more partial results to merge
+    /// cost more), at least `ATTN_SPLIT_MIN_KEYS` keys (one round of the block's 4 warps) per
+    /// split. Prefill (`t > 1`): one.
     pub(crate) fn splits_for(&self, keys: usize, p: &AttentionParams, t: usize) -> usize {
         if t > 1 {
             return 1;
         }
-        // blocks per split: each kv head's query heads in groups of at most ATTN_GMAX; as many
-        // splits as make the blocks per SM aimed at, each of at least the fewest keys
+        // blocks per split: each kv head's query heads in groups of at most ATTN_GMAX
         let blocks = p.kv_heads * (p.heads / p.kv_heads.max(1)).div_ceil(ATTN_GMAX);
         let (min_keys, per_sm) = {
             let v = self
@@ -1246,7 +1247,22 @@ impl CudaBackend {
                 .load(std::sync::atomic::Ordering::Relaxed);
             ((v >> 16) as usize, (v & 0xffff) as usize)
         };
-        let want = (per_sm * self.inner.sms).div_ceil(blocks.max(1));
+        let per_sm = if per_sm == 0 {
+            // resident blocks per SM (`__launch_bounds__`): the short-span head_dim-128 kernel 2,
+            // the others 4
+            let short = self
+                .inner
+                .attn_short_keys
+                .load(std::sync::atomic::Ordering::Relaxed);
+            if p.head_dim == 128 && keys <= short {
+                2
+            } else {
+                4
+            }
+        } else {
+            per_sm
+        };
+        let want = (per_sm * self.inner.sms / blocks.max(1)).max(1);
         want.min(keys.div_ceil(min_keys.max(1)))
             .clamp(1, MAX_SPLITS)
     }
