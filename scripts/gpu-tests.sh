@@ -7,6 +7,8 @@
 #   scripts/gpu-tests.sh build          # here: test binary + benchmark -> target/gpu/ (stripped)
 #   scripts/gpu-tests.sh run [OUTDIR]   # on the GPU machine, from the repo root
 #   scripts/gpu-tests.sh bench [OUTDIR] # on the GPU machine: only the decode benchmark
+#   scripts/gpu-tests.sh probe [OUTDIR] # on the GPU machine: the decode-stream probe (bounds per
+#                                       # kernel organisation), then the decode benchmark
 #
 # `run` executes the `#[ignore]`d GPU tests of crates/engine/tests/cuda.rs (kernels vs f64
 # matmul; NVFP4 experts vs the CPU backend; decode/prefill attention vs the CPU backend on bf16 and
@@ -61,7 +63,9 @@ if [ "$mode" = run ]; then
         echo "compute-sanitizer not found: race/memory checks skipped"
     fi
 fi
-target/gpu/cuda_decode_bench \
+probe=()
+[ "$mode" = probe ] && probe=(--probe)
+target/gpu/cuda_decode_bench "${probe[@]}" \
     --stock crates/builder/tests/fixtures/laguna-s-2.1/config.json \
     --lean crates/builder/tests/fixtures/laguna-s-2.1-lean/config.json \
     --contexts 2048,16384,65536 --reps 50 --json "$out/bench.json" 2>&1 | tee "$out/bench.log" || status=1

@@ -4,7 +4,12 @@
 //! ```text
 //! cuda_decode_bench [--stock CONFIG] [--lean CONFIG] [--contexts 2048,16384,65536]
 //!                   [--reps 50] [--json OUT.json] [--bytes-stock 9.906e9] [--bytes-lean 5.890e9]
+//!                   [--probe] [--probe-only]
 //! ```
+//!
+//! `--probe` first runs the decode-stream probe (`backend::cuda::stream_probe`: the step's bytes
+//! and dependencies with trivial compute, in three kernel organisations), an upper bound per
+//! organisation; `--probe-only` runs only that.
 //!
 //! Defaults: the Laguna-S-2.1 configs under `crates/builder/tests/fixtures/`. Bytes per token
 //! default to `fp4forge inspect`'s figures for those builds (weights only); the table also shows
@@ -14,6 +19,7 @@
 use std::path::PathBuf;
 
 use fp4forge_engine::backend::cuda::bench::{copy_bandwidth, synthetic_laguna_decode};
+use fp4forge_engine::backend::cuda::stream_probe::decode_stream_probe;
 
 use fp4forge_engine::CudaBackend;
 
@@ -24,12 +30,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut contexts = vec![2048usize, 16384, 65536];
     let mut reps = 50usize;
     let mut json: Option<PathBuf> = None;
+    let (mut probe, mut bench) = (false, true);
     let (mut b_stock, mut b_lean) = (9.906e9f64, 5.890e9f64);
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < args.len() {
         let v = args.get(i + 1).cloned().unwrap_or_default();
         match args[i].as_str() {
+            "--probe" | "--probe-only" => {
+                probe = true;
+                bench = args[i] == "--probe";
+                i += 1;
+                continue;
+            }
             "--stock" => stock = v.into(),
             "--lean" => lean = v.into(),
             "--contexts" => contexts = v.split(',').map(|s| s.parse()).collect::<Result<_, _>>()?,
@@ -57,8 +70,34 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "device-to-device copy bandwidth (4 GiB, read+write): {:.0} GB/s",
         copy
     );
+    let mut probe_rows = Vec::new();
+    if probe {
+        for (label, cfg) in [("stock", &stock), ("lean", &lean)] {
+            probe_rows.extend(decode_stream_probe(&b, cfg, label, &contexts, copy, reps)?);
+        }
+        println!();
+        println!("Decode-stream probe: the step's bytes and dependencies, trivial compute (upper bounds)");
+        println!("| build | context | organisation | ms/token | tok/s | GB/token | GB/s | % of copy BW |");
+        println!("|---|---:|---|---:|---:|---:|---:|---:|");
+        for r in &probe_rows {
+            println!(
+                "| {} | {} | {} | {:.3} | {:.1} | {:.3} | {:.0} | {:.1}% |",
+                r.build,
+                r.context,
+                r.organisation,
+                r.ms_per_token,
+                r.tok_s,
+                r.bytes_per_token / 1e9,
+                r.gbs,
+                100.0 * r.fraction_of_copy
+            );
+        }
+    }
     let mut rows = Vec::new();
     for (label, cfg, bytes) in [("stock", &stock, b_stock), ("lean", &lean, b_lean)] {
+        if !bench {
+            break;
+        }
         eprintln!("{label}: {}", cfg.display());
         rows.extend(synthetic_laguna_decode(
             &b, cfg, label, &contexts, bytes, copy, reps,
@@ -112,6 +151,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "device": fp4forge_engine::Backend::name(&b),
             "copy_bandwidth_gbs": copy,
             "rows": rows,
+            "stream_probe": probe_rows,
         });
         std::fs::write(&p, serde_json::to_vec_pretty(&doc)?)?;
         println!("wrote {}", p.display());

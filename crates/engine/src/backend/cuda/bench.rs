@@ -136,31 +136,33 @@ pub fn copy_bandwidth(b: &CudaBackend, bytes: usize, reps: usize) -> Result<f64>
     Ok(2.0 * bytes as f64 * reps as f64 / t.elapsed().as_secs_f64() / 1e9)
 }
 
-struct Geometry {
-    hidden: usize,
-    layers: usize,
-    full: Vec<bool>,
-    heads: Vec<usize>,
-    kv_heads: usize,
-    head_dim: usize,
-    window: usize,
-    experts: usize,
-    top_k: usize,
-    moe_inter: usize,
-    shared_inter: usize,
-    dense_inter: usize,
-    dense_layers: Vec<bool>,
-    vocab: usize,
-    attn_nvfp4: bool,
-    experts_nvfp4: bool,
-    theta_full: f64,
-    theta_sliding: f64,
-    partial_full: f64,
-    eps: f32,
-    routed_scale: f32,
+/// The shapes of a Laguna config that the benchmark and the stream probe lay out.
+pub(super) struct Geometry {
+    pub(super) hidden: usize,
+    pub(super) layers: usize,
+    pub(super) full: Vec<bool>,
+    pub(super) heads: Vec<usize>,
+    pub(super) kv_heads: usize,
+    pub(super) head_dim: usize,
+    pub(super) window: usize,
+    pub(super) experts: usize,
+    pub(super) top_k: usize,
+    pub(super) moe_inter: usize,
+    pub(super) shared_inter: usize,
+    pub(super) dense_inter: usize,
+    pub(super) dense_layers: Vec<bool>,
+    pub(super) vocab: usize,
+    pub(super) attn_nvfp4: bool,
+    pub(super) experts_nvfp4: bool,
+    pub(super) theta_full: f64,
+    pub(super) theta_sliding: f64,
+    pub(super) partial_full: f64,
+    pub(super) eps: f32,
+    pub(super) routed_scale: f32,
 }
 
-fn geometry(cfg: &Value) -> std::result::Result<Geometry, String> {
+/// Reads the [`Geometry`] of a Laguna `config.json`.
+pub(super) fn geometry(cfg: &Value) -> std::result::Result<Geometry, String> {
     let u = |k: &str| {
         cfg.get(k)
             .and_then(Value::as_u64)

@@ -21,6 +21,7 @@
 
 pub mod bench;
 mod decode;
+pub mod stream_probe;
 
 use std::sync::{Arc, Mutex, OnceLock};
 

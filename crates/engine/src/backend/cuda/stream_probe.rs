@@ -1,0 +1,563 @@
+//! Decode-stream probe: how close to the copy bandwidth can a batch-1 decode step get, given only
+//! its byte stream and its dependencies, in each kernel organisation?
+//!
+//! From a Laguna `config.json` the probe lays out the bytes one decode step reads at real sizes
+//! (per layer: q/k/v/g, the KV cache up to the context, o, the router, the shared expert and the
+//! top-k routed experts out of a full arena of experts, the dense layer's MLP, the lm_head; NVFP4
+//! tensors as codes + scales, as the config's quantization targets say) and streams them with
+//! trivial compute (`stream_probe.cu`: each block folds its slice into one word), in the order
+//! and with the waits of the real step: a stage consumes only once the stage it depends on is
+//! complete, and the routed experts' addresses come from the router stage's outputs. Three
+//! organisations are timed on the same plan:
+//!
+//! - `chain`: one launch per stage with programmatic dependent launch, captured in a CUDA graph
+//!   (the organisation of the backend's decode step, without its arithmetic);
+//! - `persistent`: one launch per step, stages ordered by counters in global memory;
+//! - `ring`: one launch per step, a producer warp per SM streaming through shared-memory slots
+//!   with bulk copies ahead of the stage boundaries (weights do not depend on activations).
+//!
+//! The figures are upper bounds for each organisation: real kernels add arithmetic.
+
+use std::path::Path;
+use std::time::Instant;
+
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
+
+use super::bench::{geometry, Geometry};
+use super::CudaBackend;
+use crate::error::Result;
+
+/// The probe's kernel source.
+pub const STREAM_PROBE_CU: &str = include_str!("stream_probe.cu");
+
+/// Compiles the probe's kernels for `arch` (`sm_90` or later: bulk copies and mbarriers) with
+/// NVRTC. Needs only the NVRTC library (no GPU): a build check.
+pub fn compile_stream_probe(arch: &'static str) -> std::result::Result<Ptx, String> {
+    let opts = CompileOptions {
+        arch: Some(arch),
+        options: vec!["-std=c++17".into(), "-default-device".into()],
+        ..Default::default()
+    };
+    compile_ptx_with_opts(STREAM_PROBE_CU, opts).map_err(|x| format!("NVRTC (stream probe): {x}"))
+}
+
+/// One timed organisation of one build at one context.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ProbeRow {
+    /// Build label (`stock`, `lean`).
+    pub build: String,
+    /// Context length (KV positions read by the full-attention layers).
+    pub context: usize,
+    /// Kernel organisation (`chain`, `persistent`, `ring 12x16K`, ...).
+    pub organisation: String,
+    /// Milliseconds per step.
+    pub ms_per_token: f64,
+    /// Steps per second.
+    pub tok_s: f64,
+    /// Bytes the step reads (weights + KV).
+    pub bytes_per_token: f64,
+    /// `bytes_per_token / time`, GB/s.
+    pub gbs: f64,
+    /// `gbs` over the copy bandwidth measured in the same run.
+    pub fraction_of_copy: f64,
+}
+
+/// `#[repr(C)]` mirror of `Region` in stream_probe.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Region {
+    ptr: u64,
+    bytes: u64,
+    stride: u64,
+    routed: i32,
+    pad: i32,
+}
+
+/// `#[repr(C)]` mirror of `Stage` in stream_probe.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Stage {
+    first_region: i32,
+    n_regions: i32,
+    wait: i32,
+    select: i32,
+}
+
+/// The step's stages and regions, laid out before any allocation: a region's `ptr` holds the
+/// index of its buffer in `buffers` (sizes in bytes) until [`Plan::allocate`] makes it an address.
+struct Plan {
+    buffers: Vec<u64>,
+    regions: Vec<Region>,
+    stages: Vec<Stage>,
+    /// Bytes the step reads: weights, and (of those) KV-cache entries.
+    bytes: u64,
+    kv_bytes: u64,
+}
+
+impl Plan {
+    fn buffer(&mut self, bytes: u64) -> u64 {
+        self.buffers.push(bytes);
+        self.buffers.len() as u64 - 1
+    }
+
+    /// Regions of a `rows × cols` weight (NVFP4: codes and per-16 fp8 scales; else bf16).
+    fn weight(&mut self, rows: usize, cols: usize, nvfp4: bool) -> Vec<Region> {
+        parts(rows, cols, nvfp4)
+            .into_iter()
+            .map(|n| Region {
+                ptr: self.buffer(n),
+                bytes: n,
+                stride: 0,
+                routed: -1,
+                pad: 0,
+            })
+            .collect()
+    }
+
+    /// Regions of the top-k experts out of an arena of `experts` weights of `rows × cols`.
+    fn routed(
+        &mut self,
+        experts: usize,
+        top_k: usize,
+        rows: usize,
+        cols: usize,
+        nvfp4: bool,
+    ) -> Vec<Region> {
+        let mut out = Vec::new();
+        for stride in parts(rows, cols, nvfp4) {
+            let base = self.buffer(stride * experts as u64);
+            out.extend((0..top_k).map(|j| Region {
+                ptr: base,
+                bytes: stride,
+                stride,
+                routed: j as i32,
+                pad: 0,
+            }));
+        }
+        out
+    }
+
+    fn stage(&mut self, regions: Vec<Region>, wait: Option<usize>, select: Option<usize>) -> usize {
+        self.bytes += regions.iter().map(|r| r.bytes).sum::<u64>();
+        self.stages.push(Stage {
+            first_region: self.regions.len() as i32,
+            n_regions: regions.len() as i32,
+            wait: wait.map_or(-1, |w| w as i32),
+            select: select.map_or(-1, |s| s as i32),
+        });
+        self.regions.extend(regions);
+        self.stages.len() - 1
+    }
+
+    /// Allocates the buffers on `b` and points the regions at them; the buffers live as long
+    /// as the returned vector.
+    fn allocate(&mut self, b: &CudaBackend) -> Result<Vec<CudaSlice<u8>>> {
+        let bufs = self
+            .buffers
+            .iter()
+            .map(|&n| b.alloc::<u8>(n as usize))
+            .collect::<Result<Vec<_>>>()?;
+        for r in &mut self.regions {
+            r.ptr = b.ptr(&bufs[r.ptr as usize]);
+        }
+        Ok(bufs)
+    }
+}
+
+/// Bytes of the parts of a `rows × cols` weight, each rounded up to 16: NVFP4 codes and fp8
+/// scales, or bf16.
+fn parts(rows: usize, cols: usize, nvfp4: bool) -> Vec<u64> {
+    let n = if nvfp4 {
+        vec![rows * cols / 2, rows * cols / 16]
+    } else {
+        vec![rows * cols * 2]
+    };
+    n.into_iter()
+        .map(|n| (n as u64).div_ceil(16) * 16)
+        .collect()
+}
+
+/// Lays out one decode step at `context` for the geometry `g` (bf16 KV cache).
+fn plan(g: &Geometry, context: usize) -> Plan {
+    let mut p = Plan {
+        buffers: Vec::new(),
+        regions: Vec::new(),
+        stages: Vec::new(),
+        bytes: 0,
+        kv_bytes: 0,
+    };
+    let h = g.hidden;
+    let kv_row = g.kv_heads * g.head_dim;
+    let mut prev: Option<usize> = None;
+    for l in 0..g.layers {
+        let heads = g.heads[l];
+        let q = heads * g.head_dim;
+        let mut r = p.weight(q, h, g.attn_nvfp4);
+        r.extend(p.weight(kv_row, h, g.attn_nvfp4));
+        r.extend(p.weight(kv_row, h, g.attn_nvfp4));
+        r.extend(p.weight(heads, h, false));
+        let qkv = p.stage(r, prev, None);
+        let keys = if g.full[l] {
+            context
+        } else {
+            g.window.min(context)
+        };
+        let mut r = p.weight(keys, kv_row, false);
+        r.extend(p.weight(keys, kv_row, false));
+        p.kv_bytes += r.iter().map(|r| r.bytes).sum::<u64>();
+        let attn = p.stage(r, Some(qkv), None);
+        let r = p.weight(h, q, g.attn_nvfp4);
+        let o = p.stage(r, Some(attn), None);
+        if g.dense_layers[l] {
+            let mut r = p.weight(g.dense_inter, h, false);
+            r.extend(p.weight(g.dense_inter, h, false));
+            let up = p.stage(r, Some(o), None);
+            let r = p.weight(h, g.dense_inter, false);
+            prev = Some(p.stage(r, Some(up), None));
+        } else {
+            let r = p.weight(g.experts, h, false);
+            let router = p.stage(r, Some(o), None);
+            let mut r = p.weight(2 * g.shared_inter, h, false);
+            r.extend(p.routed(g.experts, g.top_k, 2 * g.moe_inter, h, g.experts_nvfp4));
+            let up = p.stage(r, Some(router), Some(router));
+            let mut r = p.weight(h, g.shared_inter, false);
+            r.extend(p.routed(g.experts, g.top_k, h, g.moe_inter, g.experts_nvfp4));
+            prev = Some(p.stage(r, Some(up), Some(router)));
+        }
+    }
+    let r = p.weight(g.vocab, h, false);
+    p.stage(r, prev, None);
+    p
+}
+
+/// Runs the probe for the build in `config` at each context; `copy_gbs` is the copy bandwidth
+/// measured in the same run. Returns one row per organisation and context.
+pub fn decode_stream_probe(
+    b: &CudaBackend,
+    config: &Path,
+    label: &str,
+    contexts: &[usize],
+    copy_gbs: f64,
+    reps: usize,
+) -> Result<Vec<ProbeRow>> {
+    let text =
+        std::fs::read_to_string(config).map_err(|e| b.err(format!("{}: {e}", config.display())))?;
+    let cfg: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| b.err(format!("{}: {e}", config.display())))?;
+    let g = geometry(&cfg).map_err(|e| b.err(format!("{}: {e}", config.display())))?;
+    let e = |x: cudarc::driver::DriverError| b.err(format!("{x:?}"));
+    let (maj, min) = b.inner.ctx.compute_capability().map_err(e)?;
+    if maj < 9 {
+        return Err(b.err("the stream probe needs sm_90 (bulk copies, mbarriers)"));
+    }
+    let arch: &'static str = Box::leak(format!("sm_{maj}{min}").into_boxed_str());
+    let ptx = compile_stream_probe(arch).map_err(|x| b.err(x))?;
+    let module = b.inner.ctx.load_module(ptx).map_err(e)?;
+    let f_stage = module.load_function("probe_stage").map_err(e)?;
+    let f_persistent = module.load_function("probe_persistent").map_err(e)?;
+    let f_ring = module.load_function("probe_ring").map_err(e)?;
+    const RING_BYTES: usize = 192 << 10;
+    f_ring
+        .set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            RING_BYTES as i32,
+        )
+        .map_err(e)?;
+    let sms = b.inner.sms;
+    let mut rows = Vec::new();
+    for &context in contexts {
+        let mut plan = plan(&g, context);
+        let _buffers = plan.allocate(b)?;
+        let stages = plan.stages.clone();
+        // SAFETY: both are plain `#[repr(C)]` structs of integers, mirrored in stream_probe.cu.
+        let stage_bytes = unsafe {
+            std::slice::from_raw_parts(
+                stages.as_ptr() as *const u8,
+                std::mem::size_of_val(stages.as_slice()),
+            )
+        };
+        // SAFETY: as above.
+        let region_bytes = unsafe {
+            std::slice::from_raw_parts(
+                plan.regions.as_ptr() as *const u8,
+                std::mem::size_of_val(plan.regions.as_slice()),
+            )
+        };
+        let d_stages = b.inner.stream.clone_htod(stage_bytes).map_err(e)?;
+        let d_regions = b.inner.stream.clone_htod(region_bytes).map_err(e)?;
+        let n = stages.len();
+        let mut counters = b.alloc::<u32>(n)?;
+        let grid_max = 4 * sms;
+        let mut out = b.alloc::<u32>(n * grid_max)?;
+        let row = |organisation: String, secs: f64| {
+            let gbs = plan.bytes as f64 / secs / 1e9;
+            ProbeRow {
+                build: label.to_string(),
+                context,
+                organisation,
+                ms_per_token: secs * 1e3,
+                tok_s: 1.0 / secs,
+                bytes_per_token: plan.bytes as f64,
+                gbs,
+                fraction_of_copy: gbs / copy_gbs,
+            }
+        };
+
+        let mut status = b.alloc::<u32>(1)?;
+        // Fails the probe if a spin wait of `organisation` hit the watchdog (stream_probe.cu).
+        let check = |status: &mut CudaSlice<u32>, organisation: &str| -> Result<()> {
+            let v = b.inner.stream.clone_dtoh(status).map_err(e)?;
+            if v.first().copied().unwrap_or(0) != 0 {
+                return Err(b.err(format!(
+                    "stream probe ({label}, context {context}, {organisation}): a wait timed out"
+                )));
+            }
+            Ok(())
+        };
+
+        // chain: one PDL launch per stage, captured in a graph.
+        for (blocks_per_sm, prefetch, work) in [
+            (1usize, 0i32, 0i32),
+            (2, 0, 0),
+            (4, 0, 0),
+            (2, 1, 0),
+            (4, 1, 0),
+            (4, 1, 8),
+            (4, 1, 24),
+        ] {
+            let grid = (blocks_per_sm * sms) as u32;
+            let cfg = LaunchConfig {
+                grid_dim: (grid, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let step = |out: &mut CudaSlice<u32>| -> Result<()> {
+                let (sp, rp, op) = (b.ptr(&d_stages), b.ptr(&d_regions), b.ptr(out));
+                for s in 0..n as i32 {
+                    let (mut a0, mut a1, mut a2, mut a3, mut a4, mut a5) =
+                        (sp, rp, s, op, prefetch, work);
+                    let mut params = [
+                        &mut a0 as *mut u64 as *mut std::ffi::c_void,
+                        &mut a1 as *mut u64 as *mut std::ffi::c_void,
+                        &mut a2 as *mut i32 as *mut std::ffi::c_void,
+                        &mut a3 as *mut u64 as *mut std::ffi::c_void,
+                        &mut a4 as *mut i32 as *mut std::ffi::c_void,
+                        &mut a5 as *mut i32 as *mut std::ffi::c_void,
+                    ];
+                    // SAFETY: six parameters of the kernel's types, alive across the call.
+                    unsafe { b.launch_pdl(&f_stage, cfg, &mut params)? };
+                }
+                Ok(())
+            };
+            step(&mut out)?;
+            b.synchronize()?;
+            b.inner
+                .stream
+                .begin_capture(
+                    cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                )
+                .map_err(e)?;
+            let r = step(&mut out);
+            let graph = b
+                .inner
+                .stream
+                .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
+                .map_err(e)?;
+            r?;
+            let graph = graph.ok_or_else(|| b.err("empty graph"))?;
+            let secs = time(b, reps, || {
+                graph.launch().map_err(|x| b.err(format!("{x:?}")))
+            })?;
+            let first = if prefetch == 1 {
+                ", first loads before the wait"
+            } else {
+                ""
+            };
+            rows.push(row(
+                format!("chain, {blocks_per_sm} blocks/SM{first}"),
+                secs,
+            ));
+        }
+
+        // persistent: one launch per step; every block must be resident.
+        let occ = f_persistent
+            .occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
+            .map_err(e)? as usize;
+        for blocks_per_sm in [1usize, 2, 4].into_iter().filter(|&k| k <= occ) {
+            let grid = (blocks_per_sm * sms) as u32;
+            let secs = time(b, reps, || {
+                b.inner.stream.memset_zeros(&mut counters).map_err(e)?;
+                let mut l = b.inner.stream.launch_builder(&f_persistent);
+                let n_i = n as i32;
+                l.arg(&d_stages)
+                    .arg(&n_i)
+                    .arg(&d_regions)
+                    .arg(&counters)
+                    .arg(&out);
+                let cfg = LaunchConfig {
+                    grid_dim: (grid, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: arguments match probe_persistent's signature; the grid is resident.
+                unsafe { l.launch(cfg) }.map(|_| ()).map_err(e)
+            })?;
+            let name = format!("persistent, {blocks_per_sm} blocks/SM");
+            check(&mut status, &name)?;
+            rows.push(row(name, secs));
+        }
+
+        // ring: one block per SM, a producer warp running ahead through shared memory.
+        for (slots, chunk, lookahead, work) in [
+            (12i32, 16384i32, 1i32, 0i32),
+            (24, 8192, 1, 0),
+            (6, 32768, 1, 0),
+            (12, 16384, 0, 0),
+            (12, 16384, 1, 8),
+            (12, 16384, 1, 24),
+        ] {
+            let secs = time(b, reps, || {
+                b.inner.stream.memset_zeros(&mut counters).map_err(e)?;
+                launch_ring(
+                    b,
+                    &f_ring,
+                    (&d_stages, n, &d_regions),
+                    (&counters, &out, &status),
+                    (slots, chunk, lookahead, work),
+                )
+            })?;
+            let ahead = if lookahead == 1 {
+                "ahead of stages"
+            } else {
+                "stage by stage"
+            };
+            let name = format!(
+                "ring {slots}x{}K, {ahead}{}",
+                chunk / 1024,
+                work_label(work)
+            );
+            check(&mut status, &name)?;
+            rows.push(row(name, secs));
+        }
+        for r in rows.iter().filter(|r| r.context == context) {
+            eprintln!(
+                "  probe {label} ctx {context}: {}: {:.3} ms, {:.0} GB/s ({:.1}%)",
+                r.organisation,
+                r.ms_per_token,
+                r.gbs,
+                100.0 * r.fraction_of_copy
+            );
+        }
+    }
+    Ok(rows)
+}
+
+/// Launches `probe_ring` on one block per SM: `plan` is (stages, stage count, regions), `state`
+/// (counters, outputs, watchdog status), `ring` (slots, chunk bytes, lookahead flag, work).
+fn launch_ring(
+    b: &CudaBackend,
+    f: &CudaFunction,
+    plan: (&CudaSlice<u8>, usize, &CudaSlice<u8>),
+    state: (&CudaSlice<u32>, &CudaSlice<u32>, &CudaSlice<u32>),
+    ring: (i32, i32, i32, i32),
+) -> Result<()> {
+    let mut l = b.inner.stream.launch_builder(f);
+    let n_i = plan.1 as i32;
+    l.arg(plan.0)
+        .arg(&n_i)
+        .arg(plan.2)
+        .arg(state.0)
+        .arg(state.1)
+        .arg(state.2)
+        .arg(&ring.0)
+        .arg(&ring.1)
+        .arg(&ring.2)
+        .arg(&ring.3);
+    let (slots, chunk) = (ring.0, ring.1);
+    let cfg = LaunchConfig {
+        grid_dim: (b.inner.sms as u32, 1, 1),
+        block_dim: (32 * 9, 1, 1),
+        shared_mem_bytes: (slots * chunk) as u32,
+    };
+    // SAFETY: arguments match probe_ring's signature; one block per SM is resident.
+    unsafe { l.launch(cfg) }
+        .map(|_| ())
+        .map_err(|x| b.err(format!("{x:?}")))
+}
+
+/// ", +N instr/16 B" for a nonzero `work` (about 3 instructions per round, see stream_probe.cu).
+fn work_label(work: i32) -> String {
+    if work == 0 {
+        String::new()
+    } else {
+        format!(", +{} instr/16 B", 3 * work)
+    }
+}
+
+/// Seconds per call of `step` (after 3 warm-up calls), over `reps` calls.
+fn time(b: &CudaBackend, reps: usize, mut step: impl FnMut() -> Result<()>) -> Result<f64> {
+    for _ in 0..3 {
+        step()?;
+    }
+    b.synchronize()?;
+    let t = Instant::now();
+    for _ in 0..reps {
+        step()?;
+    }
+    b.synchronize()?;
+    Ok(t.elapsed().as_secs_f64() / reps as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geometry_of(build: &str) -> Geometry {
+        let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../builder/tests/fixtures")
+            .join(build)
+            .join("config.json");
+        let text = std::fs::read_to_string(&path).expect("fixture config");
+        geometry(&serde_json::from_str(&text).expect("json")).expect("geometry")
+    }
+
+    /// The probe streams the real step's weight bytes: `fp4forge inspect`'s bytes per token of
+    /// the Laguna-S-2.1 builds (9.906 GB stock, 5.890 GB lean; the small tensors the probe
+    /// leaves out, norms, global scales, router bias, one embedding row, are < 0.1%).
+    #[test]
+    fn probe_plan_reads_the_real_bytes_per_token() {
+        for (build, inspect) in [("laguna-s-2.1", 9.906e9), ("laguna-s-2.1-lean", 5.890e9)] {
+            let p = plan(&geometry_of(build), 2048);
+            let weights = (p.bytes - p.kv_bytes) as f64;
+            assert!(
+                (weights / inspect - 1.0).abs() < 1e-3,
+                "{build}: {weights} bytes vs inspect's {inspect}"
+            );
+            // 12 full layers read 2,048 keys, 36 sliding layers their 512-key window (bf16 K+V).
+            assert_eq!(p.kv_bytes, (12 * 2048 + 36 * 512) * 8 * 128 * 2 * 2);
+        }
+    }
+
+    /// Stages wait only on earlier stages, the routed experts' addresses come from a router
+    /// stage, and every region is 16-byte sized (bulk copies need it).
+    #[test]
+    fn probe_plan_dependencies_point_backwards() {
+        let p = plan(&geometry_of("laguna-s-2.1-lean"), 16384);
+        assert_eq!(p.stages.len(), 48 * 3 + 2 + 47 * 3 + 1);
+        for (i, s) in p.stages.iter().enumerate() {
+            assert!(s.wait < i as i32 && s.select < i as i32, "stage {i}");
+            let regions = &p.regions[s.first_region as usize..][..s.n_regions as usize];
+            for r in regions {
+                assert_eq!(r.bytes % 16, 0);
+                // A routed region only in a stage that selects; fixed regions are -1.
+                assert!(r.routed == -1 || (s.select >= 0 && (0..10).contains(&r.routed)));
+            }
+        }
+        let routed = p.regions.iter().filter(|r| r.routed >= 0).count();
+        // 47 MoE layers × (gate/up, down) × (codes, scales) × top-10.
+        assert_eq!(routed, 47 * 2 * 2 * 10);
+        assert_eq!(p.stages[0].wait, -1);
+        assert!(p.stages[1..].iter().all(|s| s.wait >= 0));
+    }
+}
