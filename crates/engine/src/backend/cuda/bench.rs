@@ -787,20 +787,7 @@ pub fn synthetic_laguna_decode(
         }
         b.synchronize()?;
         let eager_ms = eager_t.elapsed().as_secs_f64() * 1e3 / 3.0;
-        b.inner
-            .stream
-            .begin_capture(
-                cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-            )
-            .map_err(|e| b.err(format!("capture: {e:?}")))?;
-        let r = step(&mut tm, true);
-        let graph = b
-            .inner
-            .stream
-            .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
-            .map_err(|e| b.err(format!("end capture: {e:?}")))?;
-        r?;
-        let graph = graph.ok_or_else(|| b.err("empty graph"))?;
+        let graph = b.capture_graph(|| step(&mut tm, true))?;
         let mut kernels = 0usize;
         // SAFETY: a valid captured graph; a null node array asks for the count only.
         unsafe {
@@ -812,16 +799,7 @@ pub fn synthetic_laguna_decode(
         }
         .result()
         .map_err(|e| b.err(format!("graph nodes: {e:?}")))?;
-        for _ in 0..5 {
-            graph.launch().map_err(|e| b.err(format!("{e:?}")))?;
-        }
-        b.synchronize()?;
-        let t = Instant::now();
-        for _ in 0..reps {
-            graph.launch().map_err(|e| b.err(format!("{e:?}")))?;
-        }
-        b.synchronize()?;
-        let secs = t.elapsed().as_secs_f64() / reps as f64;
+        let secs = b.time_graph(&graph, reps)?;
         if let Ok(list) = std::env::var("FP4FORGE_BENCH_SPLIT_SWEEP") {
             let keep = b
                 .inner
@@ -835,30 +813,8 @@ pub fn synthetic_laguna_decode(
                 b.inner
                     .split_knobs
                     .store((mk << 16) | ps, std::sync::atomic::Ordering::Relaxed);
-                b.inner
-                    .stream
-                    .begin_capture(
-                        cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-                    )
-                    .map_err(|e| b.err(format!("capture: {e:?}")))?;
-                let r = step(&mut tm, true);
-                let g2 = b
-                    .inner
-                    .stream
-                    .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
-                    .map_err(|e| b.err(format!("end capture: {e:?}")))?;
-                r?;
-                let g2 = g2.ok_or_else(|| b.err("empty graph"))?;
-                for _ in 0..5 {
-                    g2.launch().map_err(|e| b.err(format!("{e:?}")))?;
-                }
-                b.synchronize()?;
-                let t = Instant::now();
-                for _ in 0..reps {
-                    g2.launch().map_err(|e| b.err(format!("{e:?}")))?;
-                }
-                b.synchronize()?;
-                let ms = t.elapsed().as_secs_f64() * 1e3 / reps as f64;
+                let g2 = b.capture_graph(|| step(&mut tm, true))?;
+                let ms = b.time_graph(&g2, reps)? * 1e3;
                 eprintln!(
                     "  {build} ctx {ctx}: split keys {mk} blocks/SM {ps}: graph {ms:.3} ms/token"
                 );

@@ -512,6 +512,46 @@ impl CudaBackend {
         }
     }
 
+    /// Captures the work `record` queues on the stream into a CUDA graph (nothing runs while
+    /// capturing) and instantiates it.
+    pub(crate) fn capture_graph(
+        &self,
+        record: impl FnOnce() -> Result<()>,
+    ) -> Result<cudarc::driver::CudaGraph> {
+        use cudarc::driver::sys;
+        self.inner
+            .stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| self.err(format!("capture: {e:?}")))?;
+        let r = record();
+        let graph = self
+            .inner
+            .stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(|e| self.err(format!("end capture: {e:?}")))?;
+        r?;
+        graph.ok_or_else(|| self.err("empty graph"))
+    }
+
+    /// Seconds per replay of `graph`: 5 warm-up replays, then the mean of `reps`.
+    pub(crate) fn time_graph(&self, graph: &cudarc::driver::CudaGraph, reps: usize) -> Result<f64> {
+        let replay = || {
+            graph
+                .launch()
+                .map_err(|e| self.err(format!("graph launch: {e:?}")))
+        };
+        for _ in 0..5 {
+            replay()?;
+        }
+        self.synchronize()?;
+        let t = std::time::Instant::now();
+        for _ in 0..reps {
+            replay()?;
+        }
+        self.synchronize()?;
+        Ok(t.elapsed().as_secs_f64() / reps.max(1) as f64)
+    }
+
     /// Waits for all queued work.
     pub fn synchronize(&self) -> Result<()> {
         self.inner

@@ -352,30 +352,18 @@ pub fn decode_stream_probe(
             };
             step(&mut out)?;
             b.synchronize()?;
-            b.inner
-                .stream
-                .begin_capture(
-                    cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-                )
-                .map_err(e)?;
-            let r = step(&mut out);
-            let graph = b
-                .inner
-                .stream
-                .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
-                .map_err(e)?;
-            r?;
-            let graph = graph.ok_or_else(|| b.err("empty graph"))?;
-            let secs = time(b, reps, || {
-                graph.launch().map_err(|x| b.err(format!("{x:?}")))
-            })?;
+            let graph = b.capture_graph(|| step(&mut out))?;
+            let secs = b.time_graph(&graph, reps)?;
             let first = if prefetch == 1 {
                 ", first loads before the wait"
             } else {
                 ""
             };
             rows.push(row(
-                format!("chain, {blocks_per_sm} blocks/SM{first}"),
+                format!(
+                    "chain, {blocks_per_sm} blocks/SM{first}{}",
+                    work_label(work)
+                ),
                 secs,
             ));
         }
