@@ -1,0 +1,317 @@
+//! Attention: the KV cache on the device, q/k norms and rope, decode attention with key splits
+//! and their merge, prefill attention.
+
+use super::*;
+
+/// Query heads of one KV head handled by one attention block (`GMAX`).
+pub(super) const ATTN_GMAX: usize = 4;
+
+/// Fewest keys per split of decode attention.
+pub(super) const ATTN_SPLIT_MIN_KEYS: u32 = 64;
+
+/// Decode attention blocks per SM that `splits_for` aims at; 0: one full wave of the kernel it
+/// launches (its resident blocks per SM). H200, Laguna-S, graph replay, one run: lean 5.056 /
+/// 5.249 / 5.531 ms per token at 16K context aiming at 4 / 8 / 16 (4 = one wave of the long-span
+/// kernel), 7.130 / 7.346 / 7.698 at 64K; at 2K 2 (one wave of the short-span kernel) beats 4.
+pub(super) const ATTN_SPLIT_BLOCKS_PER_SM: u32 = 0;
+
+/// Most key splits of one decode attention call.
+pub(crate) const MAX_SPLITS: usize = 128;
+
+/// Attended keys up to which a head_dim-128 decode step takes the kernel variant with 2 resident
+/// blocks per SM (no register cap, no spills) instead of 4. Measured on the H200 (Laguna-S
+/// geometry, 2026-11-30): sliding layers (512 keys) 565 vs 618 µs per token, full layers at 64K
+/// 4,103 vs 3,520 µs (the occupancy wins there).
+pub(super) const ATTN_SHORT_KEYS: usize = 8192;
+
+/// The per-head q/k norms, rope and KV append of a decode step, done by the decode attention
+/// kernel (`Prep` in kernels.cu; layout identical).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct AttnPrep {
+    qn: u64,
+    kn: u64,
+    inv_freq: u64,
+    kc: u64,
+    vc: u64,
+    slot: i64,
+    eps: f32,
+    attn_factor: f32,
+    rdim: i32,
+    on: i32,
+}
+
+// SAFETY: plain old data matching the C struct's layout.
+unsafe impl DeviceRepr for AttnPrep {}
+
+impl AttnPrep {
+    /// Norm weights `qn`, `kn` (0: none, each `head_dim` long), rope `inv_freq` over the first
+    /// `rdim` dims scaled by `attn_factor`, and the new rows written to `slot` of `cache`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        b: &CudaBackend,
+        cache: &CudaKvLayer,
+        slot: usize,
+        qn: u64,
+        kn: u64,
+        eps: f32,
+        inv_freq: u64,
+        rdim: usize,
+        attn_factor: f32,
+    ) -> Self {
+        Self {
+            qn,
+            kn,
+            inv_freq,
+            kc: b.ptr(&cache.k),
+            vc: b.ptr(&cache.v),
+            slot: slot as i64,
+            eps,
+            attn_factor,
+            rdim: rdim as i32,
+            on: 1,
+        }
+    }
+}
+
+/// A rotary embedding: `inv_freq` on the device; cos/sin computed in the kernel.
+pub struct CudaRope {
+    pub(crate) inv_freq: CudaSlice<f32>,
+    pub(crate) rotary_dim: usize,
+    pub(crate) attention_factor: f32,
+}
+
+/// One layer's KV cache on the device: `[slot, kv_heads, head_dim]`, a ring of `window` slots
+/// for sliding layers, growing (doubling) for full ones.
+pub struct CudaKvLayer {
+    pub(super) spec: KvLayerSpec,
+    pub(crate) len: usize,
+    pub(crate) cap: usize,
+    pub(crate) k: CudaSlice<u8>,
+    pub(crate) v: CudaSlice<u8>,
+    /// 0 = f32, 1 = fp8 e4m3, 2 = bf16.
+    pub(crate) kv_t: i32,
+    /// fp8: stored values are e4m3(x / scale) (1 for the other types).
+    pub(crate) k_scale: f32,
+    pub(crate) v_scale: f32,
+}
+
+impl CudaKvLayer {
+    pub(super) fn elem(&self) -> usize {
+        match self.kv_t {
+            2 => 2,
+            1 => 1,
+            _ => 4,
+        }
+    }
+}
+
+impl CudaBackend {
+    /// One token's per-head q/k RMSNorms (`qn`, `kn`: 0 for none) and rope at `pos` over
+    /// `q` (`heads` heads) and `k` (the cache's kv heads), in place, and the rotated k row and
+    /// the `v` row written into cache slot `slot`, in one launch (`qk_norm_rope`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn qk_norm_rope_raw(
+        &self,
+        q: u64,
+        k: u64,
+        v: u64,
+        (qn, kn, eps): (u64, u64, f32),
+        heads: usize,
+        (inv_freq, rdim, attn_factor): (u64, usize, f32),
+        pos: usize,
+        cache: &CudaKvLayer,
+        slot: usize,
+    ) -> Result<()> {
+        let (kvh, d) = (cache.spec.kv_heads, cache.spec.head_dim);
+        // one thread per value of a head, whole warps (the block sum reads every warp's share)
+        let threads = d.div_ceil(32) * 32;
+        launch!(self, &self.inner.f.qk_norm_rope, ((heads + 2 * kvh) as u32, 1, 1), (threads as u32, 1, 1);
+            q, k, qn, kn, heads as i32, d as i32, eps, inv_freq, rdim as i32, attn_factor, pos as i32,
+            self.ptr(&cache.k), self.ptr(&cache.v), v, slot as i64, kvh as i32, cache.kv_t,
+            cache.k_scale, cache.v_scale)
+    }
+
+    pub(super) fn kv_grow(&self, c: &mut CudaKvLayer, need: usize) -> Result<()> {
+        let row_bytes = c.spec.row_width() * c.elem();
+        let target = match c.spec.window {
+            Some(w) => w,
+            None if need <= c.cap => return Ok(()),
+            None => need.max(c.cap * 2).max(256),
+        };
+        if target <= c.cap {
+            return Ok(());
+        }
+        let mut k = self.alloc::<u8>(target * row_bytes)?;
+        let mut v = self.alloc::<u8>(target * row_bytes)?;
+        let used = c.cap.min(c.len) * row_bytes;
+        if used > 0 {
+            self.inner
+                .stream
+                .memcpy_dtod(&c.k.slice(0..used), &mut k.slice_mut(0..used))
+                .map_err(|e| self.err(format!("{e:?}")))?;
+            self.inner
+                .stream
+                .memcpy_dtod(&c.v.slice(0..used), &mut v.slice_mut(0..used))
+                .map_err(|e| self.err(format!("{e:?}")))?;
+        }
+        c.k = k;
+        c.v = v;
+        c.cap = target;
+        Ok(())
+    }
+
+    pub(super) fn attn_func(&self, kv_t: i32, d: usize) -> Result<&CudaFunction> {
+        let i = match d {
+            d if d <= 32 => 0,
+            d if d <= 64 => 1,
+            d if d <= 128 => 2,
+            _ => return Err(self.err(format!("head_dim {d} > 128"))),
+        };
+        Ok(&self.inner.f.attn[i + 3 * kv_t as usize])
+    }
+
+    /// Whether a decode step (`t` = 1) over `cache` with heads of `head_dim` takes the grouped
+    /// decode kernel (bf16 cache, head_dim 64 or 128), the one that can also do the q/k norms,
+    /// rope and KV append itself (`AttnPrep`).
+    pub(crate) fn dec_attention_applies(cache: &CudaKvLayer, head_dim: usize, t: usize) -> bool {
+        t == 1 && cache.kv_t == 2 && matches!(head_dim, 64 | 128)
+    }
+
+    /// Attention of `t` query rows (raw pointers) over `cache` (positions `< pos0`) and the
+    /// chunk `k`, `v`; writes `out` (with `softplus(gate)` applied when `gate != 0`). Does not
+    /// append, unless `prep` is given: then q and k arrive as projected, and the kernel applies
+    /// the per-head norms and rope and writes the new key and value rows into cache slot
+    /// `prep.slot` (only where `dec_attention_applies`). `scratch` holds the split partials
+    /// (`part_o`, `part_ml`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attention_raw(
+        &self,
+        q: u64,
+        k: u64,
+        v: u64,
+        cache: &CudaKvLayer,
+        pos0: usize,
+        t: usize,
+        p: &AttentionParams,
+        out: u64,
+        gate: u64,
+        splits: usize,
+        scratch: Option<(u64, u64)>,
+        prep: Option<AttnPrep>,
+    ) -> Result<()> {
+        let g = p.heads / p.kv_heads;
+        let ngroups = g.div_ceil(ATTN_GMAX);
+        let window = cache.spec.window.unwrap_or(0) as i32;
+        let grid = ((p.kv_heads * ngroups) as u32, t as u32, splits as u32);
+        let (po, pml) = scratch.unwrap_or((0, 0));
+        // Decode over bf16 caches: the grouped kernel (ngroups blocks split a kv head's queries).
+        let dec_ok = Self::dec_attention_applies(cache, p.head_dim, t);
+        self.check(dec_ok || prep.is_none(), || {
+            format!(
+                "attention: norms + rope inside the kernel need a bf16 cache, head_dim 64 or 128 \
+                 and one token (kv type {}, head_dim {}, {t} tokens)",
+                cache.kv_t, p.head_dim
+            )
+        })?;
+        let dec = match p.head_dim {
+            64 if dec_ok => Some(&self.inner.f.attn_dec[0]),
+            128 if dec_ok => {
+                let keys = pos0 + 1;
+                let keys = cache.spec.window.map_or(keys, |w| keys.min(w));
+                let short = self
+                    .inner
+                    .attn_short_keys
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                Some(&self.inner.f.attn_dec[if keys <= short { 2 } else { 1 }])
+            }
+            _ => None,
+        };
+        if let Some(func) = dec {
+            launch!(self, func, grid, (128, 1, 1);
+                q, k, v, self.ptr(&cache.k), self.ptr(&cache.v), out, po, pml,
+                p.heads as i32, p.kv_heads as i32, p.scale,
+                pos0 as i32, window, splits as i32, ngroups as i32, prep.unwrap_or_default())?;
+        } else {
+            let func = self.attn_func(cache.kv_t, p.head_dim)?;
+            launch!(self, func, grid, (128, 1, 1);
+                q, k, v, self.ptr(&cache.k), self.ptr(&cache.v), out, po, pml,
+                t as i32, p.heads as i32, p.kv_heads as i32, p.head_dim as i32, p.scale,
+                pos0 as i32, window, splits as i32, ngroups as i32, cache.k_scale, cache.v_scale)?;
+        }
+        if splits > 1 {
+            launch!(self, &self.inner.f.attn_combine, (p.heads as u32, t as u32, 1),
+                (p.head_dim.max(32) as u32, 1, 1);
+                po, pml, out, gate, p.heads as i32, p.head_dim as i32, splits as i32)?;
+        } else if gate != 0 {
+            let n = t * p.heads * p.head_dim;
+            launch!(self, &self.inner.f.softplus_gate, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1);
+                out, gate, n as i64, p.head_dim as i32)?;
+        }
+        Ok(())
+    }
+
+    /// Number of key splits for a decode step of `p` over `keys` keys: as many blocks as fill one
+    /// wave of the attention kernel (`ATTN_SPLIT_BLOCKS_PER_SM`; decode attention is latency-bound
+    /// and needs warps in flight, but a partial second wave and more partial results to merge
+    /// cost more), at least `ATTN_SPLIT_MIN_KEYS` keys (one round of the block's 4 warps) per
+    /// split. Prefill (`t > 1`): one.
+    pub(crate) fn splits_for(&self, keys: usize, p: &AttentionParams, t: usize) -> usize {
+        if t > 1 {
+            return 1;
+        }
+        // blocks per split: each kv head's query heads in groups of at most ATTN_GMAX
+        let blocks = p.kv_heads * (p.heads / p.kv_heads.max(1)).div_ceil(ATTN_GMAX);
+        let (min_keys, per_sm) = {
+            let v = self
+                .inner
+                .split_knobs
+                .load(std::sync::atomic::Ordering::Relaxed);
+            ((v >> 16) as usize, (v & 0xffff) as usize)
+        };
+        let per_sm = if per_sm == 0 {
+            // resident blocks per SM (`__launch_bounds__`): the short-span head_dim-128 kernel 2,
+            // the others 4
+            let short = self
+                .inner
+                .attn_short_keys
+                .load(std::sync::atomic::Ordering::Relaxed);
+            if p.head_dim == 128 && keys <= short {
+                2
+            } else {
+                4
+            }
+        } else {
+            per_sm
+        };
+        let want = (per_sm * self.inner.sms / blocks.max(1)).max(1);
+        want.min(keys.div_ceil(min_keys.max(1)))
+            .clamp(1, MAX_SPLITS)
+    }
+
+    pub(crate) fn kv_append_raw(
+        &self,
+        cache: &mut CudaKvLayer,
+        k: u64,
+        v: u64,
+        t: usize,
+    ) -> Result<()> {
+        let width = cache.spec.row_width();
+        let window = cache.spec.window.unwrap_or(0) as i32;
+        launch!(self, &self.inner.f.kv_append, (t as u32, 1, 1), (128, 1, 1);
+            self.ptr(&cache.k), self.ptr(&cache.v), k, v, t as i32, cache.len as i32,
+            window, width as i32, cache.kv_t, cache.k_scale, cache.v_scale)?;
+        cache.len += t;
+        Ok(())
+    }
+
+    /// Sets the attended keys up to which head_dim-128 decode attention takes its short-span
+    /// variant (`None`: the default, `ATTN_SHORT_KEYS`; `Some(0)`: never), so tests cover both
+    /// variants.
+    pub fn set_attn_short_keys(&self, keys: Option<usize>) {
+        self.inner.attn_short_keys.store(
+            keys.unwrap_or(ATTN_SHORT_KEYS),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+}

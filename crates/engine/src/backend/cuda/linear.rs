@@ -1,0 +1,416 @@
+//! Linears: the one-token GEMVs (bf16, NVFP4 on CUDA cores and on tensor cores), several
+//! linears of one input in one launch (`linear_multi2`), the fused epilogues that follow them,
+//! and the launch geometry of each.
+
+use super::*;
+
+/// Warps per block of the GEMV kernels (one warp per output row).
+pub(super) const GEMV_WARPS: u32 = 4;
+
+/// Tokens per warp of the `linear` kernel (`TB` in the source).
+pub(super) const GEMV_TOKENS: usize = 4;
+
+/// Output rows and tokens of one `gemm_tiled` block (`GM_BM`, `GM_BN` in the source).
+pub(super) const GEMM_ROWS: u32 = 64;
+pub(super) const GEMM_TOKENS: u32 = 64;
+
+/// Fewest tokens for which a multi-token linear uses `gemm_tiled` (fewer: the `linear` GEMV).
+pub(super) const GEMM_MIN_TOKENS: usize = 16;
+
+/// Rows per warp of `linear_multi2` (`MULTI_R`) outside its tensor-core path.
+pub(super) const EXPERT_ROWS: u32 = 4;
+
+/// Warps per block of `linear_multi2` (its tensor-core path: 4 tiles of 16 rows, 2 warps each).
+pub(crate) const MULTI_WARPS: u32 = 8;
+
+/// Warps per block (`NVW`) and rows per row group (`NV_R`) of the NVFP4 decode GEMV.
+pub(super) const NV_WARPS: u32 = 8;
+pub(super) const NV_ROWS: usize = 2;
+
+/// Launch tuning of the NVFP4 decode GEMV (defaults; the environment overrides them for
+/// experiments: `FP4FORGE_NV_MINB` = 2 | 3 resident blocks per SM, `FP4FORGE_NV_GRID` = blocks
+/// per SM of the persistent grid (0: one block per tile), `FP4FORGE_NV_KS` = 1 | 2 | 4 | 8;
+/// `FP4FORGE_MMA_KS` = 1 | 2 | 4 | 8 warps per tile of `gemv_mma`).
+#[derive(Clone, Copy)]
+pub(super) struct NvTune {
+    minb: usize,
+    grid_per_sm: usize,
+    ks: Option<usize>,
+    mma_ks: Option<usize>,
+}
+
+pub(super) fn nv_tune() -> NvTune {
+    static T: OnceLock<NvTune> = OnceLock::new();
+    *T.get_or_init(|| {
+        let var = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
+        let minb = match var("FP4FORGE_NV_MINB") {
+            Some(3) => 3,
+            _ => NV_BLOCKS_PER_SM,
+        };
+        NvTune {
+            minb,
+            grid_per_sm: var("FP4FORGE_NV_GRID").unwrap_or(minb),
+            ks: var("FP4FORGE_NV_KS").filter(|k| [1, 2, 4, 8].contains(k)),
+            mma_ks: var("FP4FORGE_MMA_KS").filter(|k| [1, 2, 4, 8].contains(k)),
+        }
+    })
+}
+
+/// Largest K of the NVFP4 decode GEMV (`XS_MAX`: x is staged in shared memory).
+pub(super) const NV_MAX_K: usize = 9216;
+
+/// Resident blocks per SM of the NVFP4 decode GEMV (`__launch_bounds__`).
+pub(super) const NV_BLOCKS_PER_SM: usize = 2;
+
+/// One linear of a `linear_multi2` launch (`Seg` in kernels.cu; layout identical).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(super) struct Seg {
+    w: u64,
+    scales: u64,
+    y: u64,
+    inv_g: f32,
+    fmt: i32,
+    n: i32,
+    block0: i32,
+}
+
+/// The segments of a `linear_multi2` launch (`Segs` in kernels.cu; layout identical): segment
+/// `s` covers the blocks from its `block0` to the next one's.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(super) struct Segs {
+    s: [Seg; 6],
+    n: i32,
+    _pad: i32,
+}
+
+// SAFETY: plain old data matching the C structs.
+unsafe impl DeviceRepr for Segs {}
+
+/// Up to [`MultiLinear::MAX`] linears of one input vector (one token) in one launch
+/// (`linear_multi2`): q/k/v/gate, or an MLP's gate and up.
+#[derive(Clone, Copy)]
+pub(crate) struct MultiLinear {
+    segs: Segs,
+    blocks: u32,
+    k: usize,
+}
+
+impl MultiLinear {
+    /// Most linears in one launch.
+    pub(crate) const MAX: usize = 6;
+
+    /// `y_i = x · W_iᵀ` for each `(W_i, y_i)` of `parts`; every `W_i` takes `k` inputs and
+    /// `CudaBackend::linear_multi_applies(k)` holds.
+    pub(crate) fn new(b: &CudaBackend, parts: &[(&CudaLinear, u64)], k: usize) -> Result<Self> {
+        b.check(
+            CudaBackend::linear_multi_applies(k)
+                && !parts.is_empty()
+                && parts.len() <= Self::MAX
+                && parts.iter().all(|(w, _)| w.cols == k),
+            || format!("linear_multi: {} linears of {k} inputs", parts.len()),
+        )?;
+        let mut segs = Segs::default();
+        let mut block0 = 0u32;
+        for (i, (w, y)) in parts.iter().enumerate() {
+            segs.s[i] = Seg {
+                w: b.ptr(&w.data),
+                scales: w.scales_ptr(b),
+                y: *y,
+                inv_g: w.inv_g,
+                fmt: w.fmt,
+                n: w.rows as i32,
+                block0: block0 as i32,
+            };
+            block0 += (w.rows as u32).div_ceil(b.multi_rows_per_block(w, k));
+        }
+        segs.n = parts.len() as i32;
+        Ok(Self {
+            segs,
+            blocks: block0,
+            k,
+        })
+    }
+}
+
+/// Work fused into a decode kernel's last block (`Epi` in kernels.cu; layout identical): kind 0
+/// none, 1 `out = rmsnorm(x) · w` of one row of `n` values.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Epi {
+    counter: u64,
+    x: u64,
+    w: u64,
+    out: u64,
+    eps: f32,
+    pub(super) kind: i32,
+    n: i32,
+    _pad: i32,
+}
+
+// SAFETY: plain old data matching the C struct's layout.
+unsafe impl DeviceRepr for Epi {}
+
+impl Epi {
+    /// `out = rmsnorm(x) · w` over `n` values.
+    pub(crate) fn norm(b: &CudaBackend, x: u64, w: u64, out: u64, n: usize, eps: f32) -> Self {
+        Self {
+            counter: b.ptr(&b.inner.counters),
+            x,
+            w,
+            out,
+            eps,
+            kind: 1,
+            n: n as i32,
+            _pad: 0,
+        }
+    }
+
+    /// Whether a kernel of `threads` threads per block can run it in its last block (`EPI_V`
+    /// float4s per thread).
+    pub(super) fn fusable(&self, threads: usize) -> bool {
+        self.kind == 1 && self.n % 4 == 0 && (self.n as usize) <= 32 * threads
+    }
+}
+
+/// Columns of one chunk of the tensor-core NVFP4 GEMV (a lane's 16 bytes of a row = 32 columns).
+pub(super) const MMA_CHUNK: usize = 128;
+
+/// Chunks of x one warp of `gemv_mma` stages for itself (`XW_CHUNKS`).
+pub(super) const MMA_WARP_CHUNKS: usize = 9;
+
+/// K split (warps per 16-row tile: 1, 2, 4, 8) of `gemv_mma` for `rows x cols`: the smallest
+/// that leaves each warp at most 8 chunks, then larger while the grid has fewer blocks than SMs
+/// and each warp keeps at least 2 chunks.
+pub(super) fn mma_split(rows: usize, cols: usize, sms: usize) -> usize {
+    let chunks = cols / MMA_CHUNK;
+    let tiles = rows.div_ceil(16);
+    let mut ks = 1;
+    while ks < 8 && chunks > 8 * ks {
+        ks *= 2;
+    }
+    while ks < 8 && chunks >= 4 * ks && tiles.div_ceil(NV_WARPS as usize / ks) < sms {
+        ks *= 2;
+    }
+    ks
+}
+
+/// `(kernel index, K split)` of the NVFP4 decode GEMV for `rows x cols`: the smallest split of K
+/// over warps (1, 2, 4, 8) that gives at least ~32 row-group warps per SM, while every warp keeps
+/// at least one 32-element chunk per lane.
+pub(super) fn nv_split(rows: usize, cols: usize, sms: usize) -> (usize, usize) {
+    let chunks = cols / 32;
+    let warps = rows.div_ceil(NV_ROWS);
+    let target = 32 * sms;
+    let mut best = (0, 1);
+    for (i, ks) in [1usize, 2, 4, 8].into_iter().enumerate() {
+        if ks > 1 && chunks < 32 * ks {
+            break;
+        }
+        best = (i, ks);
+        if warps * ks >= target {
+            break;
+        }
+    }
+    best
+}
+
+impl CudaBackend {
+    /// Runs an epilogue as its own launch (for `rows` rows).
+    pub(crate) fn epilogue_launch(&self, epi: &Epi, rows: usize) -> Result<()> {
+        if epi.kind == 0 {
+            return Ok(());
+        }
+        launch!(self, &self.inner.f.rms_norm, (rows as u32, 1, 1), (512, 1, 1);
+            epi.x, epi.w, epi.out, epi.n, epi.eps)
+    }
+
+    /// Whether `norm_gemv_raw` takes `w`: BF16, `cols` a multiple of 256 and at most 4,096.
+    pub(crate) fn norm_gemv_applies(w: &CudaLinear) -> bool {
+        w.fmt == 2 && w.cols.is_multiple_of(256) && w.cols <= 4096
+    }
+
+    /// One token: `xn = norm_w * rmsnorm(x)` (written to `xn`) and `y = xn · Wᵀ`, in one launch
+    /// (`norm_gemv_bf16`; `norm_gemv_applies(w)` must hold).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn norm_gemv_raw(
+        &self,
+        w: &CudaLinear,
+        x: u64,
+        norm_w: u64,
+        eps: f32,
+        xn: u64,
+        y: u64,
+    ) -> Result<()> {
+        self.check(Self::norm_gemv_applies(w), || {
+            format!(
+                "norm_gemv: {} is not BF16 with columns a multiple of 256 up to 4,096",
+                w.name
+            )
+        })?;
+        const WARPS: usize = 4; // NG_WARPS
+        launch!(self, &self.inner.f.norm_gemv_bf16, (w.rows.div_ceil(WARPS) as u32, 1, 1), (32 * WARPS as u32, 1, 1);
+            self.ptr(&w.data), x, norm_w, eps, xn, y, w.rows as i32, w.cols as i32)
+    }
+
+    /// `y = resid + x · Wᵀ + bias` on raw pointers (`resid`, `bias` may be 0).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemv_raw(
+        &self,
+        w: &CudaLinear,
+        x: u64,
+        y: u64,
+        bias: u64,
+        resid: u64,
+        t: usize,
+    ) -> Result<()> {
+        let fast =
+            (w.fmt == 3 && w.cols.is_multiple_of(32)) || (w.fmt == 2 && w.cols.is_multiple_of(8));
+        if t == 1
+            && w.fmt == 3
+            && self.inner.mma
+            && w.cols.is_multiple_of(MMA_CHUNK)
+            && w.cols <= NV_MAX_K
+            && !self.legacy_gemv()
+        {
+            // (each warp stages at most MMA_WARP_CHUNKS chunks of x: an override is raised to that)
+            let chunks = w.cols / MMA_CHUNK;
+            let ks = nv_tune()
+                .mma_ks
+                .map(|k| {
+                    let mut k = k;
+                    while chunks.div_ceil(k) > MMA_WARP_CHUNKS {
+                        k *= 2;
+                    }
+                    k
+                })
+                .unwrap_or_else(|| mma_split(w.rows, w.cols, self.inner.sms));
+            let blocks = w.rows.div_ceil(16 * (NV_WARPS as usize / ks));
+            return launch!(self, &self.inner.f.gemv_mma, (blocks as u32, 1, 1), (32 * NV_WARPS, 1, 1);
+                self.ptr(&w.data), w.scales_ptr(self), w.inv_g, x, y, bias, resid,
+                w.rows as i32, w.cols as i32, ks as i32);
+        }
+        if t == 1 && fast && w.fmt == 3 && w.cols <= NV_MAX_K && !self.legacy_gemv() {
+            let tune = nv_tune();
+            let (mut ki, mut ks) = nv_split(w.rows, w.cols, self.inner.sms);
+            if let Some(f) = tune.ks {
+                ks = f;
+                ki = f.trailing_zeros() as usize;
+            }
+            let tile = (NV_WARPS as usize / ks) * NV_ROWS;
+            // persistent blocks (as many as are resident), each staging x in shared memory once;
+            // `grid_per_sm` 0: one block per tile.
+            let tiles = w.rows.div_ceil(tile);
+            let blocks = match tune.grid_per_sm {
+                0 => tiles,
+                g => tiles.min(g * self.inner.sms),
+            };
+            let ki = ki + if tune.minb == 3 { 4 } else { 0 };
+            let grid = (blocks as u32, 1, 1);
+            return launch!(self, &self.inner.f.gemv_nv[ki], grid, (32 * NV_WARPS, 1, 1);
+                self.ptr(&w.data), w.scales_ptr(self), w.inv_g, x, y, bias, resid,
+                w.rows as i32, w.cols as i32);
+        }
+        if t == 1 && fast && !self.legacy_gemv() {
+            // Rows per warp: as many as keep >= 16 warps per SM busy (x is reused across them).
+            let target = 16 * self.inner.sms;
+            let (ri, r) = [(3usize, 8usize), (2, 4), (1, 2)]
+                .into_iter()
+                .find(|&(_, r)| w.rows / r >= target)
+                .unwrap_or((0, 1));
+            let grid = ((w.rows as u32).div_ceil(GEMV_WARPS * r as u32), 1, 1);
+            return launch!(self, &self.inner.f.gemv1[ri], grid, (32 * GEMV_WARPS, 1, 1);
+                w.fmt, self.ptr(&w.data), w.scales_ptr(self), w.inv_g, x, y, bias, resid,
+                w.rows as i32, w.cols as i32);
+        }
+        if t >= GEMM_MIN_TOKENS && w.cols.is_multiple_of(32) && tiled_prefill() {
+            let grid = (
+                (w.rows as u32).div_ceil(GEMM_ROWS),
+                (t as u32).div_ceil(GEMM_TOKENS),
+                1,
+            );
+            return launch!(self, &self.inner.f.gemm_tiled, grid, (256, 1, 1);
+                w.fmt, self.ptr(&w.data), w.scales_ptr(self), w.inv_g, x, y, bias, resid,
+                w.rows as i32, w.cols as i32, t as i32);
+        }
+        let grid = (
+            (w.rows as u32).div_ceil(GEMV_WARPS),
+            t.div_ceil(GEMV_TOKENS) as u32,
+            1,
+        );
+        launch!(self, &self.inner.f.linear, grid, (32 * GEMV_WARPS, 1, 1);
+            w.fmt, self.ptr(&w.data), w.scales_ptr(self), w.inv_g, x, y, bias, resid,
+            w.rows as i32, w.cols as i32, t as i32)
+    }
+
+    /// Whether `linear_multi` takes inputs of width `k` (`K % 32 == 0`, `K <= XS_MAX`).
+    pub fn linear_multi_applies(k: usize) -> bool {
+        k > 0 && k.is_multiple_of(32) && k <= NV_MAX_K
+    }
+
+    /// `x · W_iᵀ` for each of `ws` (at most 6, all of `x`'s width, which
+    /// `linear_multi_applies`) over one token `x` (`[1, cols]`), in one launch: the q/k/v/gate
+    /// projections of a decode step.
+    pub fn linear_multi(&self, x: &CudaTensor, ws: &[&CudaLinear]) -> Result<Vec<CudaTensor>> {
+        self.check(x.rows == 1, || {
+            format!("linear_multi of {} tokens (one only)", x.rows)
+        })?;
+        let ys = ws
+            .iter()
+            .map(|w| self.tensor(1, w.rows))
+            .collect::<Result<Vec<_>>>()?;
+        let parts: Vec<(&CudaLinear, u64)> = ws
+            .iter()
+            .zip(&ys)
+            .map(|(w, y)| (*w, self.ptr(&y.buf)))
+            .collect();
+        self.linear_multi_raw(&MultiLinear::new(self, &parts, x.cols)?, self.ptr(&x.buf))?;
+        Ok(ys)
+    }
+
+    /// The linears of `m` over one token's `x` in one launch (`linear_multi2`).
+    pub(crate) fn linear_multi_raw(&self, m: &MultiLinear, x: u64) -> Result<()> {
+        launch!(self, &self.inner.f.linear_multi2, (m.blocks, 1, 1), (32 * MULTI_WARPS, 1, 1);
+            m.segs, x, m.k as i32, i32::from(self.inner.mma))
+    }
+
+    /// `FP4FORGE_CUDA_LEGACY_GEMV=1` uses the one-row-per-warp kernel for decode (comparisons).
+    pub(super) fn legacy_gemv(&self) -> bool {
+        static L: OnceLock<bool> = OnceLock::new();
+        *L.get_or_init(|| std::env::var_os("FP4FORGE_CUDA_LEGACY_GEMV").is_some())
+    }
+
+    /// Output rows of one `linear_multi2` block for the segment of weight `w` (input width `k`):
+    /// 64 on the tensor-core path, `MULTI_WARPS · MULTI_R` otherwise.
+    pub(crate) fn multi_rows_per_block(&self, w: &CudaLinear, k: usize) -> u32 {
+        if self.inner.mma && w.fmt == 3 && k.is_multiple_of(MMA_CHUNK) && k <= NV_MAX_K {
+            64
+        } else {
+            MULTI_WARPS * EXPERT_ROWS
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `gemv_mma` stages each warp's chunks of x in a region of `MMA_WARP_CHUNKS`: the split
+    /// must keep every warp within it for every K the kernel takes.
+    #[test]
+    fn mma_split_keeps_each_warp_within_its_staging_region() {
+        for cols in (MMA_CHUNK..=NV_MAX_K).step_by(MMA_CHUNK) {
+            for rows in [16, 100, 1024, 3072, 6144, 100_352] {
+                for sms in [1, 78, 132] {
+                    let ks = mma_split(rows, cols, sms);
+                    assert!([1, 2, 4, 8].contains(&ks));
+                    assert!(
+                        (cols / MMA_CHUNK).div_ceil(ks) <= MMA_WARP_CHUNKS,
+                        "{rows} x {cols} on {sms} SMs: split {ks}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! Mixture of experts on the device: expert weights in arenas, the router's top-k, the routed
+//! and shared experts of one or more tokens (persistent kernels for one token, one grid row per
+//! (token, expert) pair otherwise).
+
+use super::*;
+
+/// Rows of gate and of up per warp of `experts_gate_up2` (`XR`).
+pub(super) const EXPERT_GU_ROWS: u32 = 2;
+
+/// Warps per block of `experts_gate_up2` (x is staged in shared memory once per block).
+pub(super) const EXPERT_GU_WARPS: u32 = 8;
+
+/// Rows per warp of `experts_down2` (`XRD`).
+pub(super) const EXPERT_DOWN_ROWS: u32 = 8;
+
+/// The router's top-k for `experts_raw` (`Route` in kernels.cu; layout identical): computed
+/// inside the persistent gate/up kernel where it applies, else by the `route` kernel first.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Route {
+    logits: u64,
+    bias: u64,
+    softcap: f32,
+    scale: f32,
+    n: i32,
+    softmax: i32,
+    normalize: i32,
+    _pad: i32,
+}
+
+// SAFETY: plain old data matching the C struct's layout.
+unsafe impl DeviceRepr for Route {}
+
+impl Route {
+    /// The decision of `p` over `n` experts from `logits` (`bias` 0: none), weights × `scale`.
+    pub(crate) fn new(logits: u64, bias: u64, n: usize, p: &RouterParams, scale: f32) -> Self {
+        Self {
+            logits,
+            bias,
+            softcap: p.logit_softcap,
+            scale,
+            n: n as i32,
+            softmax: i32::from(p.scoring == RouterScoring::Softmax),
+            normalize: i32::from(p.normalize),
+            _pad: 0,
+        }
+    }
+}
+
+/// Resident blocks per SM of the persistent MoE kernels (`__launch_bounds__(256, 2)`).
+pub(super) const PERSIST_BLOCKS_PER_SM: usize = 2;
+
+/// B entries for all routed items in `experts_down_p` (`XB_ITEMS_MAX`).
+pub(super) const PERSIST_XB_ENTRIES: usize = 5120;
+
+/// One projection of all experts of a layer, stacked `[E, rows, cols]`.
+pub struct ExpertArena {
+    pub(crate) fmt: i32,
+    pub(crate) data: CudaSlice<u8>,
+    pub(crate) scales: Option<CudaSlice<u8>>,
+    pub(crate) inv_g: CudaSlice<f32>,
+}
+
+/// The kernel-side description of an [`ExpertArena`] (`ExpertProj` in kernels.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct ExpertProj {
+    w: u64,
+    scales: u64,
+    inv_g: u64,
+    fmt: i32,
+    _pad: i32,
+}
+
+// SAFETY: plain old data matching the C struct's layout.
+unsafe impl DeviceRepr for ExpertProj {}
+
+impl ExpertArena {
+    pub(crate) fn proj(&self, b: &CudaBackend) -> ExpertProj {
+        ExpertProj {
+            w: b.ptr(&self.data),
+            scales: self.scales.as_ref().map_or(0, |s| b.ptr(s)),
+            inv_g: b.ptr(&self.inv_g),
+            fmt: self.fmt,
+            _pad: 0,
+        }
+    }
+}
+
+/// All routed experts of one MoE layer.
+pub struct CudaExperts {
+    pub(crate) gate: ExpertArena,
+    pub(crate) up: ExpertArena,
+    pub(crate) down: ExpertArena,
+    pub(crate) n: usize,
+    pub(crate) inter: usize,
+    pub(crate) hidden: usize,
+}
+
+/// Selected experts and weights per token, on the device.
+pub struct CudaRouting {
+    pub(crate) sel: CudaSlice<i32>,
+    pub(crate) wts: CudaSlice<f32>,
+    pub(crate) top_k: usize,
+    pub(crate) tokens: usize,
+}
+
+/// A shared expert for the fused MoE kernels: gate, up, down (each one resident linear).
+pub(crate) struct SharedExpert<'a> {
+    pub gate: &'a CudaLinear,
+    pub up: &'a CudaLinear,
+    pub down: &'a CudaLinear,
+}
+
+impl CudaBackend {
+    pub(super) fn arena(&self, name: &str, ws: &[&LinearWeight]) -> Result<ExpertArena> {
+        let fmt = fmt_of(ws[0]);
+        let (rows, cols) = (ws[0].rows(), ws[0].cols());
+        self.check(
+            ws.iter()
+                .all(|w| fmt_of(w) == fmt && w.rows() == rows && w.cols() == cols),
+            || format!("`{name}`: experts of one layer differ in encoding or shape"),
+        )?;
+        let mut data = Vec::new();
+        let mut scales = Vec::new();
+        let mut inv = Vec::with_capacity(ws.len());
+        for w in ws {
+            match w {
+                LinearWeight::Bf16 { data: d, .. }
+                | LinearWeight::F16 { data: d, .. }
+                | LinearWeight::F32 { data: d, .. } => {
+                    data.extend_from_slice(d.as_slice());
+                    inv.push(1.0);
+                }
+                LinearWeight::Nvfp4 {
+                    packed,
+                    scales: s,
+                    global_scale,
+                    ..
+                } => {
+                    data.extend_from_slice(packed.as_slice());
+                    scales.extend_from_slice(s.as_slice());
+                    inv.push(1.0 / global_scale);
+                }
+            }
+        }
+        Ok(ExpertArena {
+            fmt,
+            data: self.upload_bytes(&data)?,
+            scales: if fmt == 3 {
+                Some(self.upload_bytes(&scales)?)
+            } else {
+                None
+            },
+            inv_g: self
+                .inner
+                .stream
+                .clone_htod(&inv)
+                .map_err(|e| self.err(format!("{e:?}")))?,
+        })
+    }
+
+    /// `l` as an expert projection whose `1 / global_scale` is the f32 at device address `inv`.
+    pub(super) fn lin_proj(&self, l: &CudaLinear, inv: u64) -> ExpertProj {
+        ExpertProj {
+            w: self.ptr(&l.data),
+            scales: l.scales_ptr(self),
+            inv_g: inv,
+            fmt: l.fmt,
+            _pad: 0,
+        }
+    }
+
+    /// Routed (and optionally shared) experts in three launches (gate/up, down, ordered sum):
+    /// `out = resid + Σ w·E(x) [+ S(x)]`. `h` holds `items × max(inter, shared_inter)` floats and
+    /// `part` `items × hidden`, `items = t·k [+ t]`. With `route`, `sel` / `wts` are outputs: the
+    /// router's top-k is computed first (inside the gate/up kernel on the persistent path, else
+    /// by the `route` kernel); without, they are inputs. `epi` runs after the sum (in its last
+    /// block for one token).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn experts_raw(
+        &self,
+        e: &CudaExperts,
+        shared: Option<(&SharedExpert<'_>, [u64; 3])>,
+        sel: &CudaSlice<i32>,
+        wts: &CudaSlice<f32>,
+        k: usize,
+        t: usize,
+        x: u64,
+        h: u64,
+        part: u64,
+        out: u64,
+        resid: u64,
+        epi: Epi,
+        route: Option<&Route>,
+    ) -> Result<()> {
+        let (sg, su, sd, sinter) = match &shared {
+            Some((s, inv)) => (
+                self.lin_proj(s.gate, inv[0]),
+                self.lin_proj(s.up, inv[1]),
+                self.lin_proj(s.down, inv[2]),
+                s.gate.rows,
+            ),
+            None => (
+                ExpertProj::default(),
+                ExpertProj::default(),
+                ExpertProj::default(),
+                0,
+            ),
+        };
+        let has = i32::from(shared.is_some());
+        let persistent = self.persistent_moe(e, &shared, k, t);
+        let fused_route = match route {
+            Some(r) if persistent && r.n <= 256 && k <= 32 => *r,
+            Some(r) => {
+                launch!(self, &self.inner.f.route, (t as u32, 1, 1), (32, 1, 1);
+                    r.logits, r.bias, r.n, k as i32, r.softmax, r.normalize, r.softcap, r.scale,
+                    self.ptr(sel), self.ptr(wts))?;
+                Route::default()
+            }
+            None => Route::default(),
+        };
+        if persistent {
+            let groups = |rows: usize, per: usize, items: usize| rows.div_ceil(per) * items;
+            let shared_n = usize::from(shared.is_some());
+            let resident = match self
+                .inner
+                .persist_grid
+                .load(std::sync::atomic::Ordering::Relaxed)
+            {
+                0 => PERSIST_BLOCKS_PER_SM * self.inner.sms,
+                cap => cap.min(PERSIST_BLOCKS_PER_SM * self.inner.sms),
+            };
+            let gu = groups(e.inter, 16, k) + groups(sinter, 16, shared_n);
+            launch!(self, &self.inner.f.experts_gate_up_p, (gu.min(resident) as u32, 1, 1), (256, 1, 1);
+                e.gate.proj(self), e.up.proj(self), sg, su, has, sinter as i32, self.ptr(sel),
+                self.ptr(wts), k as i32, x, h, e.inter as i32, e.hidden as i32, fused_route)?;
+            let dn = groups(e.hidden, 64, k + shared_n);
+            launch!(self, &self.inner.f.experts_down_p, (dn.min(resident) as u32, 1, 1), (256, 1, 1);
+                e.down.proj(self), sd, has, sinter as i32, self.ptr(sel), self.ptr(wts), k as i32,
+                h, e.inter as i32, part, e.hidden as i32)?;
+        } else {
+            self.experts_per_item(e, sg, su, sd, has, sinter, sel, wts, k, t, x, h, part)?;
+        }
+        let n = (t * e.hidden) as u32;
+        let (fused, separate) = if t == 1 && epi.fusable(256) {
+            (epi, false)
+        } else {
+            (Epi::default(), epi.kind != 0)
+        };
+        launch!(self, &self.inner.f.experts_reduce, (n.div_ceil(256), 1, 1), (256, 1, 1);
+            part, k as i32, t as i32, has, out, resid, e.hidden as i32, fused)?;
+        if separate {
+            self.epilogue_launch(&epi, t)?;
+        }
+        Ok(())
+    }
+
+    /// Whether one token's experts run on the persistent kernels (`experts_*_p`): tensor cores on
+    /// (sm_89+), NVFP4 routed experts with `hidden` and `inter` multiples of 128, every routed
+    /// item's `h` staged at once (`k · inter <= 10240`), a BF16 shared expert if any; unless
+    /// switched off (`set_persistent_moe`).
+    pub(super) fn persistent_moe(
+        &self,
+        e: &CudaExperts,
+        shared: &Option<(&SharedExpert<'_>, [u64; 3])>,
+        k: usize,
+        t: usize,
+    ) -> bool {
+        let on = self
+            .inner
+            .persist
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let shared_ok = match shared {
+            None => true,
+            Some((s, _)) => {
+                [s.gate, s.up, s.down].iter().all(|l| l.fmt == 2)
+                    && s.gate.rows.is_multiple_of(8)
+                    && e.hidden.is_multiple_of(8)
+            }
+        };
+        on && t == 1
+            && self.inner.mma
+            && [e.gate.fmt, e.up.fmt, e.down.fmt].iter().all(|&f| f == 3)
+            && e.hidden.is_multiple_of(MMA_CHUNK)
+            && e.hidden <= NV_MAX_K
+            && e.inter.is_multiple_of(MMA_CHUNK)
+            && k * e.inter <= 2 * PERSIST_XB_ENTRIES
+            && k < 64
+            && shared_ok
+    }
+
+    /// Switches the persistent MoE kernels on or off (for comparisons; on by default).
+    pub(crate) fn set_persistent_moe(&self, on: bool) {
+        self.inner
+            .persist
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Caps the persistent MoE kernels' grid at `blocks` (0: as many as are resident), so that
+    /// tests at small shapes make each block walk several groups and items, as at full size.
+    pub fn set_persistent_grid(&self, blocks: usize) {
+        self.inner
+            .persist_grid
+            .store(blocks, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Gate/up and down of `items` (token, expert) pairs, one grid row per item.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn experts_per_item(
+        &self,
+        e: &CudaExperts,
+        sg: ExpertProj,
+        su: ExpertProj,
+        sd: ExpertProj,
+        has: i32,
+        sinter: usize,
+        sel: &CudaSlice<i32>,
+        wts: &CudaSlice<f32>,
+        k: usize,
+        t: usize,
+        x: u64,
+        h: u64,
+        part: u64,
+    ) -> Result<()> {
+        let items = t * k + if has != 0 { t } else { 0 };
+        let rows = e.inter.max(sinter) as u32;
+        launch!(self, &self.inner.f.experts_gate_up2,
+            (rows.div_ceil(EXPERT_GU_WARPS * EXPERT_GU_ROWS), items as u32, 1),
+            (32 * EXPERT_GU_WARPS, 1, 1);
+            e.gate.proj(self), e.up.proj(self), sg, su, has, sinter as i32, self.ptr(sel),
+            k as i32, t as i32, x, h, e.inter as i32, e.hidden as i32, i32::from(self.inner.mma))?;
+        launch!(self, &self.inner.f.experts_down2,
+            ((e.hidden as u32).div_ceil(GEMV_WARPS * EXPERT_DOWN_ROWS), items as u32, 1),
+            (32 * GEMV_WARPS, 1, 1);
+            e.down.proj(self), sd, sinter as i32, self.ptr(sel), self.ptr(wts), k as i32,
+            t as i32, h, e.inter as i32, part, e.hidden as i32, i32::from(self.inner.mma))
+    }
+}
