@@ -291,12 +291,16 @@ extern "C" __global__ void __launch_bounds__(32 * (RING_CONSUMER_WARPS + 1))
         for (int s = 0; s < n_stages; s++) {
             Stage st = stages[s];
             if (!lookahead && st.wait >= 0) wait_count(counters + st.wait, g, status);
-            if (st.select >= 0) {
-                wait_count(counters + st.select, g, status);
-                for (int j = 0; j < PROBE_TOPK; j++) sel[j] = pick_expert(out, st.select, g, j);
-            }
+            bool picked = false;
             for (int r = 0; r < st.n_regions; r++) {
                 Region rg = regions[st.first_region + r];
+                // The routed experts' addresses wait for the router; the fixed regions before
+                // them in the stage (the shared expert) are issued without waiting.
+                if (rg.routed >= 0 && !picked) {
+                    wait_count(counters + st.select, g, status);
+                    for (int j = 0; j < PROBE_TOPK; j++) sel[j] = pick_expert(out, st.select, g, j);
+                    picked = true;
+                }
                 u64 lo, hi;
                 slice_of(rg.bytes, b, g, lo, hi);
                 const char* base = reinterpret_cast<const char*>(region_base(rg, sel));
