@@ -25,7 +25,7 @@ pub(crate) const MAX_SPLITS: usize = 128;
 pub(super) const ATTN_SHORT_KEYS: usize = 8192;
 
 /// The per-head q/k norms, rope and KV append of a decode step, done by the decode attention
-/// kernel (`Prep` in kernels.cu; layout identical).
+/// kernel (`Prep` in kernels/attention.cu; layout identical).
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub(crate) struct AttnPrep {

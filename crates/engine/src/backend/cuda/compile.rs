@@ -3,8 +3,22 @@
 
 use super::*;
 
-/// The kernels' CUDA C source.
-pub const KERNELS_CU: &str = include_str!("kernels.cu");
+/// The kernels' CUDA C source: the files of `kernels/` in dependency order, one translation unit.
+pub const KERNELS_CU: &str = concat!(
+    include_str!("kernels/common.cu"),
+    "\n",
+    include_str!("kernels/gemv.cu"),
+    "\n",
+    include_str!("kernels/prefill.cu"),
+    "\n",
+    include_str!("kernels/elementwise.cu"),
+    "\n",
+    include_str!("kernels/attention.cu"),
+    "\n",
+    include_str!("kernels/moe.cu"),
+    "\n",
+    include_str!("kernels/sampling.cu"),
+);
 
 pub(crate) struct Funcs {
     pub linear: CudaFunction,
@@ -138,7 +152,8 @@ pub(super) fn ptx_for(arch: &'static str) -> std::result::Result<Ptx, String> {
         ..Default::default()
     };
     // Development hook: FP4FORGE_CUDA_KERNELS=path compiles that source instead of the built-in
-    // one (same kernel names and signatures), so kernels can be tuned on a GPU machine without
+    // one (same kernel names and signatures; the kernels/ files concatenated in `KERNELS_CU`'s
+    // order with a newline between them), so kernels can be tuned on a GPU machine without
     // rebuilding the binary.
     let source = match std::env::var_os("FP4FORGE_CUDA_KERNELS") {
         Some(path) => std::fs::read_to_string(&path)

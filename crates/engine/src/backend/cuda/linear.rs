@@ -62,7 +62,7 @@ pub(super) const NV_MAX_K: usize = 9216;
 /// Resident blocks per SM of the NVFP4 decode GEMV (`__launch_bounds__`).
 pub(super) const NV_BLOCKS_PER_SM: usize = 2;
 
-/// One linear of a `linear_multi2` launch (`Seg` in kernels.cu; layout identical).
+/// One linear of a `linear_multi2` launch (`Seg` in kernels/gemv.cu; layout identical).
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub(super) struct Seg {
@@ -75,7 +75,7 @@ pub(super) struct Seg {
     block0: i32,
 }
 
-/// The segments of a `linear_multi2` launch (`Segs` in kernels.cu; layout identical): segment
+/// The segments of a `linear_multi2` launch (`Segs` in kernels/gemv.cu; layout identical): segment
 /// `s` covers the blocks from its `block0` to the next one's.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -134,7 +134,7 @@ impl MultiLinear {
     }
 }
 
-/// Work fused into a decode kernel's last block (`Epi` in kernels.cu; layout identical): kind 0
+/// Work fused into a decode kernel's last block (`Epi` in kernels/common.cu; layout identical): kind 0
 /// none, 1 `out = rmsnorm(x) · w` of one row of `n` values.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]

@@ -3,7 +3,7 @@
 //! in registers inside the GEMV), f32 activations, a bf16 (or f32) KV cache.
 //!
 //! The CUDA driver and NVRTC are loaded at run time (`cudarc` with dynamic loading), so a binary
-//! built without CUDA runs unchanged on a GPU machine; the kernels (`kernels.cu`) are compiled by
+//! built without CUDA runs unchanged on a GPU machine; the kernels (`kernels/*.cu`, one source) are compiled by
 //! NVRTC at start-up for the device's architecture, once per process.
 //!
 //! Every op is one to three kernel launches on one stream; nothing synchronises with the host
@@ -68,14 +68,14 @@ macro_rules! launch {
                 params.push(&*bx as *const _ as *mut ::core::ffi::c_void);
                 keep.push(bx);
             )*
-            // SAFETY: the argument list matches the kernel's signature in kernels.cu.
+            // SAFETY: the argument list matches the kernel's signature in kernels/.
             let r = unsafe { $b.launch_pdl($f, cfg, &mut params) };
             drop(keep);
             r
         } else {
             let mut lb = $b.inner.stream.launch_builder($f);
             $( let a = $a; ::cudarc::driver::PushKernelArg::arg(&mut lb, &a); )*
-            // SAFETY: the argument list matches the kernel's signature in kernels.cu.
+            // SAFETY: the argument list matches the kernel's signature in kernels/.
             unsafe { lb.launch(cfg) }.map(|_| ()).map_err(|e| $b.err(format!("launch: {e:?}")))
         }
     }};
@@ -92,13 +92,13 @@ pub(crate) struct Inner {
     pub sms: usize,
     /// Launch with programmatic dependent launch (sm_90+, unless `FP4FORGE_CUDA_PDL=0`): a
     /// kernel's blocks start while its predecessor drains and wait for its results in
-    /// `pdl_enter()` (kernels.cu), hiding launch and ramp-up between the small kernels of a step.
+    /// `pdl_enter()` (kernels/common.cu), hiding launch and ramp-up between the small kernels of a step.
     pub pdl: bool,
     /// Decode GEMVs of NVFP4 weights with K % 128 == 0 on tensor cores (`gemv_mma` and the
     /// `mma` paths of `linear_multi2` / `experts_*`): sm_89+ (fp8 conversions), unless
     /// `FP4FORGE_CUDA_MMA=0`.
     pub mma: bool,
-    /// Completion counter of the fused epilogues (`Epi` in kernels.cu).
+    /// Completion counter of the fused epilogues (`Epi` in kernels/common.cu).
     counters: CudaSlice<u32>,
     /// One token's experts on the persistent kernels where they apply (`persistent_moe`);
     /// `FP4FORGE_CUDA_PERSIST=0` starts it off.
@@ -391,7 +391,7 @@ impl CudaBackend {
         })
     }
 
-    /// Fills `n` elements at `ptr` with seeded synthetic values (see `fill` in kernels.cu).
+    /// Fills `n` elements at `ptr` with seeded synthetic values (see `fill` in kernels/sampling.cu).
     pub(crate) fn fill(&self, ptr: u64, n: usize, seed: u64, mode: i32, amp: f32) -> Result<()> {
         let blocks = (n.div_ceil(256)).min(65536) as u32;
         launch!(self, &self.inner.f.fill, (blocks.max(1), 1, 1), (256, 1, 1); ptr, n as i64, seed, mode, amp)

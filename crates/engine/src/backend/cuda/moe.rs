@@ -13,7 +13,7 @@ pub(super) const EXPERT_GU_WARPS: u32 = 8;
 /// Rows per warp of `experts_down2` (`XRD`).
 pub(super) const EXPERT_DOWN_ROWS: u32 = 8;
 
-/// The router's top-k for `experts_raw` (`Route` in kernels.cu; layout identical): computed
+/// The router's top-k for `experts_raw` (`Route` in kernels/moe.cu; layout identical): computed
 /// inside the persistent gate/up kernel where it applies, else by the `route` kernel first.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -61,7 +61,7 @@ pub struct ExpertArena {
     pub(crate) inv_g: CudaSlice<f32>,
 }
 
-/// The kernel-side description of an [`ExpertArena`] (`ExpertProj` in kernels.cu).
+/// The kernel-side description of an [`ExpertArena`] (`ExpertProj` in kernels/moe.cu).
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub(crate) struct ExpertProj {

@@ -1,0 +1,207 @@
+// fp4forge CUDA kernels, compiled with NVRTC at start-up for the device's architecture, as one
+// source: the files of this folder concatenated in the order of `KERNELS_CU` (compile.rs):
+// common.cu (types, conversions, programmatic dependent launch, NVFP4 dequantization, fused
+// epilogues), gemv.cu, prefill.cu (tiled matrix-matrix, embedding), elementwise.cu (norms,
+// rope, gates), attention.cu, moe.cu, sampling.cu (synthetic data, sampling on the device).
+// No headers: bf16/f16/fp8 conversions are done with bit manipulation (NVRTC needs no CUDA
+// include path). Activations are f32; weights stay in their stored encoding.
+//
+// Weight formats (the `fmt` argument): 0 = f32, 1 = f16, 2 = bf16, 3 = NVFP4
+// (packed e2m1, even element in the low nibble; one fp8 e4m3 scale per 16 elements;
+// w = e2m1 * e4m3(scale) * inv_global).
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define INF_F __int_as_float(0x7f800000)
+
+// ---- programmatic dependent launch --------------------------------------------------------------
+//
+// The host launches every kernel with programmatic stream serialization (sm_90+): its blocks may
+// start while the previous kernel still runs. Each kernel first waits for its predecessor's
+// results (griddepcontrol.wait: the previous grid completed and its writes are visible), then
+// lets its own successor launch, so the successor's launch and block scheduling overlap this
+// kernel's work instead of following it. Data never written by kernels (weights) may be read
+// before the wait.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+__device__ __forceinline__ void pdl_enter() {
+    pdl_wait();
+    pdl_launch_dependents();
+}
+
+__device__ __forceinline__ float bf16_to_f32(u32 b) { return __uint_as_float(b << 16); }
+__device__ __forceinline__ u16 f32_to_bf16(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40);
+    u32 r = u + 0x7fffu + ((u >> 16) & 1u);
+    return (u16)(r >> 16);
+}
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    float f;
+    asm("{ cvt.f32.f16 %0, %1; }" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+// fp8 e4m3 (OCP, NaN = 0x7f/0xff, no infinities) to f32.
+__device__ __forceinline__ float e4m3_to_f32(u32 b) {
+    u32 s = (b & 0x80u) << 24;
+    u32 e = (b >> 3) & 0xfu;
+    u32 m = b & 0x7u;
+    float v;
+    if (e == 0) {
+        v = (float)m * 0.001953125f;  // m * 2^-9
+    } else if (e == 15 && m == 7) {
+        return __uint_as_float(0x7fc00000u);
+    } else {
+        v = __uint_as_float(((e + 120u) << 23) | (m << 20));
+    }
+    return __uint_as_float(__float_as_uint(v) | s);
+}
+
+// f32 to fp8 e4m3 exactly as the format crate's f32_to_e4m3_saturating (torch's cast after a clamp
+// to +-448): round to nearest even, subnormals kept, NaN stays NaN (0x7f with x's sign).
+__device__ __forceinline__ u32 f32_to_e4m3_sat(float x) {
+    const u32 bits = __float_as_uint(x);
+    const u32 sign = (bits >> 24) & 0x80u;
+    if (x != x) return sign | 0x7fu;
+    const u32 a = bits & 0x7fffffffu;
+    u32 mag;
+    if (a > 0x43e80000u) {
+        mag = 0x7eu;  // above the 448 / 480 tie (464): saturates
+    } else if (a < 0x3c800000u) {
+        mag = (u32)rintf(__uint_as_float(a) * 512.f);  // subnormal: m * 2^-9, ties to even
+    } else {
+        mag = (a - (120u << 23) + 0x7ffffu + ((a >> 20) & 1u)) >> 20;
+    }
+    return sign | mag;
+}
+
+__constant__ float E2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                               -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// ---- NVFP4 dequantization in registers (no tables) ----------------------------------------------
+//
+// e2m1: for a code n, the fp16 with bits ((n & 7) << 9) | ((n & 8) << 12) is exactly
+// e2m1(n) * 2^-14 (e = 0, m = 1 is the fp16 subnormal 2^-15 = 0.5 * 2^-14; e > 0 gives
+// 2^(e-15) (1 + m/2)). Codes i and i + 4 of a u32 (element i in nibble i: element 2c is the low
+// nibble of byte c) form one half2 with two shifts and masks; half -> f32 is exact.
+// e4m3: the fp16 with bits ((b & 0x7f) << 7) | ((b & 0x80) << 8) is exactly e4m3(b) * 2^-8 for
+// every finite code (the NaN code 0x7f is not special-cased: it decodes as 480).
+// So a block's partial sum sum(e2m1 * x) * e4m3 comes out exactly 2^-22 times the true value
+// (power-of-two scaling: the same roundings as the table decode); NV_UNIT restores it together
+// with the tensor's global scale.
+
+#define NV_UNIT 4194304.0f  // 2^22
+
+__device__ __forceinline__ float2 h2_to_f2(u32 h) {
+    float2 f;
+    asm("{ .reg .b16 lo, hi;\n\t mov.b32 {lo, hi}, %2;\n\t cvt.f32.f16 %0, lo;\n\t cvt.f32.f16 %1, hi; }"
+        : "=f"(f.x), "=f"(f.y)
+        : "r"(h));
+    return f;
+}
+
+// The 8 codes of w as f32 values * 2^-14, in element order.
+__device__ __forceinline__ void e2m1x8(u32 w, float f[8]) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const u32 v = w >> (4 * j);
+        const float2 p = h2_to_f2(((v & 0x00070007u) << 9) | ((v & 0x00080008u) << 12));
+        f[j] = p.x;
+        f[j + 4] = p.y;
+    }
+}
+
+// Two fp8 e4m3 scales (low byte first) as f32 values * 2^-8.
+__device__ __forceinline__ float2 e4m3x2(u32 s) {
+    return h2_to_f2(((s & 0x7fu) << 7) | ((s & 0x80u) << 8) | ((s & 0x7f00u) << 15) | ((s & 0x8000u) << 16));
+}
+
+// Global factor of an NVFP4 row sum computed with the decodes above (1 for other formats).
+__device__ __forceinline__ float nv_gscale(int fmt, float inv_g) { return fmt == 3 ? inv_g * NV_UNIT : 1.f; }
+
+// ---- fused epilogue ----------------------------------------------------------------------------
+//
+// Epi: work a decode kernel does once its outputs are complete, in the last of its blocks to finish
+// (a grid-wide completion counter), in place of a separate launch: out = rmsnorm(x) * w for one
+// row of n values (kind 1; kind 0: none).
+struct Epi {
+    u32* counter;    // zero before and after the kernel
+    const float* x;  // the row to normalise
+    const float* w;  // the norm weight
+    float* out;      // the normalised row
+    float eps;
+    int kind;
+    int n;
+    int pad;
+};
+
+__device__ float block_sum(float v);
+
+__device__ __forceinline__ float4 ld_cg4(const float* p) {
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+    return v;
+}
+
+#define EPI_V 8  // float4s of x per thread held in registers (n <= 32 * blockDim)
+
+// All threads of every block call it last (no thread may have returned early). n % 4 == 0 and
+// n <= 4 * EPI_V * blockDim (the host checks).
+__device__ void epilogue(const Epi& ep) {
+    if (ep.kind == 0) return;
+    __shared__ int last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(ep.counter, 1u) == gridDim.x * gridDim.y * gridDim.z - 1u;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    // the whole row in registers, all loads in flight together (from L2: other blocks wrote it)
+    float4 v[EPI_V];
+    float ss = 0.f;
+#pragma unroll
+    for (int q = 0; q < EPI_V; q++) {
+        const int i = 4 * (threadIdx.x + q * blockDim.x);
+        v[q] = i < ep.n ? ld_cg4(ep.x + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int q = 0; q < EPI_V; q++) ss += v[q].x * v[q].x + v[q].y * v[q].y + v[q].z * v[q].z + v[q].w * v[q].w;
+    ss = block_sum(ss);
+    const float r = 1.0f / sqrtf(ss / (float)ep.n + ep.eps);
+#pragma unroll
+    for (int q = 0; q < EPI_V; q++) {
+        const int i = 4 * (threadIdx.x + q * blockDim.x);
+        if (i < ep.n) {
+            const float4 w = *(const float4*)(ep.w + i);
+            *(float4*)(ep.out + i) = make_float4(w.x * (v[q].x * r), w.y * (v[q].y * r), w.z * (v[q].z * r),
+                                                 w.w * (v[q].w * r));
+        }
+    }
+    if (threadIdx.x == 0) *ep.counter = 0u;
+}

@@ -1,0 +1,547 @@
+// ---- mixture of experts -----------------------------------------------------------------------
+
+// One warp per token: scores (sigmoid or softmax), top-k on score + bias (ties: lower id),
+// renormalise, scale. n <= 1024 experts.
+// PER = experts per lane (n <= 32 PER): the selection loops are unrolled over PER registers.
+template <int PER>
+__device__ void route_impl(const float* __restrict__ logits, const float* __restrict__ bias, int n, int k,
+                           int softmax, int normalize, float softcap, float scale, int* __restrict__ sel,
+                           float* __restrict__ wts, int t) {
+    const int lane = threadIdx.x & 31;
+    const float* l = logits + (long)t * n;
+    float s[PER], b[PER];
+    float mx = -INF_F;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        int e = lane + 32 * i;
+        float x = e < n ? l[e] : -INF_F;
+        if (softcap > 0.f && e < n) x = tanhf(x / softcap) * softcap;
+        s[i] = x;
+        mx = fmaxf(mx, x);
+    }
+    mx = warp_max(mx);
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        int e = lane + 32 * i;
+        if (e < n) {
+            s[i] = softmax ? expf(s[i] - mx) : 1.0f / (1.0f + expf(-s[i]));
+            sum += s[i];
+        }
+    }
+    if (softmax) {
+        sum = warp_sum(sum);
+#pragma unroll
+        for (int i = 0; i < PER; i++) s[i] /= sum;
+    }
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        int e = lane + 32 * i;
+        b[i] = e < n ? s[i] + (bias ? bias[e] : 0.f) : -INF_F;
+    }
+    float chosen_sum = 0.f;
+    float my_w = 0.f;
+    int my_e = 0;
+    for (int r = 0; r < k; r++) {
+        float best = -INF_F;
+        int bi = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < PER; i++) {
+            int e = lane + 32 * i;
+            if (e < n && (b[i] > best || (b[i] == best && e < bi))) {
+                best = b[i];
+                bi = e;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ob > best || (ob == best && oi < bi)) {
+                best = ob;
+                bi = oi;
+            }
+        }
+        // the owner removes it and broadcasts its unbiased score
+        float sv = 0.f;
+        if ((bi & 31) == lane) {
+#pragma unroll
+            for (int i = 0; i < PER; i++)
+                if (lane + 32 * i == bi) {
+                    sv = s[i];
+                    b[i] = -INF_F;
+                }
+        }
+        sv = __shfl_sync(0xffffffffu, sv, bi & 31);
+        chosen_sum += sv;
+        if (lane == r) {
+            my_w = sv;
+            my_e = bi;
+        }
+    }
+    if (lane < k) {
+        float w = normalize ? my_w / chosen_sum : my_w;
+        sel[t * k + lane] = my_e;
+        wts[t * k + lane] = w * scale;
+    }
+}
+
+// Top-k routing of token t by one warp (the calling threads 0..31).
+__device__ void route_token(const float* __restrict__ logits, const float* __restrict__ bias, int n, int k,
+                            int softmax, int normalize, float softcap, float scale, int* __restrict__ sel,
+                            float* __restrict__ wts, int t) {
+    if (n <= 64)
+        route_impl<2>(logits, bias, n, k, softmax, normalize, softcap, scale, sel, wts, t);
+    else if (n <= 128)
+        route_impl<4>(logits, bias, n, k, softmax, normalize, softcap, scale, sel, wts, t);
+    else if (n <= 256)
+        route_impl<8>(logits, bias, n, k, softmax, normalize, softcap, scale, sel, wts, t);
+    else if (n <= 512)
+        route_impl<16>(logits, bias, n, k, softmax, normalize, softcap, scale, sel, wts, t);
+    else
+        route_impl<32>(logits, bias, n, k, softmax, normalize, softcap, scale, sel, wts, t);
+}
+
+extern "C" __global__ void route(const float* __restrict__ logits, const float* __restrict__ bias, int n, int k,
+                                int softmax, int normalize, float softcap, float scale, int* __restrict__ sel,
+                                float* __restrict__ wts) {
+    pdl_enter();
+    route_token(logits, bias, n, k, softmax, normalize, softcap, scale, sel, wts, blockIdx.x);
+}
+
+// One projection of all experts of a layer, stacked: expert e's rows start at e * rows.
+struct ExpertProj {
+    const void* w;         // [E, rows, K] (or packed [E, rows, K/2])
+    const u8* scales;      // NVFP4: [E, rows, K/16]
+    const float* inv_g;    // NVFP4: [E]
+    int fmt;
+};
+
+// Where a warp of an expert's 16-row tile reads: tile rows `row0..` of projection P, chunks [c0, c1).
+__device__ __forceinline__ void mma_start_group(MmaTile<MMA_U>& m, const ExpertProj& P, long row0, int nrows, int K,
+                                                int c0, int c1) {
+    if (nrows > 0) m.start((const u8*)P.w + row0 * (K / 2), P.scales + row0 * (K / 16), K / 2, K / 16, nrows, c0, c1);
+}
+
+// a ? x : y field by field (no local-memory copy of the parameters).
+__device__ __forceinline__ ExpertProj pick(bool a, const ExpertProj& x, const ExpertProj& y) {
+    ExpertProj r;
+    r.w = a ? x.w : y.w;
+    r.scales = a ? x.scales : y.scales;
+    r.inv_g = a ? x.inv_g : y.inv_g;
+    r.fmt = a ? x.fmt : y.fmt;
+    return r;
+}
+
+#define XR 2   // rows of gate and of up per warp in experts_gate_up2
+#define XU 3   // chunk slots per lane and batch in experts_gate_up2 (K = 3072: the whole row at once)
+#define XRD 8  // rows per warp in experts_down2
+
+// Item j of blockIdx.y: the shared expert's items (j >= T*k) are scheduled first (they are the
+// largest when the shared expert is BF16), then the routed ones.
+__device__ __forceinline__ int expert_item(int has_shared, int T, int k) {
+    const int y = blockIdx.y;
+    if (!has_shared) return y;
+    return y < T ? T * k + y : y - T;
+}
+
+// h[j, o..o+XR) = silu(gate_e . x[t]) * (up_e . x[t]) for item j (token t = j / k, expert
+// e = sel[j]; items j >= T*k: the shared expert of token j - T*k). XR rows of gate and XR of up
+// per warp, their loads issued together.
+// With `mma` (blocks of 8 warps), NVFP4 gate and up with K % 128 == 0 take the tensor-core path:
+// the block's 16 gate rows are one tile (warps 0-3), its 16 up rows another (warps 4-7).
+extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up2(ExpertProj gate, ExpertProj up, ExpertProj sgate, ExpertProj sup,
+                                           int has_shared, int shared_inter, const int* __restrict__ sel, int k,
+                                           int T, const float* __restrict__ x, float* __restrict__ h, int inter,
+                                           int K, int mma) {
+    const int warps = blockDim.x >> 5;
+    const long o = ((long)blockIdx.x * warps + (threadIdx.x >> 5)) * XR;
+    const int j = expert_item(has_shared, T, k);
+    const bool sh = j >= T * k;
+    const int n = sh ? shared_inter : inter;
+    __shared__ float4 xs[XS_MAX / 4];
+    if (mma && !sh && gate.fmt == 3 && up.fmt == 3 && (K & 127) == 0 && K <= XS_MAX && warps == 8 && XR == 2) {
+        __shared__ float red[8][16];
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        const long ob = (long)blockIdx.x * 16;
+        const int nrows = (int)max(0l, min(16l, (long)n - ob));
+        const bool is_up = warp >= 4;
+        const ExpertProj P = is_up ? up : gate;
+        const int nc = K >> 7, part = warp & 3;
+        pdl_enter();  // (sel is the router's output: the weights' address is known only after it)
+        const long ee = sel[j];
+        const long r0 = ee * (long)n + ob;
+        MmaTile<MMA_U> m;
+        mma_start_group(m, P, r0, nrows, K, part * nc / 4, (part + 1) * nc / 4);
+        const int t = j / k;
+        const float ds = xb_fill((uint2*)xs, x + (long)t * K, K);
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        if (nrows > 0) m.run((const uint2*)xs, acc);
+        const float v = mma_reduce(acc, red, 4);  // warp 0: the gate rows (warps 0-3)
+        if (warp == 0 && lane < nrows) {
+            float uv = 0.f;
+#pragma unroll
+            for (int p = 0; p < 4; p++) uv += red[4 + p][lane];
+            const float gv = v * (64.f * ds * gate.inv_g[ee]);
+            uv *= 64.f * ds * up.inv_g[ee];
+            h[(long)j * max(inter, shared_inter) + ob + lane] = gv / (1.0f + expf(-gv)) * uv;
+        }
+        return;
+    }
+    pdl_enter();
+    const bool active = o < n;  // (no early exit: the NVFP4 path synchronises the block)
+    const int nrows = active ? min((long)XR, n - o) : 0;
+    const int t = sh ? j - T * k : j / k;
+    const float* xt = x + (long)t * K;
+    const ExpertProj G = pick(sh, sgate, gate);
+    const ExpertProj U = pick(sh, sup, up);
+    const long e = sh ? 0 : sel[j];
+    const long r0 = e * (long)n + (active ? o : 0);
+    const float gg = nv_gscale(G.fmt, G.fmt == 3 ? G.inv_g[e] : 1.f);
+    const float gu = nv_gscale(U.fmt, U.fmt == 3 ? U.inv_g[e] : 1.f);
+    float g[XR], u[XR];
+    if (G.fmt == 3 && U.fmt == 3 && (K & 31) == 0 && K <= XS_MAX) {
+        const RowSet rs = rowset(3, G.w, G.scales, r0, nrows, U.w, U.scales, r0, nrows, K);
+        float a[2 * XR];
+#pragma unroll
+        for (int r = 0; r < 2 * XR; r++) a[r] = 0.f;
+        nv_rows_smem<2 * XR, XR, XU>(rs, active, true, K, xt, xs, 0, 1, a);
+        if (!active) return;
+#pragma unroll
+        for (int r = 0; r < XR; r++) {
+            g[r] = a[r];
+            u[r] = a[XR + r];
+        }
+    } else if (!active) {
+        return;
+    } else if (G.fmt == U.fmt) {
+        const RowSet rs = rowset(G.fmt, G.w, G.scales, r0, nrows, U.w, U.scales, r0, nrows, K);
+        float a[2 * XR];
+        rows_core<2 * XR, XR, XU>(G.fmt, rs, K, xt, 0, 1, a);
+#pragma unroll
+        for (int r = 0; r < XR; r++) {
+            g[r] = a[r];
+            u[r] = a[XR + r];
+        }
+    } else {
+        const RowSet rg = rowset(G.fmt, G.w, G.scales, r0, nrows, G.w, G.scales, r0, 0, K);
+        const RowSet ru = rowset(U.fmt, U.w, U.scales, r0, nrows, U.w, U.scales, r0, 0, K);
+        rows_core<XR, XR, 2>(G.fmt, rg, K, xt, 0, 1, g);
+        rows_core<XR, XR, 2>(U.fmt, ru, K, xt, 0, 1, u);
+    }
+    const int width = max(inter, shared_inter);
+#pragma unroll
+    for (int r = 0; r < XR; r++) {
+        float gv = warp_sum(g[r]) * gg, uv = warp_sum(u[r]) * gu;
+        if ((threadIdx.x & 31) == 0 && r < nrows) h[(long)j * width + o + r] = gv / (1.0f + expf(-gv)) * uv;
+    }
+}
+
+// part[j, o] = w_j * down_{sel[j]}[o] . h[j] (w = 1 for the shared expert's items j >= T*k).
+// grid (ceil(H / (warps * XRD)), T*k (+ T)).
+// With `mma` (blocks of 4 warps), NVFP4 experts with K % 128 == 0 take the tensor-core path: the
+// block's 32 rows are two tiles of 2 warps each.
+extern "C" __global__ void experts_down2(ExpertProj down, ExpertProj sdown, int shared_inter,
+                                        const int* __restrict__ sel, const float* __restrict__ wts, int k, int T,
+                                        const float* __restrict__ h, int inter, float* __restrict__ part, int H,
+                                        int mma) {
+    const int warps = blockDim.x >> 5;
+    __shared__ float4 xs[XS_MAX / 4];
+    if (mma && down.fmt == 3 && (inter & 127) == 0 && inter <= XS_MAX && warps * XRD == 32 &&
+        expert_item(gridDim.y > T * k, T, k) < T * k) {
+        __shared__ float red[4][16];
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        const int j = expert_item(gridDim.y > T * k, T, k);
+        const long ob = (long)blockIdx.x * 32 + (warp >> 1) * 16;
+        const int nrows = (int)max(0l, min(16l, (long)H - ob));
+        const int K = inter, nc = K >> 7, p = warp & 1;
+        pdl_enter();
+        const long e = sel[j];
+        const long r0 = e * (long)H + ob;
+        MmaTile<MMA_U> m;
+        mma_start_group(m, down, r0, nrows, K, p * nc / 2, (p + 1) * nc / 2);
+        const float ds = xb_fill((uint2*)xs, h + (long)j * max(inter, shared_inter), K);
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        if (nrows > 0) m.run((const uint2*)xs, acc);
+        const float v = mma_reduce(acc, red, 2);
+        if (p == 0 && lane < nrows) part[(long)j * H + ob + lane] = v * (64.f * ds * down.inv_g[e] * wts[j]);
+        return;
+    }
+    const long o0 = ((long)blockIdx.x * warps + (threadIdx.x >> 5)) * XRD;
+    const bool active = o0 < H;  // (no early exit: the NVFP4 path synchronises the block)
+    const long o = active ? o0 : 0;
+    const int nrows = active ? min((long)XRD, H - o) : 0;
+    const int j = expert_item(gridDim.y > T * k, T, k);
+    const bool sh = j >= T * k;
+    pdl_enter();
+    const int width = max(inter, shared_inter);
+    const ExpertProj D = pick(sh, sdown, down);
+    const long e = sh ? 0 : sel[j];
+    const int K = sh ? shared_inter : inter;
+    const RowSet rs = rowset(D.fmt, D.w, D.scales, e * H + o, nrows, D.w, D.scales, 0, 0, K);
+    float a[XRD];
+    if (D.fmt == 3 && (K & 31) == 0 && K <= XS_MAX) {
+#pragma unroll
+        for (int r = 0; r < XRD; r++) a[r] = 0.f;
+        nv_rows_smem<XRD, XRD, 1>(rs, active, true, K, h + (long)j * width, xs, 0, 1, a);
+        if (!active) return;
+    } else {
+        if (!active) return;
+        rows_core<XRD, XRD, 1>(D.fmt, rs, K, h + (long)j * width, 0, 1, a);
+    }
+    const float gs = nv_gscale(D.fmt, D.fmt == 3 ? D.inv_g[e] : 1.f) * (sh ? 1.f : wts[j]);
+#pragma unroll
+    for (int r = 0; r < XRD; r++) {
+        float v = warp_sum(a[r]);
+        if ((threadIdx.x & 31) == 0 && r < nrows) part[(long)j * H + o + r] = v * gs;
+    }
+}
+
+// ---- persistent decode MoE (one token, NVFP4 routed experts on tensor cores) ------------------
+//
+// As many blocks as are resident loop over groups of rows; the shared expert's groups first (any
+// format, through rows_core, x from global memory), then the routed items'. x (gate/up) or every
+// item's h (down) is staged once per block, and all groups run in one wave
+// (the per-item kernels above restage x in every block and run in several waves). A block's
+// groups are reduced through shared memory double-buffered by group parity: one barrier each.
+
+// The router's top-k (n <= 256 experts, k <= 32), computed by every block of experts_gate_up_p
+// from the router logits (in place of a separate launch; block 0 also writes sel / wts for the
+// kernels after it). `logits` null: sel / wts are inputs (already routed).
+struct Route {
+    const float* logits;
+    const float* bias;
+    float softcap;
+    float scale;
+    int n;
+    int softmax;
+    int normalize;
+    int pad;
+};
+
+template <int PER>
+__device__ void route_impl(const float* __restrict__ logits, const float* __restrict__ bias, int n, int k,
+                           int softmax, int normalize, float softcap, float scale, int* __restrict__ sel,
+                           float* __restrict__ wts, int t);
+
+
+// The rows [s0, s1) of a shared expert (`srows` rows costing `cs` bytes each) that block `b` of
+// `nb` takes, so that with the routed groups it gets round-robin (`groups` of `cr` bytes each:
+// blocks below groups % nb one more) every block streams about the same bytes. Blocks with more
+// routed groups take fewer shared rows; the shares are contiguous and cover [0, srows).
+__device__ __forceinline__ void shared_share(int srows, float cs, int groups, float cr, int b, int nb, int& s0,
+                                             int& s1) {
+    const float per_block = ((float)groups * cr + (float)srows * cs) / (float)nb;
+    const int base = groups / nb, extra = groups % nb;
+    auto start = [&](int i) {
+        if (i >= nb) return srows;
+        const float routed = (float)(i * base + min(i, extra)) * cr;
+        return max(0, min(srows, (int)(((float)i * per_block - routed) / cs)));
+    };
+    s0 = start(b);
+    s1 = max(s0, start(b + 1));
+}
+
+// h[j] = silu(gate_e . x) * (up_e . x) for the k routed items j (e = sel[j]) and the shared
+// expert (item k); T = 1. Routed groups of 16 rows go round-robin over the blocks (warps 0-3
+// split the gate tile's chunks, warps 4-7 the up tile's; the next group's first loads are issued
+// before the current one is reduced); the shared expert's rows are shared out so that every block
+// streams about the same bytes (`shared_share`), one gate and up row per warp, on warps 1-7
+// while warp 0 computes the top-k. Requires K % 128 == 0, K <= XS_MAX, NVFP4 routed gate/up, a
+// BF16 shared expert (if any), 8 warps.
+extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up_p(ExpertProj gate, ExpertProj up, ExpertProj sgate,
+                                                                        ExpertProj sup, int has_shared, int shared_inter,
+                                                                        int* sel_out, float* wts_out, int k,
+                                                                        const float* __restrict__ x, float* __restrict__ h,
+                                                                        int inter, int K, Route rt) {
+    __shared__ uint2 xb[XS_MAX / 2];
+    __shared__ float red[2][8][16];
+    __shared__ int sel[64];
+    __shared__ float wsel[64];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int width = max(inter, shared_inter);
+    const int rgroups = (inter + 15) / 16;
+    const int groups = k * rgroups;
+    const int nc = K >> 7, part = warp & 3;
+    const bool is_up = warp >= 4;
+    const ExpertProj P = is_up ? up : gate;
+    int s0 = 0, s1 = 0;
+    if (has_shared) shared_share(shared_inter, 4.f * K, groups, 18.f * K, blockIdx.x, gridDim.x, s0, s1);
+    pdl_enter();
+    if (warp == 0) {
+        if (rt.logits) {
+            route_impl<8>(rt.logits, rt.bias, rt.n, k, rt.softmax, rt.normalize, rt.softcap, rt.scale, sel, wsel, 0);
+            __syncwarp();
+            if (blockIdx.x == 0 && lane < k) {
+                sel_out[lane] = sel[lane];
+                wts_out[lane] = wsel[lane];
+            }
+        } else {
+            for (int i = lane; i < k; i += 32) sel[i] = sel_out[i];
+        }
+    } else {
+        // this block's shared rows: one gate and one up row per warp and pass
+        for (int o = s0 + warp - 1; o < s1; o += 7) {
+            const RowSet rs = rowset(2, sgate.w, sgate.scales, o, 1, sup.w, sup.scales, o, 1, K);
+            float a[2] = {0.f, 0.f};
+            bf_rows<2, 1>(rs, K, x, 0, 1, a);
+            const float gv = warp_sum(a[0]), uv = warp_sum(a[1]);
+            if (lane == 0) h[(long)k * width + o] = gv / (1.0f + expf(-gv)) * uv;
+        }
+    }
+    __syncthreads();
+    // routed groups gi = blockIdx.x + it * gridDim.x; the first one's loads fly during the staging
+    auto tile_of = [&](int gi, MmaTile<MMA_U>& m) {
+        const int item = gi / rgroups;
+        const long ob = (long)(gi % rgroups) * 16;
+        const int nrows = (int)min(16l, (long)inter - ob);
+        mma_start_group(m, P, (long)sel[item] * inter + ob, nrows, K, part * nc / 4, (part + 1) * nc / 4);
+        return nrows;
+    };
+    MmaTile<MMA_U> m;
+    int gi = blockIdx.x;
+    int nrows = gi < groups ? tile_of(gi, m) : 0;
+    const float ds = xb_fill(xb, x, K);
+    for (int it = 0; gi < groups; it++) {
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        if (nrows > 0) m.run(xb, acc);
+        const int item = gi / rgroups;
+        const long ob = (long)(gi % rgroups) * 16;
+        const int rows = nrows;
+        gi += gridDim.x;
+        nrows = gi < groups ? tile_of(gi, m) : 0;
+        float (*rb)[16] = red[it & 1];
+        float gv = mma_reduce(acc, rb, 4);  // warp 0: the gate rows (warps 0-3)
+        if (warp == 0 && lane < rows) {
+            const long e = sel[item];
+            float uv = 0.f;
+#pragma unroll
+            for (int p = 0; p < 4; p++) uv += rb[4 + p][lane];
+            gv *= 64.f * ds * gate.inv_g[e];
+            uv *= 64.f * ds * up.inv_g[e];
+            h[(long)item * width + ob + lane] = gv / (1.0f + expf(-gv)) * uv;
+        }
+    }
+}
+
+// The h rows of items its[0..n) (K = inter values each) as B entries at xb + j * K / 2 (row
+// its[j]), each with its own power-of-two scale: ds[j] = 2^-e_j. The warps compute the rows'
+// maxima (warp w: rows w, w + 8, ...), then all threads fill. Ends with a barrier.
+__device__ void xb_fill_items(uint2* xb, float* ds, const float* __restrict__ h, int width, const int* its, int n,
+                              int K) {
+    __shared__ float sc[64];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    for (int j = warp; j < n; j += warps) {
+        const float4* x4 = (const float4*)(h + (long)its[j] * width);
+        float m = 0.f;
+        for (int i = lane; i < K / 4; i += 32) {
+            const float4 v = x4[i];
+            m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+        }
+        m = warp_max(m);
+        const int e = xb_exp(m);
+        if (lane == 0) {
+            sc[j] = pow2f(e);
+            ds[j] = pow2f(-e);
+        }
+    }
+    __syncthreads();
+    const int no = K >> 3;
+    for (int q = threadIdx.x; q < n * no; q += blockDim.x) {
+        const int j = q / no, o = q % no;
+        const float4* x4 = (const float4*)(h + (long)its[j] * width);
+        xb_octet(xb + (long)j * (K / 2), o, x4[2 * o], x4[2 * o + 1], sc[j]);
+    }
+    __syncthreads();
+}
+
+#define XB_ITEMS_MAX 5120  // uint2 B entries for all routed items of experts_down_p (k * inter <= 10240)
+
+// part[j, o] = w_j * down_{sel[j]}[o] . h[j] for the k routed items and (w = 1) the shared expert
+// (item k); T = 1. Routed groups of 64 rows (4 tiles, 2 warps splitting each tile's chunks) go
+// round-robin over the blocks, the next group's first loads issued before the current one is
+// reduced; the shared expert's rows are shared out so that every block streams about the same
+// bytes (`shared_share`), two rows per warp and pass. Requires inter % 128 == 0,
+// k * inter <= 2 * XB_ITEMS_MAX, NVFP4 routed down, a BF16 shared expert (if any), 8 warps.
+extern "C" __global__ void __launch_bounds__(256, 2) experts_down_p(ExpertProj down, ExpertProj sdown, int has_shared,
+                                                                     int shared_inter, const int* __restrict__ sel,
+                                                                     const float* __restrict__ wts, int k,
+                                                                     const float* __restrict__ h, int inter,
+                                                                     float* __restrict__ part, int H) {
+    __shared__ uint2 xb[XB_ITEMS_MAX];
+    __shared__ float ds[64];
+    __shared__ float red[2][8][16];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int width = max(inter, shared_inter);
+    const int rgroups = (H + 63) / 64;
+    const int groups = k * rgroups;
+    const int K = inter, nc = K >> 7, p = warp & 1, tile = warp >> 1;
+    int s0 = 0, s1 = 0;
+    if (has_shared) shared_share(H, 2.f * shared_inter, groups, 36.f * K, blockIdx.x, gridDim.x, s0, s1);
+    pdl_enter();
+    for (int o = s0 + 2 * warp; o < s1; o += 16) {
+        const int nrows = min(2, s1 - o);
+        const RowSet rs = rowset(2, sdown.w, sdown.scales, o, nrows, sdown.w, sdown.scales, 0, 0, shared_inter);
+        float a[2] = {0.f, 0.f};
+        bf_rows<2, 2>(rs, shared_inter, h + (long)k * width, 0, 1, a);
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const float v = warp_sum(a[r]);
+            if (lane == 0 && r < nrows) part[(long)k * H + o + r] = v;
+        }
+    }
+    // routed groups gi = blockIdx.x + it * gridDim.x; the first one's loads fly during the staging
+    auto tile_of = [&](int gi, MmaTile<MMA_U>& m) {
+        const long ob = (long)(gi % rgroups) * 64 + tile * 16;
+        const int nrows = (int)max(0l, min(16l, (long)H - ob));
+        mma_start_group(m, down, (long)sel[gi / rgroups] * H + ob, nrows, K, p * nc / 2, (p + 1) * nc / 2);
+        return nrows;
+    };
+    MmaTile<MMA_U> m;
+    int gi = blockIdx.x;
+    int nrows = gi < groups ? tile_of(gi, m) : 0;
+    // only the items this block's groups use are staged (slot j: its[j]; groups ascend, so do
+    // their items)
+    __shared__ int its[64];
+    int nits = 0;
+    for (int g = blockIdx.x, last = -1; g < groups; g += gridDim.x) {
+        const int item = g / rgroups;
+        if (item != last) {
+            if (threadIdx.x == 0) its[nits] = item;
+            nits++;
+            last = item;
+        }
+    }
+    __syncthreads();
+    xb_fill_items(xb, ds, h, width, its, nits, K);
+    for (int it = 0, slot = 0; gi < groups; it++) {
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        const int item = gi / rgroups;
+        while (slot + 1 < nits && its[slot] != item) slot++;
+        if (nrows > 0) m.run(xb + (long)slot * (K / 2), acc);
+        const long ob = (long)(gi % rgroups) * 64 + tile * 16;
+        const int rows = nrows;
+        gi += gridDim.x;
+        nrows = gi < groups ? tile_of(gi, m) : 0;
+        const float v = mma_reduce(acc, red[it & 1], 2);
+        if (p == 0 && lane < rows) {
+            const long e = sel[item];
+            part[(long)item * H + ob + lane] = v * (64.f * ds[slot] * down.inv_g[e] * wts[item]);
+        }
+    }
+}
+
+// out[t, o] = resid[t, o] + sum_i part[t*k + i, o] (+ part[T*k + t, o]); in item order.
+extern "C" __global__ void experts_reduce(const float* __restrict__ part, int k, int T, int has_shared, float* out,
+                                         const float* resid, int H, Epi ep) {
+    pdl_enter();
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (long)T * H) {
+        const int t = i / H, o = i % H;
+        float v = 0.f;
+        for (int q = 0; q < k; q++) v += part[(long)(t * k + q) * H + o];
+        if (has_shared) v += part[(long)(T * k + t) * H + o];
+        out[i] = (resid ? resid[i] : 0.f) + v;
+    }
+    epilogue(ep);
+}

@@ -1,0 +1,218 @@
+// ---- synthetic data (benchmarks) --------------------------------------------------------------
+
+__device__ __forceinline__ u32 hash32(u64 x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return (u32)x;
+}
+
+// mode 0: random bytes; 1: bf16 values in +-amp; 2: fp8 e4m3 scales (exponents 4..9, never NaN);
+// 3: f32 in +-amp.
+extern "C" __global__ void fill(void* p, long n, u64 seed, int mode, float amp) { pdl_enter();
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+        u32 r = hash32(seed * 0x9E3779B97F4A7C15ull + (u64)i);
+        if (mode == 0) {
+            ((u8*)p)[i] = (u8)r;
+        } else if (mode == 1) {
+            float f = ((float)(r & 0xffffff) / 16777216.0f * 2.f - 1.f) * amp;
+            ((u16*)p)[i] = f32_to_bf16(f);
+        } else if (mode == 2) {
+            ((u8*)p)[i] = (u8)(((4 + (r % 6)) << 3) | ((r >> 8) & 7));
+        } else {
+            ((float*)p)[i] = ((float)(r & 0xffffff) / 16777216.0f * 2.f - 1.f) * amp;
+        }
+    }
+}
+
+// ---- sampling ----------------------------------------------------------------------------------
+
+#define SAMPLE_THREADS 1024
+#define SAMPLE_K_MAX 256  // largest top_k sampled on the device (the host sorts beyond it)
+
+// An unsigned key ordering floats ascending (NaN never reaches it: skipped by the callers).
+__device__ __forceinline__ u32 order_key(float f) {
+    const u32 b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// Block-wide exclusive prefix sum of one int per thread (SAMPLE_THREADS threads); *total gets
+// the sum.
+__device__ int block_exclusive_scan(int v, int* total) {
+    __shared__ int warp_tot[SAMPLE_THREADS / 32];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    int incl = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+    }
+    __syncthreads();
+    if (lane == 31) warp_tot[wid] = incl;
+    __syncthreads();
+    int before = 0, all = 0;
+    for (int w = 0; w < SAMPLE_THREADS / 32; w++) {
+        if (w < wid) before += warp_tot[w];
+        all += warp_tot[w];
+    }
+    *total = all;
+    return before + incl - v;
+}
+
+// The next token from logits[0, n) exactly as the host `Sampler` picks it with uniform draw `u`:
+// greedy (temperature <= 0 or top_k == 1): the first index of the largest value; otherwise the
+// top_k (2..SAMPLE_K_MAX) of the keys logit / temperature (f32) by (key desc, index asc), the
+// softmax of (key - max) in f64 over them, cut to the shortest prefix whose sum reaches top_p,
+// renormalised, and the first candidate whose cumulative probability exceeds u. NaN logits are
+// never picked. One block of SAMPLE_THREADS threads; *out = the token.
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_logits(const float* __restrict__ logits, int n,
+                                                                     float temperature, int top_k, float top_p,
+                                                                     double u, u32* out) {
+    pdl_enter();
+    const int tid = threadIdx.x;
+    __shared__ u32 hist[256];
+    __shared__ u32 s_prefix, s_mask;
+    __shared__ int s_need;
+    __shared__ float cand_key[SAMPLE_K_MAX];
+    __shared__ int cand_idx[SAMPLE_K_MAX];
+    __shared__ int s_count;
+    const bool greedy = temperature <= 0.f || top_k == 1;
+    if (greedy) {
+        // first index of the largest value
+        float best = __int_as_float(0xff800000);  // -inf
+        int bi = 0x7fffffff;
+        for (int i = tid; i < n; i += SAMPLE_THREADS) {
+            const float v = logits[i];
+            if (v > best) { best = v; bi = i; }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ob > best || (ob == best && oi < bi)) { best = ob; bi = oi; }
+        }
+        __shared__ float wb[SAMPLE_THREADS / 32];
+        __shared__ int wi[SAMPLE_THREADS / 32];
+        if ((tid & 31) == 0) { wb[tid >> 5] = best; wi[tid >> 5] = bi; }
+        __syncthreads();
+        if (tid == 0) {
+            float b = __int_as_float(0xff800000);
+            int i0 = 0x7fffffff;
+            for (int w = 0; w < SAMPLE_THREADS / 32; w++)
+                if (wb[w] > b || (wb[w] == b && wi[w] < i0)) { b = wb[w]; i0 = wi[w]; }
+            *out = i0 == 0x7fffffff ? 0u : (u32)i0;  // (all NaN or -inf: index 0, as the host)
+        }
+        return;
+    }
+    // Radix select (8 bits per pass, most significant first) of the top_k-th largest key.
+    if (tid == 0) { s_prefix = 0; s_mask = 0; s_need = top_k; }
+    int valid = 0;
+    for (int i = tid; i < n; i += SAMPLE_THREADS) valid += !isnan(logits[i]);
+    int n_valid;
+    block_exclusive_scan(valid, &n_valid);
+    const int k = min(top_k, n_valid);
+    if (k == 0) {
+        if (tid == 0) *out = 0;
+        return;
+    }
+    if (tid == 0) s_need = k;
+    __syncthreads();
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = tid; b < 256; b += SAMPLE_THREADS) hist[b] = 0;
+        __syncthreads();
+        const u32 prefix = s_prefix, mask = s_mask;
+        for (int i = tid; i < n; i += SAMPLE_THREADS) {
+            const float l = logits[i];
+            if (isnan(l)) continue;
+            const u32 key = order_key(l / temperature);
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1u);
+        }
+        __syncthreads();
+        if (tid == 0) {
+            int need = s_need;
+            int d = 255;
+            for (; d > 0; d--) {
+                if ((int)hist[d] >= need) break;
+                need -= (int)hist[d];
+            }
+            s_need = need;  // how many of the keys with this digit are taken
+            s_prefix = prefix | ((u32)d << shift);
+            s_mask = mask | (255u << shift);
+        }
+        __syncthreads();
+    }
+    const u32 thr = s_prefix;     // the top_k-th largest key
+    const int ties_taken = s_need;  // keys equal to it that are taken (lowest indices first)
+    // Gather: every key above the threshold, and the first `ties_taken` equal to it by index
+    // (each thread scans one contiguous range, so an ordered scan ranks the ties).
+    if (tid == 0) s_count = 0;
+    const int per = (n + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
+    const int lo = min(n, tid * per), hi = min(n, lo + per);
+    int ties = 0;
+    for (int i = lo; i < hi; i++) {
+        const float l = logits[i];
+        if (!isnan(l) && order_key(l / temperature) == thr) ties++;
+    }
+    int total_ties;
+    int rank = block_exclusive_scan(ties, &total_ties);
+    __syncthreads();
+    for (int i = lo; i < hi; i++) {
+        const float l = logits[i];
+        if (isnan(l)) continue;
+        const float key = l / temperature;
+        const u32 ok = order_key(key);
+        bool take = ok > thr;
+        if (ok == thr) take = rank++ < ties_taken;
+        if (take) {
+            const int slot = atomicAdd(&s_count, 1);
+            if (slot < SAMPLE_K_MAX) { cand_key[slot] = key; cand_idx[slot] = i; }
+        }
+    }
+    __syncthreads();
+    // Order the k candidates by (key desc, index asc): each one's rank by counting.
+    __shared__ float sorted_key[SAMPLE_K_MAX];
+    __shared__ int sorted_idx[SAMPLE_K_MAX];
+    if (tid < k) {
+        const float kk = cand_key[tid];
+        const u32 ok = order_key(kk);  // (total order, as the host's: -0 below +0)
+        const int ki = cand_idx[tid];
+        int r = 0;
+        for (int j = 0; j < k; j++) {
+            const u32 oj = order_key(cand_key[j]);
+            r += (oj > ok) || (oj == ok && cand_idx[j] < ki);
+        }
+        sorted_key[r] = kk;
+        sorted_idx[r] = ki;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        const float mx = sorted_key[0];
+        double p[SAMPLE_K_MAX];
+        double total = 0.0;
+        for (int i = 0; i < k; i++) {
+            p[i] = exp((double)(sorted_key[i] - mx));
+            total += p[i];
+        }
+        for (int i = 0; i < k; i++) p[i] /= total;
+        int keep = k;
+        if (top_p < 1.f) {
+            double acc = 0.0;
+            for (int i = 0; i < k; i++) {
+                acc += p[i];
+                if (acc >= (double)top_p) { keep = i + 1; break; }
+            }
+            double t2 = 0.0;
+            for (int i = 0; i < keep; i++) t2 += p[i];
+            for (int i = 0; i < keep; i++) p[i] /= t2;
+        }
+        double acc = 0.0;
+        int pick = keep - 1;
+        for (int i = 0; i < keep; i++) {
+            acc += p[i];
+            if (u < acc) { pick = i; break; }
+        }
+        *out = (u32)sorted_idx[pick];
+    }
+}
