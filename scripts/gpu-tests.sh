@@ -63,9 +63,14 @@ if [ "$mode" = run ]; then
         echo "compute-sanitizer not found: race/memory checks skipped"
     fi
 fi
-probe=()
-[ "$mode" = probe ] && probe=(--probe)
-target/gpu/cuda_decode_bench "${probe[@]}" \
+if [ "$mode" = probe ]; then
+    # Its own process: a fault in the probe's kernels must not cost the benchmark's figures.
+    target/gpu/cuda_decode_bench --probe-only \
+        --stock crates/builder/tests/fixtures/laguna-s-2.1/config.json \
+        --lean crates/builder/tests/fixtures/laguna-s-2.1-lean/config.json \
+        --contexts 2048,16384,65536 --reps 30 --json "$out/probe.json" 2>&1 | tee "$out/probe.log" || status=1
+fi
+target/gpu/cuda_decode_bench \
     --stock crates/builder/tests/fixtures/laguna-s-2.1/config.json \
     --lean crates/builder/tests/fixtures/laguna-s-2.1-lean/config.json \
     --contexts 2048,16384,65536 --reps 50 --json "$out/bench.json" 2>&1 | tee "$out/bench.log" || status=1
