@@ -106,6 +106,15 @@ impl CudaKvLayer {
     }
 }
 
+/// Key splits of one decode attention call over `keys` keys whose split launches `blocks`
+/// blocks, on `slots` resident blocks of the device: as many as fill one wave (at least one),
+/// at least `min_keys` keys per split, at most `MAX_SPLITS`.
+pub(super) fn key_splits(keys: usize, blocks: usize, slots: usize, min_keys: usize) -> usize {
+    let want = (slots / blocks.max(1)).max(1);
+    want.min(keys.div_ceil(min_keys.max(1)))
+        .clamp(1, MAX_SPLITS)
+}
+
 impl CudaBackend {
     /// One token's per-head q/k RMSNorms (`qn`, `kn`: 0 for none) and rope at `pos` over
     /// `q` (`heads` heads) and `k` (the cache's kv heads), in place, and the rotated k row and
@@ -284,9 +293,7 @@ impl CudaBackend {
         } else {
             per_sm
         };
-        let want = (per_sm * self.inner.sms / blocks.max(1)).max(1);
-        want.min(keys.div_ceil(min_keys.max(1)))
-            .clamp(1, MAX_SPLITS)
+        key_splits(keys, blocks, per_sm * self.inner.sms, min_keys)
     }
 
     pub(crate) fn kv_append_raw(
@@ -313,5 +320,41 @@ impl CudaBackend {
             keys.unwrap_or(ATTN_SHORT_KEYS),
             std::sync::atomic::Ordering::Relaxed,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One wave at most, enough keys per split, within `1..=MAX_SPLITS`, over a sweep of shapes.
+    #[test]
+    fn key_splits_fill_at_most_one_wave() {
+        for keys in [1, 63, 64, 65, 512, 2048, 16384, 65536, 1 << 20] {
+            for blocks in [1, 16, 24, 64, 300] {
+                for slots in [78, 264, 528] {
+                    for min_keys in [1, 64, 256] {
+                        let s = key_splits(keys, blocks, slots, min_keys);
+                        assert!((1..=MAX_SPLITS).contains(&s));
+                        assert!(
+                            s == 1 || s * blocks <= slots,
+                            "{keys} {blocks} {slots}: {s}"
+                        );
+                        assert!(s == 1 || s * min_keys <= keys.next_multiple_of(min_keys));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Laguna-S on an H200 (132 SMs): a sliding layer (72 query heads over 8 KV heads: 24
+    /// blocks per split, the short-span kernel: 264 slots) is capped by its 512 keys; a full
+    /// layer at 2K (48 heads: 16 blocks) fills the wave; at 64K (the long-span kernel: 528
+    /// slots) as well.
+    #[test]
+    fn key_splits_at_laguna_s_geometry() {
+        assert_eq!(key_splits(512, 24, 264, 64), 8);
+        assert_eq!(key_splits(2048, 16, 264, 64), 16);
+        assert_eq!(key_splits(65536, 16, 528, 64), 33);
     }
 }

@@ -413,4 +413,24 @@ mod tests {
             }
         }
     }
+
+    /// `nv_split` splits K over 1, 2, 4 or 8 warps (its index among them returned with it),
+    /// never below 32 chunks of 32 per warp, and stops splitting once the row warps × split
+    /// cover 32 warps per SM.
+    #[test]
+    fn nv_split_keeps_whole_chunks_per_warp() {
+        for cols in [32, 512, 1024, 2048, 3072, 8192, 9216] {
+            for rows in [1, 72, 1024, 3072, 9216, 100_352] {
+                for sms in [1, 78, 132] {
+                    let (i, ks) = nv_split(rows, cols, sms);
+                    assert_eq!([1, 2, 4, 8][i], ks);
+                    assert!(ks == 1 || cols / 32 >= 32 * ks, "{rows} x {cols}: {ks}");
+                    if ks > 1 {
+                        // the next smaller split did not reach the target yet
+                        assert!(rows.div_ceil(NV_ROWS) * (ks / 2) < 32 * sms);
+                    }
+                }
+            }
+        }
+    }
 }
