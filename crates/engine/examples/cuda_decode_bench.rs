@@ -77,15 +77,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         println!();
         println!("Decode-stream probe: the step's bytes and dependencies, trivial compute (upper bounds)");
-        println!("| build | context | organisation | ms/token | tok/s | GB/token | GB/s | % of copy BW |");
-        println!("|---|---:|---|---:|---:|---:|---:|---:|");
+        println!(
+            "| build | context | organisation | ms/token | µs/stage | tok/s | GB/token | GB/s | % of copy BW |"
+        );
+        println!("|---|---:|---|---:|---:|---:|---:|---:|---:|");
         for r in &probe_rows {
             println!(
-                "| {} | {} | {} | {:.3} | {:.1} | {:.3} | {:.0} | {:.1}% |",
+                "| {} | {} | {} | {:.3} | {:.2} | {:.1} | {:.3} | {:.0} | {:.1}% |",
                 r.build,
                 r.context,
                 r.organisation,
                 r.ms_per_token,
+                1e3 * r.ms_per_token / r.stages.max(1) as f64,
                 r.tok_s,
                 r.bytes_per_token / 1e9,
                 r.gbs,

@@ -49,8 +49,11 @@ pub struct ProbeRow {
     pub build: String,
     /// Context length (KV positions read by the full-attention layers).
     pub context: usize,
-    /// Kernel organisation (`chain`, `persistent`, `ring 12x16K`, ...).
+    /// Kernel organisation (`chain`, `persistent`, `ring 12x16K`, ...); `no bytes: ...` for the
+    /// plan with every region empty (the dependencies alone).
     pub organisation: String,
+    /// Stages of the step (each waits for its predecessor).
+    pub stages: usize,
     /// Milliseconds per step.
     pub ms_per_token: f64,
     /// Steps per second.
@@ -266,8 +269,21 @@ pub fn decode_stream_probe(
         .map_err(e)?;
     let sms = b.inner.sms;
     let mut rows = Vec::new();
-    for &context in contexts {
+    // Every context, then the first one again with no bytes at all: what the dependencies alone
+    // cost in each organisation (per stage: ms/token over `stages`).
+    let runs = contexts
+        .iter()
+        .map(|&c| (c, false))
+        .chain(contexts.first().map(|&c| (c, true)));
+    for (context, empty) in runs {
         let mut plan = plan(&g, context);
+        if empty {
+            plan.regions.iter_mut().for_each(|r| r.bytes = 0);
+            plan.bytes = 0;
+            plan.kv_bytes = 0;
+        }
+        let prefix = if empty { "no bytes: " } else { "" };
+        let first_row = rows.len();
         let _buffers = plan.allocate(b)?;
         let stages = plan.stages.clone();
         // SAFETY: both are plain `#[repr(C)]` structs of integers, mirrored in stream_probe.cu.
@@ -292,10 +308,12 @@ pub fn decode_stream_probe(
         let mut out = b.alloc::<u32>(n * grid_max)?;
         let row = |organisation: String, secs: f64| {
             let gbs = plan.bytes as f64 / secs / 1e9;
+            // (0 for the empty plan)
             ProbeRow {
                 build: label.to_string(),
                 context,
-                organisation,
+                organisation: format!("{prefix}{organisation}"),
+                stages: n,
                 ms_per_token: secs * 1e3,
                 tok_s: 1.0 / secs,
                 bytes_per_token: plan.bytes as f64,
@@ -428,7 +446,7 @@ pub fn decode_stream_probe(
             check(&mut status, &name)?;
             rows.push(row(name, secs));
         }
-        for r in rows.iter().filter(|r| r.context == context) {
+        for r in &rows[first_row..] {
             eprintln!(
                 "  probe {label} ctx {context}: {}: {:.3} ms, {:.0} GB/s ({:.1}%)",
                 r.organisation,
