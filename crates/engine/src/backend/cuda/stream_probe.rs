@@ -307,8 +307,7 @@ pub fn decode_stream_probe(
         let grid_max = 4 * sms;
         let mut out = b.alloc::<u32>(n * grid_max)?;
         let row = |organisation: String, secs: f64| {
-            let gbs = plan.bytes as f64 / secs / 1e9;
-            // (0 for the empty plan)
+            let gbs = plan.bytes as f64 / secs / 1e9; // 0 for the empty plan
             ProbeRow {
                 build: label.to_string(),
                 context,
