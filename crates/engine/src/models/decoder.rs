@@ -139,14 +139,14 @@ impl<B: Backend> Decoder<B> {
 }
 
 impl<B: Backend> Attention<B> {
-    fn forward(
+    /// q, k and v of the rows of `a`, q and k normalised per head where the layer has q/k norms
+    /// (before rope).
+    fn qkv(
         &self,
         b: &B,
         a: &B::Tensor,
-        cache: &mut B::KvLayer,
-        pos0: usize,
         dec: &Decoder<B>,
-    ) -> Result<B::Tensor> {
+    ) -> Result<(B::Tensor, B::Tensor, B::Tensor)> {
         let d = self.params.head_dim;
         let mut q = b.linear(a, &self.q, self.q_bias.as_ref())?;
         let mut k = b.linear(a, &self.k, self.k_bias.as_ref())?;
@@ -157,6 +157,19 @@ impl<B: Backend> Attention<B> {
         if let Some(n) = &self.k_norm {
             k = b.rms_norm(&k, n, dec.eps, d)?;
         }
+        Ok((q, k, v))
+    }
+
+    fn forward(
+        &self,
+        b: &B,
+        a: &B::Tensor,
+        cache: &mut B::KvLayer,
+        pos0: usize,
+        dec: &Decoder<B>,
+    ) -> Result<B::Tensor> {
+        let d = self.params.head_dim;
+        let (mut q, mut k, v) = self.qkv(b, a, dec)?;
         let rope = &dec.ropes[self.rope];
         b.rope(&mut q, rope, d, pos0)?;
         b.rope(&mut k, rope, d, pos0)?;

@@ -100,15 +100,7 @@ impl<B: Backend> Attention<B> {
         dec: &Decoder<B>,
     ) -> Result<B::Tensor> {
         let d = self.params.head_dim;
-        let mut q = b.linear(a, &self.q, self.q_bias.as_ref())?;
-        let mut k = b.linear(a, &self.k, self.k_bias.as_ref())?;
-        let v = b.linear(a, &self.v, self.v_bias.as_ref())?;
-        if let Some(n) = &self.q_norm {
-            q = b.rms_norm(&q, n, dec.eps, d)?;
-        }
-        if let Some(n) = &self.k_norm {
-            k = b.rms_norm(&k, n, dec.eps, d)?;
-        }
+        let (q, k, v) = self.qkv(b, a, dec)?;
         let rope = &dec.ropes[self.rope];
         let mut outs = Vec::with_capacity(seqs.len());
         let mut off = 0;
