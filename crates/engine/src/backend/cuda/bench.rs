@@ -27,7 +27,7 @@ use serde_json::Value;
 
 use super::{
     launch, AttnPrep, CudaBackend, CudaExperts, CudaKvLayer, CudaLinear, Epi, ExpertArena,
-    MultiLinear, Route, SharedExpert, GEMV_WARPS,
+    MoeBuffers, MultiLinear, Route, SharedExpert, GEMV_WARPS,
 };
 use crate::backend::{AttentionParams, Backend, RouterParams, RouterScoring};
 use crate::error::Result;
@@ -654,13 +654,15 @@ pub fn synthetic_laguna_decode(
                         b.experts_raw(
                             e,
                             None,
-                            &dsel,
-                            &dwts,
-                            1,
-                            1,
-                            bp(&a),
-                            bp(&hb),
-                            bp(&part),
+                            MoeBuffers {
+                                sel: &dsel,
+                                wts: &dwts,
+                                top_k: 1,
+                                tokens: 1,
+                                x: bp(&a),
+                                h: bp(&hb),
+                                part: bp(&part),
+                            },
                             bp(&x),
                             bp(&x),
                             if fuse { next } else { Epi::default() },
@@ -708,13 +710,15 @@ pub fn synthetic_laguna_decode(
                         b.experts_raw(
                             experts,
                             Some((&sh, [b.ptr(&inv[0]), b.ptr(&inv[1]), b.ptr(&inv[2])])),
-                            &sel,
-                            &wts,
-                            g.top_k,
-                            1,
-                            bp(&a),
-                            bp(&hb),
-                            bp(&part),
+                            MoeBuffers {
+                                sel: &sel,
+                                wts: &wts,
+                                top_k: g.top_k,
+                                tokens: 1,
+                                x: bp(&a),
+                                h: bp(&hb),
+                                part: bp(&part),
+                            },
                             bp(&x),
                             bp(&x),
                             if fuse { next } else { Epi::default() },
@@ -931,13 +935,15 @@ pub fn kernel_microbench(b: &CudaBackend) -> Result<Vec<(String, f64, f64)>> {
         b.experts_raw(
             &e,
             Some((&sx, [b.ptr(&one); 3])),
-            &sel,
-            &wts,
-            k,
-            1,
-            b.ptr(&x),
-            b.ptr(&hb),
-            b.ptr(&part),
+            MoeBuffers {
+                sel: &sel,
+                wts: &wts,
+                top_k: k,
+                tokens: 1,
+                x: b.ptr(&x),
+                h: b.ptr(&hb),
+                part: b.ptr(&part),
+            },
             b.ptr(&y),
             0,
             Epi::default(),

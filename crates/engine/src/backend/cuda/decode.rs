@@ -21,8 +21,8 @@ use std::sync::atomic::Ordering;
 use cudarc::driver::CudaSlice;
 
 use super::{
-    launch, AttnPrep, CudaBackend, CudaKvLayer, CudaTensor, Epi, MultiLinear, Route, SharedExpert,
-    MAX_SPLITS,
+    launch, AttnPrep, CudaBackend, CudaKvLayer, CudaTensor, Epi, MoeBuffers, MultiLinear, Route,
+    SharedExpert, MAX_SPLITS,
 };
 use crate::error::Result;
 use crate::models::decoder::{Decoder, Mlp, Moe};
@@ -367,13 +367,15 @@ impl CudaBackend {
                     self.experts_raw(
                         &m.experts,
                         shared.as_ref().map(|s| (s, [inv, inv + 4, inv + 8])),
-                        &bufs.sel,
-                        &bufs.wts,
-                        m.params.top_k,
-                        1,
-                        a,
-                        p(&bufs.h),
-                        p(&bufs.part),
+                        MoeBuffers {
+                            sel: &bufs.sel,
+                            wts: &bufs.wts,
+                            top_k: m.params.top_k,
+                            tokens: 1,
+                            x: a,
+                            h: p(&bufs.h),
+                            part: p(&bufs.part),
+                        },
                         x,
                         x,
                         next,

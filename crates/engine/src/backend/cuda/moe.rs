@@ -112,6 +112,30 @@ pub(crate) struct SharedExpert<'a> {
     pub down: &'a CudaLinear,
 }
 
+/// A shared expert as the expert kernels take it: its three projections and its width.
+#[derive(Clone, Copy, Default)]
+pub(super) struct SharedProj {
+    gate: ExpertProj,
+    up: ExpertProj,
+    down: ExpertProj,
+    inter: usize,
+}
+
+/// The device buffers of one MoE call: the routing (`top_k` selected experts and their weights
+/// per token, `tokens` tokens) and the activations (input `x`, intermediate `h` of
+/// `items × max(inter, shared_inter)` floats, per-item outputs `part` of `items × hidden`, with
+/// `items = tokens · top_k [+ tokens]`).
+#[derive(Clone, Copy)]
+pub(crate) struct MoeBuffers<'a> {
+    pub sel: &'a CudaSlice<i32>,
+    pub wts: &'a CudaSlice<f32>,
+    pub top_k: usize,
+    pub tokens: usize,
+    pub x: u64,
+    pub h: u64,
+    pub part: u64,
+}
+
 impl CudaBackend {
     pub(super) fn arena(&self, name: &str, ws: &[&LinearWeight]) -> Result<ExpertArena> {
         let fmt = fmt_of(ws[0]);
@@ -172,8 +196,8 @@ impl CudaBackend {
     }
 
     /// Routed (and optionally shared) experts in three launches (gate/up, down, ordered sum):
-    /// `out = resid + Σ w·E(x) [+ S(x)]`. `h` holds `items × max(inter, shared_inter)` floats and
-    /// `part` `items × hidden`, `items = t·k [+ t]`. With `route`, `sel` / `wts` are outputs: the
+    /// `out = resid + Σ w·E(x) [+ S(x)]` over the buffers of `io` (see [`MoeBuffers`]). With
+    /// `route`, `io.sel` / `io.wts` are outputs: the
     /// router's top-k is computed first (inside the gate/up kernel on the persistent path, else
     /// by the `route` kernel); without, they are inputs. `epi` runs after the sum (in its last
     /// block for one token).
@@ -182,32 +206,31 @@ impl CudaBackend {
         &self,
         e: &CudaExperts,
         shared: Option<(&SharedExpert<'_>, [u64; 3])>,
-        sel: &CudaSlice<i32>,
-        wts: &CudaSlice<f32>,
-        k: usize,
-        t: usize,
-        x: u64,
-        h: u64,
-        part: u64,
+        io: MoeBuffers<'_>,
         out: u64,
         resid: u64,
         epi: Epi,
         route: Option<&Route>,
     ) -> Result<()> {
-        let (sg, su, sd, sinter) = match &shared {
-            Some((s, inv)) => (
-                self.lin_proj(s.gate, inv[0]),
-                self.lin_proj(s.up, inv[1]),
-                self.lin_proj(s.down, inv[2]),
-                s.gate.rows,
-            ),
-            None => (
-                ExpertProj::default(),
-                ExpertProj::default(),
-                ExpertProj::default(),
-                0,
-            ),
+        let MoeBuffers {
+            sel,
+            wts,
+            top_k: k,
+            tokens: t,
+            x,
+            h,
+            part,
+        } = io;
+        let sp = match &shared {
+            Some((s, inv)) => SharedProj {
+                gate: self.lin_proj(s.gate, inv[0]),
+                up: self.lin_proj(s.up, inv[1]),
+                down: self.lin_proj(s.down, inv[2]),
+                inter: s.gate.rows,
+            },
+            None => SharedProj::default(),
         };
+        let (sg, su, sd, sinter) = (sp.gate, sp.up, sp.down, sp.inter);
         let has = i32::from(shared.is_some());
         let persistent = self.persistent_moe(e, &shared, k, t);
         let fused_route = match route {
@@ -240,7 +263,7 @@ impl CudaBackend {
                 e.down.proj(self), sd, has, sinter as i32, self.ptr(sel), self.ptr(wts), k as i32,
                 h, e.inter as i32, part, e.hidden as i32)?;
         } else {
-            self.experts_per_item(e, sg, su, sd, has, sinter, sel, wts, k, t, x, h, part)?;
+            self.experts_per_item(e, shared.is_some().then_some(sp), io)?;
         }
         let n = (t * e.hidden) as u32;
         let (fused, separate) = if t == 1 && epi.fusable(256) {
@@ -305,24 +328,30 @@ impl CudaBackend {
             .store(blocks, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Gate/up and down of `items` (token, expert) pairs, one grid row per item.
-    #[allow(clippy::too_many_arguments)]
+    /// Gate/up and down of `items` (token, expert) pairs, one grid row per item (the shared
+    /// expert, if any, one more item per token).
     pub(super) fn experts_per_item(
         &self,
         e: &CudaExperts,
-        sg: ExpertProj,
-        su: ExpertProj,
-        sd: ExpertProj,
-        has: i32,
-        sinter: usize,
-        sel: &CudaSlice<i32>,
-        wts: &CudaSlice<f32>,
-        k: usize,
-        t: usize,
-        x: u64,
-        h: u64,
-        part: u64,
+        shared: Option<SharedProj>,
+        io: MoeBuffers<'_>,
     ) -> Result<()> {
+        let MoeBuffers {
+            sel,
+            wts,
+            top_k: k,
+            tokens: t,
+            x,
+            h,
+            part,
+        } = io;
+        let has = i32::from(shared.is_some());
+        let SharedProj {
+            gate: sg,
+            up: su,
+            down: sd,
+            inter: sinter,
+        } = shared.unwrap_or_default();
         let items = t * k + if has != 0 { t } else { 0 };
         let rows = e.inter.max(sinter) as u32;
         launch!(self, &self.inner.f.experts_gate_up2,
