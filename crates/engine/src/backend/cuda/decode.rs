@@ -375,9 +375,9 @@ impl CudaBackend {
                             x: a,
                             h: p(&bufs.h),
                             part: p(&bufs.part),
+                            out: x,
+                            resid: x,
                         },
-                        x,
-                        x,
                         next,
                         Some(&route),
                     )?;

@@ -903,9 +903,9 @@ impl Backend for CudaBackend {
                 x: self.ptr(&x.buf),
                 h: self.ptr(&h),
                 part: self.ptr(&part),
+                out: self.ptr(&out.buf),
+                resid: 0,
             },
-            self.ptr(&out.buf),
-            0,
             Epi::default(),
             None,
         )?;

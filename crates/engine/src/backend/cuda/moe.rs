@@ -124,7 +124,7 @@ pub(super) struct SharedProj {
 /// The device buffers of one MoE call: the routing (`top_k` selected experts and their weights
 /// per token, `tokens` tokens) and the activations (input `x`, intermediate `h` of
 /// `items × max(inter, shared_inter)` floats, per-item outputs `part` of `items × hidden`, with
-/// `items = tokens · top_k [+ tokens]`).
+/// `items = tokens · top_k [+ tokens]`; the result `out = resid + Σ ...`, `resid` 0: none).
 #[derive(Clone, Copy)]
 pub(crate) struct MoeBuffers<'a> {
     pub sel: &'a CudaSlice<i32>,
@@ -134,6 +134,8 @@ pub(crate) struct MoeBuffers<'a> {
     pub x: u64,
     pub h: u64,
     pub part: u64,
+    pub out: u64,
+    pub resid: u64,
 }
 
 impl CudaBackend {
@@ -197,18 +199,14 @@ impl CudaBackend {
 
     /// Routed (and optionally shared) experts in three launches (gate/up, down, ordered sum):
     /// `out = resid + Σ w·E(x) [+ S(x)]` over the buffers of `io` (see [`MoeBuffers`]). With
-    /// `route`, `io.sel` / `io.wts` are outputs: the
-    /// router's top-k is computed first (inside the gate/up kernel on the persistent path, else
-    /// by the `route` kernel); without, they are inputs. `epi` runs after the sum (in its last
-    /// block for one token).
-    #[allow(clippy::too_many_arguments)]
+    /// `route`, `io.sel` / `io.wts` are outputs: the router's top-k is computed first (inside the
+    /// gate/up kernel on the persistent path, else by the `route` kernel); without, they are
+    /// inputs. `epi` runs after the sum (in its last block for one token).
     pub(crate) fn experts_raw(
         &self,
         e: &CudaExperts,
         shared: Option<(&SharedExpert<'_>, [u64; 3])>,
         io: MoeBuffers<'_>,
-        out: u64,
-        resid: u64,
         epi: Epi,
         route: Option<&Route>,
     ) -> Result<()> {
@@ -220,6 +218,8 @@ impl CudaBackend {
             x,
             h,
             part,
+            out,
+            resid,
         } = io;
         let sp = match &shared {
             Some((s, inv)) => SharedProj {
@@ -344,6 +344,7 @@ impl CudaBackend {
             x,
             h,
             part,
+            ..
         } = io;
         let has = i32::from(shared.is_some());
         let SharedProj {
