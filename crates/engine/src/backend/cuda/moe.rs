@@ -221,16 +221,18 @@ impl CudaBackend {
             out,
             resid,
         } = io;
-        let sp = match &shared {
-            Some((s, inv)) => SharedProj {
-                gate: self.lin_proj(s.gate, inv[0]),
-                up: self.lin_proj(s.up, inv[1]),
-                down: self.lin_proj(s.down, inv[2]),
-                inter: s.gate.rows,
-            },
-            None => SharedProj::default(),
-        };
-        let (sg, su, sd, sinter) = (sp.gate, sp.up, sp.down, sp.inter);
+        let sp = shared.as_ref().map(|(s, inv)| SharedProj {
+            gate: self.lin_proj(s.gate, inv[0]),
+            up: self.lin_proj(s.up, inv[1]),
+            down: self.lin_proj(s.down, inv[2]),
+            inter: s.gate.rows,
+        });
+        let SharedProj {
+            gate: sg,
+            up: su,
+            down: sd,
+            inter: sinter,
+        } = sp.unwrap_or_default();
         let has = i32::from(shared.is_some());
         let persistent = self.persistent_moe(e, &shared, k, t);
         let fused_route = match route {
@@ -263,7 +265,7 @@ impl CudaBackend {
                 e.down.proj(self), sd, has, sinter as i32, self.ptr(sel), self.ptr(wts), k as i32,
                 h, e.inter as i32, part, e.hidden as i32)?;
         } else {
-            self.experts_per_item(e, shared.is_some().then_some(sp), io)?;
+            self.experts_per_item(e, sp, io)?;
         }
         let n = (t * e.hidden) as u32;
         let (fused, separate) = if t == 1 && epi.fusable(256) {
