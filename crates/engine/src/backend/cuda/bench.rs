@@ -20,8 +20,6 @@
 //!
 //! [`kernel_microbench`] times single kernels at the same shapes.
 
-use std::time::Instant;
-
 use cudarc::driver::CudaSlice;
 use serde_json::Value;
 
@@ -126,14 +124,10 @@ pub fn copy_bandwidth(b: &CudaBackend, bytes: usize, reps: usize) -> Result<f64>
     let src = b.alloc::<u8>(bytes)?;
     let mut dst = b.alloc::<u8>(bytes)?;
     let e = |x: cudarc::driver::DriverError| b.err(format!("{x:?}"));
-    b.inner.stream.memcpy_dtod(&src, &mut dst).map_err(e)?;
-    b.synchronize()?;
-    let t = Instant::now();
-    for _ in 0..reps {
-        b.inner.stream.memcpy_dtod(&src, &mut dst).map_err(e)?;
-    }
-    b.synchronize()?;
-    Ok(2.0 * bytes as f64 * reps as f64 / t.elapsed().as_secs_f64() / 1e9)
+    let secs = b.time_calls(1, reps, || {
+        b.inner.stream.memcpy_dtod(&src, &mut dst).map_err(e)
+    })?;
+    Ok(2.0 * bytes as f64 / secs / 1e9)
 }
 
 /// The shapes of a Laguna config that the benchmark and the stream probe lay out.
@@ -785,12 +779,7 @@ pub fn synthetic_laguna_decode(
             .iter()
             .map(|(n, us)| (n.to_string(), us / PROFILED as f64))
             .collect();
-        let eager_t = Instant::now();
-        for _ in 0..3 {
-            step(&mut tm, true)?;
-        }
-        b.synchronize()?;
-        let eager_ms = eager_t.elapsed().as_secs_f64() * 1e3 / 3.0;
+        let eager_ms = b.time_calls(0, 3, || step(&mut tm, true))? * 1e3;
         let graph = b.capture_graph(|| step(&mut tm, true))?;
         let mut kernels = 0usize;
         // SAFETY: a valid captured graph; a null node array asks for the count only.
@@ -869,16 +858,8 @@ pub fn kernel_microbench(b: &CudaBackend) -> Result<Vec<(String, f64, f64)>> {
     let mut out = Vec::new();
     let x = s.vector(100352, 1.0)?;
     let y = b.alloc::<f32>(100352)?;
-    let time = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
-        f()?;
-        b.synchronize()?;
-        let t = Instant::now();
-        for _ in 0..reps {
-            f()?;
-        }
-        b.synchronize()?;
-        Ok(t.elapsed().as_secs_f64() * 1e6 / reps as f64)
-    };
+    let time =
+        |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> { Ok(b.time_calls(1, reps, f)? * 1e6) };
     for (rows, cols, nv) in [
         (9216, 3072, true),
         (9216, 3072, false),

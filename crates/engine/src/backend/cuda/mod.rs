@@ -334,18 +334,28 @@ impl CudaBackend {
 
     /// Seconds per replay of `graph`: 5 warm-up replays, then the mean of `reps`.
     pub(crate) fn time_graph(&self, graph: &cudarc::driver::CudaGraph, reps: usize) -> Result<f64> {
-        let replay = || {
+        self.time_calls(5, reps, || {
             graph
                 .launch()
                 .map_err(|e| self.err(format!("graph launch: {e:?}")))
-        };
-        for _ in 0..5 {
-            replay()?;
+        })
+    }
+
+    /// Seconds per call of `step` (which queues work on the stream): `warmup` calls, then the
+    /// mean over `reps` calls, synchronised before and after.
+    pub(crate) fn time_calls(
+        &self,
+        warmup: usize,
+        reps: usize,
+        mut step: impl FnMut() -> Result<()>,
+    ) -> Result<f64> {
+        for _ in 0..warmup {
+            step()?;
         }
         self.synchronize()?;
         let t = std::time::Instant::now();
         for _ in 0..reps {
-            replay()?;
+            step()?;
         }
         self.synchronize()?;
         Ok(t.elapsed().as_secs_f64() / reps.max(1) as f64)

@@ -19,7 +19,6 @@
 //! The figures are upper bounds for each organisation: real kernels add arithmetic.
 
 use std::path::Path;
-use std::time::Instant;
 
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
@@ -391,7 +390,7 @@ pub fn decode_stream_probe(
             .map_err(e)? as usize;
         for blocks_per_sm in [1usize, 2, 4].into_iter().filter(|&k| k <= occ) {
             let grid = (blocks_per_sm * sms) as u32;
-            let secs = time(b, reps, || {
+            let secs = b.time_calls(3, reps, || {
                 b.inner.stream.memset_zeros(&mut counters).map_err(e)?;
                 let mut l = b.inner.stream.launch_builder(&f_persistent);
                 let n_i = n as i32;
@@ -422,7 +421,7 @@ pub fn decode_stream_probe(
             (12, 16384, 1, 8),
             (12, 16384, 1, 24),
         ] {
-            let secs = time(b, reps, || {
+            let secs = b.time_calls(3, reps, || {
                 b.inner.stream.memset_zeros(&mut counters).map_err(e)?;
                 launch_ring(
                     b,
@@ -498,20 +497,6 @@ fn work_label(work: i32) -> String {
     } else {
         format!(", +{} instr/16 B", 3 * work)
     }
-}
-
-/// Seconds per call of `step` (after 3 warm-up calls), over `reps` calls.
-fn time(b: &CudaBackend, reps: usize, mut step: impl FnMut() -> Result<()>) -> Result<f64> {
-    for _ in 0..3 {
-        step()?;
-    }
-    b.synchronize()?;
-    let t = Instant::now();
-    for _ in 0..reps {
-        step()?;
-    }
-    b.synchronize()?;
-    Ok(t.elapsed().as_secs_f64() / reps as f64)
 }
 
 #[cfg(test)]
