@@ -155,6 +155,14 @@ pub(super) struct Geometry {
     pub(super) routed_scale: f32,
 }
 
+/// Reads the [`Geometry`] of the Laguna `config.json` at `config`; errors name the file.
+pub(super) fn read_geometry(b: &CudaBackend, config: &std::path::Path) -> Result<Geometry> {
+    let at = |e: String| b.err(format!("{}: {e}", config.display()));
+    let text = std::fs::read_to_string(config).map_err(|e| at(e.to_string()))?;
+    let cfg: Value = serde_json::from_str(&text).map_err(|e| at(e.to_string()))?;
+    geometry(&cfg).map_err(at)
+}
+
 /// Reads the [`Geometry`] of a Laguna `config.json`.
 pub(super) fn geometry(cfg: &Value) -> std::result::Result<Geometry, String> {
     let u = |k: &str| {
@@ -362,10 +370,7 @@ pub fn synthetic_laguna_decode(
     copy_gbs: f64,
     reps: usize,
 ) -> Result<Vec<BenchRow>> {
-    let text =
-        std::fs::read_to_string(config).map_err(|e| b.err(format!("{}: {e}", config.display())))?;
-    let cfg: Value = serde_json::from_str(&text).map_err(|e| b.err(format!("config: {e}")))?;
-    let g = geometry(&cfg).map_err(|e| b.err(e))?;
+    let g = read_geometry(b, config)?;
     let max_ctx = contexts.iter().copied().max().unwrap_or(0);
     let (h, d) = (g.hidden, g.head_dim);
     let kvw = g.kv_heads * d;

@@ -23,7 +23,7 @@ use std::path::Path;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 
-use super::bench::{geometry, Geometry};
+use super::bench::{read_geometry, Geometry};
 use super::CudaBackend;
 use crate::error::Result;
 
@@ -243,11 +243,7 @@ pub fn decode_stream_probe(
     copy_gbs: f64,
     reps: usize,
 ) -> Result<Vec<ProbeRow>> {
-    let text =
-        std::fs::read_to_string(config).map_err(|e| b.err(format!("{}: {e}", config.display())))?;
-    let cfg: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| b.err(format!("{}: {e}", config.display())))?;
-    let g = geometry(&cfg).map_err(|e| b.err(format!("{}: {e}", config.display())))?;
+    let g = read_geometry(b, config)?;
     let e = |x: cudarc::driver::DriverError| b.err(format!("{x:?}"));
     let (maj, min) = b.inner.ctx.compute_capability().map_err(e)?;
     if maj < 9 {
@@ -501,6 +497,7 @@ fn work_label(work: i32) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::super::bench::geometry;
     use super::*;
 
     fn geometry_of(build: &str) -> Geometry {
