@@ -72,9 +72,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let mut probe_rows = Vec::new();
     if probe {
-        for (label, cfg) in [("stock", &stock), ("lean", &lean)] {
-            probe_rows.extend(decode_stream_probe(&b, cfg, label, &contexts, copy, reps)?);
-        }
+        let builds = [("stock", stock.as_path()), ("lean", lean.as_path())];
+        probe_rows = decode_stream_probe(&b, &builds, &contexts, copy, reps)?;
         println!();
         println!("Decode-stream probe: the step's bytes and dependencies, trivial compute (upper bounds)");
         println!(

@@ -233,17 +233,15 @@ fn plan(g: &Geometry, context: usize) -> Plan {
     p
 }
 
-/// Runs the probe for the build in `config` at each context; `copy_gbs` is the copy bandwidth
-/// measured in the same run. Returns one row per organisation and context.
+/// Runs the probe for each `(label, config.json)` build at each context; `copy_gbs` is the copy
+/// bandwidth measured in the same run. Returns one row per build, organisation and context.
 pub fn decode_stream_probe(
     b: &CudaBackend,
-    config: &Path,
-    label: &str,
+    builds: &[(&str, &Path)],
     contexts: &[usize],
     copy_gbs: f64,
     reps: usize,
 ) -> Result<Vec<ProbeRow>> {
-    let g = read_geometry(b, config)?;
     let e = |x: cudarc::driver::DriverError| b.err(format!("{x:?}"));
     let (maj, min) = b.inner.ctx.compute_capability().map_err(e)?;
     if maj < 9 {
@@ -262,6 +260,35 @@ pub fn decode_stream_probe(
             RING_BYTES as i32,
         )
         .map_err(e)?;
+    let mut rows = Vec::new();
+    for &(label, config) in builds {
+        let g = read_geometry(b, config)?;
+        rows.extend(probe_build(
+            b,
+            [&f_stage, &f_persistent, &f_ring],
+            &g,
+            label,
+            contexts,
+            copy_gbs,
+            reps,
+        )?);
+    }
+    Ok(rows)
+}
+
+/// The probe's runs for one build (see [`decode_stream_probe`]); `f` holds `probe_stage`,
+/// `probe_persistent` and `probe_ring`.
+fn probe_build(
+    b: &CudaBackend,
+    f: [&CudaFunction; 3],
+    g: &Geometry,
+    label: &str,
+    contexts: &[usize],
+    copy_gbs: f64,
+    reps: usize,
+) -> Result<Vec<ProbeRow>> {
+    let [f_stage, f_persistent, f_ring] = f;
+    let e = |x: cudarc::driver::DriverError| b.err(format!("{x:?}"));
     let sms = b.inner.sms;
     let mut rows = Vec::new();
     // Every context, then the first one again with no bytes at all: what the dependencies alone
@@ -271,7 +298,7 @@ pub fn decode_stream_probe(
         .map(|&c| (c, false))
         .chain(contexts.first().map(|&c| (c, true)));
     for (context, empty) in runs {
-        let mut plan = plan(&g, context);
+        let mut plan = plan(g, context);
         if empty {
             plan.regions.iter_mut().for_each(|r| r.bytes = 0);
             plan.bytes = 0;
@@ -358,7 +385,7 @@ pub fn decode_stream_probe(
                         &mut a5 as *mut i32 as *mut std::ffi::c_void,
                     ];
                     // SAFETY: six parameters of the kernel's types, alive across the call.
-                    unsafe { b.launch_pdl(&f_stage, cfg, &mut params)? };
+                    unsafe { b.launch_pdl(f_stage, cfg, &mut params)? };
                 }
                 Ok(())
             };
@@ -388,7 +415,7 @@ pub fn decode_stream_probe(
             let grid = (blocks_per_sm * sms) as u32;
             let secs = b.time_calls(3, reps, || {
                 b.inner.stream.memset_zeros(&mut counters).map_err(e)?;
-                let mut l = b.inner.stream.launch_builder(&f_persistent);
+                let mut l = b.inner.stream.launch_builder(f_persistent);
                 let n_i = n as i32;
                 l.arg(&d_stages)
                     .arg(&n_i)
@@ -421,7 +448,7 @@ pub fn decode_stream_probe(
                 b.inner.stream.memset_zeros(&mut counters).map_err(e)?;
                 launch_ring(
                     b,
-                    &f_ring,
+                    f_ring,
                     (&d_stages, n, &d_regions),
                     (&counters, &out, &status),
                     (slots, chunk, lookahead, work),
