@@ -68,7 +68,8 @@ if [ "$mode" = probe ]; then
     target/gpu/cuda_decode_bench --probe-only \
         --stock crates/builder/tests/fixtures/laguna-s-2.1/config.json \
         --lean crates/builder/tests/fixtures/laguna-s-2.1-lean/config.json \
-        --contexts 2048,16384,65536 --reps 30 --json "$out/probe.json" 2>&1 | tee "$out/probe.log" || status=1
+        --contexts 2048,16384,65536 --reps 30 --json "$out/probe.json" 2>&1 | tee "$out/probe.log" ||
+        { rc=${PIPESTATUS[0]}; echo "stream probe failed: exit status $rc" | tee -a "$out/probe.log"; status=1; }
 fi
 target/gpu/cuda_decode_bench \
     --stock crates/builder/tests/fixtures/laguna-s-2.1/config.json \

@@ -421,7 +421,8 @@ fn probe_build(
                     .arg(&n_i)
                     .arg(&d_regions)
                     .arg(&counters)
-                    .arg(&out);
+                    .arg(&out)
+                    .arg(&status);
                 let cfg = LaunchConfig {
                     grid_dim: (grid, 1, 1),
                     block_dim: (256, 1, 1),
