@@ -77,14 +77,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!();
         println!("Decode-stream probe: the step's bytes and dependencies, trivial compute (upper bounds)");
         println!(
-            "| build | context | organisation | ms/token | µs/stage | tok/s | GB/token | GB/s | % of copy BW |"
+            "| build | context | stages/layer | organisation | ms/token | µs/stage | tok/s | GB/token | GB/s | % of copy BW |"
         );
-        println!("|---|---:|---|---:|---:|---:|---:|---:|---:|");
+        println!("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|");
         for r in &probe_rows {
             println!(
-                "| {} | {} | {} | {:.3} | {:.2} | {:.1} | {:.3} | {:.0} | {:.1}% |",
+                "| {} | {} | {} | {} | {:.3} | {:.2} | {:.1} | {:.3} | {:.0} | {:.1}% |",
                 r.build,
                 r.context,
+                r.stages_per_layer,
                 r.organisation,
                 r.ms_per_token,
                 1e3 * r.ms_per_token / r.stages.max(1) as f64,

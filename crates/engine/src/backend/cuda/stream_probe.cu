@@ -81,25 +81,49 @@ __device__ __forceinline__ void wait_count(const u32* p, u32 target, u32* status
         if (stalled(status, spins, t0)) return;
 }
 
-// The slice [lo, hi) of a region's bytes that block `b` of `g` reads.
-__device__ __forceinline__ void slice_of(u64 bytes, int b, int g, u64& lo, u64& hi) {
-    u64 per = ((bytes + g - 1) / g + 15) & ~15ull;
-    lo = per * b;
-    hi = lo + per;
-    if (lo > bytes) lo = bytes;
-    if (hi > bytes) hi = bytes;
-}
-
-// Expert j of the top-k chosen from stage `sel`'s outputs (distinct for j < 256 / gcd).
+// Expert j of the top-k chosen from stage `sel`'s outputs: a function of the word block 0 of
+// that stage wrote, so the address truly depends on the stage being complete (distinct for j <
+// 256 / gcd).
 __device__ __forceinline__ u32 pick_expert(const u32* out, int sel, int g, int j) {
-    u32 h = 0;
-    for (int i = 0; i < g; i++) h = h * 2654435761u + out[sel * g + i];
+    u32 h = *(volatile const u32*)(out + sel * g) * 2654435761u;
     h ^= h >> 13;
     return (h + 97u * (u32)j) % PROBE_EXPERTS;
 }
 
 __device__ __forceinline__ u64 region_base(const Region& r, const u32* sel) {
     return r.routed < 0 ? r.ptr : r.ptr + (u64)sel[r.routed] * r.stride;
+}
+
+// Most regions in one stage (the fused gate/up + down stage of the top-10: 42).
+#define PROBE_MAX_REGIONS 64
+// 16-byte loads each thread keeps in flight.
+#define PROBE_INFLIGHT 8
+
+// Copies stage `st`'s regions into `rs` with threads `t` of `nt` (one round trip); the caller
+// synchronises before reading them.
+__device__ __forceinline__ void load_regions(Region* rs, const Region* regions, Stage st, int t, int nt) {
+    for (int i = t; i < st.n_regions; i += nt) rs[i] = regions[st.first_region + i];
+}
+
+// Block `b` of `g` reads the slice [lo, hi) of the concatenation of the stage's regions: a few
+// contiguous pieces (row ranges of one or two tensors), not a sliver of every region.
+__device__ __forceinline__ void block_slice(const Region* rs, int n, int b, int g, u64& lo, u64& hi) {
+    u64 total = 0;
+    for (int r = 0; r < n; r++) total += rs[r].bytes;
+    u64 per = ((total + g - 1) / g + 15) & ~15ull;
+    lo = per * b;
+    hi = lo + per;
+    if (lo > total) lo = total;
+    if (hi > total) hi = total;
+}
+
+// Region `r`'s part [a, e) (offsets into the region) of the slice [lo, hi) of the concatenation,
+// where `off` is the region's offset in it; false where they do not overlap.
+__device__ __forceinline__ bool piece_of(const Region& r, u64 off, u64 lo, u64 hi, u64& a, u64& e) {
+    u64 s = lo > off ? lo : off, t = hi < off + r.bytes ? hi : off + r.bytes;
+    a = s - off;
+    e = t - off;
+    return s < t;
 }
 
 __device__ __forceinline__ u32 fold4(uint4 v) { return v.x ^ (v.y * 3u) ^ (v.z * 5u) ^ (v.w * 7u); }
@@ -113,20 +137,73 @@ __device__ __forceinline__ u32 consume(uint4 v, int work) {
     return a;
 }
 
-// Streams [p, p + n) with every thread of the block, 4 loads in flight per thread, from word
-// `from` on (the words before it were loaded by the caller).
+// Streams [p, p + n) with every thread of the block, PROBE_INFLIGHT loads in flight per thread,
+// from word `from` on (the words before it were loaded by the caller).
 __device__ __forceinline__ u32 stream_global(const char* p, u64 n, int tid, int nthreads, int work,
                                              u64 from = 0) {
     u32 acc = 0;
     const uint4* q = reinterpret_cast<const uint4*>(p);
     u64 words = n / 16;
     u64 i = from + tid;
-    for (; i + 3 * nthreads < words; i += 4 * nthreads) {
-        uint4 a = __ldcs(q + i), b = __ldcs(q + i + nthreads), c = __ldcs(q + i + 2 * nthreads),
-              d = __ldcs(q + i + 3 * nthreads);
-        acc += consume(a, work) + consume(b, work) + consume(c, work) + consume(d, work);
+    for (; i + (PROBE_INFLIGHT - 1) * nthreads < words; i += PROBE_INFLIGHT * nthreads) {
+        uint4 v[PROBE_INFLIGHT];
+#pragma unroll
+        for (int j = 0; j < PROBE_INFLIGHT; j++) v[j] = __ldcs(q + i + j * nthreads);
+#pragma unroll
+        for (int j = 0; j < PROBE_INFLIGHT; j++) acc += consume(v[j], work);
     }
     for (; i < words; i += nthreads) acc += consume(__ldcs(q + i), work);
+    return acc;
+}
+
+// The loads a block may issue before its stage's dependency is met: the first
+// PROBE_INFLIGHT words per thread of its slice's first piece, where that piece's address does not
+// depend on an earlier stage (weights never do; routed experts do).
+struct Early {
+    uint4 v[PROBE_INFLIGHT];
+    u64 words;  // words of the first piece loaded early (0: none)
+    int region; // the region that piece belongs to
+
+    __device__ __forceinline__ void issue(const Region* rs, int n, u64 lo, u64 hi, int tid, int nthreads) {
+        words = 0;
+        region = -1;
+        u64 off = 0, a = 0, e = 0;
+        for (int r = 0; r < n; off += rs[r].bytes, r++)
+            if (piece_of(rs[r], off, lo, hi, a, e)) {
+                region = r;
+                break;
+            }
+        if (region < 0 || rs[region].routed >= 0) return;
+        const uint4* q = reinterpret_cast<const uint4*>(rs[region].ptr + a);
+        u64 w = (e - a) / 16, cap = (u64)PROBE_INFLIGHT * nthreads;
+        words = w < cap ? w : cap;
+#pragma unroll
+        for (int j = 0; j < PROBE_INFLIGHT; j++)
+            if ((u64)(j * nthreads + tid) < words) v[j] = __ldcs(q + j * nthreads + tid);
+    }
+
+    __device__ __forceinline__ u32 consume_all(int tid, int nthreads, int work) {
+        u32 acc = 0;
+#pragma unroll
+        for (int j = 0; j < PROBE_INFLIGHT; j++)
+            if ((u64)(j * nthreads + tid) < words) acc += consume(v[j], work);
+        return acc;
+    }
+};
+
+// Streams the block's slice [lo, hi) of the stage's regions `rs` straight from global memory,
+// skipping the words `early` already loaded.
+__device__ __forceinline__ u32 stream_slice(const Region* rs, int n, const u32* sel, u64 lo, u64 hi,
+                                            const Early& early, int tid, int nthreads, int work) {
+    u32 acc = 0;
+    u64 off = 0;
+    for (int r = 0; r < n && off < hi; r++) {
+        u64 a, e;
+        if (piece_of(rs[r], off, lo, hi, a, e))
+            acc += stream_global(reinterpret_cast<const char*>(region_base(rs[r], sel)) + a, e - a, tid, nthreads,
+                                 work, r == early.region ? early.words : 0);
+        off += rs[r].bytes;
+    }
     return acc;
 }
 
@@ -137,78 +214,66 @@ __device__ __forceinline__ u32 block_sum(u32 v, u32* red, int tid, int nthreads)
     u32 s = 0;
     if (tid == 0)
         for (int w = 0; w < nthreads / 32; w++) s += red[w];
-    __syncthreads();
     return s;
 }
 
 // One stage per launch. Launched with programmatic stream serialization: the next stage's
 // blocks may start while this one drains; each waits for its predecessor before it reads
-// activations. With `prefetch`, a block issues its first 4 loads per thread of a fixed-address
-// stage before that wait (weights do not depend on the predecessor), as the backend's GEMVs do;
-// `work`: see consume().
+// activations. With `prefetch`, a block issues its first loads of a fixed-address piece before
+// that wait (weights do not depend on the predecessor), as the backend's GEMVs do; `work`: see
+// consume().
 extern "C" __global__ void __launch_bounds__(256) probe_stage(const Stage* stages, const Region* regions,
                                                             int s, u32* out, int prefetch, int work) {
     __shared__ u32 red[8];
     __shared__ u32 sel[PROBE_TOPK];
+    __shared__ Region rs[PROBE_MAX_REGIONS];
     int tid = threadIdx.x, b = blockIdx.x, g = gridDim.x;
     Stage st = stages[s];
-    u32 acc = 0;
-    u64 from = 0;
-    if (prefetch && st.select < 0 && st.n_regions > 0) {
-        Region rg = regions[st.first_region];
-        u64 lo, hi;
-        slice_of(rg.bytes, b, g, lo, hi);
-        const uint4* q = reinterpret_cast<const uint4*>(rg.ptr + lo);
-        u64 words = (hi - lo) / 16;
-        from = words < 4 * 256 ? words : 4 * 256;
-        uint4 v[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            if (j * 256 + tid < (int)from) v[j] = __ldcs(q + j * 256 + tid);
-        asm volatile("griddepcontrol.wait;" ::: "memory");
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            if (j * 256 + tid < (int)from) acc += consume(v[j], work);
-    } else {
-        asm volatile("griddepcontrol.wait;" ::: "memory");
-    }
-    asm volatile("griddepcontrol.launch_dependents;");
-    if (st.select >= 0 && tid < PROBE_TOPK) sel[tid] = pick_expert(out, st.select, g, tid);
+    load_regions(rs, regions, st, tid, 256);
     __syncthreads();
-    for (int r = 0; r < st.n_regions; r++) {
-        Region rg = regions[st.first_region + r];
-        u64 lo, hi;
-        slice_of(rg.bytes, b, g, lo, hi);
-        acc += stream_global(reinterpret_cast<const char*>(region_base(rg, sel)) + lo, hi - lo, tid, 256, work,
-                             r == 0 ? from : 0);
+    u64 lo, hi;
+    block_slice(rs, st.n_regions, b, g, lo, hi);
+    Early early;
+    early.words = 0;
+    early.region = -1;
+    if (prefetch) early.issue(rs, st.n_regions, lo, hi, tid, 256);
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+    u32 acc = early.consume_all(tid, 256, work);
+    if (st.select >= 0) {
+        if (tid < PROBE_TOPK) sel[tid] = pick_expert(out, st.select, g, tid);
+        __syncthreads();
     }
+    acc += stream_slice(rs, st.n_regions, sel, lo, hi, early, tid, 256, work);
     acc = block_sum(acc, red, tid, 256);
     if (tid == 0) out[s * g + b] = acc;
 }
 
-// All stages in one launch (grid no larger than what is co-resident), ordered by counters.
+// All stages in one launch (grid no larger than what is co-resident), ordered by counters. Each
+// block issues its first loads of a stage's fixed-address piece before it waits.
 extern "C" __global__ void __launch_bounds__(256) probe_persistent(const Stage* stages, int n_stages,
                                                                  const Region* regions, u32* counters,
                                                                  u32* out, u32* status) {
     __shared__ u32 red[8];
     __shared__ u32 sel[PROBE_TOPK];
+    __shared__ Region rs[PROBE_MAX_REGIONS];
     int tid = threadIdx.x, b = blockIdx.x, g = gridDim.x;
     for (int s = 0; s < n_stages; s++) {
         Stage st = stages[s];
-        if (tid == 0) {
-            if (st.wait >= 0) wait_count(counters + st.wait, g, status);
-            if (st.select >= 0) wait_count(counters + st.select, g, status);
-        }
+        load_regions(rs, regions, st, tid, 256);
         __syncthreads();
-        if (st.select >= 0 && tid < PROBE_TOPK) sel[tid] = pick_expert(out, st.select, g, tid);
+        u64 lo, hi;
+        block_slice(rs, st.n_regions, b, g, lo, hi);
+        Early early;
+        early.issue(rs, st.n_regions, lo, hi, tid, 256);
+        if (tid == 0 && st.wait >= 0) wait_count(counters + st.wait, g, status);
         __syncthreads();
-        u32 acc = 0;
-        for (int r = 0; r < st.n_regions; r++) {
-            Region rg = regions[st.first_region + r];
-            u64 lo, hi;
-            slice_of(rg.bytes, b, g, lo, hi);
-            acc += stream_global(reinterpret_cast<const char*>(region_base(rg, sel)) + lo, hi - lo, tid, 256, 0);
+        if (st.select >= 0) {
+            if (tid < PROBE_TOPK) sel[tid] = pick_expert(out, st.select, g, tid);
+            __syncthreads();
         }
+        u32 acc = early.consume_all(tid, 256, 0);
+        acc += stream_slice(rs, st.n_regions, sel, lo, hi, early, tid, 256, 0);
         acc = block_sum(acc, red, tid, 256);
         if (tid == 0) {
             out[s * g + b] = acc;
@@ -266,15 +331,18 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, u32 bytes,
 #define RING_MAX_SLOTS 32
 #define RING_CONSUMER_WARPS 8
 
-// One launch per step (`work`: see consume()): warp 0 produces (bulk copies into `slots` slots of `chunk` bytes of
-// dynamic shared memory), warps 1..8 consume. With `lookahead` 0 the producer also waits for a
-// stage's dependency before issuing its copies (a ring that does not run ahead of the stages).
+// One launch per step (`work`: see consume()): warp 0 produces (bulk copies of the block's slice
+// of each stage, piece by piece, in `chunk`-byte pieces into `slots` slots of dynamic shared
+// memory), warps 1..8 consume. The producer runs ahead across stages, waiting only where an
+// address depends on a stage not yet complete (the routed experts); with `lookahead` 0 it also
+// waits for a stage's dependency before issuing its copies (a ring that does not run ahead).
 extern "C" __global__ void __launch_bounds__(32 * (RING_CONSUMER_WARPS + 1))
     probe_ring(const Stage* stages, int n_stages, const Region* regions, u32* counters, u32* out, u32* status,
                int slots, int chunk, int lookahead, int work) {
     extern __shared__ __align__(128) char ring[];
     __shared__ u64 full[RING_MAX_SLOTS], empty[RING_MAX_SLOTS];
     __shared__ u32 red[RING_CONSUMER_WARPS];
+    __shared__ Region prs[PROBE_MAX_REGIONS], crs[PROBE_MAX_REGIONS];
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, b = blockIdx.x, g = gridDim.x;
     if (tid == 0) {
         for (int i = 0; i < slots; i++) {
@@ -285,32 +353,38 @@ extern "C" __global__ void __launch_bounds__(32 * (RING_CONSUMER_WARPS + 1))
     }
     __syncthreads();
     if (warp == 0) {
-        if (lane != 0) return;
         u32 sel[PROBE_TOPK];
         int k = 0;
         for (int s = 0; s < n_stages; s++) {
             Stage st = stages[s];
+            __syncwarp();
+            load_regions(prs, regions, st, lane, 32);
+            __syncwarp();
+            if (lane != 0) continue;
             if (!lookahead && st.wait >= 0) wait_count(counters + st.wait, g, status);
+            u64 lo, hi, off = 0;
+            block_slice(prs, st.n_regions, b, g, lo, hi);
             bool picked = false;
-            for (int r = 0; r < st.n_regions; r++) {
-                Region rg = regions[st.first_region + r];
-                // The routed experts' addresses wait for the router; the fixed regions before
-                // them in the stage (the shared expert) are issued without waiting.
-                if (rg.routed >= 0 && !picked) {
-                    wait_count(counters + st.select, g, status);
-                    for (int j = 0; j < PROBE_TOPK; j++) sel[j] = pick_expert(out, st.select, g, j);
-                    picked = true;
+            for (int r = 0; r < st.n_regions && off < hi; r++) {
+                u64 a, e;
+                if (piece_of(prs[r], off, lo, hi, a, e)) {
+                    // The routed experts' addresses wait for the router; the fixed regions
+                    // before them in the stage are issued without waiting.
+                    if (prs[r].routed >= 0 && !picked) {
+                        wait_count(counters + st.select, g, status);
+                        for (int j = 0; j < PROBE_TOPK; j++) sel[j] = pick_expert(out, st.select, g, j);
+                        picked = true;
+                    }
+                    const char* base = reinterpret_cast<const char*>(region_base(prs[r], sel));
+                    for (u64 o = a; o < e; o += chunk, k++) {
+                        int slot = k % slots;
+                        if (k >= slots) mbar_wait(&empty[slot], ((k / slots) - 1) & 1, status);
+                        u32 n = (u32)min((u64)chunk, e - o);
+                        mbar_expect_tx(&full[slot], n);
+                        bulk_load(ring + (size_t)slot * chunk, base + o, n, &full[slot]);
+                    }
                 }
-                u64 lo, hi;
-                slice_of(rg.bytes, b, g, lo, hi);
-                const char* base = reinterpret_cast<const char*>(region_base(rg, sel));
-                for (u64 o = lo; o < hi; o += chunk, k++) {
-                    int slot = k % slots;
-                    if (k >= slots) mbar_wait(&empty[slot], ((k / slots) - 1) & 1, status);
-                    u32 n = (u32)min((u64)chunk, hi - o);
-                    mbar_expect_tx(&full[slot], n);
-                    bulk_load(ring + (size_t)slot * chunk, base + o, n, &full[slot]);
-                }
+                off += prs[r].bytes;
             }
         }
         return;
@@ -319,24 +393,26 @@ extern "C" __global__ void __launch_bounds__(32 * (RING_CONSUMER_WARPS + 1))
     int k = 0;
     for (int s = 0; s < n_stages; s++) {
         Stage st = stages[s];
-        if (st.wait >= 0) {
-            if (ctid == 0) wait_count(counters + st.wait, g, status);
-            asm volatile("bar.sync 1, %0;" ::"r"(32 * RING_CONSUMER_WARPS) : "memory");
-        }
+        load_regions(crs, regions, st, ctid, 32 * RING_CONSUMER_WARPS);
+        if (st.wait >= 0 && ctid == 0) wait_count(counters + st.wait, g, status);
+        asm volatile("bar.sync 1, %0;" ::"r"(32 * RING_CONSUMER_WARPS) : "memory");
         u32 acc = 0;
-        for (int r = 0; r < st.n_regions; r++) {
-            Region rg = regions[st.first_region + r];
-            u64 lo, hi;
-            slice_of(rg.bytes, b, g, lo, hi);
-            for (u64 o = lo; o < hi; o += chunk, k++) {
-                int slot = k % slots;
-                mbar_wait(&full[slot], (k / slots) & 1, status);
-                u32 n = (u32)min((u64)chunk, hi - o);
-                const uint4* q = reinterpret_cast<const uint4*>(ring + (size_t)slot * chunk);
-                for (u32 i = ctid; i < n / 16; i += 32 * RING_CONSUMER_WARPS) acc += consume(q[i], work);
-                __syncwarp();
-                if (lane == 0) mbar_arrive(&empty[slot]);
+        u64 lo, hi, off = 0;
+        block_slice(crs, st.n_regions, b, g, lo, hi);
+        for (int r = 0; r < st.n_regions && off < hi; r++) {
+            u64 a, e;
+            if (piece_of(crs[r], off, lo, hi, a, e)) {
+                for (u64 o = a; o < e; o += chunk, k++) {
+                    int slot = k % slots;
+                    mbar_wait(&full[slot], (k / slots) & 1, status);
+                    u32 n = (u32)min((u64)chunk, e - o);
+                    const uint4* q = reinterpret_cast<const uint4*>(ring + (size_t)slot * chunk);
+                    for (u32 i = ctid; i < n / 16; i += 32 * RING_CONSUMER_WARPS) acc += consume(q[i], work);
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(&empty[slot]);
+                }
             }
+            off += crs[r].bytes;
         }
         for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
         if (lane == 0) red[warp - 1] = acc;
@@ -347,6 +423,5 @@ extern "C" __global__ void __launch_bounds__(32 * (RING_CONSUMER_WARPS + 1))
             out[s * g + b] = t;
             red_release(counters + s, 1);
         }
-        asm volatile("bar.sync 1, %0;" ::"r"(32 * RING_CONSUMER_WARPS) : "memory");
     }
 }

@@ -7,8 +7,11 @@
 //! tensors as codes + scales, as the config's quantization targets say) and streams them with
 //! trivial compute (`stream_probe.cu`: each block folds its slice into one word), in the order
 //! and with the waits of the real step: a stage consumes only once the stage it depends on is
-//! complete, and the routed experts' addresses come from the router stage's outputs. Three
-//! organisations are timed on the same plan:
+//! complete, and the routed experts' addresses come from the router stage's outputs. Each block
+//! reads a contiguous slice of a stage's concatenated regions (row ranges, as a GEMV block does),
+//! with 8 loads per thread in flight. The plan comes with 6 dependent stages per MoE layer (the
+//! backend's kernels) and with 4 (attention + o and gate/up + down fused by split-K partial sums).
+//! Three organisations are timed on each plan:
 //!
 //! - `chain`: one launch per stage with programmatic dependent launch, captured in a CUDA graph
 //!   (the organisation of the backend's decode step, without its arithmetic);
@@ -48,6 +51,9 @@ pub struct ProbeRow {
     pub build: String,
     /// Context length (KV positions read by the full-attention layers).
     pub context: usize,
+    /// Dependent stages per MoE layer: 6 (the backend's kernels: q/k/v/g, attention, o, router,
+    /// gate/up, down) or 4 (attention + o and gate/up + down fused; see `plan`).
+    pub stages_per_layer: usize,
     /// Kernel organisation (`chain`, `persistent`, `ring 12x16K`, ...); `no bytes: ...` for the
     /// plan with every region empty (the dependencies alone).
     pub organisation: String,
@@ -180,8 +186,13 @@ fn parts(rows: usize, cols: usize, nvfp4: bool) -> Vec<u64> {
         .collect()
 }
 
-/// Lays out one decode step at `context` for the geometry `g` (bf16 KV cache).
-fn plan(g: &Geometry, context: usize) -> Plan {
+/// Lays out one decode step at `context` for the geometry `g` (bf16 KV cache). With `fused`, a
+/// layer is 4 dependent stages instead of 6: attention and the o projection form one stage (the
+/// block that has a head's attention output multiplies it into the o columns of that head and
+/// adds its partial sums atomically), and so do gate/up and down (a block multiplies its slice of
+/// the intermediate rows into the matching down columns); q/k/v/g and the router stay stages of
+/// their own, as their inputs (the normalised residual) need the whole previous stage.
+fn plan(g: &Geometry, context: usize, fused: bool) -> Plan {
     let mut p = Plan {
         buffers: Vec::new(),
         regions: Vec::new(),
@@ -208,24 +219,39 @@ fn plan(g: &Geometry, context: usize) -> Plan {
         let mut r = p.weight(keys, kv_row, false);
         r.extend(p.weight(keys, kv_row, false));
         p.kv_bytes += r.iter().map(|r| r.bytes).sum::<u64>();
-        let attn = p.stage(r, Some(qkv), None);
-        let r = p.weight(h, q, g.attn_nvfp4);
-        let o = p.stage(r, Some(attn), None);
+        let o_w = p.weight(h, q, g.attn_nvfp4);
+        let o = if fused {
+            r.extend(o_w);
+            p.stage(r, Some(qkv), None)
+        } else {
+            let attn = p.stage(r, Some(qkv), None);
+            p.stage(o_w, Some(attn), None)
+        };
         if g.dense_layers[l] {
             let mut r = p.weight(g.dense_inter, h, false);
             r.extend(p.weight(g.dense_inter, h, false));
-            let up = p.stage(r, Some(o), None);
-            let r = p.weight(h, g.dense_inter, false);
-            prev = Some(p.stage(r, Some(up), None));
+            let down = p.weight(h, g.dense_inter, false);
+            prev = Some(if fused {
+                r.extend(down);
+                p.stage(r, Some(o), None)
+            } else {
+                let up = p.stage(r, Some(o), None);
+                p.stage(down, Some(up), None)
+            });
         } else {
             let r = p.weight(g.experts, h, false);
             let router = p.stage(r, Some(o), None);
             let mut r = p.weight(2 * g.shared_inter, h, false);
             r.extend(p.routed(g.experts, g.top_k, 2 * g.moe_inter, h, g.experts_nvfp4));
-            let up = p.stage(r, Some(router), Some(router));
-            let mut r = p.weight(h, g.shared_inter, false);
-            r.extend(p.routed(g.experts, g.top_k, h, g.moe_inter, g.experts_nvfp4));
-            prev = Some(p.stage(r, Some(up), Some(router)));
+            let mut down = p.weight(h, g.shared_inter, false);
+            down.extend(p.routed(g.experts, g.top_k, h, g.moe_inter, g.experts_nvfp4));
+            prev = Some(if fused {
+                r.extend(down);
+                p.stage(r, Some(router), Some(router))
+            } else {
+                let up = p.stage(r, Some(router), Some(router));
+                p.stage(down, Some(up), Some(router))
+            });
         }
     }
     let r = p.weight(g.vocab, h, false);
@@ -293,12 +319,14 @@ fn probe_build(
     let mut rows = Vec::new();
     // Every context, then the first one again with no bytes at all: what the dependencies alone
     // cost in each organisation (per stage: ms/token over `stages`).
-    let runs = contexts
-        .iter()
-        .map(|&c| (c, false))
-        .chain(contexts.first().map(|&c| (c, true)));
-    for (context, empty) in runs {
-        let mut plan = plan(g, context);
+    let runs = [false, true].into_iter().flat_map(|fused| {
+        contexts
+            .iter()
+            .map(move |&c| (fused, c, false))
+            .chain(contexts.first().map(move |&c| (fused, c, true)))
+    });
+    for (fused, context, empty) in runs {
+        let mut plan = plan(g, context, fused);
         if empty {
             plan.regions.iter_mut().for_each(|r| r.bytes = 0);
             plan.bytes = 0;
@@ -333,6 +361,7 @@ fn probe_build(
             ProbeRow {
                 build: label.to_string(),
                 context,
+                stages_per_layer: if fused { 4 } else { 6 },
                 organisation: format!("{prefix}{organisation}"),
                 stages: n,
                 ms_per_token: secs * 1e3,
@@ -356,15 +385,7 @@ fn probe_build(
         };
 
         // chain: one PDL launch per stage, captured in a graph.
-        for (blocks_per_sm, prefetch, work) in [
-            (1usize, 0i32, 0i32),
-            (2, 0, 0),
-            (4, 0, 0),
-            (2, 1, 0),
-            (4, 1, 0),
-            (4, 1, 8),
-            (4, 1, 24),
-        ] {
+        for (blocks_per_sm, prefetch, work) in [(2usize, 1i32, 0i32), (4, 1, 0), (2, 1, 8)] {
             let grid = (blocks_per_sm * sms) as u32;
             let cfg = LaunchConfig {
                 grid_dim: (grid, 1, 1),
@@ -411,7 +432,7 @@ fn probe_build(
         let occ = f_persistent
             .occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
             .map_err(e)? as usize;
-        for blocks_per_sm in [1usize, 2, 4].into_iter().filter(|&k| k <= occ) {
+        for blocks_per_sm in [1usize, 2].into_iter().filter(|&k| k <= occ) {
             let grid = (blocks_per_sm * sms) as u32;
             let secs = b.time_calls(3, reps, || {
                 b.inner.stream.memset_zeros(&mut counters).map_err(e)?;
@@ -438,12 +459,10 @@ fn probe_build(
 
         // ring: one block per SM, a producer warp running ahead through shared memory.
         for (slots, chunk, lookahead, work) in [
-            (12i32, 16384i32, 1i32, 0i32),
-            (24, 8192, 1, 0),
-            (6, 32768, 1, 0),
-            (12, 16384, 0, 0),
-            (12, 16384, 1, 8),
-            (12, 16384, 1, 24),
+            (6i32, 32768i32, 1i32, 0i32),
+            (12, 16384, 1, 0),
+            (6, 32768, 0, 0),
+            (6, 32768, 1, 8),
         ] {
             let secs = b.time_calls(3, reps, || {
                 b.inner.stream.memset_zeros(&mut counters).map_err(e)?;
@@ -470,7 +489,8 @@ fn probe_build(
         }
         for r in &rows[first_row..] {
             eprintln!(
-                "  probe {label} ctx {context}: {}: {:.3} ms, {:.0} GB/s ({:.1}%)",
+                "  probe {label} ctx {context}, {} stages/layer: {}: {:.3} ms, {:.0} GB/s ({:.1}%)",
+                r.stages_per_layer,
                 r.organisation,
                 r.ms_per_token,
                 r.gbs,
@@ -543,24 +563,49 @@ mod tests {
     #[test]
     fn probe_plan_reads_the_real_bytes_per_token() {
         for (build, inspect) in [("laguna-s-2.1", 9.906e9), ("laguna-s-2.1-lean", 5.890e9)] {
-            let p = plan(&geometry_of(build), 2048);
-            let weights = (p.bytes - p.kv_bytes) as f64;
-            assert!(
-                (weights / inspect - 1.0).abs() < 1e-3,
-                "{build}: {weights} bytes vs inspect's {inspect}"
-            );
-            // 12 full layers read 2,048 keys, 36 sliding layers their 512-key window (bf16 K+V).
-            assert_eq!(p.kv_bytes, (12 * 2048 + 36 * 512) * 8 * 128 * 2 * 2);
+            for fused in [false, true] {
+                let p = plan(&geometry_of(build), 2048, fused);
+                let weights = (p.bytes - p.kv_bytes) as f64;
+                assert!(
+                    (weights / inspect - 1.0).abs() < 1e-3,
+                    "{build}: {weights} bytes vs inspect's {inspect}"
+                );
+                // 12 full layers read 2,048 keys, 36 sliding layers their 512-key window (bf16
+                // K+V).
+                assert_eq!(p.kv_bytes, (12 * 2048 + 36 * 512) * 8 * 128 * 2 * 2);
+            }
         }
     }
 
     /// Stages wait only on earlier stages, the routed experts' addresses come from a router
-    /// stage, and every region is 16-byte sized (bulk copies need it).
+    /// stage, every region is 16-byte sized (bulk copies need it), and no stage has more regions
+    /// than the kernels hold in shared memory.
     #[test]
     fn probe_plan_dependencies_point_backwards() {
-        let p = plan(&geometry_of("laguna-s-2.1-lean"), 16384);
-        assert_eq!(p.stages.len(), 48 * 3 + 2 + 47 * 3 + 1);
+        for (fused, stages) in [
+            (false, 48 * 3 + 2 + 47 * 3 + 1),
+            (true, 48 * 2 + 1 + 47 * 2 + 1),
+        ] {
+            check_dependencies(
+                &plan(&geometry_of("laguna-s-2.1-lean"), 16384, fused),
+                stages,
+            );
+        }
+    }
+
+    fn check_dependencies(p: &Plan, stages: usize) {
+        assert_eq!(p.stages.len(), stages);
+        let max_regions = STREAM_PROBE_CU
+            .lines()
+            .find_map(|l| l.strip_prefix("#define PROBE_MAX_REGIONS "))
+            .and_then(|v| v.trim().parse::<i32>().ok())
+            .expect("PROBE_MAX_REGIONS in stream_probe.cu");
         for (i, s) in p.stages.iter().enumerate() {
+            assert!(
+                s.n_regions <= max_regions,
+                "stage {i}: {} regions",
+                s.n_regions
+            );
             assert!(s.wait < i as i32 && s.select < i as i32, "stage {i}");
             let regions = &p.regions[s.first_region as usize..][..s.n_regions as usize];
             for r in regions {
