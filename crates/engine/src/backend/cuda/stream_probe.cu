@@ -19,23 +19,35 @@
 //   ahead across stage boundaries (weights do not depend on activations) except where an
 //   address depends on a stage not yet complete; consumer warps wait for the stage's
 //   dependency before they consume its slots.
-
-typedef unsigned long long u64;
-typedef unsigned int u32;
+//
+// Consumers fold their bytes with trivial integer arithmetic (optionally `work` extra rounds),
+// or, in the `_real` kernels, with the backend's own per-byte arithmetic (kernels/common.cu and
+// kernels/gemv.cu come first in this translation unit): NVFP4 codes through the tensor-core
+// decode of `mma_chunk` (8 codes to 4 scaled f16 pairs, one m16n8k16 per 32-bit word, chained
+// on one accumulator as in `MmaTile::run`), bf16 weights and KV entries through `dot_bf16x8` with
+// x from shared memory; the fp8 block scales are loaded with their codes and need no arithmetic
+// of their own. Those loops are warp-uniform (the mma is warp-collective): lanes past a piece's
+// end consume zeros.
 
 struct Region {
     u64 ptr;     // base address
     u64 bytes;   // bytes read in this region (multiple of 16)
     u64 stride;  // routed regions: bytes between experts
     int routed;  // -1: fixed address; j >= 0: base + sel[j] * stride
-    int pad;
+    int kind;    // what the bytes are, for the `_real` kernels: REGION_BF16, _CODES or _SCALES
 };
+
+#define REGION_BF16 0    // bf16 weights or KV-cache entries
+#define REGION_CODES 1   // NVFP4 e2m1 codes
+#define REGION_SCALES 2  // NVFP4 fp8 block scales
 
 struct Stage {
     int first_region;
     int n_regions;
     int wait;    // stage index whose completion this stage's consumption waits for, or -1
     int select;  // stage index whose outputs pick the routed experts, or -1
+    int x_len;   // values of the stage's input vector (what a real consumer stages after `wait`)
+    int pad;
 };
 
 #define PROBE_TOPK 10
@@ -129,31 +141,124 @@ __device__ __forceinline__ bool piece_of(const Region& r, u64 off, u64 lo, u64 h
 __device__ __forceinline__ u32 fold4(uint4 v) { return v.x ^ (v.y * 3u) ^ (v.z * 5u) ^ (v.w * 7u); }
 
 // Folds a 16-byte word with `work` extra rounds of 3 integer instructions (a stand-in for the
-// per-byte arithmetic of a real kernel: NVFP4 unpacking and the dot products are roughly 16-32
-// instructions per 16 bytes of codes).
+// per-byte arithmetic of a real kernel).
 __device__ __forceinline__ u32 consume(uint4 v, int work) {
     u32 a = fold4(v);
     for (int w = 0; w < work; w++) a = ((a ^ (a >> 7)) * 0x9E3779B1u) + v.x;
     return a;
 }
 
+// Values of a stage's input the `_real` consumers stage in shared memory (the backend's XS_MAX).
+#define PROBE_XS 9216
+
+// x as the `_real` consumers read it from shared memory: 64 float4s (the bf16 dot products'
+// operand, filled once by probe_x_fill) and the stage's input as f16 pairs, staged from global
+// memory once the stage's dependency is met (probe_x_stage; the mma B entries of the NVFP4 tiles,
+// as the backend's xb_fill stages them).
+struct ProbeX {
+    float4 f[64];
+    u32 h[PROBE_XS / 2];
+};
+
+// Fills `x.f` with threads `t` of `nt` (the caller synchronises before it is read).
+__device__ __forceinline__ void probe_x_fill(ProbeX& x, int t, int nt) {
+    for (int i = t; i < 64; i += nt) {
+        const float v = 1.f / (float)(i + 1);
+        x.f[i] = make_float4(v, -v, 0.5f * v, 2.f * v);
+    }
+}
+
+// Stages the first `n` (<= PROBE_XS, even) values of the stage's input `src` (written by the
+// stage it waits for: read through L2) into `x.h` with threads `t` of `nt`; the caller
+// synchronises before it is read.
+__device__ __forceinline__ void probe_x_stage(ProbeX& x, const float* src, int n, int t, int nt) {
+    const float2* s2 = reinterpret_cast<const float2*>(src);
+    for (int i = t; i < n / 2; i += nt) {
+        const float2 v = __ldcg(s2 + i);
+        u32 h;
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(v.y), "f"(v.x));
+        x.h[i] = h;
+    }
+}
+
+// The running sums of a consumer: the integer fold, or the `_real` kernels' mma accumulators
+// (one chain per warp, as in MmaTile::run) and a bf16 dot product sum.
+struct Acc {
+    u32 fold;
+    float c[4];
+    float dot;
+
+    __device__ __forceinline__ void zero() {
+        fold = 0;
+        c[0] = c[1] = c[2] = c[3] = 0.f;
+        dot = 0.f;
+    }
+    __device__ __forceinline__ u32 bits() const {
+        return fold ^ __float_as_uint(c[0] + c[1] + c[2] + c[3] + dot);
+    }
+};
+
+// The backend's arithmetic for one 16-byte word `v` (word `i` of its piece) of a region of
+// `kind`. Warp-collective for REGION_CODES (every lane must call it).
+__device__ __forceinline__ void consume_real(uint4 v, int kind, u64 i, const ProbeX& x, Acc& acc) {
+    if (kind == REGION_CODES) {
+        // mma_chunk's work per 16 bytes of one row: the block scale pair to f16 (one cvt, two
+        // byte permutes), then per 32-bit word 8 codes to 4 scaled f16 pairs and one m16n8k16
+        // with x's B entry from shared memory (lanes 0..7).
+        const int lane = threadIdx.x & 31;
+        const u32 sc = e4m3x2_h2((v.w >> 8) & 0x3f3fu);
+        const u32 sl = __byte_perm(sc, 0, 0x1010), sh = __byte_perm(sc, 0, 0x3232);
+        const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            u32 h[4];
+            nv_word_h2(w[j], j < 2 ? sl : sh, h);
+            const u32 o = (((u32)i << 4) + 16 * j + 2 * lane) & 4094u;  // a walk through x
+            const uint2 b = lane < 8 ? make_uint2(x.h[o], x.h[o + 1]) : make_uint2(0u, 0u);
+            mma16816(acc.c, h[0], h[1], h[2], h[3], b.x, b.y);
+        }
+    } else if (kind == REGION_BF16) {
+        // bf_rows' work per 16 bytes: 8 bf16 weights times 8 values of x from shared memory.
+        const int o = (int)(i & 31) * 2;
+        acc.dot += dot_bf16x8(v, x.f[o], x.f[o + 1]);
+    } else {
+        // fp8 block scales: loaded with their codes (above), no arithmetic of their own.
+        acc.fold += v.x ^ v.w;
+    }
+}
+
+// One word into `acc`: the integer fold with `work` rounds, or with REAL the backend's
+// arithmetic for a region of `kind`.
+template <bool REAL>
+__device__ __forceinline__ void consume_word(uint4 v, int work, int kind, u64 i, const ProbeX& x, Acc& acc) {
+    if constexpr (REAL)
+        consume_real(v, kind, i, x, acc);
+    else
+        acc.fold += consume(v, work);
+}
+
 // Streams [p, p + n) with every thread of the block, PROBE_INFLIGHT loads in flight per thread,
-// from word `from` on (the words before it were loaded by the caller).
-__device__ __forceinline__ u32 stream_global(const char* p, u64 n, int tid, int nthreads, int work,
-                                             u64 from = 0) {
-    u32 acc = 0;
+// from word `from` on (the words before it were loaded by the caller). With REAL every loop is
+// warp-uniform (the warp's lowest index decides) and lanes past the end consume zeros.
+template <bool REAL>
+__device__ __forceinline__ void stream_global(const char* p, u64 n, int tid, int nthreads, int work, int kind,
+                                              const ProbeX& x, Acc& acc, u64 from = 0) {
     const uint4* q = reinterpret_cast<const uint4*>(p);
-    u64 words = n / 16;
+    const u64 words = n / 16;
+    const u64 lane = REAL ? (u64)(tid & 31) : 0;  // index - lane: the warp's lowest (REAL)
+    const u64 last = REAL ? 31 : 0;
     u64 i = from + tid;
-    for (; i + (PROBE_INFLIGHT - 1) * nthreads < words; i += PROBE_INFLIGHT * nthreads) {
+    for (; i - lane + last + (PROBE_INFLIGHT - 1) * nthreads < words; i += PROBE_INFLIGHT * nthreads) {
         uint4 v[PROBE_INFLIGHT];
 #pragma unroll
         for (int j = 0; j < PROBE_INFLIGHT; j++) v[j] = __ldcs(q + i + j * nthreads);
 #pragma unroll
-        for (int j = 0; j < PROBE_INFLIGHT; j++) acc += consume(v[j], work);
+        for (int j = 0; j < PROBE_INFLIGHT; j++) consume_word<REAL>(v[j], work, kind, i + j * nthreads, x, acc);
     }
-    for (; i < words; i += nthreads) acc += consume(__ldcs(q + i), work);
-    return acc;
+    for (; i - lane < words; i += nthreads) {
+        const uint4 v = i < words ? __ldcs(q + i) : make_uint4(0u, 0u, 0u, 0u);
+        consume_word<REAL>(v, work, kind, i, x, acc);
+    }
 }
 
 // The loads a block may issue before its stage's dependency is met: the first
@@ -179,32 +284,37 @@ struct Early {
         words = w < cap ? w : cap;
 #pragma unroll
         for (int j = 0; j < PROBE_INFLIGHT; j++)
-            if ((u64)(j * nthreads + tid) < words) v[j] = __ldcs(q + j * nthreads + tid);
+            v[j] = (u64)(j * nthreads + tid) < words ? __ldcs(q + j * nthreads + tid) : make_uint4(0u, 0u, 0u, 0u);
     }
 
-    __device__ __forceinline__ u32 consume_all(int tid, int nthreads, int work) {
-        u32 acc = 0;
+    // With REAL every thread consumes all its slots (zeros past `words`), so the warp stays
+    // converged; `words` is the same for the whole block.
+    template <bool REAL>
+    __device__ __forceinline__ void consume_all(const Region* rs, int tid, int nthreads, int work, const ProbeX& x,
+                                                Acc& acc) {
+        if (words == 0) return;
+        const int kind = rs[region].kind;
 #pragma unroll
         for (int j = 0; j < PROBE_INFLIGHT; j++)
-            if ((u64)(j * nthreads + tid) < words) acc += consume(v[j], work);
-        return acc;
+            if (REAL || (u64)(j * nthreads + tid) < words)
+                consume_word<REAL>(v[j], work, kind, (u64)(j * nthreads + tid), x, acc);
     }
 };
 
 // Streams the block's slice [lo, hi) of the stage's regions `rs` straight from global memory,
 // skipping the words `early` already loaded.
-__device__ __forceinline__ u32 stream_slice(const Region* rs, int n, const u32* sel, u64 lo, u64 hi,
-                                            const Early& early, int tid, int nthreads, int work) {
-    u32 acc = 0;
+template <bool REAL>
+__device__ __forceinline__ void stream_slice(const Region* rs, int n, const u32* sel, u64 lo, u64 hi,
+                                             const Early& early, int tid, int nthreads, int work, const ProbeX& x,
+                                             Acc& acc) {
     u64 off = 0;
     for (int r = 0; r < n && off < hi; r++) {
         u64 a, e;
         if (piece_of(rs[r], off, lo, hi, a, e))
-            acc += stream_global(reinterpret_cast<const char*>(region_base(rs[r], sel)) + a, e - a, tid, nthreads,
-                                 work, r == early.region ? early.words : 0);
+            stream_global<REAL>(reinterpret_cast<const char*>(region_base(rs[r], sel)) + a, e - a, tid, nthreads,
+                                work, rs[r].kind, x, acc, r == early.region ? early.words : 0);
         off += rs[r].bytes;
     }
-    return acc;
 }
 
 __device__ __forceinline__ u32 block_sum(u32 v, u32* red, int tid, int nthreads) {
@@ -221,15 +331,18 @@ __device__ __forceinline__ u32 block_sum(u32 v, u32* red, int tid, int nthreads)
 // blocks may start while this one drains; each waits for its predecessor before it reads
 // activations. With `prefetch`, a block issues its first loads of a fixed-address piece before
 // that wait (weights do not depend on the predecessor), as the backend's GEMVs do; `work`: see
-// consume().
-extern "C" __global__ void __launch_bounds__(256) probe_stage(const Stage* stages, const Region* regions,
-                                                            int s, u32* out, int prefetch, int work) {
+// consume(); REAL: the backend's arithmetic (probe_stage_real).
+template <bool REAL>
+__device__ __forceinline__ void probe_stage_impl(const Stage* stages, const Region* regions, int s, u32* out,
+                                                 int prefetch, int work, const float* xsrc) {
     __shared__ u32 red[8];
     __shared__ u32 sel[PROBE_TOPK];
     __shared__ Region rs[PROBE_MAX_REGIONS];
+    __shared__ ProbeX x;
     int tid = threadIdx.x, b = blockIdx.x, g = gridDim.x;
     Stage st = stages[s];
     load_regions(rs, regions, st, tid, 256);
+    if (REAL) probe_x_fill(x, tid, 256);
     __syncthreads();
     u64 lo, hi;
     block_slice(rs, st.n_regions, b, g, lo, hi);
@@ -239,14 +352,32 @@ extern "C" __global__ void __launch_bounds__(256) probe_stage(const Stage* stage
     if (prefetch) early.issue(rs, st.n_regions, lo, hi, tid, 256);
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;");
-    u32 acc = early.consume_all(tid, 256, work);
+    if (REAL) {
+        probe_x_stage(x, xsrc, min(st.x_len, PROBE_XS), tid, 256);
+        __syncthreads();
+    }
+    Acc acc;
+    acc.zero();
+    early.consume_all<REAL>(rs, tid, 256, work, x, acc);
     if (st.select >= 0) {
         if (tid < PROBE_TOPK) sel[tid] = pick_expert(out, st.select, g, tid);
         __syncthreads();
     }
-    acc += stream_slice(rs, st.n_regions, sel, lo, hi, early, tid, 256, work);
-    acc = block_sum(acc, red, tid, 256);
-    if (tid == 0) out[s * g + b] = acc;
+    stream_slice<REAL>(rs, st.n_regions, sel, lo, hi, early, tid, 256, work, x, acc);
+    const u32 sum = block_sum(acc.bits(), red, tid, 256);
+    if (tid == 0) out[s * g + b] = sum;
+}
+
+extern "C" __global__ void __launch_bounds__(256) probe_stage(const Stage* stages, const Region* regions,
+                                                            int s, u32* out, int prefetch, int work) {
+    probe_stage_impl<false>(stages, regions, s, out, prefetch, work, nullptr);
+}
+
+// `xsrc`: PROBE_XS floats standing for the stage's input vector.
+extern "C" __global__ void __launch_bounds__(256) probe_stage_real(const Stage* stages, const Region* regions,
+                                                                 int s, u32* out, int prefetch,
+                                                                 const float* xsrc) {
+    probe_stage_impl<true>(stages, regions, s, out, prefetch, 0, xsrc);
 }
 
 // All stages in one launch (grid no larger than what is co-resident), ordered by counters. Each
@@ -257,6 +388,7 @@ extern "C" __global__ void __launch_bounds__(256) probe_persistent(const Stage* 
     __shared__ u32 red[8];
     __shared__ u32 sel[PROBE_TOPK];
     __shared__ Region rs[PROBE_MAX_REGIONS];
+    __shared__ ProbeX x;  // unused: integer folds only
     int tid = threadIdx.x, b = blockIdx.x, g = gridDim.x;
     for (int s = 0; s < n_stages; s++) {
         Stage st = stages[s];
@@ -272,11 +404,13 @@ extern "C" __global__ void __launch_bounds__(256) probe_persistent(const Stage* 
             if (tid < PROBE_TOPK) sel[tid] = pick_expert(out, st.select, g, tid);
             __syncthreads();
         }
-        u32 acc = early.consume_all(tid, 256, 0);
-        acc += stream_slice(rs, st.n_regions, sel, lo, hi, early, tid, 256, 0);
-        acc = block_sum(acc, red, tid, 256);
+        Acc acc;
+        acc.zero();
+        early.consume_all<false>(rs, tid, 256, 0, x, acc);
+        stream_slice<false>(rs, st.n_regions, sel, lo, hi, early, tid, 256, 0, x, acc);
+        const u32 sum = block_sum(acc.bits(), red, tid, 256);
         if (tid == 0) {
-            out[s * g + b] = acc;
+            out[s * g + b] = sum;
             red_release(counters + s, 1);
         }
     }
@@ -336,14 +470,18 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, u32 bytes,
 // memory), warps 1..8 consume. The producer runs ahead across stages, waiting only where an
 // address depends on a stage not yet complete (the routed experts); with `lookahead` 0 it also
 // waits for a stage's dependency before issuing its copies (a ring that does not run ahead).
-extern "C" __global__ void __launch_bounds__(32 * (RING_CONSUMER_WARPS + 1))
-    probe_ring(const Stage* stages, int n_stages, const Region* regions, u32* counters, u32* out, u32* status,
-               int slots, int chunk, int lookahead, int work) {
+// REAL: the consumers do the backend's arithmetic (probe_ring_real).
+template <bool REAL>
+__device__ __forceinline__ void probe_ring_impl(const Stage* stages, int n_stages, const Region* regions,
+                                                u32* counters, u32* out, u32* status, int slots, int chunk,
+                                                int lookahead, int work, const float* xsrc) {
     extern __shared__ __align__(128) char ring[];
     __shared__ u64 full[RING_MAX_SLOTS], empty[RING_MAX_SLOTS];
     __shared__ u32 red[RING_CONSUMER_WARPS];
     __shared__ Region prs[PROBE_MAX_REGIONS], crs[PROBE_MAX_REGIONS];
+    __shared__ ProbeX x;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, b = blockIdx.x, g = gridDim.x;
+    if (REAL) probe_x_fill(x, tid, 32 * (RING_CONSUMER_WARPS + 1));
     if (tid == 0) {
         for (int i = 0; i < slots; i++) {
             mbar_init(&full[i], 1);
@@ -396,7 +534,12 @@ extern "C" __global__ void __launch_bounds__(32 * (RING_CONSUMER_WARPS + 1))
         load_regions(crs, regions, st, ctid, 32 * RING_CONSUMER_WARPS);
         if (st.wait >= 0 && ctid == 0) wait_count(counters + st.wait, g, status);
         asm volatile("bar.sync 1, %0;" ::"r"(32 * RING_CONSUMER_WARPS) : "memory");
-        u32 acc = 0;
+        if (REAL) {
+            probe_x_stage(x, xsrc, min(st.x_len, PROBE_XS), ctid, 32 * RING_CONSUMER_WARPS);
+            asm volatile("bar.sync 1, %0;" ::"r"(32 * RING_CONSUMER_WARPS) : "memory");
+        }
+        Acc acc;
+        acc.zero();
         u64 lo, hi, off = 0;
         block_slice(crs, st.n_regions, b, g, lo, hi);
         for (int r = 0; r < st.n_regions && off < hi; r++) {
@@ -407,15 +550,20 @@ extern "C" __global__ void __launch_bounds__(32 * (RING_CONSUMER_WARPS + 1))
                     mbar_wait(&full[slot], (k / slots) & 1, status);
                     u32 n = (u32)min((u64)chunk, e - o);
                     const uint4* q = reinterpret_cast<const uint4*>(ring + (size_t)slot * chunk);
-                    for (u32 i = ctid; i < n / 16; i += 32 * RING_CONSUMER_WARPS) acc += consume(q[i], work);
+                    // (REAL: warp-uniform, the warp's lowest index decides; zeros past the end)
+                    const u32 words = n / 16, lane_off = REAL ? (u32)lane : 0u;
+                    for (u32 i = ctid; i - lane_off < words; i += 32 * RING_CONSUMER_WARPS)
+                        consume_word<REAL>(i < words ? q[i] : make_uint4(0u, 0u, 0u, 0u), work, crs[r].kind,
+                                           i, x, acc);
                     __syncwarp();
                     if (lane == 0) mbar_arrive(&empty[slot]);
                 }
             }
             off += crs[r].bytes;
         }
-        for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-        if (lane == 0) red[warp - 1] = acc;
+        u32 v = acc.bits();
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) red[warp - 1] = v;
         asm volatile("bar.sync 1, %0;" ::"r"(32 * RING_CONSUMER_WARPS) : "memory");
         if (ctid == 0) {
             u32 t = 0;
@@ -424,4 +572,17 @@ extern "C" __global__ void __launch_bounds__(32 * (RING_CONSUMER_WARPS + 1))
             red_release(counters + s, 1);
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * (RING_CONSUMER_WARPS + 1))
+    probe_ring(const Stage* stages, int n_stages, const Region* regions, u32* counters, u32* out, u32* status,
+               int slots, int chunk, int lookahead, int work) {
+    probe_ring_impl<false>(stages, n_stages, regions, counters, out, status, slots, chunk, lookahead, work,
+                           nullptr);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * (RING_CONSUMER_WARPS + 1))
+    probe_ring_real(const Stage* stages, int n_stages, const Region* regions, u32* counters, u32* out,
+                    u32* status, int slots, int chunk, int lookahead, const float* xsrc) {
+    probe_ring_impl<true>(stages, n_stages, regions, counters, out, status, slots, chunk, lookahead, 0, xsrc);
 }

@@ -19,7 +19,12 @@
 //! - `ring`: one launch per step, a producer warp per SM streaming through shared-memory slots
 //!   with bulk copies ahead of the stage boundaries (weights do not depend on activations).
 //!
-//! The figures are upper bounds for each organisation: real kernels add arithmetic.
+//! Consumers fold their bytes with trivial integer arithmetic (optionally 24 extra instructions
+//! per 16 bytes), or, in the `real` rows, do the backend's own per-byte arithmetic (NVFP4 codes
+//! through the tensor-core decode, bf16 weights and KV entries through the f32 dot product; the
+//! probe's source is compiled after the backend's `common.cu`, `gemv.cu` and `elementwise.cu`).
+//! The trivial rows are upper bounds for each organisation; the `real` rows add what the
+//! arithmetic costs when it is the backend's and the organisation is the probe's.
 
 use std::path::Path;
 
@@ -30,8 +35,27 @@ use super::bench::{read_geometry, Geometry};
 use super::CudaBackend;
 use crate::error::Result;
 
-/// The probe's kernel source.
-pub const STREAM_PROBE_CU: &str = include_str!("stream_probe.cu");
+/// The probe's kernel source: the backend's kernels it borrows its arithmetic from (`common.cu`,
+/// `gemv.cu`, and `elementwise.cu`, which defines what `gemv.cu`'s epilogues call), then
+/// `stream_probe.cu`.
+pub const STREAM_PROBE_CU: &str = concat!(
+    include_str!("kernels/common.cu"),
+    "\n",
+    include_str!("kernels/gemv.cu"),
+    "\n",
+    include_str!("kernels/elementwise.cu"),
+    "\n",
+    include_str!("stream_probe.cu"),
+);
+
+/// The probe's kernels (`extern "C"` entries of `stream_probe.cu`).
+pub const STREAM_PROBE_KERNELS: [&str; 5] = [
+    "probe_stage",
+    "probe_stage_real",
+    "probe_persistent",
+    "probe_ring",
+    "probe_ring_real",
+];
 
 /// Compiles the probe's kernels for `arch` (`sm_90` or later: bulk copies and mbarriers) with
 /// NVRTC. Needs only the NVRTC library (no GPU): a build check.
@@ -54,8 +78,9 @@ pub struct ProbeRow {
     /// Dependent stages per MoE layer: 6 (the backend's kernels: q/k/v/g, attention, o, router,
     /// gate/up, down) or 4 (attention + o and gate/up + down fused; see `plan`).
     pub stages_per_layer: usize,
-    /// Kernel organisation (`chain`, `persistent`, `ring 12x16K`, ...); `no bytes: ...` for the
-    /// plan with every region empty (the dependencies alone).
+    /// Kernel organisation (`chain`, `persistent`, `ring 12x16K`, ...) and its consumers'
+    /// arithmetic (`+24 instr/16 B`, `real arithmetic`; none: a trivial fold); `no bytes: ...`
+    /// for the plan with every region empty (the dependencies alone).
     pub organisation: String,
     /// Stages of the step (each waits for its predecessor).
     pub stages: usize,
@@ -79,8 +104,16 @@ struct Region {
     bytes: u64,
     stride: u64,
     routed: i32,
-    pad: i32,
+    kind: i32,
 }
+
+/// `Region::kind`: what the bytes are (`REGION_*` in stream_probe.cu).
+const REGION_BF16: i32 = 0;
+const REGION_CODES: i32 = 1;
+const REGION_SCALES: i32 = 2;
+
+/// Floats of a stage's input the real consumers stage (`PROBE_XS` in stream_probe.cu).
+const PROBE_XS: usize = 9216;
 
 /// `#[repr(C)]` mirror of `Stage` in stream_probe.cu.
 #[repr(C)]
@@ -90,6 +123,8 @@ struct Stage {
     n_regions: i32,
     wait: i32,
     select: i32,
+    x_len: i32,
+    pad: i32,
 }
 
 /// The step's stages and regions, laid out before any allocation: a region's `ptr` holds the
@@ -113,12 +148,12 @@ impl Plan {
     fn weight(&mut self, rows: usize, cols: usize, nvfp4: bool) -> Vec<Region> {
         parts(rows, cols, nvfp4)
             .into_iter()
-            .map(|n| Region {
+            .map(|(n, kind)| Region {
                 ptr: self.buffer(n),
                 bytes: n,
                 stride: 0,
                 routed: -1,
-                pad: 0,
+                kind,
             })
             .collect()
     }
@@ -133,26 +168,36 @@ impl Plan {
         nvfp4: bool,
     ) -> Vec<Region> {
         let mut out = Vec::new();
-        for stride in parts(rows, cols, nvfp4) {
+        for (stride, kind) in parts(rows, cols, nvfp4) {
             let base = self.buffer(stride * experts as u64);
             out.extend((0..top_k).map(|j| Region {
                 ptr: base,
                 bytes: stride,
                 stride,
                 routed: j as i32,
-                pad: 0,
+                kind,
             }));
         }
         out
     }
 
-    fn stage(&mut self, regions: Vec<Region>, wait: Option<usize>, select: Option<usize>) -> usize {
+    /// A stage reading `regions` once stage `wait` is complete, its routed regions picked by
+    /// stage `select`, its input vector `x_len` values wide.
+    fn stage(
+        &mut self,
+        regions: Vec<Region>,
+        wait: Option<usize>,
+        select: Option<usize>,
+        x_len: usize,
+    ) -> usize {
         self.bytes += regions.iter().map(|r| r.bytes).sum::<u64>();
         self.stages.push(Stage {
             first_region: self.regions.len() as i32,
             n_regions: regions.len() as i32,
             wait: wait.map_or(-1, |w| w as i32),
             select: select.map_or(-1, |s| s as i32),
+            x_len: x_len as i32,
+            pad: 0,
         });
         self.regions.extend(regions);
         self.stages.len() - 1
@@ -173,16 +218,19 @@ impl Plan {
     }
 }
 
-/// Bytes of the parts of a `rows × cols` weight, each rounded up to 16: NVFP4 codes and fp8
-/// scales, or bf16.
-fn parts(rows: usize, cols: usize, nvfp4: bool) -> Vec<u64> {
+/// Bytes (each rounded up to 16) and kinds of the parts of a `rows × cols` weight: NVFP4 codes
+/// and fp8 scales, or bf16.
+fn parts(rows: usize, cols: usize, nvfp4: bool) -> Vec<(u64, i32)> {
     let n = if nvfp4 {
-        vec![rows * cols / 2, rows * cols / 16]
+        vec![
+            (rows * cols / 2, REGION_CODES),
+            (rows * cols / 16, REGION_SCALES),
+        ]
     } else {
-        vec![rows * cols * 2]
+        vec![(rows * cols * 2, REGION_BF16)]
     };
     n.into_iter()
-        .map(|n| (n as u64).div_ceil(16) * 16)
+        .map(|(n, kind)| ((n as u64).div_ceil(16) * 16, kind))
         .collect()
 }
 
@@ -210,7 +258,7 @@ fn plan(g: &Geometry, context: usize, fused: bool) -> Plan {
         r.extend(p.weight(kv_row, h, g.attn_nvfp4));
         r.extend(p.weight(kv_row, h, g.attn_nvfp4));
         r.extend(p.weight(heads, h, false));
-        let qkv = p.stage(r, prev, None);
+        let qkv = p.stage(r, prev, None, h);
         let keys = if g.full[l] {
             context
         } else {
@@ -220,12 +268,15 @@ fn plan(g: &Geometry, context: usize, fused: bool) -> Plan {
         r.extend(p.weight(keys, kv_row, false));
         p.kv_bytes += r.iter().map(|r| r.bytes).sum::<u64>();
         let o_w = p.weight(h, q, g.attn_nvfp4);
+        // An attention block reads the queries of its KV head's group; the o projection the
+        // whole attention output (fused: a block's own heads, split-K).
+        let group = q / g.kv_heads;
         let o = if fused {
             r.extend(o_w);
-            p.stage(r, Some(qkv), None)
+            p.stage(r, Some(qkv), None, group)
         } else {
-            let attn = p.stage(r, Some(qkv), None);
-            p.stage(o_w, Some(attn), None)
+            let attn = p.stage(r, Some(qkv), None, group);
+            p.stage(o_w, Some(attn), None, q)
         };
         if g.dense_layers[l] {
             let mut r = p.weight(g.dense_inter, h, false);
@@ -233,29 +284,31 @@ fn plan(g: &Geometry, context: usize, fused: bool) -> Plan {
             let down = p.weight(h, g.dense_inter, false);
             prev = Some(if fused {
                 r.extend(down);
-                p.stage(r, Some(o), None)
+                p.stage(r, Some(o), None, h)
             } else {
-                let up = p.stage(r, Some(o), None);
-                p.stage(down, Some(up), None)
+                let up = p.stage(r, Some(o), None, h);
+                p.stage(down, Some(up), None, g.dense_inter)
             });
         } else {
             let r = p.weight(g.experts, h, false);
-            let router = p.stage(r, Some(o), None);
+            let router = p.stage(r, Some(o), None, h);
             let mut r = p.weight(2 * g.shared_inter, h, false);
             r.extend(p.routed(g.experts, g.top_k, 2 * g.moe_inter, h, g.experts_nvfp4));
             let mut down = p.weight(h, g.shared_inter, false);
             down.extend(p.routed(g.experts, g.top_k, h, g.moe_inter, g.experts_nvfp4));
             prev = Some(if fused {
                 r.extend(down);
-                p.stage(r, Some(router), Some(router))
+                p.stage(r, Some(router), Some(router), h)
             } else {
-                let up = p.stage(r, Some(router), Some(router));
-                p.stage(down, Some(up), Some(router))
+                let up = p.stage(r, Some(router), Some(router), h);
+                // A down block's rows lie in one or two experts: their intermediate values.
+                let inter = 2 * g.moe_inter.max(g.shared_inter);
+                p.stage(down, Some(up), Some(router), inter)
             });
         }
     }
     let r = p.weight(g.vocab, h, false);
-    p.stage(r, prev, None);
+    p.stage(r, prev, None, h);
     p
 }
 
@@ -276,44 +329,52 @@ pub fn decode_stream_probe(
     let arch: &'static str = Box::leak(format!("sm_{maj}{min}").into_boxed_str());
     let ptx = compile_stream_probe(arch).map_err(|x| b.err(x))?;
     let module = b.inner.ctx.load_module(ptx).map_err(e)?;
-    let f_stage = module.load_function("probe_stage").map_err(e)?;
-    let f_persistent = module.load_function("probe_persistent").map_err(e)?;
-    let f_ring = module.load_function("probe_ring").map_err(e)?;
+    let load = |name: &str| module.load_function(name).map_err(e);
+    let f = ProbeFns {
+        stage: load("probe_stage")?,
+        stage_real: load("probe_stage_real")?,
+        persistent: load("probe_persistent")?,
+        ring: load("probe_ring")?,
+        ring_real: load("probe_ring_real")?,
+    };
     const RING_BYTES: usize = 192 << 10;
-    f_ring
-        .set_attribute(
+    for ring in [&f.ring, &f.ring_real] {
+        ring.set_attribute(
             cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             RING_BYTES as i32,
         )
         .map_err(e)?;
+    }
     let mut rows = Vec::new();
     for &(label, config) in builds {
         let g = read_geometry(b, config)?;
-        rows.extend(probe_build(
-            b,
-            [&f_stage, &f_persistent, &f_ring],
-            &g,
-            label,
-            contexts,
-            copy_gbs,
-            reps,
-        )?);
+        rows.extend(probe_build(b, &f, &g, label, contexts, copy_gbs, reps)?);
     }
     Ok(rows)
 }
 
-/// The probe's runs for one build (see [`decode_stream_probe`]); `f` holds `probe_stage`,
-/// `probe_persistent` and `probe_ring`.
+/// The probe's kernels, loaded once per run.
+struct ProbeFns {
+    stage: CudaFunction,
+    stage_real: CudaFunction,
+    persistent: CudaFunction,
+    ring: CudaFunction,
+    ring_real: CudaFunction,
+}
+
+/// `work` of the consumers that do the backend's arithmetic (the `_real` kernels).
+const REAL: i32 = -1;
+
+/// The probe's runs for one build (see [`decode_stream_probe`]).
 fn probe_build(
     b: &CudaBackend,
-    f: [&CudaFunction; 3],
+    f: &ProbeFns,
     g: &Geometry,
     label: &str,
     contexts: &[usize],
     copy_gbs: f64,
     reps: usize,
 ) -> Result<Vec<ProbeRow>> {
-    let [f_stage, f_persistent, f_ring] = f;
     let e = |x: cudarc::driver::DriverError| b.err(format!("{x:?}"));
     let sms = b.inner.sms;
     let mut rows = Vec::new();
@@ -373,6 +434,8 @@ fn probe_build(
         };
 
         let mut status = b.alloc::<u32>(1)?;
+        // What the real consumers stage as each stage's input vector (PROBE_XS floats).
+        let xsrc = b.alloc::<f32>(PROBE_XS)?;
         // Fails the probe if a spin wait of `organisation` hit the watchdog (stream_probe.cu).
         let check = |status: &mut CudaSlice<u32>, organisation: &str| -> Result<()> {
             let v = b.inner.stream.clone_dtoh(status).map_err(e)?;
@@ -384,8 +447,24 @@ fn probe_build(
             Ok(())
         };
 
-        // chain: one PDL launch per stage, captured in a graph.
-        for (blocks_per_sm, prefetch, work) in [(2usize, 1i32, 0i32), (4, 1, 0), (2, 1, 8)] {
+        // chain: one PDL launch per stage, captured in a graph (at most the blocks per SM that
+        // are resident at once: the real arithmetic may need more registers).
+        let occ_stage = |f: &CudaFunction| -> Result<usize> {
+            Ok(
+                f.occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
+                    .map_err(e)? as usize,
+            )
+        };
+        let (occ_fold, occ_real) = (occ_stage(&f.stage)?, occ_stage(&f.stage_real)?);
+        for (blocks_per_sm, prefetch, work) in [
+            (2usize, 1i32, 0i32),
+            (4, 1, 0),
+            (2, 1, 8),
+            (2, 1, REAL),
+            (4, 1, REAL),
+        ] {
+            let occ = if work == REAL { occ_real } else { occ_fold };
+            let blocks_per_sm = blocks_per_sm.min(occ.max(1));
             let grid = (blocks_per_sm * sms) as u32;
             let cfg = LaunchConfig {
                 grid_dim: (grid, 1, 1),
@@ -395,18 +474,29 @@ fn probe_build(
             let step = |out: &mut CudaSlice<u32>| -> Result<()> {
                 let (sp, rp, op) = (b.ptr(&d_stages), b.ptr(&d_regions), b.ptr(out));
                 for s in 0..n as i32 {
-                    let (mut a0, mut a1, mut a2, mut a3, mut a4, mut a5) =
-                        (sp, rp, s, op, prefetch, work);
+                    let (mut a0, mut a1, mut a2, mut a3, mut a4) = (sp, rp, s, op, prefetch);
+                    let (mut work_arg, mut xsrc_arg) = (work, b.ptr(&xsrc));
+                    let last = if work == REAL {
+                        &mut xsrc_arg as *mut u64 as *mut std::ffi::c_void
+                    } else {
+                        &mut work_arg as *mut i32 as *mut std::ffi::c_void
+                    };
                     let mut params = [
                         &mut a0 as *mut u64 as *mut std::ffi::c_void,
                         &mut a1 as *mut u64 as *mut std::ffi::c_void,
                         &mut a2 as *mut i32 as *mut std::ffi::c_void,
                         &mut a3 as *mut u64 as *mut std::ffi::c_void,
                         &mut a4 as *mut i32 as *mut std::ffi::c_void,
-                        &mut a5 as *mut i32 as *mut std::ffi::c_void,
+                        last,
                     ];
-                    // SAFETY: six parameters of the kernel's types, alive across the call.
-                    unsafe { b.launch_pdl(f_stage, cfg, &mut params)? };
+                    // SAFETY: six parameters of the kernel's types, alive across the call:
+                    // probe_stage ends with `work` (i32), probe_stage_real with `xsrc` (a pointer).
+                    let kernel = if work == REAL {
+                        &f.stage_real
+                    } else {
+                        &f.stage
+                    };
+                    unsafe { b.launch_pdl(kernel, cfg, &mut params)? };
                 }
                 Ok(())
             };
@@ -429,14 +519,15 @@ fn probe_build(
         }
 
         // persistent: one launch per step; every block must be resident.
-        let occ = f_persistent
+        let occ = f
+            .persistent
             .occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
             .map_err(e)? as usize;
         for blocks_per_sm in [1usize, 2].into_iter().filter(|&k| k <= occ) {
             let grid = (blocks_per_sm * sms) as u32;
             let secs = b.time_calls(3, reps, || {
                 b.inner.stream.memset_zeros(&mut counters).map_err(e)?;
-                let mut l = b.inner.stream.launch_builder(f_persistent);
+                let mut l = b.inner.stream.launch_builder(&f.persistent);
                 let n_i = n as i32;
                 l.arg(&d_stages)
                     .arg(&n_i)
@@ -463,14 +554,15 @@ fn probe_build(
             (12, 16384, 1, 0),
             (6, 32768, 0, 0),
             (6, 32768, 1, 8),
+            (6, 32768, 1, REAL),
         ] {
             let secs = b.time_calls(3, reps, || {
                 b.inner.stream.memset_zeros(&mut counters).map_err(e)?;
                 launch_ring(
                     b,
-                    f_ring,
+                    f,
                     (&d_stages, n, &d_regions),
-                    (&counters, &out, &status),
+                    (&counters, &out, &status, &xsrc),
                     (slots, chunk, lookahead, work),
                 )
             })?;
@@ -501,16 +593,26 @@ fn probe_build(
     Ok(rows)
 }
 
-/// Launches `probe_ring` on one block per SM: `plan` is (stages, stage count, regions), `state`
-/// (counters, outputs, watchdog status), `ring` (slots, chunk bytes, lookahead flag, work).
+/// Launches `probe_ring` (`probe_ring_real` where `work` is [`REAL`]) on one block per SM:
+/// `plan` is (stages, stage count, regions), `state` (counters, outputs, watchdog status, the
+/// real consumers' input vector), `ring` (slots, chunk bytes, lookahead flag, work).
 fn launch_ring(
     b: &CudaBackend,
-    f: &CudaFunction,
+    f: &ProbeFns,
     plan: (&CudaSlice<u8>, usize, &CudaSlice<u8>),
-    state: (&CudaSlice<u32>, &CudaSlice<u32>, &CudaSlice<u32>),
+    state: (
+        &CudaSlice<u32>,
+        &CudaSlice<u32>,
+        &CudaSlice<u32>,
+        &CudaSlice<f32>,
+    ),
     ring: (i32, i32, i32, i32),
 ) -> Result<()> {
-    let mut l = b.inner.stream.launch_builder(f);
+    let real = ring.3 == REAL;
+    let mut l = b
+        .inner
+        .stream
+        .launch_builder(if real { &f.ring_real } else { &f.ring });
     let n_i = plan.1 as i32;
     l.arg(plan.0)
         .arg(&n_i)
@@ -520,8 +622,12 @@ fn launch_ring(
         .arg(state.2)
         .arg(&ring.0)
         .arg(&ring.1)
-        .arg(&ring.2)
-        .arg(&ring.3);
+        .arg(&ring.2);
+    if real {
+        l.arg(state.3);
+    } else {
+        l.arg(&ring.3);
+    }
     let (slots, chunk) = (ring.0, ring.1);
     let cfg = LaunchConfig {
         grid_dim: (b.inner.sms as u32, 1, 1),
@@ -534,12 +640,13 @@ fn launch_ring(
         .map_err(|x| b.err(format!("{x:?}")))
 }
 
-/// ", +N instr/16 B" for a nonzero `work` (about 3 instructions per round, see stream_probe.cu).
+/// ", +N instr/16 B" for a positive `work` (about 3 instructions per round, see
+/// stream_probe.cu), ", real arithmetic" for [`REAL`], nothing for 0.
 fn work_label(work: i32) -> String {
-    if work == 0 {
-        String::new()
-    } else {
-        format!(", +{} instr/16 B", 3 * work)
+    match work {
+        0 => String::new(),
+        REAL => ", real arithmetic".to_string(),
+        w => format!(", +{} instr/16 B", 3 * w),
     }
 }
 
@@ -591,6 +698,55 @@ mod tests {
                 stages,
             );
         }
+    }
+
+    /// The constants the Rust side mirrors are the kernel source's.
+    #[test]
+    fn probe_constants_match_the_kernel_source() {
+        let define = |name: &str| {
+            STREAM_PROBE_CU
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("#define {name} ")))
+                .and_then(|v| v.split_whitespace().next()?.parse::<i64>().ok())
+                .unwrap_or_else(|| panic!("#define {name} in stream_probe.cu"))
+        };
+        assert_eq!(define("PROBE_XS"), PROBE_XS as i64);
+        assert_eq!(define("REGION_BF16"), REGION_BF16 as i64);
+        assert_eq!(define("REGION_CODES"), REGION_CODES as i64);
+        assert_eq!(define("REGION_SCALES"), REGION_SCALES as i64);
+        for name in STREAM_PROBE_KERNELS {
+            assert!(
+                STREAM_PROBE_CU.contains(&format!(" {name}(")),
+                "kernel `{name}` not in the source"
+            );
+        }
+    }
+
+    /// The real consumers know what they read: NVFP4 codes come with their scales (8 code bytes
+    /// per scale byte), everything else is bf16; and each stage's input vector is what the
+    /// backend's kernel for it reads (Laguna-S lean, a MoE layer with 72 heads).
+    #[test]
+    fn probe_plan_kinds_and_inputs() {
+        let g = geometry_of("laguna-s-2.1-lean");
+        let p = plan(&g, 2048, false);
+        for (i, r) in p.regions.iter().enumerate() {
+            match r.kind {
+                REGION_CODES => {
+                    // fixed: the next region; routed: the same expert slot of the scales arena
+                    let s = &p.regions[i + if r.routed >= 0 { g.top_k } else { 1 }];
+                    assert_eq!(s.kind, REGION_SCALES, "region {i}");
+                    assert_eq!(r.bytes, 8 * s.bytes, "region {i}");
+                }
+                REGION_SCALES | REGION_BF16 => {}
+                k => panic!("region {i}: kind {k}"),
+            }
+        }
+        let codes = p.regions.iter().filter(|r| r.kind == REGION_CODES).count();
+        // q/k/v/o of 48 layers, and gate/up + down of the top-10 in 47 MoE layers.
+        assert_eq!(codes, 48 * 4 + 47 * 2 * 10);
+        // Layer 0 is dense (q/k/v/g, attention, o, gate/up, down: 5 stages); layer 1 starts at 5.
+        let x: Vec<i32> = p.stages[5..11].iter().map(|s| s.x_len).collect();
+        assert_eq!(x, [3072, 72 * 128 / 8, 72 * 128, 3072, 3072, 2 * 1024]);
     }
 
     fn check_dependencies(p: &Plan, stages: usize) {
