@@ -21,13 +21,14 @@
 //   dependency before they consume its slots.
 //
 // Consumers fold their bytes with trivial integer arithmetic (optionally `work` extra rounds),
-// or, in the `_real` kernels, with the backend's own per-byte arithmetic (kernels/common.cu and
-// kernels/gemv.cu come first in this translation unit): NVFP4 codes through the tensor-core
-// decode of `mma_chunk` (8 codes to 4 scaled f16 pairs, one m16n8k16 per 32-bit word, chained
-// on one accumulator as in `MmaTile::run`), bf16 weights and KV entries through `dot_bf16x8` with
-// x from shared memory; the fp8 block scales are loaded with their codes and need no arithmetic
-// of their own. Those loops are warp-uniform (the mma is warp-collective): lanes past a piece's
-// end consume zeros.
+// or, in the `_real` kernels, with the backend's own per-byte arithmetic (kernels/common.cu,
+// gemv.cu and elementwise.cu come first in this translation unit): each stage's input vector
+// staged into shared memory once its dependency is met, then NVFP4 codes through the
+// tensor-core decode of `mma_chunk` (8 codes to 4 scaled f16 pairs, one m16n8k16 per 32-bit
+// word, chained on one accumulator as in `MmaTile::run`), bf16 weights and KV entries through
+// `dot_bf16x8` with x from shared memory; the fp8 block scales are loaded with their codes and
+// need no arithmetic of their own. Those loops are warp-uniform (the mma is warp-collective):
+// lanes past a piece's end consume zeros.
 
 struct Region {
     u64 ptr;     // base address

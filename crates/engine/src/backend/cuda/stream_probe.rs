@@ -489,13 +489,13 @@ fn probe_build(
                         &mut a4 as *mut i32 as *mut std::ffi::c_void,
                         last,
                     ];
-                    // SAFETY: six parameters of the kernel's types, alive across the call:
-                    // probe_stage ends with `work` (i32), probe_stage_real with `xsrc` (a pointer).
                     let kernel = if work == REAL {
                         &f.stage_real
                     } else {
                         &f.stage
                     };
+                    // SAFETY: six parameters of the kernel's types, alive across the call:
+                    // probe_stage ends with `work` (i32), probe_stage_real with `xsrc` (a pointer).
                     unsafe { b.launch_pdl(kernel, cfg, &mut params)? };
                 }
                 Ok(())
