@@ -464,29 +464,29 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, u32 bytes,
 }
 
 #define RING_MAX_SLOTS 32
-#define RING_CONSUMER_WARPS 8
+#define RING_CONSUMER_WARPS 8  // consumer warps of probe_ring and probe_ring_real (probe_ring_real16: 16)
 
 // One launch per step (`work`: see consume()): warp 0 produces (bulk copies of the block's slice
 // of each stage, piece by piece, in `chunk`-byte pieces into `slots` slots of dynamic shared
 // memory), warps 1..8 consume. The producer runs ahead across stages, waiting only where an
 // address depends on a stage not yet complete (the routed experts); with `lookahead` 0 it also
 // waits for a stage's dependency before issuing its copies (a ring that does not run ahead).
-// REAL: the consumers do the backend's arithmetic (probe_ring_real).
-template <bool REAL>
+// REAL: the consumers do the backend's arithmetic (probe_ring_real); CW consumer warps.
+template <bool REAL, int CW>
 __device__ __forceinline__ void probe_ring_impl(const Stage* stages, int n_stages, const Region* regions,
                                                 u32* counters, u32* out, u32* status, int slots, int chunk,
                                                 int lookahead, int work, const float* xsrc) {
     extern __shared__ __align__(128) char ring[];
     __shared__ u64 full[RING_MAX_SLOTS], empty[RING_MAX_SLOTS];
-    __shared__ u32 red[RING_CONSUMER_WARPS];
+    __shared__ u32 red[CW];
     __shared__ Region prs[PROBE_MAX_REGIONS], crs[PROBE_MAX_REGIONS];
     __shared__ ProbeX x;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, b = blockIdx.x, g = gridDim.x;
-    if (REAL) probe_x_fill(x, tid, 32 * (RING_CONSUMER_WARPS + 1));
+    if (REAL) probe_x_fill(x, tid, 32 * (CW + 1));
     if (tid == 0) {
         for (int i = 0; i < slots; i++) {
             mbar_init(&full[i], 1);
-            mbar_init(&empty[i], RING_CONSUMER_WARPS);
+            mbar_init(&empty[i], CW);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -532,12 +532,12 @@ __device__ __forceinline__ void probe_ring_impl(const Stage* stages, int n_stage
     int k = 0;
     for (int s = 0; s < n_stages; s++) {
         Stage st = stages[s];
-        load_regions(crs, regions, st, ctid, 32 * RING_CONSUMER_WARPS);
+        load_regions(crs, regions, st, ctid, 32 * CW);
         if (st.wait >= 0 && ctid == 0) wait_count(counters + st.wait, g, status);
-        asm volatile("bar.sync 1, %0;" ::"r"(32 * RING_CONSUMER_WARPS) : "memory");
+        asm volatile("bar.sync 1, %0;" ::"r"(32 * CW) : "memory");
         if (REAL) {
-            probe_x_stage(x, xsrc, min(st.x_len, PROBE_XS), ctid, 32 * RING_CONSUMER_WARPS);
-            asm volatile("bar.sync 1, %0;" ::"r"(32 * RING_CONSUMER_WARPS) : "memory");
+            probe_x_stage(x, xsrc, min(st.x_len, PROBE_XS), ctid, 32 * CW);
+            asm volatile("bar.sync 1, %0;" ::"r"(32 * CW) : "memory");
         }
         Acc acc;
         acc.zero();
@@ -553,7 +553,7 @@ __device__ __forceinline__ void probe_ring_impl(const Stage* stages, int n_stage
                     const uint4* q = reinterpret_cast<const uint4*>(ring + (size_t)slot * chunk);
                     // (REAL: warp-uniform, the warp's lowest index decides; zeros past the end)
                     const u32 words = n / 16, lane_off = REAL ? (u32)lane : 0u;
-                    for (u32 i = ctid; i - lane_off < words; i += 32 * RING_CONSUMER_WARPS)
+                    for (u32 i = ctid; i - lane_off < words; i += 32 * CW)
                         consume_word<REAL>(i < words ? q[i] : make_uint4(0u, 0u, 0u, 0u), work, crs[r].kind,
                                            i, x, acc);
                     __syncwarp();
@@ -565,10 +565,10 @@ __device__ __forceinline__ void probe_ring_impl(const Stage* stages, int n_stage
         u32 v = acc.bits();
         for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
         if (lane == 0) red[warp - 1] = v;
-        asm volatile("bar.sync 1, %0;" ::"r"(32 * RING_CONSUMER_WARPS) : "memory");
+        asm volatile("bar.sync 1, %0;" ::"r"(32 * CW) : "memory");
         if (ctid == 0) {
             u32 t = 0;
-            for (int w = 0; w < RING_CONSUMER_WARPS; w++) t += red[w];
+            for (int w = 0; w < CW; w++) t += red[w];
             out[s * g + b] = t;
             red_release(counters + s, 1);
         }
@@ -578,12 +578,20 @@ __device__ __forceinline__ void probe_ring_impl(const Stage* stages, int n_stage
 extern "C" __global__ void __launch_bounds__(32 * (RING_CONSUMER_WARPS + 1))
     probe_ring(const Stage* stages, int n_stages, const Region* regions, u32* counters, u32* out, u32* status,
                int slots, int chunk, int lookahead, int work) {
-    probe_ring_impl<false>(stages, n_stages, regions, counters, out, status, slots, chunk, lookahead, work,
-                           nullptr);
+    probe_ring_impl<false, RING_CONSUMER_WARPS>(stages, n_stages, regions, counters, out, status, slots, chunk,
+                                                lookahead, work, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * (RING_CONSUMER_WARPS + 1))
     probe_ring_real(const Stage* stages, int n_stages, const Region* regions, u32* counters, u32* out,
                     u32* status, int slots, int chunk, int lookahead, const float* xsrc) {
-    probe_ring_impl<true>(stages, n_stages, regions, counters, out, status, slots, chunk, lookahead, 0, xsrc);
+    probe_ring_impl<true, RING_CONSUMER_WARPS>(stages, n_stages, regions, counters, out, status, slots, chunk,
+                                               lookahead, 0, xsrc);
+}
+
+// The same with 16 consumer warps (the backend's kernels keep 16 warps per SM busy: 2 blocks of 8).
+extern "C" __global__ void __launch_bounds__(32 * 17)
+    probe_ring_real16(const Stage* stages, int n_stages, const Region* regions, u32* counters, u32* out,
+                      u32* status, int slots, int chunk, int lookahead, const float* xsrc) {
+    probe_ring_impl<true, 16>(stages, n_stages, regions, counters, out, status, slots, chunk, lookahead, 0, xsrc);
 }

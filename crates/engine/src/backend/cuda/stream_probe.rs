@@ -49,12 +49,13 @@ pub const STREAM_PROBE_CU: &str = concat!(
 );
 
 /// The probe's kernels (`extern "C"` entries of `stream_probe.cu`).
-pub const STREAM_PROBE_KERNELS: [&str; 5] = [
+pub const STREAM_PROBE_KERNELS: [&str; 6] = [
     "probe_stage",
     "probe_stage_real",
     "probe_persistent",
     "probe_ring",
     "probe_ring_real",
+    "probe_ring_real16",
 ];
 
 /// Compiles the probe's kernels for `arch` (`sm_90` or later: bulk copies and mbarriers) with
@@ -336,9 +337,10 @@ pub fn decode_stream_probe(
         persistent: load("probe_persistent")?,
         ring: load("probe_ring")?,
         ring_real: load("probe_ring_real")?,
+        ring_real16: load("probe_ring_real16")?,
     };
     const RING_BYTES: usize = 192 << 10;
-    for ring in [&f.ring, &f.ring_real] {
+    for ring in [&f.ring, &f.ring_real, &f.ring_real16] {
         ring.set_attribute(
             cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             RING_BYTES as i32,
@@ -360,6 +362,31 @@ struct ProbeFns {
     persistent: CudaFunction,
     ring: CudaFunction,
     ring_real: CudaFunction,
+    ring_real16: CudaFunction,
+}
+
+/// One configuration of `probe_ring`: `slots` slots of `chunk` bytes, the producer running
+/// ahead of the stage boundaries or not, the consumers' `work` ([`REAL`]: the `_real` kernels)
+/// and their number of warps (8; 16 only with [`REAL`]: `probe_ring_real16`).
+#[derive(Clone, Copy)]
+struct RingRun {
+    slots: i32,
+    chunk: i32,
+    lookahead: bool,
+    work: i32,
+    consumer_warps: u32,
+}
+
+impl RingRun {
+    const fn new(slots: i32, chunk: i32, lookahead: bool, work: i32, consumer_warps: u32) -> Self {
+        Self {
+            slots,
+            chunk,
+            lookahead,
+            work,
+            consumer_warps,
+        }
+    }
 }
 
 /// `work` of the consumers that do the backend's arithmetic (the `_real` kernels).
@@ -549,12 +576,13 @@ fn probe_build(
         }
 
         // ring: one block per SM, a producer warp running ahead through shared memory.
-        for (slots, chunk, lookahead, work) in [
-            (6i32, 32768i32, 1i32, 0i32),
-            (12, 16384, 1, 0),
-            (6, 32768, 0, 0),
-            (6, 32768, 1, 8),
-            (6, 32768, 1, REAL),
+        for run in [
+            RingRun::new(6, 32768, true, 0, 8),
+            RingRun::new(12, 16384, true, 0, 8),
+            RingRun::new(6, 32768, false, 0, 8),
+            RingRun::new(6, 32768, true, 8, 8),
+            RingRun::new(6, 32768, true, REAL, 8),
+            RingRun::new(6, 32768, true, REAL, 16),
         ] {
             let secs = b.time_calls(3, reps, || {
                 b.inner.stream.memset_zeros(&mut counters).map_err(e)?;
@@ -563,18 +591,24 @@ fn probe_build(
                     f,
                     (&d_stages, n, &d_regions),
                     (&counters, &out, &status, &xsrc),
-                    (slots, chunk, lookahead, work),
+                    run,
                 )
             })?;
-            let ahead = if lookahead == 1 {
+            let ahead = if run.lookahead {
                 "ahead of stages"
             } else {
                 "stage by stage"
             };
+            let warps = if run.consumer_warps == 8 {
+                String::new()
+            } else {
+                format!(", {} consumer warps", run.consumer_warps)
+            };
             let name = format!(
-                "ring {slots}x{}K, {ahead}{}",
-                chunk / 1024,
-                work_label(work)
+                "ring {}x{}K, {ahead}{warps}{}",
+                run.slots,
+                run.chunk / 1024,
+                work_label(run.work)
             );
             check(&mut status, &name)?;
             rows.push(row(name, secs));
@@ -593,9 +627,8 @@ fn probe_build(
     Ok(rows)
 }
 
-/// Launches `probe_ring` (`probe_ring_real` where `work` is [`REAL`]) on one block per SM:
-/// `plan` is (stages, stage count, regions), `state` (counters, outputs, watchdog status, the
-/// real consumers' input vector), `ring` (slots, chunk bytes, lookahead flag, work).
+/// Launches the ring kernel `run` names on one block per SM: `plan` is (stages, stage count,
+/// regions), `state` (counters, outputs, watchdog status, the real consumers' input vector).
 fn launch_ring(
     b: &CudaBackend,
     f: &ProbeFns,
@@ -606,35 +639,43 @@ fn launch_ring(
         &CudaSlice<u32>,
         &CudaSlice<f32>,
     ),
-    ring: (i32, i32, i32, i32),
+    run: RingRun,
 ) -> Result<()> {
-    let real = ring.3 == REAL;
-    let mut l = b
-        .inner
-        .stream
-        .launch_builder(if real { &f.ring_real } else { &f.ring });
+    let real = run.work == REAL;
+    let kernel = match (real, run.consumer_warps) {
+        (false, 8) => &f.ring,
+        (true, 8) => &f.ring_real,
+        (true, 16) => &f.ring_real16,
+        (r, w) => {
+            return Err(b.err(format!(
+                "stream probe: no ring kernel with {w} consumer warps (real arithmetic: {r})"
+            )))
+        }
+    };
+    let mut l = b.inner.stream.launch_builder(kernel);
     let n_i = plan.1 as i32;
+    let lookahead = i32::from(run.lookahead);
     l.arg(plan.0)
         .arg(&n_i)
         .arg(plan.2)
         .arg(state.0)
         .arg(state.1)
         .arg(state.2)
-        .arg(&ring.0)
-        .arg(&ring.1)
-        .arg(&ring.2);
+        .arg(&run.slots)
+        .arg(&run.chunk)
+        .arg(&lookahead);
     if real {
         l.arg(state.3);
     } else {
-        l.arg(&ring.3);
+        l.arg(&run.work);
     }
-    let (slots, chunk) = (ring.0, ring.1);
     let cfg = LaunchConfig {
         grid_dim: (b.inner.sms as u32, 1, 1),
-        block_dim: (32 * 9, 1, 1),
-        shared_mem_bytes: (slots * chunk) as u32,
+        block_dim: (32 * (run.consumer_warps + 1), 1, 1),
+        shared_mem_bytes: (run.slots * run.chunk) as u32,
     };
-    // SAFETY: arguments match probe_ring's signature; one block per SM is resident.
+    // SAFETY: arguments match the kernel's signature (probe_ring ends with `work`, the `_real`
+    // kernels with `xsrc`); one block per SM is resident.
     unsafe { l.launch(cfg) }
         .map(|_| ())
         .map_err(|x| b.err(format!("{x:?}")))
