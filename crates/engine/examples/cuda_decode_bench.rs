@@ -8,8 +8,8 @@
 //! ```
 //!
 //! `--probe` first runs the decode-stream probe (`backend::cuda::stream_probe`: the step's bytes
-//! and dependencies with trivial compute, in three kernel organisations), an upper bound per
-//! organisation; `--probe-only` runs only that.
+//! and dependencies in three kernel organisations, with trivial compute, an upper bound per
+//! organisation, and with the backend's own per-byte arithmetic); `--probe-only` runs only that.
 //!
 //! Defaults: the Laguna-S-2.1 configs under `crates/builder/tests/fixtures/`. Bytes per token
 //! default to `fp4forge inspect`'s figures for those builds (weights only); the table also shows
@@ -75,7 +75,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let builds = [("stock", stock.as_path()), ("lean", lean.as_path())];
         probe_rows = decode_stream_probe(&b, &builds, &contexts, copy, reps)?;
         println!();
-        println!("Decode-stream probe: the step's bytes and dependencies, trivial compute (upper bounds)");
+        println!(
+            "Decode-stream probe: the step's bytes and dependencies, trivial compute (upper bounds) \
+             or the backend's arithmetic (`real arithmetic` rows)"
+        );
         println!(
             "| build | context | stages/layer | organisation | ms/token | µs/stage | tok/s | GB/token | GB/s | % of copy BW |"
         );
