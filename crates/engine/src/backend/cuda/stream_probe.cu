@@ -468,7 +468,7 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, u32 bytes,
 
 // One launch per step (`work`: see consume()): warp 0 produces (bulk copies of the block's slice
 // of each stage, piece by piece, in `chunk`-byte pieces into `slots` slots of dynamic shared
-// memory), warps 1..8 consume. The producer runs ahead across stages, waiting only where an
+// memory), warps 1..CW consume. The producer runs ahead across stages, waiting only where an
 // address depends on a stage not yet complete (the routed experts); with `lookahead` 0 it also
 // waits for a stage's dependency before issuing its copies (a ring that does not run ahead).
 // REAL: the consumers do the backend's arithmetic (probe_ring_real); CW consumer warps.
