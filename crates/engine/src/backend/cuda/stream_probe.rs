@@ -48,7 +48,8 @@ pub const STREAM_PROBE_CU: &str = concat!(
     include_str!("stream_probe.cu"),
 );
 
-/// The probe's kernels (`extern "C"` entries of `stream_probe.cu`).
+/// The probe's kernels (`extern "C"` entries of `stream_probe.cu`), in the order
+/// `decode_stream_probe` loads them into `ProbeFns`.
 pub const STREAM_PROBE_KERNELS: [&str; 6] = [
     "probe_stage",
     "probe_stage_real",
@@ -330,14 +331,15 @@ pub fn decode_stream_probe(
     let arch: &'static str = Box::leak(format!("sm_{maj}{min}").into_boxed_str());
     let ptx = compile_stream_probe(arch).map_err(|x| b.err(x))?;
     let module = b.inner.ctx.load_module(ptx).map_err(e)?;
-    let load = |name: &str| module.load_function(name).map_err(e);
+    let [stage, stage_real, persistent, ring, ring_real, ring_real16] =
+        STREAM_PROBE_KERNELS.map(|name| module.load_function(name).map_err(e));
     let f = ProbeFns {
-        stage: load("probe_stage")?,
-        stage_real: load("probe_stage_real")?,
-        persistent: load("probe_persistent")?,
-        ring: load("probe_ring")?,
-        ring_real: load("probe_ring_real")?,
-        ring_real16: load("probe_ring_real16")?,
+        stage: stage?,
+        stage_real: stage_real?,
+        persistent: persistent?,
+        ring: ring?,
+        ring_real: ring_real?,
+        ring_real16: ring_real16?,
     };
     const RING_BYTES: usize = 192 << 10;
     for ring in [&f.ring, &f.ring_real, &f.ring_real16] {
@@ -490,7 +492,12 @@ fn probe_build(
             (2, 1, REAL),
             (4, 1, REAL),
         ] {
-            let occ = if work == REAL { occ_real } else { occ_fold };
+            let real = work == REAL;
+            let (kernel, occ) = if real {
+                (&f.stage_real, occ_real)
+            } else {
+                (&f.stage, occ_fold)
+            };
             let blocks_per_sm = blocks_per_sm.min(occ.max(1));
             let grid = (blocks_per_sm * sms) as u32;
             let cfg = LaunchConfig {
@@ -503,7 +510,7 @@ fn probe_build(
                 for s in 0..n as i32 {
                     let (mut a0, mut a1, mut a2, mut a3, mut a4) = (sp, rp, s, op, prefetch);
                     let (mut work_arg, mut xsrc_arg) = (work, b.ptr(&xsrc));
-                    let last = if work == REAL {
+                    let last = if real {
                         &mut xsrc_arg as *mut u64 as *mut std::ffi::c_void
                     } else {
                         &mut work_arg as *mut i32 as *mut std::ffi::c_void
@@ -516,11 +523,6 @@ fn probe_build(
                         &mut a4 as *mut i32 as *mut std::ffi::c_void,
                         last,
                     ];
-                    let kernel = if work == REAL {
-                        &f.stage_real
-                    } else {
-                        &f.stage
-                    };
                     // SAFETY: six parameters of the kernel's types, alive across the call:
                     // probe_stage ends with `work` (i32), probe_stage_real with `xsrc` (a pointer).
                     unsafe { b.launch_pdl(kernel, cfg, &mut params)? };
