@@ -1,114 +1,121 @@
-//! Batched forward passes over several sessions of one model: what a continuous-batching
-//! scheduler calls once per engine step.
+//! Passes over sessions of one model: the one place that checks what may be appended, runs
+//! [`forward`] and keeps each session's position and health.
 //!
-//! Each session contributes its own new tokens (one for a decode step, a prompt chunk while
+//! A continuous-batching scheduler calls [`Model::forward_batch`] once per engine step: each
+//! session contributes its own new tokens (one for a decode step, a prompt chunk while
 //! prefilling); all of them go through the network together, so the weights are read once per
-//! step however many sequences are running. Attention stays per session, against its own KV
-//! cache. The logits are those of running each session alone, up to f32 summation order.
+//! step however many sequences are running. A [`Session`]'s own prefill and steps are the same
+//! pass with a batch of one.
 
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
+use crate::forward::{forward, SeqChunk, Want};
 use crate::model::Model;
-use crate::models::decoder::{BatchSeq, Wanted};
 use crate::session::{Logits, Session};
 
-/// Which logits a session wants back from [`Model::forward_batch`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WantLogits {
-    /// None (a prefill chunk that is not the prompt's last).
-    None,
-    /// Its last new token's (decode, or a prompt's last chunk).
-    Last,
-    /// Every new token's (prompt scoring).
-    All,
-}
-
 impl<B: Backend> Model<B> {
-    /// Runs one pass over several sessions of this model: session `i` appends `tokens[i]` (its
-    /// next token(s), at least one; the caller bounds a prompt chunk's length) and gets back the
-    /// logits `wanted[i]` asks for (`None` for [`WantLogits::None`]). Errors: lengths that
-    /// differ, a session of another model or one that failed earlier, no tokens, a token outside
-    /// the vocabulary, a sequence past the context. A failure inside the pass leaves every
-    /// session of the batch broken (reset them).
-    pub fn forward_batch(
+    /// Errors unless `ids` can be appended to `session`: a session of this model that has not
+    /// failed, at least one token, every id in the vocabulary, room in the context.
+    pub(crate) fn check_append(&self, session: &Session<'_, B>, ids: &[u32]) -> Result<()> {
+        if !std::ptr::eq(session.model, self) {
+            return Err(EngineError::InvalidInput(
+                "a session of another model".into(),
+            ));
+        }
+        if session.broken {
+            return Err(EngineError::InvalidInput(
+                "the session failed earlier and its cache is inconsistent; reset it".into(),
+            ));
+        }
+        if ids.is_empty() {
+            return Err(EngineError::InvalidInput("no tokens given".into()));
+        }
+        let info = self.info();
+        if let Some(&t) = ids.iter().find(|&&t| t as usize >= info.vocab_size) {
+            return Err(EngineError::TokenOutOfRange {
+                token: t,
+                vocab_size: info.vocab_size,
+            });
+        }
+        if session.position + ids.len() > info.max_context {
+            return Err(EngineError::ContextOverflow {
+                position: session.position,
+                adding: ids.len(),
+                max_context: info.max_context,
+            });
+        }
+        Ok(())
+    }
+
+    /// One pass: session `i` appends `tokens[i]` and gets the logits `wants[i]` asks for, left
+    /// on the backend. Checks everything first ([`Self::check_append`]); a failure inside the
+    /// pass marks every session of it broken (their caches may hold part of it).
+    pub(crate) fn pass(
         &self,
         sessions: &mut [&mut Session<'_, B>],
         tokens: &[&[u32]],
-        wanted: &[WantLogits],
-    ) -> Result<Vec<Option<Logits>>> {
-        if sessions.len() != tokens.len() || sessions.len() != wanted.len() {
+        wants: &[Want],
+    ) -> Result<Vec<Option<B::Tensor>>> {
+        if sessions.len() != tokens.len() || sessions.len() != wants.len() {
             return Err(EngineError::InvalidInput(format!(
-                "forward_batch: {} sessions, {} token lists, {} logit requests",
+                "a pass of {} sessions, {} token lists, {} logit requests",
                 sessions.len(),
                 tokens.len(),
-                wanted.len()
+                wants.len()
             )));
         }
         if sessions.is_empty() {
             return Ok(Vec::new());
         }
-        let info = self.info();
         for (s, ids) in sessions.iter().zip(tokens) {
-            if !std::ptr::eq(s.model, self) {
-                return Err(EngineError::InvalidInput(
-                    "forward_batch: a session of another model".into(),
-                ));
-            }
-            if s.broken {
-                return Err(EngineError::InvalidInput(
-                    "the session failed earlier and its cache is inconsistent; reset it".into(),
-                ));
-            }
-            if ids.is_empty() {
-                return Err(EngineError::InvalidInput("no tokens given".into()));
-            }
-            if let Some(&t) = ids.iter().find(|&&t| t as usize >= info.vocab_size) {
-                return Err(EngineError::TokenOutOfRange {
-                    token: t,
-                    vocab_size: info.vocab_size,
-                });
-            }
-            if s.position + ids.len() > info.max_context {
-                return Err(EngineError::ContextOverflow {
-                    position: s.position,
-                    adding: ids.len(),
-                    max_context: info.max_context,
-                });
-            }
+            self.check_append(s, ids)?;
         }
         let b = self.backend();
-        let decoder = self.decoder();
-        let mut seqs: Vec<BatchSeq<'_, B>> = sessions
+        let net = self.decoder();
+        let mut chunks: Vec<SeqChunk<'_, B>> = sessions
             .iter_mut()
             .zip(tokens)
-            .zip(wanted)
-            .map(|((s, ids), w)| BatchSeq {
+            .zip(wants)
+            .map(|((s, ids), &want)| SeqChunk {
                 pos0: s.position,
                 kv: s.cache.layers_mut(),
                 ids,
-                wanted: match w {
-                    WantLogits::None => Wanted::None,
-                    WantLogits::Last => Wanted::Last,
-                    WantLogits::All => Wanted::All,
-                },
+                want,
             })
             .collect();
-        let result = b.execute(|| decoder.forward_batch(b, &mut seqs));
-        drop(seqs);
-        let tensors = match result {
-            Ok(t) => t,
+        let result = b.execute(|| forward(b, net, &mut chunks));
+        drop(chunks);
+        match result {
+            Ok(out) => {
+                for (s, ids) in sessions.iter_mut().zip(tokens) {
+                    s.position += ids.len();
+                }
+                Ok(out)
+            }
             Err(e) => {
                 for s in sessions.iter_mut() {
                     s.broken = true;
                 }
-                return Err(e);
+                Err(e)
             }
-        };
-        for (s, ids) in sessions.iter_mut().zip(tokens) {
-            s.position += ids.len();
         }
-        let vocab = info.vocab_size;
-        tensors
+    }
+
+    /// Runs one pass over several sessions of this model: session `i` appends `tokens[i]` (its
+    /// next token(s), at least one; the caller bounds a prompt chunk's length) and gets back the
+    /// logits `wants[i]` asks for (`None` for [`Want::None`]). Errors: lengths that differ, a
+    /// session of another model or one that failed earlier, no tokens, a token outside the
+    /// vocabulary, a sequence past the context. A failure inside the pass leaves every session
+    /// of the batch broken (reset them).
+    pub fn forward_batch(
+        &self,
+        sessions: &mut [&mut Session<'_, B>],
+        tokens: &[&[u32]],
+        wants: &[Want],
+    ) -> Result<Vec<Option<Logits>>> {
+        let b = self.backend();
+        let vocab = self.info().vocab_size;
+        self.pass(sessions, tokens, wants)?
             .into_iter()
             .map(|t| {
                 t.map(|t| {
@@ -132,9 +139,9 @@ impl<B: Backend> Model<B> {
         tokens: &[u32],
     ) -> Result<Vec<Vec<f32>>> {
         let lists: Vec<&[u32]> = tokens.iter().map(std::slice::from_ref).collect();
-        let wanted = vec![WantLogits::Last; tokens.len()];
+        let wants = vec![Want::Last; tokens.len()];
         Ok(self
-            .forward_batch(sessions, &lists, &wanted)?
+            .forward_batch(sessions, &lists, &wants)?
             .into_iter()
             .map(|l| l.map(|l| l.data).unwrap_or_default())
             .collect())

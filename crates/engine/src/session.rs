@@ -2,9 +2,9 @@
 
 use crate::backend::{Backend, CpuBackend};
 use crate::error::{EngineError, Result};
+use crate::forward::Want;
 use crate::kv_cache::KvCache;
 use crate::model::Model;
-use crate::models::decoder::Wanted;
 use crate::sampling::Sampler;
 
 /// Logits of several positions, row-major `[rows, vocab]`.
@@ -118,10 +118,9 @@ impl<'m, B: Backend> Session<'m, B> {
     /// samples these parameters itself (only the token id leaves the device), else on the host
     /// from the downloaded logits. The same draw either way, so a seed gives the same tokens.
     pub fn step_sampled(&mut self, token: u32, sampler: &mut Sampler) -> Result<u32> {
-        self.check_append(&[token])?;
         let b = self.model.backend();
         let logits = self
-            .forward(&[token], Wanted::Last)?
+            .pass(&[token], Want::Last)?
             .ok_or_else(|| EngineError::InvalidInput("the step returned no logits".into()))?;
         let u = sampler.draw();
         match b.sample(&logits, sampler.params(), u)? {
@@ -130,55 +129,16 @@ impl<'m, B: Backend> Session<'m, B> {
         }
     }
 
-    /// Errors unless `tokens` can be appended: a sound session, at least one token, every id
-    /// in the vocabulary, room in the context.
-    fn check_append(&self, tokens: &[u32]) -> Result<()> {
-        if self.broken {
-            return Err(EngineError::InvalidInput(
-                "the session failed earlier and its cache is inconsistent; reset it".into(),
-            ));
-        }
-        if tokens.is_empty() {
-            return Err(EngineError::InvalidInput("no tokens given".into()));
-        }
-        let info = self.model.info();
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= info.vocab_size) {
-            return Err(EngineError::TokenOutOfRange {
-                token: t,
-                vocab_size: info.vocab_size,
-            });
-        }
-        if self.position + tokens.len() > info.max_context {
-            return Err(EngineError::ContextOverflow {
-                position: self.position,
-                adding: tokens.len(),
-                max_context: info.max_context,
-            });
-        }
-        Ok(())
-    }
-
-    /// One forward pass of `tokens` at the current position (appending them to the cache and
-    /// advancing the position), returning the logits `wanted`; a failure marks the session
-    /// broken (its cache may hold part of the pass).
-    fn forward(&mut self, tokens: &[u32], wanted: Wanted) -> Result<Option<B::Tensor>> {
-        let b = self.model.backend();
-        let (decoder, cache, position) =
-            (self.model.decoder(), self.cache.layers_mut(), self.position);
-        match b.execute(|| decoder.forward(b, cache, tokens, position, wanted)) {
-            Ok(logits) => {
-                self.position += tokens.len();
-                Ok(logits)
-            }
-            Err(e) => {
-                self.broken = true;
-                Err(e)
-            }
-        }
+    /// This session as a batch of one: appends `tokens`, returns the logits `want`ed.
+    fn pass(&mut self, tokens: &[u32], want: Want) -> Result<Option<B::Tensor>> {
+        let model = self.model;
+        let mut out = model.pass(&mut [self], &[tokens], &[want])?;
+        Ok(out.pop().flatten())
     }
 
     fn run(&mut self, tokens: &[u32], all: bool) -> Result<Logits> {
-        self.check_append(tokens)?;
+        // The whole prompt is checked before its first chunk runs.
+        self.model.check_append(self, tokens)?;
         let vocab = self.model.info().vocab_size;
         let b = self.model.backend();
         let chunk = self.model.options().prefill_chunk;
@@ -186,12 +146,12 @@ impl<'m, B: Backend> Session<'m, B> {
         let mut last = Vec::new();
         for (i, piece) in tokens.chunks(chunk).enumerate() {
             let is_last = (i + 1) * chunk >= tokens.len();
-            let wanted = match (all, is_last) {
-                (true, _) => Wanted::All,
-                (false, true) => Wanted::Last,
-                (false, false) => Wanted::None,
+            let want = match (all, is_last) {
+                (true, _) => Want::All,
+                (false, true) => Want::Last,
+                (false, false) => Want::None,
             };
-            if let Some(logits) = self.forward(piece, wanted)? {
+            if let Some(logits) = self.pass(piece, want)? {
                 let host = b.download(&logits)?;
                 if all {
                     data.extend_from_slice(&host);

@@ -8,7 +8,7 @@
 mod common;
 
 use common::{lean_build, max_abs, max_abs_diff, tiny_laguna, token_ids};
-use fp4forge_engine::{KvDtype, Model, ModelOptions, Session, WantLogits};
+use fp4forge_engine::{KvDtype, Model, ModelOptions, Session, Want};
 
 const TOL: f32 = 1e-5;
 
@@ -107,7 +107,7 @@ fn forward_batch_mixes_prompt_chunks_and_decode_steps() {
             .forward_batch(
                 &mut sessions,
                 &[&a_tok, &b_ids[chunk.clone()]],
-                &[WantLogits::Last, WantLogits::All],
+                &[Want::Last, Want::All],
             )
             .unwrap();
         let a_logits = out[0].as_ref().unwrap();
@@ -129,7 +129,7 @@ fn forward_batch_mixes_prompt_chunks_and_decode_steps() {
         .forward_batch(
             &mut sessions,
             &[&a_ids[23..24], &b_ids[..4]],
-            &[WantLogits::None, WantLogits::Last],
+            &[Want::None, Want::Last],
         )
         .unwrap();
     assert!(out[0].is_none());
@@ -155,11 +155,7 @@ fn forward_batch_validates_its_inputs() {
     assert!(err.to_string().contains("100000"), "{err}");
     let long = [1u32; 9];
     let err = model
-        .forward_batch(
-            &mut sessions,
-            &[&[1], &long],
-            &[WantLogits::Last, WantLogits::Last],
-        )
+        .forward_batch(&mut sessions, &[&[1], &long], &[Want::Last, Want::Last])
         .unwrap_err();
     assert!(err.to_string().contains("context"), "{err}");
     // Nothing was appended by the refused calls.

@@ -29,7 +29,7 @@ use std::thread::JoinHandle;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use fp4forge_engine::{
-    Backend, Model, ModelInfo, ModelOptions, Sampler, SamplingParams, Session, WantLogits,
+    Backend, Model, ModelInfo, ModelOptions, Sampler, SamplingParams, Session, Want,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -478,12 +478,12 @@ impl<'m, B: Backend> Scheduler<'m, B> {
     }
 
     /// What each sequence feeds this step: `(index in active, tokens, logits wanted)`.
-    fn plan(&self) -> Vec<(usize, usize, WantLogits)> {
+    fn plan(&self) -> Vec<(usize, usize, Want)> {
         let mut plan = Vec::new();
         let mut budget = self.limits.prefill_budget;
         for (i, s) in self.active.iter().enumerate() {
             if s.decoding {
-                plan.push((i, 1, WantLogits::Last));
+                plan.push((i, 1, Want::Last));
                 continue;
             }
             if budget == 0 {
@@ -493,11 +493,11 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             let mut n = remaining.min(budget);
             let want = if s.job.req.prompt_logprobs.is_some() {
                 n = n.min(PROMPT_LOGPROB_ROWS);
-                WantLogits::All
+                Want::All
             } else if n == remaining {
-                WantLogits::Last
+                Want::Last
             } else {
-                WantLogits::None
+                Want::None
             };
             budget -= n;
             plan.push((i, n, want));
@@ -510,7 +510,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         if plan.is_empty() {
             return;
         }
-        if let [(i, 1, WantLogits::Last)] = plan[..] {
+        if let [(i, 1, Want::Last)] = plan[..] {
             if self.picks_without_logits(i) {
                 return self.step_sampled(i);
             }
@@ -639,7 +639,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         }
     }
 
-    fn fail(&mut self, plan: &[(usize, usize, WantLogits)], message: &str) {
+    fn fail(&mut self, plan: &[(usize, usize, Want)], message: &str) {
         for &(i, _, _) in plan {
             self.fail_one(i, message);
         }

@@ -20,50 +20,17 @@ pub mod cpu;
 pub mod cuda;
 
 use crate::error::Result;
+use crate::forward::SeqChunk;
+use crate::ir::Decoder;
 use crate::kv_cache::KvLayerSpec;
-use crate::models::decoder::Decoder;
 use crate::rope::RopeSpec;
 use crate::sampling::SamplingParams;
 use crate::weights::{ExpertWeights, LinearWeight};
 
+pub use crate::ir::{AttentionParams, RouterParams, RouterScoring};
 pub use cpu::CpuBackend;
 #[cfg(feature = "cuda")]
 pub use cuda::CudaBackend;
-
-/// Attention geometry of one call.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AttentionParams {
-    /// Query heads.
-    pub heads: usize,
-    /// Key/value heads (`heads` is a multiple of it: grouped-query attention).
-    pub kv_heads: usize,
-    /// Width of each head.
-    pub head_dim: usize,
-    /// Multiplier of `q · k` before the softmax (usually `1/sqrt(head_dim)`).
-    pub scale: f32,
-}
-
-/// How a mixture-of-experts router turns logits into expert weights.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RouterParams {
-    /// Experts per token.
-    pub top_k: usize,
-    /// `sigmoid` (Laguna, DeepSeek-V3 style) or `softmax` scores.
-    pub scoring: RouterScoring,
-    /// Whether the selected scores are renormalised to sum to 1 (`norm_topk_prob`).
-    pub normalize: bool,
-    /// Logit soft-capping `tanh(l / c) · c` before scoring; 0 disables it.
-    pub logit_softcap: f32,
-}
-
-/// The router's score function.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RouterScoring {
-    /// `sigmoid(logit)` per expert.
-    Sigmoid,
-    /// `softmax(logits)` over experts.
-    Softmax,
-}
 
 /// Ops and resident objects of one device (CPU, CUDA, ...). See the module docs.
 pub trait Backend: Send + Sync + Sized + 'static {
@@ -222,23 +189,18 @@ pub trait Backend: Send + Sync + Sized + 'static {
         Ok(None)
     }
 
-    // ---- whole steps -----------------------------------------------------------------------
+    // ---- whole passes -----------------------------------------------------------------------
 
-    /// One token `id` at position `pos0` through the whole `decoder` on a decode step of the
-    /// backend's own (fused launches on fixed buffers), appending to `kv`: the token's logits
-    /// `[1, vocab]`, equal to the generic ops' up to f32 summation order. `Ok(None)` (the
-    /// default) where the backend has no such step or it does not cover `decoder`: the caller
-    /// then runs the generic ops. The decoder type is crate-internal, so only this crate's
-    /// backends override it.
-    #[allow(private_interfaces)]
-    fn decode_step(
+    /// The whole pass of [`crate::forward`] run the backend's own way (fused launches on fixed
+    /// buffers), with the same results up to f32 summation order: `Ok(Some(logits per chunk))`.
+    /// `Ok(None)` (the default) where the backend has no such path for this pass (its shape, or
+    /// something in `net` it does not cover): the generic ops run instead.
+    fn fused_pass(
         &self,
-        decoder: &Decoder<Self>,
-        kv: &mut [Self::KvLayer],
-        id: u32,
-        pos0: usize,
-    ) -> Result<Option<Self::Tensor>> {
-        let _ = (decoder, kv, id, pos0);
+        net: &Decoder<Self>,
+        seqs: &mut [SeqChunk<'_, Self>],
+    ) -> Result<Option<Vec<Option<Self::Tensor>>>> {
+        let _ = (net, seqs);
         Ok(None)
     }
 }

@@ -10,9 +10,9 @@
 use rayon::prelude::*;
 
 use super::kernels::{self, Isa};
+use super::kv::HostKvLayer;
 use super::tensor::CpuTensor;
 use crate::backend::AttentionParams;
-use crate::kv_cache::HostKvLayer;
 
 /// Queries per parallel task in prefill.
 const QUERIES_PER_TASK: usize = 16;

@@ -4,6 +4,7 @@
 
 mod attention;
 mod kernels;
+mod kv;
 mod linear;
 mod moe;
 mod ops;
@@ -16,6 +17,7 @@ mod w4a4;
 
 use std::sync::Arc;
 
+pub use kv::HostKvLayer;
 pub use linear::CpuLinear;
 pub use moe::{CpuExperts, CpuRouting};
 pub use ops::CpuRope;
@@ -25,7 +27,7 @@ use kernels::Isa;
 
 use super::{AttentionParams, Backend, RouterParams};
 use crate::error::{EngineError, Result};
-use crate::kv_cache::{HostKvLayer, KvLayerSpec};
+use crate::kv_cache::KvLayerSpec;
 use crate::rope::RopeSpec;
 use crate::weights::{ExpertWeights, LinearWeight};
 

@@ -25,7 +25,7 @@ use super::{
     SharedExpert, MAX_SPLITS,
 };
 use crate::error::Result;
-use crate::models::decoder::{Decoder, Mlp, Moe};
+use crate::ir::{Decoder, Mlp, Moe};
 
 /// Activation buffers of the fused decode step, at fixed addresses, grown when a decoder needs
 /// more. Held by the backend (one step at a time: the lock around it serialises steps).

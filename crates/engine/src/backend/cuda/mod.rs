@@ -46,8 +46,9 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 
 use super::{AttentionParams, Backend, RouterParams, RouterScoring};
 use crate::error::{EngineError, Result};
+use crate::forward::{SeqChunk, Want};
+use crate::ir::Decoder;
 use crate::kv_cache::{KvDtype, KvLayerSpec};
-use crate::models::decoder::Decoder;
 use crate::rope::RopeSpec;
 use crate::sampling::SamplingParams;
 use crate::weights::{ExpertWeights, LinearWeight};
@@ -949,14 +950,19 @@ impl Backend for CudaBackend {
         Ok(id.first().copied())
     }
 
-    #[allow(private_interfaces)]
-    fn decode_step(
+    /// A decode step of one sequence (one token, its last logits wanted) runs the fused
+    /// launch sequence of [`CudaBackend::decode_fused`] where it covers the decoder.
+    fn fused_pass(
         &self,
-        decoder: &Decoder<Self>,
-        kv: &mut [CudaKvLayer],
-        id: u32,
-        pos0: usize,
-    ) -> Result<Option<CudaTensor>> {
-        self.decode_fused(decoder, kv, id, pos0)
+        net: &Decoder<Self>,
+        seqs: &mut [SeqChunk<'_, Self>],
+    ) -> Result<Option<Vec<Option<CudaTensor>>>> {
+        let [s] = seqs else { return Ok(None) };
+        let ([id], Want::Last) = (s.ids, s.want) else {
+            return Ok(None);
+        };
+        Ok(self
+            .decode_fused(net, s.kv, *id, s.pos0)?
+            .map(|t| vec![Some(t)]))
     }
 }

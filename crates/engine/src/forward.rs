@@ -1,0 +1,219 @@
+//! The one forward pass: many sequences' chunks through a [`Decoder`] at once.
+//!
+//! Every caller goes through [`forward`]: a session's prompt chunk or decode step is a batch of
+//! one, a continuous-batching step stacks every running sequence's new tokens, and a
+//! speculative verification is a chunk of draft tokens. The rows of all chunks form one
+//! activation matrix, so each linear layer, the MLP or MoE and the lm_head stream their weights
+//! once per pass (`T = Σ rows`). Attention is the only per-sequence op: each chunk's rows are
+//! rotated at its own positions and attend over its own KV cache; the outputs are stacked again
+//! for `o_proj`. Every row is computed as it would be alone, up to the f32 summation order of
+//! the batched (GEMM) and single-row (GEMV) kernels.
+//!
+//! A backend may recognise a whole pass it runs its own way (fused launches on fixed buffers):
+//! [`Backend::fused_pass`] is asked first and the generic ops below run only where it declines.
+
+use crate::backend::Backend;
+use crate::error::Result;
+use crate::ir::{Attention, Decoder, Layer, Mlp, Moe, SwiGlu};
+
+/// Which logits a chunk wants back from a pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// None (a prefill chunk that is not the prompt's last).
+    None,
+    /// Its last token's (a decode step, or a prompt's last chunk).
+    Last,
+    /// Every token's (prompt scoring, speculative verification).
+    All,
+}
+
+/// One sequence's part of a pass: new tokens appended to its KV cache.
+pub struct SeqChunk<'a, B: Backend> {
+    /// The sequence's KV cache, one store per layer.
+    pub kv: &'a mut [B::KvLayer],
+    /// Its new tokens (at least one; the caller has checked them against the vocabulary).
+    pub ids: &'a [u32],
+    /// Positions already in its cache (the first new token's position).
+    pub pos0: usize,
+    /// The logits it wants.
+    pub want: Want,
+}
+
+/// Runs every chunk of `seqs` through `net` in one pass, appending to each one's cache. Returns,
+/// per chunk, the logits it wanted: `[rows, vocab]` for [`Want::All`], `[1, vocab]` for
+/// [`Want::Last`], `None` for [`Want::None`]. A failure can leave the caches holding part of the
+/// pass.
+pub fn forward<B: Backend>(
+    b: &B,
+    net: &Decoder<B>,
+    seqs: &mut [SeqChunk<'_, B>],
+) -> Result<Vec<Option<B::Tensor>>> {
+    if let Some(out) = b.fused_pass(net, seqs)? {
+        return Ok(out);
+    }
+    let stacked: Vec<u32>;
+    let ids = match seqs {
+        [s] => s.ids,
+        _ => {
+            stacked = seqs.iter().flat_map(|s| s.ids.iter().copied()).collect();
+            &stacked
+        }
+    };
+    let mut x = b.embed(&net.embed, ids)?;
+    for (li, layer) in net.layers.iter().enumerate() {
+        residual_block(b, net, layer, &mut x, |a| {
+            attention(b, net, &layer.attn, a, seqs, li)
+        })?;
+    }
+    logits(b, net, x, seqs)
+}
+
+/// One layer on the residual stream `x`: `x += attention(norm(x))`, then
+/// `x += mlp(post_norm(x))`; `attention` maps the normed rows to the attention output.
+fn residual_block<B: Backend>(
+    b: &B,
+    net: &Decoder<B>,
+    layer: &Layer<B>,
+    x: &mut B::Tensor,
+    attention: impl FnOnce(&B::Tensor) -> Result<B::Tensor>,
+) -> Result<()> {
+    let a = b.rms_norm(x, &layer.input_norm, net.eps, net.hidden)?;
+    let h = attention(&a)?;
+    b.add_scaled(x, 1.0, &h)?;
+    let m = b.rms_norm(x, &layer.post_norm, net.eps, net.hidden)?;
+    let h = match &layer.mlp {
+        Mlp::Dense(mlp) => swiglu(b, mlp, &m)?,
+        Mlp::Moe(moe) => mixture(b, moe, &m)?,
+    };
+    b.add_scaled(x, 1.0, &h)
+}
+
+/// Layer `layer`'s attention over the stacked rows `a`: projections (and q/k norms) on all rows,
+/// rotation and attention per chunk, gate and `o_proj` on all rows.
+fn attention<B: Backend>(
+    b: &B,
+    net: &Decoder<B>,
+    attn: &Attention<B>,
+    a: &B::Tensor,
+    seqs: &mut [SeqChunk<'_, B>],
+    layer: usize,
+) -> Result<B::Tensor> {
+    let d = attn.params.head_dim;
+    let mut q = b.linear(a, &attn.q, attn.q_bias.as_ref())?;
+    let mut k = b.linear(a, &attn.k, attn.k_bias.as_ref())?;
+    let v = b.linear(a, &attn.v, attn.v_bias.as_ref())?;
+    if let Some(n) = &attn.q_norm {
+        q = b.rms_norm(&q, n, net.eps, d)?;
+    }
+    if let Some(n) = &attn.k_norm {
+        k = b.rms_norm(&k, n, net.eps, d)?;
+    }
+    let rope = &net.ropes[attn.rope];
+    let mut o = if let [s] = seqs {
+        // One chunk: its rows are the whole matrix (no copies).
+        b.rope(&mut q, rope, d, s.pos0)?;
+        b.rope(&mut k, rope, d, s.pos0)?;
+        b.attention(&q, &k, &v, &mut s.kv[layer], &attn.params)?
+    } else {
+        let mut outs = Vec::with_capacity(seqs.len());
+        let mut off = 0;
+        for s in seqs.iter_mut() {
+            let n = s.ids.len();
+            let mut qs = b.rows(&q, off, n)?;
+            let mut ks = b.rows(&k, off, n)?;
+            let vs = b.rows(&v, off, n)?;
+            b.rope(&mut qs, rope, d, s.pos0)?;
+            b.rope(&mut ks, rope, d, s.pos0)?;
+            outs.push(b.attention(&qs, &ks, &vs, &mut s.kv[layer], &attn.params)?);
+            off += n;
+        }
+        b.concat_rows(&outs.iter().collect::<Vec<_>>())?
+    };
+    if let Some(g) = &attn.gate {
+        let gate = b.linear(a, g, None)?;
+        b.softplus_gate(&mut o, &gate)?;
+    }
+    b.linear(&o, &attn.o, attn.o_bias.as_ref())
+}
+
+/// `down(silu(gate x) ⊙ up x)`.
+fn swiglu<B: Backend>(b: &B, mlp: &SwiGlu<B>, x: &B::Tensor) -> Result<B::Tensor> {
+    let g = b.linear(x, &mlp.gate, None)?;
+    let u = b.linear(x, &mlp.up, None)?;
+    let a = b.silu_mul(&g, &u)?;
+    b.linear(&a, &mlp.down, None)
+}
+
+/// The routed experts' weighted sum (plus the shared expert) of each row.
+fn mixture<B: Backend>(b: &B, moe: &Moe<B>, x: &B::Tensor) -> Result<B::Tensor> {
+    let logits = b.linear(x, &moe.router, None)?;
+    let routing = b.route(
+        &logits,
+        moe.selection_bias.as_ref(),
+        &moe.params,
+        moe.routed_scale,
+    )?;
+    let mut out = b.experts(x, &routing, &moe.experts)?;
+    if let Some(shared) = &moe.shared {
+        let s = swiglu(b, shared, x)?;
+        b.add_scaled(&mut out, 1.0, &s)?;
+    }
+    Ok(out)
+}
+
+/// The final norm and lm_head over only the rows some chunk wants, split back per chunk.
+fn logits<B: Backend>(
+    b: &B,
+    net: &Decoder<B>,
+    x: B::Tensor,
+    seqs: &[SeqChunk<'_, B>],
+) -> Result<Vec<Option<B::Tensor>>> {
+    // The wanted rows of each chunk: (start in x, rows).
+    let mut spans = Vec::with_capacity(seqs.len());
+    let mut off = 0;
+    for s in seqs {
+        let n = s.ids.len();
+        spans.push(match s.want {
+            Want::None => None,
+            Want::Last => Some((off + n - 1, 1)),
+            Want::All => Some((off, n)),
+        });
+        off += n;
+    }
+    let picked: usize = spans.iter().flatten().map(|(_, n)| n).sum();
+    if picked == 0 {
+        return Ok(seqs.iter().map(|_| None).collect());
+    }
+    let y = if picked == off {
+        x
+    } else {
+        let mut parts = spans
+            .iter()
+            .flatten()
+            .map(|&(start, n)| b.rows(&x, start, n))
+            .collect::<Result<Vec<_>>>()?;
+        match parts.len() {
+            1 => parts.remove(0),
+            _ => b.concat_rows(&parts.iter().collect::<Vec<_>>())?,
+        }
+    };
+    let y = b.rms_norm(&y, &net.norm, net.eps, net.hidden)?;
+    let head = net.lm_head.as_ref().unwrap_or(&net.embed);
+    let mut all = Some(b.linear(&y, head, None)?);
+    let wanting = spans.iter().flatten().count();
+    let mut out = Vec::with_capacity(seqs.len());
+    let mut row = 0;
+    for span in spans {
+        out.push(match span {
+            None => None,
+            // The only chunk that wants logits takes the whole matrix.
+            Some(_) if wanting == 1 => all.take(),
+            Some((_, n)) => {
+                let t = all.as_ref().map(|l| b.rows(l, row, n)).transpose()?;
+                row += n;
+                t
+            }
+        });
+    }
+    Ok(out)
+}
