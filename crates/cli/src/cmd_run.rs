@@ -5,10 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use fp4forge_engine::{
-    Backend, ChatMessage, GenerateOptions, KvDtype, Model, ModelOptions, SamplingParams,
-    StopReason, TextCodec,
+    Backend, ChatMessage, Device, GenerateOptions, KvDtype, Model, ModelOptions, SamplingParams,
+    StopReason, TextCodec, WithModel,
 };
-use fp4forge_server::Device;
 
 /// Arguments of `fp4forge run`.
 #[derive(clap::Args)]
@@ -68,23 +67,17 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         .kv_dtype(kv)
         .emulate_w4a4(args.emulate_w4a4)
         .threads(args.threads);
-    match args.device {
-        Device::Cpu => generate(&Model::load(&args.dir, options)?, &args),
-        #[cfg(feature = "cuda")]
-        Device::Cuda(ordinal) => {
-            let backend = fp4forge_engine::CudaBackend::new(ordinal)
-                .with_context(|| format!("starting device {}", args.device))?;
-            generate(
-                &Model::load_with_backend(&args.dir, options, backend)?,
-                &args,
-            )
-        }
-        #[cfg(not(feature = "cuda"))]
-        Device::Cuda(_) => bail!(
-            "device {}: this fp4forge was built without the CUDA backend; rebuild with the \
-             `cuda` feature (cargo build --release -p fp4forge --features cuda)",
-            args.device
-        ),
+    fp4forge_engine::open(args.device, &args.dir, options, Generate(&args))?
+}
+
+/// [`generate`] on whichever backend the device gives.
+struct Generate<'a>(&'a RunArgs);
+
+impl WithModel for Generate<'_> {
+    type Output = anyhow::Result<()>;
+
+    fn with<B: Backend>(self, model: Model<B>) -> anyhow::Result<()> {
+        generate(&model, self.0)
     }
 }
 

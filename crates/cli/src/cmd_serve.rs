@@ -4,8 +4,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
+use fp4forge_engine::Device;
 use fp4forge_engine::KvDtype;
-use fp4forge_server::{Device, Server, ServerConfig};
+use fp4forge_server::{Server, ServerConfig};
 
 /// Arguments of `fp4forge serve`.
 #[derive(clap::Args)]

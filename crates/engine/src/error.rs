@@ -117,6 +117,25 @@ pub enum EngineError {
         reason: String,
     },
 
+    /// The device asked for is not built into this binary (CUDA without the `cuda` feature).
+    #[error(
+        "device {device}: this build has no CUDA backend; rebuild with the `cuda` feature \
+         (cargo build --release -p fp4forge --features cuda)"
+    )]
+    DeviceNotBuilt {
+        /// The device asked for.
+        device: crate::Device,
+    },
+
+    /// The device could not be started (no driver, no such GPU, ...).
+    #[error("starting device {device}: {source}")]
+    DeviceStart {
+        /// The device asked for.
+        device: crate::Device,
+        /// What the backend said.
+        source: Box<EngineError>,
+    },
+
     /// A chat was asked of a checkpoint without a chat template.
     #[error(
         "the checkpoint has no chat template (chat_template.jinja or tokenizer_config.json \

@@ -31,6 +31,7 @@
 pub mod backend;
 mod batch;
 pub mod config;
+mod device;
 mod error;
 pub mod forward;
 mod generate;
@@ -47,6 +48,7 @@ pub mod weights;
 #[cfg(feature = "cuda")]
 pub use backend::CudaBackend;
 pub use backend::{AttentionParams, Backend, CpuBackend, RouterParams, RouterScoring};
+pub use device::{open, Device, ParseDeviceError, WithModel};
 pub use error::{EngineError, Result};
 pub use forward::{forward, SeqChunk, Want};
 pub use generate::{GenerateOptions, Generation, GenerationStats, StopReason};

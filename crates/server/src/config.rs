@@ -1,11 +1,9 @@
 //! [`ServerConfig`]: what to serve, where, and the limits every request is held to.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::time::Duration;
 
-use fp4forge_engine::KvDtype;
+use fp4forge_engine::{Device, KvDtype};
 
 /// Default most sequences advanced together per engine step.
 pub const DEFAULT_MAX_BATCH: usize = 32;
@@ -23,61 +21,6 @@ pub const DEFAULT_MAX_LOGPROBS: usize = 20;
 pub const DEFAULT_MAX_CHOICES: usize = 64;
 /// Default budget of the prefix cache: KV storage of finished sequences kept for reuse, bytes.
 pub const DEFAULT_PREFIX_CACHE_BYTES: usize = 1 << 30;
-
-/// Where the engine runs the model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Device {
-    /// The CPU backend (`threads` worker threads).
-    #[default]
-    Cpu,
-    /// The CUDA backend on the GPU of this ordinal (needs the `cuda` feature).
-    Cuda(usize),
-}
-
-impl Device {
-    /// Whether this build can run on it (CUDA needs the `cuda` feature).
-    pub fn available(self) -> bool {
-        match self {
-            Device::Cpu => true,
-            Device::Cuda(_) => cfg!(feature = "cuda"),
-        }
-    }
-}
-
-impl fmt::Display for Device {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Device::Cpu => f.write_str("cpu"),
-            Device::Cuda(i) => write!(f, "cuda:{i}"),
-        }
-    }
-}
-
-/// A device name that is not `cpu`, `cuda` or `cuda:N`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown device '{0}': expected cpu or cuda[:N]")]
-pub struct ParseDeviceError(pub String);
-
-impl FromStr for Device {
-    type Err = ParseDeviceError;
-
-    /// `cpu`, `cuda` (GPU 0) or `cuda:N`.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || ParseDeviceError(s.to_string());
-        let t = s.trim().to_ascii_lowercase();
-        match t.as_str() {
-            "cpu" => Ok(Device::Cpu),
-            "cuda" => Ok(Device::Cuda(0)),
-            _ => {
-                let n = t.strip_prefix("cuda:").ok_or_else(bad)?;
-                if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
-                    return Err(bad());
-                }
-                n.parse().map(Device::Cuda).map_err(|_| bad())
-            }
-        }
-    }
-}
 
 /// How the server runs: plain data (every field public) with builder-style setters of the same
 /// names, e.g. `ServerConfig::new("model").port(0).max_batch(8)`.
@@ -279,24 +222,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_devices() {
-        assert_eq!("cpu".parse(), Ok(Device::Cpu));
-        assert_eq!("CPU".parse(), Ok(Device::Cpu));
-        assert_eq!("cuda".parse(), Ok(Device::Cuda(0)));
-        assert_eq!("cuda:0".parse(), Ok(Device::Cuda(0)));
-        assert_eq!("cuda:3".parse(), Ok(Device::Cuda(3)));
-        for bad in [
-            "", "gpu", "cuda:", "cuda:x", "cuda:-1", "cuda:+1", "cuda0", "cpu:0",
-        ] {
-            let e = bad.parse::<Device>().unwrap_err();
-            assert_eq!(
-                e.to_string(),
-                format!("unknown device '{bad}': expected cpu or cuda[:N]")
-            );
-        }
-        for d in [Device::Cpu, Device::Cuda(0), Device::Cuda(7)] {
-            assert_eq!(d.to_string().parse(), Ok(d));
-        }
+    fn runs_on_the_cpu_by_default() {
         assert_eq!(ServerConfig::new("m").device, Device::Cpu);
     }
 }

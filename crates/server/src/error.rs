@@ -10,28 +10,12 @@ use thiserror::Error;
 /// Why the server could not start, or stopped.
 #[derive(Debug, Error)]
 pub enum ServerError {
-    /// The model could not be loaded.
+    /// The model could not be loaded (its device included: one this build lacks, or one that
+    /// does not start).
     #[error("loading {}: {source}", dir.display())]
     Load {
         /// The checkpoint directory.
         dir: PathBuf,
-        /// What the engine said.
-        source: fp4forge_engine::EngineError,
-    },
-    /// The device asked for is not built in (CUDA without the `cuda` feature).
-    #[error(
-        "device {device}: this build has no CUDA backend; rebuild with the `cuda` feature \
-         (cargo build --release -p fp4forge --features cuda)"
-    )]
-    DeviceNotBuilt {
-        /// The device asked for.
-        device: crate::config::Device,
-    },
-    /// The device could not be started (no driver, no such GPU, ...).
-    #[error("starting device {device}: {source}")]
-    Device {
-        /// The device asked for.
-        device: crate::config::Device,
         /// What the engine said.
         source: fp4forge_engine::EngineError,
     },

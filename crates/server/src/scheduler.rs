@@ -29,11 +29,11 @@ use std::thread::JoinHandle;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use fp4forge_engine::{
-    Backend, Model, ModelInfo, ModelOptions, Sampler, SamplingParams, Session, Want,
+    Backend, Model, ModelInfo, ModelOptions, Sampler, SamplingParams, Session, Want, WithModel,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::config::{Device, ServerConfig};
+use crate::config::ServerConfig;
 use crate::error::{ApiError, ServerError};
 use crate::logprobs::{rows_logprobs, token_logprob, TokenLogprob};
 use crate::metrics::Metrics;
@@ -212,34 +212,9 @@ pub(crate) fn start(
                 limits,
                 metrics: thread_metrics,
             };
-            match device {
-                Device::Cpu => {
-                    let model = Model::load(&dir, options).map_err(|source| ServerError::Load {
-                        dir: dir.clone(),
-                        source,
-                    });
-                    serve.run(model);
-                }
-                #[cfg(feature = "cuda")]
-                Device::Cuda(ordinal) => {
-                    let model = fp4forge_engine::CudaBackend::new(ordinal)
-                        .map_err(|source| ServerError::Device { device, source })
-                        .and_then(|backend| {
-                            Model::load_with_backend(&dir, options, backend).map_err(|source| {
-                                ServerError::Load {
-                                    dir: dir.clone(),
-                                    source,
-                                }
-                            })
-                        });
-                    serve.run(model);
-                }
-                #[cfg(not(feature = "cuda"))]
-                Device::Cuda(_) => {
-                    let _ = serve
-                        .ready
-                        .send(Err(ServerError::DeviceNotBuilt { device }));
-                }
+            let failed = serve.ready.clone();
+            if let Err(source) = fp4forge_engine::open(device, &dir, options, serve) {
+                let _ = failed.send(Err(ServerError::Load { dir, source }));
             }
         })
         .map_err(|e| ServerError::Engine(e.to_string()))?;
@@ -275,16 +250,11 @@ struct Serve {
     metrics: Arc<Metrics>,
 }
 
-impl Serve {
-    /// Reports the load's outcome; with a model, schedules until shut down.
-    fn run<B: Backend>(self, model: Result<Model<B>, ServerError>) {
-        let model = match model {
-            Ok(m) => m,
-            Err(e) => {
-                let _ = self.ready.send(Err(e));
-                return;
-            }
-        };
+impl WithModel for Serve {
+    type Output = ();
+
+    /// Reports the model's info, then schedules until shut down.
+    fn with<B: Backend>(self, model: Model<B>) {
         let _ = self.ready.send(Ok(model.info().clone()));
         Scheduler::new(&model, self.limits, self.metrics).run(self.rx);
     }

@@ -278,7 +278,7 @@ mod tests {
     #[cfg(not(feature = "cuda"))]
     #[tokio::test]
     async fn cuda_without_the_feature_is_a_clear_error() {
-        use crate::config::Device;
+        use fp4forge_engine::{Device, EngineError};
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("tiny");
         tiny_model::write_tiny_model(&dir, 3).unwrap();
@@ -287,8 +287,11 @@ mod tests {
         assert!(
             matches!(
                 err,
-                ServerError::DeviceNotBuilt {
-                    device: Device::Cuda(1)
+                ServerError::Load {
+                    source: EngineError::DeviceNotBuilt {
+                        device: Device::Cuda(1)
+                    },
+                    ..
                 }
             ),
             "{err:?}"
