@@ -53,6 +53,7 @@ pub mod weights;
 #[cfg(feature = "cuda")]
 pub use backend::CudaBackend;
 pub use backend::{AttentionParams, Backend, CpuBackend, RouterParams, RouterScoring};
+pub use batch::Output;
 pub use device::{open, Device, ParseDeviceError, WithModel};
 pub use error::{EngineError, Result};
 pub use forward::{forward, SeqChunk, Want};
