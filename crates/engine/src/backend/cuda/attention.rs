@@ -228,10 +228,7 @@ impl CudaBackend {
             128 if dec_ok => {
                 let keys = pos0 + 1;
                 let keys = cache.spec.window.map_or(keys, |w| keys.min(w));
-                let short = self
-                    .inner
-                    .attn_short_keys
-                    .load(std::sync::atomic::Ordering::Relaxed);
+                let short = self.opts().attn_short_keys;
                 Some(&self.inner.f.attn_dec[if keys <= short { 2 } else { 1 }])
             }
             _ => None,
@@ -271,20 +268,17 @@ impl CudaBackend {
         }
         // blocks per split: each kv head's query heads in groups of at most ATTN_GMAX
         let blocks = p.kv_heads * (p.heads / p.kv_heads.max(1)).div_ceil(ATTN_GMAX);
-        let (min_keys, per_sm) = {
-            let v = self
-                .inner
-                .split_knobs
-                .load(std::sync::atomic::Ordering::Relaxed);
-            ((v >> 16) as usize, (v & 0xffff) as usize)
+        let (min_keys, per_sm, short) = {
+            let o = self.opts();
+            (
+                o.attn_split_min_keys as usize,
+                o.attn_split_blocks_per_sm as usize,
+                o.attn_short_keys,
+            )
         };
         let per_sm = if per_sm == 0 {
             // resident blocks per SM (`__launch_bounds__`): the short-span head_dim-128 kernel 2,
             // the others 4
-            let short = self
-                .inner
-                .attn_short_keys
-                .load(std::sync::atomic::Ordering::Relaxed);
             if p.head_dim == 128 && keys <= short {
                 2
             } else {
@@ -310,16 +304,6 @@ impl CudaBackend {
             window, width as i32, cache.kv_t, cache.k_scale, cache.v_scale)?;
         cache.len += t;
         Ok(())
-    }
-
-    /// Sets the attended keys up to which head_dim-128 decode attention takes its short-span
-    /// variant (`None`: the default, `ATTN_SHORT_KEYS`; `Some(0)`: never), so tests cover both
-    /// variants.
-    pub fn set_attn_short_keys(&self, keys: Option<usize>) {
-        self.inner.attn_short_keys.store(
-            keys.unwrap_or(ATTN_SHORT_KEYS),
-            std::sync::atomic::Ordering::Relaxed,
-        );
     }
 }
 

@@ -24,8 +24,8 @@ use cudarc::driver::CudaSlice;
 use serde_json::Value;
 
 use super::{
-    launch, AttnPrep, CudaBackend, CudaExperts, CudaKvLayer, CudaLinear, Epi, ExpertArena,
-    MoeBuffers, MultiLinear, Route, SharedExpert, GEMV_WARPS,
+    launch, AttnPrep, CudaBackend, CudaExperts, CudaKvLayer, CudaLinear, CudaOptions, Epi,
+    ExpertArena, MoeBuffers, MultiLinear, Route, SharedExpert, GEMV_WARPS,
 };
 use crate::backend::{AttentionParams, Backend, RouterParams, RouterScoring};
 use crate::error::Result;
@@ -738,10 +738,13 @@ pub fn synthetic_laguna_decode(
         // kernels, once with separate launches and the per-item MoE kernels (same logits
         // expected), then timed per stage, then capture.
         let mut tm = StageTimer::new(b);
-        let persist = b.inner.persist.load(std::sync::atomic::Ordering::Relaxed);
-        b.set_persistent_moe(false);
+        let keep = b.options();
+        b.set_options(CudaOptions {
+            persistent_moe: false,
+            ..keep.clone()
+        });
         let r = step(&mut tm, false);
-        b.set_persistent_moe(persist);
+        b.set_options(keep);
         r?;
         let separate = b
             .inner
@@ -799,27 +802,24 @@ pub fn synthetic_laguna_decode(
         .map_err(|e| b.err(format!("graph nodes: {e:?}")))?;
         let secs = b.time_graph(&graph, reps)?;
         if let Ok(list) = std::env::var("FP4FORGE_BENCH_SPLIT_SWEEP") {
-            let keep = b
-                .inner
-                .split_knobs
-                .load(std::sync::atomic::Ordering::Relaxed);
+            let keep = b.options();
             for item in list.split(',') {
                 let mut it = item.split(':').filter_map(|v| v.trim().parse::<u32>().ok());
                 let (Some(mk), Some(ps)) = (it.next(), it.next()) else {
                     continue;
                 };
-                b.inner
-                    .split_knobs
-                    .store((mk << 16) | ps, std::sync::atomic::Ordering::Relaxed);
+                b.set_options(CudaOptions {
+                    attn_split_min_keys: mk,
+                    attn_split_blocks_per_sm: ps,
+                    ..keep.clone()
+                });
                 let g2 = b.capture_graph(|| step(&mut tm, true))?;
                 let ms = b.time_graph(&g2, reps)? * 1e3;
                 eprintln!(
                     "  {build} ctx {ctx}: split keys {mk} blocks/SM {ps}: graph {ms:.3} ms/token"
                 );
             }
-            b.inner
-                .split_knobs
-                .store(keep, std::sync::atomic::Ordering::Relaxed);
+            b.set_options(keep);
         }
         let bpt = if bytes_per_token > 0.0 {
             bytes_per_token

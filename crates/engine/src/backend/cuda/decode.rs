@@ -159,10 +159,13 @@ fn covers(d: &Decoder<CudaBackend>) -> bool {
 }
 
 impl CudaBackend {
-    /// Switches the model path's fused decode step on or off (on by default;
-    /// `FP4FORGE_CUDA_FUSED_DECODE=0` starts it off), e.g. to compare it with the generic ops.
+    /// Switches the model path's fused decode step on or off (`CudaOptions::fused_decode`: on
+    /// by default, `FP4FORGE_CUDA_FUSED_DECODE=0` starts it off), e.g. to compare it with the
+    /// generic ops.
     pub fn set_fused_decode(&self, on: bool) {
-        self.inner.fused_decode.store(on, Ordering::Relaxed);
+        let mut o = self.options();
+        o.fused_decode = on;
+        self.set_options(o);
     }
 
     /// Tokens decoded on the fused step by this backend (and its clones) so far.
@@ -180,7 +183,7 @@ impl CudaBackend {
         id: u32,
         pos0: usize,
     ) -> Result<Option<CudaTensor>> {
-        if !self.inner.fused_decode.load(Ordering::Relaxed) || !covers(d) {
+        if !self.opts().fused_decode || !covers(d) {
             return Ok(None);
         }
         self.check(kv.len() == d.layers.len(), || {

@@ -27,35 +27,6 @@ pub(crate) const MULTI_WARPS: u32 = 8;
 pub(super) const NV_WARPS: u32 = 8;
 pub(super) const NV_ROWS: usize = 2;
 
-/// Launch tuning of the NVFP4 decode GEMV (defaults; the environment overrides them for
-/// experiments: `FP4FORGE_NV_MINB` = 2 | 3 resident blocks per SM, `FP4FORGE_NV_GRID` = blocks
-/// per SM of the persistent grid (0: one block per tile), `FP4FORGE_NV_KS` = 1 | 2 | 4 | 8;
-/// `FP4FORGE_MMA_KS` = 1 | 2 | 4 | 8 warps per tile of `gemv_mma`).
-#[derive(Clone, Copy)]
-pub(super) struct NvTune {
-    minb: usize,
-    grid_per_sm: usize,
-    ks: Option<usize>,
-    mma_ks: Option<usize>,
-}
-
-pub(super) fn nv_tune() -> NvTune {
-    static T: OnceLock<NvTune> = OnceLock::new();
-    *T.get_or_init(|| {
-        let var = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
-        let minb = match var("FP4FORGE_NV_MINB") {
-            Some(3) => 3,
-            _ => NV_BLOCKS_PER_SM,
-        };
-        NvTune {
-            minb,
-            grid_per_sm: var("FP4FORGE_NV_GRID").unwrap_or(minb),
-            ks: var("FP4FORGE_NV_KS").filter(|k| [1, 2, 4, 8].contains(k)),
-            mma_ks: var("FP4FORGE_MMA_KS").filter(|k| [1, 2, 4, 8].contains(k)),
-        }
-    })
-}
-
 /// Largest K of the NVFP4 decode GEMV (`XS_MAX`: x is staged in shared memory).
 pub(super) const NV_MAX_K: usize = 9216;
 
@@ -267,17 +238,27 @@ impl CudaBackend {
     ) -> Result<()> {
         let fast =
             (w.fmt == 3 && w.cols.is_multiple_of(32)) || (w.fmt == 2 && w.cols.is_multiple_of(8));
+        let (legacy, mma_ks, nv_ks, nv_grid_per_sm, nv_blocks_per_sm, tiled) = {
+            let o = self.opts();
+            (
+                o.legacy_gemv,
+                o.mma_k_split,
+                o.nv_k_split,
+                o.nv_grid_per_sm,
+                o.nv_blocks_per_sm,
+                o.tiled_prefill,
+            )
+        };
         if t == 1
             && w.fmt == 3
             && self.inner.mma
             && w.cols.is_multiple_of(MMA_CHUNK)
             && w.cols <= NV_MAX_K
-            && !self.legacy_gemv()
+            && !legacy
         {
             // (each warp stages at most MMA_WARP_CHUNKS chunks of x: an override is raised to that)
             let chunks = w.cols / MMA_CHUNK;
-            let ks = nv_tune()
-                .mma_ks
+            let ks = mma_ks
                 .map(|k| {
                     let mut k = k;
                     while chunks.div_ceil(k) > MMA_WARP_CHUNKS {
@@ -291,10 +272,9 @@ impl CudaBackend {
                 self.ptr(&w.data), w.scales_ptr(self), w.inv_g, x, y, bias, resid,
                 w.rows as i32, w.cols as i32, ks as i32);
         }
-        if t == 1 && fast && w.fmt == 3 && w.cols <= NV_MAX_K && !self.legacy_gemv() {
-            let tune = nv_tune();
+        if t == 1 && fast && w.fmt == 3 && w.cols <= NV_MAX_K && !legacy {
             let (mut ki, mut ks) = nv_split(w.rows, w.cols, self.inner.sms);
-            if let Some(f) = tune.ks {
+            if let Some(f) = nv_ks {
                 ks = f;
                 ki = f.trailing_zeros() as usize;
             }
@@ -302,17 +282,17 @@ impl CudaBackend {
             // persistent blocks (as many as are resident), each staging x in shared memory once;
             // `grid_per_sm` 0: one block per tile.
             let tiles = w.rows.div_ceil(tile);
-            let blocks = match tune.grid_per_sm {
+            let blocks = match nv_grid_per_sm {
                 0 => tiles,
                 g => tiles.min(g * self.inner.sms),
             };
-            let ki = ki + if tune.minb == 3 { 4 } else { 0 };
+            let ki = ki + if nv_blocks_per_sm == 3 { 4 } else { 0 };
             let grid = (blocks as u32, 1, 1);
             return launch!(self, &self.inner.f.gemv_nv[ki], grid, (32 * NV_WARPS, 1, 1);
                 self.ptr(&w.data), w.scales_ptr(self), w.inv_g, x, y, bias, resid,
                 w.rows as i32, w.cols as i32);
         }
-        if t == 1 && fast && !self.legacy_gemv() {
+        if t == 1 && fast && !legacy {
             // Rows per warp: as many as keep >= 16 warps per SM busy (x is reused across them).
             let target = 16 * self.inner.sms;
             let (ri, r) = [(3usize, 8usize), (2, 4), (1, 2)]
@@ -324,7 +304,7 @@ impl CudaBackend {
                 w.fmt, self.ptr(&w.data), w.scales_ptr(self), w.inv_g, x, y, bias, resid,
                 w.rows as i32, w.cols as i32);
         }
-        if t >= GEMM_MIN_TOKENS && w.cols.is_multiple_of(32) && tiled_prefill() {
+        if t >= GEMM_MIN_TOKENS && w.cols.is_multiple_of(32) && tiled {
             let grid = (
                 (w.rows as u32).div_ceil(GEMM_ROWS),
                 (t as u32).div_ceil(GEMM_TOKENS),
@@ -373,12 +353,6 @@ impl CudaBackend {
     pub(crate) fn linear_multi_raw(&self, m: &MultiLinear, x: u64) -> Result<()> {
         launch!(self, &self.inner.f.linear_multi2, (m.blocks, 1, 1), (32 * MULTI_WARPS, 1, 1);
             m.segs, x, m.k as i32, i32::from(self.inner.mma))
-    }
-
-    /// `FP4FORGE_CUDA_LEGACY_GEMV=1` uses the one-row-per-warp kernel for decode (comparisons).
-    pub(super) fn legacy_gemv(&self) -> bool {
-        static L: OnceLock<bool> = OnceLock::new();
-        *L.get_or_init(|| std::env::var_os("FP4FORGE_CUDA_LEGACY_GEMV").is_some())
     }
 
     /// Output rows of one `linear_multi2` block for the segment of weight `w` (input width `k`):

@@ -15,10 +15,11 @@
 //! (`sample_logits`). [`bench`](mod@bench) runs the same launch sequence on synthetic weights of
 //! real Laguna geometry, captured in a CUDA graph.
 //!
-//! Modules: `compile` (the kernel source, NVRTC, the kernels loaded), `linear` (GEMVs, several
-//! linears in one launch, fused epilogues), `attention` (KV cache, decode and prefill attention),
-//! `moe` (expert arenas, routing, the expert kernels), `decode` (the fused single-token step),
-//! `bench` and `stream_probe` (measurements on synthetic weights).
+//! Modules: `options` (every knob: [`CudaOptions`], the `FP4FORGE_*` variables), `compile` (the
+//! kernel source, NVRTC, the kernels loaded), `linear` (GEMVs, several linears in one launch,
+//! fused epilogues), `attention` (KV cache, decode and prefill attention), `moe` (expert arenas,
+//! routing, the expert kernels), `decode` (the fused single-token step), `bench` and
+//! `stream_probe` (measurements on synthetic weights).
 //!
 //! Not yet: CUDA-graph capture of the model path's step (it launches eagerly; in the benchmark
 //! eager is 1-2% slower than graph replay: 4.45 vs 4.39 ms at Laguna-S lean 2K), sampling on
@@ -30,14 +31,16 @@ mod compile;
 mod decode;
 mod linear;
 mod moe;
+mod options;
 pub mod stream_probe;
 
 pub use attention::{CudaKvLayer, CudaRope};
 pub use compile::{compile_kernels, kernel_entries, KERNELS_CU};
 pub use moe::{CudaExperts, CudaRouting, ExpertArena};
+pub use options::CudaOptions;
 use {attention::*, compile::*, linear::*, moe::*};
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard};
 
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
@@ -90,31 +93,19 @@ pub(crate) struct Inner {
     module: Arc<CudaModule>,
     pub name: String,
     pub sms: usize,
-    /// Launch with programmatic dependent launch (sm_90+, unless `FP4FORGE_CUDA_PDL=0`): a
+    /// Launch with programmatic dependent launch (sm_90+, unless `CudaOptions::pdl` is off): a
     /// kernel's blocks start while its predecessor drains and wait for its results in
     /// `pdl_enter()` (kernels/common.cu), hiding launch and ramp-up between the small kernels of a step.
     pub pdl: bool,
     /// Decode GEMVs of NVFP4 weights with K % 128 == 0 on tensor cores (`gemv_mma` and the
     /// `mma` paths of `linear_multi2` / `experts_*`): sm_89+ (fp8 conversions), unless
-    /// `FP4FORGE_CUDA_MMA=0`.
+    /// `CudaOptions::mma` is off.
     pub mma: bool,
     /// Completion counter of the fused epilogues (`Epi` in kernels/common.cu).
     counters: CudaSlice<u32>,
-    /// One token's experts on the persistent kernels where they apply (`persistent_moe`);
-    /// `FP4FORGE_CUDA_PERSIST=0` starts it off.
-    persist: std::sync::atomic::AtomicBool,
-    /// The decode attention split heuristic of `splits_for`: (fewest keys per split << 16) |
-    /// blocks per SM aimed at; `ATTN_SPLIT_MIN_KEYS` and `ATTN_SPLIT_BLOCKS_PER_SM` unless the
-    /// benchmark sweeps them (`FP4FORGE_BENCH_SPLIT_SWEEP`).
-    pub(crate) split_knobs: std::sync::atomic::AtomicU32,
-    /// Cap on the persistent MoE kernels' grid (0: as many blocks as are resident).
-    persist_grid: std::sync::atomic::AtomicUsize,
-    /// Attended keys up to which head_dim-128 decode attention takes the short-span variant
-    /// (`ATTN_SHORT_KEYS` unless set).
-    attn_short_keys: std::sync::atomic::AtomicUsize,
-    /// The model path's single-token steps on the fused launch sequence (`decode.rs`) where it
-    /// covers the model; `FP4FORGE_CUDA_FUSED_DECODE=0` starts it off.
-    fused_decode: std::sync::atomic::AtomicBool,
+    /// The knobs (`CudaOptions::from_env` unless opened `with_options`); `pdl` and `mma` above
+    /// are fixed when the backend opens, the rest is read at each use.
+    options: RwLock<CudaOptions>,
     /// The fused step's activation buffers (one step at a time).
     decode: Mutex<Option<decode::DecodeBuffers>>,
     /// Tokens decoded on the fused step so far.
@@ -140,16 +131,16 @@ fn backend_err(reason: impl Into<String>) -> EngineError {
     }
 }
 
-/// `FP4FORGE_CUDA_GEMM=0` computes multi-token linears with the `linear` GEMV kernel instead of
-/// `gemm_tiled` (comparisons).
-fn tiled_prefill() -> bool {
-    static G: OnceLock<bool> = OnceLock::new();
-    *G.get_or_init(|| std::env::var("FP4FORGE_CUDA_GEMM").as_deref() != Ok("0"))
-}
-
 impl CudaBackend {
-    /// Opens device `ordinal`, compiles the kernels for it (NVRTC) and creates a stream.
+    /// Opens device `ordinal` with the options of the environment
+    /// ([`CudaOptions::from_env`]), compiles the kernels for it (NVRTC) and creates a stream.
     pub fn new(ordinal: usize) -> Result<Self> {
+        Self::with_options(ordinal, CudaOptions::from_env())
+    }
+
+    /// Opens device `ordinal` with `options` (the environment is not read), compiles the kernels
+    /// for it (NVRTC) and creates a stream.
+    pub fn with_options(ordinal: usize, options: CudaOptions) -> Result<Self> {
         let ctx = CudaContext::new(ordinal).map_err(|e| backend_err(format!("{e:?}")))?;
         // One stream, ordered: no per-buffer events needed.
         // SAFETY: every op runs on `stream`; buffers are never shared across streams.
@@ -158,7 +149,7 @@ impl CudaBackend {
             .compute_capability()
             .map_err(|e| backend_err(format!("{e:?}")))?;
         let arch: &'static str = Box::leak(format!("sm_{maj}{min}").into_boxed_str());
-        let ptx = ptx_for(arch).map_err(backend_err)?;
+        let ptx = ptx_for(arch, options.kernels_source.as_deref()).map_err(backend_err)?;
         let module = ctx
             .load_module(ptx)
             .map_err(|e| backend_err(format!("load module: {e:?}")))?;
@@ -225,17 +216,6 @@ impl CudaBackend {
         Ok(Self {
             inner: Arc::new(Inner {
                 counters,
-                persist: std::sync::atomic::AtomicBool::new(
-                    std::env::var("FP4FORGE_CUDA_PERSIST").as_deref() != Ok("0"),
-                ),
-                persist_grid: std::sync::atomic::AtomicUsize::new(0),
-                split_knobs: std::sync::atomic::AtomicU32::new(
-                    (ATTN_SPLIT_MIN_KEYS << 16) | ATTN_SPLIT_BLOCKS_PER_SM,
-                ),
-                attn_short_keys: std::sync::atomic::AtomicUsize::new(ATTN_SHORT_KEYS),
-                fused_decode: std::sync::atomic::AtomicBool::new(
-                    std::env::var("FP4FORGE_CUDA_FUSED_DECODE").as_deref() != Ok("0"),
-                ),
                 decode: Mutex::new(None),
                 fused_steps: std::sync::atomic::AtomicUsize::new(0),
                 ctx,
@@ -244,11 +224,31 @@ impl CudaBackend {
                 module,
                 name: format!("cuda:{ordinal} ({dev_name}, {arch})"),
                 sms,
-                pdl: maj >= 9 && std::env::var("FP4FORGE_CUDA_PDL").map_or(true, |v| v != "0"),
-                mma: (maj, min) >= (8, 9)
-                    && std::env::var("FP4FORGE_CUDA_MMA").map_or(true, |v| v != "0"),
+                pdl: maj >= 9 && options.pdl,
+                mma: (maj, min) >= (8, 9) && options.mma,
+                options: RwLock::new(options),
             }),
         })
+    }
+
+    /// The backend's knobs as they are now.
+    pub fn options(&self) -> CudaOptions {
+        self.opts().clone()
+    }
+
+    /// Replaces the backend's knobs from the next launch on (benchmarks and tests:
+    /// `kernels_source`, `pdl` and `mma` keep the values the backend was opened with).
+    pub fn set_options(&self, options: CudaOptions) {
+        *self
+            .inner
+            .options
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = options;
+    }
+
+    /// The knobs, read in place.
+    pub(crate) fn opts(&self) -> RwLockReadGuard<'_, CudaOptions> {
+        self.inner.options.read().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Launches `f` on the stream with programmatic stream serialization allowed.

@@ -248,11 +248,8 @@ impl CudaBackend {
         if persistent {
             let groups = |rows: usize, per: usize, items: usize| rows.div_ceil(per) * items;
             let shared_n = usize::from(shared.is_some());
-            let resident = match self
-                .inner
-                .persist_grid
-                .load(std::sync::atomic::Ordering::Relaxed)
-            {
+            let cap = self.opts().persist_grid;
+            let resident = match cap {
                 0 => PERSIST_BLOCKS_PER_SM * self.inner.sms,
                 cap => cap.min(PERSIST_BLOCKS_PER_SM * self.inner.sms),
             };
@@ -284,7 +281,7 @@ impl CudaBackend {
     /// Whether one token's experts run on the persistent kernels (`experts_*_p`): tensor cores on
     /// (sm_89+), NVFP4 routed experts with `hidden` and `inter` multiples of 128, every routed
     /// item's `h` staged at once (`k · inter <= 10240`), a BF16 shared expert if any; unless
-    /// switched off (`set_persistent_moe`).
+    /// switched off (`CudaOptions::persistent_moe`).
     pub(super) fn persistent_moe(
         &self,
         e: &CudaExperts,
@@ -292,10 +289,7 @@ impl CudaBackend {
         k: usize,
         t: usize,
     ) -> bool {
-        let on = self
-            .inner
-            .persist
-            .load(std::sync::atomic::Ordering::Relaxed);
+        let on = self.opts().persistent_moe;
         let shared_ok = match shared {
             None => true,
             Some((s, _)) => {
@@ -313,21 +307,6 @@ impl CudaBackend {
             && k * e.inter <= 2 * PERSIST_XB_ENTRIES
             && k < 64
             && shared_ok
-    }
-
-    /// Switches the persistent MoE kernels on or off (for comparisons; on by default).
-    pub(crate) fn set_persistent_moe(&self, on: bool) {
-        self.inner
-            .persist
-            .store(on, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Caps the persistent MoE kernels' grid at `blocks` (0: as many as are resident), so that
-    /// tests at small shapes make each block walk several groups and items, as at full size.
-    pub fn set_persistent_grid(&self, blocks: usize) {
-        self.inner
-            .persist_grid
-            .store(blocks, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Gate/up and down of `items` (token, expert) pairs, one grid row per item (the shared
