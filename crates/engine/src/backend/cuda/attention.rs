@@ -29,11 +29,11 @@ pub(super) const ATTN_SHORT_KEYS: usize = 8192;
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub(crate) struct AttnPrep {
-    qn: u64,
-    kn: u64,
-    inv_freq: u64,
-    kc: u64,
-    vc: u64,
+    qn: DevPtr<f32>,
+    kn: DevPtr<f32>,
+    inv_freq: DevPtr<f32>,
+    kc: DevPtr<u16>,
+    vc: DevPtr<u16>,
     slot: i64,
     eps: f32,
     attn_factor: f32,
@@ -45,33 +45,77 @@ pub(crate) struct AttnPrep {
 unsafe impl DeviceRepr for AttnPrep {}
 
 impl AttnPrep {
-    /// Norm weights `qn`, `kn` (0: none, each `head_dim` long), rope `inv_freq` over the first
-    /// `rdim` dims scaled by `attn_factor`, and the new rows written to `slot` of `cache`.
-    #[allow(clippy::too_many_arguments)]
+    /// The norms `norms` and the rope `rope` of one token, and its new rows written to `slot`
+    /// of `cache`.
     pub(crate) fn new(
         b: &CudaBackend,
         cache: &CudaKvLayer,
         slot: usize,
-        qn: u64,
-        kn: u64,
-        eps: f32,
-        inv_freq: u64,
-        rdim: usize,
-        attn_factor: f32,
+        norms: QkNorms,
+        rope: RopeDev,
     ) -> Self {
         Self {
-            qn,
-            kn,
-            inv_freq,
-            kc: b.ptr(&cache.k),
-            vc: b.ptr(&cache.v),
+            qn: norms.q,
+            kn: norms.k,
+            inv_freq: rope.inv_freq,
+            kc: b.ptr(&cache.k).cast(),
+            vc: b.ptr(&cache.v).cast(),
             slot: slot as i64,
-            eps,
-            attn_factor,
-            rdim: rdim as i32,
+            eps: norms.eps,
+            attn_factor: rope.attn_factor,
+            rdim: rope.rdim as i32,
             on: 1,
         }
     }
+}
+
+/// Per-head RMSNorm weights of q and k (null: none, each `head_dim` long) and their epsilon.
+#[derive(Clone, Copy)]
+pub(crate) struct QkNorms {
+    pub q: DevPtr<f32>,
+    pub k: DevPtr<f32>,
+    pub eps: f32,
+}
+
+/// A rope as the kernels take it: frequencies `inv_freq` over the first `rdim` dims, cos and
+/// sin scaled by `attn_factor`.
+#[derive(Clone, Copy)]
+pub(crate) struct RopeDev {
+    pub inv_freq: DevPtr<f32>,
+    pub rdim: usize,
+    pub attn_factor: f32,
+}
+
+/// One token's `qk_norm_rope_raw` call: `q` (`heads` heads) and `k` normed and rotated in place
+/// at position `pos`, the k row and the `v` row written into cache slot `slot`.
+#[derive(Clone, Copy)]
+pub(crate) struct QkNormRope {
+    pub q: DevPtr<f32>,
+    pub k: DevPtr<f32>,
+    pub v: DevPtr<f32>,
+    pub heads: usize,
+    pub pos: usize,
+    pub slot: usize,
+    pub norms: QkNorms,
+    pub rope: RopeDev,
+}
+
+/// One `attention_raw` call: `t` query rows `q` over the cache (positions `< pos0`) and the
+/// chunk `k`, `v`, into `out` (with `softplus(gate)` applied when `gate` is not null), over
+/// `splits` key splits whose partials go to `scratch` (`part_o`, `part_ml`); `prep`: the norms,
+/// rope and append done inside the decode kernel.
+#[derive(Clone, Copy)]
+pub(crate) struct AttnCall {
+    pub q: DevPtr<f32>,
+    pub k: DevPtr<f32>,
+    pub v: DevPtr<f32>,
+    pub pos0: usize,
+    pub t: usize,
+    pub out: DevPtr<f32>,
+    pub gate: DevPtr<f32>,
+    pub splits: usize,
+    pub scratch: Option<(DevPtr<f32>, DevPtr<f32>)>,
+    pub prep: Option<AttnPrep>,
 }
 
 /// A rotary embedding: `inv_freq` on the device; cos/sin computed in the kernel.
@@ -115,30 +159,51 @@ pub(super) fn key_splits(keys: usize, blocks: usize, slots: usize, min_keys: usi
         .clamp(1, MAX_SPLITS)
 }
 
+impl CudaRope {
+    /// The rope as the kernels take it.
+    pub(crate) fn dev(&self, b: &CudaBackend) -> RopeDev {
+        RopeDev {
+            inv_freq: b.ptr(&self.inv_freq),
+            rdim: self.rotary_dim,
+            attn_factor: self.attention_factor,
+        }
+    }
+}
+
 impl CudaBackend {
-    /// One token's per-head q/k RMSNorms (`qn`, `kn`: 0 for none) and rope at `pos` over
-    /// `q` (`heads` heads) and `k` (the cache's kv heads), in place, and the rotated k row and
-    /// the `v` row written into cache slot `slot`, in one launch (`qk_norm_rope`).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn qk_norm_rope_raw(
-        &self,
-        q: u64,
-        k: u64,
-        v: u64,
-        (qn, kn, eps): (u64, u64, f32),
-        heads: usize,
-        (inv_freq, rdim, attn_factor): (u64, usize, f32),
-        pos: usize,
-        cache: &CudaKvLayer,
-        slot: usize,
-    ) -> Result<()> {
+    /// One token's per-head q/k RMSNorms and rope over `a.q` (`a.heads` heads) and `a.k` (the
+    /// cache's kv heads), in place, and the rotated k row and the `v` row written into cache
+    /// slot `a.slot`, in one launch (`qk_norm_rope`).
+    pub(crate) fn qk_norm_rope_raw(&self, cache: &CudaKvLayer, a: QkNormRope) -> Result<()> {
         let (kvh, d) = (cache.spec.kv_heads, cache.spec.head_dim);
         // one thread per value of a head, whole warps (the block sum reads every warp's share)
         let threads = d.div_ceil(32) * 32;
-        launch!(self, &self.inner.f.qk_norm_rope, ((heads + 2 * kvh) as u32, 1, 1), (threads as u32, 1, 1);
-            q, k, qn, kn, heads as i32, d as i32, eps, inv_freq, rdim as i32, attn_factor, pos as i32,
-            self.ptr(&cache.k), self.ptr(&cache.v), v, slot as i64, kvh as i32, cache.kv_t,
-            cache.k_scale, cache.v_scale)
+        ops::elementwise::QkNormRopeArgs {
+            q: a.q,
+            k: a.k,
+            qn: a.norms.q,
+            kn: a.norms.k,
+            heads: a.heads as i32,
+            hd: d as i32,
+            eps: a.norms.eps,
+            inv_freq: a.rope.inv_freq,
+            rdim: a.rope.rdim as i32,
+            attn_factor: a.rope.attn_factor,
+            pos: a.pos as i32,
+            kc: self.ptr(&cache.k),
+            vc: self.ptr(&cache.v),
+            v: a.v,
+            slot: a.slot as i64,
+            kv_heads: kvh as i32,
+            kv_t: cache.kv_t,
+            ks: cache.k_scale,
+            vs: cache.v_scale,
+        }
+        .launch(
+            self,
+            ((a.heads + 2 * kvh) as u32, 1, 1),
+            (threads as u32, 1, 1),
+        )
     }
 
     pub(super) fn kv_grow(&self, c: &mut CudaKvLayer, need: usize) -> Result<()> {
@@ -170,14 +235,15 @@ impl CudaBackend {
         Ok(())
     }
 
-    pub(super) fn attn_func(&self, kv_t: i32, d: usize) -> Result<&CudaFunction> {
+    /// The variant of the `attn` kernels for caches of type `kv_t` and heads of `d` values.
+    pub(super) fn attn_variant(&self, kv_t: i32, d: usize) -> Result<usize> {
         let i = match d {
             d if d <= 32 => 0,
             d if d <= 64 => 1,
             d if d <= 128 => 2,
             _ => return Err(self.err(format!("head_dim {d} > 128"))),
         };
-        Ok(&self.inner.f.attn[i + 3 * kv_t as usize])
+        Ok(i + 3 * kv_t as usize)
     }
 
     /// Whether a decode step (`t` = 1) over `cache` with heads of `head_dim` takes the grouped
@@ -187,33 +253,33 @@ impl CudaBackend {
         t == 1 && cache.kv_t == 2 && matches!(head_dim, 64 | 128)
     }
 
-    /// Attention of `t` query rows (raw pointers) over `cache` (positions `< pos0`) and the
-    /// chunk `k`, `v`; writes `out` (with `softplus(gate)` applied when `gate != 0`). Does not
-    /// append, unless `prep` is given: then q and k arrive as projected, and the kernel applies
-    /// the per-head norms and rope and writes the new key and value rows into cache slot
-    /// `prep.slot` (only where `dec_attention_applies`). `scratch` holds the split partials
-    /// (`part_o`, `part_ml`).
-    #[allow(clippy::too_many_arguments)]
+    /// Attention of `c.t` query rows over `cache` (positions `< c.pos0`) and the chunk `c.k`,
+    /// `c.v` (see [`AttnCall`]). Does not append, unless `c.prep` is given: then q and k arrive
+    /// as projected, and the kernel applies the per-head norms and rope and writes the new key
+    /// and value rows into cache slot `prep.slot` (only where `dec_attention_applies`).
     pub(crate) fn attention_raw(
         &self,
-        q: u64,
-        k: u64,
-        v: u64,
         cache: &CudaKvLayer,
-        pos0: usize,
-        t: usize,
         p: &AttentionParams,
-        out: u64,
-        gate: u64,
-        splits: usize,
-        scratch: Option<(u64, u64)>,
-        prep: Option<AttnPrep>,
+        c: AttnCall,
     ) -> Result<()> {
+        let AttnCall {
+            q,
+            k,
+            v,
+            pos0,
+            t,
+            out,
+            gate,
+            splits,
+            scratch,
+            prep,
+        } = c;
         let g = p.heads / p.kv_heads;
         let ngroups = g.div_ceil(ATTN_GMAX);
         let window = cache.spec.window.unwrap_or(0) as i32;
         let grid = ((p.kv_heads * ngroups) as u32, t as u32, splits as u32);
-        let (po, pml) = scratch.unwrap_or((0, 0));
+        let (po, pml) = scratch.unwrap_or((DevPtr::NULL, DevPtr::NULL));
         // Decode over bf16 caches: the grouped kernel (ngroups blocks split a kv head's queries).
         let dec_ok = Self::dec_attention_applies(cache, p.head_dim, t);
         self.check(dec_ok || prep.is_none(), || {
@@ -224,35 +290,84 @@ impl CudaBackend {
             )
         })?;
         let dec = match p.head_dim {
-            64 if dec_ok => Some(&self.inner.f.attn_dec[0]),
+            64 if dec_ok => Some(0),
             128 if dec_ok => {
                 let keys = pos0 + 1;
                 let keys = cache.spec.window.map_or(keys, |w| keys.min(w));
                 let short = self.opts().attn_short_keys;
-                Some(&self.inner.f.attn_dec[if keys <= short { 2 } else { 1 }])
+                Some(if keys <= short { 2 } else { 1 })
             }
             _ => None,
         };
-        if let Some(func) = dec {
-            launch!(self, func, grid, (128, 1, 1);
-                q, k, v, self.ptr(&cache.k), self.ptr(&cache.v), out, po, pml,
-                p.heads as i32, p.kv_heads as i32, p.scale,
-                pos0 as i32, window, splits as i32, ngroups as i32, prep.unwrap_or_default())?;
+        if let Some(variant) = dec {
+            ops::attention::AttnDecArgs {
+                q,
+                kch: k,
+                vch: v,
+                kc: self.ptr(&cache.k).cast(),
+                vc: self.ptr(&cache.v).cast(),
+                out,
+                part_o: po,
+                part_ml: pml,
+                heads: p.heads as i32,
+                kvh: p.kv_heads as i32,
+                scale: p.scale,
+                pos0: pos0 as i32,
+                window,
+                splits: splits as i32,
+                ngroups: ngroups as i32,
+                pp: prep.unwrap_or_default(),
+            }
+            .launch(self, variant, grid, (128, 1, 1))?;
         } else {
-            let func = self.attn_func(cache.kv_t, p.head_dim)?;
-            launch!(self, func, grid, (128, 1, 1);
-                q, k, v, self.ptr(&cache.k), self.ptr(&cache.v), out, po, pml,
-                t as i32, p.heads as i32, p.kv_heads as i32, p.head_dim as i32, p.scale,
-                pos0 as i32, window, splits as i32, ngroups as i32, cache.k_scale, cache.v_scale)?;
+            let variant = self.attn_variant(cache.kv_t, p.head_dim)?;
+            ops::attention::AttnArgs {
+                q,
+                kch: k,
+                vch: v,
+                kc: self.ptr(&cache.k),
+                vc: self.ptr(&cache.v),
+                out,
+                part_o: po,
+                part_ml: pml,
+                t: t as i32,
+                heads: p.heads as i32,
+                kvh: p.kv_heads as i32,
+                d: p.head_dim as i32,
+                scale: p.scale,
+                pos0: pos0 as i32,
+                window,
+                splits: splits as i32,
+                ngroups: ngroups as i32,
+                ks: cache.k_scale,
+                vs: cache.v_scale,
+            }
+            .launch(self, variant, grid, (128, 1, 1))?;
         }
         if splits > 1 {
-            launch!(self, &self.inner.f.attn_combine, (p.heads as u32, t as u32, 1),
-                (p.head_dim.max(32) as u32, 1, 1);
-                po, pml, out, gate, p.heads as i32, p.head_dim as i32, splits as i32)?;
-        } else if gate != 0 {
+            ops::attention::AttnCombineArgs {
+                part_o: po,
+                part_ml: pml,
+                out,
+                gate,
+                heads: p.heads as i32,
+                d: p.head_dim as i32,
+                splits: splits as i32,
+            }
+            .launch(
+                self,
+                (p.heads as u32, t as u32, 1),
+                (p.head_dim.max(32) as u32, 1, 1),
+            )?;
+        } else if !gate.is_null() {
             let n = t * p.heads * p.head_dim;
-            launch!(self, &self.inner.f.softplus_gate, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1);
-                out, gate, n as i64, p.head_dim as i32)?;
+            ops::elementwise::SoftplusGateArgs {
+                x: out,
+                gate,
+                n: n as i64,
+                group: p.head_dim as i32,
+            }
+            .launch(self, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1))?;
         }
         Ok(())
     }
@@ -290,18 +405,30 @@ impl CudaBackend {
         key_splits(keys, blocks, per_sm * self.inner.sms, min_keys)
     }
 
+    /// Appends the `t` rows of `k` and `v` to `cache` (one launch, `kv_append`).
     pub(crate) fn kv_append_raw(
         &self,
         cache: &mut CudaKvLayer,
-        k: u64,
-        v: u64,
+        k: DevPtr<f32>,
+        v: DevPtr<f32>,
         t: usize,
     ) -> Result<()> {
         let width = cache.spec.row_width();
         let window = cache.spec.window.unwrap_or(0) as i32;
-        launch!(self, &self.inner.f.kv_append, (t as u32, 1, 1), (128, 1, 1);
-            self.ptr(&cache.k), self.ptr(&cache.v), k, v, t as i32, cache.len as i32,
-            window, width as i32, cache.kv_t, cache.k_scale, cache.v_scale)?;
+        ops::attention::KvAppendArgs {
+            kc: self.ptr(&cache.k),
+            vc: self.ptr(&cache.v),
+            k,
+            v,
+            t: t as i32,
+            pos0: cache.len as i32,
+            window,
+            width: width as i32,
+            kv_t: cache.kv_t,
+            ks: cache.k_scale,
+            vs: cache.v_scale,
+        }
+        .launch(self, (t as u32, 1, 1), (128, 1, 1))?;
         cache.len += t;
         Ok(())
     }

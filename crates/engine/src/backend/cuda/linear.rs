@@ -37,9 +37,9 @@ pub(super) const NV_BLOCKS_PER_SM: usize = 2;
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub(super) struct Seg {
-    w: u64,
-    scales: u64,
-    y: u64,
+    w: DevPtr<u8>,
+    scales: DevPtr<u8>,
+    y: DevPtr<f32>,
     inv_g: f32,
     fmt: i32,
     n: i32,
@@ -74,7 +74,11 @@ impl MultiLinear {
 
     /// `y_i = x · W_iᵀ` for each `(W_i, y_i)` of `parts`; every `W_i` takes `k` inputs and
     /// `CudaBackend::linear_multi_applies(k)` holds.
-    pub(crate) fn new(b: &CudaBackend, parts: &[(&CudaLinear, u64)], k: usize) -> Result<Self> {
+    pub(crate) fn new(
+        b: &CudaBackend,
+        parts: &[(&CudaLinear, DevPtr<f32>)],
+        k: usize,
+    ) -> Result<Self> {
         b.check(
             CudaBackend::linear_multi_applies(k)
                 && !parts.is_empty()
@@ -110,10 +114,10 @@ impl MultiLinear {
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Epi {
-    counter: u64,
-    x: u64,
-    w: u64,
-    out: u64,
+    counter: DevPtr<u32>,
+    x: DevPtr<f32>,
+    w: DevPtr<f32>,
+    out: DevPtr<f32>,
     eps: f32,
     pub(super) kind: i32,
     n: i32,
@@ -125,7 +129,14 @@ unsafe impl DeviceRepr for Epi {}
 
 impl Epi {
     /// `out = rmsnorm(x) · w` over `n` values.
-    pub(crate) fn norm(b: &CudaBackend, x: u64, w: u64, out: u64, n: usize, eps: f32) -> Self {
+    pub(crate) fn norm(
+        b: &CudaBackend,
+        x: DevPtr<f32>,
+        w: DevPtr<f32>,
+        out: DevPtr<f32>,
+        n: usize,
+        eps: f32,
+    ) -> Self {
         Self {
             counter: b.ptr(&b.inner.counters),
             x,
@@ -187,14 +198,63 @@ pub(super) fn nv_split(rows: usize, cols: usize, sms: usize) -> (usize, usize) {
     best
 }
 
+/// The operands of one `gemv_raw` call: `y = resid + x · Wᵀ + bias` for `t` tokens (`bias`,
+/// `resid` may be null; `resid` may be `y`).
+#[derive(Clone, Copy)]
+pub(crate) struct Gemv {
+    pub x: DevPtr<f32>,
+    pub y: DevPtr<f32>,
+    pub bias: DevPtr<f32>,
+    pub resid: DevPtr<f32>,
+    pub t: usize,
+}
+
+impl Gemv {
+    /// One token: `y = x · Wᵀ` (no bias, no residual).
+    pub(crate) fn token(x: DevPtr<f32>, y: DevPtr<f32>) -> Self {
+        Self {
+            x,
+            y,
+            bias: DevPtr::NULL,
+            resid: DevPtr::NULL,
+            t: 1,
+        }
+    }
+
+    /// One token added to a residual: `y = resid + x · Wᵀ`.
+    pub(crate) fn token_resid(x: DevPtr<f32>, y: DevPtr<f32>, resid: DevPtr<f32>) -> Self {
+        Self {
+            resid,
+            ..Self::token(x, y)
+        }
+    }
+}
+
+/// The operands of one `norm_gemv_raw` call (one token): `xn = norm_w · rmsnorm(x)` (epsilon
+/// `eps`) and `y = xn · Wᵀ`.
+#[derive(Clone, Copy)]
+pub(crate) struct NormGemv {
+    pub x: DevPtr<f32>,
+    pub norm_w: DevPtr<f32>,
+    pub eps: f32,
+    pub xn: DevPtr<f32>,
+    pub y: DevPtr<f32>,
+}
+
 impl CudaBackend {
     /// Runs an epilogue as its own launch (for `rows` rows).
     pub(crate) fn epilogue_launch(&self, epi: &Epi, rows: usize) -> Result<()> {
         if epi.kind == 0 {
             return Ok(());
         }
-        launch!(self, &self.inner.f.rms_norm, (rows as u32, 1, 1), (512, 1, 1);
-            epi.x, epi.w, epi.out, epi.n, epi.eps)
+        ops::elementwise::RmsNormArgs {
+            x: epi.x,
+            w: epi.w,
+            y: epi.out,
+            width: epi.n,
+            eps: epi.eps,
+        }
+        .launch(self, (rows as u32, 1, 1), (512, 1, 1))
     }
 
     /// Whether `norm_gemv_raw` takes `w`: BF16, `cols` a multiple of 256 and at most 4,096.
@@ -204,16 +264,7 @@ impl CudaBackend {
 
     /// One token: `xn = norm_w * rmsnorm(x)` (written to `xn`) and `y = xn · Wᵀ`, in one launch
     /// (`norm_gemv_bf16`; `norm_gemv_applies(w)` must hold).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn norm_gemv_raw(
-        &self,
-        w: &CudaLinear,
-        x: u64,
-        norm_w: u64,
-        eps: f32,
-        xn: u64,
-        y: u64,
-    ) -> Result<()> {
+    pub(crate) fn norm_gemv_raw(&self, w: &CudaLinear, a: NormGemv) -> Result<()> {
         self.check(Self::norm_gemv_applies(w), || {
             format!(
                 "norm_gemv: {} is not BF16 with columns a multiple of 256 up to 4,096",
@@ -221,21 +272,32 @@ impl CudaBackend {
             )
         })?;
         const WARPS: usize = 4; // NG_WARPS
-        launch!(self, &self.inner.f.norm_gemv_bf16, (w.rows.div_ceil(WARPS) as u32, 1, 1), (32 * WARPS as u32, 1, 1);
-            self.ptr(&w.data), x, norm_w, eps, xn, y, w.rows as i32, w.cols as i32)
+        ops::elementwise::NormGemvBf16Args {
+            w: self.ptr(&w.data).cast(),
+            x: a.x,
+            nw: a.norm_w,
+            eps: a.eps,
+            xn: a.xn,
+            y: a.y,
+            n: w.rows as i32,
+            k: w.cols as i32,
+        }
+        .launch(
+            self,
+            (w.rows.div_ceil(WARPS) as u32, 1, 1),
+            (32 * WARPS as u32, 1, 1),
+        )
     }
 
-    /// `y = resid + x · Wᵀ + bias` on raw pointers (`resid`, `bias` may be 0).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn gemv_raw(
-        &self,
-        w: &CudaLinear,
-        x: u64,
-        y: u64,
-        bias: u64,
-        resid: u64,
-        t: usize,
-    ) -> Result<()> {
+    /// `y = resid + x · Wᵀ + bias` over the operands of `g` (see [`Gemv`]).
+    pub(crate) fn gemv_raw(&self, w: &CudaLinear, g: Gemv) -> Result<()> {
+        let Gemv {
+            x,
+            y,
+            bias,
+            resid,
+            t,
+        } = g;
         let fast =
             (w.fmt == 3 && w.cols.is_multiple_of(32)) || (w.fmt == 2 && w.cols.is_multiple_of(8));
         let (legacy, mma_ks, nv_ks, nv_grid_per_sm, nv_blocks_per_sm, tiled) = {
@@ -268,9 +330,19 @@ impl CudaBackend {
                 })
                 .unwrap_or_else(|| mma_split(w.rows, w.cols, self.inner.sms));
             let blocks = w.rows.div_ceil(16 * (NV_WARPS as usize / ks));
-            return launch!(self, &self.inner.f.gemv_mma, (blocks as u32, 1, 1), (32 * NV_WARPS, 1, 1);
-                self.ptr(&w.data), w.scales_ptr(self), w.inv_g, x, y, bias, resid,
-                w.rows as i32, w.cols as i32, ks as i32);
+            return ops::gemv::GemvMmaArgs {
+                w: self.ptr(&w.data),
+                scales: w.scales_ptr(self),
+                inv_g: w.inv_g,
+                x,
+                y,
+                bias,
+                resid,
+                n: w.rows as i32,
+                k: w.cols as i32,
+                ks: ks as i32,
+            }
+            .launch(self, (blocks as u32, 1, 1), (32 * NV_WARPS, 1, 1));
         }
         if t == 1 && fast && w.fmt == 3 && w.cols <= NV_MAX_K && !legacy {
             let (mut ki, mut ks) = nv_split(w.rows, w.cols, self.inner.sms);
@@ -288,9 +360,18 @@ impl CudaBackend {
             };
             let ki = ki + if nv_blocks_per_sm == 3 { 4 } else { 0 };
             let grid = (blocks as u32, 1, 1);
-            return launch!(self, &self.inner.f.gemv_nv[ki], grid, (32 * NV_WARPS, 1, 1);
-                self.ptr(&w.data), w.scales_ptr(self), w.inv_g, x, y, bias, resid,
-                w.rows as i32, w.cols as i32);
+            return ops::gemv::GemvNvArgs {
+                w: self.ptr(&w.data),
+                scales: w.scales_ptr(self),
+                inv_g: w.inv_g,
+                x,
+                y,
+                bias,
+                resid,
+                n: w.rows as i32,
+                k: w.cols as i32,
+            }
+            .launch(self, ki, grid, (32 * NV_WARPS, 1, 1));
         }
         if t == 1 && fast && !legacy {
             // Rows per warp: as many as keep >= 16 warps per SM busy (x is reused across them).
@@ -300,9 +381,19 @@ impl CudaBackend {
                 .find(|&(_, r)| w.rows / r >= target)
                 .unwrap_or((0, 1));
             let grid = ((w.rows as u32).div_ceil(GEMV_WARPS * r as u32), 1, 1);
-            return launch!(self, &self.inner.f.gemv1[ri], grid, (32 * GEMV_WARPS, 1, 1);
-                w.fmt, self.ptr(&w.data), w.scales_ptr(self), w.inv_g, x, y, bias, resid,
-                w.rows as i32, w.cols as i32);
+            return ops::gemv::Gemv1Args {
+                fmt: w.fmt,
+                w: self.ptr(&w.data),
+                scales: w.scales_ptr(self),
+                inv_g: w.inv_g,
+                x,
+                y,
+                bias,
+                resid,
+                n: w.rows as i32,
+                k: w.cols as i32,
+            }
+            .launch(self, ri, grid, (32 * GEMV_WARPS, 1, 1));
         }
         if t >= GEMM_MIN_TOKENS && w.cols.is_multiple_of(32) && tiled {
             let grid = (
@@ -310,18 +401,40 @@ impl CudaBackend {
                 (t as u32).div_ceil(GEMM_TOKENS),
                 1,
             );
-            return launch!(self, &self.inner.f.gemm_tiled, grid, (256, 1, 1);
-                w.fmt, self.ptr(&w.data), w.scales_ptr(self), w.inv_g, x, y, bias, resid,
-                w.rows as i32, w.cols as i32, t as i32);
+            return ops::prefill::GemmTiledArgs {
+                fmt: w.fmt,
+                w: self.ptr(&w.data),
+                scales: w.scales_ptr(self),
+                inv_g: w.inv_g,
+                x,
+                y,
+                bias,
+                resid,
+                n: w.rows as i32,
+                k: w.cols as i32,
+                t: t as i32,
+            }
+            .launch(self, grid, (256, 1, 1));
         }
         let grid = (
             (w.rows as u32).div_ceil(GEMV_WARPS),
             t.div_ceil(GEMV_TOKENS) as u32,
             1,
         );
-        launch!(self, &self.inner.f.linear, grid, (32 * GEMV_WARPS, 1, 1);
-            w.fmt, self.ptr(&w.data), w.scales_ptr(self), w.inv_g, x, y, bias, resid,
-            w.rows as i32, w.cols as i32, t as i32)
+        ops::gemv::LinearArgs {
+            fmt: w.fmt,
+            w: self.ptr(&w.data),
+            scales: w.scales_ptr(self),
+            inv_g: w.inv_g,
+            x,
+            y,
+            bias,
+            resid,
+            n: w.rows as i32,
+            k: w.cols as i32,
+            t: t as i32,
+        }
+        .launch(self, grid, (32 * GEMV_WARPS, 1, 1))
     }
 
     /// Whether `linear_multi` takes inputs of width `k` (`K % 32 == 0`, `K <= XS_MAX`).
@@ -340,7 +453,7 @@ impl CudaBackend {
             .iter()
             .map(|w| self.tensor(1, w.rows))
             .collect::<Result<Vec<_>>>()?;
-        let parts: Vec<(&CudaLinear, u64)> = ws
+        let parts: Vec<(&CudaLinear, DevPtr<f32>)> = ws
             .iter()
             .zip(&ys)
             .map(|(w, y)| (*w, self.ptr(&y.buf)))
@@ -350,9 +463,14 @@ impl CudaBackend {
     }
 
     /// The linears of `m` over one token's `x` in one launch (`linear_multi2`).
-    pub(crate) fn linear_multi_raw(&self, m: &MultiLinear, x: u64) -> Result<()> {
-        launch!(self, &self.inner.f.linear_multi2, (m.blocks, 1, 1), (32 * MULTI_WARPS, 1, 1);
-            m.segs, x, m.k as i32, i32::from(self.inner.mma))
+    pub(crate) fn linear_multi_raw(&self, m: &MultiLinear, x: DevPtr<f32>) -> Result<()> {
+        ops::gemv::LinearMulti2Args {
+            segs: m.segs,
+            x,
+            k: m.k as i32,
+            mma: i32::from(self.inner.mma),
+        }
+        .launch(self, (m.blocks, 1, 1), (32 * MULTI_WARPS, 1, 1))
     }
 
     /// Output rows of one `linear_multi2` block for the segment of weight `w` (input width `k`):

@@ -16,10 +16,11 @@
 //! real Laguna geometry, captured in a CUDA graph.
 //!
 //! Modules: `options` (every knob: [`CudaOptions`], the `FP4FORGE_*` variables), `compile` (the
-//! kernel source, NVRTC, the kernels loaded), `linear` (GEMVs, several linears in one launch,
-//! fused epilogues), `attention` (KV cache, decode and prefill attention), `moe` (expert arenas,
-//! routing, the expert kernels), `decode` (the fused single-token step), `bench` and
-//! `stream_probe` (measurements on synthetic weights).
+//! kernel source, NVRTC), `ops` (one `kernels!` table per `.cu` file: the function tables, the
+//! kernel names and a typed launcher per kernel over `DevPtr`s), `linear` (GEMVs, several
+//! linears in one launch, fused epilogues), `attention` (KV cache, decode and prefill attention),
+//! `moe` (expert arenas, routing, the expert kernels), `decode` (the fused single-token step),
+//! `bench` and `stream_probe` (measurements on synthetic weights).
 //!
 //! Not yet: CUDA-graph capture of the model path's step (it launches eagerly; in the benchmark
 //! eager is 1-2% slower than graph replay: 4.45 vs 4.39 ms at Laguna-S lean 2K), sampling on
@@ -31,12 +32,14 @@ mod compile;
 mod decode;
 mod linear;
 mod moe;
+mod ops;
 mod options;
 pub mod stream_probe;
 
 pub use attention::{CudaKvLayer, CudaRope};
 pub use compile::{compile_kernels, kernel_entries, KERNELS_CU};
 pub use moe::{CudaExperts, CudaRouting, ExpertArena};
+use ops::{DevPtr, Funcs};
 pub use options::CudaOptions;
 use {attention::*, compile::*, linear::*, moe::*};
 
@@ -54,36 +57,6 @@ use crate::models::decoder::Decoder;
 use crate::rope::RopeSpec;
 use crate::sampling::SamplingParams;
 use crate::weights::{ExpertWeights, LinearWeight};
-
-macro_rules! launch {
-    ($b:expr, $f:expr, $grid:expr, $block:expr; $($a:expr),* $(,)?) => {
-        launch!($b, $f, $grid, $block, 0; $($a),*)
-    };
-    ($b:expr, $f:expr, $grid:expr, $block:expr, $smem:expr; $($a:expr),* $(,)?) => {{
-        let cfg = ::cudarc::driver::LaunchConfig { grid_dim: $grid, block_dim: $block, shared_mem_bytes: $smem };
-        if $b.inner.pdl {
-            // Each argument boxed (a stable address until the launch returns); `'static`
-            // values only, so a reference can never be passed where a device pointer belongs.
-            let mut keep: Vec<Box<dyn ::std::any::Any>> = Vec::new();
-            let mut params: Vec<*mut ::core::ffi::c_void> = Vec::new();
-            $(
-                let bx = Box::new($a);
-                params.push(&*bx as *const _ as *mut ::core::ffi::c_void);
-                keep.push(bx);
-            )*
-            // SAFETY: the argument list matches the kernel's signature in kernels/.
-            let r = unsafe { $b.launch_pdl($f, cfg, &mut params) };
-            drop(keep);
-            r
-        } else {
-            let mut lb = $b.inner.stream.launch_builder($f);
-            $( let a = $a; ::cudarc::driver::PushKernelArg::arg(&mut lb, &a); )*
-            // SAFETY: the argument list matches the kernel's signature in kernels/.
-            unsafe { lb.launch(cfg) }.map(|_| ()).map_err(|e| $b.err(format!("launch: {e:?}")))
-        }
-    }};
-}
-pub(crate) use launch;
 
 pub(crate) struct Inner {
     pub ctx: Arc<CudaContext>,
@@ -153,54 +126,11 @@ impl CudaBackend {
         let module = ctx
             .load_module(ptx)
             .map_err(|e| backend_err(format!("load module: {e:?}")))?;
-        let entries = kernel_entries();
-        let get = |n: &str| {
-            if !entries.contains(&n) {
-                return Err(backend_err(format!(
-                    "kernel {n} is not in kernel_entries()"
-                )));
-            }
+        let f = Funcs::load(&mut |n: &str| {
             module
                 .load_function(n)
                 .map_err(|e| backend_err(format!("kernel {n}: {e:?}")))
-        };
-        let f = Funcs {
-            linear: get("linear")?,
-            gemm_tiled: get("gemm_tiled")?,
-            embed: get("embed")?,
-            rms_norm: get("rms_norm")?,
-            rope: get("rope")?,
-            qk_norm_rope: get("qk_norm_rope")?,
-            softplus_gate: get("softplus_gate")?,
-            silu_mul: get("silu_mul")?,
-            add_scaled: get("add_scaled")?,
-            kv_append: get("kv_append")?,
-            attn: ATTN_KERNELS.iter().map(|n| get(n)).collect::<Result<_>>()?,
-            attn_dec: ATTN_DEC_KERNELS
-                .iter()
-                .map(|n| get(n))
-                .collect::<Result<_>>()?,
-            attn_combine: get("attn_combine")?,
-            route: get("route")?,
-            fill: get("fill")?,
-            gemv1: GEMV1_KERNELS
-                .iter()
-                .map(|n| get(n))
-                .collect::<Result<_>>()?,
-            gemv_nv: GEMV_NV_KERNELS
-                .iter()
-                .map(|n| get(n))
-                .collect::<Result<_>>()?,
-            gemv_mma: get("gemv_mma")?,
-            linear_multi2: get("linear_multi2")?,
-            experts_gate_up2: get("experts_gate_up2")?,
-            experts_down2: get("experts_down2")?,
-            experts_gate_up_p: get("experts_gate_up_p")?,
-            experts_down_p: get("experts_down_p")?,
-            experts_reduce: get("experts_reduce")?,
-            norm_gemv_bf16: get("norm_gemv_bf16")?,
-            sample_logits: get("sample_logits")?,
-        };
+        })?;
         let stream = ctx
             .new_stream()
             .map_err(|e| backend_err(format!("{e:?}")))?;
@@ -369,8 +299,9 @@ impl CudaBackend {
             .map_err(|e| self.err(format!("{e:?}")))
     }
 
-    pub(crate) fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
-        s.device_ptr(&self.inner.stream).0
+    /// The device address of `s`.
+    pub(crate) fn ptr<T>(&self, s: &CudaSlice<T>) -> DevPtr<T> {
+        DevPtr::new(s.device_ptr(&self.inner.stream).0)
     }
 
     pub(crate) fn alloc<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
@@ -402,9 +333,23 @@ impl CudaBackend {
     }
 
     /// Fills `n` elements at `ptr` with seeded synthetic values (see `fill` in kernels/sampling.cu).
-    pub(crate) fn fill(&self, ptr: u64, n: usize, seed: u64, mode: i32, amp: f32) -> Result<()> {
+    pub(crate) fn fill<T>(
+        &self,
+        ptr: DevPtr<T>,
+        n: usize,
+        seed: u64,
+        mode: i32,
+        amp: f32,
+    ) -> Result<()> {
         let blocks = (n.div_ceil(256)).min(65536) as u32;
-        launch!(self, &self.inner.f.fill, (blocks.max(1), 1, 1), (256, 1, 1); ptr, n as i64, seed, mode, amp)
+        ops::sampling::FillArgs {
+            p: ptr.cast(),
+            n: n as i64,
+            seed,
+            mode,
+            amp,
+        }
+        .launch(self, (blocks.max(1), 1, 1), (256, 1, 1))
     }
 }
 
@@ -430,8 +375,9 @@ pub struct CudaLinear {
 }
 
 impl CudaLinear {
-    pub(crate) fn scales_ptr(&self, b: &CudaBackend) -> u64 {
-        self.scales.as_ref().map_or(0, |s| b.ptr(s))
+    /// The block scales' address (null: not NVFP4).
+    pub(crate) fn scales_ptr(&self, b: &CudaBackend) -> DevPtr<u8> {
+        self.scales.as_ref().map_or(DevPtr::NULL, |s| b.ptr(s))
     }
 
     /// Bytes resident on the device.
@@ -669,9 +615,16 @@ impl Backend for CudaBackend {
             .stream
             .clone_htod(ids)
             .map_err(|e| self.err(format!("{e:?}")))?;
-        launch!(self, &self.inner.f.embed, (ids.len() as u32, 1, 1), (256, 1, 1);
-            table.fmt, self.ptr(&table.data), table.scales_ptr(self), table.inv_g,
-            self.ptr(&d_ids), self.ptr(&out.buf), table.cols as i32)?;
+        ops::prefill::EmbedArgs {
+            fmt: table.fmt,
+            w: self.ptr(&table.data),
+            scales: table.scales_ptr(self),
+            inv_g: table.inv_g,
+            ids: self.ptr(&d_ids),
+            y: self.ptr(&out.buf),
+            k: table.cols as i32,
+        }
+        .launch(self, (ids.len() as u32, 1, 1), (256, 1, 1))?;
         Ok(out)
     }
 
@@ -690,8 +643,14 @@ impl Backend for CudaBackend {
         let groups = x.rows * x.cols / width;
         if groups > 0 {
             let threads = if width >= 1024 { 512 } else { 128 };
-            launch!(self, &self.inner.f.rms_norm, (groups as u32, 1, 1), (threads, 1, 1);
-                self.ptr(&x.buf), self.ptr(&w.buf), self.ptr(&out.buf), width as i32, eps)?;
+            ops::elementwise::RmsNormArgs {
+                x: self.ptr(&x.buf),
+                w: self.ptr(&w.buf),
+                y: self.ptr(&out.buf),
+                width: width as i32,
+                eps,
+            }
+            .launch(self, (groups as u32, 1, 1), (threads, 1, 1))?;
         }
         Ok(out)
     }
@@ -714,11 +673,13 @@ impl Backend for CudaBackend {
         if x.rows > 0 {
             self.gemv_raw(
                 w,
-                self.ptr(&x.buf),
-                self.ptr(&y.buf),
-                bias.map_or(0, |b| self.ptr(&b.buf)),
-                0,
-                x.rows,
+                Gemv {
+                    x: self.ptr(&x.buf),
+                    y: self.ptr(&y.buf),
+                    bias: bias.map_or(DevPtr::NULL, |b| self.ptr(&b.buf)),
+                    resid: DevPtr::NULL,
+                    t: x.rows,
+                },
             )?;
         }
         Ok(y)
@@ -740,9 +701,20 @@ impl Backend for CudaBackend {
         }
         let heads = x.cols / head_dim;
         let threads = (rope.rotary_dim / 2).div_ceil(32) * 32;
-        launch!(self, &self.inner.f.rope, (heads as u32, x.rows as u32, 1), (threads as u32, 1, 1);
-            self.ptr(&x.buf), self.ptr(&rope.inv_freq), heads as i32, head_dim as i32,
-            rope.rotary_dim as i32, rope.attention_factor, pos0 as i32)
+        ops::elementwise::RopeArgs {
+            x: self.ptr(&x.buf),
+            inv_freq: self.ptr(&rope.inv_freq),
+            heads: heads as i32,
+            hd: head_dim as i32,
+            rdim: rope.rotary_dim as i32,
+            attn_factor: rope.attention_factor,
+            pos0: pos0 as i32,
+        }
+        .launch(
+            self,
+            (heads as u32, x.rows as u32, 1),
+            (threads as u32, 1, 1),
+        )
     }
 
     fn attention(
@@ -794,18 +766,20 @@ impl Backend for CudaBackend {
             None
         };
         self.attention_raw(
-            self.ptr(&q.buf),
-            self.ptr(&k.buf),
-            self.ptr(&v.buf),
             cache,
-            pos0,
-            t,
             p,
-            self.ptr(&out.buf),
-            0,
-            splits,
-            scratch.as_ref().map(|(a, b)| (self.ptr(a), self.ptr(b))),
-            None,
+            AttnCall {
+                q: self.ptr(&q.buf),
+                k: self.ptr(&k.buf),
+                v: self.ptr(&v.buf),
+                pos0,
+                t,
+                out: self.ptr(&out.buf),
+                gate: DevPtr::NULL,
+                splits,
+                scratch: scratch.as_ref().map(|(a, b)| (self.ptr(a), self.ptr(b))),
+                prep: None,
+            },
         )?;
         self.kv_append_raw(cache, self.ptr(&k.buf), self.ptr(&v.buf), t)?;
         drop(scratch);
@@ -827,8 +801,13 @@ impl Backend for CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        launch!(self, &self.inner.f.softplus_gate, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1);
-            self.ptr(&x.buf), self.ptr(&gate.buf), n as i64, (x.cols / gate.cols) as i32)
+        ops::elementwise::SoftplusGateArgs {
+            x: self.ptr(&x.buf),
+            gate: self.ptr(&gate.buf),
+            n: n as i64,
+            group: (x.cols / gate.cols) as i32,
+        }
+        .launch(self, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1))
     }
 
     fn silu_mul(&self, gate: &CudaTensor, up: &CudaTensor) -> Result<CudaTensor> {
@@ -838,8 +817,13 @@ impl Backend for CudaBackend {
         let out = self.tensor(gate.rows, gate.cols)?;
         let n = gate.rows * gate.cols;
         if n > 0 {
-            launch!(self, &self.inner.f.silu_mul, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1);
-                self.ptr(&gate.buf), self.ptr(&up.buf), self.ptr(&out.buf), n as i64)?;
+            ops::elementwise::SiluMulArgs {
+                g: self.ptr(&gate.buf),
+                u: self.ptr(&up.buf),
+                y: self.ptr(&out.buf),
+                n: n as i64,
+            }
+            .launch(self, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1))?;
         }
         Ok(out)
     }
@@ -852,8 +836,13 @@ impl Backend for CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        launch!(self, &self.inner.f.add_scaled, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1);
-            self.ptr(&y.buf), alpha, self.ptr(&x.buf), n as i64)
+        ops::elementwise::AddScaledArgs {
+            y: self.ptr(&y.buf),
+            alpha,
+            x: self.ptr(&x.buf),
+            n: n as i64,
+        }
+        .launch(self, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1))
     }
 
     fn route(
@@ -877,10 +866,19 @@ impl Backend for CudaBackend {
         let sel = self.alloc::<i32>(t * p.top_k)?;
         let wts = self.alloc::<f32>(t * p.top_k)?;
         if t > 0 {
-            launch!(self, &self.inner.f.route, (t as u32, 1, 1), (32, 1, 1);
-                self.ptr(&logits.buf), bias.map_or(0, |b| self.ptr(&b.buf)), n as i32,
-                p.top_k as i32, i32::from(p.scoring == RouterScoring::Softmax),
-                i32::from(p.normalize), p.logit_softcap, scale, self.ptr(&sel), self.ptr(&wts))?;
+            ops::moe::RouteArgs {
+                logits: self.ptr(&logits.buf),
+                bias: bias.map_or(DevPtr::NULL, |b| self.ptr(&b.buf)),
+                n: n as i32,
+                k: p.top_k as i32,
+                softmax: i32::from(p.scoring == RouterScoring::Softmax),
+                normalize: i32::from(p.normalize),
+                softcap: p.logit_softcap,
+                scale,
+                sel: self.ptr(&sel),
+                wts: self.ptr(&wts),
+            }
+            .launch(self, (t as u32, 1, 1), (32, 1, 1))?;
         }
         Ok(CudaRouting {
             sel,
@@ -914,7 +912,7 @@ impl Backend for CudaBackend {
                 h: self.ptr(&h),
                 part: self.ptr(&part),
                 out: self.ptr(&out.buf),
-                resid: 0,
+                resid: DevPtr::NULL,
             },
             Epi::default(),
             None,
@@ -938,9 +936,16 @@ impl Backend for CudaBackend {
         } else {
             (params.temperature, params.top_k as i32)
         };
-        launch!(self, &self.inner.f.sample_logits, (1, 1, 1), (1024, 1, 1);
-            self.ptr(&logits.buf), logits.cols as i32, temperature, top_k, params.top_p,
-            u.unwrap_or(0.0), self.ptr(&out))?;
+        ops::sampling::SampleLogitsArgs {
+            logits: self.ptr(&logits.buf),
+            n: logits.cols as i32,
+            temperature,
+            top_k,
+            top_p: params.top_p,
+            u: u.unwrap_or(0.0),
+            out: self.ptr(&out),
+        }
+        .launch(self, (1, 1, 1), (1024, 1, 1))?;
         let id = self
             .inner
             .stream

@@ -18,8 +18,8 @@ pub(super) const EXPERT_DOWN_ROWS: u32 = 8;
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Route {
-    logits: u64,
-    bias: u64,
+    logits: DevPtr<f32>,
+    bias: DevPtr<f32>,
     softcap: f32,
     scale: f32,
     n: i32,
@@ -32,8 +32,14 @@ pub(crate) struct Route {
 unsafe impl DeviceRepr for Route {}
 
 impl Route {
-    /// The decision of `p` over `n` experts from `logits` (`bias` 0: none), weights × `scale`.
-    pub(crate) fn new(logits: u64, bias: u64, n: usize, p: &RouterParams, scale: f32) -> Self {
+    /// The decision of `p` over `n` experts from `logits` (`bias` null: none), weights × `scale`.
+    pub(crate) fn new(
+        logits: DevPtr<f32>,
+        bias: DevPtr<f32>,
+        n: usize,
+        p: &RouterParams,
+        scale: f32,
+    ) -> Self {
         Self {
             logits,
             bias,
@@ -65,9 +71,9 @@ pub struct ExpertArena {
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub(crate) struct ExpertProj {
-    w: u64,
-    scales: u64,
-    inv_g: u64,
+    w: DevPtr<u8>,
+    scales: DevPtr<u8>,
+    inv_g: DevPtr<f32>,
     fmt: i32,
     _pad: i32,
 }
@@ -79,7 +85,7 @@ impl ExpertArena {
     pub(crate) fn proj(&self, b: &CudaBackend) -> ExpertProj {
         ExpertProj {
             w: b.ptr(&self.data),
-            scales: self.scales.as_ref().map_or(0, |s| b.ptr(s)),
+            scales: self.scales.as_ref().map_or(DevPtr::NULL, |s| b.ptr(s)),
             inv_g: b.ptr(&self.inv_g),
             fmt: self.fmt,
             _pad: 0,
@@ -124,18 +130,18 @@ pub(super) struct SharedProj {
 /// The device buffers of one MoE call: the routing (`top_k` selected experts and their weights
 /// per token, `tokens` tokens) and the activations (input `x`, intermediate `h` of
 /// `items × max(inter, shared_inter)` floats, per-item outputs `part` of `items × hidden`, with
-/// `items = tokens · top_k [+ tokens]`; the result `out = resid + Σ ...`, `resid` 0: none).
+/// `items = tokens · top_k [+ tokens]`; the result `out = resid + Σ ...`, `resid` null: none).
 #[derive(Clone, Copy)]
 pub(crate) struct MoeBuffers<'a> {
     pub sel: &'a CudaSlice<i32>,
     pub wts: &'a CudaSlice<f32>,
     pub top_k: usize,
     pub tokens: usize,
-    pub x: u64,
-    pub h: u64,
-    pub part: u64,
-    pub out: u64,
-    pub resid: u64,
+    pub x: DevPtr<f32>,
+    pub h: DevPtr<f32>,
+    pub part: DevPtr<f32>,
+    pub out: DevPtr<f32>,
+    pub resid: DevPtr<f32>,
 }
 
 impl CudaBackend {
@@ -187,7 +193,7 @@ impl CudaBackend {
     }
 
     /// `l` as an expert projection whose `1 / global_scale` is the f32 at device address `inv`.
-    pub(super) fn lin_proj(&self, l: &CudaLinear, inv: u64) -> ExpertProj {
+    pub(super) fn lin_proj(&self, l: &CudaLinear, inv: DevPtr<f32>) -> ExpertProj {
         ExpertProj {
             w: self.ptr(&l.data),
             scales: l.scales_ptr(self),
@@ -205,7 +211,7 @@ impl CudaBackend {
     pub(crate) fn experts_raw(
         &self,
         e: &CudaExperts,
-        shared: Option<(&SharedExpert<'_>, [u64; 3])>,
+        shared: Option<(&SharedExpert<'_>, [DevPtr<f32>; 3])>,
         io: MoeBuffers<'_>,
         epi: Epi,
         route: Option<&Route>,
@@ -238,9 +244,19 @@ impl CudaBackend {
         let fused_route = match route {
             Some(r) if persistent && r.n <= 256 && k <= 32 => *r,
             Some(r) => {
-                launch!(self, &self.inner.f.route, (t as u32, 1, 1), (32, 1, 1);
-                    r.logits, r.bias, r.n, k as i32, r.softmax, r.normalize, r.softcap, r.scale,
-                    self.ptr(sel), self.ptr(wts))?;
+                ops::moe::RouteArgs {
+                    logits: r.logits,
+                    bias: r.bias,
+                    n: r.n,
+                    k: k as i32,
+                    softmax: r.softmax,
+                    normalize: r.normalize,
+                    softcap: r.softcap,
+                    scale: r.scale,
+                    sel: self.ptr(sel),
+                    wts: self.ptr(wts),
+                }
+                .launch(self, (t as u32, 1, 1), (32, 1, 1))?;
                 Route::default()
             }
             None => Route::default(),
@@ -254,13 +270,38 @@ impl CudaBackend {
                 cap => cap.min(PERSIST_BLOCKS_PER_SM * self.inner.sms),
             };
             let gu = groups(e.inter, 16, k) + groups(sinter, 16, shared_n);
-            launch!(self, &self.inner.f.experts_gate_up_p, (gu.min(resident) as u32, 1, 1), (256, 1, 1);
-                e.gate.proj(self), e.up.proj(self), sg, su, has, sinter as i32, self.ptr(sel),
-                self.ptr(wts), k as i32, x, h, e.inter as i32, e.hidden as i32, fused_route)?;
+            ops::moe::ExpertsGateUpPArgs {
+                gate: e.gate.proj(self),
+                up: e.up.proj(self),
+                sgate: sg,
+                sup: su,
+                has_shared: has,
+                shared_inter: sinter as i32,
+                sel: self.ptr(sel),
+                wts: self.ptr(wts),
+                k: k as i32,
+                x,
+                h,
+                inter: e.inter as i32,
+                hidden: e.hidden as i32,
+                route: fused_route,
+            }
+            .launch(self, (gu.min(resident) as u32, 1, 1), (256, 1, 1))?;
             let dn = groups(e.hidden, 64, k + shared_n);
-            launch!(self, &self.inner.f.experts_down_p, (dn.min(resident) as u32, 1, 1), (256, 1, 1);
-                e.down.proj(self), sd, has, sinter as i32, self.ptr(sel), self.ptr(wts), k as i32,
-                h, e.inter as i32, part, e.hidden as i32)?;
+            ops::moe::ExpertsDownPArgs {
+                down: e.down.proj(self),
+                sdown: sd,
+                has_shared: has,
+                shared_inter: sinter as i32,
+                sel: self.ptr(sel),
+                wts: self.ptr(wts),
+                k: k as i32,
+                h,
+                inter: e.inter as i32,
+                part,
+                hidden: e.hidden as i32,
+            }
+            .launch(self, (dn.min(resident) as u32, 1, 1), (256, 1, 1))?;
         } else {
             self.experts_per_item(e, sp, io)?;
         }
@@ -270,8 +311,17 @@ impl CudaBackend {
         } else {
             (Epi::default(), epi.kind != 0)
         };
-        launch!(self, &self.inner.f.experts_reduce, (n.div_ceil(256), 1, 1), (256, 1, 1);
-            part, k as i32, t as i32, has, out, resid, e.hidden as i32, fused)?;
+        ops::moe::ExpertsReduceArgs {
+            part,
+            k: k as i32,
+            t: t as i32,
+            has_shared: has,
+            out,
+            resid,
+            hidden: e.hidden as i32,
+            epi: fused,
+        }
+        .launch(self, (n.div_ceil(256), 1, 1), (256, 1, 1))?;
         if separate {
             self.epilogue_launch(&epi, t)?;
         }
@@ -285,7 +335,7 @@ impl CudaBackend {
     pub(super) fn persistent_moe(
         &self,
         e: &CudaExperts,
-        shared: &Option<(&SharedExpert<'_>, [u64; 3])>,
+        shared: &Option<(&SharedExpert<'_>, [DevPtr<f32>; 3])>,
         k: usize,
         t: usize,
     ) -> bool {
@@ -336,15 +386,53 @@ impl CudaBackend {
         } = shared.unwrap_or_default();
         let items = t * k + if has != 0 { t } else { 0 };
         let rows = e.inter.max(sinter) as u32;
-        launch!(self, &self.inner.f.experts_gate_up2,
-            (rows.div_ceil(EXPERT_GU_WARPS * EXPERT_GU_ROWS), items as u32, 1),
-            (32 * EXPERT_GU_WARPS, 1, 1);
-            e.gate.proj(self), e.up.proj(self), sg, su, has, sinter as i32, self.ptr(sel),
-            k as i32, t as i32, x, h, e.inter as i32, e.hidden as i32, i32::from(self.inner.mma))?;
-        launch!(self, &self.inner.f.experts_down2,
-            ((e.hidden as u32).div_ceil(GEMV_WARPS * EXPERT_DOWN_ROWS), items as u32, 1),
-            (32 * GEMV_WARPS, 1, 1);
-            e.down.proj(self), sd, sinter as i32, self.ptr(sel), self.ptr(wts), k as i32,
-            t as i32, h, e.inter as i32, part, e.hidden as i32, i32::from(self.inner.mma))
+        ops::moe::ExpertsGateUp2Args {
+            gate: e.gate.proj(self),
+            up: e.up.proj(self),
+            sgate: sg,
+            sup: su,
+            has_shared: has,
+            shared_inter: sinter as i32,
+            sel: self.ptr(sel),
+            k: k as i32,
+            t: t as i32,
+            x,
+            h,
+            inter: e.inter as i32,
+            hidden: e.hidden as i32,
+            mma: i32::from(self.inner.mma),
+        }
+        .launch(
+            self,
+            (
+                rows.div_ceil(EXPERT_GU_WARPS * EXPERT_GU_ROWS),
+                items as u32,
+                1,
+            ),
+            (32 * EXPERT_GU_WARPS, 1, 1),
+        )?;
+        ops::moe::ExpertsDown2Args {
+            down: e.down.proj(self),
+            sdown: sd,
+            shared_inter: sinter as i32,
+            sel: self.ptr(sel),
+            wts: self.ptr(wts),
+            k: k as i32,
+            t: t as i32,
+            h,
+            inter: e.inter as i32,
+            part,
+            hidden: e.hidden as i32,
+            mma: i32::from(self.inner.mma),
+        }
+        .launch(
+            self,
+            (
+                (e.hidden as u32).div_ceil(GEMV_WARPS * EXPERT_DOWN_ROWS),
+                items as u32,
+                1,
+            ),
+            (32 * GEMV_WARPS, 1, 1),
+        )
     }
 }

@@ -1,0 +1,234 @@
+//! The kernels' host side: one file per `.cu` file of `kernels/` (common.cu has no entry points),
+//! each with its [`kernels!`] table: every entry point's name (or its variants' names) and typed
+//! parameter list, once. The table generates the file's function table (`Funcs`, loaded by
+//! [`Funcs::load`]), the names the backend loads and the NVRTC check looks for ([`kernel_names`]),
+//! and one argument struct per kernel whose `launch` pushes the fields, in order, as the kernel's
+//! parameters: a launch site names every argument, and a device pointer is a [`DevPtr`] of the
+//! element type the kernel reads.
+
+use std::marker::PhantomData;
+
+use cudarc::driver::{CudaFunction, DeviceRepr};
+
+use crate::error::Result;
+
+/// A device address of `T` values (the kernel's `T*` or `const T*`; `u8` for `void*` and byte
+/// buffers, `u16` for bf16). Passed to a kernel as the bare 64-bit address.
+#[repr(transparent)]
+pub(crate) struct DevPtr<T>(u64, PhantomData<fn() -> T>);
+
+impl<T> Clone for DevPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for DevPtr<T> {}
+
+impl<T> Default for DevPtr<T> {
+    fn default() -> Self {
+        Self::NULL
+    }
+}
+
+impl<T> std::fmt::Debug for DevPtr<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DevPtr({:#x})", self.0)
+    }
+}
+
+impl<T> DevPtr<T> {
+    /// The null pointer (a kernel's "none" for optional operands).
+    pub(crate) const NULL: Self = Self(0, PhantomData);
+
+    /// The pointer at device address `addr`.
+    pub(crate) const fn new(addr: u64) -> Self {
+        Self(addr, PhantomData)
+    }
+
+    /// The device address.
+    pub(crate) const fn addr(self) -> u64 {
+        self.0
+    }
+
+    /// Whether this is the null pointer.
+    pub(crate) const fn is_null(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The pointer `n` values of `T` further.
+    pub(crate) const fn add(self, n: usize) -> Self {
+        Self(self.0 + (n * std::mem::size_of::<T>()) as u64, PhantomData)
+    }
+
+    /// The same address as a pointer to `U` (a kernel reading the bytes as another type).
+    pub(crate) const fn cast<U>(self) -> DevPtr<U> {
+        DevPtr(self.0, PhantomData)
+    }
+}
+
+// SAFETY: a transparent 64-bit device address, what the kernels take for a pointer parameter.
+unsafe impl<T: 'static> DeviceRepr for DevPtr<T> {}
+
+/// The function tables of all kernel files, loaded from one compiled module.
+pub(crate) struct Funcs {
+    pub gemv: gemv::Funcs,
+    pub prefill: prefill::Funcs,
+    pub elementwise: elementwise::Funcs,
+    pub attention: attention::Funcs,
+    pub moe: moe::Funcs,
+    pub sampling: sampling::Funcs,
+}
+
+impl Funcs {
+    /// Every kernel of every table, each looked up by `get`.
+    pub(crate) fn load(get: &mut impl FnMut(&str) -> Result<CudaFunction>) -> Result<Self> {
+        Ok(Self {
+            gemv: gemv::Funcs::load(get)?,
+            prefill: prefill::Funcs::load(get)?,
+            elementwise: elementwise::Funcs::load(get)?,
+            attention: attention::Funcs::load(get)?,
+            moe: moe::Funcs::load(get)?,
+            sampling: sampling::Funcs::load(get)?,
+        })
+    }
+}
+
+/// The names of every kernel entry point the backend loads (each table's `NAMES`).
+pub(crate) fn kernel_names() -> Vec<&'static str> {
+    [
+        gemv::NAMES,
+        prefill::NAMES,
+        elementwise::NAMES,
+        attention::NAMES,
+        moe::NAMES,
+        sampling::NAMES,
+    ]
+    .concat()
+    .concat()
+}
+
+/// A table of kernels of one `.cu` file (`group`: its field in [`Funcs`]). Each entry:
+///
+/// ```text
+/// /// doc
+/// name => NameArgs { param: Type, ... }                  // entry point `name`
+/// name ["variant_a", "variant_b"] => NameArgs { ... }    // variants of one signature
+/// ```
+///
+/// with the parameters exactly as the kernel declares them (`int` → `i32`, `long` → `i64`,
+/// `float` → `f32`, `double` → `f64`, `T*` → `DevPtr<T>`, structs by value as their `#[repr(C)]`
+/// twins). Generates `Funcs` (one `Vec<CudaFunction>` per entry, its variants in order), `NAMES`
+/// (per entry) and the argument structs with `launch(self, backend, [variant,] grid, block)`.
+macro_rules! kernels {
+    (@names $f:ident) => { &[stringify!($f)] };
+    (@names $f:ident [$($v:literal),+]) => { &[$($v),+] };
+    (@launch $group:ident $f:ident) => {
+        /// Launches the kernel on `b`'s stream: `grid` blocks of `block` threads.
+        pub(crate) fn launch(
+            self,
+            b: &$crate::backend::cuda::CudaBackend,
+            grid: (u32, u32, u32),
+            block: (u32, u32, u32),
+        ) -> $crate::error::Result<()> {
+            self.launch_on(b, &b.inner.f.$group.$f[0], grid, block)
+        }
+    };
+    (@launch $group:ident $f:ident [$($v:literal),+]) => {
+        /// Launches variant `variant` (its place in the table's list) on `b`'s stream: `grid`
+        /// blocks of `block` threads.
+        pub(crate) fn launch(
+            self,
+            b: &$crate::backend::cuda::CudaBackend,
+            variant: usize,
+            grid: (u32, u32, u32),
+            block: (u32, u32, u32),
+        ) -> $crate::error::Result<()> {
+            let f = b.inner.f.$group.$f.get(variant).ok_or_else(|| {
+                b.err(format!("kernel {}: no variant {variant}", stringify!($f)))
+            })?;
+            self.launch_on(b, f, grid, block)
+        }
+    };
+    (
+        group $group:ident;
+        $(
+            $(#[$doc:meta])*
+            $f:ident $([$($v:literal),+ $(,)?])? => $args:ident { $($p:ident : $t:ty),* $(,)? }
+        )*
+    ) => {
+        /// The kernels of this file, as loaded (each entry's variants in the table's order).
+        pub(crate) struct Funcs {
+            $( pub(crate) $f: Vec<::cudarc::driver::CudaFunction>, )*
+        }
+
+        /// The entry points of this file, per table entry.
+        pub(crate) const NAMES: &[&[&str]] = &[ $( kernels!(@names $f $([$($v),+])?) ),* ];
+
+        impl Funcs {
+            /// Looks every entry point of this file up with `get`.
+            pub(crate) fn load(
+                get: &mut impl FnMut(&str) -> $crate::error::Result<::cudarc::driver::CudaFunction>,
+            ) -> $crate::error::Result<Self> {
+                Ok(Self {
+                    $( $f: {
+                        let names: &[&str] = kernels!(@names $f $([$($v),+])?);
+                        names.iter().map(|n| get(n)).collect::<$crate::error::Result<_>>()?
+                    }, )*
+                })
+            }
+        }
+
+        $(
+            $(#[$doc])*
+            #[derive(Clone, Copy)]
+            pub(crate) struct $args {
+                $( pub(crate) $p: $t, )*
+            }
+
+            impl $args {
+                kernels!(@launch $group $f $([$($v),+])?);
+
+                /// Launches `f` with these arguments, in the order of the kernel's parameters.
+                fn launch_on(
+                    self,
+                    b: &$crate::backend::cuda::CudaBackend,
+                    f: &::cudarc::driver::CudaFunction,
+                    grid: (u32, u32, u32),
+                    block: (u32, u32, u32),
+                ) -> $crate::error::Result<()> {
+                    let Self { $($p),* } = self;
+                    let cfg = ::cudarc::driver::LaunchConfig {
+                        grid_dim: grid,
+                        block_dim: block,
+                        shared_mem_bytes: 0,
+                    };
+                    if b.inner.pdl {
+                        // one pointer per parameter, to the value of the parameter's type
+                        let mut params = [
+                            $( &$p as *const $t as *mut ::core::ffi::c_void, )*
+                        ];
+                        // SAFETY: the fields are the kernel's parameters in order and type (the
+                        // table), alive until the launch returns.
+                        unsafe { b.launch_pdl(f, cfg, &mut params) }
+                    } else {
+                        let mut lb = b.inner.stream.launch_builder(f);
+                        $( ::cudarc::driver::PushKernelArg::arg(&mut lb, &$p); )*
+                        // SAFETY: the fields are the kernel's parameters in order and type.
+                        unsafe { lb.launch(cfg) }
+                            .map(|_| ())
+                            .map_err(|e| b.err(format!("launch: {e:?}")))
+                    }
+                }
+            }
+        )*
+    };
+}
+
+// (after the macro: the tables use it)
+pub(crate) mod attention;
+pub(crate) mod elementwise;
+pub(crate) mod gemv;
+pub(crate) mod moe;
+pub(crate) mod prefill;
+pub(crate) mod sampling;
