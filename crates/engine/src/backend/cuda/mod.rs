@@ -26,22 +26,19 @@
 //! eager is 1-2% slower than graph replay: 4.45 vs 4.39 ms at Laguna-S lean 2K), sampling on
 //! device for batched steps (the server's batches of several sequences pick on the host).
 
-mod attention;
 pub mod bench;
 mod compile;
 mod decode;
-mod linear;
-mod moe;
 mod ops;
 mod options;
 pub mod stream_probe;
 
-pub use attention::{CudaKvLayer, CudaRope};
+use compile::*;
 pub use compile::{compile_kernels, kernel_entries, KERNELS_CU};
-pub use moe::{CudaExperts, CudaRouting, ExpertArena};
-use ops::{DevPtr, Funcs};
+pub use ops::attention::{CudaKvLayer, CudaRope};
+pub use ops::moe::{CudaExperts, CudaRouting, ExpertArena};
+use ops::{attention::*, gemv::*, moe::*, DevPtr, Funcs};
 pub use options::CudaOptions;
-use {attention::*, compile::*, linear::*, moe::*};
 
 use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard};
 

@@ -23,8 +23,8 @@
 use std::ffi::OsStr;
 use std::path::PathBuf;
 
-use super::attention::{ATTN_SHORT_KEYS, ATTN_SPLIT_BLOCKS_PER_SM, ATTN_SPLIT_MIN_KEYS};
-use super::linear::NV_BLOCKS_PER_SM;
+use super::ops::attention::{ATTN_SHORT_KEYS, ATTN_SPLIT_BLOCKS_PER_SM, ATTN_SPLIT_MIN_KEYS};
+use super::ops::gemv::NV_BLOCKS_PER_SM;
 
 /// The CUDA backend's knobs (see the module's table for the `FP4FORGE_*` variable of each).
 /// `kernels_source`, `pdl` and `mma` take effect when a backend opens

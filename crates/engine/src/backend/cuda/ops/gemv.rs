@@ -1,8 +1,10 @@
-//! The entry points of kernels/gemv.cu: the one-token GEMVs and several linears of one input in
-//! one launch (host side: `linear.rs`).
+//! Linears (kernels/gemv.cu, host side): the one-token GEMVs (bf16, NVFP4 on CUDA cores and on
+//! tensor cores), several linears of one input in one launch (`linear_multi2`), the fused
+//! epilogues that follow them, and the launch geometry of each; `gemv_raw` also dispatches
+//! multi-token linears to `gemm_tiled` (kernels/prefill.cu) and `norm_gemv_raw` launches
+//! `norm_gemv_bf16` (kernels/elementwise.cu).
 
-use super::DevPtr;
-use crate::backend::cuda::Segs;
+use crate::backend::cuda::*;
 
 kernels! {
     group gemv;
@@ -33,4 +35,527 @@ kernels! {
     }
     /// Up to six linears of one token's `x` (`K` inputs) in one launch.
     linear_multi2 => LinearMulti2Args { segs: Segs, x: DevPtr<f32>, k: i32, mma: i32 }
+}
+
+/// Warps per block of the GEMV kernels (one warp per output row).
+pub(crate) const GEMV_WARPS: u32 = 4;
+
+/// Tokens per warp of the `linear` kernel (`TB` in the source).
+pub(crate) const GEMV_TOKENS: usize = 4;
+
+/// Output rows and tokens of one `gemm_tiled` block (`GM_BM`, `GM_BN` in the source).
+pub(crate) const GEMM_ROWS: u32 = 64;
+pub(crate) const GEMM_TOKENS: u32 = 64;
+
+/// Fewest tokens for which a multi-token linear uses `gemm_tiled` (fewer: the `linear` GEMV).
+pub(crate) const GEMM_MIN_TOKENS: usize = 16;
+
+/// Rows per warp of `linear_multi2` (`MULTI_R`) outside its tensor-core path.
+pub(crate) const EXPERT_ROWS: u32 = 4;
+
+/// Warps per block of `linear_multi2` (its tensor-core path: 4 tiles of 16 rows, 2 warps each).
+pub(crate) const MULTI_WARPS: u32 = 8;
+
+/// Warps per block (`NVW`) and rows per row group (`NV_R`) of the NVFP4 decode GEMV.
+pub(crate) const NV_WARPS: u32 = 8;
+pub(crate) const NV_ROWS: usize = 2;
+
+/// Largest K of the NVFP4 decode GEMV (`XS_MAX`: x is staged in shared memory).
+pub(crate) const NV_MAX_K: usize = 9216;
+
+/// Resident blocks per SM of the NVFP4 decode GEMV (`__launch_bounds__`).
+pub(crate) const NV_BLOCKS_PER_SM: usize = 2;
+
+/// One linear of a `linear_multi2` launch (`Seg` in kernels/gemv.cu; layout identical).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Seg {
+    w: DevPtr<u8>,
+    scales: DevPtr<u8>,
+    y: DevPtr<f32>,
+    inv_g: f32,
+    fmt: i32,
+    n: i32,
+    block0: i32,
+}
+
+/// The segments of a `linear_multi2` launch (`Segs` in kernels/gemv.cu; layout identical): segment
+/// `s` covers the blocks from its `block0` to the next one's.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Segs {
+    s: [Seg; 6],
+    n: i32,
+    _pad: i32,
+}
+
+// SAFETY: plain old data matching the C structs.
+unsafe impl DeviceRepr for Segs {}
+
+/// Up to [`MultiLinear::MAX`] linears of one input vector (one token) in one launch
+/// (`linear_multi2`): q/k/v/gate, or an MLP's gate and up.
+#[derive(Clone, Copy)]
+pub(crate) struct MultiLinear {
+    segs: Segs,
+    blocks: u32,
+    k: usize,
+}
+
+impl MultiLinear {
+    /// Most linears in one launch.
+    pub(crate) const MAX: usize = 6;
+
+    /// `y_i = x · W_iᵀ` for each `(W_i, y_i)` of `parts`; every `W_i` takes `k` inputs and
+    /// `CudaBackend::linear_multi_applies(k)` holds.
+    pub(crate) fn new(
+        b: &CudaBackend,
+        parts: &[(&CudaLinear, DevPtr<f32>)],
+        k: usize,
+    ) -> Result<Self> {
+        b.check(
+            CudaBackend::linear_multi_applies(k)
+                && !parts.is_empty()
+                && parts.len() <= Self::MAX
+                && parts.iter().all(|(w, _)| w.cols == k),
+            || format!("linear_multi: {} linears of {k} inputs", parts.len()),
+        )?;
+        let mut segs = Segs::default();
+        let mut block0 = 0u32;
+        for (i, (w, y)) in parts.iter().enumerate() {
+            segs.s[i] = Seg {
+                w: b.ptr(&w.data),
+                scales: w.scales_ptr(b),
+                y: *y,
+                inv_g: w.inv_g,
+                fmt: w.fmt,
+                n: w.rows as i32,
+                block0: block0 as i32,
+            };
+            block0 += (w.rows as u32).div_ceil(b.multi_rows_per_block(w, k));
+        }
+        segs.n = parts.len() as i32;
+        Ok(Self {
+            segs,
+            blocks: block0,
+            k,
+        })
+    }
+}
+
+/// Work fused into a decode kernel's last block (`Epi` in kernels/common.cu; layout identical): kind 0
+/// none, 1 `out = rmsnorm(x) · w` of one row of `n` values.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Epi {
+    counter: DevPtr<u32>,
+    x: DevPtr<f32>,
+    w: DevPtr<f32>,
+    out: DevPtr<f32>,
+    eps: f32,
+    pub(crate) kind: i32,
+    n: i32,
+    _pad: i32,
+}
+
+// SAFETY: plain old data matching the C struct's layout.
+unsafe impl DeviceRepr for Epi {}
+
+impl Epi {
+    /// `out = rmsnorm(x) · w` over `n` values.
+    pub(crate) fn norm(
+        b: &CudaBackend,
+        x: DevPtr<f32>,
+        w: DevPtr<f32>,
+        out: DevPtr<f32>,
+        n: usize,
+        eps: f32,
+    ) -> Self {
+        Self {
+            counter: b.ptr(&b.inner.counters),
+            x,
+            w,
+            out,
+            eps,
+            kind: 1,
+            n: n as i32,
+            _pad: 0,
+        }
+    }
+
+    /// Whether a kernel of `threads` threads per block can run it in its last block (`EPI_V`
+    /// float4s per thread).
+    pub(crate) fn fusable(&self, threads: usize) -> bool {
+        self.kind == 1 && self.n % 4 == 0 && (self.n as usize) <= 32 * threads
+    }
+}
+
+/// Columns of one chunk of the tensor-core NVFP4 GEMV (a lane's 16 bytes of a row = 32 columns).
+pub(crate) const MMA_CHUNK: usize = 128;
+
+/// Chunks of x one warp of `gemv_mma` stages for itself (`XW_CHUNKS`).
+pub(crate) const MMA_WARP_CHUNKS: usize = 9;
+
+/// K split (warps per 16-row tile: 1, 2, 4, 8) of `gemv_mma` for `rows x cols`: the smallest
+/// that leaves each warp at most 8 chunks, then larger while the grid has fewer blocks than SMs
+/// and each warp keeps at least 2 chunks.
+pub(crate) fn mma_split(rows: usize, cols: usize, sms: usize) -> usize {
+    let chunks = cols / MMA_CHUNK;
+    let tiles = rows.div_ceil(16);
+    let mut ks = 1;
+    while ks < 8 && chunks > 8 * ks {
+        ks *= 2;
+    }
+    while ks < 8 && chunks >= 4 * ks && tiles.div_ceil(NV_WARPS as usize / ks) < sms {
+        ks *= 2;
+    }
+    ks
+}
+
+/// `(kernel index, K split)` of the NVFP4 decode GEMV for `rows x cols`: the smallest split of K
+/// over warps (1, 2, 4, 8) that gives at least ~32 row-group warps per SM, while every warp keeps
+/// at least one 32-element chunk per lane.
+pub(crate) fn nv_split(rows: usize, cols: usize, sms: usize) -> (usize, usize) {
+    let chunks = cols / 32;
+    let warps = rows.div_ceil(NV_ROWS);
+    let target = 32 * sms;
+    let mut best = (0, 1);
+    for (i, ks) in [1usize, 2, 4, 8].into_iter().enumerate() {
+        if ks > 1 && chunks < 32 * ks {
+            break;
+        }
+        best = (i, ks);
+        if warps * ks >= target {
+            break;
+        }
+    }
+    best
+}
+
+/// The operands of one `gemv_raw` call: `y = resid + x · Wᵀ + bias` for `t` tokens (`bias`,
+/// `resid` may be null; `resid` may be `y`).
+#[derive(Clone, Copy)]
+pub(crate) struct Gemv {
+    pub x: DevPtr<f32>,
+    pub y: DevPtr<f32>,
+    pub bias: DevPtr<f32>,
+    pub resid: DevPtr<f32>,
+    pub t: usize,
+}
+
+impl Gemv {
+    /// One token: `y = x · Wᵀ` (no bias, no residual).
+    pub(crate) fn token(x: DevPtr<f32>, y: DevPtr<f32>) -> Self {
+        Self {
+            x,
+            y,
+            bias: DevPtr::NULL,
+            resid: DevPtr::NULL,
+            t: 1,
+        }
+    }
+
+    /// One token added to a residual: `y = resid + x · Wᵀ`.
+    pub(crate) fn token_resid(x: DevPtr<f32>, y: DevPtr<f32>, resid: DevPtr<f32>) -> Self {
+        Self {
+            resid,
+            ..Self::token(x, y)
+        }
+    }
+}
+
+/// The operands of one `norm_gemv_raw` call (one token): `xn = norm_w · rmsnorm(x)` (epsilon
+/// `eps`) and `y = xn · Wᵀ`.
+#[derive(Clone, Copy)]
+pub(crate) struct NormGemv {
+    pub x: DevPtr<f32>,
+    pub norm_w: DevPtr<f32>,
+    pub eps: f32,
+    pub xn: DevPtr<f32>,
+    pub y: DevPtr<f32>,
+}
+
+impl CudaBackend {
+    /// Runs an epilogue as its own launch (for `rows` rows).
+    pub(crate) fn epilogue_launch(&self, epi: &Epi, rows: usize) -> Result<()> {
+        if epi.kind == 0 {
+            return Ok(());
+        }
+        ops::elementwise::RmsNormArgs {
+            x: epi.x,
+            w: epi.w,
+            y: epi.out,
+            width: epi.n,
+            eps: epi.eps,
+        }
+        .launch(self, (rows as u32, 1, 1), (512, 1, 1))
+    }
+
+    /// Whether `norm_gemv_raw` takes `w`: BF16, `cols` a multiple of 256 and at most 4,096.
+    pub(crate) fn norm_gemv_applies(w: &CudaLinear) -> bool {
+        w.fmt == 2 && w.cols.is_multiple_of(256) && w.cols <= 4096
+    }
+
+    /// One token: `xn = norm_w * rmsnorm(x)` (written to `xn`) and `y = xn · Wᵀ`, in one launch
+    /// (`norm_gemv_bf16`; `norm_gemv_applies(w)` must hold).
+    pub(crate) fn norm_gemv_raw(&self, w: &CudaLinear, a: NormGemv) -> Result<()> {
+        self.check(Self::norm_gemv_applies(w), || {
+            format!(
+                "norm_gemv: {} is not BF16 with columns a multiple of 256 up to 4,096",
+                w.name
+            )
+        })?;
+        const WARPS: usize = 4; // NG_WARPS
+        ops::elementwise::NormGemvBf16Args {
+            w: self.ptr(&w.data).cast(),
+            x: a.x,
+            nw: a.norm_w,
+            eps: a.eps,
+            xn: a.xn,
+            y: a.y,
+            n: w.rows as i32,
+            k: w.cols as i32,
+        }
+        .launch(
+            self,
+            (w.rows.div_ceil(WARPS) as u32, 1, 1),
+            (32 * WARPS as u32, 1, 1),
+        )
+    }
+
+    /// `y = resid + x · Wᵀ + bias` over the operands of `g` (see [`Gemv`]).
+    pub(crate) fn gemv_raw(&self, w: &CudaLinear, g: Gemv) -> Result<()> {
+        let Gemv {
+            x,
+            y,
+            bias,
+            resid,
+            t,
+        } = g;
+        let fast =
+            (w.fmt == 3 && w.cols.is_multiple_of(32)) || (w.fmt == 2 && w.cols.is_multiple_of(8));
+        let (legacy, mma_ks, nv_ks, nv_grid_per_sm, nv_blocks_per_sm, tiled) = {
+            let o = self.opts();
+            (
+                o.legacy_gemv,
+                o.mma_k_split,
+                o.nv_k_split,
+                o.nv_grid_per_sm,
+                o.nv_blocks_per_sm,
+                o.tiled_prefill,
+            )
+        };
+        if t == 1
+            && w.fmt == 3
+            && self.inner.mma
+            && w.cols.is_multiple_of(MMA_CHUNK)
+            && w.cols <= NV_MAX_K
+            && !legacy
+        {
+            // (each warp stages at most MMA_WARP_CHUNKS chunks of x: an override is raised to that)
+            let chunks = w.cols / MMA_CHUNK;
+            let ks = mma_ks
+                .map(|k| {
+                    let mut k = k;
+                    while chunks.div_ceil(k) > MMA_WARP_CHUNKS {
+                        k *= 2;
+                    }
+                    k
+                })
+                .unwrap_or_else(|| mma_split(w.rows, w.cols, self.inner.sms));
+            let blocks = w.rows.div_ceil(16 * (NV_WARPS as usize / ks));
+            return ops::gemv::GemvMmaArgs {
+                w: self.ptr(&w.data),
+                scales: w.scales_ptr(self),
+                inv_g: w.inv_g,
+                x,
+                y,
+                bias,
+                resid,
+                n: w.rows as i32,
+                k: w.cols as i32,
+                ks: ks as i32,
+            }
+            .launch(self, (blocks as u32, 1, 1), (32 * NV_WARPS, 1, 1));
+        }
+        if t == 1 && fast && w.fmt == 3 && w.cols <= NV_MAX_K && !legacy {
+            let (mut ki, mut ks) = nv_split(w.rows, w.cols, self.inner.sms);
+            if let Some(f) = nv_ks {
+                ks = f;
+                ki = f.trailing_zeros() as usize;
+            }
+            let tile = (NV_WARPS as usize / ks) * NV_ROWS;
+            // persistent blocks (as many as are resident), each staging x in shared memory once;
+            // `grid_per_sm` 0: one block per tile.
+            let tiles = w.rows.div_ceil(tile);
+            let blocks = match nv_grid_per_sm {
+                0 => tiles,
+                g => tiles.min(g * self.inner.sms),
+            };
+            let ki = ki + if nv_blocks_per_sm == 3 { 4 } else { 0 };
+            let grid = (blocks as u32, 1, 1);
+            return ops::gemv::GemvNvArgs {
+                w: self.ptr(&w.data),
+                scales: w.scales_ptr(self),
+                inv_g: w.inv_g,
+                x,
+                y,
+                bias,
+                resid,
+                n: w.rows as i32,
+                k: w.cols as i32,
+            }
+            .launch(self, ki, grid, (32 * NV_WARPS, 1, 1));
+        }
+        if t == 1 && fast && !legacy {
+            // Rows per warp: as many as keep >= 16 warps per SM busy (x is reused across them).
+            let target = 16 * self.inner.sms;
+            let (ri, r) = [(3usize, 8usize), (2, 4), (1, 2)]
+                .into_iter()
+                .find(|&(_, r)| w.rows / r >= target)
+                .unwrap_or((0, 1));
+            let grid = ((w.rows as u32).div_ceil(GEMV_WARPS * r as u32), 1, 1);
+            return ops::gemv::Gemv1Args {
+                fmt: w.fmt,
+                w: self.ptr(&w.data),
+                scales: w.scales_ptr(self),
+                inv_g: w.inv_g,
+                x,
+                y,
+                bias,
+                resid,
+                n: w.rows as i32,
+                k: w.cols as i32,
+            }
+            .launch(self, ri, grid, (32 * GEMV_WARPS, 1, 1));
+        }
+        if t >= GEMM_MIN_TOKENS && w.cols.is_multiple_of(32) && tiled {
+            let grid = (
+                (w.rows as u32).div_ceil(GEMM_ROWS),
+                (t as u32).div_ceil(GEMM_TOKENS),
+                1,
+            );
+            return ops::prefill::GemmTiledArgs {
+                fmt: w.fmt,
+                w: self.ptr(&w.data),
+                scales: w.scales_ptr(self),
+                inv_g: w.inv_g,
+                x,
+                y,
+                bias,
+                resid,
+                n: w.rows as i32,
+                k: w.cols as i32,
+                t: t as i32,
+            }
+            .launch(self, grid, (256, 1, 1));
+        }
+        let grid = (
+            (w.rows as u32).div_ceil(GEMV_WARPS),
+            t.div_ceil(GEMV_TOKENS) as u32,
+            1,
+        );
+        ops::gemv::LinearArgs {
+            fmt: w.fmt,
+            w: self.ptr(&w.data),
+            scales: w.scales_ptr(self),
+            inv_g: w.inv_g,
+            x,
+            y,
+            bias,
+            resid,
+            n: w.rows as i32,
+            k: w.cols as i32,
+            t: t as i32,
+        }
+        .launch(self, grid, (32 * GEMV_WARPS, 1, 1))
+    }
+
+    /// Whether `linear_multi` takes inputs of width `k` (`K % 32 == 0`, `K <= XS_MAX`).
+    pub fn linear_multi_applies(k: usize) -> bool {
+        k > 0 && k.is_multiple_of(32) && k <= NV_MAX_K
+    }
+
+    /// `x · W_iᵀ` for each of `ws` (at most 6, all of `x`'s width, which
+    /// `linear_multi_applies`) over one token `x` (`[1, cols]`), in one launch: the q/k/v/gate
+    /// projections of a decode step.
+    pub fn linear_multi(&self, x: &CudaTensor, ws: &[&CudaLinear]) -> Result<Vec<CudaTensor>> {
+        self.check(x.rows == 1, || {
+            format!("linear_multi of {} tokens (one only)", x.rows)
+        })?;
+        let ys = ws
+            .iter()
+            .map(|w| self.tensor(1, w.rows))
+            .collect::<Result<Vec<_>>>()?;
+        let parts: Vec<(&CudaLinear, DevPtr<f32>)> = ws
+            .iter()
+            .zip(&ys)
+            .map(|(w, y)| (*w, self.ptr(&y.buf)))
+            .collect();
+        self.linear_multi_raw(&MultiLinear::new(self, &parts, x.cols)?, self.ptr(&x.buf))?;
+        Ok(ys)
+    }
+
+    /// The linears of `m` over one token's `x` in one launch (`linear_multi2`).
+    pub(crate) fn linear_multi_raw(&self, m: &MultiLinear, x: DevPtr<f32>) -> Result<()> {
+        ops::gemv::LinearMulti2Args {
+            segs: m.segs,
+            x,
+            k: m.k as i32,
+            mma: i32::from(self.inner.mma),
+        }
+        .launch(self, (m.blocks, 1, 1), (32 * MULTI_WARPS, 1, 1))
+    }
+
+    /// Output rows of one `linear_multi2` block for the segment of weight `w` (input width `k`):
+    /// 64 on the tensor-core path, `MULTI_WARPS · MULTI_R` otherwise.
+    pub(crate) fn multi_rows_per_block(&self, w: &CudaLinear, k: usize) -> u32 {
+        if self.inner.mma && w.fmt == 3 && k.is_multiple_of(MMA_CHUNK) && k <= NV_MAX_K {
+            64
+        } else {
+            MULTI_WARPS * EXPERT_ROWS
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `gemv_mma` stages each warp's chunks of x in a region of `MMA_WARP_CHUNKS`: the split
+    /// must keep every warp within it for every K the kernel takes.
+    #[test]
+    fn mma_split_keeps_each_warp_within_its_staging_region() {
+        for cols in (MMA_CHUNK..=NV_MAX_K).step_by(MMA_CHUNK) {
+            for rows in [16, 100, 1024, 3072, 6144, 100_352] {
+                for sms in [1, 78, 132] {
+                    let ks = mma_split(rows, cols, sms);
+                    assert!([1, 2, 4, 8].contains(&ks));
+                    assert!(
+                        (cols / MMA_CHUNK).div_ceil(ks) <= MMA_WARP_CHUNKS,
+                        "{rows} x {cols} on {sms} SMs: split {ks}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// `nv_split` splits K over 1, 2, 4 or 8 warps (its index among them returned with it),
+    /// never below 32 chunks of 32 per warp, and stops splitting once the row warps × split
+    /// cover 32 warps per SM.
+    #[test]
+    fn nv_split_keeps_whole_chunks_per_warp() {
+        for cols in [32, 512, 1024, 2048, 3072, 8192, 9216] {
+            for rows in [1, 72, 1024, 3072, 9216, 100_352] {
+                for sms in [1, 78, 132] {
+                    let (i, ks) = nv_split(rows, cols, sms);
+                    assert_eq!([1, 2, 4, 8][i], ks);
+                    assert!(ks == 1 || cols / 32 >= 32 * ks, "{rows} x {cols}: {ks}");
+                    if ks > 1 {
+                        // the next smaller split did not reach the target yet
+                        assert!(rows.div_ceil(NV_ROWS) * (ks / 2) < 32 * sms);
+                    }
+                }
+            }
+        }
+    }
 }

@@ -1,10 +1,15 @@
-//! The kernels' host side: one file per `.cu` file of `kernels/` (common.cu has no entry points),
-//! each with its [`kernels!`] table: every entry point's name (or its variants' names) and typed
-//! parameter list, once. The table generates the file's function table (`Funcs`, loaded by
-//! [`Funcs::load`]), the names the backend loads and the NVRTC check looks for ([`kernel_names`]),
-//! and one argument struct per kernel whose `launch` pushes the fields, in order, as the kernel's
-//! parameters: a launch site names every argument, and a device pointer is a [`DevPtr`] of the
-//! element type the kernel reads.
+//! The kernels' host side: one file per `.cu` file of `kernels/` (common.cu has no entry
+//! points), each with its [`kernels!`] table, and beside it the host launchers of its kernels
+//! (`gemv.rs`: linears; `attention.rs`: KV cache and attention; `moe.rs`: experts; the kernels
+//! of `prefill.rs`, `elementwise.rs` and `sampling.rs` are launched from `gemv.rs`,
+//! `attention.rs`, the backend's ops in `../mod.rs` and the fused step in `../decode.rs`).
+//!
+//! A table names every entry point (or its variants) and its typed parameter list, once. It
+//! generates the file's function table (`Funcs`, loaded by [`Funcs::load`]), the names the
+//! backend loads and the NVRTC check looks for ([`kernel_names`]), and one argument struct per
+//! kernel whose `launch` pushes the fields, in order, as the kernel's parameters: a launch site
+//! names every argument, and a device pointer is a [`DevPtr`] of the element type the kernel
+//! reads.
 
 use std::marker::PhantomData;
 

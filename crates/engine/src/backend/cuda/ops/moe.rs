@@ -1,8 +1,8 @@
-//! The entry points of kernels/moe.cu: the router's top-k and the expert kernels (host side:
-//! `moe.rs`).
+//! Mixture of experts (kernels/moe.cu, host side): expert weights in arenas, the router's
+//! top-k, the routed and shared experts of one or more tokens (persistent kernels for one token,
+//! one grid row per (token, expert) pair otherwise).
 
-use super::DevPtr;
-use crate::backend::cuda::{Epi, ExpertProj, Route};
+use crate::backend::cuda::*;
 
 kernels! {
     group moe;
@@ -40,5 +40,438 @@ kernels! {
     experts_reduce => ExpertsReduceArgs {
         part: DevPtr<f32>, k: i32, t: i32, has_shared: i32, out: DevPtr<f32>, resid: DevPtr<f32>,
         hidden: i32, epi: Epi,
+    }
+}
+
+/// Rows of gate and of up per warp of `experts_gate_up2` (`XR`).
+pub(crate) const EXPERT_GU_ROWS: u32 = 2;
+
+/// Warps per block of `experts_gate_up2` (x is staged in shared memory once per block).
+pub(crate) const EXPERT_GU_WARPS: u32 = 8;
+
+/// Rows per warp of `experts_down2` (`XRD`).
+pub(crate) const EXPERT_DOWN_ROWS: u32 = 8;
+
+/// The router's top-k for `experts_raw` (`Route` in kernels/moe.cu; layout identical): computed
+/// inside the persistent gate/up kernel where it applies, else by the `route` kernel first.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Route {
+    logits: DevPtr<f32>,
+    bias: DevPtr<f32>,
+    softcap: f32,
+    scale: f32,
+    n: i32,
+    softmax: i32,
+    normalize: i32,
+    _pad: i32,
+}
+
+// SAFETY: plain old data matching the C struct's layout.
+unsafe impl DeviceRepr for Route {}
+
+impl Route {
+    /// The decision of `p` over `n` experts from `logits` (`bias` null: none), weights × `scale`.
+    pub(crate) fn new(
+        logits: DevPtr<f32>,
+        bias: DevPtr<f32>,
+        n: usize,
+        p: &RouterParams,
+        scale: f32,
+    ) -> Self {
+        Self {
+            logits,
+            bias,
+            softcap: p.logit_softcap,
+            scale,
+            n: n as i32,
+            softmax: i32::from(p.scoring == RouterScoring::Softmax),
+            normalize: i32::from(p.normalize),
+            _pad: 0,
+        }
+    }
+}
+
+/// Resident blocks per SM of the persistent MoE kernels (`__launch_bounds__(256, 2)`).
+pub(crate) const PERSIST_BLOCKS_PER_SM: usize = 2;
+
+/// B entries for all routed items in `experts_down_p` (`XB_ITEMS_MAX`).
+pub(crate) const PERSIST_XB_ENTRIES: usize = 5120;
+
+/// One projection of all experts of a layer, stacked `[E, rows, cols]`.
+pub struct ExpertArena {
+    pub(crate) fmt: i32,
+    pub(crate) data: CudaSlice<u8>,
+    pub(crate) scales: Option<CudaSlice<u8>>,
+    pub(crate) inv_g: CudaSlice<f32>,
+}
+
+/// The kernel-side description of an [`ExpertArena`] (`ExpertProj` in kernels/moe.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct ExpertProj {
+    w: DevPtr<u8>,
+    scales: DevPtr<u8>,
+    inv_g: DevPtr<f32>,
+    fmt: i32,
+    _pad: i32,
+}
+
+// SAFETY: plain old data matching the C struct's layout.
+unsafe impl DeviceRepr for ExpertProj {}
+
+impl ExpertArena {
+    pub(crate) fn proj(&self, b: &CudaBackend) -> ExpertProj {
+        ExpertProj {
+            w: b.ptr(&self.data),
+            scales: self.scales.as_ref().map_or(DevPtr::NULL, |s| b.ptr(s)),
+            inv_g: b.ptr(&self.inv_g),
+            fmt: self.fmt,
+            _pad: 0,
+        }
+    }
+}
+
+/// All routed experts of one MoE layer.
+pub struct CudaExperts {
+    pub(crate) gate: ExpertArena,
+    pub(crate) up: ExpertArena,
+    pub(crate) down: ExpertArena,
+    pub(crate) n: usize,
+    pub(crate) inter: usize,
+    pub(crate) hidden: usize,
+}
+
+/// Selected experts and weights per token, on the device.
+pub struct CudaRouting {
+    pub(crate) sel: CudaSlice<i32>,
+    pub(crate) wts: CudaSlice<f32>,
+    pub(crate) top_k: usize,
+    pub(crate) tokens: usize,
+}
+
+/// A shared expert for the fused MoE kernels: gate, up, down (each one resident linear).
+pub(crate) struct SharedExpert<'a> {
+    pub gate: &'a CudaLinear,
+    pub up: &'a CudaLinear,
+    pub down: &'a CudaLinear,
+}
+
+/// A shared expert as the expert kernels take it: its three projections and its width.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct SharedProj {
+    gate: ExpertProj,
+    up: ExpertProj,
+    down: ExpertProj,
+    inter: usize,
+}
+
+/// The device buffers of one MoE call: the routing (`top_k` selected experts and their weights
+/// per token, `tokens` tokens) and the activations (input `x`, intermediate `h` of
+/// `items × max(inter, shared_inter)` floats, per-item outputs `part` of `items × hidden`, with
+/// `items = tokens · top_k [+ tokens]`; the result `out = resid + Σ ...`, `resid` null: none).
+#[derive(Clone, Copy)]
+pub(crate) struct MoeBuffers<'a> {
+    pub sel: &'a CudaSlice<i32>,
+    pub wts: &'a CudaSlice<f32>,
+    pub top_k: usize,
+    pub tokens: usize,
+    pub x: DevPtr<f32>,
+    pub h: DevPtr<f32>,
+    pub part: DevPtr<f32>,
+    pub out: DevPtr<f32>,
+    pub resid: DevPtr<f32>,
+}
+
+impl CudaBackend {
+    pub(crate) fn arena(&self, name: &str, ws: &[&LinearWeight]) -> Result<ExpertArena> {
+        let fmt = fmt_of(ws[0]);
+        let (rows, cols) = (ws[0].rows(), ws[0].cols());
+        self.check(
+            ws.iter()
+                .all(|w| fmt_of(w) == fmt && w.rows() == rows && w.cols() == cols),
+            || format!("`{name}`: experts of one layer differ in encoding or shape"),
+        )?;
+        let mut data = Vec::new();
+        let mut scales = Vec::new();
+        let mut inv = Vec::with_capacity(ws.len());
+        for w in ws {
+            match w {
+                LinearWeight::Bf16 { data: d, .. }
+                | LinearWeight::F16 { data: d, .. }
+                | LinearWeight::F32 { data: d, .. } => {
+                    data.extend_from_slice(d.as_slice());
+                    inv.push(1.0);
+                }
+                LinearWeight::Nvfp4 {
+                    packed,
+                    scales: s,
+                    global_scale,
+                    ..
+                } => {
+                    data.extend_from_slice(packed.as_slice());
+                    scales.extend_from_slice(s.as_slice());
+                    inv.push(1.0 / global_scale);
+                }
+            }
+        }
+        Ok(ExpertArena {
+            fmt,
+            data: self.upload_bytes(&data)?,
+            scales: if fmt == 3 {
+                Some(self.upload_bytes(&scales)?)
+            } else {
+                None
+            },
+            inv_g: self
+                .inner
+                .stream
+                .clone_htod(&inv)
+                .map_err(|e| self.err(format!("{e:?}")))?,
+        })
+    }
+
+    /// `l` as an expert projection whose `1 / global_scale` is the f32 at device address `inv`.
+    pub(crate) fn lin_proj(&self, l: &CudaLinear, inv: DevPtr<f32>) -> ExpertProj {
+        ExpertProj {
+            w: self.ptr(&l.data),
+            scales: l.scales_ptr(self),
+            inv_g: inv,
+            fmt: l.fmt,
+            _pad: 0,
+        }
+    }
+
+    /// Routed (and optionally shared) experts in three launches (gate/up, down, ordered sum):
+    /// `out = resid + Σ w·E(x) [+ S(x)]` over the buffers of `io` (see [`MoeBuffers`]). With
+    /// `route`, `io.sel` / `io.wts` are outputs: the router's top-k is computed first (inside the
+    /// gate/up kernel on the persistent path, else by the `route` kernel); without, they are
+    /// inputs. `epi` runs after the sum (in its last block for one token).
+    pub(crate) fn experts_raw(
+        &self,
+        e: &CudaExperts,
+        shared: Option<(&SharedExpert<'_>, [DevPtr<f32>; 3])>,
+        io: MoeBuffers<'_>,
+        epi: Epi,
+        route: Option<&Route>,
+    ) -> Result<()> {
+        let MoeBuffers {
+            sel,
+            wts,
+            top_k: k,
+            tokens: t,
+            x,
+            h,
+            part,
+            out,
+            resid,
+        } = io;
+        let sp = shared.as_ref().map(|(s, inv)| SharedProj {
+            gate: self.lin_proj(s.gate, inv[0]),
+            up: self.lin_proj(s.up, inv[1]),
+            down: self.lin_proj(s.down, inv[2]),
+            inter: s.gate.rows,
+        });
+        let SharedProj {
+            gate: sg,
+            up: su,
+            down: sd,
+            inter: sinter,
+        } = sp.unwrap_or_default();
+        let has = i32::from(shared.is_some());
+        let persistent = self.persistent_moe(e, &shared, k, t);
+        let fused_route = match route {
+            Some(r) if persistent && r.n <= 256 && k <= 32 => *r,
+            Some(r) => {
+                ops::moe::RouteArgs {
+                    logits: r.logits,
+                    bias: r.bias,
+                    n: r.n,
+                    k: k as i32,
+                    softmax: r.softmax,
+                    normalize: r.normalize,
+                    softcap: r.softcap,
+                    scale: r.scale,
+                    sel: self.ptr(sel),
+                    wts: self.ptr(wts),
+                }
+                .launch(self, (t as u32, 1, 1), (32, 1, 1))?;
+                Route::default()
+            }
+            None => Route::default(),
+        };
+        if persistent {
+            let groups = |rows: usize, per: usize, items: usize| rows.div_ceil(per) * items;
+            let shared_n = usize::from(shared.is_some());
+            let cap = self.opts().persist_grid;
+            let resident = match cap {
+                0 => PERSIST_BLOCKS_PER_SM * self.inner.sms,
+                cap => cap.min(PERSIST_BLOCKS_PER_SM * self.inner.sms),
+            };
+            let gu = groups(e.inter, 16, k) + groups(sinter, 16, shared_n);
+            ops::moe::ExpertsGateUpPArgs {
+                gate: e.gate.proj(self),
+                up: e.up.proj(self),
+                sgate: sg,
+                sup: su,
+                has_shared: has,
+                shared_inter: sinter as i32,
+                sel: self.ptr(sel),
+                wts: self.ptr(wts),
+                k: k as i32,
+                x,
+                h,
+                inter: e.inter as i32,
+                hidden: e.hidden as i32,
+                route: fused_route,
+            }
+            .launch(self, (gu.min(resident) as u32, 1, 1), (256, 1, 1))?;
+            let dn = groups(e.hidden, 64, k + shared_n);
+            ops::moe::ExpertsDownPArgs {
+                down: e.down.proj(self),
+                sdown: sd,
+                has_shared: has,
+                shared_inter: sinter as i32,
+                sel: self.ptr(sel),
+                wts: self.ptr(wts),
+                k: k as i32,
+                h,
+                inter: e.inter as i32,
+                part,
+                hidden: e.hidden as i32,
+            }
+            .launch(self, (dn.min(resident) as u32, 1, 1), (256, 1, 1))?;
+        } else {
+            self.experts_per_item(e, sp, io)?;
+        }
+        let n = (t * e.hidden) as u32;
+        let (fused, separate) = if t == 1 && epi.fusable(256) {
+            (epi, false)
+        } else {
+            (Epi::default(), epi.kind != 0)
+        };
+        ops::moe::ExpertsReduceArgs {
+            part,
+            k: k as i32,
+            t: t as i32,
+            has_shared: has,
+            out,
+            resid,
+            hidden: e.hidden as i32,
+            epi: fused,
+        }
+        .launch(self, (n.div_ceil(256), 1, 1), (256, 1, 1))?;
+        if separate {
+            self.epilogue_launch(&epi, t)?;
+        }
+        Ok(())
+    }
+
+    /// Whether one token's experts run on the persistent kernels (`experts_*_p`): tensor cores on
+    /// (sm_89+), NVFP4 routed experts with `hidden` and `inter` multiples of 128, every routed
+    /// item's `h` staged at once (`k · inter <= 10240`), a BF16 shared expert if any; unless
+    /// switched off (`CudaOptions::persistent_moe`).
+    pub(crate) fn persistent_moe(
+        &self,
+        e: &CudaExperts,
+        shared: &Option<(&SharedExpert<'_>, [DevPtr<f32>; 3])>,
+        k: usize,
+        t: usize,
+    ) -> bool {
+        let on = self.opts().persistent_moe;
+        let shared_ok = match shared {
+            None => true,
+            Some((s, _)) => {
+                [s.gate, s.up, s.down].iter().all(|l| l.fmt == 2)
+                    && s.gate.rows.is_multiple_of(8)
+                    && e.hidden.is_multiple_of(8)
+            }
+        };
+        on && t == 1
+            && self.inner.mma
+            && [e.gate.fmt, e.up.fmt, e.down.fmt].iter().all(|&f| f == 3)
+            && e.hidden.is_multiple_of(MMA_CHUNK)
+            && e.hidden <= NV_MAX_K
+            && e.inter.is_multiple_of(MMA_CHUNK)
+            && k * e.inter <= 2 * PERSIST_XB_ENTRIES
+            && k < 64
+            && shared_ok
+    }
+
+    /// Gate/up and down of `items` (token, expert) pairs, one grid row per item (the shared
+    /// expert, if any, one more item per token).
+    pub(crate) fn experts_per_item(
+        &self,
+        e: &CudaExperts,
+        shared: Option<SharedProj>,
+        io: MoeBuffers<'_>,
+    ) -> Result<()> {
+        let MoeBuffers {
+            sel,
+            wts,
+            top_k: k,
+            tokens: t,
+            x,
+            h,
+            part,
+            ..
+        } = io;
+        let has = i32::from(shared.is_some());
+        let SharedProj {
+            gate: sg,
+            up: su,
+            down: sd,
+            inter: sinter,
+        } = shared.unwrap_or_default();
+        let items = t * k + if has != 0 { t } else { 0 };
+        let rows = e.inter.max(sinter) as u32;
+        ops::moe::ExpertsGateUp2Args {
+            gate: e.gate.proj(self),
+            up: e.up.proj(self),
+            sgate: sg,
+            sup: su,
+            has_shared: has,
+            shared_inter: sinter as i32,
+            sel: self.ptr(sel),
+            k: k as i32,
+            t: t as i32,
+            x,
+            h,
+            inter: e.inter as i32,
+            hidden: e.hidden as i32,
+            mma: i32::from(self.inner.mma),
+        }
+        .launch(
+            self,
+            (
+                rows.div_ceil(EXPERT_GU_WARPS * EXPERT_GU_ROWS),
+                items as u32,
+                1,
+            ),
+            (32 * EXPERT_GU_WARPS, 1, 1),
+        )?;
+        ops::moe::ExpertsDown2Args {
+            down: e.down.proj(self),
+            sdown: sd,
+            shared_inter: sinter as i32,
+            sel: self.ptr(sel),
+            wts: self.ptr(wts),
+            k: k as i32,
+            t: t as i32,
+            h,
+            inter: e.inter as i32,
+            part,
+            hidden: e.hidden as i32,
+            mma: i32::from(self.inner.mma),
+        }
+        .launch(
+            self,
+            (
+                (e.hidden as u32).div_ceil(GEMV_WARPS * EXPERT_DOWN_ROWS),
+                items as u32,
+                1,
+            ),
+            (32 * GEMV_WARPS, 1, 1),
+        )
     }
 }

@@ -1,5 +1,5 @@
 //! The entry points of kernels/prefill.cu: the tiled matrix-matrix kernel of multi-token linears
-//! and the embedding lookup (host side: `linear.rs`, `mod.rs`).
+//! and the embedding lookup (host side: `gemv.rs`, `../mod.rs`, `../decode.rs`).
 
 use super::DevPtr;
 
