@@ -160,15 +160,6 @@ fn covers(d: &Decoder<CudaBackend>) -> bool {
 }
 
 impl CudaBackend {
-    /// Switches the model path's fused decode step on or off (`CudaOptions::fused_decode`: on
-    /// by default, `FP4FORGE_CUDA_FUSED_DECODE=0` starts it off), e.g. to compare it with the
-    /// generic ops.
-    pub fn set_fused_decode(&self, on: bool) {
-        let mut o = self.options();
-        o.fused_decode = on;
-        self.set_options(o);
-    }
-
     /// Tokens decoded on the fused step by this backend (and its clones) so far.
     pub fn fused_decode_steps(&self) -> usize {
         self.inner.fused_steps.load(Ordering::Relaxed)

@@ -173,6 +173,15 @@ impl CudaBackend {
             .unwrap_or_else(|e| e.into_inner()) = options;
     }
 
+    /// Switches the model path's fused decode step on or off (`CudaOptions::fused_decode`: on
+    /// by default, `FP4FORGE_CUDA_FUSED_DECODE=0` starts it off), e.g. to compare it with the
+    /// generic ops.
+    pub fn set_fused_decode(&self, on: bool) {
+        let mut o = self.options();
+        o.fused_decode = on;
+        self.set_options(o);
+    }
+
     /// The knobs, read in place.
     pub(crate) fn opts(&self) -> RwLockReadGuard<'_, CudaOptions> {
         self.inner.options.read().unwrap_or_else(|e| e.into_inner())
