@@ -170,6 +170,13 @@ macro_rules! kernels {
         /// The entry points of this file, per table entry.
         pub(crate) const NAMES: &[&[&str]] = &[ $( kernels!(@names $f $([$($v),+])?) ),* ];
 
+        /// Each entry's entry points and its parameter types as the table writes them (the
+        /// check of the table against the `.cu` declarations).
+        #[cfg(test)]
+        pub(crate) const SIGNATURES: &[(&[&str], &[&str])] = &[
+            $( (kernels!(@names $f $([$($v),+])?), &[ $( stringify!($t) ),* ]) ),*
+        ];
+
         impl Funcs {
             /// Looks every entry point of this file up with `get`.
             pub(crate) fn load(
@@ -237,3 +244,191 @@ pub(crate) mod gemv;
 pub(crate) mod moe;
 pub(crate) mod prefill;
 pub(crate) mod sampling;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cuda::KERNELS_CU;
+
+    /// Every table's entries with their parameter types.
+    fn table() -> Vec<(&'static [&'static str], &'static [&'static str])> {
+        [
+            gemv::SIGNATURES,
+            prefill::SIGNATURES,
+            elementwise::SIGNATURES,
+            attention::SIGNATURES,
+            moe::SIGNATURES,
+            sampling::SIGNATURES,
+        ]
+        .concat()
+    }
+
+    /// Replaces the identifiers of `text` that are keys of `map`.
+    fn substitute(text: &str, map: &[(String, String)]) -> String {
+        let mut out = String::new();
+        let mut word = String::new();
+        let flush = |word: &mut String, out: &mut String| {
+            let w = map
+                .iter()
+                .find(|(k, _)| k == word)
+                .map_or(word.as_str(), |(_, v)| v);
+            out.push_str(w);
+            word.clear();
+        };
+        for c in text.chars() {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                word.push(c);
+            } else {
+                flush(&mut word, &mut out);
+                out.push(c);
+            }
+        }
+        flush(&mut word, &mut out);
+        out
+    }
+
+    /// The entry point declared at the start of `s` (`extern "C" __global__ void ...`): its name
+    /// and its parameters' C types (`const`, `__restrict__` and the names dropped).
+    fn declaration(s: &str) -> (String, Vec<String>) {
+        let s = s[s.find("void").expect("void") + 4..].trim_start();
+        let s = match s.strip_prefix("__launch_bounds__") {
+            Some(r) => &r[r.find(')').expect("launch bounds") + 1..],
+            None => s,
+        };
+        let open = s.find('(').expect("(");
+        let close = open + s[open..].find(')').expect(")");
+        let types = s[open + 1..close]
+            .split(',')
+            .map(|p| {
+                let p = p.replace("const ", "").replace("__restrict__", "");
+                let p = p
+                    .trim()
+                    .trim_end_matches(|c: char| c.is_ascii_alphanumeric() || c == '_');
+                p.split_whitespace().collect::<String>()
+            })
+            .filter(|t| !t.is_empty())
+            .collect();
+        (s[..open].trim().to_string(), types)
+    }
+
+    /// Every entry point of the kernel source with its parameters' C types, macro-generated
+    /// variants expanded.
+    fn entry_points() -> Vec<(String, Vec<String>)> {
+        const EXTERN: &str = "extern \"C\" __global__";
+        let src = KERNELS_CU.replace("\\\n", " ");
+        let mut out = Vec::new();
+        let mut macros = Vec::new();
+        for line in src.lines() {
+            let t = line.trim_start();
+            if let Some(def) = t.strip_prefix("#define ") {
+                if def.contains(EXTERN) {
+                    let (open, close) = (def.find('(').unwrap(), def.find(')').unwrap());
+                    let formals: Vec<String> = def[open + 1..close]
+                        .split(',')
+                        .map(|f| f.trim().to_string())
+                        .collect();
+                    macros.push((
+                        def[..open].to_string(),
+                        formals,
+                        def[close + 1..].to_string(),
+                    ));
+                }
+            }
+        }
+        let mut at = 0;
+        while let Some(i) = src[at..].find(EXTERN) {
+            let i = at + i;
+            let line = &src[src[..i].rfind('\n').map_or(0, |n| n + 1)..i];
+            if !line.trim_start().starts_with("#define") {
+                out.push(declaration(&src[i..]));
+            }
+            at = i + EXTERN.len();
+        }
+        for line in src.lines() {
+            for (name, formals, body) in &macros {
+                let Some(args) = line.strip_prefix(&format!("{name}(")) else {
+                    continue;
+                };
+                let args = &args[..args.rfind(')').unwrap()];
+                let map: Vec<(String, String)> = formals
+                    .iter()
+                    .cloned()
+                    .zip(args.split(',').map(|a| a.trim().to_string()))
+                    .collect();
+                let body = substitute(body, &map).replace(" ## ", "").replace("##", "");
+                out.push(declaration(&body[body.find(EXTERN).unwrap()..]));
+            }
+        }
+        out
+    }
+
+    /// The Rust type the tables write for a C parameter type (`None`: not one the tables use).
+    fn rust_type(c: &str) -> Option<String> {
+        if let Some(elem) = c.strip_suffix('*') {
+            let e = match elem {
+                "float" => "f32",
+                "int" => "i32",
+                "u32" => "u32",
+                "u16" => "u16",
+                "u8" | "void" => "u8",
+                _ => return None,
+            };
+            return Some(format!("DevPtr<{e}>"));
+        }
+        Some(
+            match c {
+                "int" => "i32",
+                "long" => "i64",
+                "float" => "f32",
+                "double" => "f64",
+                "u64" => "u64",
+                "Segs" => "Segs",
+                "Prep" => "AttnPrep",
+                "Route" => "Route",
+                "ExpertProj" => "ExpertProj",
+                "Epi" => "Epi",
+                _ => return None,
+            }
+            .to_string(),
+        )
+    }
+
+    /// The tables name every entry point of the source once, and each with the parameter list
+    /// the source declares: as many parameters, of the same types (a pointer whose element type
+    /// differs between an entry's variants is a `DevPtr<u8>`).
+    #[test]
+    fn tables_match_the_kernel_declarations() {
+        let decls = entry_points();
+        let mut names: Vec<&str> = decls.iter().map(|(n, _)| n.as_str()).collect();
+        names.sort_unstable();
+        let mut listed = kernel_names();
+        listed.sort_unstable();
+        assert_eq!(names, listed, "entry points of the source vs the tables");
+        for (variants, rust) in table() {
+            let rust: Vec<String> = rust
+                .iter()
+                .map(|t| t.split_whitespace().collect())
+                .collect();
+            let cs: Vec<&Vec<String>> = variants
+                .iter()
+                .map(|v| &decls.iter().find(|(n, _)| n == v).unwrap().1)
+                .collect();
+            for (v, c) in variants.iter().zip(&cs) {
+                assert_eq!(c.len(), rust.len(), "{v}: {c:?} vs {rust:?}");
+                for (i, (ct, rt)) in c.iter().zip(&rust).enumerate() {
+                    let varies = cs.iter().any(|o| &o[i] != ct);
+                    let want = if varies && ct.ends_with('*') {
+                        Some("DevPtr<u8>".to_string())
+                    } else {
+                        rust_type(ct)
+                    };
+                    assert_eq!(
+                        want.as_deref(),
+                        Some(rt.as_str()),
+                        "{v}: parameter {i} `{ct}`"
+                    );
+                }
+            }
+        }
+    }
+}
