@@ -23,8 +23,10 @@
 use cudarc::driver::CudaSlice;
 use serde_json::Value;
 
+use super::ops::{self, DevPtr};
+use super::{AttnCall, Gemv, NormGemv, QkNormRope, QkNorms, RopeDev};
 use super::{
-    launch, AttnPrep, CudaBackend, CudaExperts, CudaKvLayer, CudaLinear, Epi, ExpertArena,
+    AttnPrep, CudaBackend, CudaExperts, CudaKvLayer, CudaLinear, CudaOptions, Epi, ExpertArena,
     MoeBuffers, MultiLinear, Route, SharedExpert, GEMV_WARPS,
 };
 use crate::backend::{AttentionParams, Backend, RouterParams, RouterScoring};
@@ -539,11 +541,25 @@ pub fn synthetic_laguna_decode(
         let mut step = |tm: &mut StageTimer, fuse: bool| -> Result<()> {
             let bp = |s: &CudaSlice<f32>| b.ptr(s);
             tm.mark("start")?;
-            launch!(b, &b.inner.f.embed, (1, 1, 1), (256, 1, 1);
-                embed.fmt, b.ptr(&embed.data), 0u64, 1.0f32, b.ptr(&ids), bp(&x), h as i32)?;
+            ops::prefill::EmbedArgs {
+                fmt: embed.fmt,
+                w: b.ptr(&embed.data),
+                scales: DevPtr::NULL,
+                inv_g: 1.0,
+                ids: b.ptr(&ids),
+                y: bp(&x),
+                k: h as i32,
+            }
+            .launch(b, (1, 1, 1), (256, 1, 1))?;
             tm.mark("embed")?;
-            launch!(b, &b.inner.f.rms_norm, (1, 1, 1), (512, 1, 1);
-                bp(&x), bp(&layers[0].in_norm), bp(&a), h as i32, g.eps)?;
+            ops::elementwise::RmsNormArgs {
+                x: bp(&x),
+                w: bp(&layers[0].in_norm),
+                y: bp(&a),
+                width: h as i32,
+                eps: g.eps,
+            }
+            .launch(b, (1, 1, 1), (512, 1, 1))?;
             tm.mark("input rmsnorm")?;
             let nl = layers.len();
             for li in 0..nl {
@@ -578,30 +594,31 @@ pub fn synthetic_laguna_decode(
                 // the same slot; attention reads the new row from kb/vb, not the cache).
                 let slot = if l.full { ctx } else { ctx % g.window };
                 // With `fuse`, the decode attention kernel does the norms, rope and append itself.
-                let prep = (fuse && CudaBackend::dec_attention_applies(&l.kv, d, 1)).then(|| {
-                    AttnPrep::new(
-                        b,
-                        &l.kv,
-                        slot,
-                        bp(&l.qn),
-                        bp(&l.kn),
-                        g.eps,
-                        bp(invf),
-                        rdim,
-                        theta_af,
-                    )
-                });
+                let norms = QkNorms {
+                    q: bp(&l.qn),
+                    k: bp(&l.kn),
+                    eps: g.eps,
+                };
+                let rope = RopeDev {
+                    inv_freq: bp(invf),
+                    rdim,
+                    attn_factor: theta_af,
+                };
+                let prep = (fuse && CudaBackend::dec_attention_applies(&l.kv, d, 1))
+                    .then(|| AttnPrep::new(b, &l.kv, slot, norms, rope));
                 if prep.is_none() {
                     b.qk_norm_rope_raw(
-                        bp(&qb),
-                        bp(&kb),
-                        bp(&vb),
-                        (bp(&l.qn), bp(&l.kn), g.eps),
-                        l.heads,
-                        (bp(invf), rdim, theta_af),
-                        ctx,
                         &l.kv,
-                        slot,
+                        QkNormRope {
+                            q: bp(&qb),
+                            k: bp(&kb),
+                            v: bp(&vb),
+                            heads: l.heads,
+                            pos: ctx,
+                            slot,
+                            norms,
+                            rope,
+                        },
                     )?;
                     tm.mark("q/k norms + rope + kv append")?;
                 }
@@ -619,18 +636,20 @@ pub fn synthetic_laguna_decode(
                 let splits = b.splits_for(keys, &p, 1);
                 let pos0 = l.kv.len;
                 b.attention_raw(
-                    bp(&qb),
-                    bp(&kb),
-                    bp(&vb),
                     &l.kv,
-                    pos0,
-                    1,
                     &p,
-                    bp(&ob),
-                    bp(&gb),
-                    splits,
-                    Some((bp(&part_o), bp(&part_ml))),
-                    prep,
+                    AttnCall {
+                        q: bp(&qb),
+                        k: bp(&kb),
+                        v: bp(&vb),
+                        pos0,
+                        t: 1,
+                        out: bp(&ob),
+                        gate: bp(&gb),
+                        splits,
+                        scratch: Some((bp(&part_o), bp(&part_ml))),
+                        prep,
+                    },
                 )?;
                 tm.mark(match (l.full, prep.is_some()) {
                     (true, false) => "attention full (+ merge, gate)",
@@ -638,14 +657,20 @@ pub fn synthetic_laguna_decode(
                     (true, true) => "attention full (+ q/k norms, rope, append, merge, gate)",
                     (false, true) => "attention sliding (+ q/k norms, rope, append, merge, gate)",
                 })?;
-                b.gemv_raw(&l.o, bp(&ob), bp(&x), 0, bp(&x), 1)?;
+                b.gemv_raw(&l.o, Gemv::token_resid(bp(&ob), bp(&x), bp(&x)))?;
                 tm.mark("o projection")?;
                 // With `fuse`, a MoE layer's post-attention norm runs inside the router's launch.
                 let norm_in_router = fuse
                     && matches!(&l.mlp, Mlp::Moe { router, .. } if CudaBackend::norm_gemv_applies(router));
                 if !norm_in_router {
-                    launch!(b, &b.inner.f.rms_norm, (1, 1, 1), (512, 1, 1);
-                        bp(&x), bp(&l.post_norm), bp(&a), h as i32, g.eps)?;
+                    ops::elementwise::RmsNormArgs {
+                        x: bp(&x),
+                        w: bp(&l.post_norm),
+                        y: bp(&a),
+                        width: h as i32,
+                        eps: g.eps,
+                    }
+                    .launch(b, (1, 1, 1), (512, 1, 1))?;
                     tm.mark("post rmsnorm")?;
                 }
                 match &l.mlp {
@@ -681,15 +706,17 @@ pub fn synthetic_laguna_decode(
                         if norm_in_router {
                             b.norm_gemv_raw(
                                 router,
-                                bp(&x),
-                                bp(&l.post_norm),
-                                g.eps,
-                                bp(&a),
-                                bp(&rl),
+                                NormGemv {
+                                    x: bp(&x),
+                                    norm_w: bp(&l.post_norm),
+                                    eps: g.eps,
+                                    xn: bp(&a),
+                                    y: bp(&rl),
+                                },
                             )?;
                             tm.mark("post rmsnorm + router gemv")?;
                         } else {
-                            b.gemv_raw(router, bp(&a), bp(&rl), 0, 0, 1)?;
+                            b.gemv_raw(router, Gemv::token(bp(&a), bp(&rl)))?;
                             tm.mark("router gemv")?;
                         }
                         let params = RouterParams {
@@ -730,7 +757,7 @@ pub fn synthetic_laguna_decode(
                     }
                 }
             }
-            b.gemv_raw(&lm_head, b.ptr(&a), b.ptr(&logits), 0, 0, 1)?;
+            b.gemv_raw(&lm_head, Gemv::token(b.ptr(&a), b.ptr(&logits)))?;
             tm.mark("lm_head")?;
             Ok(())
         };
@@ -738,10 +765,13 @@ pub fn synthetic_laguna_decode(
         // kernels, once with separate launches and the per-item MoE kernels (same logits
         // expected), then timed per stage, then capture.
         let mut tm = StageTimer::new(b);
-        let persist = b.inner.persist.load(std::sync::atomic::Ordering::Relaxed);
-        b.set_persistent_moe(false);
+        let keep = b.options();
+        b.set_options(CudaOptions {
+            persistent_moe: false,
+            ..keep.clone()
+        });
         let r = step(&mut tm, false);
-        b.set_persistent_moe(persist);
+        b.set_options(keep);
         r?;
         let separate = b
             .inner
@@ -799,27 +829,24 @@ pub fn synthetic_laguna_decode(
         .map_err(|e| b.err(format!("graph nodes: {e:?}")))?;
         let secs = b.time_graph(&graph, reps)?;
         if let Ok(list) = std::env::var("FP4FORGE_BENCH_SPLIT_SWEEP") {
-            let keep = b
-                .inner
-                .split_knobs
-                .load(std::sync::atomic::Ordering::Relaxed);
+            let keep = b.options();
             for item in list.split(',') {
                 let mut it = item.split(':').filter_map(|v| v.trim().parse::<u32>().ok());
                 let (Some(mk), Some(ps)) = (it.next(), it.next()) else {
                     continue;
                 };
-                b.inner
-                    .split_knobs
-                    .store((mk << 16) | ps, std::sync::atomic::Ordering::Relaxed);
+                b.set_options(CudaOptions {
+                    attn_split_min_keys: mk,
+                    attn_split_blocks_per_sm: ps,
+                    ..keep.clone()
+                });
                 let g2 = b.capture_graph(|| step(&mut tm, true))?;
                 let ms = b.time_graph(&g2, reps)? * 1e3;
                 eprintln!(
                     "  {build} ctx {ctx}: split keys {mk} blocks/SM {ps}: graph {ms:.3} ms/token"
                 );
             }
-            b.inner
-                .split_knobs
-                .store(keep, std::sync::atomic::Ordering::Relaxed);
+            b.set_options(keep);
         }
         let bpt = if bytes_per_token > 0.0 {
             bytes_per_token
@@ -875,13 +902,28 @@ pub fn kernel_microbench(b: &CudaBackend) -> Result<Vec<(String, f64, f64)>> {
     ] {
         let w = s.linear(rows, cols, nv)?;
         let bytes = w.bytes() as f64;
-        let us = time(&mut || b.gemv_raw(&w, b.ptr(&x), b.ptr(&y), 0, 0, 1))?;
+        let us = time(&mut || b.gemv_raw(&w, Gemv::token(b.ptr(&x), b.ptr(&y))))?;
         let name = format!("gemv {} {rows}x{cols}", if nv { "nvfp4" } else { "bf16" });
         out.push((name.clone(), us, bytes / us / 1e3));
         let us = time(&mut || {
-            launch!(b, &b.inner.f.linear, ((rows as u32).div_ceil(GEMV_WARPS), 1, 1), (32 * GEMV_WARPS, 1, 1);
-                w.fmt, b.ptr(&w.data), w.scales_ptr(b), w.inv_g, b.ptr(&x), b.ptr(&y), 0u64, 0u64,
-                rows as i32, cols as i32, 1i32)
+            ops::gemv::LinearArgs {
+                fmt: w.fmt,
+                w: b.ptr(&w.data),
+                scales: w.scales_ptr(b),
+                inv_g: w.inv_g,
+                x: b.ptr(&x),
+                y: b.ptr(&y),
+                bias: DevPtr::NULL,
+                resid: DevPtr::NULL,
+                n: rows as i32,
+                k: cols as i32,
+                t: 1,
+            }
+            .launch(
+                b,
+                ((rows as u32).div_ceil(GEMV_WARPS), 1, 1),
+                (32 * GEMV_WARPS, 1, 1),
+            )
         })?;
         out.push((format!("{name} (1 row/warp)"), us, bytes / us / 1e3));
     }
@@ -930,7 +972,7 @@ pub fn kernel_microbench(b: &CudaBackend) -> Result<Vec<(String, f64, f64)>> {
                 h: b.ptr(&hb),
                 part: b.ptr(&part),
                 out: b.ptr(&y),
-                resid: 0,
+                resid: DevPtr::NULL,
             },
             Epi::default(),
             None,
@@ -973,18 +1015,20 @@ pub fn kernel_microbench(b: &CudaBackend) -> Result<Vec<(String, f64, f64)>> {
         let pml = b.alloc::<f32>(heads * super::MAX_SPLITS * 2)?;
         let us = time(&mut || {
             b.attention_raw(
-                b.ptr(&x),
-                b.ptr(&x),
-                b.ptr(&x),
                 &kv,
-                ctx,
-                1,
                 &p,
-                b.ptr(&y),
-                b.ptr(&x),
-                splits,
-                Some((b.ptr(&po), b.ptr(&pml))),
-                None,
+                AttnCall {
+                    q: b.ptr(&x),
+                    k: b.ptr(&x),
+                    v: b.ptr(&x),
+                    pos0: ctx,
+                    t: 1,
+                    out: b.ptr(&y),
+                    gate: b.ptr(&x),
+                    splits,
+                    scratch: Some((b.ptr(&po), b.ptr(&pml))),
+                    prep: None,
+                },
             )
         })?;
         let bytes = (keys * 1024 * 2 * 2) as f64;

@@ -214,7 +214,7 @@ impl Plan {
             .map(|&n| b.alloc::<u8>(n as usize))
             .collect::<Result<Vec<_>>>()?;
         for r in &mut self.regions {
-            r.ptr = b.ptr(&bufs[r.ptr as usize]);
+            r.ptr = b.ptr(&bufs[r.ptr as usize]).addr();
         }
         Ok(bufs)
     }
@@ -506,10 +506,14 @@ fn probe_build(
                 shared_mem_bytes: 0,
             };
             let step = |out: &mut CudaSlice<u32>| -> Result<()> {
-                let (sp, rp, op) = (b.ptr(&d_stages), b.ptr(&d_regions), b.ptr(out));
+                let (sp, rp, op) = (
+                    b.ptr(&d_stages).addr(),
+                    b.ptr(&d_regions).addr(),
+                    b.ptr(out).addr(),
+                );
                 for s in 0..n as i32 {
                     let (mut a0, mut a1, mut a2, mut a3, mut a4) = (sp, rp, s, op, prefetch);
-                    let (mut work_arg, mut xsrc_arg) = (work, b.ptr(&xsrc));
+                    let (mut work_arg, mut xsrc_arg) = (work, b.ptr(&xsrc).addr());
                     let last = if real {
                         &mut xsrc_arg as *mut u64 as *mut std::ffi::c_void
                     } else {
