@@ -34,6 +34,6 @@ pub use families::{Family, SUPPORTED_ARCHITECTURES};
 pub use fields::ConfigJson;
 pub use rope::{Rope, RopeScaling};
 pub use spec::{
-    ArchSpec, AttentionSpec, LayerSpec, MlpSpec, MoeSpec, Presence, RouterScoring, RouterSpec,
-    TensorAliases, Tied,
+    ArchSpec, AttentionSpec, LayerSpec, MlpSpec, MoeSpec, OutputGate, Presence, RouterScoring,
+    RouterSpec, TensorAliases, Tied,
 };

@@ -35,9 +35,23 @@ pub struct AttentionSpec {
     pub qk_norm: Presence,
     /// Biases of q/k/v/o (`{q,k,v,o}_proj.bias`).
     pub bias: Presence,
-    /// Softplus output gate (`g_proj`): one scalar per head or per element, told apart by the
-    /// tensor's shape (laguna.md §1: configs do not state it reliably).
-    pub output_gate: Presence,
+    /// Softplus output gate (`g_proj`) on the attention output.
+    pub output_gate: OutputGate,
+}
+
+/// The softplus output gate of an attention layer (`self_attn.g_proj`), as the config states it.
+/// Configs do not state it reliably (laguna.md §1): a loader of real weights tells the width by
+/// the tensor's shape; the stated width is what a checkpoint made from the config gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputGate {
+    /// No gate.
+    Absent,
+    /// One scalar per query head (`g_proj` rows = q heads).
+    PerHead,
+    /// One scalar per element (`g_proj` rows = q heads · head_dim).
+    PerElement,
+    /// The config turns it off; a `g_proj` the checkpoint has anyway is used.
+    IfPresent,
 }
 
 impl AttentionSpec {
@@ -49,6 +63,15 @@ impl AttentionSpec {
     /// `kv_heads · head_dim`.
     pub fn kv_dim(&self) -> usize {
         self.kv_heads * self.head_dim
+    }
+
+    /// Rows of `g_proj` the config states (`None`: no gate stated).
+    pub fn gate_rows(&self) -> Option<usize> {
+        match self.output_gate {
+            OutputGate::PerHead => Some(self.q_heads),
+            OutputGate::PerElement => Some(self.q_dim()),
+            OutputGate::Absent | OutputGate::IfPresent => None,
+        }
     }
 }
 

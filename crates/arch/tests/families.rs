@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use fp4forge_arch::{
-    ArchError, ArchSpec, ConfigJson, Family, MlpSpec, Presence, RouterScoring, Tied,
+    ArchError, ArchSpec, ConfigJson, Family, MlpSpec, OutputGate, Presence, RouterScoring, Tied,
 };
 use serde_json::{json, Value};
 
@@ -37,7 +37,7 @@ fn qwen3_moe_fixture() {
             (6, 2, 16, None)
         );
         assert_eq!(a.qk_norm, Presence::Required);
-        assert_eq!(a.output_gate, Presence::Absent);
+        assert_eq!(a.output_gate, OutputGate::Absent);
     }
     let MlpSpec::Moe(m) = &s.layers[1].mlp else {
         panic!("layer 1 routes")

@@ -4,7 +4,7 @@
 //! attention (`layer_types`, `sliding_window`), q/k RMSNorm per head before RoPE, NeoX rotation
 //! within the partial rotary slice (full layers: `rope_parameters.full_attention`, YaRN; sliding
 //! layers: `rope_parameters.sliding_attention`; a flat `rope_parameters` serves both), a softplus
-//! output gate (`gating`, default on; its width is told by the `g_proj` shape), and a dense
+//! output gate (`gating_types`, else `gating`, default per head), and a dense
 //! SwiGLU (`mlp_layer_types`, else `mlp_only_layers`) or a sigmoid-routed MoE:
 //! `e_score_correction_bias` for selection only, renormalised top-k (`norm_topk_prob`,
 //! transformers' Laguna always renormalises), × `moe_routed_scaling_factor`, optional logit
@@ -16,8 +16,8 @@
 
 use crate::fields::ConfigJson;
 use crate::spec::{
-    ArchSpec, AttentionSpec, LayerSpec, MlpSpec, MoeSpec, Presence, RouterScoring, RouterSpec,
-    TensorAliases, Tied,
+    ArchSpec, AttentionSpec, LayerSpec, MlpSpec, MoeSpec, OutputGate, Presence, RouterScoring,
+    RouterSpec, TensorAliases, Tied,
 };
 use crate::{Result, Rope};
 
@@ -83,12 +83,7 @@ pub(super) fn read(cfg: &ConfigJson, arch: &str) -> Result<ArchSpec> {
     } else {
         None
     };
-    // The reference code gates every layer; only an explicit `false` turns the gate off (then
-    // a `g_proj` the checkpoint still has is used).
-    let gate = match cfg.get("gating") {
-        Some(serde_json::Value::Bool(false)) => Presence::Optional,
-        _ => Presence::Required,
-    };
+    let gates = gating(cfg, n_layers)?;
     let tied = if cfg.opt_bool("tie_word_embeddings")?.unwrap_or(false) {
         Tied::Yes
     } else {
@@ -120,7 +115,7 @@ pub(super) fn read(cfg: &ConfigJson, arch: &str) -> Result<ArchSpec> {
                 rope: rope_of[usize::from(sliding[i])],
                 qk_norm: Presence::Required,
                 bias: Presence::Optional,
-                output_gate: gate,
+                output_gate: gates[i],
             },
             mlp,
         });
@@ -145,6 +140,45 @@ pub(super) fn read(cfg: &ConfigJson, arch: &str) -> Result<ArchSpec> {
             ],
         },
     })
+}
+
+/// The output gate of each layer: `gating_types[i]`, else `gating`, else per head (the reference
+/// module gates every layer per head whatever the field says). `true`, `"per-head"`/`"per_head"`
+/// (`"head"`, `"headwise"`) mean per head; `"per-element"` (`"element"`, `"elementwise"`) per
+/// element; `false`, `"none"`, `"off"` no stated gate (a `g_proj` in the checkpoint is still
+/// used).
+fn gating(cfg: &ConfigJson, n_layers: usize) -> Result<Vec<OutputGate>> {
+    let parse = |field: &str, v: &serde_json::Value| -> Result<OutputGate> {
+        use serde_json::Value;
+        match v {
+            Value::Bool(true) => Ok(OutputGate::PerHead),
+            Value::Bool(false) => Ok(OutputGate::IfPresent),
+            Value::String(s) => match s.replace('_', "-").to_ascii_lowercase().as_str() {
+                "per-head" | "head" | "headwise" | "true" => Ok(OutputGate::PerHead),
+                "per-element" | "element" | "elementwise" => Ok(OutputGate::PerElement),
+                "false" | "none" | "off" | "" => Ok(OutputGate::IfPresent),
+                _ => Err(cfg.error(field, format!("unknown gating mode {s:?}"))),
+            },
+            other => Err(cfg.error(field, format!("unknown gating mode {other}"))),
+        }
+    };
+    if let Some(v) = cfg.get("gating_types") {
+        let types = v
+            .as_array()
+            .ok_or_else(|| cfg.error("gating_types", format!("expected a list, got {v}")))?;
+        if types.len() != n_layers {
+            return Err(cfg.error(
+                "gating_types",
+                format!("{} entries for {n_layers} layers", types.len()),
+            ));
+        }
+        return types.iter().map(|t| parse("gating_types", t)).collect();
+    }
+    let gate = match cfg.get("gating") {
+        Some(v) => parse("gating", v)?,
+        None => OutputGate::PerHead,
+    };
+    Ok(vec![gate; n_layers])
 }
 
 /// Query heads of each layer.

@@ -7,7 +7,9 @@
 //! absent, the checkpoint has no `lm_head`.
 
 use crate::fields::ConfigJson;
-use crate::spec::{ArchSpec, AttentionSpec, LayerSpec, MlpSpec, Presence, TensorAliases, Tied};
+use crate::spec::{
+    ArchSpec, AttentionSpec, LayerSpec, MlpSpec, OutputGate, Presence, TensorAliases, Tied,
+};
 use crate::Result;
 
 use super::Family;
@@ -49,7 +51,7 @@ pub(super) fn read(cfg: &ConfigJson, arch: &str) -> Result<ArchSpec> {
                 rope: 0,
                 qk_norm: Presence::Optional,
                 bias: Presence::Optional,
-                output_gate: Presence::Absent,
+                output_gate: OutputGate::Absent,
             },
             mlp: MlpSpec::Dense {
                 intermediate: inter,

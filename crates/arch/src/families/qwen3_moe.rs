@@ -13,8 +13,8 @@
 
 use crate::fields::ConfigJson;
 use crate::spec::{
-    ArchSpec, AttentionSpec, LayerSpec, MlpSpec, MoeSpec, Presence, RouterScoring, RouterSpec,
-    TensorAliases, Tied,
+    ArchSpec, AttentionSpec, LayerSpec, MlpSpec, MoeSpec, OutputGate, Presence, RouterScoring,
+    RouterSpec, TensorAliases, Tied,
 };
 use crate::Result;
 
@@ -107,7 +107,7 @@ pub(super) fn read(cfg: &ConfigJson, arch: &str) -> Result<ArchSpec> {
                 rope: 0,
                 qk_norm: Presence::Required,
                 bias,
-                output_gate: Presence::Absent,
+                output_gate: OutputGate::Absent,
             },
             mlp: match (&moe, sparse(i)) {
                 (Some(m), true) => MlpSpec::Moe(m.clone()),

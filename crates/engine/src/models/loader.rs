@@ -3,7 +3,7 @@
 //! where a family's checkpoints spell a tensor several ways, the spec's
 //! [`TensorAliases`](fp4forge_arch::TensorAliases) list them.
 
-use fp4forge_arch::{ArchSpec, AttentionSpec, MlpSpec, MoeSpec, Presence, Tied};
+use fp4forge_arch::{ArchSpec, AttentionSpec, MlpSpec, MoeSpec, OutputGate, Presence, Tied};
 
 use crate::backend::{AttentionParams, Backend, RouterParams, RouterScoring};
 use crate::error::Result;
@@ -88,10 +88,11 @@ fn attention<B: Backend>(
     let a = format!("{p}.self_attn");
     let (qd, kvd, d) = (s.q_dim(), s.kv_dim(), s.head_dim);
     let g_proj = format!("{a}.g_proj");
+    // A stated gate must be there; its width is told by the shape (laguna.md §1).
     let gate = match s.output_gate {
-        Presence::Required => true,
-        Presence::Optional => ctx.loader.has_linear(&g_proj),
-        Presence::Absent => false,
+        OutputGate::PerHead | OutputGate::PerElement => true,
+        OutputGate::IfPresent => ctx.loader.has_linear(&g_proj),
+        OutputGate::Absent => false,
     };
     let gate = if gate {
         let (g, rows, cols) = ctx.linear_any(&g_proj)?;
