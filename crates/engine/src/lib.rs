@@ -3,8 +3,8 @@
 //! # The life of a token
 //!
 //! ```text
-//! Model::load(dir)          config.json → family (Llama | Laguna) → every tensor found by name,
-//!                           its dtype and shape checked; weights borrowed from the mmap, packed
+//! Model::load(dir)          config.json → fp4forge_arch::ArchSpec (Llama | Laguna | Qwen3-MoE)
+//!                           → every tensor it names found, its dtype and shape checked; weights borrowed from the mmap, packed
 //!                           NVFP4 stays packed (resident memory ≈ file size)
 //! model.new_session()       an empty KV cache per layer (ring of `window` slots for sliding
 //!                           layers, growing for full ones; bf16, fp8 or f32)
@@ -23,8 +23,9 @@
 //! ```
 //!
 //! Everything between the ids going in and the logits coming out happens behind the
-//! [`Backend`] trait: the model families ([`models`]) say *what* to compute, a backend (the CPU
-//! one here; CUDA later, behind the same trait) says *how*, on memory it owns. Activations are
+//! [`Backend`] trait: the model's geometry (`fp4forge_arch`, loaded by [`models`]) says *what* to
+//! compute, a backend (the CPU one here; CUDA later, behind the same trait) says *how*, on memory
+//! it owns. Activations are
 //! f32 throughout, the precision of the reference logits the tests compare against.
 #![deny(missing_docs)]
 

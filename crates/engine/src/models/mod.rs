@@ -1,5 +1,5 @@
-//! How a model's weights become a [`decoder`] (crate-private): the geometry comes from
-//! `fp4forge_arch` (one [`fp4forge_arch::ArchSpec`], one file per family there); [`loader`] finds
+//! How a model's weights become a `decoder::Decoder` (crate-private): the geometry comes from
+//! `fp4forge_arch` (one [`fp4forge_arch::ArchSpec`], one file per family there); `loader` finds
 //! the tensors it names and makes them resident. A new family needs no code here.
 
 pub(crate) mod decoder;
