@@ -4,9 +4,10 @@
 //!
 //! ```text
 //! open(device, dir, opts, f) Device → backend type (the one place that knows them); then
-//! Model::load(dir)          config.json → family (Llama | Laguna) → every tensor found by name,
-//!                           its dtype and shape checked; weights borrowed from the mmap, packed
-//!                           NVFP4 stays packed (resident memory ≈ file size) → an ir::Decoder
+//! Model::load(dir)          config.json → fp4forge_arch::ArchSpec (Llama | Laguna | Qwen3-MoE)
+//!                           → every tensor it names found, its dtype and shape checked; weights
+//!                           borrowed from the mmap, packed NVFP4 stays packed (resident memory
+//!                           ≈ file size) → an ir::Decoder
 //! model.new_session()       an empty KV cache per layer (ring of `window` slots for sliding
 //!                           layers, growing for full ones; bf16, fp8 or f32)
 //! session.prefill(ids)      a pass with a batch of one, per prefill chunk:
@@ -27,10 +28,10 @@
 //! ```
 //!
 //! Everything between the ids going in and the logits coming out happens behind the
-//! [`Backend`] trait: the model families ([`models`]) say *what* to compute by building an
-//! [`ir::Decoder`], [`forward()`] runs it, and a backend (CPU, or CUDA behind a feature) says
-//! *how*, on memory it owns. Activations are f32 throughout, the precision of the reference
-//! logits the tests compare against.
+//! [`Backend`] trait: the model's geometry (`fp4forge_arch`) says *what* to compute, the loader
+//! ([`models`]) builds it into an [`ir::Decoder`], [`forward()`] runs it, and a backend (CPU, or
+//! CUDA behind a feature) says *how*, on memory it owns. Activations are f32 throughout, the
+//! precision of the reference logits the tests compare against.
 #![deny(missing_docs)]
 
 pub mod backend;
