@@ -23,15 +23,16 @@
 //! [`Server::run`]; [`shutdown_signal`] is SIGINT/SIGTERM.
 #![deny(missing_docs)]
 
+mod api_error;
 mod chat;
 mod completions;
 mod config;
+mod endpoint;
 mod error;
 mod generation;
 mod http;
 mod logprobs;
 mod metrics;
-mod params;
 mod prefix_cache;
 mod request;
 mod scheduler;
@@ -44,10 +45,11 @@ mod text;
 #[path = "../tests/common/tiny_model.rs"]
 mod test_tiny_model;
 
+pub use api_error::ApiError;
 pub use config::{
     Device, ParseDeviceError, ServerConfig, DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CHOICES, DEFAULT_MAX_LOGPROBS, DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS_LIMIT,
     DEFAULT_PREFILL_BUDGET, DEFAULT_PREFIX_CACHE_BYTES,
 };
-pub use error::{ApiError, ServerError};
+pub use error::ServerError;
 pub use server::{shutdown_signal, Server};

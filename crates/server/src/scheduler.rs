@@ -34,7 +34,7 @@ use fp4forge_engine::{
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::config::{Device, ServerConfig};
-use crate::error::{ApiError, ServerError};
+use crate::error::ServerError;
 use crate::logprobs::{rows_logprobs, token_logprob, TokenLogprob};
 use crate::metrics::Metrics;
 use crate::prefix_cache::PrefixCache;
@@ -131,25 +131,43 @@ impl Drop for AliveGuard {
     }
 }
 
+/// Why the engine did not take a sequence.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum SubmitError {
+    /// `waiting` sequences are already queued, the limit.
+    #[error(
+        "the server is busy: {waiting} sequences are already waiting (limit {limit}); retry later"
+    )]
+    QueueFull {
+        /// Sequences waiting.
+        waiting: usize,
+        /// The queue's limit.
+        limit: usize,
+    },
+    /// The engine thread has stopped.
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
 /// A submitted sequence's cancel switch (the scheduler drops it at its next step).
 pub(crate) type CancelFlag = Arc<AtomicBool>;
 
 impl EngineHandle {
-    /// Queues `req` as choice `choice`; its events go to `tx`. Refused with 429 when the queue
-    /// is full.
+    /// Queues `req` as choice `choice`; its events go to `tx`. Refused when the queue is full
+    /// or the engine has stopped.
     pub fn submit(
         &self,
         choice: usize,
         req: SeqRequest,
         tx: UnboundedSender<(usize, Event)>,
-    ) -> Result<CancelFlag, ApiError> {
+    ) -> Result<CancelFlag, SubmitError> {
         let waiting = self.metrics.waiting.fetch_add(1, Ordering::SeqCst);
         if waiting >= self.max_queue {
             self.metrics.waiting.fetch_sub(1, Ordering::SeqCst);
-            return Err(ApiError::busy(format!(
-                "the server is busy: {waiting} sequences are already waiting (limit {}); retry later",
-                self.max_queue
-            )));
+            return Err(SubmitError::QueueFull {
+                waiting,
+                limit: self.max_queue,
+            });
         }
         let cancel = CancelFlag::default();
         let job = Job {
@@ -161,7 +179,7 @@ impl EngineHandle {
         };
         if self.tx.send(Msg::Job(job)).is_err() {
             self.metrics.waiting.fetch_sub(1, Ordering::SeqCst);
-            return Err(ApiError::internal("the engine has stopped"));
+            return Err(SubmitError::Stopped);
         }
         Ok(cancel)
     }
