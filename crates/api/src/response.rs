@@ -62,6 +62,25 @@ impl TopLogprobs {
     }
 }
 
+impl IntoIterator for TopLogprobs {
+    type Item = (String, f64);
+    type IntoIter = std::vec::IntoIter<(String, f64)>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
+impl FromIterator<(String, f64)> for TopLogprobs {
+    fn from_iter<I: IntoIterator<Item = (String, f64)>>(iter: I) -> Self {
+        let mut out = Self::default();
+        for (t, v) in iter {
+            out.insert_first(t, v);
+        }
+        out
+    }
+}
+
 impl Serialize for TopLogprobs {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
