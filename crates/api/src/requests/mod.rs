@@ -16,7 +16,8 @@ pub const MAX_STOPS: usize = 16;
 /// Longest stop string, bytes (the server's hold-back check is quadratic in it).
 pub const MAX_STOP_BYTES: usize = 256;
 
-/// The limits a server puts on a request, for [`validate`](completion::CompletionRequest::validate).
+/// The limits a server puts on a request, for
+/// [`validate`](completion::CompletionRequest::validate).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Most choices (sequences) per request.

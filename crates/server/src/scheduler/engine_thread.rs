@@ -1,0 +1,234 @@
+//! The engine thread: started with its model loaded on the configured device, reached through
+//! an [`EngineHandle`] that queues sequences (or refuses them with a [`SubmitError`]).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use fp4forge_engine::{Backend, Model, ModelInfo, ModelOptions};
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::job::{CancelFlag, Event, Job, SeqRequest};
+use super::policy::Scheduler;
+use crate::config::{Device, ServerConfig};
+use crate::error::ServerError;
+use crate::metrics::Metrics;
+
+/// A message to the engine thread.
+pub(super) enum Msg {
+    Job(Job),
+    Shutdown,
+}
+
+/// The handlers' side of the engine thread. Cheap to share (`Sync`).
+pub(crate) struct EngineHandle {
+    tx: Sender<Msg>,
+    metrics: Arc<Metrics>,
+    max_queue: usize,
+    alive: Arc<AtomicBool>,
+}
+
+/// Clears its flag when the engine thread ends, however it ends (a panic included).
+struct AliveGuard(Arc<AtomicBool>);
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Why the engine did not take a sequence.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum SubmitError {
+    /// `waiting` sequences are already queued, the limit.
+    #[error(
+        "the server is busy: {waiting} sequences are already waiting (limit {limit}); retry later"
+    )]
+    QueueFull {
+        /// Sequences waiting.
+        waiting: usize,
+        /// The queue's limit.
+        limit: usize,
+    },
+    /// The engine thread has stopped.
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+impl EngineHandle {
+    /// Queues `req` as choice `choice`; its events go to `tx`. Refused when the queue is full
+    /// or the engine has stopped.
+    pub fn submit(
+        &self,
+        choice: usize,
+        req: SeqRequest,
+        tx: UnboundedSender<(usize, Event)>,
+    ) -> Result<CancelFlag, SubmitError> {
+        let waiting = self.metrics.waiting.fetch_add(1, Ordering::SeqCst);
+        if waiting >= self.max_queue {
+            self.metrics.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(SubmitError::QueueFull {
+                waiting,
+                limit: self.max_queue,
+            });
+        }
+        let cancel = CancelFlag::default();
+        let job = Job {
+            choice,
+            req,
+            tx,
+            cancel: cancel.clone(),
+            arrived: Instant::now(),
+        };
+        if self.tx.send(Msg::Job(job)).is_err() {
+            self.metrics.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(SubmitError::Stopped);
+        }
+        Ok(cancel)
+    }
+
+    /// Whether the engine thread is running.
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::SeqCst)
+    }
+
+    /// Asks the engine thread to finish what it has and stop.
+    pub fn shutdown(&self) {
+        let _ = self.tx.send(Msg::Shutdown);
+    }
+}
+
+/// Starts the engine thread: loads the model there (on `config.device`), then schedules until
+/// shut down. Returns once the model is loaded (or failed to load).
+pub(crate) fn start(
+    config: &ServerConfig,
+    metrics: Arc<Metrics>,
+) -> Result<(EngineHandle, ModelInfo, JoinHandle<()>), ServerError> {
+    let (tx, rx) = mpsc::channel();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let mut options = ModelOptions::new()
+        .kv_dtype(config.kv_dtype)
+        .threads(config.threads);
+    if let Some(c) = config.max_context {
+        options = options.max_context(c);
+    }
+    let dir = config.model_dir.clone();
+    let device = config.device;
+    let limits = Limits {
+        max_batch: config.max_batch,
+        prefill_budget: config.prefill_budget,
+        prefix_cache_bytes: config.prefix_cache_bytes,
+        threads: config.threads,
+    };
+    let thread_metrics = metrics.clone();
+    let alive = Arc::new(AtomicBool::new(true));
+    let guard = AliveGuard(alive.clone());
+    let join = std::thread::Builder::new()
+        .name("fp4forge-engine".into())
+        .spawn(move || {
+            let _guard = guard;
+            let serve = Serve {
+                ready: ready_tx,
+                rx,
+                limits,
+                metrics: thread_metrics,
+            };
+            load_and_serve(device, dir, options, serve);
+        })
+        .map_err(|e| ServerError::Engine(e.to_string()))?;
+    match ready_rx.recv() {
+        Ok(Ok(info)) => Ok((
+            EngineHandle {
+                tx,
+                metrics,
+                max_queue: config.max_queue,
+                alive,
+            },
+            info,
+            join,
+        )),
+        Ok(Err(e)) => {
+            let _ = join.join();
+            Err(e)
+        }
+        Err(_) => {
+            let _ = join.join();
+            Err(ServerError::Engine(
+                "it stopped while loading the model".into(),
+            ))
+        }
+    }
+}
+
+/// What the engine thread needs once its model is loaded.
+struct Serve {
+    ready: Sender<Result<ModelInfo, ServerError>>,
+    rx: Receiver<Msg>,
+    limits: Limits,
+    metrics: Arc<Metrics>,
+}
+
+impl Serve {
+    /// Reports the load's outcome; with a model, schedules until shut down.
+    fn run<B: Backend>(self, model: Result<Model<B>, ServerError>) {
+        let model = match model {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = self.ready.send(Err(e));
+                return;
+            }
+        };
+        let _ = self.ready.send(Ok(model.info().clone()));
+        Scheduler::new(&model, self.limits, self.metrics).run(self.rx);
+    }
+}
+
+/// The engine thread's limits.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Limits {
+    /// Most sequences running at once.
+    pub(super) max_batch: usize,
+    /// Most prompt tokens prefilled per step.
+    pub(super) prefill_budget: usize,
+    /// The prefix cache's size, bytes.
+    pub(super) prefix_cache_bytes: usize,
+    /// Worker threads (0: one per core), also for prompt logprobs.
+    pub(super) threads: usize,
+}
+
+/// Loads the model from `dir` on `device` (its backend chosen here) and hands it to `serve`,
+/// or tells `serve` why it could not be loaded.
+fn load_and_serve(device: Device, dir: PathBuf, options: ModelOptions, serve: Serve) {
+    match device {
+        Device::Cpu => {
+            let model = Model::load(&dir, options).map_err(|source| ServerError::Load {
+                dir: dir.clone(),
+                source,
+            });
+            serve.run(model);
+        }
+        #[cfg(feature = "cuda")]
+        Device::Cuda(ordinal) => {
+            let model = fp4forge_engine::CudaBackend::new(ordinal)
+                .map_err(|source| ServerError::Device { device, source })
+                .and_then(|backend| {
+                    Model::load_with_backend(&dir, options, backend).map_err(|source| {
+                        ServerError::Load {
+                            dir: dir.clone(),
+                            source,
+                        }
+                    })
+                });
+            serve.run(model);
+        }
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => {
+            let _ = serve
+                .ready
+                .send(Err(ServerError::DeviceNotBuilt { device }));
+        }
+    }
+}
