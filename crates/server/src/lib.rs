@@ -30,6 +30,7 @@ mod config;
 mod endpoint;
 mod error;
 mod generation;
+mod handler;
 mod http;
 mod logprobs;
 mod metrics;

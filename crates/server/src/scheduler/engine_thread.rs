@@ -11,17 +11,11 @@ use std::time::Instant;
 use fp4forge_engine::{Backend, Model, ModelInfo, ModelOptions};
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::job::{CancelFlag, Event, Job, SeqRequest};
-use super::policy::Scheduler;
+use super::job::{CancelFlag, Event, Job, Msg, SeqRequest};
+use super::policy::{Limits, Scheduler};
 use crate::config::{Device, ServerConfig};
 use crate::error::ServerError;
 use crate::metrics::Metrics;
-
-/// A message to the engine thread.
-pub(super) enum Msg {
-    Job(Job),
-    Shutdown,
-}
 
 /// The handlers' side of the engine thread. Cheap to share (`Sync`).
 pub(crate) struct EngineHandle {
@@ -184,19 +178,6 @@ impl Serve {
         let _ = self.ready.send(Ok(model.info().clone()));
         Scheduler::new(&model, self.limits, self.metrics).run(self.rx);
     }
-}
-
-/// The engine thread's limits.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Limits {
-    /// Most sequences running at once.
-    pub(super) max_batch: usize,
-    /// Most prompt tokens prefilled per step.
-    pub(super) prefill_budget: usize,
-    /// The prefix cache's size, bytes.
-    pub(super) prefix_cache_bytes: usize,
-    /// Worker threads (0: one per core), also for prompt logprobs.
-    pub(super) threads: usize,
 }
 
 /// Loads the model from `dir` on `device` (its backend chosen here) and hands it to `serve`,

@@ -1,5 +1,6 @@
 //! A sequence as the engine thread gets it ([`Job`]: a [`SeqRequest`] with its event channel
-//! and cancel switch) and what it tells the handler back ([`Event`]).
+//! and cancel switch), what it tells the handler back ([`Event`]), and the engine thread's
+//! inbox ([`Msg`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -85,3 +86,9 @@ impl Job {
 
 /// A submitted sequence's cancel switch (the scheduler drops it at its next step).
 pub(crate) type CancelFlag = Arc<AtomicBool>;
+
+/// A message to the engine thread.
+pub(super) enum Msg {
+    Job(Job),
+    Shutdown,
+}

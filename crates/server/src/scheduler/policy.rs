@@ -10,8 +10,7 @@ use std::time::Instant;
 
 use fp4forge_engine::{Backend, Model, Sampler, Session, WantLogits};
 
-use super::engine_thread::{Limits, Msg};
-use super::job::{Event, Job};
+use super::job::{Event, Job, Msg};
 use crate::logprobs::TokenLogprob;
 use crate::metrics::Metrics;
 use crate::prefix_cache::PrefixCache;
@@ -19,6 +18,19 @@ use crate::prefix_cache::PrefixCache;
 /// Prompt rows per step for a sequence that wants every prompt position's logprobs (bounds the
 /// `[rows, vocab]` logits held at once).
 pub(super) const PROMPT_LOGPROB_ROWS: usize = 128;
+
+/// The scheduler's limits.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Limits {
+    /// Most sequences running at once.
+    pub(super) max_batch: usize,
+    /// Most prompt tokens prefilled per step.
+    pub(super) prefill_budget: usize,
+    /// The prefix cache's size, bytes.
+    pub(super) prefix_cache_bytes: usize,
+    /// Worker threads (0: one per core), also for prompt logprobs.
+    pub(super) threads: usize,
+}
 
 /// A running sequence.
 pub(super) struct Seq<'m, B: Backend> {
