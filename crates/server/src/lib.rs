@@ -3,10 +3,11 @@
 //! # The life of a request
 //!
 //! ```text
-//! HTTP (axum, TCP_NODELAY)      body ≤ limit (413), JSON object, every field typed and bounded:
-//!                               a bad request is a 4xx with OpenAI's error body, never a panic
-//! handler                       prompt → token ids (tokenizer.json; chat: the chat template),
-//!                               n choices per prompt → sequences, submitted to the engine queue
+//! HTTP (axum, TCP_NODELAY)      body ≤ limit (413), read into an `fp4forge-api` request (unknown
+//!                               and unimplemented fields refused by name) and validated: a bad
+//!                               request is a 4xx with OpenAI's error body, never a panic
+//! handler (one, over the        prompt → token ids (tokenizer.json; chat: the chat template),
+//!   `Endpoint` trait)           n choices per prompt → sequences, submitted to the engine queue
 //!                               (429 when full)
 //! engine thread (scheduler)     owns the Model and one Session (KV cache) per running sequence;
 //!                               each step admits waiting sequences, prefills prompt chunks and
