@@ -116,6 +116,14 @@ fn errors_name_file_and_field() {
         e.contains("config.json") && e.contains("`num_key_value_heads`"),
         "{e}"
     );
+    let e = spec(json!({
+        "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 32, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "vocab_size": 10, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 64, "rope_theta": 10000.0
+    }))
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("`num_experts`"), "{e}");
     let e = spec(json!({"architectures": ["LlamaForCausalLM"], "hidden_size": 8}))
         .unwrap_err()
         .to_string();

@@ -51,11 +51,12 @@ pub(super) fn read(cfg: &ConfigJson, arch: &str) -> Result<ArchSpec> {
         Tied::No
     };
 
-    // `num_local_experts` is how transformers' attribute map saves `num_experts`.
-    let experts = if cfg.has("num_experts") {
-        cfg.usize("num_experts")?
-    } else {
+    // `num_local_experts` is how transformers' attribute map saves `num_experts`; when neither
+    // is there, the error names `num_experts`.
+    let experts = if !cfg.has("num_experts") && cfg.has("num_local_experts") {
         cfg.usize("num_local_experts")?
+    } else {
+        cfg.usize("num_experts")?
     };
     let step = cfg.opt_usize("decoder_sparse_step")?.unwrap_or(1);
     if step == 0 {
