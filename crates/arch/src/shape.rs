@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::families::Family;
+use crate::families::{self, Family};
 use crate::fields::ConfigJson;
 use crate::spec::{OutputGate, TensorAliases};
 use crate::Result;
@@ -181,8 +181,17 @@ impl ShapeSpec {
         };
         let heads_per_layer = per_layer(cfg, "num_attention_heads_per_layer", n_layers)?;
         let kv_per_layer = per_layer(cfg, "num_key_value_heads_per_layer", n_layers)?;
-        let layer_types = str_per_layer(cfg, "layer_types", n_layers)?;
-        let mlp_types = str_per_layer(cfg, "mlp_layer_types", n_layers)?;
+        // Per layer, read as the families read these lists: sliding? dense?
+        let sliding = if cfg.has("layer_types") {
+            Some(families::layer_types(cfg, n_layers)?)
+        } else {
+            None
+        };
+        let dense = if cfg.has("mlp_layer_types") {
+            Some(families::mlp_layer_types(cfg, n_layers)?)
+        } else {
+            None
+        };
         let mlp_only = if cfg.has("mlp_only_layers") {
             cfg.usize_list("mlp_only_layers")?
         } else {
@@ -203,7 +212,7 @@ impl ShapeSpec {
         };
 
         let sliding_window = opt("sliding_window")?;
-        let all_slide = layer_types.is_none()
+        let all_slide = sliding.is_none()
             && sliding_window.is_some()
             && cfg
                 .get("use_sliding_window")
@@ -231,15 +240,9 @@ impl ShapeSpec {
 
         let mut layers = Vec::with_capacity(n_layers);
         for i in 0..n_layers {
-            let attention = match layer_types.as_ref().map(|t| t[i].as_str()) {
-                Some("full_attention") => AttentionKind::Full,
-                Some("sliding_attention") => AttentionKind::Sliding,
-                Some(other) => {
-                    return Err(cfg.error(
-                        &format!("layer_types[{i}]"),
-                        format!("unsupported layer type {other:?}"),
-                    ))
-                }
+            let attention = match sliding.as_ref().map(|s| s[i]) {
+                Some(false) => AttentionKind::Full,
+                Some(true) => AttentionKind::Sliding,
                 None if all_slide => AttentionKind::Sliding,
                 None => AttentionKind::Full,
             };
@@ -247,15 +250,8 @@ impl ShapeSpec {
                 return Err(cfg.error("sliding_window", "missing, but some layers slide"));
             }
             let q_heads = heads_per_layer.as_ref().map_or(heads, |h| h[i]);
-            let sparse = match mlp_types.as_ref().map(|t| t[i].as_str()) {
-                Some("dense") => false,
-                Some("sparse" | "moe") => true,
-                Some(other) => {
-                    return Err(cfg.error(
-                        &format!("mlp_layer_types[{i}]"),
-                        format!("unsupported MLP type {other:?}"),
-                    ))
-                }
+            let sparse = match dense.as_ref().map(|d| !d[i]) {
+                Some(sparse) => sparse,
                 None => {
                     moe.is_some()
                         && !mlp_only.contains(&i)
@@ -350,23 +346,8 @@ fn per_layer(cfg: &ConfigJson, key: &str, n_layers: usize) -> Result<Option<Vec<
         return Ok(None);
     }
     let v = cfg.usize_list(key)?;
-    check_len(cfg, key, v.len(), n_layers)?;
+    if v.len() != n_layers {
+        return Err(cfg.error(key, format!("{} entries for {n_layers} layers", v.len())));
+    }
     Ok(Some(v.into_iter().map(|n| n as u64).collect()))
-}
-
-/// An optional per-layer list of strings, `n_layers` long.
-fn str_per_layer(cfg: &ConfigJson, key: &str, n_layers: usize) -> Result<Option<Vec<String>>> {
-    if !cfg.has(key) {
-        return Ok(None);
-    }
-    let v = cfg.str_list(key)?;
-    check_len(cfg, key, v.len(), n_layers)?;
-    Ok(Some(v))
-}
-
-fn check_len(cfg: &ConfigJson, key: &str, len: usize, n_layers: usize) -> Result<()> {
-    if len != n_layers {
-        return Err(cfg.error(key, format!("has {len} entries, want {n_layers}")));
-    }
-    Ok(())
 }

@@ -224,25 +224,7 @@ fn per_layer_heads(cfg: &ConfigJson, n_layers: usize) -> Result<Vec<usize>> {
 /// `mlp_only_layers`.
 fn mlp_kinds(cfg: &ConfigJson, n_layers: usize) -> Result<Vec<bool>> {
     if cfg.has("mlp_layer_types") {
-        let kinds = cfg.str_list("mlp_layer_types")?;
-        if kinds.len() != n_layers {
-            return Err(cfg.error(
-                "mlp_layer_types",
-                format!("{} entries for {n_layers} layers", kinds.len()),
-            ));
-        }
-        return kinds
-            .iter()
-            .enumerate()
-            .map(|(i, k)| match k.as_str() {
-                "dense" => Ok(true),
-                "sparse" | "moe" => Ok(false),
-                other => Err(cfg.error(
-                    "mlp_layer_types",
-                    format!("layer {i}: unknown MLP type {other:?} (dense, sparse)"),
-                )),
-            })
-            .collect();
+        return super::mlp_layer_types(cfg, n_layers);
     }
     if cfg.has("mlp_only_layers") {
         let dense = cfg.usize_list("mlp_only_layers")?;

@@ -89,7 +89,7 @@ pub(crate) fn shape_model_types() -> Vec<&'static str> {
 }
 
 /// `true` for each sliding-attention layer, from `layer_types`.
-fn layer_types(cfg: &ConfigJson, n_layers: usize) -> Result<Vec<bool>> {
+pub(crate) fn layer_types(cfg: &ConfigJson, n_layers: usize) -> Result<Vec<bool>> {
     let types = cfg.str_list("layer_types")?;
     if types.len() != n_layers {
         return Err(cfg.error(
@@ -106,6 +106,29 @@ fn layer_types(cfg: &ConfigJson, n_layers: usize) -> Result<Vec<bool>> {
             other => Err(cfg.error(
                 "layer_types",
                 format!("layer {i}: unknown type {other:?} (full_attention, sliding_attention)"),
+            )),
+        })
+        .collect()
+}
+
+/// `true` for each dense-MLP layer, from `mlp_layer_types` (`dense`; `sparse` or `moe`).
+pub(crate) fn mlp_layer_types(cfg: &ConfigJson, n_layers: usize) -> Result<Vec<bool>> {
+    let kinds = cfg.str_list("mlp_layer_types")?;
+    if kinds.len() != n_layers {
+        return Err(cfg.error(
+            "mlp_layer_types",
+            format!("{} entries for {n_layers} layers", kinds.len()),
+        ));
+    }
+    kinds
+        .iter()
+        .enumerate()
+        .map(|(i, k)| match k.as_str() {
+            "dense" => Ok(true),
+            "sparse" | "moe" => Ok(false),
+            other => Err(cfg.error(
+                "mlp_layer_types",
+                format!("layer {i}: unknown MLP type {other:?} (dense, sparse)"),
             )),
         })
         .collect()
