@@ -14,8 +14,12 @@
 //! - vocabulary, ε, context length, tied embeddings, and the tensor-name spellings each family
 //!   accepts ([`TensorAliases`]).
 //!
-//! Consumers (the engine's loader, the builder's inspect and synth) take the `ArchSpec` and never
-//! read geometry from JSON themselves. Every error names the file and the field
+//! Byte accounting (the builder's `inspect`) reads a lenient [`ShapeSpec`] instead: sizes only,
+//! from partial configs (no ε, no rope, no `architectures`) and from `model_type`s the engine
+//! does not run, with the unquantized tensor set it implies ([`ShapeSpec::tensors`]).
+//!
+//! Consumers (the engine's loader, the builder's inspect and synth) take the `ArchSpec` or the
+//! `ShapeSpec` and never read geometry from JSON themselves. Every error names the file and the field
 //! ([`ArchError`]); a missing field takes a default only where transformers' config class has
 //! that default, and each family's file says which.
 //!
@@ -26,13 +30,17 @@
 mod error;
 mod families;
 mod fields;
+mod layout;
 mod rope;
+mod shape;
 mod spec;
 
 pub use error::{ArchError, Result};
 pub use families::{Family, SUPPORTED_ARCHITECTURES};
 pub use fields::ConfigJson;
+pub use layout::TensorShape;
 pub use rope::{Rope, RopeScaling};
+pub use shape::{AttentionKind, LayerShape, MlpShape, MoeShape, ShapeSpec};
 pub use spec::{
     ArchSpec, AttentionSpec, LayerSpec, MlpSpec, MoeSpec, OutputGate, Presence, RouterScoring,
     RouterSpec, TensorAliases, Tied,

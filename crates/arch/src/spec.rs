@@ -143,6 +143,8 @@ pub struct TensorAliases {
     pub shared_expert: Vec<&'static str>,
     /// Names of the router's selection bias (`mlp.gate.e_score_correction_bias`, ...).
     pub selection_bias: Vec<&'static str>,
+    /// Module names of the shared expert's sigmoid gate (`mlp.shared_expert_gate`, Qwen2-MoE).
+    pub shared_expert_gate: Vec<&'static str>,
 }
 
 /// Whether `lm_head` is the embedding matrix.

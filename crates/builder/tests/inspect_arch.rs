@@ -1,7 +1,7 @@
 //! `inspect` against `fp4forge-arch` and against checkpoints transformers wrote: the engine's
 //! reference fixtures (`crates/engine/tests/fixtures/`), a tiny Laguna and a tiny Qwen3-MoE.
-//! `inspect` still has its own lenient shape reader (it accepts partial configs and families the
-//! engine does not run); on every config both read, both must agree.
+//! `inspect` reads the lenient `ShapeSpec` (partial configs, families the engine does not run);
+//! on every config both it and `ArchSpec` read, both must agree.
 
 use std::path::{Path, PathBuf};
 

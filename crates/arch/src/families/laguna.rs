@@ -21,7 +21,37 @@ use crate::spec::{
 };
 use crate::{Result, Rope};
 
+use crate::shape::ShapeRules;
+
 use super::Family;
+
+/// The `model_type`s whose shape this family reads.
+pub(super) const MODEL_TYPES: &[&str] = &["laguna"];
+
+/// What Laguna adds to the generic shape keys: q/k norms, the output gate ([`gating`]), the
+/// router's selection bias; its tensor names.
+pub(super) fn shape_rules() -> ShapeRules {
+    ShapeRules {
+        qk_norm: true,
+        output_gate: Some(gating),
+        router_bias: true,
+        aliases: aliases(),
+        ..ShapeRules::default()
+    }
+}
+
+/// Laguna's tensor spellings, preferred (the BF16 release's) first.
+fn aliases() -> TensorAliases {
+    TensorAliases {
+        shared_expert: vec!["mlp.shared_expert", "mlp.shared_experts"],
+        selection_bias: vec![
+            "mlp.experts.e_score_correction_bias",
+            "mlp.gate.e_score_correction_bias",
+            "mlp.e_score_correction_bias",
+        ],
+        shared_expert_gate: Vec::new(),
+    }
+}
 
 /// Reads a Laguna config.
 pub(super) fn read(cfg: &ConfigJson, arch: &str) -> Result<ArchSpec> {
@@ -131,14 +161,7 @@ pub(super) fn read(cfg: &ConfigJson, arch: &str) -> Result<ArchSpec> {
         tie_word_embeddings: tied,
         ropes,
         layers,
-        aliases: TensorAliases {
-            shared_expert: vec!["mlp.shared_expert", "mlp.shared_experts"],
-            selection_bias: vec![
-                "mlp.experts.e_score_correction_bias",
-                "mlp.gate.e_score_correction_bias",
-                "mlp.e_score_correction_bias",
-            ],
-        },
+        aliases: aliases(),
     })
 }
 
@@ -201,25 +224,7 @@ fn per_layer_heads(cfg: &ConfigJson, n_layers: usize) -> Result<Vec<usize>> {
 /// `mlp_only_layers`.
 fn mlp_kinds(cfg: &ConfigJson, n_layers: usize) -> Result<Vec<bool>> {
     if cfg.has("mlp_layer_types") {
-        let kinds = cfg.str_list("mlp_layer_types")?;
-        if kinds.len() != n_layers {
-            return Err(cfg.error(
-                "mlp_layer_types",
-                format!("{} entries for {n_layers} layers", kinds.len()),
-            ));
-        }
-        return kinds
-            .iter()
-            .enumerate()
-            .map(|(i, k)| match k.as_str() {
-                "dense" => Ok(true),
-                "sparse" | "moe" => Ok(false),
-                other => Err(cfg.error(
-                    "mlp_layer_types",
-                    format!("layer {i}: unknown MLP type {other:?} (dense, sparse)"),
-                )),
-            })
-            .collect();
+        return super::mlp_layer_types(cfg, n_layers);
     }
     if cfg.has("mlp_only_layers") {
         let dense = cfg.usize_list("mlp_only_layers")?;

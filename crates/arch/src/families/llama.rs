@@ -5,14 +5,33 @@
 //! `layer_types`, Mistral's bare `sliding_window` or Qwen2's `use_sliding_window` +
 //! `max_window_layers`, and tied embeddings when `tie_word_embeddings` says so or, when it is
 //! absent, the checkpoint has no `lm_head`.
+//!
+//! Shape reads ([`crate::ShapeSpec`]) also cover dense Qwen3 (`qwen3`: per-head q/k norms): by
+//! `model_type`, `qwen2` has q/k/v biases and no o bias, `mistral`'s bare `sliding_window` slides
+//! every layer. Tensors are named as in transformers' Llama (`self_attn.{q,k,v,o}_proj`,
+//! `mlp.{gate,up,down}_proj`).
 
 use crate::fields::ConfigJson;
+use crate::shape::ShapeRules;
 use crate::spec::{
     ArchSpec, AttentionSpec, LayerSpec, MlpSpec, OutputGate, Presence, TensorAliases, Tied,
 };
 use crate::Result;
 
 use super::Family;
+
+/// The `model_type`s whose shape this family reads.
+pub(super) const MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
+
+/// What a Llama-family `model_type` adds to the generic shape keys.
+pub(super) fn shape_rules(model_type: &str) -> ShapeRules {
+    ShapeRules {
+        qk_norm: model_type == "qwen3",
+        qkv_bias_only: model_type == "qwen2",
+        slide_by_default: model_type == "mistral",
+        ..ShapeRules::default()
+    }
+}
 
 /// Reads a Llama-family config; `arch` decides how a bare `sliding_window` is read.
 pub(super) fn read(cfg: &ConfigJson, arch: &str) -> Result<ArchSpec> {

@@ -1,11 +1,14 @@
-//! The families: each file reads one family's `config.json` into an [`ArchSpec`]. A new family
-//! is one more file here, one more [`Family`] variant and its architecture names.
+//! The families: each file reads one family's `config.json` into an [`ArchSpec`], says what its
+//! `model_type`s add to a lenient shape read ([`crate::ShapeSpec`]) and how it names its tensors.
+//! A new family is one more file here, one more [`Family`] variant, its architecture names and
+//! its `model_type`s.
 
 mod laguna;
 mod llama;
 mod qwen3_moe;
 
 use crate::fields::ConfigJson;
+use crate::shape::ShapeRules;
 use crate::spec::ArchSpec;
 use crate::Result;
 
@@ -40,6 +43,33 @@ impl Family {
         }
     }
 
+    /// The family whose tensor names a `model_type` uses, if one does: Llama for `llama`,
+    /// `mistral`, `qwen2`, `qwen3`; Laguna for `laguna`; Qwen3-MoE for `qwen3_moe` and
+    /// `qwen2_moe`. Wider than [`Family::of`]: a shape read needs no engine support.
+    pub fn of_model_type(model_type: &str) -> Option<Self> {
+        [Family::Laguna, Family::Llama, Family::Qwen3Moe]
+            .into_iter()
+            .find(|f| f.model_types().contains(&model_type))
+    }
+
+    /// The `model_type`s this family's shape read and tensor names cover.
+    pub fn model_types(self) -> &'static [&'static str] {
+        match self {
+            Family::Llama => llama::MODEL_TYPES,
+            Family::Laguna => laguna::MODEL_TYPES,
+            Family::Qwen3Moe => qwen3_moe::MODEL_TYPES,
+        }
+    }
+
+    /// What `model_type` (one of [`Family::model_types`]) adds to the generic shape keys.
+    pub(crate) fn shape_rules(self, model_type: &str) -> ShapeRules {
+        match self {
+            Family::Llama => llama::shape_rules(model_type),
+            Family::Laguna => laguna::shape_rules(),
+            Family::Qwen3Moe => qwen3_moe::shape_rules(model_type),
+        }
+    }
+
     /// Reads `cfg` as this family; `architecture` is its `architectures[0]`.
     pub fn read(self, cfg: &ConfigJson, architecture: &str) -> Result<ArchSpec> {
         match self {
@@ -50,8 +80,16 @@ impl Family {
     }
 }
 
+/// Every `model_type` a family covers, family by family.
+pub(crate) fn shape_model_types() -> Vec<&'static str> {
+    [Family::Laguna, Family::Llama, Family::Qwen3Moe]
+        .into_iter()
+        .flat_map(|f| f.model_types().iter().copied())
+        .collect()
+}
+
 /// `true` for each sliding-attention layer, from `layer_types`.
-fn layer_types(cfg: &ConfigJson, n_layers: usize) -> Result<Vec<bool>> {
+pub(crate) fn layer_types(cfg: &ConfigJson, n_layers: usize) -> Result<Vec<bool>> {
     let types = cfg.str_list("layer_types")?;
     if types.len() != n_layers {
         return Err(cfg.error(
@@ -68,6 +106,29 @@ fn layer_types(cfg: &ConfigJson, n_layers: usize) -> Result<Vec<bool>> {
             other => Err(cfg.error(
                 "layer_types",
                 format!("layer {i}: unknown type {other:?} (full_attention, sliding_attention)"),
+            )),
+        })
+        .collect()
+}
+
+/// `true` for each dense-MLP layer, from `mlp_layer_types` (`dense`; `sparse` or `moe`).
+pub(crate) fn mlp_layer_types(cfg: &ConfigJson, n_layers: usize) -> Result<Vec<bool>> {
+    let kinds = cfg.str_list("mlp_layer_types")?;
+    if kinds.len() != n_layers {
+        return Err(cfg.error(
+            "mlp_layer_types",
+            format!("{} entries for {n_layers} layers", kinds.len()),
+        ));
+    }
+    kinds
+        .iter()
+        .enumerate()
+        .map(|(i, k)| match k.as_str() {
+            "dense" => Ok(true),
+            "sparse" | "moe" => Ok(false),
+            other => Err(cfg.error(
+                "mlp_layer_types",
+                format!("layer {i}: unknown MLP type {other:?} (dense, sparse)"),
             )),
         })
         .collect()

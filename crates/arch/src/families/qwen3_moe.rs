@@ -10,6 +10,10 @@
 //!
 //! Experts are stored per expert (`mlp.experts.E.{gate,up,down}_proj`) or fused
 //! (`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`); the router is `mlp.gate`.
+//!
+//! Shape reads ([`crate::ShapeSpec`]) also cover Qwen2-MoE (`qwen2_moe`, which the engine does
+//! not run): q/k/v biases and no o bias instead of q/k norms, and a shared expert
+//! (`mlp.shared_expert`) with a sigmoid gate (`mlp.shared_expert_gate`).
 
 use crate::fields::ConfigJson;
 use crate::spec::{
@@ -18,7 +22,28 @@ use crate::spec::{
 };
 use crate::Result;
 
+use crate::shape::ShapeRules;
+
 use super::Family;
+
+/// The `model_type`s whose shape this family reads.
+pub(super) const MODEL_TYPES: &[&str] = &["qwen2_moe", "qwen3_moe"];
+
+/// What `qwen3_moe` / `qwen2_moe` add to the generic shape keys; their tensor names.
+pub(super) fn shape_rules(model_type: &str) -> ShapeRules {
+    let qwen2 = model_type == "qwen2_moe";
+    ShapeRules {
+        qk_norm: !qwen2,
+        qkv_bias_only: qwen2,
+        shared_expert_gate: qwen2,
+        aliases: TensorAliases {
+            shared_expert: vec!["mlp.shared_expert"],
+            shared_expert_gate: vec!["mlp.shared_expert_gate"],
+            ..TensorAliases::default()
+        },
+        ..ShapeRules::default()
+    }
+}
 
 /// Reads a Qwen3-MoE config.
 pub(super) fn read(cfg: &ConfigJson, arch: &str) -> Result<ArchSpec> {

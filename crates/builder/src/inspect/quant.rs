@@ -9,7 +9,7 @@
 use serde::Serialize;
 use serde_json::Value;
 
-use super::arch::{Architecture, Fields};
+use super::arch::Architecture;
 use super::tensor::TensorDesc;
 use crate::plan::{is_linear_weight, TargetMatcher};
 use crate::BuilderError;
@@ -62,10 +62,17 @@ impl QuantConfig {
         let Some(qc) = config.get("quantization_config").filter(|v| !v.is_null()) else {
             return Ok(None);
         };
-        let f = Fields { v: qc, source };
-        let field = |k: &str| format!("quantization_config.{k}");
-        let err = |k: &str, r: &str| f.err(&field(k), r);
-        match f.str_opt("quant_method")?.as_deref() {
+        let err = |k: &str, r: &str| BuilderError::Config {
+            source_name: source.to_string(),
+            field: format!("quantization_config.{k}"),
+            reason: r.to_string(),
+        };
+        let method = match qc.get("quant_method") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.as_str()),
+            Some(v) => return Err(err("quant_method", &format!("expected a string, got {v}"))),
+        };
+        match method {
             Some("compressed-tensors") => {}
             other => {
                 return Err(err(
