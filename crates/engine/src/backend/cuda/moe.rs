@@ -316,7 +316,7 @@ impl CudaBackend {
     }
 
     /// Switches the persistent MoE kernels on or off (for comparisons; on by default).
-    pub(crate) fn set_persistent_moe(&self, on: bool) {
+    pub fn set_persistent_moe(&self, on: bool) {
         self.inner
             .persist
             .store(on, std::sync::atomic::Ordering::Relaxed);
