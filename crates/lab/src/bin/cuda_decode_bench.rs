@@ -67,6 +67,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         i += 2;
     }
+    if reps == 0 || contexts.is_empty() {
+        return Err("--reps and --contexts need at least one".into());
+    }
     let b = CudaBackend::new(0)?;
     let gpu = Gpu::new(&b)?;
     println!("device: {}", fp4forge_engine::Backend::name(&b));

@@ -18,8 +18,8 @@
 //! linears in one launch, fused epilogues), `attention` (KV cache, decode and prefill attention),
 //! `moe` (expert arenas, routing, the expert kernels), `decode` (the fused single-token step).
 //!
-//! Not yet: CUDA-graph capture of the model path's step (it launches eagerly; in the benchmark
-//! eager is 1-2% slower than graph replay: 4.45 vs 4.39 ms at Laguna-S lean 2K), sampling on
+//! Not yet: CUDA-graph capture of the model path's step (it launches eagerly; in the former
+//! graph-replay benchmark eager was 1-2% slower: 4.45 vs 4.39 ms at Laguna-S lean 2K), sampling on
 //! device for batched steps (the server's batches of several sequences pick on the host).
 
 mod attention;
@@ -101,8 +101,7 @@ pub(crate) struct Inner {
     /// `FP4FORGE_CUDA_PERSIST=0` starts it off.
     persist: std::sync::atomic::AtomicBool,
     /// The decode attention split heuristic of `splits_for`: (fewest keys per split << 16) |
-    /// blocks per SM aimed at; `ATTN_SPLIT_MIN_KEYS` and `ATTN_SPLIT_BLOCKS_PER_SM` unless the
-    /// benchmark sweeps them (`FP4FORGE_BENCH_SPLIT_SWEEP`).
+    /// blocks per SM aimed at; `ATTN_SPLIT_MIN_KEYS` and `ATTN_SPLIT_BLOCKS_PER_SM`.
     pub(crate) split_knobs: std::sync::atomic::AtomicU32,
     /// Cap on the persistent MoE kernels' grid (0: as many blocks as are resident).
     persist_grid: std::sync::atomic::AtomicUsize,
