@@ -7,6 +7,7 @@ use std::path::Path;
 use serde_json::Value;
 
 /// The shapes of a Laguna config that the benchmark and the stream probe lay out.
+#[derive(Debug, Clone)]
 pub struct Geometry {
     /// Residual stream width.
     pub hidden: usize,
@@ -136,4 +137,31 @@ pub fn geometry(cfg: &Value) -> Result<Geometry, String> {
             .and_then(Value::as_f64)
             .unwrap_or(1.0) as f32,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The Laguna-S-2.1 fixtures: 48 layers (12 full attention, one dense MLP), 256 experts of
+    /// which 10 per token; the lean build's attention is NVFP4, the stock build's is not.
+    #[test]
+    fn laguna_s_fixtures_read() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../builder/tests/fixtures");
+        for (build, attn_nvfp4) in [("laguna-s-2.1", false), ("laguna-s-2.1-lean", true)] {
+            let g = read_geometry(&dir.join(build).join("config.json")).expect("fixture");
+            assert_eq!((g.layers, g.hidden, g.head_dim), (48, 3072, 128));
+            assert_eq!(g.full.iter().filter(|&&f| f).count(), 12);
+            assert_eq!(g.dense_layers.iter().filter(|&&d| d).count(), 1);
+            assert_eq!((g.experts, g.top_k, g.window), (256, 10, 512));
+            assert_eq!(
+                (g.attn_nvfp4, g.experts_nvfp4),
+                (attn_nvfp4, true),
+                "{build}"
+            );
+        }
+        assert!(read_geometry(Path::new("/nonexistent/config.json"))
+            .unwrap_err()
+            .contains("/nonexistent/config.json"));
+    }
 }
