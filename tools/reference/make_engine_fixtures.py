@@ -9,6 +9,10 @@
   each with logits.safetensors: input_ids I64 [600] and logits F32 [600, 256] from transformers'
                        forward in float32 (eager attention; NVFP4 modules dequantized by
                        compressed-tensors first)
+  tiny-qwen3moe/       a seeded random bf16 Qwen3MoeForCausalLM (3 layers, layer 0 dense via
+                       mlp_only_layers, 8 experts top-2 softmax-routed with norm_topk_prob, q/k
+                       norms, GQA 6/2, head_dim 16 != hidden/heads) saved by save_pretrained, with
+                       logits.safetensors: input_ids I64 [QT] and logits F32 [QT, 256] (float32)
   smollm2-logits.safetensors
                        SmolLM2-135M-Instruct from its GGUF (transformers' GGUF loader, every weight
                        rounded to bf16), logits F32 of two prompts + an 8-token greedy continuation
@@ -16,7 +20,7 @@
 Deterministic (seeded); see README.md ("make_engine_fixtures.py") for every detail.
 
 Usage:  tools/reference/.venv/bin/python tools/reference/make_engine_fixtures.py [--out DIR]
-            [--only laguna,smollm2] [--smol-tokens N]
+            [--only laguna,qwen3moe,smollm2] [--smol-tokens N]
 """
 
 from __future__ import annotations
@@ -732,10 +736,108 @@ def make_smollm2(out: Path, n_words_tokens: int) -> None:
         raise SystemExit(1)
 
 
+# ------------------------------------------------------------------------------------------------
+# tiny Qwen3-MoE
+# ------------------------------------------------------------------------------------------------
+
+QT = 96                      # prompt length of the Qwen3-MoE fixture
+
+
+class SoftmaxRouterGaps:
+    """Min gap, over MoE layers and tokens, between the k-th and (k+1)-th softmax probability."""
+
+    def __init__(self, model):
+        self.min_gap = float("inf")
+        self.handles = [layer.mlp.gate.register_forward_hook(self._hook)
+                        for layer in model.model.layers if hasattr(layer.mlp, "gate")]
+
+    def _hook(self, mod, inputs, output):
+        p = torch.softmax(output[0].float(), dim=-1)
+        top = torch.topk(p, mod.top_k + 1, dim=-1).values
+        self.min_gap = min(self.min_gap, (top[:, mod.top_k - 1] - top[:, mod.top_k]).min().item())
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+
+
+def make_qwen3moe(out: Path) -> None:
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    cfg = Qwen3MoeConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[0],
+        initializer_range=INIT_STD,
+        tie_word_embeddings=False,
+        bos_token_id=2,
+        eos_token_id=3,
+    )
+    dst = out / "tiny-qwen3moe"
+    torch.manual_seed(SEED + 7)
+    model = Qwen3MoeForCausalLM(cfg).to(torch.bfloat16)
+    gen = torch.Generator().manual_seed(SEED + 8)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1:  # RMSNorm weights (incl. q/k norms): not all ones
+                p.copy_((1.0 + 0.1 * torch.randn(p.shape, generator=gen)).to(p.dtype))
+            elif "mlp.gate" in name and p.abs().max() == 0:  # the router starts at zero
+                p.copy_((INIT_STD * torch.randn(p.shape, generator=gen)).to(p.dtype))
+    tmp = Path(tempfile.mkdtemp(prefix="tiny_qwen3moe_"))
+    model.save_pretrained(str(tmp))
+    mlf.keep_only(tmp, dst)
+    shutil.rmtree(tmp)
+    for k, v in load_model_tensors(dst).items():
+        if v.ndim >= 2:
+            std = v.float().std().item()
+            assert std > 0.05, f"{k}: std {std} too small"
+
+    ref = AutoModelForCausalLM.from_pretrained(str(dst), dtype=torch.float32, attn_implementation="eager")
+    ref.eval()
+    assert type(ref).__name__ == "Qwen3MoeForCausalLM"
+    for k in range(500):
+        g = torch.Generator().manual_seed(IDS_SEED + 1000 + k)
+        ids = torch.randint(0, VOCAB, (QT,), generator=g, dtype=torch.int64)
+        rg = SoftmaxRouterGaps(ref)
+        with torch.no_grad():
+            logits = ref(input_ids=ids[None], use_cache=False).logits[0].contiguous()
+        rg.close()
+        if top1_gap(logits) >= MIN_TOP1_GAP and rg.min_gap >= MIN_ROUTER_GAP:
+            break
+    else:
+        raise SystemExit("no ids seed with clear argmax/routing margins")
+    meta = {
+        "producer": "tools/reference/make_engine_fixtures.py --only qwen3moe",
+        "reference": "transformers 5.17.0 Qwen3MoeForCausalLM, float32 weights and activations, "
+                     "attn_implementation=eager, model(input_ids[None], use_cache=False).logits[0]",
+        "weights": "bf16 checkpoint values cast to f32",
+        "ids_seed": str(IDS_SEED + 1000 + k),
+        "min_top1_gap": repr(top1_gap(logits)),
+        "min_router_gap": repr(rg.min_gap),
+        "logit_abs_max": repr(logits.abs().max().item()),
+    }
+    save_sorted({"input_ids": ids.clone(), "logits": logits}, dst / "logits.safetensors", meta)
+    print(f"  tiny-qwen3moe: ids seed {meta['ids_seed']}, min top-1 gap {meta['min_top1_gap']}, "
+          f"min router gap {meta['min_router_gap']}, |logit| max {meta['logit_abs_max']}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--only", default="laguna,smollm2")
+    ap.add_argument("--only", default="laguna,qwen3moe,smollm2")
     ap.add_argument("--smol-tokens", type=int, default=40, help="approximate length of SmolLM2 prompt 1")
     args = ap.parse_args()
     torch.use_deterministic_algorithms(True)
@@ -744,6 +846,8 @@ def main() -> None:
     only = set(args.only.split(","))
     if "laguna" in only:
         make_laguna(args.out)
+    if "qwen3moe" in only:
+        make_qwen3moe(args.out)
     if "smollm2" in only:
         make_smollm2(args.out, args.smol_tokens)
     total = 0

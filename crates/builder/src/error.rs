@@ -101,3 +101,33 @@ pub enum BuilderError {
     #[error("cancelled; no output was written")]
     Cancelled,
 }
+
+impl From<fp4forge_arch::ArchError> for BuilderError {
+    fn from(e: fp4forge_arch::ArchError) -> Self {
+        use fp4forge_arch::ArchError;
+        match e {
+            ArchError::Checkpoint(c) => BuilderError::Checkpoint(c),
+            ArchError::Field {
+                file,
+                field,
+                reason,
+            } => BuilderError::Config {
+                source_name: file.display().to_string(),
+                field,
+                reason,
+            },
+            ArchError::UnsupportedArchitecture {
+                file,
+                found,
+                supported,
+            } => BuilderError::Config {
+                source_name: file.display().to_string(),
+                field: "architectures".into(),
+                reason: format!(
+                    "unsupported architecture {found:?}; supported: {}",
+                    supported.join(", ")
+                ),
+            },
+        }
+    }
+}

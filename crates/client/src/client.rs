@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use tokio::sync::Semaphore;
 
-use crate::api::{CompletionRequest, CompletionResponse, ModelList, StreamOptions, Usage};
+use crate::api::{
+    CompletionChunk, CompletionRequest, CompletionResponse, ModelList, StreamOptions, Usage,
+};
 use crate::error::{ClientError, Result};
 use crate::sse::SseParser;
 
@@ -310,7 +312,7 @@ impl Client {
         let mut request = request.clone();
         request.stream = Some(true);
         request.stream_options = Some(StreamOptions {
-            include_usage: true,
+            include_usage: Some(true),
         });
         let url = self.url("completions");
         let _permit = self.permit().await;
@@ -389,7 +391,7 @@ impl Client {
                 ),
             });
         }
-        let chunk: CompletionResponse = serde_json::from_value(value)
+        let chunk: CompletionChunk = serde_json::from_value(value)
             .map_err(|e| ClientError::response(url, "choices", e.to_string()))?;
         for choice in chunk.choices {
             if choice.finish_reason.is_some() {

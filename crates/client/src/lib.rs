@@ -19,7 +19,7 @@
 //! and plain report structs that serialize to JSON and print as tables.
 #![deny(missing_docs)]
 
-pub mod api;
+pub use fp4forge_api as api;
 pub mod bench;
 mod client;
 mod error;

@@ -11,7 +11,19 @@ use crate::backend::Backend;
 use crate::error::{EngineError, Result};
 use crate::forward::{forward, SeqChunk, Want};
 use crate::model::Model;
+use crate::sampling::Sampler;
 use crate::session::{Logits, Session};
+
+/// What one session gets back from [`Model::forward_batch_sampled`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    /// Nothing ([`Want::None`]).
+    None,
+    /// The logits it wanted.
+    Logits(Logits),
+    /// Its next token, picked by its sampler.
+    Token(u32),
+}
 
 impl<B: Backend> Model<B> {
     /// Errors unless `ids` can be appended to `session`: a session of this model that has not
@@ -113,20 +125,66 @@ impl<B: Backend> Model<B> {
         tokens: &[&[u32]],
         wants: &[Want],
     ) -> Result<Vec<Option<Logits>>> {
+        let mut samplers: Vec<Option<&mut Sampler>> = wants.iter().map(|_| None).collect();
+        Ok(self
+            .forward_batch_sampled(sessions, tokens, wants, &mut samplers)?
+            .into_iter()
+            .map(|o| match o {
+                Output::Logits(l) => Some(l),
+                Output::None | Output::Token(_) => None,
+            })
+            .collect())
+    }
+
+    /// [`Self::forward_batch`] where a session may have its next token picked instead of
+    /// getting its logits: one with `samplers[i]` set (it must want [`Want::Last`]) gets
+    /// [`Output::Token`], picked by the backend where it samples those parameters itself (only
+    /// the token id leaves the device), else on the host from the downloaded logits, with the
+    /// same draw either way (a seed gives the same tokens). The others get
+    /// [`Output::Logits`], or [`Output::None`] for [`Want::None`].
+    pub fn forward_batch_sampled(
+        &self,
+        sessions: &mut [&mut Session<'_, B>],
+        tokens: &[&[u32]],
+        wants: &[Want],
+        samplers: &mut [Option<&mut Sampler>],
+    ) -> Result<Vec<Output>> {
+        if samplers.len() != wants.len() {
+            return Err(EngineError::InvalidInput(format!(
+                "a pass of {} logit requests and {} samplers",
+                wants.len(),
+                samplers.len()
+            )));
+        }
+        if let Some(i) = (0..wants.len()).find(|&i| samplers[i].is_some() && wants[i] != Want::Last)
+        {
+            return Err(EngineError::InvalidInput(format!(
+                "session {i} of the pass has a sampler but wants {:?} logits (a sampler picks \
+                 from the last token's)",
+                wants[i]
+            )));
+        }
         let b = self.backend();
         let vocab = self.info().vocab_size;
-        self.pass(sessions, tokens, wants)?
+        let tensors = self.pass(sessions, tokens, wants)?;
+        tensors
             .into_iter()
-            .map(|t| {
-                t.map(|t| {
-                    let data = b.download(&t)?;
-                    Ok(Logits {
-                        rows: data.len() / vocab.max(1),
-                        vocab,
-                        data,
-                    })
-                })
-                .transpose()
+            .zip(samplers.iter_mut())
+            .map(|(t, sampler)| {
+                let Some(t) = t else { return Ok(Output::None) };
+                if let Some(sampler) = sampler {
+                    let u = sampler.draw();
+                    return Ok(Output::Token(match b.sample(&t, sampler.params(), u)? {
+                        Some(next) => next,
+                        None => sampler.pick(&b.download(&t)?, u),
+                    }));
+                }
+                let data = b.download(&t)?;
+                Ok(Output::Logits(Logits {
+                    rows: data.len() / vocab.max(1),
+                    vocab,
+                    data,
+                }))
             })
             .collect()
     }

@@ -2,7 +2,7 @@
 //!
 //! A [`Decoder`] holds resident weights (the backend's own associated types) and per-layer
 //! geometry; nothing here reads a file or runs an op. Model families (`models`) fill it from a
-//! checkpoint, [`crate::forward`] runs it over a batch of sequences' chunks, and a backend may
+//! checkpoint, [`crate::forward()`] runs it over a batch of sequences' chunks, and a backend may
 //! recognise a whole pass it can fuse ([`crate::Backend::fused_pass`]). Backends import this
 //! module, never `models`; the op parameters ([`AttentionParams`], [`RouterParams`]) live here so
 //! that both sides name them from one place.

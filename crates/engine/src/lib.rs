@@ -3,29 +3,35 @@
 //! # The life of a token
 //!
 //! ```text
-//! Model::load(dir)          config.json → family (Llama | Laguna) → every tensor found by name,
-//!                           its dtype and shape checked; weights borrowed from the mmap, packed
-//!                           NVFP4 stays packed (resident memory ≈ file size)
+//! open(device, dir, opts, f) Device → backend type (the one place that knows them); then
+//! Model::load(dir)          config.json → fp4forge_arch::ArchSpec (Llama | Laguna | Qwen3-MoE)
+//!                           → every tensor it names found, its dtype and shape checked; weights
+//!                           borrowed from the mmap, packed NVFP4 stays packed (resident memory
+//!                           ≈ file size) → an ir::Decoder
 //! model.new_session()       an empty KV cache per layer (ring of `window` slots for sliding
 //!                           layers, growing for full ones; bf16, fp8 or f32)
-//! session.prefill(ids)      token ids cross into the backend once, as an embedding lookup
+//! session.prefill(ids)      a pass with a batch of one, per prefill chunk:
+//! forward(b, net, chunks)   THE pass, over many sequences' chunks at once (a session's step, a
+//!                           continuous-batching step, a draft chunk to verify):
+//!   b.fused_pass(..)?       first the backend may run the whole pass its own way (CUDA: one
+//!                           token of one sequence on fused launches); otherwise the generic ops:
+//!   embed                   token ids cross into the backend once, as an embedding lookup
 //!   for each layer:         x += Attn(RMSNorm(x)):  q,k,v = linear → [q/k norm] → RoPE →
-//!                                                    causal attention over cache + chunk →
-//!                                                    [softplus head gate] → o_proj
+//!                                                    causal attention over cache + chunk (per
+//!                                                    sequence) → [softplus head gate] → o_proj
 //!                           x += MLP(RMSNorm(x)):   SwiGLU, or router → top-k experts
 //!                                                    (+ shared expert)
-//!   logits = RMSNorm(x) · lm_headᵀ   only the rows asked for; they cross back to the host
-//! sampler.sample(logits)    greedy / temperature, top-k, top-p, seeded
-//! session.step(token)       the same pass for one row: every linear is a GEMV that streams the
-//!                           packed weights once, dequantizing 16-element blocks in registers
-//! model.step_batch(ss, ts)  one pass for many sessions (continuous batching): their rows are
-//!                           stacked through every linear and MLP, attention runs per session
+//!   logits = RMSNorm(x) · lm_headᵀ   only the rows each chunk wants (`Want`), left on the device
+//! sampler / b.sample(..)    greedy / temperature, top-k, top-p, seeded; on the device where the
+//!                           backend samples (only the token id crosses back), else on the host
+//! model.forward_batch(..)   what a scheduler calls: one pass for many sessions, checked once
 //! ```
 //!
 //! Everything between the ids going in and the logits coming out happens behind the
-//! [`Backend`] trait: the model families ([`models`]) say *what* to compute, a backend (the CPU
-//! one here; CUDA later, behind the same trait) says *how*, on memory it owns. Activations are
-//! f32 throughout, the precision of the reference logits the tests compare against.
+//! [`Backend`] trait: the model's geometry (`fp4forge_arch`) says *what* to compute, the loader
+//! ([`models`]) builds it into an [`ir::Decoder`], [`forward()`] runs it, and a backend (CPU, or
+//! CUDA behind a feature) says *how*, on memory it owns. Activations are f32 throughout, the
+//! precision of the reference logits the tests compare against.
 #![deny(missing_docs)]
 
 pub mod backend;
@@ -48,6 +54,7 @@ pub mod weights;
 #[cfg(feature = "cuda")]
 pub use backend::CudaBackend;
 pub use backend::{AttentionParams, Backend, CpuBackend, RouterParams, RouterScoring};
+pub use batch::Output;
 pub use device::{open, Device, ParseDeviceError, WithModel};
 pub use error::{EngineError, Result};
 pub use forward::{forward, SeqChunk, Want};

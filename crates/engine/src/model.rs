@@ -7,11 +7,13 @@ use std::sync::Arc;
 use fp4forge_format::Checkpoint;
 
 use crate::backend::{Backend, CpuBackend};
+use fp4forge_arch::ArchSpec;
+
 use crate::config::ConfigJson;
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 use crate::kv_cache::{KvDtype, KvLayerSpec};
 use crate::models::decoder::{Decoder, LoadCtx};
-use crate::models::{laguna, llama, Family, SUPPORTED_ARCHITECTURES};
+use crate::models::{self, Family};
 use crate::session::Session;
 use crate::weights::WeightLoader;
 
@@ -157,18 +159,7 @@ impl<B: Backend> Model<B> {
     ) -> Result<Self> {
         let dir = dir.as_ref();
         let cfg = ConfigJson::from_path(&dir.join("config.json"))?;
-        let found = if cfg.has("architectures") {
-            cfg.str_list("architectures")?
-        } else {
-            Vec::new()
-        };
-        let unsupported = || EngineError::UnsupportedArchitecture {
-            file: cfg.file().to_path_buf(),
-            found: found.clone(),
-            supported: SUPPORTED_ARCHITECTURES.to_vec(),
-        };
-        let arch = found.first().cloned().ok_or_else(unsupported)?;
-        let family = Family::of(&arch).ok_or_else(unsupported)?;
+        let spec = ArchSpec::from_config(&cfg)?;
 
         let ckpt = Arc::new(Checkpoint::open(dir)?);
         let loader = WeightLoader::new(ckpt.clone());
@@ -177,13 +168,10 @@ impl<B: Backend> Model<B> {
             loader: &loader,
             emulate_w4a4: options.emulate_w4a4,
         };
-        let decoder = match family {
-            Family::Llama => llama::load(&cfg, &arch, &ctx, options.kv_dtype)?,
-            Family::Laguna => laguna::load(&cfg, &ctx, options.kv_dtype)?,
-        };
+        let decoder = models::loader::load(&spec, &ctx, options.kv_dtype)?;
         let kv_specs = decoder.layers.iter().map(|l| l.attn.kv.clone()).collect();
 
-        let config_max = cfg.usize("max_position_embeddings")?;
+        let config_max = spec.max_position_embeddings;
         let max_context = options
             .max_context
             .map_or(config_max, |m| m.min(config_max));
@@ -210,10 +198,10 @@ impl<B: Backend> Model<B> {
         let bos_token_id = cfg.token_ids("bos_token_id")?.first().copied();
         let info = ModelInfo {
             dir: dir.to_path_buf(),
-            architecture: arch,
-            family,
-            vocab_size: cfg.usize("vocab_size")?,
-            hidden_size: cfg.usize("hidden_size")?,
+            architecture: spec.architecture.clone(),
+            family: spec.family,
+            vocab_size: spec.vocab_size,
+            hidden_size: spec.hidden_size,
             num_layers: decoder.layers.len(),
             max_context,
             bos_token_id,

@@ -6,8 +6,7 @@
 //! pairs with `j + r/2`; elements `r..head_dim` pass through. The angle of pair `j` at position
 //! `p` is `f32(p) · inv_freq[j]` (an f32 product, as transformers' f32 matmul gives it).
 
-use crate::config::ConfigJson;
-use crate::error::Result;
+use fp4forge_arch::{Rope, RopeScaling};
 
 /// One rotary embedding: everything a backend needs to build its cos/sin tables.
 #[derive(Debug, Clone, PartialEq)]
@@ -32,115 +31,49 @@ impl RopeSpec {
         }
     }
 
-    /// Reads the rope of one layer type from a config.
-    ///
-    /// `params` is the dotted path of the rope object (`rope_parameters`,
-    /// `rope_parameters.full_attention`, or `rope_scaling` for the transformers 4 spelling);
-    /// `theta_fallback` is where to find θ when the object has no `rope_theta` (the transformers
-    /// 4 top-level `rope_theta`).
-    pub fn from_config(
-        cfg: &ConfigJson,
-        params: Option<&str>,
-        theta_fallback: &str,
-        head_dim: usize,
-        max_position_embeddings: usize,
-    ) -> Result<Self> {
-        let key = |k: &str| match params {
-            Some(p) => format!("{p}.{k}"),
-            None => k.to_owned(),
-        };
-        let theta = match params.map(|_| key("rope_theta")) {
-            Some(k) if cfg.has(&k) => cfg.f64(&k)?,
-            _ => cfg.f64(theta_fallback)?,
-        };
-        let partial = match params {
-            Some(_) => cfg.opt_f64(&key("partial_rotary_factor"))?,
-            None => None,
-        }
-        .or(cfg.opt_f64("partial_rotary_factor")?)
-        .unwrap_or(1.0);
-        let dim = (head_dim as f64 * partial) as usize;
-        if dim == 0 || !dim.is_multiple_of(2) || dim > head_dim {
-            return Err(cfg.error(
-                &key("partial_rotary_factor"),
-                format!(
-                    "gives rotary width {dim} for head_dim {head_dim} (must be even, 2..=head_dim)"
-                ),
-            ));
-        }
-        let rope_type = match params {
-            Some(_) => cfg
-                .opt_str(&key("rope_type"))?
-                .or(cfg.opt_str(&key("type"))?)
-                .unwrap_or("default"),
-            None => "default",
-        };
+    /// The tables' inputs for a rope as `fp4forge_arch` read it from the config.
+    pub fn from_arch(rope: &Rope) -> Self {
+        let (theta, dim) = (rope.theta, rope.rotary_dim);
         let base = default_inv_freq(theta, dim);
-        match rope_type {
-            "default" => Ok(Self {
-                inv_freq: base,
-                rotary_dim: dim,
-                attention_factor: 1.0,
-            }),
-            "linear" => {
-                let factor = cfg.f64(&key("factor"))? as f32;
-                Ok(Self {
-                    inv_freq: base.iter().map(|f| f / factor).collect(),
-                    rotary_dim: dim,
-                    attention_factor: 1.0,
-                })
+        let inv_freq = match rope.scaling {
+            RopeScaling::Default => base,
+            RopeScaling::Linear { factor } => {
+                let factor = factor as f32;
+                base.iter().map(|f| f / factor).collect()
             }
-            "llama3" => {
-                let factor = cfg.f64(&key("factor"))?;
-                let low = cfg.f64(&key("low_freq_factor"))?;
-                let high = cfg.f64(&key("high_freq_factor"))?;
-                let old = cfg.f64(&key("original_max_position_embeddings"))?;
-                Ok(Self {
-                    inv_freq: llama3_inv_freq(&base, factor, low, high, old),
-                    rotary_dim: dim,
-                    attention_factor: 1.0,
-                })
-            }
-            "yarn" => {
-                let orig = cfg.f64(&key("original_max_position_embeddings"))?;
-                let factor = match cfg.opt_f64(&key("factor"))? {
-                    Some(f) => f,
-                    None => max_position_embeddings as f64 / orig,
-                };
-                let attention_factor = match cfg.opt_f64(&key("attention_factor"))? {
-                    Some(a) => a,
-                    None => {
-                        let mscale = cfg.opt_f64(&key("mscale"))?;
-                        let mscale_all = cfg.opt_f64(&key("mscale_all_dim"))?;
-                        match (mscale, mscale_all) {
-                            (Some(m), Some(a)) if m != 0.0 && a != 0.0 => {
-                                yarn_mscale(factor, m) / yarn_mscale(factor, a)
-                            }
-                            _ => yarn_mscale(factor, 1.0),
-                        }
-                    }
-                };
-                let beta_fast = cfg
-                    .opt_f64(&key("beta_fast"))?
-                    .filter(|b| *b != 0.0)
-                    .unwrap_or(32.0);
-                let beta_slow = cfg
-                    .opt_f64(&key("beta_slow"))?
-                    .filter(|b| *b != 0.0)
-                    .unwrap_or(1.0);
-                let truncate = cfg.opt_bool(&key("truncate"))?.unwrap_or(true);
-                Ok(Self {
-                    inv_freq: yarn_inv_freq(
-                        theta, dim, factor, orig, beta_fast, beta_slow, truncate,
-                    ),
-                    rotary_dim: dim,
-                    attention_factor: attention_factor as f32,
-                })
-            }
-            other => Err(cfg.error(
-                &key("rope_type"),
-                format!("rope type {other:?} is not supported (default, linear, llama3, yarn)"),
-            )),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => llama3_inv_freq(
+                &base,
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            ),
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                truncate,
+                ..
+            } => yarn_inv_freq(
+                theta,
+                dim,
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                truncate,
+            ),
+        };
+        Self {
+            inv_freq,
+            rotary_dim: dim,
+            attention_factor: rope.attention_factor() as f32,
         }
     }
 }
@@ -177,15 +110,6 @@ fn llama3_inv_freq(base: &[f32], factor: f64, low: f64, high: f64, old: f64) -> 
             }
         })
         .collect()
-}
-
-/// YaRN's default attention factor `0.1 · m · ln(s) + 1` (1 for `s <= 1`).
-fn yarn_mscale(scale: f64, m: f64) -> f64 {
-    if scale <= 1.0 {
-        1.0
-    } else {
-        0.1 * m * scale.ln() + 1.0
-    }
 }
 
 /// transformers' `_compute_yarn_parameters` inverse frequencies (f32 arithmetic as torch does
@@ -230,31 +154,26 @@ fn yarn_inv_freq(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fp4forge_arch::ConfigJson;
     use serde_json::{json, Value};
     use std::path::Path;
 
-    fn cfg(v: Value) -> ConfigJson {
-        match v {
-            Value::Object(m) => ConfigJson::from_map(Path::new("config.json"), m),
-            _ => unreachable!(),
-        }
+    fn rope(v: Value, params: Option<&str>, head_dim: usize, max_pos: usize) -> RopeSpec {
+        let Value::Object(m) = v else { unreachable!() };
+        let c = ConfigJson::from_map(Path::new("config.json"), m);
+        RopeSpec::from_arch(
+            &Rope::from_config(&c, params, "rope_theta", head_dim, max_pos).unwrap(),
+        )
     }
 
     #[test]
     fn laguna_s_yarn_ramp_and_factor() {
-        let c = cfg(json!({"rope_parameters": {"full_attention": {
+        let c = json!({"rope_parameters": {"full_attention": {
             "rope_type": "yarn", "rope_theta": 500000.0, "factor": 128.0,
             "original_max_position_embeddings": 8192, "beta_fast": 32.0, "beta_slow": 1.0,
             "attention_factor": 1.4852030263919618, "partial_rotary_factor": 0.5
-        }}}));
-        let r = RopeSpec::from_config(
-            &c,
-            Some("rope_parameters.full_attention"),
-            "rope_theta",
-            128,
-            1 << 20,
-        )
-        .unwrap();
+        }}});
+        let r = rope(c, Some("rope_parameters.full_attention"), 128, 1 << 20);
         assert_eq!(r.rotary_dim, 64);
         assert_eq!(r.inv_freq.len(), 32);
         assert!((r.attention_factor - 1.485_203).abs() < 1e-6);
@@ -270,8 +189,7 @@ mod tests {
 
     #[test]
     fn default_rope_from_top_level_theta() {
-        let c = cfg(json!({"rope_theta": 100000.0}));
-        let r = RopeSpec::from_config(&c, None, "rope_theta", 64, 8192).unwrap();
+        let r = rope(json!({"rope_theta": 100000.0}), None, 64, 8192);
         assert_eq!(r.rotary_dim, 64);
         assert_eq!(r.inv_freq[0], 1.0);
         assert!((r.inv_freq[1] - 100000f32.powf(-2.0 / 64.0)).abs() < 1e-7);
@@ -279,14 +197,5 @@ mod tests {
         let mut sin = Vec::new();
         r.cos_sin(3, &mut cos, &mut sin);
         assert!((cos[0] - 3f32.cos()).abs() < 1e-7 && (sin[0] - 3f32.sin()).abs() < 1e-7);
-    }
-
-    #[test]
-    fn unknown_rope_type_names_the_field() {
-        let c = cfg(json!({"rope_parameters": {"rope_type": "weird", "rope_theta": 1.0}}));
-        let e = RopeSpec::from_config(&c, Some("rope_parameters"), "rope_theta", 64, 10)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("rope_parameters.rope_type"), "{e}");
     }
 }

@@ -1,6 +1,7 @@
 //! A session: one sequence's KV cache and position, against a borrowed model.
 
 use crate::backend::{Backend, CpuBackend};
+use crate::batch::Output;
 use crate::error::{EngineError, Result};
 use crate::forward::Want;
 use crate::kv_cache::KvCache;
@@ -118,14 +119,18 @@ impl<'m, B: Backend> Session<'m, B> {
     /// samples these parameters itself (only the token id leaves the device), else on the host
     /// from the downloaded logits. The same draw either way, so a seed gives the same tokens.
     pub fn step_sampled(&mut self, token: u32, sampler: &mut Sampler) -> Result<u32> {
-        let b = self.model.backend();
-        let logits = self
-            .pass(&[token], Want::Last)?
-            .ok_or_else(|| EngineError::InvalidInput("the step returned no logits".into()))?;
-        let u = sampler.draw();
-        match b.sample(&logits, sampler.params(), u)? {
-            Some(next) => Ok(next),
-            None => Ok(sampler.pick(&b.download(&logits)?, u)),
+        let model = self.model;
+        let out = model.forward_batch_sampled(
+            &mut [self],
+            &[&[token]],
+            &[Want::Last],
+            &mut [Some(sampler)],
+        )?;
+        match out.as_slice() {
+            [Output::Token(next)] => Ok(*next),
+            _ => Err(EngineError::InvalidInput(
+                "the step returned no token".into(),
+            )),
         }
     }
 

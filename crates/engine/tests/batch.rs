@@ -166,3 +166,72 @@ fn forward_batch_validates_its_inputs() {
     let err = model.step_batch(&mut sessions, &[1, 2]).unwrap_err();
     assert!(err.to_string().contains("another model"), "{err}");
 }
+
+/// A pass where some sessions have their next token picked (`forward_batch_sampled`) gives the
+/// tokens each session's own seeded sampler picks from its logits alone, leaves the others
+/// their logits, and refuses a sampler on a chunk that does not want its last logits.
+#[test]
+fn forward_batch_sampled_picks_what_each_sampler_picks_alone() {
+    use fp4forge_engine::{Output, Sampler, SamplingParams};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tiny_laguna(tmp.path(), "bf16", false);
+    let model = Model::load(&dir, ModelOptions::new().kv_dtype(KvDtype::F32)).unwrap();
+    let vocab = model.info().vocab_size as u32;
+    let params = |seed| SamplingParams {
+        temperature: 0.8,
+        top_k: 20,
+        top_p: 0.9,
+        seed,
+    };
+    let prompts: Vec<Vec<u32>> = (0..3)
+        .map(|i| token_ids(5 + 7 * i, vocab, 300 + i as u64))
+        .collect();
+    let mut batched: Vec<Session> = Vec::new();
+    let mut alone: Vec<Session> = Vec::new();
+    for p in &prompts {
+        for list in [&mut batched, &mut alone] {
+            let mut s = model.new_session().unwrap();
+            s.prefill(p).unwrap();
+            list.push(s);
+        }
+    }
+    let mut batch_samplers = [Sampler::new(params(1)), Sampler::new(params(2))];
+    let mut alone_samplers = [Sampler::new(params(1)), Sampler::new(params(2))];
+    let mut tokens = [3u32, 4, 5];
+    for _ in 0..6 {
+        // Sessions 0 and 2 sample; session 1 gets its logits.
+        let expected0 = alone[0]
+            .step_sampled(tokens[0], &mut alone_samplers[0])
+            .unwrap();
+        let logits1 = alone[1].step(tokens[1]).unwrap();
+        let expected2 = alone[2]
+            .step_sampled(tokens[2], &mut alone_samplers[1])
+            .unwrap();
+        let [s0, s1] = &mut batch_samplers;
+        let mut samplers = [Some(s0), None, Some(s1)];
+        let mut refs: Vec<&mut Session> = batched.iter_mut().collect();
+        let lists: Vec<&[u32]> = tokens.iter().map(std::slice::from_ref).collect();
+        let out = model
+            .forward_batch_sampled(&mut refs, &lists, &[Want::Last; 3], &mut samplers)
+            .unwrap();
+        assert_eq!(out[0], Output::Token(expected0));
+        assert_eq!(out[2], Output::Token(expected2));
+        let Output::Logits(l) = &out[1] else {
+            panic!("session 1 wanted logits: {:?}", out[1]);
+        };
+        assert!(rel_diff(&l.data, &logits1) <= TOL);
+        tokens = [expected0, (tokens[1] + 1) % vocab, expected2];
+    }
+
+    let mut refs: Vec<&mut Session> = batched.iter_mut().take(1).collect();
+    let mut sampler = Sampler::new(params(9));
+    let err = model
+        .forward_batch_sampled(
+            &mut refs,
+            &[&[1, 2]],
+            &[Want::All],
+            &mut [Some(&mut sampler)],
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("sampler"), "{err}");
+}

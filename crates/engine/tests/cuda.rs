@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use common::{max_abs, max_abs_diff, values};
+use fp4forge_engine::backend::cuda::CudaOptions;
 use fp4forge_engine::{
     Backend, CpuBackend, CudaBackend, GenerateOptions, KvDtype, LinearWeight, Model, ModelOptions,
 };
@@ -31,6 +32,24 @@ fn gpu() -> CudaBackend {
     static B: OnceLock<CudaBackend> = OnceLock::new();
     B.get_or_init(|| CudaBackend::new(0).expect("CUDA device 0"))
         .clone()
+}
+
+/// Caps the persistent MoE kernels' grid at `blocks` (0: as many as are resident), so that tests
+/// at small shapes make each block walk several groups and items, as at full size.
+fn set_persistent_grid(b: &CudaBackend, blocks: usize) {
+    b.set_options(CudaOptions {
+        persist_grid: blocks,
+        ..b.options()
+    });
+}
+
+/// Sets the attended keys up to which head_dim-128 decode attention takes its short-span variant
+/// (`None`: the default; `Some(0)`: never), so tests cover both variants.
+fn set_attn_short_keys(b: &CudaBackend, keys: Option<usize>) {
+    b.set_options(CudaOptions {
+        attn_short_keys: keys.unwrap_or(CudaOptions::default().attn_short_keys),
+        ..b.options()
+    });
 }
 
 fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
@@ -155,7 +174,7 @@ fn gpu_nvfp4_experts_match_cpu() {
         // (grid 0: as many persistent blocks as are resident, i.e. one group each at these
         // shapes; 5: each block walks several groups and items, as at full size)
         for (t, grid) in [(1usize, 0usize), (1, 5), (3, 0)] {
-            gpu.set_persistent_grid(grid);
+            set_persistent_grid(&gpu, grid);
             let x = values(t * hidden, 11 + t as u64, 3.0);
             let logits = values(t * n, 17 + t as u64, 2.0);
             let got = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
@@ -170,7 +189,7 @@ fn gpu_nvfp4_experts_match_cpu() {
                 "hidden {hidden} t {t} grid {grid}: {d} vs scale {scale}"
             );
         }
-        gpu.set_persistent_grid(0);
+        set_persistent_grid(&gpu, 0);
     }
 }
 
@@ -212,7 +231,7 @@ fn gpu_attention_matches_cpu_on_bf16_and_fp8_caches() {
         (9, 3, 64, None),
         (6, 2, 128, None),
     ] {
-        gpu.set_attn_short_keys(short_keys);
+        set_attn_short_keys(&gpu, short_keys);
         for (window, (dtype, k_scale, v_scale)) in [None, Some(512usize)]
             .into_iter()
             .flat_map(|w| caches.map(|c| (w, c)))
@@ -271,7 +290,7 @@ fn gpu_attention_matches_cpu_on_bf16_and_fp8_caches() {
             );
         }
     }
-    gpu.set_attn_short_keys(None);
+    set_attn_short_keys(&gpu, None);
 }
 
 /// The engine crate's folder: `FP4FORGE_ENGINE_DIR` (a test binary carried to another machine)
@@ -579,7 +598,7 @@ fn gpu_model_fused_decode_matches_generic_ops_and_cpu() {
             let model = Model::load_with_backend(dir, opts.clone(), backend.clone()).unwrap();
             let ids = common::token_ids(prompt + steps, model.info().vocab_size as u32, 5);
             for grid in [0, 5] {
-                backend.set_persistent_grid(grid);
+                set_persistent_grid(&backend, grid);
                 // Each step twice from the same cache: the fused step on a copy of the session
                 // (its cache), then the generic ops on the session itself.
                 let mut s = model.new_session().unwrap();
@@ -594,7 +613,7 @@ fn gpu_model_fused_decode_matches_generic_ops_and_cpu() {
                     d = d.max(rel_diff(&fused, &generic.unwrap()));
                 }
                 let used = backend.fused_decode_steps() - before;
-                backend.set_persistent_grid(0);
+                set_persistent_grid(&backend, 0);
                 assert_eq!(used, steps, "{label}: steps on the fused path");
                 println!("{label} grid {grid}: fused vs generic ops {d:.2e} of the logit range");
                 if d.is_nan() || d > 1e-4 {

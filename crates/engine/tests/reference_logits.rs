@@ -5,6 +5,9 @@
 //!   `logits` F32 [T, vocab]; NVFP4 variants also `logits_exact_dequant`, the reference run on
 //!   weights dequantized in f32 exactly as the engine does). T = 600 crosses the sliding window
 //!   (512).
+//! * `tiny-qwen3moe/`: a random bf16 `Qwen3MoeForCausalLM` (3 layers, layer 0 dense, 8 experts
+//!   top-2 softmax-routed, q/k norms, GQA) + `logits.safetensors` (T = 96), from
+//!   `make_engine_fixtures.py --only qwen3moe`.
 //! * `smollm2-logits.safetensors`: SmolLM2-135M-Instruct from its GGUF (`input_ids_0/1`,
 //!   `logits_0/1`, `greedy_0`); the checkpoint is the import of that GGUF at
 //!   `assets/smollm2-hf/` (fetched by `scripts/fetch-assets.sh` + `fp4forge import-gguf`).
@@ -18,6 +21,7 @@
 //! reference's own noise floor (sdpa on one thread vs eager on two) at ~1e-6 for tiny Laguna.
 //! * tiny Laguna (5 layers, logits |x| ≲ 10): 1e-4, measured ≤ 6e-6: over an order above the
 //!   noise, far below any real bug (a wrong rope pairing, gate or routing moves logits by > 1e-2).
+//! * tiny Qwen3-MoE (3 layers, logits |x| ≲ 3): 1e-4, as tiny Laguna.
 //! * SmolLM2 (30 layers, hidden 576, logits |x| ~ 20): 1e-3, measured ≈ 1e-4 (the deeper and
 //!   wider sums accumulate more reordering error).
 //!
@@ -144,6 +148,39 @@ fn tiny_laguna_stock_nvfp4_matches_transformers() {
 #[test]
 fn tiny_laguna_lean_nvfp4_matches_transformers() {
     tiny_laguna("lean");
+}
+
+#[test]
+fn tiny_qwen3moe_matches_transformers() {
+    let dir = fixtures().join("tiny-qwen3moe");
+    let f = SafetensorsFile::open(dir.join("logits.safetensors")).unwrap();
+    let ids = read_i64(&f, "input_ids");
+    let (shape, want) = read_f32(&f, "logits").expect("logits");
+    let vocab = shape[1];
+    // 512: one pass; 16: chunked prefill; 1: every token through the decode step.
+    for chunk in [fp4forge_engine::DEFAULT_PREFILL_CHUNK, 16, 1] {
+        let model = Model::load(
+            &dir,
+            ModelOptions::new()
+                .kv_dtype(KvDtype::F32)
+                .prefill_chunk(chunk),
+        )
+        .unwrap();
+        assert_eq!(model.info().family, fp4forge_engine::Family::Qwen3Moe);
+        assert_eq!(model.info().vocab_size, vocab);
+        let got = model.new_session().unwrap().prefill_all(&ids).unwrap();
+        let worst = compare(
+            &format!("tiny-qwen3moe (chunk {chunk})"),
+            &got.data,
+            &want,
+            vocab,
+            1e-4,
+        );
+        println!(
+            "tiny-qwen3moe: {} positions, chunk {chunk}: max |diff| {worst:.3e}",
+            ids.len()
+        );
+    }
 }
 
 #[test]

@@ -1,10 +1,8 @@
-//! The server's two error types: [`ServerError`] for starting and running it, [`ApiError`] for
-//! one request (an HTTP status and OpenAI's error body).
+//! [`ServerError`]: why the server could not start, or stopped. (A failed request is an
+//! [`ApiError`](crate::api_error::ApiError).)
 
 use std::path::PathBuf;
 
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use thiserror::Error;
 
 /// Why the server could not start, or stopped.
@@ -42,108 +40,4 @@ pub enum ServerError {
     /// The engine thread stopped unexpectedly.
     #[error("the engine thread stopped: {0}")]
     Engine(String),
-}
-
-/// A failed request: its HTTP status and the body OpenAI's clients parse,
-/// `{"error": {"message", "type", "param", "code"}}`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiError {
-    /// The HTTP status.
-    pub status: StatusCode,
-    /// What was wrong, for a person.
-    pub message: String,
-    /// OpenAI's error type (`invalid_request_error`, `server_error`, ...).
-    pub kind: &'static str,
-    /// The request field at fault, if one is.
-    pub param: Option<String>,
-    /// A machine-readable code (`model_not_found`, `context_length_exceeded`, ...).
-    pub code: Option<&'static str>,
-}
-
-impl ApiError {
-    /// A 400 about `param` (`None`: about the request as a whole).
-    pub fn invalid(param: Option<&str>, message: impl Into<String>) -> Self {
-        Self {
-            status: StatusCode::BAD_REQUEST,
-            message: message.into(),
-            kind: "invalid_request_error",
-            param: param.map(str::to_owned),
-            code: None,
-        }
-    }
-
-    /// A 400 about field `param`.
-    pub fn field(param: &str, message: impl Into<String>) -> Self {
-        Self::invalid(Some(param), message)
-    }
-
-    /// Replaces the status.
-    pub fn with_status(mut self, status: StatusCode) -> Self {
-        self.status = status;
-        self
-    }
-
-    /// Sets the code.
-    pub fn with_code(mut self, code: &'static str) -> Self {
-        self.code = Some(code);
-        self
-    }
-
-    /// A 404 for a model this server does not serve.
-    pub fn unknown_model(asked: &str, served: &str) -> Self {
-        Self::field(
-            "model",
-            format!("The model `{asked}` does not exist. This server serves `{served}`."),
-        )
-        .with_status(StatusCode::NOT_FOUND)
-        .with_code("model_not_found")
-    }
-
-    /// A 5xx: the server failed, not the request.
-    pub fn internal(message: impl Into<String>) -> Self {
-        Self {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            message: message.into(),
-            kind: "server_error",
-            param: None,
-            code: None,
-        }
-    }
-
-    /// 429: the queue of waiting requests is full.
-    pub fn busy(message: impl Into<String>) -> Self {
-        Self {
-            status: StatusCode::TOO_MANY_REQUESTS,
-            message: message.into(),
-            kind: "server_error",
-            param: None,
-            code: Some("server_busy"),
-        }
-    }
-
-    /// The JSON body.
-    pub fn body(&self) -> serde_json::Value {
-        serde_json::json!({
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.code,
-            }
-        })
-    }
-}
-
-impl std::fmt::Display for ApiError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.status, self.message)
-    }
-}
-
-impl std::error::Error for ApiError {}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        crate::http::json_response(self.status, &self.body())
-    }
 }

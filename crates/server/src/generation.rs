@@ -8,7 +8,7 @@ use std::sync::Arc;
 use fp4forge_engine::TextCodec;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-use crate::error::ApiError;
+use crate::api_error::ApiError;
 use crate::scheduler::{CancelFlag, EngineHandle, Event, Finish, SeqRequest};
 use crate::text::{prompt_piece, ChoiceText, Piece, TextToken};
 
@@ -54,12 +54,8 @@ pub(crate) struct Usage {
 
 impl Usage {
     /// The OpenAI `usage` object.
-    pub fn json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-        })
+    pub fn wire(&self) -> fp4forge_api::Usage {
+        fp4forge_api::Usage::new(self.prompt_tokens as u64, self.completion_tokens as u64)
     }
 }
 

@@ -11,18 +11,19 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use serde::Serialize;
 
-use crate::error::ApiError;
+use crate::api_error::ApiError;
 use crate::state::AppState;
 
 /// A JSON response.
-pub(crate) fn json_response(status: StatusCode, value: &serde_json::Value) -> Response {
+pub(crate) fn json_response<T: Serialize>(status: StatusCode, value: &T) -> Response {
     let body = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 /// One server-sent event carrying `value`.
-pub(crate) fn sse_event(value: &serde_json::Value) -> Bytes {
+pub(crate) fn sse_event<T: Serialize>(value: &T) -> Bytes {
     let mut out = b"data: ".to_vec();
     out.extend(serde_json::to_vec(value).unwrap_or_default());
     out.extend_from_slice(b"\n\n");

@@ -3,10 +3,11 @@
 //! # The life of a request
 //!
 //! ```text
-//! HTTP (axum, TCP_NODELAY)      body ≤ limit (413), JSON object, every field typed and bounded:
-//!                               a bad request is a 4xx with OpenAI's error body, never a panic
-//! handler                       prompt → token ids (tokenizer.json; chat: the chat template),
-//!                               n choices per prompt → sequences, submitted to the engine queue
+//! HTTP (axum, TCP_NODELAY)      body ≤ limit (413), read into an `fp4forge-api` request (unknown
+//!                               and unimplemented fields refused by name) and validated: a bad
+//!                               request is a 4xx with OpenAI's error body, never a panic
+//! handler (one, over the        prompt → token ids (tokenizer.json; chat: the chat template),
+//!   `Endpoint` trait)           n choices per prompt → sequences, submitted to the engine queue
 //!                               (429 when full)
 //! engine thread (scheduler)     owns the Model and one Session (KV cache) per running sequence;
 //!                               each step admits waiting sequences, prefills prompt chunks and
@@ -23,15 +24,17 @@
 //! [`Server::run`]; [`shutdown_signal`] is SIGINT/SIGTERM.
 #![deny(missing_docs)]
 
+mod api_error;
 mod chat;
 mod completions;
 mod config;
+mod endpoint;
 mod error;
 mod generation;
+mod handler;
 mod http;
 mod logprobs;
 mod metrics;
-mod params;
 mod prefix_cache;
 mod request;
 mod scheduler;
@@ -44,10 +47,11 @@ mod text;
 #[path = "../tests/common/tiny_model.rs"]
 mod test_tiny_model;
 
+pub use api_error::ApiError;
 pub use config::{
     ServerConfig, DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CHOICES,
     DEFAULT_MAX_LOGPROBS, DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS_LIMIT, DEFAULT_PREFILL_BUDGET,
     DEFAULT_PREFIX_CACHE_BYTES,
 };
-pub use error::{ApiError, ServerError};
+pub use error::ServerError;
 pub use server::{shutdown_signal, Server};

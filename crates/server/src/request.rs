@@ -1,38 +1,17 @@
-//! What completions and chat requests share: sampling and stopping fields, `n`, streaming
-//! options, the token budget against the context, and the turn from prompts into
-//! [`ChoiceSpec`]s for the engine.
+//! What completions and chat requests share once read: the sampling and stopping parameters
+//! with the model's defaults, the token budget against the context, the prompt checks, and the
+//! turn from prompts into [`ChoiceSpec`]s for the engine.
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
+use fp4forge_api::{Integer, Sampling};
 use fp4forge_engine::{SamplingParams, TextCodec};
-use serde_json::{json, Value};
 
-use crate::error::ApiError;
+use crate::api_error::ApiError;
 use crate::generation::ChoiceSpec;
-use crate::http::body_bytes;
-use crate::params::{as_int, Body};
 use crate::scheduler::{fresh_seed, SeqRequest};
 use crate::state::AppState;
-
-/// Most stop strings per request.
-const MAX_STOPS: usize = 16;
-/// Longest stop string, bytes (the hold-back check is quadratic in it).
-const MAX_STOP_BYTES: usize = 256;
-
-/// Reads a generation request's body (within the size limit), parses it as a JSON object and
-/// reads the parameters every generation endpoint shares.
-pub(crate) fn read_request(
-    body: Result<Bytes, BytesRejection>,
-    state: &AppState,
-) -> Result<(Body, CommonParams), ApiError> {
-    let bytes = body_bytes(body, state)?;
-    let body = Body::parse(&bytes)?;
-    let common = CommonParams::read(&body, state)?;
-    Ok((body, common))
-}
 
 /// Runs `work` with the tokenizer on a blocking thread (tokenizing and template rendering are
 /// CPU work that must not stall the async runtime).
@@ -68,76 +47,25 @@ pub(crate) struct CommonParams {
 }
 
 impl CommonParams {
-    /// Reads the shared fields of `body`, with the model's generation defaults.
-    pub fn read(body: &Body, state: &AppState) -> Result<Self, ApiError> {
-        body.check_model(&state.model_name)?;
-        for (key, neutral) in [
-            ("presence_penalty", vec![json!(0), json!(0.0)]),
-            ("frequency_penalty", vec![json!(0), json!(0.0)]),
-            ("repetition_penalty", vec![json!(1), json!(1.0)]),
-            ("logit_bias", vec![json!({})]),
-            ("best_of", vec![json!(1)]),
-            ("suffix", vec![json!("")]),
-            ("tools", vec![json!([])]),
-            ("functions", vec![json!([])]),
-            ("tool_choice", vec![json!("none"), json!("auto")]),
-            ("response_format", vec![json!({"type": "text"})]),
-            ("guided_json", vec![]),
-            ("guided_regex", vec![]),
-        ] {
-            body.unsupported(key, &neutral)?;
-        }
+    /// The shared fields of a validated request, with the model's generation defaults.
+    pub fn read(fields: &Sampling<'_>, state: &AppState) -> Result<Self, ApiError> {
         let defaults = &state.info.generation_defaults;
-        let temperature = body
-            .number("temperature", 0.0, 100.0)?
+        let temperature = fields
+            .temperature
             .map(|t| t as f32)
             .or(defaults.temperature)
             .unwrap_or(1.0);
-        let top_p = body
-            .number("top_p", 0.0, 1.0)?
+        let top_p = fields
+            .top_p
             .map(|p| p as f32)
             .or(defaults.top_p)
             .unwrap_or(1.0);
         if top_p <= 0.0 {
             return Err(ApiError::field("top_p", "`top_p` must be greater than 0"));
         }
-        let top_k = match body.int("top_k", -1, i64::from(u32::MAX), "the vocabulary")? {
-            Some(k) if k > 0 => k as usize,
-            Some(_) => 0,
-            None => defaults.top_k.unwrap_or(0),
-        };
-        let seed = match body.get("seed") {
-            None => fresh_seed(),
-            Some(v) => match as_int(v) {
-                Some(s) if s >= i128::from(i64::MIN) && s <= i128::from(u64::MAX) => s as u64,
-                _ => {
-                    return Err(ApiError::field(
-                        "seed",
-                        format!("`seed` must be a 64-bit integer, got {v}"),
-                    ))
-                }
-            },
-        };
-        let max_choices = state.config.max_choices as i64;
-        let n = body
-            .int(
-                "n",
-                1,
-                max_choices,
-                "this server's limit of choices per request",
-            )?
-            .unwrap_or(1) as usize;
-        let stop = body.stop(MAX_STOPS)?;
-        if let Some(long) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
-            return Err(ApiError::field(
-                "stop",
-                format!(
-                    "a stop sequence of {} bytes; at most {MAX_STOP_BYTES} are allowed",
-                    long.len()
-                ),
-            ));
-        }
-        let stop_token_ids = body.token_ids("stop_token_ids")?;
+        let top_k = fields.top_k().or(defaults.top_k).unwrap_or(0);
+        let seed = fields.seed_bits().unwrap_or_else(fresh_seed);
+        let stop_token_ids = fields.stop_token_list();
         let vocab = state.info.vocab_size;
         if let Some(&t) = stop_token_ids.iter().find(|&&t| t as usize >= vocab) {
             return Err(ApiError::field(
@@ -145,45 +73,20 @@ impl CommonParams {
                 format!("token id {t} is outside the vocabulary of {vocab} tokens"),
             ));
         }
-        let ignore_eos = body.bool("ignore_eos")?.unwrap_or(false);
-        let limit = state.config.max_tokens_limit as i64;
-        let min_tokens = body
-            .int("min_tokens", 0, limit, "this server's max_tokens limit")?
-            .unwrap_or(0) as usize;
-        let stream = body.bool("stream")?.unwrap_or(false);
-        let include_usage = match body.get("stream_options") {
-            None => false,
-            Some(Value::Object(o)) => match o.get("include_usage") {
-                None | Some(Value::Null) => false,
-                Some(Value::Bool(b)) => *b,
-                Some(v) => {
-                    return Err(ApiError::field(
-                        "stream_options.include_usage",
-                        format!("`stream_options.include_usage` must be true or false, got {v}"),
-                    ))
-                }
-            },
-            Some(v) => {
-                return Err(ApiError::field(
-                    "stream_options",
-                    format!("`stream_options` must be an object, got {v}"),
-                ))
-            }
-        };
         Ok(Self {
-            n,
+            n: fields.choices(),
             sampling: SamplingParams {
                 temperature,
                 top_k,
                 top_p,
                 seed,
             },
-            stop,
+            stop: fields.stop_list(),
             stop_token_ids,
-            ignore_eos,
-            min_tokens,
-            stream,
-            include_usage,
+            ignore_eos: fields.ignore_eos.unwrap_or(false),
+            min_tokens: fields.min_token_count(),
+            stream: fields.stream.unwrap_or(false),
+            include_usage: fields.include_usage(),
         })
     }
 
@@ -201,28 +104,18 @@ impl CommonParams {
     }
 }
 
-/// Reads `max_tokens` (`key`), checks it against the server's limit and, with each prompt,
-/// the model's context. `default` applies when absent (clamped to the room left).
+/// The token budget: `asked` (the field that asked and its value, already within the server's
+/// limit) checked against the model's context with each prompt, or when absent `default`
+/// (the server's limit when `None`) clamped to the room left; at least `min`.
 pub(crate) fn max_tokens(
-    body: &Body,
-    keys: &[&str],
+    asked: Option<(&str, Integer)>,
     state: &AppState,
     prompts: &[Vec<u32>],
     default: Option<usize>,
-    min: i64,
+    min: usize,
 ) -> Result<usize, ApiError> {
     let limit = state.config.max_tokens_limit;
-    let mut asked = None;
-    for key in keys {
-        if let Some(v) = body.int(
-            key,
-            min,
-            limit as i64,
-            "this server's limit (--max-tokens-limit)",
-        )? {
-            asked = Some((*key, v as usize));
-        }
-    }
+    let asked = asked.map(|(key, m)| (key, m.to_usize().unwrap_or(limit)));
     let context = state.info.max_context;
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     match asked {
@@ -244,7 +137,7 @@ pub(crate) fn max_tokens(
         None => {
             let room = context - longest;
             let m = default.unwrap_or(limit).min(limit).min(room);
-            if m < min.max(0) as usize {
+            if m < min {
                 return Err(ApiError::field(
                     "messages",
                     format!(

@@ -12,16 +12,21 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::serve::ListenerExt;
 use axum::Router;
+use fp4forge_api::{ModelEntry, ModelList};
 use fp4forge_engine::TextCodec;
-use serde_json::json;
+use serde::Serialize;
 use tokio::net::TcpListener;
 
+use crate::api_error::ApiError;
+use crate::chat::Chat;
+use crate::completions::Completions;
 use crate::config::ServerConfig;
-use crate::error::{ApiError, ServerError};
+use crate::error::ServerError;
+use crate::handler::handler;
 use crate::http::{count_requests, json_response, method_not_allowed, not_found};
 use crate::metrics::Metrics;
+use crate::scheduler;
 use crate::state::{unix_now, AppState};
-use crate::{chat, completions, scheduler};
 
 /// A bound server with its model loaded, ready to [`run`](Server::run).
 pub struct Server {
@@ -167,8 +172,8 @@ fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
-        .route("/v1/completions", post(completions::handler))
-        .route("/v1/chat/completions", post(chat::handler))
+        .route("/v1/completions", post(handler::<Completions>))
+        .route("/v1/chat/completions", post(handler::<Chat>))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(not_found)
@@ -181,22 +186,32 @@ fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-fn model_entry(state: &AppState) -> serde_json::Value {
-    json!({
-        "id": state.model_name,
-        "object": "model",
-        "created": state.created,
-        "owned_by": "fp4forge",
-        "root": state.info.dir.display().to_string(),
-        "parent": null,
-        "max_model_len": state.info.max_context,
-    })
+fn model_entry(state: &AppState) -> ModelEntry {
+    ModelEntry {
+        id: state.model_name.clone(),
+        object: "model".into(),
+        created: state.created,
+        owned_by: "fp4forge".into(),
+        root: Some(state.info.dir.display().to_string()),
+        parent: None,
+        max_model_len: Some(state.info.max_context as u64),
+    }
+}
+
+/// The body of `GET /health`.
+#[derive(Serialize)]
+struct Health {
+    /// `ok`, or what is wrong.
+    status: &'static str,
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Response {
     json_response(
         StatusCode::OK,
-        &json!({"object": "list", "data": [model_entry(&state)]}),
+        &ModelList {
+            object: "list".into(),
+            data: vec![model_entry(&state)],
+        },
     )
 }
 
@@ -210,11 +225,13 @@ async fn model(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Re
 
 async fn health(State(state): State<Arc<AppState>>) -> Response {
     if state.engine.is_alive() {
-        json_response(StatusCode::OK, &json!({"status": "ok"}))
+        json_response(StatusCode::OK, &Health { status: "ok" })
     } else {
         json_response(
             StatusCode::SERVICE_UNAVAILABLE,
-            &json!({"status": "the engine thread has stopped"}),
+            &Health {
+                status: "the engine thread has stopped",
+            },
         )
     }
 }

@@ -1,60 +1,88 @@
-//! What streamed chat and completion responses share: the chunk envelope, the loop over the
-//! generation's updates, an error event, the final usage chunk and `[DONE]`.
+//! A streamed response, for any [`Endpoint`]: its opening chunks, one chunk per update, an
+//! error event, the final usage chunk and `[DONE]`.
 
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use serde_json::{json, Value};
+use fp4forge_api::{StreamChunk, Usage};
 
-use crate::generation::{Generation, Update};
-use crate::http::{sse_done, sse_event};
+use crate::endpoint::Endpoint;
+use crate::generation::Generation;
+use crate::http::{sse_done, sse_event, FrameSource};
 use crate::state::AppState;
 
-/// The endpoint-independent part of a streamed response; the endpoint turns each update into its
-/// choice object.
-pub(crate) struct ChunkStream {
-    pub generation: Generation,
-    pub state: Arc<AppState>,
-    pub id: String,
-    pub created: u64,
-    /// The chunks' `object` (`chat.completion.chunk`, `text_completion`).
-    pub object: &'static str,
-    pub include_usage: bool,
-    pub done: bool,
+/// The event stream of one request to endpoint `E`.
+pub(crate) struct ChunkStream<E: Endpoint> {
+    endpoint: E,
+    generation: Generation,
+    state: Arc<AppState>,
+    id: String,
+    created: u64,
+    include_usage: bool,
+    started: bool,
+    done: bool,
 }
 
-impl ChunkStream {
-    /// One SSE event holding a chunk with `choices` (and `usage` when given).
-    pub fn chunk(&self, choices: Vec<Value>, usage: Option<Value>) -> Bytes {
-        let mut v = json!({
-            "id": self.id,
-            "object": self.object,
-            "created": self.created,
-            "model": self.state.model_name,
-            "choices": choices,
-        });
-        if let Some(u) = usage {
-            v["usage"] = u;
+impl<E: Endpoint> ChunkStream<E> {
+    /// The stream of `generation`, formatted by `endpoint`.
+    pub fn new(
+        endpoint: E,
+        generation: Generation,
+        state: Arc<AppState>,
+        id: String,
+        created: u64,
+        include_usage: bool,
+    ) -> Self {
+        Self {
+            endpoint,
+            generation,
+            state,
+            id,
+            created,
+            include_usage,
+            started: false,
+            done: false,
         }
-        sse_event(&v)
     }
 
-    /// The next frames: one chunk per update (`choice` builds its choice object), or at the end
-    /// the usage chunk (if asked for) and `[DONE]`, or an error event and `[DONE]`; `None` after
-    /// that.
-    pub async fn next_frames(
-        &mut self,
-        mut choice: impl FnMut(&AppState, Update) -> Value,
-    ) -> Option<Bytes> {
+    /// One SSE event holding a chunk with `choices` (and `usage` when given).
+    fn chunk(&self, choices: Vec<E::Choice>, usage: Option<Usage>) -> Bytes {
+        sse_event(&StreamChunk {
+            id: self.id.clone(),
+            object: E::CHUNK_OBJECT.to_string(),
+            created: self.created,
+            model: self.state.model_name.clone(),
+            choices,
+            usage,
+        })
+    }
+}
+
+impl<E: Endpoint> FrameSource for ChunkStream<E> {
+    /// The next frames: the opening chunks first (if the endpoint has any), then one chunk per
+    /// update, or at the end the usage chunk (if asked for) and `[DONE]`, or an error event and
+    /// `[DONE]`; `None` after that.
+    async fn next_frames(&mut self) -> Option<Bytes> {
         if self.done {
             return None;
+        }
+        if !self.started {
+            self.started = true;
+            let opening = self.endpoint.opening(self.generation.choice_count());
+            if !opening.is_empty() {
+                let mut out = Vec::new();
+                for c in opening {
+                    out.extend_from_slice(&self.chunk(vec![c], None));
+                }
+                return Some(Bytes::from(out));
+            }
         }
         loop {
             match self.generation.next().await {
                 Some(Ok(updates)) => {
                     let mut out = Vec::new();
                     for u in updates {
-                        let c = choice(&self.state, u);
+                        let c = self.endpoint.chunk(&self.state, u);
                         out.extend_from_slice(&self.chunk(vec![c], None));
                     }
                     if !out.is_empty() {
@@ -71,7 +99,7 @@ impl ChunkStream {
                     self.done = true;
                     let mut out = Vec::new();
                     if self.include_usage {
-                        let usage = self.generation.usage().json();
+                        let usage = self.generation.usage().wire();
                         out.extend_from_slice(&self.chunk(Vec::new(), Some(usage)));
                     }
                     out.extend_from_slice(&sse_done());

@@ -807,3 +807,88 @@ async fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
     assert!(metrics.contains("status=\"413\""), "{metrics}");
     s.stop().await;
 }
+
+/// Fields are of three kinds: known and honoured, accepted and ignored (no effect on the
+/// result), and refused by name (unknown, or an OpenAI/vLLM field fp4forge does not implement).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_and_unimplemented_fields_are_refused_by_name_ignored_ones_accepted() {
+    let s = TestServer::start(|c| c).await;
+    let cmpl = "/v1/completions";
+    let chat = "/v1/chat/completions";
+    let hi = json!([{"role": "user", "content": "Hi"}]);
+    // Unknown fields: a 400 naming the field.
+    for (path, body, field) in [
+        (cmpl, json!({"prompt": "x", "max_tokns": 4}), "max_tokns"),
+        (chat, json!({"messages": hi, "temprature": 0}), "temprature"),
+    ] {
+        let (status, v) = s.post(path, &body).await;
+        assert_eq!(status, 400, "{body}: {v}");
+        assert_eq!(v["error"]["param"], field, "{v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("unknown field") && message.contains(field),
+            "{v}"
+        );
+    }
+    // Unimplemented vLLM/OpenAI fields: a 400 naming the field, "not supported".
+    for (path, body, field) in [
+        (cmpl, json!({"prompt": "x", "min_p": 0.1}), "min_p"),
+        (
+            cmpl,
+            json!({"prompt": "x", "guided_choice": ["a", "b"]}),
+            "guided_choice",
+        ),
+        (
+            cmpl,
+            json!({"prompt": "x", "prompt_logprobs": 1}),
+            "prompt_logprobs",
+        ),
+        (chat, json!({"messages": hi, "min_p": 0.05}), "min_p"),
+        (
+            chat,
+            json!({"messages": hi, "chat_template_kwargs": {"enable_thinking": false}}),
+            "chat_template_kwargs",
+        ),
+        (chat, json!({"messages": hi, "echo": true}), "echo"),
+        (
+            chat,
+            json!({"messages": hi, "tools": [{"type": "function"}]}),
+            "tools",
+        ),
+        (
+            chat,
+            json!({"messages": hi, "response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+    ] {
+        let (status, v) = s.post(path, &body).await;
+        assert_eq!(status, 400, "{body}: {v}");
+        assert_eq!(v["error"]["param"], field, "{v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("not supported") && message.contains(field),
+            "{v}"
+        );
+    }
+    // Accepted and ignored, and unimplemented fields at their neutral value: 200.
+    for (path, body) in [
+        (cmpl, json!({"prompt": "x", "max_tokens": 1, "user": "u-1"})),
+        (
+            cmpl,
+            json!({"prompt": "x", "max_tokens": 1, "presence_penalty": 0, "min_p": 0}),
+        ),
+        (
+            chat,
+            json!({"messages": hi, "max_tokens": 1, "user": "u-1", "store": false,
+                      "metadata": {"k": "v"}, "service_tier": "auto"}),
+        ),
+        (
+            chat,
+            json!({"messages": hi, "max_tokens": 1, "echo": false}),
+        ),
+    ] {
+        let (status, v) = s.post(path, &body).await;
+        assert_eq!(status, 200, "{body}: {v}");
+    }
+    s.stop().await;
+}

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use fp4forge_arch::{ArchSpec, ConfigJson, MlpSpec, Tied};
 use fp4forge_format::gguf::{GgufHeader, MetadataValue};
 use serde_json::{json, Value};
 
@@ -12,13 +13,25 @@ use crate::BuilderError;
 pub const SUPPORTED_ARCHITECTURES: [(&str, &str); 2] =
     [("llama", "LlamaForCausalLM"), ("qwen2", "Qwen2ForCausalLM")];
 
-/// Model family: decides the config class and whether Q/K rows are permuted in the GGUF.
+/// GGUF model family: decides the config class and whether Q/K rows are permuted in the GGUF.
+/// Finer than [`fp4forge_arch::Family`] (both are its Llama family, with two spellings), which
+/// is why it stays here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Family {
     /// `llama` (Llama, SmolLM2, Mistral): Q/K rows permuted by llama.cpp's converter.
     Llama,
     /// `qwen2`: NeoX RoPE, stored unpermuted; q/k/v biases.
     Qwen2,
+}
+
+impl Family {
+    /// The `fp4forge_arch` family whose config schema the written `config.json` follows (both
+    /// GGUF families become Llama-family configs: Llama's or Qwen2's spelling).
+    fn arch_family(self) -> fp4forge_arch::Family {
+        match self {
+            Family::Llama | Family::Qwen2 => fp4forge_arch::Family::Llama,
+        }
+    }
 }
 
 /// Everything config.json needs, read from the GGUF metadata.
@@ -274,6 +287,44 @@ impl Geometry {
             o.insert("max_window_layers".into(), json!(self.n_layers));
         }
         c
+    }
+
+    /// Reads [`Self::config_json`] back with `fp4forge_arch` (the engine's one reader of
+    /// geometry) and checks that it describes this GGUF's model: the config written is one the
+    /// engine runs, with the shapes the tensors have. `file` names the GGUF in errors.
+    pub(crate) fn check_with_arch(&self, file: &Path) -> Result<(), BuilderError> {
+        let Value::Object(map) = self.config_json() else {
+            return Err(import_error(file, "config.json is not an object"));
+        };
+        let cfg = ConfigJson::from_map(Path::new("config.json"), map);
+        let spec = ArchSpec::from_config(&cfg)
+            .map_err(|e| import_error(file, format!("the config.json it implies: {e}")))?;
+        let layers_agree = spec.layers.len() == self.n_layers
+            && spec.layers.iter().all(|l| {
+                let a = &l.attention;
+                (a.q_heads, a.kv_heads, a.head_dim) == (self.n_head, self.n_head_kv, self.head_dim)
+                    && a.window.is_none()
+                    && l.mlp
+                        == MlpSpec::Dense {
+                            intermediate: self.intermediate,
+                        }
+            });
+        let tied = match spec.tie_word_embeddings {
+            Tied::Yes => true,
+            Tied::No => false,
+            Tied::IfNoLmHead => self.tied,
+        };
+        if spec.family != self.family.arch_family()
+            || (spec.hidden_size, spec.vocab_size) != (self.hidden, self.vocab)
+            || tied != self.tied
+            || !layers_agree
+        {
+            return Err(import_error(
+                file,
+                format!("the config.json it implies reads back as a different model: {spec:?}"),
+            ));
+        }
+        Ok(())
     }
 
     /// `generation_config.json`: bos, eos (plus end-of-turn when the GGUF names a distinct one),

@@ -131,6 +131,7 @@ impl ImportGgufBuilder {
             .strings_opt("tokenizer.ggml.tokens")?
             .map(<[String]>::len);
         let geo = Geometry::read(header, vocab_hint)?;
+        geo.check_with_arch(&self.file)?;
         let jobs = plan(&gguf, &geo, self.dtype)?;
         let tok = tokenizer::build(header, geo.context)?;
         if let Some(t) = &tok {

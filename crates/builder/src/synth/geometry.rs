@@ -1,6 +1,9 @@
-//! The shape of a Laguna model, read from its `config.json`: exactly what naming and sizing
-//! every tensor of the checkpoint needs (laguna.md §1, §3.1).
+//! The shape of a Laguna model, as `fp4forge_arch` reads it from its `config.json`: exactly what
+//! naming and sizing every tensor of the checkpoint needs (laguna.md §1, §3.1).
 
+use std::path::Path;
+
+use fp4forge_arch::{ArchSpec, ConfigJson, Family, MlpSpec, Tied};
 use serde_json::{Map, Value};
 
 use crate::BuilderError;
@@ -43,9 +46,8 @@ pub struct LagunaGeometry {
 }
 
 impl LagunaGeometry {
-    /// Reads the geometry of a Laguna `config.json` (`model_type` `"laguna"`). Missing optional
-    /// keys take transformers' defaults: heads per layer = `num_attention_heads`, MLP types from
-    /// `mlp_layer_types`, else `mlp_only_layers`, else layer 0 dense; `gating` true (per head).
+    /// The geometry of a Laguna `config.json` (`model_type` `"laguna"`), as
+    /// [`fp4forge_arch::ArchSpec`] reads it (its Laguna family states every default it takes);
     /// `source` names the config in errors.
     pub fn from_config(config: &Map<String, Value>, source: &str) -> Result<Self, BuilderError> {
         let err = |field: &str, reason: String| BuilderError::Config {
@@ -60,136 +62,38 @@ impl LagunaGeometry {
                 format!("expected \"laguna\", found {model_type:?}"),
             ));
         }
-        let size = |key: &str| -> Result<usize, BuilderError> {
-            match config.get(key) {
-                Some(v) => v
-                    .as_u64()
-                    .filter(|&n| n > 0)
-                    .map(|n| n as usize)
-                    .ok_or_else(|| err(key, format!("expected a positive integer, found {v}"))),
-                None => Err(err(key, "missing".into())),
-            }
-        };
-        let hidden_size = size("hidden_size")?;
-        let n_layers = size("num_hidden_layers")?;
-        let head_dim = size("head_dim")?;
-        let kv_heads = size("num_key_value_heads")?;
-        let vocab_size = size("vocab_size")?;
-
-        let list = |key: &str| -> Result<Option<&Vec<Value>>, BuilderError> {
-            match config.get(key) {
-                None | Some(Value::Null) => Ok(None),
-                Some(Value::Array(a)) if a.len() == n_layers => Ok(Some(a)),
-                Some(Value::Array(a)) => Err(err(
-                    key,
-                    format!("{} entries for {n_layers} layers", a.len()),
-                )),
-                Some(v) => Err(err(key, format!("expected a list, found {v}"))),
-            }
-        };
-
-        let full: Vec<bool> = match list("layer_types")? {
-            Some(types) => types
-                .iter()
-                .map(|t| match t.as_str() {
-                    Some("full_attention") => Ok(true),
-                    Some("sliding_attention") => Ok(false),
-                    _ => Err(err("layer_types", format!("unknown layer type {t}"))),
-                })
-                .collect::<Result<_, _>>()?,
-            None => vec![true; n_layers],
-        };
-        let heads: Vec<usize> = match list("num_attention_heads_per_layer")? {
-            Some(h) => h
-                .iter()
-                .map(|v| {
-                    v.as_u64()
-                        .filter(|&n| n > 0)
-                        .map(|n| n as usize)
-                        .ok_or_else(|| {
-                            err(
-                                "num_attention_heads_per_layer",
-                                format!("expected positive integers, found {v}"),
-                            )
-                        })
-                })
-                .collect::<Result<_, _>>()?,
-            None => vec![size("num_attention_heads")?; n_layers],
-        };
-        let dense: Vec<bool> = match list("mlp_layer_types")? {
-            Some(types) => types
-                .iter()
-                .map(|t| match t.as_str() {
-                    Some("dense") => Ok(true),
-                    Some("sparse") => Ok(false),
-                    _ => Err(err("mlp_layer_types", format!("unknown MLP type {t}"))),
-                })
-                .collect::<Result<_, _>>()?,
-            None => match config.get("mlp_only_layers").and_then(Value::as_array) {
-                Some(only) => {
-                    let only: Vec<u64> = only.iter().filter_map(Value::as_u64).collect();
-                    (0..n_layers).map(|i| only.contains(&(i as u64))).collect()
-                }
-                None => (0..n_layers).map(|i| i == 0).collect(),
-            },
-        };
-        let per_head_gate = match config.get("gating") {
-            None | Some(Value::Bool(true)) => Some(true),
-            Some(Value::Bool(false)) | Some(Value::Null) => None,
-            Some(Value::String(s)) => match s.replace('_', "-").to_ascii_lowercase().as_str() {
-                "per-head" | "head" | "true" => Some(true),
-                "per-element" | "element" => Some(false),
-                "false" | "none" | "off" => None,
-                _ => return Err(err("gating", format!("unknown gating mode {s:?}"))),
-            },
-            Some(v) => return Err(err("gating", format!("unexpected value {v}"))),
-        };
-
-        let any_dense = dense.iter().any(|&d| d);
-        let any_moe = dense.iter().any(|&d| !d);
-        let intermediate = if any_dense {
-            size("intermediate_size")?
-        } else {
-            0
-        };
-        let (num_experts, moe_intermediate) = if any_moe {
-            (size("num_experts")?, size("moe_intermediate_size")?)
-        } else {
-            (0, 0)
-        };
-        let shared_intermediate = match config.get("shared_expert_intermediate_size") {
-            Some(v) if v.as_u64() == Some(0) || v.is_null() => None,
-            Some(_) if any_moe => Some(size("shared_expert_intermediate_size")?),
-            _ => None,
-        };
-        let tie_word_embeddings = config
-            .get("tie_word_embeddings")
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
-
-        let layers = (0..n_layers)
-            .map(|i| LayerGeometry {
-                full_attention: full[i],
-                q_heads: heads[i],
-                gate_rows: per_head_gate.map(|per_head| {
-                    if per_head {
-                        heads[i]
-                    } else {
-                        heads[i] * head_dim
-                    }
-                }),
-                dense_intermediate: dense[i].then_some(intermediate),
+        let cfg = ConfigJson::from_map(Path::new(source), config.clone());
+        let spec = ArchSpec::from_config(&cfg)?;
+        if spec.family != Family::Laguna {
+            return Err(err(
+                "architectures",
+                format!("{:?} is not a Laguna architecture", spec.architecture),
+            ));
+        }
+        let moe = spec.first_moe();
+        let layers = spec
+            .layers
+            .iter()
+            .map(|l| LayerGeometry {
+                full_attention: l.attention.window.is_none(),
+                q_heads: l.attention.q_heads,
+                gate_rows: l.attention.gate_rows(),
+                dense_intermediate: match l.mlp {
+                    MlpSpec::Dense { intermediate } => Some(intermediate),
+                    MlpSpec::Moe(_) => None,
+                },
             })
             .collect();
+        let first = spec.layers.first().map(|l| &l.attention);
         Ok(Self {
-            hidden_size,
-            head_dim,
-            kv_heads,
-            vocab_size,
-            num_experts,
-            moe_intermediate,
-            shared_intermediate,
-            tie_word_embeddings,
+            hidden_size: spec.hidden_size,
+            head_dim: first.map_or(0, |a| a.head_dim),
+            kv_heads: first.map_or(0, |a| a.kv_heads),
+            vocab_size: spec.vocab_size,
+            num_experts: moe.map_or(0, |m| m.experts),
+            moe_intermediate: moe.map_or(0, |m| m.intermediate),
+            shared_intermediate: moe.and_then(|m| m.shared_intermediate),
+            tie_word_embeddings: spec.tie_word_embeddings == Tied::Yes,
             layers,
         })
     }

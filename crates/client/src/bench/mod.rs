@@ -79,7 +79,7 @@ impl BenchConfig {
         let mut r = CompletionRequest::new(self.model.clone(), prompt, self.max_tokens);
         if self.ignore_eos {
             r.ignore_eos = Some(true);
-            r.min_tokens = Some(self.max_tokens);
+            r.min_tokens = Some(self.max_tokens.into());
         }
         r
     }
@@ -486,7 +486,7 @@ mod tests {
         let r = c.request(Prompt::Tokens(vec![1, 2]));
         assert_eq!(
             (r.ignore_eos, r.min_tokens, r.max_tokens),
-            (Some(true), Some(64), 64)
+            (Some(true), Some(64u32.into()), Some(64u32.into()))
         );
         c.ignore_eos = false;
         let r = c.request(Prompt::Tokens(vec![1, 2]));

@@ -24,7 +24,7 @@
 //! With a tokenizer, [`encode_pair`] splits the ids as lm-evaluation-harness does and the
 //! continuation is simply the last `k` prompt tokens (no offsets involved).
 
-use crate::api::Logprobs;
+use crate::api::CompletionLogprobs;
 
 /// log p(continuation | context) as one echoed request measured it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -57,7 +57,7 @@ pub fn char_len(s: &str) -> usize {
 }
 
 /// The prompt's part of an echoed logprobs object: all entries but the last `generated`.
-pub fn prompt_entries(lp: &Logprobs, generated: usize) -> usize {
+pub fn prompt_entries(lp: &CompletionLogprobs, generated: usize) -> usize {
     lp.tokens
         .len()
         .min(lp.token_logprobs.len())
@@ -114,7 +114,7 @@ fn align(tokens: &[String], prompt: &[char], prefix: usize) -> Option<Vec<usize>
 /// log p(continuation | context) from the echoed logprobs of `context + continuation`, with
 /// `generated` generated tokens at the end to ignore. Errors say which field is unusable.
 pub fn continuation_loglikelihood(
-    lp: &Logprobs,
+    lp: &CompletionLogprobs,
     context: &str,
     continuation: &str,
     generated: usize,
@@ -173,7 +173,7 @@ fn sum_logprobs(
 /// log p(continuation | context) when the prompt was sent as token ids: the last
 /// `continuation_tokens` prompt entries.
 pub fn last_tokens_loglikelihood(
-    lp: &Logprobs,
+    lp: &CompletionLogprobs,
     continuation_tokens: usize,
     generated: usize,
 ) -> Result<Loglikelihood, String> {
@@ -215,14 +215,14 @@ mod tests {
     use super::*;
 
     /// A logprobs object for `tokens`, offsets accumulated from their lengths, logprob −(i+1).
-    fn lp(tokens: &[&str]) -> Logprobs {
+    fn lp(tokens: &[&str]) -> CompletionLogprobs {
         let mut off = 0;
         let mut text_offset = Vec::new();
         for t in tokens {
             text_offset.push(off);
             off += char_len(t);
         }
-        Logprobs {
+        CompletionLogprobs {
             tokens: tokens.iter().map(|s| s.to_string()).collect(),
             token_logprobs: (0..tokens.len())
                 .map(|i| {
@@ -351,6 +351,6 @@ mod tests {
     fn an_empty_context_cannot_be_scored() {
         let l = lp(&["The", " cat"]);
         assert!(continuation_loglikelihood(&l, "", "The cat", 0).is_err());
-        assert!(continuation_loglikelihood(&Logprobs::default(), "a", "b", 0).is_err());
+        assert!(continuation_loglikelihood(&CompletionLogprobs::default(), "a", "b", 0).is_err());
     }
 }

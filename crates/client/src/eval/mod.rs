@@ -40,7 +40,7 @@ pub use report::{EndpointScores, EvalReport, MetricValue};
 pub use tasks::{load_task, TaskOptions, TASKS};
 pub use wikitext::{kl_top_n, text_chunks, token_windows, Wikitext, Window, DEFAULT_WIKITEXT};
 
-use crate::api::{CompletionRequest, Logprobs, Prompt};
+use crate::api::{CompletionLogprobs, CompletionRequest, Prompt, Stop};
 use crate::client::Client;
 use crate::error::{ClientError, Result};
 use crate::stats::{paired_delta, ratio_estimate, subsample, Sample};
@@ -228,26 +228,26 @@ impl Endpoint {
     /// An echoed completion of `prompt` with `logprobs` alternatives and no generation:
     /// `max_tokens: 0`, or 1 on servers that refuse 0 (the generated token is then dropped).
     /// Returns the logprobs and the number of generated entries at their end.
-    async fn echo(&self, prompt: Prompt, logprobs: u32) -> Result<(Logprobs, usize)> {
+    async fn echo(&self, prompt: Prompt, logprobs: u32) -> Result<(CompletionLogprobs, usize)> {
         let mut req = CompletionRequest::new(self.model.clone(), prompt, 0);
         req.echo = Some(true);
-        req.logprobs = Some(logprobs);
+        req.logprobs = Some(logprobs.into());
         let resp = if self.zero_tokens.load(Ordering::Relaxed) {
             match self.client.completion(&req).await {
                 Err(ClientError::Status {
                     status: 400 | 422, ..
                 }) => {
                     self.zero_tokens.store(false, Ordering::Relaxed);
-                    req.max_tokens = 1;
+                    req.max_tokens = Some(1u32.into());
                     self.client.completion(&req).await?
                 }
                 other => other?,
             }
         } else {
-            req.max_tokens = 1;
+            req.max_tokens = Some(1u32.into());
             self.client.completion(&req).await?
         };
-        let generated = if req.max_tokens == 0 {
+        let generated = if req.max_tokens == Some(0u32.into()) {
             0
         } else {
             resp.usage.map_or(1, |u| u.completion_tokens as usize)
@@ -300,7 +300,7 @@ impl Endpoint {
             max_tokens,
         );
         if !stop.is_empty() {
-            req.stop = Some(stop.to_vec());
+            req.stop = Some(Stop::Many(stop.to_vec()));
         }
         let resp = self.client.completion(&req).await?;
         resp.choices

@@ -191,7 +191,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     // ---- whole passes -----------------------------------------------------------------------
 
-    /// The whole pass of [`crate::forward`] run the backend's own way (fused launches on fixed
+    /// The whole pass of [`crate::forward()`] run the backend's own way (fused launches on fixed
     /// buffers), with the same results up to f32 summation order: `Ok(Some(logits per chunk))`.
     /// `Ok(None)` (the default) where the backend has no such path for this pass (its shape, or
     /// something in `net` it does not cover): the generic ops run instead.

@@ -20,9 +20,10 @@ use std::sync::atomic::Ordering;
 
 use cudarc::driver::CudaSlice;
 
+use super::ops::{self, DevPtr};
 use super::{
-    launch, AttnPrep, CudaBackend, CudaKvLayer, CudaTensor, Epi, MoeBuffers, MultiLinear, Route,
-    SharedExpert, MAX_SPLITS,
+    AttnCall, AttnPrep, CudaBackend, CudaKvLayer, CudaTensor, Epi, Gemv, MoeBuffers, MultiLinear,
+    NormGemv, QkNormRope, QkNorms, Route, SharedExpert, MAX_SPLITS,
 };
 use crate::error::Result;
 use crate::ir::{Decoder, Mlp, Moe};
@@ -159,12 +160,6 @@ fn covers(d: &Decoder<CudaBackend>) -> bool {
 }
 
 impl CudaBackend {
-    /// Switches the model path's fused decode step on or off (on by default;
-    /// `FP4FORGE_CUDA_FUSED_DECODE=0` starts it off), e.g. to compare it with the generic ops.
-    pub fn set_fused_decode(&self, on: bool) {
-        self.inner.fused_decode.store(on, Ordering::Relaxed);
-    }
-
     /// Tokens decoded on the fused step by this backend (and its clones) so far.
     pub fn fused_decode_steps(&self) -> usize {
         self.inner.fused_steps.load(Ordering::Relaxed)
@@ -180,7 +175,7 @@ impl CudaBackend {
         id: u32,
         pos0: usize,
     ) -> Result<Option<CudaTensor>> {
-        if !self.inner.fused_decode.load(Ordering::Relaxed) || !covers(d) {
+        if !self.opts().fused_decode || !covers(d) {
             return Ok(None);
         }
         self.check(kv.len() == d.layers.len(), || {
@@ -251,9 +246,16 @@ impl CudaBackend {
         let p = |s: &CudaSlice<f32>| self.ptr(s);
         let (x, a) = (p(&bufs.x), p(&bufs.a));
         let h = d.hidden;
-        launch!(self, &self.inner.f.embed, (1, 1, 1), (256, 1, 1);
-            d.embed.fmt, self.ptr(&d.embed.data), d.embed.scales_ptr(self), d.embed.inv_g,
-            self.ptr(&bufs.ids), x, h as i32)?;
+        ops::prefill::EmbedArgs {
+            fmt: d.embed.fmt,
+            w: self.ptr(&d.embed.data),
+            scales: d.embed.scales_ptr(self),
+            inv_g: d.embed.inv_g,
+            ids: self.ptr(&bufs.ids),
+            y: x,
+            k: h as i32,
+        }
+        .launch(self, (1, 1, 1), (256, 1, 1))?;
         let first = d.layers.first().map_or(&d.norm, |l| &l.input_norm);
         self.epilogue_launch(&Epi::norm(self, x, p(&first.buf), a, h, d.eps), 1)?;
         let shared_inv = self.ptr(&bufs.shared_inv);
@@ -279,60 +281,49 @@ impl CudaBackend {
             }
             let slot = cache.spec.window.map_or(pos0, |w| pos0 % w);
             let rope = &d.ropes[at.rope];
-            let rope_args = (
-                self.ptr(&rope.inv_freq),
-                rope.rotary_dim,
-                rope.attention_factor,
-            );
-            let norms = (
-                at.q_norm.as_ref().map_or(0, |n| p(&n.buf)),
-                at.k_norm.as_ref().map_or(0, |n| p(&n.buf)),
-                d.eps,
-            );
-            let prep = Self::dec_attention_applies(cache, ap.head_dim, 1).then(|| {
-                AttnPrep::new(
-                    self,
-                    cache,
-                    slot,
-                    norms.0,
-                    norms.1,
-                    d.eps,
-                    rope_args.0,
-                    rope_args.1,
-                    rope_args.2,
-                )
-            });
+            let rope = rope.dev(self);
+            let norms = QkNorms {
+                q: at.q_norm.as_ref().map_or(DevPtr::NULL, |n| p(&n.buf)),
+                k: at.k_norm.as_ref().map_or(DevPtr::NULL, |n| p(&n.buf)),
+                eps: d.eps,
+            };
+            let prep = Self::dec_attention_applies(cache, ap.head_dim, 1)
+                .then(|| AttnPrep::new(self, cache, slot, norms, rope));
             if prep.is_none() {
                 self.qk_norm_rope_raw(
-                    p(&bufs.q),
-                    p(&bufs.k),
-                    p(&bufs.v),
-                    norms,
-                    ap.heads,
-                    rope_args,
-                    pos0,
                     cache,
-                    slot,
+                    QkNormRope {
+                        q: p(&bufs.q),
+                        k: p(&bufs.k),
+                        v: p(&bufs.v),
+                        heads: ap.heads,
+                        pos: pos0,
+                        slot,
+                        norms,
+                        rope,
+                    },
                 )?;
             }
             let keys = cache.spec.window.map_or(pos0 + 1, |w| w.min(pos0 + 1));
             let splits = self.splits_for(keys, ap, 1);
             self.attention_raw(
-                p(&bufs.q),
-                p(&bufs.k),
-                p(&bufs.v),
                 cache,
-                pos0,
-                1,
                 ap,
-                p(&bufs.attn),
-                at.gate.as_ref().map_or(0, |_| p(&bufs.gate)),
-                splits,
-                Some((p(&bufs.part_o), p(&bufs.part_ml))),
-                prep,
+                AttnCall {
+                    q: p(&bufs.q),
+                    k: p(&bufs.k),
+                    v: p(&bufs.v),
+                    pos0,
+                    t: 1,
+                    out: p(&bufs.attn),
+                    gate: at.gate.as_ref().map_or(DevPtr::NULL, |_| p(&bufs.gate)),
+                    splits,
+                    scratch: Some((p(&bufs.part_o), p(&bufs.part_ml))),
+                    prep,
+                },
             )?;
             // x += o(attention)
-            self.gemv_raw(&at.o, p(&bufs.attn), x, 0, x, 1)?;
+            self.gemv_raw(&at.o, Gemv::token_resid(p(&bufs.attn), x, x))?;
 
             // a = post_norm · rmsnorm(x) (inside the router's launch where it applies)
             let post_norm = Epi::norm(self, x, p(&l.post_norm.buf), a, h, d.eps);
@@ -341,19 +332,23 @@ impl CudaBackend {
                     if Self::norm_gemv_applies(&m.router) {
                         self.norm_gemv_raw(
                             &m.router,
-                            x,
-                            p(&l.post_norm.buf),
-                            d.eps,
-                            a,
-                            p(&bufs.router),
+                            NormGemv {
+                                x,
+                                norm_w: p(&l.post_norm.buf),
+                                eps: d.eps,
+                                xn: a,
+                                y: p(&bufs.router),
+                            },
                         )?;
                     } else {
                         self.epilogue_launch(&post_norm, 1)?;
-                        self.gemv_raw(&m.router, a, p(&bufs.router), 0, 0, 1)?;
+                        self.gemv_raw(&m.router, Gemv::token(a, p(&bufs.router)))?;
                     }
                     let route = Route::new(
                         p(&bufs.router),
-                        m.selection_bias.as_ref().map_or(0, |b| p(&b.buf)),
+                        m.selection_bias
+                            .as_ref()
+                            .map_or(DevPtr::NULL, |b| p(&b.buf)),
                         m.router.rows,
                         &m.params,
                         m.routed_scale,
@@ -363,10 +358,11 @@ impl CudaBackend {
                         up: &s.up,
                         down: &s.down,
                     });
-                    let inv = shared_inv + (12 * li) as u64;
+                    // three f32 per layer: gate, up, down
+                    let inv = shared_inv.add(3 * li);
                     self.experts_raw(
                         &m.experts,
-                        shared.as_ref().map(|s| (s, [inv, inv + 4, inv + 8])),
+                        shared.as_ref().map(|s| (s, [inv, inv.add(1), inv.add(2)])),
                         MoeBuffers {
                             sel: &bufs.sel,
                             wts: &bufs.wts,
@@ -387,16 +383,25 @@ impl CudaBackend {
                     let gu = [(&m.gate, p(&bufs.h)), (&m.up, p(&bufs.up))];
                     self.linear_multi_raw(&MultiLinear::new(self, &gu, h)?, a)?;
                     let n = m.gate.rows;
-                    launch!(self, &self.inner.f.silu_mul, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1);
-                        p(&bufs.h), p(&bufs.up), p(&bufs.act), n as i64)?;
-                    self.gemv_raw(&m.down, p(&bufs.act), x, 0, x, 1)?;
+                    ops::elementwise::SiluMulArgs {
+                        g: p(&bufs.h),
+                        u: p(&bufs.up),
+                        y: p(&bufs.act),
+                        n: n as i64,
+                    }
+                    .launch(
+                        self,
+                        ((n as u32).div_ceil(256), 1, 1),
+                        (256, 1, 1),
+                    )?;
+                    self.gemv_raw(&m.down, Gemv::token_resid(p(&bufs.act), x, x))?;
                     self.epilogue_launch(&next, 1)?;
                 }
             }
         }
         let head = d.lm_head.as_ref().unwrap_or(&d.embed);
         let logits = self.tensor(1, head.rows)?;
-        self.gemv_raw(head, a, self.ptr(&logits.buf), 0, 0, 1)?;
+        self.gemv_raw(head, Gemv::token(a, self.ptr(&logits.buf)))?;
         Ok(logits)
     }
 }

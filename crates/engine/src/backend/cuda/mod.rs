@@ -14,7 +14,9 @@
 //! attention, norms fused into neighbouring kernels), and the next token is sampled on the device
 //! (`sample_logits`). The decode benchmark and the stream probe live in the `fp4forge-lab` crate.
 //!
-//! Modules: `compile` (the kernel source, NVRTC, the kernels loaded), `linear` (GEMVs, several
+//! Modules: `options` (every knob: [`CudaOptions`], the `FP4FORGE_*` variables), `compile` (the
+//! kernel source, NVRTC), `ops` (one `kernels!` table per `.cu` file: the function tables, the
+//! kernel names and a typed launcher per kernel over `DevPtr`s), `linear` (GEMVs, several
 //! linears in one launch, fused epilogues), `attention` (KV cache, decode and prefill attention),
 //! `moe` (expert arenas, routing, the expert kernels), `decode` (the fused single-token step).
 //!
@@ -22,18 +24,19 @@
 //! graph-replay benchmark eager was 1-2% slower: 4.45 vs 4.39 ms at Laguna-S lean 2K), sampling on
 //! device for batched steps (the server's batches of several sequences pick on the host).
 
-mod attention;
 mod compile;
 mod decode;
-mod linear;
-mod moe;
+mod ops;
+mod options;
 
-pub use attention::{CudaKvLayer, CudaRope};
+use compile::*;
 pub use compile::{compile_kernels, kernel_entries, KERNELS_CU};
-pub use moe::{CudaExperts, CudaRouting, ExpertArena};
-use {attention::*, compile::*, linear::*, moe::*};
+pub use ops::attention::{CudaKvLayer, CudaRope};
+pub use ops::moe::{CudaExperts, CudaRouting, ExpertArena};
+use ops::{attention::*, gemv::*, moe::*, DevPtr, Funcs};
+pub use options::CudaOptions;
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard};
 
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
@@ -49,36 +52,6 @@ use crate::rope::RopeSpec;
 use crate::sampling::SamplingParams;
 use crate::weights::{ExpertWeights, LinearWeight};
 
-macro_rules! launch {
-    ($b:expr, $f:expr, $grid:expr, $block:expr; $($a:expr),* $(,)?) => {
-        launch!($b, $f, $grid, $block, 0; $($a),*)
-    };
-    ($b:expr, $f:expr, $grid:expr, $block:expr, $smem:expr; $($a:expr),* $(,)?) => {{
-        let cfg = ::cudarc::driver::LaunchConfig { grid_dim: $grid, block_dim: $block, shared_mem_bytes: $smem };
-        if $b.inner.pdl {
-            // Each argument boxed (a stable address until the launch returns); `'static`
-            // values only, so a reference can never be passed where a device pointer belongs.
-            let mut keep: Vec<Box<dyn ::std::any::Any>> = Vec::new();
-            let mut params: Vec<*mut ::core::ffi::c_void> = Vec::new();
-            $(
-                let bx = Box::new($a);
-                params.push(&*bx as *const _ as *mut ::core::ffi::c_void);
-                keep.push(bx);
-            )*
-            // SAFETY: the argument list matches the kernel's signature in kernels/.
-            let r = unsafe { $b.launch_pdl($f, cfg, &mut params) };
-            drop(keep);
-            r
-        } else {
-            let mut lb = $b.inner.stream.launch_builder($f);
-            $( let a = $a; ::cudarc::driver::PushKernelArg::arg(&mut lb, &a); )*
-            // SAFETY: the argument list matches the kernel's signature in kernels/.
-            unsafe { lb.launch(cfg) }.map(|_| ()).map_err(|e| $b.err(format!("launch: {e:?}")))
-        }
-    }};
-}
-pub(crate) use launch;
-
 pub(crate) struct Inner {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
@@ -87,30 +60,19 @@ pub(crate) struct Inner {
     module: Arc<CudaModule>,
     pub name: String,
     pub sms: usize,
-    /// Launch with programmatic dependent launch (sm_90+, unless `FP4FORGE_CUDA_PDL=0`): a
+    /// Launch with programmatic dependent launch (sm_90+, unless `CudaOptions::pdl` is off): a
     /// kernel's blocks start while its predecessor drains and wait for its results in
     /// `pdl_enter()` (kernels/common.cu), hiding launch and ramp-up between the small kernels of a step.
     pub pdl: bool,
     /// Decode GEMVs of NVFP4 weights with K % 128 == 0 on tensor cores (`gemv_mma` and the
     /// `mma` paths of `linear_multi2` / `experts_*`): sm_89+ (fp8 conversions), unless
-    /// `FP4FORGE_CUDA_MMA=0`.
+    /// `CudaOptions::mma` is off.
     pub mma: bool,
     /// Completion counter of the fused epilogues (`Epi` in kernels/common.cu).
     counters: CudaSlice<u32>,
-    /// One token's experts on the persistent kernels where they apply (`persistent_moe`);
-    /// `FP4FORGE_CUDA_PERSIST=0` starts it off.
-    persist: std::sync::atomic::AtomicBool,
-    /// The decode attention split heuristic of `splits_for`: (fewest keys per split << 16) |
-    /// blocks per SM aimed at; `ATTN_SPLIT_MIN_KEYS` and `ATTN_SPLIT_BLOCKS_PER_SM`.
-    pub(crate) split_knobs: std::sync::atomic::AtomicU32,
-    /// Cap on the persistent MoE kernels' grid (0: as many blocks as are resident).
-    persist_grid: std::sync::atomic::AtomicUsize,
-    /// Attended keys up to which head_dim-128 decode attention takes the short-span variant
-    /// (`ATTN_SHORT_KEYS` unless set).
-    attn_short_keys: std::sync::atomic::AtomicUsize,
-    /// The model path's single-token steps on the fused launch sequence (`decode.rs`) where it
-    /// covers the model; `FP4FORGE_CUDA_FUSED_DECODE=0` starts it off.
-    fused_decode: std::sync::atomic::AtomicBool,
+    /// The knobs (`CudaOptions::from_env` unless opened `with_options`); `pdl` and `mma` above
+    /// are fixed when the backend opens, the rest is read at each use.
+    options: RwLock<CudaOptions>,
     /// The fused step's activation buffers (one step at a time).
     decode: Mutex<Option<decode::DecodeBuffers>>,
     /// Tokens decoded on the fused step so far.
@@ -136,16 +98,16 @@ fn backend_err(reason: impl Into<String>) -> EngineError {
     }
 }
 
-/// `FP4FORGE_CUDA_GEMM=0` computes multi-token linears with the `linear` GEMV kernel instead of
-/// `gemm_tiled` (comparisons).
-fn tiled_prefill() -> bool {
-    static G: OnceLock<bool> = OnceLock::new();
-    *G.get_or_init(|| std::env::var("FP4FORGE_CUDA_GEMM").as_deref() != Ok("0"))
-}
-
 impl CudaBackend {
-    /// Opens device `ordinal`, compiles the kernels for it (NVRTC) and creates a stream.
+    /// Opens device `ordinal` with the options of the environment
+    /// ([`CudaOptions::from_env`]), compiles the kernels for it (NVRTC) and creates a stream.
     pub fn new(ordinal: usize) -> Result<Self> {
+        Self::with_options(ordinal, CudaOptions::from_env())
+    }
+
+    /// Opens device `ordinal` with `options` (the environment is not read), compiles the kernels
+    /// for it (NVRTC) and creates a stream.
+    pub fn with_options(ordinal: usize, options: CudaOptions) -> Result<Self> {
         let ctx = CudaContext::new(ordinal).map_err(|e| backend_err(format!("{e:?}")))?;
         // One stream, ordered: no per-buffer events needed.
         // SAFETY: every op runs on `stream`; buffers are never shared across streams.
@@ -154,58 +116,15 @@ impl CudaBackend {
             .compute_capability()
             .map_err(|e| backend_err(format!("{e:?}")))?;
         let arch: &'static str = Box::leak(format!("sm_{maj}{min}").into_boxed_str());
-        let ptx = ptx_for(arch).map_err(backend_err)?;
+        let ptx = ptx_for(arch, options.kernels_source.as_deref()).map_err(backend_err)?;
         let module = ctx
             .load_module(ptx)
             .map_err(|e| backend_err(format!("load module: {e:?}")))?;
-        let entries = kernel_entries();
-        let get = |n: &str| {
-            if !entries.contains(&n) {
-                return Err(backend_err(format!(
-                    "kernel {n} is not in kernel_entries()"
-                )));
-            }
+        let f = Funcs::load(&mut |n: &str| {
             module
                 .load_function(n)
                 .map_err(|e| backend_err(format!("kernel {n}: {e:?}")))
-        };
-        let f = Funcs {
-            linear: get("linear")?,
-            gemm_tiled: get("gemm_tiled")?,
-            embed: get("embed")?,
-            rms_norm: get("rms_norm")?,
-            rope: get("rope")?,
-            qk_norm_rope: get("qk_norm_rope")?,
-            softplus_gate: get("softplus_gate")?,
-            silu_mul: get("silu_mul")?,
-            add_scaled: get("add_scaled")?,
-            kv_append: get("kv_append")?,
-            attn: ATTN_KERNELS.iter().map(|n| get(n)).collect::<Result<_>>()?,
-            attn_dec: ATTN_DEC_KERNELS
-                .iter()
-                .map(|n| get(n))
-                .collect::<Result<_>>()?,
-            attn_combine: get("attn_combine")?,
-            route: get("route")?,
-            fill: get("fill")?,
-            gemv1: GEMV1_KERNELS
-                .iter()
-                .map(|n| get(n))
-                .collect::<Result<_>>()?,
-            gemv_nv: GEMV_NV_KERNELS
-                .iter()
-                .map(|n| get(n))
-                .collect::<Result<_>>()?,
-            gemv_mma: get("gemv_mma")?,
-            linear_multi2: get("linear_multi2")?,
-            experts_gate_up2: get("experts_gate_up2")?,
-            experts_down2: get("experts_down2")?,
-            experts_gate_up_p: get("experts_gate_up_p")?,
-            experts_down_p: get("experts_down_p")?,
-            experts_reduce: get("experts_reduce")?,
-            norm_gemv_bf16: get("norm_gemv_bf16")?,
-            sample_logits: get("sample_logits")?,
-        };
+        })?;
         let stream = ctx
             .new_stream()
             .map_err(|e| backend_err(format!("{e:?}")))?;
@@ -221,17 +140,6 @@ impl CudaBackend {
         Ok(Self {
             inner: Arc::new(Inner {
                 counters,
-                persist: std::sync::atomic::AtomicBool::new(
-                    std::env::var("FP4FORGE_CUDA_PERSIST").as_deref() != Ok("0"),
-                ),
-                persist_grid: std::sync::atomic::AtomicUsize::new(0),
-                split_knobs: std::sync::atomic::AtomicU32::new(
-                    (ATTN_SPLIT_MIN_KEYS << 16) | ATTN_SPLIT_BLOCKS_PER_SM,
-                ),
-                attn_short_keys: std::sync::atomic::AtomicUsize::new(ATTN_SHORT_KEYS),
-                fused_decode: std::sync::atomic::AtomicBool::new(
-                    std::env::var("FP4FORGE_CUDA_FUSED_DECODE").as_deref() != Ok("0"),
-                ),
                 decode: Mutex::new(None),
                 fused_steps: std::sync::atomic::AtomicUsize::new(0),
                 ctx,
@@ -240,11 +148,40 @@ impl CudaBackend {
                 module,
                 name: format!("cuda:{ordinal} ({dev_name}, {arch})"),
                 sms,
-                pdl: maj >= 9 && std::env::var("FP4FORGE_CUDA_PDL").map_or(true, |v| v != "0"),
-                mma: (maj, min) >= (8, 9)
-                    && std::env::var("FP4FORGE_CUDA_MMA").map_or(true, |v| v != "0"),
+                pdl: maj >= 9 && options.pdl,
+                mma: (maj, min) >= (8, 9) && options.mma,
+                options: RwLock::new(options),
             }),
         })
+    }
+
+    /// The backend's knobs as they are now.
+    pub fn options(&self) -> CudaOptions {
+        self.opts().clone()
+    }
+
+    /// Replaces the backend's knobs from the next launch on (benchmarks and tests:
+    /// `kernels_source`, `pdl` and `mma` keep the values the backend was opened with).
+    pub fn set_options(&self, options: CudaOptions) {
+        *self
+            .inner
+            .options
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = options;
+    }
+
+    /// Switches the model path's fused decode step on or off (`CudaOptions::fused_decode`: on
+    /// by default, `FP4FORGE_CUDA_FUSED_DECODE=0` starts it off), e.g. to compare it with the
+    /// generic ops.
+    pub fn set_fused_decode(&self, on: bool) {
+        let mut o = self.options();
+        o.fused_decode = on;
+        self.set_options(o);
+    }
+
+    /// The knobs, read in place.
+    pub(crate) fn opts(&self) -> RwLockReadGuard<'_, CudaOptions> {
+        self.inner.options.read().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Launches `f` on the stream with programmatic stream serialization allowed.
@@ -342,8 +279,9 @@ impl CudaBackend {
         Ok(())
     }
 
-    pub(crate) fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
-        s.device_ptr(&self.inner.stream).0
+    /// The device address of `s`.
+    pub(crate) fn ptr<T>(&self, s: &CudaSlice<T>) -> DevPtr<T> {
+        DevPtr::new(s.device_ptr(&self.inner.stream).0)
     }
 
     pub(crate) fn alloc<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
@@ -375,9 +313,23 @@ impl CudaBackend {
     }
 
     /// Fills `n` elements at `ptr` with seeded synthetic values (see `fill` in kernels/sampling.cu).
-    pub(crate) fn fill(&self, ptr: u64, n: usize, seed: u64, mode: i32, amp: f32) -> Result<()> {
+    pub(crate) fn fill<T>(
+        &self,
+        ptr: DevPtr<T>,
+        n: usize,
+        seed: u64,
+        mode: i32,
+        amp: f32,
+    ) -> Result<()> {
         let blocks = (n.div_ceil(256)).min(65536) as u32;
-        launch!(self, &self.inner.f.fill, (blocks.max(1), 1, 1), (256, 1, 1); ptr, n as i64, seed, mode, amp)
+        ops::sampling::FillArgs {
+            p: ptr.cast(),
+            n: n as i64,
+            seed,
+            mode,
+            amp,
+        }
+        .launch(self, (blocks.max(1), 1, 1), (256, 1, 1))
     }
 }
 
@@ -403,8 +355,9 @@ pub struct CudaLinear {
 }
 
 impl CudaLinear {
-    pub(crate) fn scales_ptr(&self, b: &CudaBackend) -> u64 {
-        self.scales.as_ref().map_or(0, |s| b.ptr(s))
+    /// The block scales' address (null: not NVFP4).
+    pub(crate) fn scales_ptr(&self, b: &CudaBackend) -> DevPtr<u8> {
+        self.scales.as_ref().map_or(DevPtr::NULL, |s| b.ptr(s))
     }
 
     /// Bytes resident on the device.
@@ -642,9 +595,16 @@ impl Backend for CudaBackend {
             .stream
             .clone_htod(ids)
             .map_err(|e| self.err(format!("{e:?}")))?;
-        launch!(self, &self.inner.f.embed, (ids.len() as u32, 1, 1), (256, 1, 1);
-            table.fmt, self.ptr(&table.data), table.scales_ptr(self), table.inv_g,
-            self.ptr(&d_ids), self.ptr(&out.buf), table.cols as i32)?;
+        ops::prefill::EmbedArgs {
+            fmt: table.fmt,
+            w: self.ptr(&table.data),
+            scales: table.scales_ptr(self),
+            inv_g: table.inv_g,
+            ids: self.ptr(&d_ids),
+            y: self.ptr(&out.buf),
+            k: table.cols as i32,
+        }
+        .launch(self, (ids.len() as u32, 1, 1), (256, 1, 1))?;
         Ok(out)
     }
 
@@ -663,8 +623,14 @@ impl Backend for CudaBackend {
         let groups = x.rows * x.cols / width;
         if groups > 0 {
             let threads = if width >= 1024 { 512 } else { 128 };
-            launch!(self, &self.inner.f.rms_norm, (groups as u32, 1, 1), (threads, 1, 1);
-                self.ptr(&x.buf), self.ptr(&w.buf), self.ptr(&out.buf), width as i32, eps)?;
+            ops::elementwise::RmsNormArgs {
+                x: self.ptr(&x.buf),
+                w: self.ptr(&w.buf),
+                y: self.ptr(&out.buf),
+                width: width as i32,
+                eps,
+            }
+            .launch(self, (groups as u32, 1, 1), (threads, 1, 1))?;
         }
         Ok(out)
     }
@@ -687,11 +653,13 @@ impl Backend for CudaBackend {
         if x.rows > 0 {
             self.gemv_raw(
                 w,
-                self.ptr(&x.buf),
-                self.ptr(&y.buf),
-                bias.map_or(0, |b| self.ptr(&b.buf)),
-                0,
-                x.rows,
+                Gemv {
+                    x: self.ptr(&x.buf),
+                    y: self.ptr(&y.buf),
+                    bias: bias.map_or(DevPtr::NULL, |b| self.ptr(&b.buf)),
+                    resid: DevPtr::NULL,
+                    t: x.rows,
+                },
             )?;
         }
         Ok(y)
@@ -713,9 +681,20 @@ impl Backend for CudaBackend {
         }
         let heads = x.cols / head_dim;
         let threads = (rope.rotary_dim / 2).div_ceil(32) * 32;
-        launch!(self, &self.inner.f.rope, (heads as u32, x.rows as u32, 1), (threads as u32, 1, 1);
-            self.ptr(&x.buf), self.ptr(&rope.inv_freq), heads as i32, head_dim as i32,
-            rope.rotary_dim as i32, rope.attention_factor, pos0 as i32)
+        ops::elementwise::RopeArgs {
+            x: self.ptr(&x.buf),
+            inv_freq: self.ptr(&rope.inv_freq),
+            heads: heads as i32,
+            hd: head_dim as i32,
+            rdim: rope.rotary_dim as i32,
+            attn_factor: rope.attention_factor,
+            pos0: pos0 as i32,
+        }
+        .launch(
+            self,
+            (heads as u32, x.rows as u32, 1),
+            (threads as u32, 1, 1),
+        )
     }
 
     fn attention(
@@ -767,18 +746,20 @@ impl Backend for CudaBackend {
             None
         };
         self.attention_raw(
-            self.ptr(&q.buf),
-            self.ptr(&k.buf),
-            self.ptr(&v.buf),
             cache,
-            pos0,
-            t,
             p,
-            self.ptr(&out.buf),
-            0,
-            splits,
-            scratch.as_ref().map(|(a, b)| (self.ptr(a), self.ptr(b))),
-            None,
+            AttnCall {
+                q: self.ptr(&q.buf),
+                k: self.ptr(&k.buf),
+                v: self.ptr(&v.buf),
+                pos0,
+                t,
+                out: self.ptr(&out.buf),
+                gate: DevPtr::NULL,
+                splits,
+                scratch: scratch.as_ref().map(|(a, b)| (self.ptr(a), self.ptr(b))),
+                prep: None,
+            },
         )?;
         self.kv_append_raw(cache, self.ptr(&k.buf), self.ptr(&v.buf), t)?;
         drop(scratch);
@@ -800,8 +781,13 @@ impl Backend for CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        launch!(self, &self.inner.f.softplus_gate, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1);
-            self.ptr(&x.buf), self.ptr(&gate.buf), n as i64, (x.cols / gate.cols) as i32)
+        ops::elementwise::SoftplusGateArgs {
+            x: self.ptr(&x.buf),
+            gate: self.ptr(&gate.buf),
+            n: n as i64,
+            group: (x.cols / gate.cols) as i32,
+        }
+        .launch(self, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1))
     }
 
     fn silu_mul(&self, gate: &CudaTensor, up: &CudaTensor) -> Result<CudaTensor> {
@@ -811,8 +797,13 @@ impl Backend for CudaBackend {
         let out = self.tensor(gate.rows, gate.cols)?;
         let n = gate.rows * gate.cols;
         if n > 0 {
-            launch!(self, &self.inner.f.silu_mul, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1);
-                self.ptr(&gate.buf), self.ptr(&up.buf), self.ptr(&out.buf), n as i64)?;
+            ops::elementwise::SiluMulArgs {
+                g: self.ptr(&gate.buf),
+                u: self.ptr(&up.buf),
+                y: self.ptr(&out.buf),
+                n: n as i64,
+            }
+            .launch(self, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1))?;
         }
         Ok(out)
     }
@@ -825,8 +816,13 @@ impl Backend for CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        launch!(self, &self.inner.f.add_scaled, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1);
-            self.ptr(&y.buf), alpha, self.ptr(&x.buf), n as i64)
+        ops::elementwise::AddScaledArgs {
+            y: self.ptr(&y.buf),
+            alpha,
+            x: self.ptr(&x.buf),
+            n: n as i64,
+        }
+        .launch(self, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1))
     }
 
     fn route(
@@ -850,10 +846,19 @@ impl Backend for CudaBackend {
         let sel = self.alloc::<i32>(t * p.top_k)?;
         let wts = self.alloc::<f32>(t * p.top_k)?;
         if t > 0 {
-            launch!(self, &self.inner.f.route, (t as u32, 1, 1), (32, 1, 1);
-                self.ptr(&logits.buf), bias.map_or(0, |b| self.ptr(&b.buf)), n as i32,
-                p.top_k as i32, i32::from(p.scoring == RouterScoring::Softmax),
-                i32::from(p.normalize), p.logit_softcap, scale, self.ptr(&sel), self.ptr(&wts))?;
+            ops::moe::RouteArgs {
+                logits: self.ptr(&logits.buf),
+                bias: bias.map_or(DevPtr::NULL, |b| self.ptr(&b.buf)),
+                n: n as i32,
+                k: p.top_k as i32,
+                softmax: i32::from(p.scoring == RouterScoring::Softmax),
+                normalize: i32::from(p.normalize),
+                softcap: p.logit_softcap,
+                scale,
+                sel: self.ptr(&sel),
+                wts: self.ptr(&wts),
+            }
+            .launch(self, (t as u32, 1, 1), (32, 1, 1))?;
         }
         Ok(CudaRouting {
             sel,
@@ -887,7 +892,7 @@ impl Backend for CudaBackend {
                 h: self.ptr(&h),
                 part: self.ptr(&part),
                 out: self.ptr(&out.buf),
-                resid: 0,
+                resid: DevPtr::NULL,
             },
             Epi::default(),
             None,
@@ -911,9 +916,16 @@ impl Backend for CudaBackend {
         } else {
             (params.temperature, params.top_k as i32)
         };
-        launch!(self, &self.inner.f.sample_logits, (1, 1, 1), (1024, 1, 1);
-            self.ptr(&logits.buf), logits.cols as i32, temperature, top_k, params.top_p,
-            u.unwrap_or(0.0), self.ptr(&out))?;
+        ops::sampling::SampleLogitsArgs {
+            logits: self.ptr(&logits.buf),
+            n: logits.cols as i32,
+            temperature,
+            top_k,
+            top_p: params.top_p,
+            u: u.unwrap_or(0.0),
+            out: self.ptr(&out),
+        }
+        .launch(self, (1, 1, 1), (1024, 1, 1))?;
         let id = self
             .inner
             .stream

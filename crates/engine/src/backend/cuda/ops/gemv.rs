@@ -1,74 +1,78 @@
-//! Linears: the one-token GEMVs (bf16, NVFP4 on CUDA cores and on tensor cores), several
-//! linears of one input in one launch (`linear_multi2`), the fused epilogues that follow them,
-//! and the launch geometry of each.
+//! Linears (kernels/gemv.cu, host side): the one-token GEMVs (bf16, NVFP4 on CUDA cores and on
+//! tensor cores), several linears of one input in one launch (`linear_multi2`), the fused
+//! epilogues that follow them, and the launch geometry of each; `gemv_raw` also dispatches
+//! multi-token linears to `gemm_tiled` (kernels/prefill.cu) and `norm_gemv_raw` launches
+//! `norm_gemv_bf16` (kernels/elementwise.cu).
 
-use super::*;
+use crate::backend::cuda::*;
+
+kernels! {
+    group gemv;
+
+    /// `y = resid + x · Wᵀ + bias` for `t` tokens, one output row per warp (`N` rows of `K`
+    /// inputs, `fmt` the weight's encoding; `bias`, `resid` may be null).
+    linear => LinearArgs {
+        fmt: i32, w: DevPtr<u8>, scales: DevPtr<u8>, inv_g: f32, x: DevPtr<f32>, y: DevPtr<f32>,
+        bias: DevPtr<f32>, resid: DevPtr<f32>, n: i32, k: i32, t: i32,
+    }
+    /// One token's `y = resid + x · Wᵀ + bias` with 1, 2, 4, 8 rows per warp.
+    gemv1 ["gemv1_r1", "gemv1_r2", "gemv1_r4", "gemv1_r8"] => Gemv1Args {
+        fmt: i32, w: DevPtr<u8>, scales: DevPtr<u8>, inv_g: f32, x: DevPtr<f32>, y: DevPtr<f32>,
+        bias: DevPtr<f32>, resid: DevPtr<f32>, n: i32, k: i32,
+    }
+    /// One token's NVFP4 GEMV with K split over 1, 2, 4, 8 warps; 2 then 3 blocks per SM.
+    gemv_nv [
+        "gemv_nv_k1_b2", "gemv_nv_k2_b2", "gemv_nv_k4_b2", "gemv_nv_k8_b2",
+        "gemv_nv_k1_b3", "gemv_nv_k2_b3", "gemv_nv_k4_b3", "gemv_nv_k8_b3",
+    ] => GemvNvArgs {
+        w: DevPtr<u8>, scales: DevPtr<u8>, inv_g: f32, x: DevPtr<f32>, y: DevPtr<f32>,
+        bias: DevPtr<f32>, resid: DevPtr<f32>, n: i32, k: i32,
+    }
+    /// One token's NVFP4 GEMV on tensor cores (K % 128 == 0), `ks` warps per 16-row tile.
+    gemv_mma => GemvMmaArgs {
+        w: DevPtr<u8>, scales: DevPtr<u8>, inv_g: f32, x: DevPtr<f32>, y: DevPtr<f32>,
+        bias: DevPtr<f32>, resid: DevPtr<f32>, n: i32, k: i32, ks: i32,
+    }
+    /// Up to six linears of one token's `x` (`K` inputs) in one launch.
+    linear_multi2 => LinearMulti2Args { segs: Segs, x: DevPtr<f32>, k: i32, mma: i32 }
+}
 
 /// Warps per block of the GEMV kernels (one warp per output row).
-pub(super) const GEMV_WARPS: u32 = 4;
+pub(crate) const GEMV_WARPS: u32 = 4;
 
 /// Tokens per warp of the `linear` kernel (`TB` in the source).
-pub(super) const GEMV_TOKENS: usize = 4;
+pub(crate) const GEMV_TOKENS: usize = 4;
 
 /// Output rows and tokens of one `gemm_tiled` block (`GM_BM`, `GM_BN` in the source).
-pub(super) const GEMM_ROWS: u32 = 64;
-pub(super) const GEMM_TOKENS: u32 = 64;
+pub(crate) const GEMM_ROWS: u32 = 64;
+pub(crate) const GEMM_TOKENS: u32 = 64;
 
 /// Fewest tokens for which a multi-token linear uses `gemm_tiled` (fewer: the `linear` GEMV).
-pub(super) const GEMM_MIN_TOKENS: usize = 16;
+pub(crate) const GEMM_MIN_TOKENS: usize = 16;
 
 /// Rows per warp of `linear_multi2` (`MULTI_R`) outside its tensor-core path.
-pub(super) const EXPERT_ROWS: u32 = 4;
+pub(crate) const EXPERT_ROWS: u32 = 4;
 
 /// Warps per block of `linear_multi2` (its tensor-core path: 4 tiles of 16 rows, 2 warps each).
 pub(crate) const MULTI_WARPS: u32 = 8;
 
 /// Warps per block (`NVW`) and rows per row group (`NV_R`) of the NVFP4 decode GEMV.
-pub(super) const NV_WARPS: u32 = 8;
-pub(super) const NV_ROWS: usize = 2;
-
-/// Launch tuning of the NVFP4 decode GEMV (defaults; the environment overrides them for
-/// experiments: `FP4FORGE_NV_MINB` = 2 | 3 resident blocks per SM, `FP4FORGE_NV_GRID` = blocks
-/// per SM of the persistent grid (0: one block per tile), `FP4FORGE_NV_KS` = 1 | 2 | 4 | 8;
-/// `FP4FORGE_MMA_KS` = 1 | 2 | 4 | 8 warps per tile of `gemv_mma`).
-#[derive(Clone, Copy)]
-pub(super) struct NvTune {
-    minb: usize,
-    grid_per_sm: usize,
-    ks: Option<usize>,
-    mma_ks: Option<usize>,
-}
-
-pub(super) fn nv_tune() -> NvTune {
-    static T: OnceLock<NvTune> = OnceLock::new();
-    *T.get_or_init(|| {
-        let var = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
-        let minb = match var("FP4FORGE_NV_MINB") {
-            Some(3) => 3,
-            _ => NV_BLOCKS_PER_SM,
-        };
-        NvTune {
-            minb,
-            grid_per_sm: var("FP4FORGE_NV_GRID").unwrap_or(minb),
-            ks: var("FP4FORGE_NV_KS").filter(|k| [1, 2, 4, 8].contains(k)),
-            mma_ks: var("FP4FORGE_MMA_KS").filter(|k| [1, 2, 4, 8].contains(k)),
-        }
-    })
-}
+pub(crate) const NV_WARPS: u32 = 8;
+pub(crate) const NV_ROWS: usize = 2;
 
 /// Largest K of the NVFP4 decode GEMV (`XS_MAX`: x is staged in shared memory).
-pub(super) const NV_MAX_K: usize = 9216;
+pub(crate) const NV_MAX_K: usize = 9216;
 
 /// Resident blocks per SM of the NVFP4 decode GEMV (`__launch_bounds__`).
-pub(super) const NV_BLOCKS_PER_SM: usize = 2;
+pub(crate) const NV_BLOCKS_PER_SM: usize = 2;
 
 /// One linear of a `linear_multi2` launch (`Seg` in kernels/gemv.cu; layout identical).
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
-pub(super) struct Seg {
-    w: u64,
-    scales: u64,
-    y: u64,
+pub(crate) struct Seg {
+    w: DevPtr<u8>,
+    scales: DevPtr<u8>,
+    y: DevPtr<f32>,
     inv_g: f32,
     fmt: i32,
     n: i32,
@@ -79,7 +83,7 @@ pub(super) struct Seg {
 /// `s` covers the blocks from its `block0` to the next one's.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
-pub(super) struct Segs {
+pub(crate) struct Segs {
     s: [Seg; 6],
     n: i32,
     _pad: i32,
@@ -103,7 +107,11 @@ impl MultiLinear {
 
     /// `y_i = x · W_iᵀ` for each `(W_i, y_i)` of `parts`; every `W_i` takes `k` inputs and
     /// `CudaBackend::linear_multi_applies(k)` holds.
-    pub(crate) fn new(b: &CudaBackend, parts: &[(&CudaLinear, u64)], k: usize) -> Result<Self> {
+    pub(crate) fn new(
+        b: &CudaBackend,
+        parts: &[(&CudaLinear, DevPtr<f32>)],
+        k: usize,
+    ) -> Result<Self> {
         b.check(
             CudaBackend::linear_multi_applies(k)
                 && !parts.is_empty()
@@ -139,12 +147,12 @@ impl MultiLinear {
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Epi {
-    counter: u64,
-    x: u64,
-    w: u64,
-    out: u64,
+    counter: DevPtr<u32>,
+    x: DevPtr<f32>,
+    w: DevPtr<f32>,
+    out: DevPtr<f32>,
     eps: f32,
-    pub(super) kind: i32,
+    pub(crate) kind: i32,
     n: i32,
     _pad: i32,
 }
@@ -154,7 +162,14 @@ unsafe impl DeviceRepr for Epi {}
 
 impl Epi {
     /// `out = rmsnorm(x) · w` over `n` values.
-    pub(crate) fn norm(b: &CudaBackend, x: u64, w: u64, out: u64, n: usize, eps: f32) -> Self {
+    pub(crate) fn norm(
+        b: &CudaBackend,
+        x: DevPtr<f32>,
+        w: DevPtr<f32>,
+        out: DevPtr<f32>,
+        n: usize,
+        eps: f32,
+    ) -> Self {
         Self {
             counter: b.ptr(&b.inner.counters),
             x,
@@ -169,21 +184,21 @@ impl Epi {
 
     /// Whether a kernel of `threads` threads per block can run it in its last block (`EPI_V`
     /// float4s per thread).
-    pub(super) fn fusable(&self, threads: usize) -> bool {
+    pub(crate) fn fusable(&self, threads: usize) -> bool {
         self.kind == 1 && self.n % 4 == 0 && (self.n as usize) <= 32 * threads
     }
 }
 
 /// Columns of one chunk of the tensor-core NVFP4 GEMV (a lane's 16 bytes of a row = 32 columns).
-pub(super) const MMA_CHUNK: usize = 128;
+pub(crate) const MMA_CHUNK: usize = 128;
 
 /// Chunks of x one warp of `gemv_mma` stages for itself (`XW_CHUNKS`).
-pub(super) const MMA_WARP_CHUNKS: usize = 9;
+pub(crate) const MMA_WARP_CHUNKS: usize = 9;
 
 /// K split (warps per 16-row tile: 1, 2, 4, 8) of `gemv_mma` for `rows x cols`: the smallest
 /// that leaves each warp at most 8 chunks, then larger while the grid has fewer blocks than SMs
 /// and each warp keeps at least 2 chunks.
-pub(super) fn mma_split(rows: usize, cols: usize, sms: usize) -> usize {
+pub(crate) fn mma_split(rows: usize, cols: usize, sms: usize) -> usize {
     let chunks = cols / MMA_CHUNK;
     let tiles = rows.div_ceil(16);
     let mut ks = 1;
@@ -199,7 +214,7 @@ pub(super) fn mma_split(rows: usize, cols: usize, sms: usize) -> usize {
 /// `(kernel index, K split)` of the NVFP4 decode GEMV for `rows x cols`: the smallest split of K
 /// over warps (1, 2, 4, 8) that gives at least ~32 row-group warps per SM, while every warp keeps
 /// at least one 32-element chunk per lane.
-pub(super) fn nv_split(rows: usize, cols: usize, sms: usize) -> (usize, usize) {
+pub(crate) fn nv_split(rows: usize, cols: usize, sms: usize) -> (usize, usize) {
     let chunks = cols / 32;
     let warps = rows.div_ceil(NV_ROWS);
     let target = 32 * sms;
@@ -216,14 +231,63 @@ pub(super) fn nv_split(rows: usize, cols: usize, sms: usize) -> (usize, usize) {
     best
 }
 
+/// The operands of one `gemv_raw` call: `y = resid + x · Wᵀ + bias` for `t` tokens (`bias`,
+/// `resid` may be null; `resid` may be `y`).
+#[derive(Clone, Copy)]
+pub(crate) struct Gemv {
+    pub x: DevPtr<f32>,
+    pub y: DevPtr<f32>,
+    pub bias: DevPtr<f32>,
+    pub resid: DevPtr<f32>,
+    pub t: usize,
+}
+
+impl Gemv {
+    /// One token: `y = x · Wᵀ` (no bias, no residual).
+    pub(crate) fn token(x: DevPtr<f32>, y: DevPtr<f32>) -> Self {
+        Self {
+            x,
+            y,
+            bias: DevPtr::NULL,
+            resid: DevPtr::NULL,
+            t: 1,
+        }
+    }
+
+    /// One token added to a residual: `y = resid + x · Wᵀ`.
+    pub(crate) fn token_resid(x: DevPtr<f32>, y: DevPtr<f32>, resid: DevPtr<f32>) -> Self {
+        Self {
+            resid,
+            ..Self::token(x, y)
+        }
+    }
+}
+
+/// The operands of one `norm_gemv_raw` call (one token): `xn = norm_w · rmsnorm(x)` (epsilon
+/// `eps`) and `y = xn · Wᵀ`.
+#[derive(Clone, Copy)]
+pub(crate) struct NormGemv {
+    pub x: DevPtr<f32>,
+    pub norm_w: DevPtr<f32>,
+    pub eps: f32,
+    pub xn: DevPtr<f32>,
+    pub y: DevPtr<f32>,
+}
+
 impl CudaBackend {
     /// Runs an epilogue as its own launch (for `rows` rows).
     pub(crate) fn epilogue_launch(&self, epi: &Epi, rows: usize) -> Result<()> {
         if epi.kind == 0 {
             return Ok(());
         }
-        launch!(self, &self.inner.f.rms_norm, (rows as u32, 1, 1), (512, 1, 1);
-            epi.x, epi.w, epi.out, epi.n, epi.eps)
+        ops::elementwise::RmsNormArgs {
+            x: epi.x,
+            w: epi.w,
+            y: epi.out,
+            width: epi.n,
+            eps: epi.eps,
+        }
+        .launch(self, (rows as u32, 1, 1), (512, 1, 1))
     }
 
     /// Whether `norm_gemv_raw` takes `w`: BF16, `cols` a multiple of 256 and at most 4,096.
@@ -233,16 +297,7 @@ impl CudaBackend {
 
     /// One token: `xn = norm_w * rmsnorm(x)` (written to `xn`) and `y = xn · Wᵀ`, in one launch
     /// (`norm_gemv_bf16`; `norm_gemv_applies(w)` must hold).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn norm_gemv_raw(
-        &self,
-        w: &CudaLinear,
-        x: u64,
-        norm_w: u64,
-        eps: f32,
-        xn: u64,
-        y: u64,
-    ) -> Result<()> {
+    pub(crate) fn norm_gemv_raw(&self, w: &CudaLinear, a: NormGemv) -> Result<()> {
         self.check(Self::norm_gemv_applies(w), || {
             format!(
                 "norm_gemv: {} is not BF16 with columns a multiple of 256 up to 4,096",
@@ -250,34 +305,55 @@ impl CudaBackend {
             )
         })?;
         const WARPS: usize = 4; // NG_WARPS
-        launch!(self, &self.inner.f.norm_gemv_bf16, (w.rows.div_ceil(WARPS) as u32, 1, 1), (32 * WARPS as u32, 1, 1);
-            self.ptr(&w.data), x, norm_w, eps, xn, y, w.rows as i32, w.cols as i32)
+        ops::elementwise::NormGemvBf16Args {
+            w: self.ptr(&w.data).cast(),
+            x: a.x,
+            nw: a.norm_w,
+            eps: a.eps,
+            xn: a.xn,
+            y: a.y,
+            n: w.rows as i32,
+            k: w.cols as i32,
+        }
+        .launch(
+            self,
+            (w.rows.div_ceil(WARPS) as u32, 1, 1),
+            (32 * WARPS as u32, 1, 1),
+        )
     }
 
-    /// `y = resid + x · Wᵀ + bias` on raw pointers (`resid`, `bias` may be 0).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn gemv_raw(
-        &self,
-        w: &CudaLinear,
-        x: u64,
-        y: u64,
-        bias: u64,
-        resid: u64,
-        t: usize,
-    ) -> Result<()> {
+    /// `y = resid + x · Wᵀ + bias` over the operands of `g` (see [`Gemv`]).
+    pub(crate) fn gemv_raw(&self, w: &CudaLinear, g: Gemv) -> Result<()> {
+        let Gemv {
+            x,
+            y,
+            bias,
+            resid,
+            t,
+        } = g;
         let fast =
             (w.fmt == 3 && w.cols.is_multiple_of(32)) || (w.fmt == 2 && w.cols.is_multiple_of(8));
+        let (legacy, mma_ks, nv_ks, nv_grid_per_sm, nv_blocks_per_sm, tiled) = {
+            let o = self.opts();
+            (
+                o.legacy_gemv,
+                o.mma_k_split,
+                o.nv_k_split,
+                o.nv_grid_per_sm,
+                o.nv_blocks_per_sm,
+                o.tiled_prefill,
+            )
+        };
         if t == 1
             && w.fmt == 3
             && self.inner.mma
             && w.cols.is_multiple_of(MMA_CHUNK)
             && w.cols <= NV_MAX_K
-            && !self.legacy_gemv()
+            && !legacy
         {
             // (each warp stages at most MMA_WARP_CHUNKS chunks of x: an override is raised to that)
             let chunks = w.cols / MMA_CHUNK;
-            let ks = nv_tune()
-                .mma_ks
+            let ks = mma_ks
                 .map(|k| {
                     let mut k = k;
                     while chunks.div_ceil(k) > MMA_WARP_CHUNKS {
@@ -287,14 +363,23 @@ impl CudaBackend {
                 })
                 .unwrap_or_else(|| mma_split(w.rows, w.cols, self.inner.sms));
             let blocks = w.rows.div_ceil(16 * (NV_WARPS as usize / ks));
-            return launch!(self, &self.inner.f.gemv_mma, (blocks as u32, 1, 1), (32 * NV_WARPS, 1, 1);
-                self.ptr(&w.data), w.scales_ptr(self), w.inv_g, x, y, bias, resid,
-                w.rows as i32, w.cols as i32, ks as i32);
+            return ops::gemv::GemvMmaArgs {
+                w: self.ptr(&w.data),
+                scales: w.scales_ptr(self),
+                inv_g: w.inv_g,
+                x,
+                y,
+                bias,
+                resid,
+                n: w.rows as i32,
+                k: w.cols as i32,
+                ks: ks as i32,
+            }
+            .launch(self, (blocks as u32, 1, 1), (32 * NV_WARPS, 1, 1));
         }
-        if t == 1 && fast && w.fmt == 3 && w.cols <= NV_MAX_K && !self.legacy_gemv() {
-            let tune = nv_tune();
+        if t == 1 && fast && w.fmt == 3 && w.cols <= NV_MAX_K && !legacy {
             let (mut ki, mut ks) = nv_split(w.rows, w.cols, self.inner.sms);
-            if let Some(f) = tune.ks {
+            if let Some(f) = nv_ks {
                 ks = f;
                 ki = f.trailing_zeros() as usize;
             }
@@ -302,17 +387,26 @@ impl CudaBackend {
             // persistent blocks (as many as are resident), each staging x in shared memory once;
             // `grid_per_sm` 0: one block per tile.
             let tiles = w.rows.div_ceil(tile);
-            let blocks = match tune.grid_per_sm {
+            let blocks = match nv_grid_per_sm {
                 0 => tiles,
                 g => tiles.min(g * self.inner.sms),
             };
-            let ki = ki + if tune.minb == 3 { 4 } else { 0 };
+            let ki = ki + if nv_blocks_per_sm == 3 { 4 } else { 0 };
             let grid = (blocks as u32, 1, 1);
-            return launch!(self, &self.inner.f.gemv_nv[ki], grid, (32 * NV_WARPS, 1, 1);
-                self.ptr(&w.data), w.scales_ptr(self), w.inv_g, x, y, bias, resid,
-                w.rows as i32, w.cols as i32);
+            return ops::gemv::GemvNvArgs {
+                w: self.ptr(&w.data),
+                scales: w.scales_ptr(self),
+                inv_g: w.inv_g,
+                x,
+                y,
+                bias,
+                resid,
+                n: w.rows as i32,
+                k: w.cols as i32,
+            }
+            .launch(self, ki, grid, (32 * NV_WARPS, 1, 1));
         }
-        if t == 1 && fast && !self.legacy_gemv() {
+        if t == 1 && fast && !legacy {
             // Rows per warp: as many as keep >= 16 warps per SM busy (x is reused across them).
             let target = 16 * self.inner.sms;
             let (ri, r) = [(3usize, 8usize), (2, 4), (1, 2)]
@@ -320,28 +414,60 @@ impl CudaBackend {
                 .find(|&(_, r)| w.rows / r >= target)
                 .unwrap_or((0, 1));
             let grid = ((w.rows as u32).div_ceil(GEMV_WARPS * r as u32), 1, 1);
-            return launch!(self, &self.inner.f.gemv1[ri], grid, (32 * GEMV_WARPS, 1, 1);
-                w.fmt, self.ptr(&w.data), w.scales_ptr(self), w.inv_g, x, y, bias, resid,
-                w.rows as i32, w.cols as i32);
+            return ops::gemv::Gemv1Args {
+                fmt: w.fmt,
+                w: self.ptr(&w.data),
+                scales: w.scales_ptr(self),
+                inv_g: w.inv_g,
+                x,
+                y,
+                bias,
+                resid,
+                n: w.rows as i32,
+                k: w.cols as i32,
+            }
+            .launch(self, ri, grid, (32 * GEMV_WARPS, 1, 1));
         }
-        if t >= GEMM_MIN_TOKENS && w.cols.is_multiple_of(32) && tiled_prefill() {
+        if t >= GEMM_MIN_TOKENS && w.cols.is_multiple_of(32) && tiled {
             let grid = (
                 (w.rows as u32).div_ceil(GEMM_ROWS),
                 (t as u32).div_ceil(GEMM_TOKENS),
                 1,
             );
-            return launch!(self, &self.inner.f.gemm_tiled, grid, (256, 1, 1);
-                w.fmt, self.ptr(&w.data), w.scales_ptr(self), w.inv_g, x, y, bias, resid,
-                w.rows as i32, w.cols as i32, t as i32);
+            return ops::prefill::GemmTiledArgs {
+                fmt: w.fmt,
+                w: self.ptr(&w.data),
+                scales: w.scales_ptr(self),
+                inv_g: w.inv_g,
+                x,
+                y,
+                bias,
+                resid,
+                n: w.rows as i32,
+                k: w.cols as i32,
+                t: t as i32,
+            }
+            .launch(self, grid, (256, 1, 1));
         }
         let grid = (
             (w.rows as u32).div_ceil(GEMV_WARPS),
             t.div_ceil(GEMV_TOKENS) as u32,
             1,
         );
-        launch!(self, &self.inner.f.linear, grid, (32 * GEMV_WARPS, 1, 1);
-            w.fmt, self.ptr(&w.data), w.scales_ptr(self), w.inv_g, x, y, bias, resid,
-            w.rows as i32, w.cols as i32, t as i32)
+        ops::gemv::LinearArgs {
+            fmt: w.fmt,
+            w: self.ptr(&w.data),
+            scales: w.scales_ptr(self),
+            inv_g: w.inv_g,
+            x,
+            y,
+            bias,
+            resid,
+            n: w.rows as i32,
+            k: w.cols as i32,
+            t: t as i32,
+        }
+        .launch(self, grid, (32 * GEMV_WARPS, 1, 1))
     }
 
     /// Whether `linear_multi` takes inputs of width `k` (`K % 32 == 0`, `K <= XS_MAX`).
@@ -360,7 +486,7 @@ impl CudaBackend {
             .iter()
             .map(|w| self.tensor(1, w.rows))
             .collect::<Result<Vec<_>>>()?;
-        let parts: Vec<(&CudaLinear, u64)> = ws
+        let parts: Vec<(&CudaLinear, DevPtr<f32>)> = ws
             .iter()
             .zip(&ys)
             .map(|(w, y)| (*w, self.ptr(&y.buf)))
@@ -370,15 +496,14 @@ impl CudaBackend {
     }
 
     /// The linears of `m` over one token's `x` in one launch (`linear_multi2`).
-    pub(crate) fn linear_multi_raw(&self, m: &MultiLinear, x: u64) -> Result<()> {
-        launch!(self, &self.inner.f.linear_multi2, (m.blocks, 1, 1), (32 * MULTI_WARPS, 1, 1);
-            m.segs, x, m.k as i32, i32::from(self.inner.mma))
-    }
-
-    /// `FP4FORGE_CUDA_LEGACY_GEMV=1` uses the one-row-per-warp kernel for decode (comparisons).
-    pub(super) fn legacy_gemv(&self) -> bool {
-        static L: OnceLock<bool> = OnceLock::new();
-        *L.get_or_init(|| std::env::var_os("FP4FORGE_CUDA_LEGACY_GEMV").is_some())
+    pub(crate) fn linear_multi_raw(&self, m: &MultiLinear, x: DevPtr<f32>) -> Result<()> {
+        ops::gemv::LinearMulti2Args {
+            segs: m.segs,
+            x,
+            k: m.k as i32,
+            mma: i32::from(self.inner.mma),
+        }
+        .launch(self, (m.blocks, 1, 1), (32 * MULTI_WARPS, 1, 1))
     }
 
     /// Output rows of one `linear_multi2` block for the segment of weight `w` (input width `k`):

@@ -1,25 +1,64 @@
-//! Mixture of experts on the device: expert weights in arenas, the router's top-k, the routed
-//! and shared experts of one or more tokens (persistent kernels for one token, one grid row per
-//! (token, expert) pair otherwise).
+//! Mixture of experts (kernels/moe.cu, host side): expert weights in arenas, the router's
+//! top-k, the routed and shared experts of one or more tokens (persistent kernels for one token,
+//! one grid row per (token, expert) pair otherwise).
 
-use super::*;
+use crate::backend::cuda::*;
+
+kernels! {
+    group moe;
+
+    /// The router's top-`k` of `n` expert logits per token (one warp per token).
+    route => RouteArgs {
+        logits: DevPtr<f32>, bias: DevPtr<f32>, n: i32, k: i32, softmax: i32, normalize: i32,
+        softcap: f32, scale: f32, sel: DevPtr<i32>, wts: DevPtr<f32>,
+    }
+    /// Gate/up (SiLU · up into `h`) of each (token, expert) item, one grid row per item.
+    experts_gate_up2 => ExpertsGateUp2Args {
+        gate: ExpertProj, up: ExpertProj, sgate: ExpertProj, sup: ExpertProj, has_shared: i32,
+        shared_inter: i32, sel: DevPtr<i32>, k: i32, t: i32, x: DevPtr<f32>, h: DevPtr<f32>,
+        inter: i32, hidden: i32, mma: i32,
+    }
+    /// Down of each item into its row of `part` (weighted), one grid row per item.
+    experts_down2 => ExpertsDown2Args {
+        down: ExpertProj, sdown: ExpertProj, shared_inter: i32, sel: DevPtr<i32>,
+        wts: DevPtr<f32>, k: i32, t: i32, h: DevPtr<f32>, inter: i32, part: DevPtr<f32>,
+        hidden: i32, mma: i32,
+    }
+    /// One token's gate/up on persistent blocks (the top-k first where `route` asks for it).
+    experts_gate_up_p => ExpertsGateUpPArgs {
+        gate: ExpertProj, up: ExpertProj, sgate: ExpertProj, sup: ExpertProj, has_shared: i32,
+        shared_inter: i32, sel: DevPtr<i32>, wts: DevPtr<f32>, k: i32, x: DevPtr<f32>,
+        h: DevPtr<f32>, inter: i32, hidden: i32, route: Route,
+    }
+    /// One token's down on persistent blocks.
+    experts_down_p => ExpertsDownPArgs {
+        down: ExpertProj, sdown: ExpertProj, has_shared: i32, shared_inter: i32,
+        sel: DevPtr<i32>, wts: DevPtr<f32>, k: i32, h: DevPtr<f32>, inter: i32,
+        part: DevPtr<f32>, hidden: i32,
+    }
+    /// `out = resid + Σ part` in item order, then the epilogue `epi` in the last block.
+    experts_reduce => ExpertsReduceArgs {
+        part: DevPtr<f32>, k: i32, t: i32, has_shared: i32, out: DevPtr<f32>, resid: DevPtr<f32>,
+        hidden: i32, epi: Epi,
+    }
+}
 
 /// Rows of gate and of up per warp of `experts_gate_up2` (`XR`).
-pub(super) const EXPERT_GU_ROWS: u32 = 2;
+pub(crate) const EXPERT_GU_ROWS: u32 = 2;
 
 /// Warps per block of `experts_gate_up2` (x is staged in shared memory once per block).
-pub(super) const EXPERT_GU_WARPS: u32 = 8;
+pub(crate) const EXPERT_GU_WARPS: u32 = 8;
 
 /// Rows per warp of `experts_down2` (`XRD`).
-pub(super) const EXPERT_DOWN_ROWS: u32 = 8;
+pub(crate) const EXPERT_DOWN_ROWS: u32 = 8;
 
 /// The router's top-k for `experts_raw` (`Route` in kernels/moe.cu; layout identical): computed
 /// inside the persistent gate/up kernel where it applies, else by the `route` kernel first.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Route {
-    logits: u64,
-    bias: u64,
+    logits: DevPtr<f32>,
+    bias: DevPtr<f32>,
     softcap: f32,
     scale: f32,
     n: i32,
@@ -32,8 +71,14 @@ pub(crate) struct Route {
 unsafe impl DeviceRepr for Route {}
 
 impl Route {
-    /// The decision of `p` over `n` experts from `logits` (`bias` 0: none), weights × `scale`.
-    pub(crate) fn new(logits: u64, bias: u64, n: usize, p: &RouterParams, scale: f32) -> Self {
+    /// The decision of `p` over `n` experts from `logits` (`bias` null: none), weights × `scale`.
+    pub(crate) fn new(
+        logits: DevPtr<f32>,
+        bias: DevPtr<f32>,
+        n: usize,
+        p: &RouterParams,
+        scale: f32,
+    ) -> Self {
         Self {
             logits,
             bias,
@@ -48,10 +93,10 @@ impl Route {
 }
 
 /// Resident blocks per SM of the persistent MoE kernels (`__launch_bounds__(256, 2)`).
-pub(super) const PERSIST_BLOCKS_PER_SM: usize = 2;
+pub(crate) const PERSIST_BLOCKS_PER_SM: usize = 2;
 
 /// B entries for all routed items in `experts_down_p` (`XB_ITEMS_MAX`).
-pub(super) const PERSIST_XB_ENTRIES: usize = 5120;
+pub(crate) const PERSIST_XB_ENTRIES: usize = 5120;
 
 /// One projection of all experts of a layer, stacked `[E, rows, cols]`.
 pub struct ExpertArena {
@@ -65,9 +110,9 @@ pub struct ExpertArena {
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub(crate) struct ExpertProj {
-    w: u64,
-    scales: u64,
-    inv_g: u64,
+    w: DevPtr<u8>,
+    scales: DevPtr<u8>,
+    inv_g: DevPtr<f32>,
     fmt: i32,
     _pad: i32,
 }
@@ -79,7 +124,7 @@ impl ExpertArena {
     pub(crate) fn proj(&self, b: &CudaBackend) -> ExpertProj {
         ExpertProj {
             w: b.ptr(&self.data),
-            scales: self.scales.as_ref().map_or(0, |s| b.ptr(s)),
+            scales: self.scales.as_ref().map_or(DevPtr::NULL, |s| b.ptr(s)),
             inv_g: b.ptr(&self.inv_g),
             fmt: self.fmt,
             _pad: 0,
@@ -114,7 +159,7 @@ pub(crate) struct SharedExpert<'a> {
 
 /// A shared expert as the expert kernels take it: its three projections and its width.
 #[derive(Clone, Copy, Default)]
-pub(super) struct SharedProj {
+pub(crate) struct SharedProj {
     gate: ExpertProj,
     up: ExpertProj,
     down: ExpertProj,
@@ -124,22 +169,22 @@ pub(super) struct SharedProj {
 /// The device buffers of one MoE call: the routing (`top_k` selected experts and their weights
 /// per token, `tokens` tokens) and the activations (input `x`, intermediate `h` of
 /// `items × max(inter, shared_inter)` floats, per-item outputs `part` of `items × hidden`, with
-/// `items = tokens · top_k [+ tokens]`; the result `out = resid + Σ ...`, `resid` 0: none).
+/// `items = tokens · top_k [+ tokens]`; the result `out = resid + Σ ...`, `resid` null: none).
 #[derive(Clone, Copy)]
 pub(crate) struct MoeBuffers<'a> {
     pub sel: &'a CudaSlice<i32>,
     pub wts: &'a CudaSlice<f32>,
     pub top_k: usize,
     pub tokens: usize,
-    pub x: u64,
-    pub h: u64,
-    pub part: u64,
-    pub out: u64,
-    pub resid: u64,
+    pub x: DevPtr<f32>,
+    pub h: DevPtr<f32>,
+    pub part: DevPtr<f32>,
+    pub out: DevPtr<f32>,
+    pub resid: DevPtr<f32>,
 }
 
 impl CudaBackend {
-    pub(super) fn arena(&self, name: &str, ws: &[&LinearWeight]) -> Result<ExpertArena> {
+    pub(crate) fn arena(&self, name: &str, ws: &[&LinearWeight]) -> Result<ExpertArena> {
         let fmt = fmt_of(ws[0]);
         let (rows, cols) = (ws[0].rows(), ws[0].cols());
         self.check(
@@ -187,7 +232,7 @@ impl CudaBackend {
     }
 
     /// `l` as an expert projection whose `1 / global_scale` is the f32 at device address `inv`.
-    pub(super) fn lin_proj(&self, l: &CudaLinear, inv: u64) -> ExpertProj {
+    pub(crate) fn lin_proj(&self, l: &CudaLinear, inv: DevPtr<f32>) -> ExpertProj {
         ExpertProj {
             w: self.ptr(&l.data),
             scales: l.scales_ptr(self),
@@ -205,7 +250,7 @@ impl CudaBackend {
     pub(crate) fn experts_raw(
         &self,
         e: &CudaExperts,
-        shared: Option<(&SharedExpert<'_>, [u64; 3])>,
+        shared: Option<(&SharedExpert<'_>, [DevPtr<f32>; 3])>,
         io: MoeBuffers<'_>,
         epi: Epi,
         route: Option<&Route>,
@@ -238,9 +283,19 @@ impl CudaBackend {
         let fused_route = match route {
             Some(r) if persistent && r.n <= 256 && k <= 32 => *r,
             Some(r) => {
-                launch!(self, &self.inner.f.route, (t as u32, 1, 1), (32, 1, 1);
-                    r.logits, r.bias, r.n, k as i32, r.softmax, r.normalize, r.softcap, r.scale,
-                    self.ptr(sel), self.ptr(wts))?;
+                ops::moe::RouteArgs {
+                    logits: r.logits,
+                    bias: r.bias,
+                    n: r.n,
+                    k: k as i32,
+                    softmax: r.softmax,
+                    normalize: r.normalize,
+                    softcap: r.softcap,
+                    scale: r.scale,
+                    sel: self.ptr(sel),
+                    wts: self.ptr(wts),
+                }
+                .launch(self, (t as u32, 1, 1), (32, 1, 1))?;
                 Route::default()
             }
             None => Route::default(),
@@ -248,22 +303,44 @@ impl CudaBackend {
         if persistent {
             let groups = |rows: usize, per: usize, items: usize| rows.div_ceil(per) * items;
             let shared_n = usize::from(shared.is_some());
-            let resident = match self
-                .inner
-                .persist_grid
-                .load(std::sync::atomic::Ordering::Relaxed)
-            {
+            let cap = self.opts().persist_grid;
+            let resident = match cap {
                 0 => PERSIST_BLOCKS_PER_SM * self.inner.sms,
                 cap => cap.min(PERSIST_BLOCKS_PER_SM * self.inner.sms),
             };
             let gu = groups(e.inter, 16, k) + groups(sinter, 16, shared_n);
-            launch!(self, &self.inner.f.experts_gate_up_p, (gu.min(resident) as u32, 1, 1), (256, 1, 1);
-                e.gate.proj(self), e.up.proj(self), sg, su, has, sinter as i32, self.ptr(sel),
-                self.ptr(wts), k as i32, x, h, e.inter as i32, e.hidden as i32, fused_route)?;
+            ops::moe::ExpertsGateUpPArgs {
+                gate: e.gate.proj(self),
+                up: e.up.proj(self),
+                sgate: sg,
+                sup: su,
+                has_shared: has,
+                shared_inter: sinter as i32,
+                sel: self.ptr(sel),
+                wts: self.ptr(wts),
+                k: k as i32,
+                x,
+                h,
+                inter: e.inter as i32,
+                hidden: e.hidden as i32,
+                route: fused_route,
+            }
+            .launch(self, (gu.min(resident) as u32, 1, 1), (256, 1, 1))?;
             let dn = groups(e.hidden, 64, k + shared_n);
-            launch!(self, &self.inner.f.experts_down_p, (dn.min(resident) as u32, 1, 1), (256, 1, 1);
-                e.down.proj(self), sd, has, sinter as i32, self.ptr(sel), self.ptr(wts), k as i32,
-                h, e.inter as i32, part, e.hidden as i32)?;
+            ops::moe::ExpertsDownPArgs {
+                down: e.down.proj(self),
+                sdown: sd,
+                has_shared: has,
+                shared_inter: sinter as i32,
+                sel: self.ptr(sel),
+                wts: self.ptr(wts),
+                k: k as i32,
+                h,
+                inter: e.inter as i32,
+                part,
+                hidden: e.hidden as i32,
+            }
+            .launch(self, (dn.min(resident) as u32, 1, 1), (256, 1, 1))?;
         } else {
             self.experts_per_item(e, sp, io)?;
         }
@@ -273,8 +350,17 @@ impl CudaBackend {
         } else {
             (Epi::default(), epi.kind != 0)
         };
-        launch!(self, &self.inner.f.experts_reduce, (n.div_ceil(256), 1, 1), (256, 1, 1);
-            part, k as i32, t as i32, has, out, resid, e.hidden as i32, fused)?;
+        ops::moe::ExpertsReduceArgs {
+            part,
+            k: k as i32,
+            t: t as i32,
+            has_shared: has,
+            out,
+            resid,
+            hidden: e.hidden as i32,
+            epi: fused,
+        }
+        .launch(self, (n.div_ceil(256), 1, 1), (256, 1, 1))?;
         if separate {
             self.epilogue_launch(&epi, t)?;
         }
@@ -284,18 +370,15 @@ impl CudaBackend {
     /// Whether one token's experts run on the persistent kernels (`experts_*_p`): tensor cores on
     /// (sm_89+), NVFP4 routed experts with `hidden` and `inter` multiples of 128, every routed
     /// item's `h` staged at once (`k · inter <= 10240`), a BF16 shared expert if any; unless
-    /// switched off (`set_persistent_moe`).
-    pub(super) fn persistent_moe(
+    /// switched off (`CudaOptions::persistent_moe`).
+    pub(crate) fn persistent_moe(
         &self,
         e: &CudaExperts,
-        shared: &Option<(&SharedExpert<'_>, [u64; 3])>,
+        shared: &Option<(&SharedExpert<'_>, [DevPtr<f32>; 3])>,
         k: usize,
         t: usize,
     ) -> bool {
-        let on = self
-            .inner
-            .persist
-            .load(std::sync::atomic::Ordering::Relaxed);
+        let on = self.opts().persistent_moe;
         let shared_ok = match shared {
             None => true,
             Some((s, _)) => {
@@ -315,24 +398,9 @@ impl CudaBackend {
             && shared_ok
     }
 
-    /// Switches the persistent MoE kernels on or off (for comparisons; on by default).
-    pub fn set_persistent_moe(&self, on: bool) {
-        self.inner
-            .persist
-            .store(on, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Caps the persistent MoE kernels' grid at `blocks` (0: as many as are resident), so that
-    /// tests at small shapes make each block walk several groups and items, as at full size.
-    pub fn set_persistent_grid(&self, blocks: usize) {
-        self.inner
-            .persist_grid
-            .store(blocks, std::sync::atomic::Ordering::Relaxed);
-    }
-
     /// Gate/up and down of `items` (token, expert) pairs, one grid row per item (the shared
     /// expert, if any, one more item per token).
-    pub(super) fn experts_per_item(
+    pub(crate) fn experts_per_item(
         &self,
         e: &CudaExperts,
         shared: Option<SharedProj>,
@@ -357,15 +425,53 @@ impl CudaBackend {
         } = shared.unwrap_or_default();
         let items = t * k + if has != 0 { t } else { 0 };
         let rows = e.inter.max(sinter) as u32;
-        launch!(self, &self.inner.f.experts_gate_up2,
-            (rows.div_ceil(EXPERT_GU_WARPS * EXPERT_GU_ROWS), items as u32, 1),
-            (32 * EXPERT_GU_WARPS, 1, 1);
-            e.gate.proj(self), e.up.proj(self), sg, su, has, sinter as i32, self.ptr(sel),
-            k as i32, t as i32, x, h, e.inter as i32, e.hidden as i32, i32::from(self.inner.mma))?;
-        launch!(self, &self.inner.f.experts_down2,
-            ((e.hidden as u32).div_ceil(GEMV_WARPS * EXPERT_DOWN_ROWS), items as u32, 1),
-            (32 * GEMV_WARPS, 1, 1);
-            e.down.proj(self), sd, sinter as i32, self.ptr(sel), self.ptr(wts), k as i32,
-            t as i32, h, e.inter as i32, part, e.hidden as i32, i32::from(self.inner.mma))
+        ops::moe::ExpertsGateUp2Args {
+            gate: e.gate.proj(self),
+            up: e.up.proj(self),
+            sgate: sg,
+            sup: su,
+            has_shared: has,
+            shared_inter: sinter as i32,
+            sel: self.ptr(sel),
+            k: k as i32,
+            t: t as i32,
+            x,
+            h,
+            inter: e.inter as i32,
+            hidden: e.hidden as i32,
+            mma: i32::from(self.inner.mma),
+        }
+        .launch(
+            self,
+            (
+                rows.div_ceil(EXPERT_GU_WARPS * EXPERT_GU_ROWS),
+                items as u32,
+                1,
+            ),
+            (32 * EXPERT_GU_WARPS, 1, 1),
+        )?;
+        ops::moe::ExpertsDown2Args {
+            down: e.down.proj(self),
+            sdown: sd,
+            shared_inter: sinter as i32,
+            sel: self.ptr(sel),
+            wts: self.ptr(wts),
+            k: k as i32,
+            t: t as i32,
+            h,
+            inter: e.inter as i32,
+            part,
+            hidden: e.hidden as i32,
+            mma: i32::from(self.inner.mma),
+        }
+        .launch(
+            self,
+            (
+                (e.hidden as u32).div_ceil(GEMV_WARPS * EXPERT_DOWN_ROWS),
+                items as u32,
+                1,
+            ),
+            (32 * GEMV_WARPS, 1, 1),
+        )
     }
 }

@@ -1,0 +1,175 @@
+//! Reading a request body into a typed request, with errors that name the field.
+//!
+//! serde alone would say "invalid type: string, expected u32" without the field, and
+//! `deny_unknown_fields` would call an OpenAI field fp4forge does not implement "unknown". So a
+//! body is read in four steps: JSON that parses, an object; every key known (an unknown key is
+//! refused by name); every unimplemented field null or at its neutral value (else refused by
+//! name); then serde. When serde fails, the field at fault is found by reading each field
+//! alone, and its error says what the field must be and what came.
+
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use crate::error::RequestError;
+
+/// One field of a request type: its name and what its value must be (for messages).
+#[derive(Debug, Clone, Copy)]
+pub struct Field {
+    /// The JSON key.
+    pub name: &'static str,
+    /// What the value must be, as a message says it ("an integer", "true or false").
+    pub expected: &'static str,
+}
+
+/// An OpenAI or vLLM field that fp4forge does not implement. It is accepted only when null or
+/// at one of its neutral values (JSON texts: what fp4forge does anyway); otherwise refused.
+#[derive(Debug, Clone, Copy)]
+pub struct Unimplemented {
+    /// The JSON key.
+    pub name: &'static str,
+    /// The values that ask for nothing fp4forge lacks, as JSON texts (`"0"`, `"0.0"`).
+    pub neutral: &'static [&'static str],
+}
+
+/// A request type read by [`parse_request`].
+pub trait WireRequest: DeserializeOwned + Default {
+    /// Every field the type has (those it honours and those it accepts and ignores).
+    const FIELDS: &'static [Field];
+    /// Fields of the API that fp4forge does not implement.
+    const UNIMPLEMENTED: &'static [Unimplemented];
+
+    /// A precise error for field `key` whose `value` did not deserialize, for fields with
+    /// structure (`prompt`, `messages`); `None`: the generic "must be ..." message.
+    fn shape_error(key: &str, value: &Value) -> Option<RequestError> {
+        let _ = (key, value);
+        None
+    }
+}
+
+/// The JSON type of `v`, as a message names it.
+pub fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(n) if n.is_i64() || n.is_u64() => "an integer",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A short rendering of `v` for messages (at most 60 characters).
+pub fn show(v: &Value) -> String {
+    let s = v.to_string();
+    if s.chars().count() > 60 {
+        let cut: String = s.chars().take(57).collect();
+        format!("{cut}...")
+    } else {
+        s
+    }
+}
+
+/// "a string \"ten\"": the type and value of `v`, for "got ..." in messages.
+pub fn describe(v: &Value) -> String {
+    format!("{} {}", type_name(v), show(v))
+}
+
+/// Parses `bytes` as a JSON object.
+pub fn parse_object(bytes: &[u8]) -> Result<Map<String, Value>, RequestError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(RequestError::EmptyBody);
+    }
+    let v: Value =
+        serde_json::from_slice(bytes).map_err(|e| RequestError::MalformedJson(e.to_string()))?;
+    match v {
+        Value::Object(map) => Ok(map),
+        other => Err(RequestError::NotAnObject(type_name(&other))),
+    }
+}
+
+/// Reads a request body into `R`: see the module's documentation for the steps.
+pub fn parse_request<R: WireRequest>(bytes: &[u8]) -> Result<R, RequestError> {
+    let map = parse_object(bytes)?;
+    request_from_map(map)
+}
+
+/// [`parse_request`] from an already parsed JSON object.
+pub fn request_from_map<R: WireRequest>(mut map: Map<String, Value>) -> Result<R, RequestError> {
+    let mut unimplemented = Vec::new();
+    for (key, value) in &map {
+        if R::FIELDS.iter().any(|f| f.name == key) {
+            continue;
+        }
+        let Some(u) = R::UNIMPLEMENTED.iter().find(|u| u.name == key) else {
+            return Err(RequestError::UnknownField { field: key.clone() });
+        };
+        let neutral = value.is_null()
+            || u.neutral
+                .iter()
+                .filter_map(|text| serde_json::from_str::<Value>(text).ok())
+                .any(|n| &n == value);
+        if !neutral {
+            return Err(RequestError::Unsupported {
+                field: key.clone(),
+                got: show(value),
+            });
+        }
+        unimplemented.push(key.clone());
+    }
+    for key in unimplemented {
+        map.remove(&key);
+    }
+    match serde_json::from_value::<R>(Value::Object(map.clone())) {
+        Ok(r) => Ok(r),
+        Err(whole) => Err(field_at_fault::<R>(map)
+            .unwrap_or_else(|| RequestError::MalformedJson(whole.to_string()))),
+    }
+}
+
+/// The first field of `map` that does not deserialize on its own, as an error naming it.
+fn field_at_fault<R: WireRequest>(map: Map<String, Value>) -> Option<RequestError> {
+    for (key, value) in map {
+        let mut alone = Map::new();
+        alone.insert(key.clone(), value.clone());
+        if serde_json::from_value::<R>(Value::Object(alone)).is_ok() {
+            continue;
+        }
+        if let Some(e) = R::shape_error(&key, &value) {
+            return Some(e);
+        }
+        let expected = R::FIELDS
+            .iter()
+            .find(|f| f.name == key)
+            .map_or("something else", |f| f.expected);
+        return Some(RequestError::WrongType {
+            field: key,
+            expected,
+            got: describe(&value),
+        });
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_and_non_object_bodies_are_refused() {
+        assert!(matches!(
+            parse_object(b"{\"a\": "),
+            Err(RequestError::MalformedJson(_))
+        ));
+        let e = parse_object(b"[1]").expect_err("an array");
+        assert!(e.to_string().contains("an array"), "{e}");
+        assert_eq!(parse_object(b"  "), Err(RequestError::EmptyBody));
+    }
+
+    #[test]
+    fn long_values_are_shortened() {
+        let v = Value::String("x".repeat(100));
+        assert_eq!(show(&v).chars().count(), 60);
+        assert!(show(&v).ends_with("..."));
+    }
+}

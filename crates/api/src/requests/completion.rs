@@ -1,0 +1,378 @@
+//! `POST /v1/completions`: [`CompletionRequest`] and its [`Prompt`].
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{int_in, stream_options_error, Limits, Sampling, Stop, StreamOptions};
+use crate::error::RequestError;
+use crate::integer::Integer;
+use crate::parse::{describe, type_name, Field, Unimplemented, WireRequest};
+
+/// One prompt: text, or token ids.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum SinglePrompt {
+    /// A text prompt; the server tokenizes it (and may add BOS).
+    Text(String),
+    /// Token ids, used as they are.
+    Tokens(Vec<u32>),
+}
+
+/// `prompt`: a string, a list of token ids, or a list of either (several prompts).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    /// A text prompt; the server tokenizes it (and may add BOS).
+    Text(String),
+    /// Token ids, sent as they are (OpenAI and vLLM accept `prompt: [ids]`).
+    Tokens(Vec<u32>),
+    /// Several prompts, each answered by `n` choices.
+    Batch(Vec<SinglePrompt>),
+}
+
+impl Prompt {
+    /// The prompts, in order.
+    pub fn to_list(&self) -> Vec<SinglePrompt> {
+        match self {
+            Self::Text(t) => vec![SinglePrompt::Text(t.clone())],
+            Self::Tokens(ids) => vec![SinglePrompt::Tokens(ids.clone())],
+            Self::Batch(items) => items.clone(),
+        }
+    }
+}
+
+/// The body of `POST /v1/completions`. `None` fields are left out of the JSON; unknown fields
+/// are refused (see [`WireRequest::FIELDS`] and [`WireRequest::UNIMPLEMENTED`]).
+///
+/// Accepted and ignored (no effect on the result): `user`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CompletionRequest {
+    /// The served model name (when given, it must be the one served).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The prompt (required).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<Prompt>,
+    /// Tokens to generate (default 16; 0 with `echo` scores the prompt only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<Integer>,
+    /// Sampling temperature, 0 to 100 (0: greedy).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    /// Nucleus mass, in (0, 1].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    /// vLLM: top-k (-1 or 0: off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<Integer>,
+    /// Choices per prompt.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub n: Option<Integer>,
+    /// Sampling seed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed: Option<Integer>,
+    /// Stop sequences.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Stop>,
+    /// vLLM: extra stop token ids.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_token_ids: Option<Vec<Integer>>,
+    /// vLLM: keep generating past EOS.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ignore_eos: Option<bool>,
+    /// vLLM: generate at least this many tokens.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_tokens: Option<Integer>,
+    /// Stream the answer as server-sent events.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
+    /// Streaming options (`include_usage`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream_options: Option<StreamOptions>,
+    /// Return the prompt in `text` and its token logprobs in `logprobs`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub echo: Option<bool>,
+    /// Number of top alternatives per position in `top_logprobs` (also enables
+    /// `token_logprobs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Integer>,
+    /// Accepted and ignored: an end-user id (OpenAI uses it for abuse monitoring).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+}
+
+impl CompletionRequest {
+    /// A greedy, non-streamed request with every other option unset.
+    pub fn new(model: impl Into<String>, prompt: Prompt, max_tokens: u32) -> Self {
+        Self {
+            model: Some(model.into()),
+            prompt: Some(prompt),
+            max_tokens: Some(max_tokens.into()),
+            temperature: Some(0.0),
+            ..Self::default()
+        }
+    }
+
+    /// The sampling and stopping fields.
+    pub fn sampling(&self) -> Sampling<'_> {
+        Sampling {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            seed: self.seed,
+            n: self.n,
+            stop: self.stop.as_ref(),
+            stop_token_ids: self.stop_token_ids.as_deref(),
+            ignore_eos: self.ignore_eos,
+            min_tokens: self.min_tokens,
+            stream: self.stream,
+            stream_options: self.stream_options.as_ref(),
+        }
+    }
+
+    /// Checks every field that can be checked without the model: ranges, `limits`, a prompt
+    /// that is present and not an empty list. (Token counts against the context are the
+    /// server's, after tokenizing.)
+    pub fn validate(&self, limits: &Limits) -> Result<(), RequestError> {
+        self.sampling().validate(limits)?;
+        if let Some(m) = self.max_tokens {
+            int_in(
+                "max_tokens",
+                m,
+                0,
+                limits.max_tokens as u64,
+                "this server's limit (--max-tokens-limit)",
+            )?;
+        }
+        if let Some(n) = self.logprobs {
+            int_in(
+                "logprobs",
+                n,
+                0,
+                limits.max_logprobs as u64,
+                "this server's limit of top logprobs",
+            )?;
+        }
+        match &self.prompt {
+            None => Err(RequestError::Required {
+                field: "prompt".into(),
+            }),
+            Some(Prompt::Tokens(ids)) if ids.is_empty() => {
+                Err(RequestError::invalid("prompt", "`prompt` is empty"))
+            }
+            Some(Prompt::Batch(items)) if items.is_empty() => {
+                Err(RequestError::invalid("prompt", "`prompt` is empty"))
+            }
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Top logprobs per position, when asked for. Valid after [`Self::validate`].
+    pub fn top_logprobs(&self) -> Option<usize> {
+        self.logprobs.and_then(Integer::to_usize)
+    }
+}
+
+impl WireRequest for CompletionRequest {
+    const FIELDS: &'static [Field] = &[
+        Field {
+            name: "model",
+            expected: "a string",
+        },
+        Field {
+            name: "prompt",
+            expected: "a string, a list of token ids, or a list of either",
+        },
+        Field {
+            name: "max_tokens",
+            expected: "an integer",
+        },
+        Field {
+            name: "temperature",
+            expected: "a number",
+        },
+        Field {
+            name: "top_p",
+            expected: "a number",
+        },
+        Field {
+            name: "top_k",
+            expected: "an integer",
+        },
+        Field {
+            name: "n",
+            expected: "an integer",
+        },
+        Field {
+            name: "seed",
+            expected: "a 64-bit integer",
+        },
+        Field {
+            name: "stop",
+            expected: "a string or a list of strings",
+        },
+        Field {
+            name: "stop_token_ids",
+            expected: "a list of token ids",
+        },
+        Field {
+            name: "ignore_eos",
+            expected: "true or false",
+        },
+        Field {
+            name: "min_tokens",
+            expected: "an integer",
+        },
+        Field {
+            name: "stream",
+            expected: "true or false",
+        },
+        Field {
+            name: "stream_options",
+            expected: "an object",
+        },
+        Field {
+            name: "echo",
+            expected: "true or false",
+        },
+        Field {
+            name: "logprobs",
+            expected: "an integer",
+        },
+        Field {
+            name: "user",
+            expected: "a string",
+        },
+    ];
+    const UNIMPLEMENTED: &'static [Unimplemented] = &COMPLETION_UNIMPLEMENTED;
+
+    fn shape_error(key: &str, value: &Value) -> Option<RequestError> {
+        match key {
+            "prompt" => Some(prompt_error(value)),
+            "stream_options" => Some(stream_options_error(value)),
+            _ => None,
+        }
+    }
+}
+
+/// The shared unimplemented fields plus the completions-only ones (`suffix`).
+const COMPLETION_UNIMPLEMENTED: [Unimplemented; super::UNIMPLEMENTED_COMMON.len() + 1] = {
+    let mut all = [Unimplemented {
+        name: "suffix",
+        neutral: &["\"\""],
+    }; super::UNIMPLEMENTED_COMMON.len() + 1];
+    let mut i = 0;
+    while i < super::UNIMPLEMENTED_COMMON.len() {
+        all[i + 1] = super::UNIMPLEMENTED_COMMON[i];
+        i += 1;
+    }
+    all
+};
+
+/// Why `prompt` did not read as a [`Prompt`].
+fn prompt_error(value: &Value) -> RequestError {
+    let bad = |m: String| RequestError::invalid("prompt", m);
+    let ids_error = |items: &[Value], which: &str| {
+        items
+            .iter()
+            .find(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()).is_none())
+            .map(|x| {
+                bad(format!(
+                    "{which} must be a list of token ids (non-negative integers), found {}",
+                    describe(x)
+                ))
+            })
+    };
+    match value {
+        Value::Array(items) if items.iter().all(Value::is_number) => ids_error(items, "`prompt`")
+            .unwrap_or_else(|| bad("`prompt`: unreadable token ids".into())),
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(i, x)| match x {
+                Value::String(_) => None,
+                Value::Array(inner) => ids_error(inner, &format!("`prompt[{i}]`")),
+                other => Some(bad(format!(
+                    "`prompt[{i}]` must be a string or a list of token ids, got {}",
+                    type_name(other)
+                ))),
+            })
+            .unwrap_or_else(|| bad("`prompt`: unreadable prompt list".into())),
+        v => bad(format!(
+            "`prompt` must be a string, a list of token ids, or a list of either; got {}",
+            type_name(v)
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse::parse_request;
+
+    const LIMITS: Limits = Limits {
+        max_choices: 8,
+        max_tokens: 1000,
+        max_logprobs: 20,
+    };
+
+    fn parse(s: &str) -> Result<CompletionRequest, RequestError> {
+        parse_request::<CompletionRequest>(s.as_bytes())
+    }
+
+    #[test]
+    fn every_listed_field_reads_alone() {
+        for f in CompletionRequest::FIELDS {
+            assert!(
+                parse(&format!("{{\"{}\": null}}", f.name)).is_ok(),
+                "{}",
+                f.name
+            );
+        }
+    }
+
+    #[test]
+    fn prompts_of_every_shape() {
+        let r = parse(r#"{"prompt": ["a", [1, 2]]}"#).expect("batch");
+        assert_eq!(r.prompt.expect("prompt").to_list().len(), 2);
+        let r = parse(r#"{"prompt": [1, 2]}"#).expect("ids");
+        assert_eq!(r.prompt, Some(Prompt::Tokens(vec![1, 2])));
+        let e = parse(r#"{"prompt": [1, "a"]}"#).expect_err("mixed");
+        assert!(e.to_string().contains("prompt[0]"), "{e}");
+        let e = parse(r#"{"prompt": [1, -2]}"#).expect_err("negative");
+        assert!(e.to_string().contains("token ids"), "{e}");
+        assert_eq!(e.param(), Some("prompt"));
+    }
+
+    #[test]
+    fn typed_fields_name_the_field_and_the_value() {
+        let e = parse(r#"{"max_tokens": "ten"}"#).expect_err("type");
+        assert_eq!(e.param(), Some("max_tokens"));
+        assert!(e.to_string().contains("an integer") && e.to_string().contains("\"ten\""));
+        let r = parse(r#"{"prompt": "x", "n": 0}"#).expect("parses");
+        let e = r.validate(&LIMITS).expect_err("n");
+        assert!(e.to_string().contains("at least 1"), "{e}");
+        let r = parse(r#"{"prompt": "x", "max_tokens": 99999999999999999999}"#).expect("parses");
+        let e = r.validate(&LIMITS).expect_err("big");
+        assert!(e.to_string().contains("exceeds"), "{e}");
+        let r = parse(r#"{"prompt": "x", "stop": ["", "x"]}"#).expect("parses");
+        assert!(r
+            .validate(&LIMITS)
+            .expect_err("stop")
+            .to_string()
+            .contains("empty"));
+    }
+
+    #[test]
+    fn unknown_ignored_and_unimplemented_fields() {
+        let e = parse(r#"{"prompt": "x", "frobnicate": 1}"#).expect_err("unknown");
+        assert_eq!(e.param(), Some("frobnicate"));
+        assert!(parse(r#"{"prompt": "x", "user": "u1"}"#).is_ok());
+        let e = parse(r#"{"prompt": "x", "min_p": 0.1}"#).expect_err("min_p");
+        assert_eq!(e.param(), Some("min_p"));
+        assert!(e.to_string().contains("not supported"), "{e}");
+        assert!(parse(r#"{"prompt": "x", "presence_penalty": 0}"#).is_ok());
+        assert!(parse(r#"{"prompt": "x", "suffix": ""}"#).is_ok());
+    }
+}

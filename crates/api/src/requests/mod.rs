@@ -1,0 +1,349 @@
+//! Request bodies: what completions and chat share ([`Sampling`], [`Stop`],
+//! [`StreamOptions`], [`Limits`]) and the two requests, one file each.
+
+pub mod chat;
+pub mod completion;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::RequestError;
+use crate::integer::Integer;
+use crate::parse::{describe, Unimplemented};
+
+/// Most stop strings per request.
+pub const MAX_STOPS: usize = 16;
+/// Longest stop string, bytes (the server's hold-back check is quadratic in it).
+pub const MAX_STOP_BYTES: usize = 256;
+
+/// The limits a server puts on a request, for
+/// [`validate`](completion::CompletionRequest::validate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Most choices (sequences) per request.
+    pub max_choices: usize,
+    /// Most tokens a request may ask to generate.
+    pub max_tokens: usize,
+    /// Most top logprobs per position.
+    pub max_logprobs: usize,
+}
+
+/// `stop`: one string or a list of them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    /// One stop string.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+impl Stop {
+    /// The stop strings as a list.
+    pub fn to_list(&self) -> Vec<String> {
+        match self {
+            Self::One(s) => vec![s.clone()],
+            Self::Many(v) => v.clone(),
+        }
+    }
+}
+
+/// `stream_options` of a streamed request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamOptions {
+    /// Ask for a final chunk that carries `usage`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub include_usage: Option<bool>,
+}
+
+/// Fields of the API (OpenAI's and vLLM's) that both endpoints refuse unless null or neutral.
+/// The penalties, `logit_bias`, `best_of`, tools and structured output change what is
+/// generated and fp4forge does not implement them; the vLLM sampling and template extras
+/// likewise. A neutral value (a penalty of 0, `add_special_tokens` as fp4forge already does)
+/// asks for nothing and is accepted.
+pub const UNIMPLEMENTED_COMMON: &[Unimplemented] = &[
+    un("presence_penalty", &["0", "0.0"]),
+    un("frequency_penalty", &["0", "0.0"]),
+    un("repetition_penalty", &["1", "1.0"]),
+    un("logit_bias", &["{}"]),
+    un("best_of", &["1"]),
+    un("tools", &["[]"]),
+    un("functions", &["[]"]),
+    un("tool_choice", &["\"none\"", "\"auto\""]),
+    un("parallel_tool_calls", &[]),
+    un("response_format", &["{\"type\": \"text\"}"]),
+    un("guided_json", &[]),
+    un("guided_regex", &[]),
+    un("guided_choice", &[]),
+    un("guided_grammar", &[]),
+    un("guided_decoding_backend", &[]),
+    un("structured_outputs", &[]),
+    un("min_p", &["0", "0.0"]),
+    un("use_beam_search", &["false"]),
+    un("length_penalty", &["1", "1.0"]),
+    un("bad_words", &["[]"]),
+    un("allowed_token_ids", &[]),
+    un("prompt_logprobs", &[]),
+    un("include_stop_str_in_output", &["false"]),
+    un("skip_special_tokens", &[]),
+    un("spaces_between_special_tokens", &[]),
+    un("truncate_prompt_tokens", &[]),
+    un("logits_processors", &[]),
+    un("return_tokens_as_token_ids", &["false"]),
+    un("add_special_tokens", &[]),
+    un("reasoning_effort", &[]),
+    un("include_reasoning", &[]),
+    un("priority", &["0"]),
+    un("modalities", &["[\"text\"]"]),
+    un("prediction", &[]),
+    un("audio", &[]),
+    un("web_search_options", &[]),
+];
+
+const fn un(name: &'static str, neutral: &'static [&'static str]) -> Unimplemented {
+    Unimplemented { name, neutral }
+}
+
+/// The sampling and stopping fields both requests have, borrowed from one of them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sampling<'a> {
+    /// Sampling temperature, 0 to 100 (0: greedy).
+    pub temperature: Option<f64>,
+    /// Nucleus mass, in (0, 1].
+    pub top_p: Option<f64>,
+    /// Top-k (vLLM); -1 or 0: off.
+    pub top_k: Option<Integer>,
+    /// Seed; choice `j` uses `seed + j`.
+    pub seed: Option<Integer>,
+    /// Choices per prompt.
+    pub n: Option<Integer>,
+    /// Stop strings.
+    pub stop: Option<&'a Stop>,
+    /// Extra stop token ids (vLLM).
+    pub stop_token_ids: Option<&'a [Integer]>,
+    /// Keep going past EOS (vLLM).
+    pub ignore_eos: Option<bool>,
+    /// No stop before this many tokens (vLLM).
+    pub min_tokens: Option<Integer>,
+    /// Server-sent events.
+    pub stream: Option<bool>,
+    /// Streaming options.
+    pub stream_options: Option<&'a StreamOptions>,
+}
+
+impl Sampling<'_> {
+    /// Checks every field's range against `limits`.
+    pub fn validate(&self, limits: &Limits) -> Result<(), RequestError> {
+        if let Some(t) = self.temperature {
+            in_range("temperature", t, 0.0, 100.0)?;
+        }
+        if let Some(p) = self.top_p {
+            in_range("top_p", p, 0.0, 1.0)?;
+            if p <= 0.0 {
+                return Err(RequestError::invalid(
+                    "top_p",
+                    "`top_p` must be greater than 0",
+                ));
+            }
+        }
+        if let Some(k) = self.top_k {
+            int_in("top_k", k, -1, u64::from(u32::MAX), "the vocabulary")?;
+        }
+        if let Some(s) = self.seed {
+            if s.0 < i128::from(i64::MIN) || s.0 > i128::from(u64::MAX) {
+                return Err(RequestError::invalid(
+                    "seed",
+                    format!("`seed` must be a 64-bit integer, got {s}"),
+                ));
+            }
+        }
+        if let Some(n) = self.n {
+            int_in(
+                "n",
+                n,
+                1,
+                limits.max_choices as u64,
+                "this server's limit of choices per request",
+            )?;
+        }
+        let stop = self.stop_list();
+        if stop.len() > MAX_STOPS {
+            return Err(RequestError::invalid(
+                "stop",
+                format!(
+                    "`stop` has {} sequences; at most {MAX_STOPS} are allowed",
+                    stop.len()
+                ),
+            ));
+        }
+        if stop.iter().any(String::is_empty) {
+            return Err(RequestError::invalid(
+                "stop",
+                "`stop` sequences must not be empty",
+            ));
+        }
+        if let Some(long) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+            return Err(RequestError::invalid(
+                "stop",
+                format!(
+                    "a stop sequence of {} bytes; at most {MAX_STOP_BYTES} are allowed",
+                    long.len()
+                ),
+            ));
+        }
+        for &id in self.stop_token_ids.unwrap_or_default() {
+            if u32::try_from(id.0).is_err() {
+                return Err(RequestError::WrongType {
+                    field: "stop_token_ids".into(),
+                    expected: "a list of token ids",
+                    got: describe(&integer_value(id)),
+                });
+            }
+        }
+        if let Some(m) = self.min_tokens {
+            int_in(
+                "min_tokens",
+                m,
+                0,
+                limits.max_tokens as u64,
+                "this server's max_tokens limit",
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Choices per prompt (1 when absent). Valid after [`Self::validate`].
+    pub fn choices(&self) -> usize {
+        self.n.and_then(Integer::to_usize).unwrap_or(1)
+    }
+
+    /// The seed as 64 bits (a negative one wraps), `None` when absent.
+    pub fn seed_bits(&self) -> Option<u64> {
+        self.seed.map(|s| s.0 as u64)
+    }
+
+    /// Top-k: `Some(0)` for off (-1 or 0), `None` when absent.
+    pub fn top_k(&self) -> Option<usize> {
+        self.top_k.map(|k| k.to_usize().unwrap_or(0))
+    }
+
+    /// The stop strings (empty when absent).
+    pub fn stop_list(&self) -> Vec<String> {
+        self.stop.map(Stop::to_list).unwrap_or_default()
+    }
+
+    /// The extra stop token ids (those that fit `u32`; all do after [`Self::validate`]).
+    pub fn stop_token_list(&self) -> Vec<u32> {
+        self.stop_token_ids
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|id| u32::try_from(id.0).ok())
+            .collect()
+    }
+
+    /// Tokens before a stop may be sampled (0 when absent).
+    pub fn min_token_count(&self) -> usize {
+        self.min_tokens.and_then(Integer::to_usize).unwrap_or(0)
+    }
+
+    /// Whether a final usage chunk was asked for.
+    pub fn include_usage(&self) -> bool {
+        self.stream_options
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false)
+    }
+}
+
+/// `v` as a JSON number.
+pub(crate) fn integer_value(v: Integer) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+/// Checks a number against `[min, max]`.
+pub(crate) fn in_range(field: &str, x: f64, min: f64, max: f64) -> Result<(), RequestError> {
+    if x.is_finite() && x >= min && x <= max {
+        Ok(())
+    } else {
+        Err(RequestError::OutOfRange {
+            field: field.into(),
+            min,
+            max,
+            got: Value::from(x).to_string(),
+        })
+    }
+}
+
+/// Checks an integer against `[min, max]`; `what` names the upper bound.
+pub(crate) fn int_in(
+    field: &str,
+    v: Integer,
+    min: i128,
+    max: u64,
+    what: &'static str,
+) -> Result<(), RequestError> {
+    if v.0 < min {
+        return Err(RequestError::TooSmall {
+            field: field.into(),
+            min,
+            got: v.0,
+        });
+    }
+    if v.0 > i128::from(max) {
+        return Err(RequestError::TooLarge {
+            field: field.into(),
+            got: v.0,
+            limit: max,
+            what,
+        });
+    }
+    Ok(())
+}
+
+/// The precise error for `stream_options` that did not deserialize.
+pub(crate) fn stream_options_error(v: &Value) -> RequestError {
+    let Value::Object(o) = v else {
+        return RequestError::WrongType {
+            field: "stream_options".into(),
+            expected: "an object",
+            got: describe(v),
+        };
+    };
+    for (k, x) in o {
+        if k != "include_usage" {
+            return RequestError::UnknownField {
+                field: format!("stream_options.{k}"),
+            };
+        }
+        if !x.is_null() && !x.is_boolean() {
+            return RequestError::WrongType {
+                field: "stream_options.include_usage".into(),
+                expected: "true or false",
+                got: describe(x),
+            };
+        }
+    }
+    RequestError::WrongType {
+        field: "stream_options".into(),
+        expected: "an object",
+        got: describe(v),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn neutral_values_parse_as_json() {
+        for u in UNIMPLEMENTED_COMMON {
+            for text in u.neutral {
+                assert!(
+                    serde_json::from_str::<Value>(text).is_ok(),
+                    "{}: {text}",
+                    u.name
+                );
+            }
+        }
+    }
+}

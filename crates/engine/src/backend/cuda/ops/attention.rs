@@ -1,0 +1,504 @@
+//! Attention (kernels/attention.cu, host side): the KV cache on the device, decode attention
+//! with key splits and their merge, prefill attention; and one token's q/k norms, rope and KV
+//! append (`qk_norm_rope`, kernels/elementwise.cu) where the decode kernel does not do them.
+
+use crate::backend::cuda::*;
+
+kernels! {
+    group attention;
+
+    /// Rows `k`, `v` of `t` tokens (`width` values each) into the cache from position `pos0`.
+    kv_append => KvAppendArgs {
+        kc: DevPtr<u8>, vc: DevPtr<u8>, k: DevPtr<f32>, v: DevPtr<f32>, t: i32, pos0: i32,
+        window: i32, width: i32, kv_t: i32, ks: f32, vs: f32,
+    }
+    /// Attention of `t` query rows over a cache of f32, fp8 or bf16 values (`3 · kv_t +
+    /// head-dim class`: d ≤ 32, 64, 128).
+    attn [
+        "attn_f32_1", "attn_f32_2", "attn_f32_4",
+        "attn_fp8_1", "attn_fp8_2", "attn_fp8_4",
+        "attn_bf16_1", "attn_bf16_2", "attn_bf16_4",
+    ] => AttnArgs {
+        q: DevPtr<f32>, kch: DevPtr<f32>, vch: DevPtr<f32>, kc: DevPtr<u8>, vc: DevPtr<u8>,
+        out: DevPtr<f32>, part_o: DevPtr<f32>, part_ml: DevPtr<f32>, t: i32, heads: i32, kvh: i32,
+        d: i32, scale: f32, pos0: i32, window: i32, splits: i32, ngroups: i32, ks: f32, vs: f32,
+    }
+    /// One token's attention over a bf16 cache: head_dim 64, 128, and 128 for short spans.
+    attn_dec ["attn_dec_bf16_64", "attn_dec_bf16_128", "attn_dec_bf16_128_short"] => AttnDecArgs {
+        q: DevPtr<f32>, kch: DevPtr<f32>, vch: DevPtr<f32>, kc: DevPtr<u16>, vc: DevPtr<u16>,
+        out: DevPtr<f32>, part_o: DevPtr<f32>, part_ml: DevPtr<f32>, heads: i32, kvh: i32,
+        scale: f32, pos0: i32, window: i32, splits: i32, ngroups: i32, pp: AttnPrep,
+    }
+    /// The merge of `splits` partial results per head (and `softplus(gate)` where not null).
+    attn_combine => AttnCombineArgs {
+        part_o: DevPtr<f32>, part_ml: DevPtr<f32>, out: DevPtr<f32>, gate: DevPtr<f32>,
+        heads: i32, d: i32, splits: i32,
+    }
+}
+
+/// Query heads of one KV head handled by one attention block (`GMAX`).
+pub(crate) const ATTN_GMAX: usize = 4;
+
+/// Fewest keys per split of decode attention.
+pub(crate) const ATTN_SPLIT_MIN_KEYS: u32 = 64;
+
+/// Decode attention blocks per SM that `splits_for` aims at; 0: one full wave of the kernel it
+/// launches (its resident blocks per SM). H200, Laguna-S, graph replay, one run: lean 5.056 /
+/// 5.249 / 5.531 ms per token at 16K context aiming at 4 / 8 / 16 (4 = one wave of the long-span
+/// kernel), 7.130 / 7.346 / 7.698 at 64K; at 2K 2 (one wave of the short-span kernel) beats 4.
+pub(crate) const ATTN_SPLIT_BLOCKS_PER_SM: u32 = 0;
+
+/// Most key splits of one decode attention call.
+pub(crate) const MAX_SPLITS: usize = 128;
+
+/// Attended keys up to which a head_dim-128 decode step takes the kernel variant with 2 resident
+/// blocks per SM (no register cap, no spills) instead of 4. Measured on the H200 (Laguna-S
+/// geometry, 2026-11-30): sliding layers (512 keys) 565 vs 618 µs per token, full layers at 64K
+/// 4,103 vs 3,520 µs (the occupancy wins there).
+pub(crate) const ATTN_SHORT_KEYS: usize = 8192;
+
+/// The per-head q/k norms, rope and KV append of a decode step, done by the decode attention
+/// kernel (`Prep` in kernels/attention.cu; layout identical).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct AttnPrep {
+    qn: DevPtr<f32>,
+    kn: DevPtr<f32>,
+    inv_freq: DevPtr<f32>,
+    kc: DevPtr<u16>,
+    vc: DevPtr<u16>,
+    slot: i64,
+    eps: f32,
+    attn_factor: f32,
+    rdim: i32,
+    on: i32,
+}
+
+// SAFETY: plain old data matching the C struct's layout.
+unsafe impl DeviceRepr for AttnPrep {}
+
+impl AttnPrep {
+    /// The norms `norms` and the rope `rope` of one token, and its new rows written to `slot`
+    /// of `cache`.
+    pub(crate) fn new(
+        b: &CudaBackend,
+        cache: &CudaKvLayer,
+        slot: usize,
+        norms: QkNorms,
+        rope: RopeDev,
+    ) -> Self {
+        Self {
+            qn: norms.q,
+            kn: norms.k,
+            inv_freq: rope.inv_freq,
+            kc: b.ptr(&cache.k).cast(),
+            vc: b.ptr(&cache.v).cast(),
+            slot: slot as i64,
+            eps: norms.eps,
+            attn_factor: rope.attn_factor,
+            rdim: rope.rdim as i32,
+            on: 1,
+        }
+    }
+}
+
+/// Per-head RMSNorm weights of q and k (null: none, each `head_dim` long) and their epsilon.
+#[derive(Clone, Copy)]
+pub(crate) struct QkNorms {
+    pub q: DevPtr<f32>,
+    pub k: DevPtr<f32>,
+    pub eps: f32,
+}
+
+/// A rope as the kernels take it: frequencies `inv_freq` over the first `rdim` dims, cos and
+/// sin scaled by `attn_factor`.
+#[derive(Clone, Copy)]
+pub(crate) struct RopeDev {
+    pub inv_freq: DevPtr<f32>,
+    pub rdim: usize,
+    pub attn_factor: f32,
+}
+
+/// One token's `qk_norm_rope_raw` call: `q` (`heads` heads) and `k` normed and rotated in place
+/// at position `pos`, the k row and the `v` row written into cache slot `slot`.
+#[derive(Clone, Copy)]
+pub(crate) struct QkNormRope {
+    pub q: DevPtr<f32>,
+    pub k: DevPtr<f32>,
+    pub v: DevPtr<f32>,
+    pub heads: usize,
+    pub pos: usize,
+    pub slot: usize,
+    pub norms: QkNorms,
+    pub rope: RopeDev,
+}
+
+/// One `attention_raw` call: `t` query rows `q` over the cache (positions `< pos0`) and the
+/// chunk `k`, `v`, into `out` (with `softplus(gate)` applied when `gate` is not null), over
+/// `splits` key splits whose partials go to `scratch` (`part_o`, `part_ml`); `prep`: the norms,
+/// rope and append done inside the decode kernel.
+#[derive(Clone, Copy)]
+pub(crate) struct AttnCall {
+    pub q: DevPtr<f32>,
+    pub k: DevPtr<f32>,
+    pub v: DevPtr<f32>,
+    pub pos0: usize,
+    pub t: usize,
+    pub out: DevPtr<f32>,
+    pub gate: DevPtr<f32>,
+    pub splits: usize,
+    pub scratch: Option<(DevPtr<f32>, DevPtr<f32>)>,
+    pub prep: Option<AttnPrep>,
+}
+
+/// A rotary embedding: `inv_freq` on the device; cos/sin computed in the kernel.
+pub struct CudaRope {
+    pub(crate) inv_freq: CudaSlice<f32>,
+    pub(crate) rotary_dim: usize,
+    pub(crate) attention_factor: f32,
+}
+
+/// One layer's KV cache on the device: `[slot, kv_heads, head_dim]`, a ring of `window` slots
+/// for sliding layers, growing (doubling) for full ones.
+pub struct CudaKvLayer {
+    pub(crate) spec: KvLayerSpec,
+    pub(crate) len: usize,
+    pub(crate) cap: usize,
+    pub(crate) k: CudaSlice<u8>,
+    pub(crate) v: CudaSlice<u8>,
+    /// 0 = f32, 1 = fp8 e4m3, 2 = bf16.
+    pub(crate) kv_t: i32,
+    /// fp8: stored values are e4m3(x / scale) (1 for the other types).
+    pub(crate) k_scale: f32,
+    pub(crate) v_scale: f32,
+}
+
+impl CudaKvLayer {
+    pub(crate) fn elem(&self) -> usize {
+        match self.kv_t {
+            2 => 2,
+            1 => 1,
+            _ => 4,
+        }
+    }
+}
+
+/// Key splits of one decode attention call over `keys` keys whose split launches `blocks`
+/// blocks, on `slots` resident blocks of the device: as many as fill one wave (at least one),
+/// at least `min_keys` keys per split, at most `MAX_SPLITS`.
+pub(crate) fn key_splits(keys: usize, blocks: usize, slots: usize, min_keys: usize) -> usize {
+    let want = (slots / blocks.max(1)).max(1);
+    want.min(keys.div_ceil(min_keys.max(1)))
+        .clamp(1, MAX_SPLITS)
+}
+
+impl CudaRope {
+    /// The rope as the kernels take it.
+    pub(crate) fn dev(&self, b: &CudaBackend) -> RopeDev {
+        RopeDev {
+            inv_freq: b.ptr(&self.inv_freq),
+            rdim: self.rotary_dim,
+            attn_factor: self.attention_factor,
+        }
+    }
+}
+
+impl CudaBackend {
+    /// One token's per-head q/k RMSNorms and rope over `a.q` (`a.heads` heads) and `a.k` (the
+    /// cache's kv heads), in place, and the rotated k row and the `v` row written into cache
+    /// slot `a.slot`, in one launch (`qk_norm_rope`).
+    pub(crate) fn qk_norm_rope_raw(&self, cache: &CudaKvLayer, a: QkNormRope) -> Result<()> {
+        let (kvh, d) = (cache.spec.kv_heads, cache.spec.head_dim);
+        // one thread per value of a head, whole warps (the block sum reads every warp's share)
+        let threads = d.div_ceil(32) * 32;
+        ops::elementwise::QkNormRopeArgs {
+            q: a.q,
+            k: a.k,
+            qn: a.norms.q,
+            kn: a.norms.k,
+            heads: a.heads as i32,
+            hd: d as i32,
+            eps: a.norms.eps,
+            inv_freq: a.rope.inv_freq,
+            rdim: a.rope.rdim as i32,
+            attn_factor: a.rope.attn_factor,
+            pos: a.pos as i32,
+            kc: self.ptr(&cache.k),
+            vc: self.ptr(&cache.v),
+            v: a.v,
+            slot: a.slot as i64,
+            kv_heads: kvh as i32,
+            kv_t: cache.kv_t,
+            ks: cache.k_scale,
+            vs: cache.v_scale,
+        }
+        .launch(
+            self,
+            ((a.heads + 2 * kvh) as u32, 1, 1),
+            (threads as u32, 1, 1),
+        )
+    }
+
+    pub(crate) fn kv_grow(&self, c: &mut CudaKvLayer, need: usize) -> Result<()> {
+        let row_bytes = c.spec.row_width() * c.elem();
+        let target = match c.spec.window {
+            Some(w) => w,
+            None if need <= c.cap => return Ok(()),
+            None => need.max(c.cap * 2).max(256),
+        };
+        if target <= c.cap {
+            return Ok(());
+        }
+        let mut k = self.alloc::<u8>(target * row_bytes)?;
+        let mut v = self.alloc::<u8>(target * row_bytes)?;
+        let used = c.cap.min(c.len) * row_bytes;
+        if used > 0 {
+            self.inner
+                .stream
+                .memcpy_dtod(&c.k.slice(0..used), &mut k.slice_mut(0..used))
+                .map_err(|e| self.err(format!("{e:?}")))?;
+            self.inner
+                .stream
+                .memcpy_dtod(&c.v.slice(0..used), &mut v.slice_mut(0..used))
+                .map_err(|e| self.err(format!("{e:?}")))?;
+        }
+        c.k = k;
+        c.v = v;
+        c.cap = target;
+        Ok(())
+    }
+
+    /// The variant of the `attn` kernels for caches of type `kv_t` and heads of `d` values.
+    pub(crate) fn attn_variant(&self, kv_t: i32, d: usize) -> Result<usize> {
+        let i = match d {
+            d if d <= 32 => 0,
+            d if d <= 64 => 1,
+            d if d <= 128 => 2,
+            _ => return Err(self.err(format!("head_dim {d} > 128"))),
+        };
+        Ok(i + 3 * kv_t as usize)
+    }
+
+    /// Whether a decode step (`t` = 1) over `cache` with heads of `head_dim` takes the grouped
+    /// decode kernel (bf16 cache, head_dim 64 or 128), the one that can also do the q/k norms,
+    /// rope and KV append itself (`AttnPrep`).
+    pub(crate) fn dec_attention_applies(cache: &CudaKvLayer, head_dim: usize, t: usize) -> bool {
+        t == 1 && cache.kv_t == 2 && matches!(head_dim, 64 | 128)
+    }
+
+    /// Attention of `c.t` query rows over `cache` (positions `< c.pos0`) and the chunk `c.k`,
+    /// `c.v` (see [`AttnCall`]). Does not append, unless `c.prep` is given: then q and k arrive
+    /// as projected, and the kernel applies the per-head norms and rope and writes the new key
+    /// and value rows into cache slot `prep.slot` (only where `dec_attention_applies`).
+    pub(crate) fn attention_raw(
+        &self,
+        cache: &CudaKvLayer,
+        p: &AttentionParams,
+        c: AttnCall,
+    ) -> Result<()> {
+        let AttnCall {
+            q,
+            k,
+            v,
+            pos0,
+            t,
+            out,
+            gate,
+            splits,
+            scratch,
+            prep,
+        } = c;
+        let g = p.heads / p.kv_heads;
+        let ngroups = g.div_ceil(ATTN_GMAX);
+        let window = cache.spec.window.unwrap_or(0) as i32;
+        let grid = ((p.kv_heads * ngroups) as u32, t as u32, splits as u32);
+        let (po, pml) = scratch.unwrap_or((DevPtr::NULL, DevPtr::NULL));
+        // Decode over bf16 caches: the grouped kernel (ngroups blocks split a kv head's queries).
+        let dec_ok = Self::dec_attention_applies(cache, p.head_dim, t);
+        self.check(dec_ok || prep.is_none(), || {
+            format!(
+                "attention: norms + rope inside the kernel need a bf16 cache, head_dim 64 or 128 \
+                 and one token (kv type {}, head_dim {}, {t} tokens)",
+                cache.kv_t, p.head_dim
+            )
+        })?;
+        let dec = match p.head_dim {
+            64 if dec_ok => Some(0),
+            128 if dec_ok => {
+                let keys = pos0 + 1;
+                let keys = cache.spec.window.map_or(keys, |w| keys.min(w));
+                let short = self.opts().attn_short_keys;
+                Some(if keys <= short { 2 } else { 1 })
+            }
+            _ => None,
+        };
+        if let Some(variant) = dec {
+            ops::attention::AttnDecArgs {
+                q,
+                kch: k,
+                vch: v,
+                kc: self.ptr(&cache.k).cast(),
+                vc: self.ptr(&cache.v).cast(),
+                out,
+                part_o: po,
+                part_ml: pml,
+                heads: p.heads as i32,
+                kvh: p.kv_heads as i32,
+                scale: p.scale,
+                pos0: pos0 as i32,
+                window,
+                splits: splits as i32,
+                ngroups: ngroups as i32,
+                pp: prep.unwrap_or_default(),
+            }
+            .launch(self, variant, grid, (128, 1, 1))?;
+        } else {
+            let variant = self.attn_variant(cache.kv_t, p.head_dim)?;
+            ops::attention::AttnArgs {
+                q,
+                kch: k,
+                vch: v,
+                kc: self.ptr(&cache.k),
+                vc: self.ptr(&cache.v),
+                out,
+                part_o: po,
+                part_ml: pml,
+                t: t as i32,
+                heads: p.heads as i32,
+                kvh: p.kv_heads as i32,
+                d: p.head_dim as i32,
+                scale: p.scale,
+                pos0: pos0 as i32,
+                window,
+                splits: splits as i32,
+                ngroups: ngroups as i32,
+                ks: cache.k_scale,
+                vs: cache.v_scale,
+            }
+            .launch(self, variant, grid, (128, 1, 1))?;
+        }
+        if splits > 1 {
+            ops::attention::AttnCombineArgs {
+                part_o: po,
+                part_ml: pml,
+                out,
+                gate,
+                heads: p.heads as i32,
+                d: p.head_dim as i32,
+                splits: splits as i32,
+            }
+            .launch(
+                self,
+                (p.heads as u32, t as u32, 1),
+                (p.head_dim.max(32) as u32, 1, 1),
+            )?;
+        } else if !gate.is_null() {
+            let n = t * p.heads * p.head_dim;
+            ops::elementwise::SoftplusGateArgs {
+                x: out,
+                gate,
+                n: n as i64,
+                group: p.head_dim as i32,
+            }
+            .launch(self, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1))?;
+        }
+        Ok(())
+    }
+
+    /// Number of key splits for a decode step of `p` over `keys` keys: as many blocks as fill one
+    /// wave of the attention kernel (`ATTN_SPLIT_BLOCKS_PER_SM`; decode attention is latency-bound
+    /// and needs warps in flight, but a partial second wave and more partial results to merge
+    /// cost more), at least `ATTN_SPLIT_MIN_KEYS` keys (one round of the block's 4 warps) per
+    /// split. Prefill (`t > 1`): one.
+    pub(crate) fn splits_for(&self, keys: usize, p: &AttentionParams, t: usize) -> usize {
+        if t > 1 {
+            return 1;
+        }
+        // blocks per split: each kv head's query heads in groups of at most ATTN_GMAX
+        let blocks = p.kv_heads * (p.heads / p.kv_heads.max(1)).div_ceil(ATTN_GMAX);
+        let (min_keys, per_sm, short) = {
+            let o = self.opts();
+            (
+                o.attn_split_min_keys as usize,
+                o.attn_split_blocks_per_sm as usize,
+                o.attn_short_keys,
+            )
+        };
+        let per_sm = if per_sm == 0 {
+            // resident blocks per SM (`__launch_bounds__`): the short-span head_dim-128 kernel 2,
+            // the others 4
+            if p.head_dim == 128 && keys <= short {
+                2
+            } else {
+                4
+            }
+        } else {
+            per_sm
+        };
+        key_splits(keys, blocks, per_sm * self.inner.sms, min_keys)
+    }
+
+    /// Appends the `t` rows of `k` and `v` to `cache` (one launch, `kv_append`).
+    pub(crate) fn kv_append_raw(
+        &self,
+        cache: &mut CudaKvLayer,
+        k: DevPtr<f32>,
+        v: DevPtr<f32>,
+        t: usize,
+    ) -> Result<()> {
+        let width = cache.spec.row_width();
+        let window = cache.spec.window.unwrap_or(0) as i32;
+        ops::attention::KvAppendArgs {
+            kc: self.ptr(&cache.k),
+            vc: self.ptr(&cache.v),
+            k,
+            v,
+            t: t as i32,
+            pos0: cache.len as i32,
+            window,
+            width: width as i32,
+            kv_t: cache.kv_t,
+            ks: cache.k_scale,
+            vs: cache.v_scale,
+        }
+        .launch(self, (t as u32, 1, 1), (128, 1, 1))?;
+        cache.len += t;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One wave at most, enough keys per split, within `1..=MAX_SPLITS`, over a sweep of shapes.
+    #[test]
+    fn key_splits_fill_at_most_one_wave() {
+        for keys in [1, 63, 64, 65, 512, 2048, 16384, 65536, 1 << 20] {
+            for blocks in [1, 16, 24, 64, 300] {
+                for slots in [78, 264, 528] {
+                    for min_keys in [1, 64, 256] {
+                        let s = key_splits(keys, blocks, slots, min_keys);
+                        assert!((1..=MAX_SPLITS).contains(&s));
+                        assert!(
+                            s == 1 || s * blocks <= slots,
+                            "{keys} {blocks} {slots}: {s}"
+                        );
+                        assert!(s == 1 || s * min_keys <= keys.next_multiple_of(min_keys));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Laguna-S on an H200 (132 SMs): a sliding layer (72 query heads over 8 KV heads: 24
+    /// blocks per split, the short-span kernel: 264 slots) is capped by its 512 keys; a full
+    /// layer at 2K (48 heads: 16 blocks) fills the wave; at 64K (the long-span kernel: 528
+    /// slots) as well.
+    #[test]
+    fn key_splits_at_laguna_s_geometry() {
+        assert_eq!(key_splits(512, 24, 264, 64), 8);
+        assert_eq!(key_splits(2048, 16, 264, 64), 16);
+        assert_eq!(key_splits(65536, 16, 528, 64), 33);
+    }
+}

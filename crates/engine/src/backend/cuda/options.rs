@@ -1,0 +1,171 @@
+//! Every knob of the CUDA backend in one place: [`CudaOptions`], read from the `FP4FORGE_*`
+//! environment once ([`CudaOptions::from_env`]) when a backend opens, stored in the backend, and
+//! adjustable afterwards only through [`CudaBackend::set_options`] (benchmarks and tests).
+//!
+//! | variable | field | meaning | default |
+//! |---|---|---|---|
+//! | `FP4FORGE_CUDA_KERNELS` | `kernels_source` | compile this CUDA file instead of the built-in kernels (same names and signatures; `kernels/` concatenated in `KERNELS_CU`'s order) | the built-in source |
+//! | `FP4FORGE_CUDA_PDL` | `pdl` | `0`: no programmatic dependent launch (sm_90+ only anyway) | on |
+//! | `FP4FORGE_CUDA_MMA` | `mma` | `0`: no tensor-core NVFP4 decode GEMVs (sm_89+ only anyway) | on |
+//! | `FP4FORGE_CUDA_PERSIST` | `persistent_moe` | `0`: one token's experts on the per-item kernels, not the persistent ones | on |
+//! | `FP4FORGE_CUDA_FUSED_DECODE` | `fused_decode` | `0`: the model path's single-token steps on the generic ops, not the fused sequence | on |
+//! | `FP4FORGE_CUDA_GEMM` | `tiled_prefill` | `0`: multi-token linears on the `linear` GEMV kernel, not `gemm_tiled` | on |
+//! | `FP4FORGE_CUDA_LEGACY_GEMV` | `legacy_gemv` | set (any value): decode GEMVs on the one-row-per-warp `linear` kernel | off |
+//! | `FP4FORGE_NV_MINB` | `nv_blocks_per_sm` | `3`: the NVFP4 decode GEMV variant with 3 resident blocks per SM | 2 |
+//! | `FP4FORGE_NV_GRID` | `nv_grid_per_sm` | blocks per SM of the NVFP4 decode GEMV's persistent grid (0: one block per tile) | `nv_blocks_per_sm` |
+//! | `FP4FORGE_NV_KS` | `nv_k_split` | `1`, `2`, `4`, `8`: fixed K split (warps) of the NVFP4 decode GEMV | per shape (`nv_split`) |
+//! | `FP4FORGE_MMA_KS` | `mma_k_split` | `1`, `2`, `4`, `8`: fixed K split (warps per tile) of `gemv_mma` | per shape (`mma_split`) |
+//!
+//! The fields below the table's are not read from the environment: the decode attention split
+//! heuristic, the short-span attention threshold and the persistent MoE grid cap, which the
+//! decode benchmark sweeps and the GPU tests vary.
+
+use std::ffi::OsStr;
+use std::path::PathBuf;
+
+use super::ops::attention::{ATTN_SHORT_KEYS, ATTN_SPLIT_BLOCKS_PER_SM, ATTN_SPLIT_MIN_KEYS};
+use super::ops::gemv::NV_BLOCKS_PER_SM;
+
+/// The CUDA backend's knobs (see the module's table for the `FP4FORGE_*` variable of each).
+/// `kernels_source`, `pdl` and `mma` take effect when a backend opens
+/// ([`CudaBackend::with_options`](super::CudaBackend::with_options)); the others at any time
+/// ([`CudaBackend::set_options`](super::CudaBackend::set_options)).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CudaOptions {
+    /// `FP4FORGE_CUDA_KERNELS`: a CUDA source file compiled instead of the built-in kernels.
+    pub kernels_source: Option<PathBuf>,
+    /// `FP4FORGE_CUDA_PDL`: programmatic dependent launch where the device has it (sm_90+).
+    pub pdl: bool,
+    /// `FP4FORGE_CUDA_MMA`: NVFP4 decode GEMVs on tensor cores where the device has them (sm_89+).
+    pub mma: bool,
+    /// `FP4FORGE_CUDA_PERSIST`: one token's experts on the persistent kernels where they apply.
+    pub persistent_moe: bool,
+    /// `FP4FORGE_CUDA_FUSED_DECODE`: the model path's single-token steps on the fused sequence.
+    pub fused_decode: bool,
+    /// `FP4FORGE_CUDA_GEMM`: multi-token linears (16+ tokens) on `gemm_tiled`.
+    pub tiled_prefill: bool,
+    /// `FP4FORGE_CUDA_LEGACY_GEMV`: decode GEMVs on the one-row-per-warp `linear` kernel.
+    pub legacy_gemv: bool,
+    /// `FP4FORGE_NV_MINB`: resident blocks per SM of the NVFP4 decode GEMV variant (2 or 3).
+    pub nv_blocks_per_sm: usize,
+    /// `FP4FORGE_NV_GRID`: blocks per SM of the NVFP4 decode GEMV's grid (0: one per tile).
+    pub nv_grid_per_sm: usize,
+    /// `FP4FORGE_NV_KS`: a fixed K split of the NVFP4 decode GEMV (1, 2, 4 or 8 warps).
+    pub nv_k_split: Option<usize>,
+    /// `FP4FORGE_MMA_KS`: a fixed K split of `gemv_mma` (1, 2, 4 or 8 warps per tile).
+    pub mma_k_split: Option<usize>,
+    /// Fewest keys per split of decode attention (`ATTN_SPLIT_MIN_KEYS`).
+    pub attn_split_min_keys: u32,
+    /// Decode attention blocks per SM the split heuristic aims at (`ATTN_SPLIT_BLOCKS_PER_SM`;
+    /// 0: one wave of the kernel launched).
+    pub attn_split_blocks_per_sm: u32,
+    /// Attended keys up to which head_dim-128 decode attention takes its short-span variant
+    /// (`ATTN_SHORT_KEYS`; 0: never).
+    pub attn_short_keys: usize,
+    /// Cap on the persistent MoE kernels' grid (0: as many blocks as are resident).
+    pub persist_grid: usize,
+}
+
+impl Default for CudaOptions {
+    /// The built-in defaults, whatever the environment says.
+    fn default() -> Self {
+        Self {
+            kernels_source: None,
+            pdl: true,
+            mma: true,
+            persistent_moe: true,
+            fused_decode: true,
+            tiled_prefill: true,
+            legacy_gemv: false,
+            nv_blocks_per_sm: NV_BLOCKS_PER_SM,
+            nv_grid_per_sm: NV_BLOCKS_PER_SM,
+            nv_k_split: None,
+            mma_k_split: None,
+            attn_split_min_keys: ATTN_SPLIT_MIN_KEYS,
+            attn_split_blocks_per_sm: ATTN_SPLIT_BLOCKS_PER_SM,
+            attn_short_keys: ATTN_SHORT_KEYS,
+            persist_grid: 0,
+        }
+    }
+}
+
+impl CudaOptions {
+    /// The defaults overridden by the `FP4FORGE_*` variables of the environment (the module's
+    /// table); unparsable values are ignored.
+    pub fn from_env() -> Self {
+        Self::from_vars(|k| std::env::var_os(k))
+    }
+
+    /// [`from_env`](Self::from_env) over `var` instead of the process environment.
+    fn from_vars(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> Self {
+        let d = Self::default();
+        // "0" switches a default-on feature off; anything else (or nothing) leaves it on
+        let on = |k: &str| var(k).as_deref() != Some(OsStr::new("0"));
+        let num = |k: &str| {
+            var(k)
+                .and_then(|v| v.into_string().ok())
+                .and_then(|v| v.parse::<usize>().ok())
+        };
+        let split = |k: &str| num(k).filter(|s| [1, 2, 4, 8].contains(s));
+        let nv_blocks_per_sm = match num("FP4FORGE_NV_MINB") {
+            Some(3) => 3,
+            _ => d.nv_blocks_per_sm,
+        };
+        Self {
+            kernels_source: var("FP4FORGE_CUDA_KERNELS").map(PathBuf::from),
+            pdl: on("FP4FORGE_CUDA_PDL"),
+            mma: on("FP4FORGE_CUDA_MMA"),
+            persistent_moe: on("FP4FORGE_CUDA_PERSIST"),
+            fused_decode: on("FP4FORGE_CUDA_FUSED_DECODE"),
+            tiled_prefill: on("FP4FORGE_CUDA_GEMM"),
+            legacy_gemv: var("FP4FORGE_CUDA_LEGACY_GEMV").is_some(),
+            nv_blocks_per_sm,
+            nv_grid_per_sm: num("FP4FORGE_NV_GRID").unwrap_or(nv_blocks_per_sm),
+            nv_k_split: split("FP4FORGE_NV_KS"),
+            mma_k_split: split("FP4FORGE_MMA_KS"),
+            ..d
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(vars: &[(&str, &str)]) -> CudaOptions {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        CudaOptions::from_vars(|k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.into()))
+    }
+
+    /// No variables: the defaults.
+    #[test]
+    fn empty_environment_gives_the_defaults() {
+        assert_eq!(with(&[]), CudaOptions::default());
+    }
+
+    /// Only "0" switches a default-on feature off; the tuning numbers are checked.
+    #[test]
+    fn variables_override_their_fields() {
+        let o = with(&[
+            ("FP4FORGE_CUDA_PDL", "0"),
+            ("FP4FORGE_CUDA_MMA", "1"),
+            ("FP4FORGE_CUDA_PERSIST", "no"),
+            ("FP4FORGE_CUDA_GEMM", "0"),
+            ("FP4FORGE_CUDA_LEGACY_GEMV", "0"),
+            ("FP4FORGE_NV_MINB", "3"),
+            ("FP4FORGE_NV_KS", "3"),
+            ("FP4FORGE_MMA_KS", "4"),
+            ("FP4FORGE_CUDA_KERNELS", "/tmp/k.cu"),
+        ]);
+        assert!(!o.pdl && o.mma && o.persistent_moe && o.fused_decode && !o.tiled_prefill);
+        assert!(o.legacy_gemv);
+        assert_eq!((o.nv_blocks_per_sm, o.nv_grid_per_sm), (3, 3));
+        assert_eq!((o.nv_k_split, o.mma_k_split), (None, Some(4)));
+        assert_eq!(o.kernels_source, Some(PathBuf::from("/tmp/k.cu")));
+        let o = with(&[("FP4FORGE_NV_MINB", "5"), ("FP4FORGE_NV_GRID", "0")]);
+        assert_eq!((o.nv_blocks_per_sm, o.nv_grid_per_sm), (2, 0));
+    }
+}

@@ -1,0 +1,94 @@
+//! A sequence as the engine thread gets it ([`Job`]: a [`SeqRequest`] with its event channel
+//! and cancel switch), what it tells the handler back ([`Event`]), and the engine thread's
+//! inbox ([`Msg`]).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use fp4forge_engine::SamplingParams;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::logprobs::TokenLogprob;
+
+/// What to generate for one sequence (validated by the handler).
+#[derive(Debug, Clone)]
+pub(crate) struct SeqRequest {
+    /// Prompt token ids (non-empty, in the vocabulary, within the context).
+    pub prompt: Arc<Vec<u32>>,
+    /// Most tokens to generate (0: score the prompt only).
+    pub max_tokens: usize,
+    /// Stop tokens are not sampled before this many tokens.
+    pub min_tokens: usize,
+    /// How to pick tokens.
+    pub sampling: SamplingParams,
+    /// Tokens that end the sequence (EOS unless ignored, plus `stop_token_ids`).
+    pub stop_ids: Vec<u32>,
+    /// Top alternatives per generated token, when logprobs are asked for.
+    pub logprobs: Option<usize>,
+    /// Top alternatives per prompt token, when prompt logprobs are asked for.
+    pub prompt_logprobs: Option<usize>,
+}
+
+/// Why a sequence ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Finish {
+    /// `max_tokens` or the context.
+    Length,
+    /// A stop token.
+    Stop,
+}
+
+/// What the engine tells a handler about one sequence.
+#[derive(Debug, Clone)]
+pub(crate) enum Event {
+    /// The prompt is prefilled; per-position logprobs (first `None`) when asked, else empty.
+    Prompt(Vec<Option<TokenLogprob>>),
+    /// A generated token.
+    Token(u32, Option<TokenLogprob>),
+    /// The sequence ended; `stop_token` is the stop token sampled (not sent as a `Token`: it
+    /// is no part of the text), with its logprobs when asked for.
+    Done {
+        /// Why.
+        reason: Finish,
+        /// The stop token, if one ended it.
+        stop_token: Option<(u32, Option<TokenLogprob>)>,
+    },
+    /// The engine failed on this sequence.
+    Failed(String),
+}
+
+/// One submitted sequence.
+pub(crate) struct Job {
+    /// Its choice index in the request.
+    pub(super) choice: usize,
+    /// What to generate.
+    pub(super) req: SeqRequest,
+    /// Where its events go.
+    pub(super) tx: UnboundedSender<(usize, Event)>,
+    /// Set when the handler gives it up.
+    pub(super) cancel: Arc<AtomicBool>,
+    /// When it was submitted.
+    pub(super) arrived: Instant,
+}
+
+impl Job {
+    /// Whether its client went away or cancelled it.
+    pub(super) fn cancelled(&self) -> bool {
+        self.tx.is_closed() || self.cancel.load(Ordering::Relaxed)
+    }
+
+    /// Sends `e` to its handler; `false` when the handler is gone.
+    pub(super) fn send(&self, e: Event) -> bool {
+        self.tx.send((self.choice, e)).is_ok()
+    }
+}
+
+/// A submitted sequence's cancel switch (the scheduler drops it at its next step).
+pub(crate) type CancelFlag = Arc<AtomicBool>;
+
+/// A message to the engine thread.
+pub(super) enum Msg {
+    Job(Job),
+    Shutdown,
+}

@@ -1,0 +1,242 @@
+//! The scheduling policy: which sequences run (admission up to `max_batch`, the prefix cache
+//! on the way in and out, cancelled ones dropped) and what each feeds the next forward pass
+//! (one token per decoding sequence, prompt chunks within `prefill_budget`).
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
+use std::time::Instant;
+
+use fp4forge_engine::{Backend, Model, Sampler, Session, Want};
+
+use super::job::{Event, Job, Msg};
+use crate::logprobs::TokenLogprob;
+use crate::metrics::Metrics;
+use crate::prefix_cache::PrefixCache;
+
+/// Prompt rows per step for a sequence that wants every prompt position's logprobs (bounds the
+/// `[rows, vocab]` logits held at once).
+pub(super) const PROMPT_LOGPROB_ROWS: usize = 128;
+
+/// The scheduler's limits.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Limits {
+    /// Most sequences running at once.
+    pub(super) max_batch: usize,
+    /// Most prompt tokens prefilled per step.
+    pub(super) prefill_budget: usize,
+    /// The prefix cache's size, bytes.
+    pub(super) prefix_cache_bytes: usize,
+    /// Worker threads (0: one per core), also for prompt logprobs.
+    pub(super) threads: usize,
+}
+
+/// A running sequence.
+pub(super) struct Seq<'m, B: Backend> {
+    pub(super) job: Job,
+    pub(super) session: Session<'m, B>,
+    pub(super) sampler: Sampler,
+    pub(super) prefilled: usize,
+    pub(super) generated: usize,
+    /// The token to feed next (valid once decoding).
+    pub(super) next: u32,
+    /// Generated tokens fed back so far (the session holds the prompt, then these).
+    pub(super) fed: Vec<u32>,
+    pub(super) decoding: bool,
+    pub(super) prompt_logprobs: Vec<Option<TokenLogprob>>,
+    /// A copy of the prompt logprobs for the prefix cache.
+    pub(super) cached_prompt_logprobs: Option<Vec<Option<TokenLogprob>>>,
+    pub(super) last_token_at: Option<Instant>,
+    pub(super) done: bool,
+    /// Ended normally: its session may serve a later request's prefix.
+    pub(super) reusable: bool,
+}
+
+pub(super) struct Scheduler<'m, B: Backend> {
+    pub(super) model: &'m Model<B>,
+    pub(super) limits: Limits,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) max_context: usize,
+    pub(super) waiting: VecDeque<Job>,
+    pub(super) active: Vec<Seq<'m, B>>,
+    pub(super) prefix_cache: PrefixCache<'m, B>,
+    /// Threads for prompt logprobs (a vocabulary-wide log-softmax per position); `None` if it
+    /// could not be started (computed on the engine thread then).
+    pub(super) logprob_pool: Option<rayon::ThreadPool>,
+    pub(super) shutting_down: bool,
+}
+
+impl<'m, B: Backend> Scheduler<'m, B> {
+    /// A scheduler of `model` with nothing to run yet.
+    pub(super) fn new(model: &'m Model<B>, limits: Limits, metrics: Arc<Metrics>) -> Self {
+        Self {
+            max_context: model.info().max_context,
+            model,
+            limits,
+            metrics,
+            waiting: VecDeque::new(),
+            active: Vec::new(),
+            prefix_cache: PrefixCache::new(limits.prefix_cache_bytes),
+            logprob_pool: rayon::ThreadPoolBuilder::new()
+                .num_threads(limits.threads)
+                .thread_name(|i| format!("fp4forge-logprobs-{i}"))
+                .build()
+                .ok(),
+            shutting_down: false,
+        }
+    }
+
+    /// Schedules until shut down and drained.
+    pub(super) fn run(mut self, rx: Receiver<Msg>) {
+        loop {
+            if self.active.is_empty() && self.waiting.is_empty() {
+                if self.shutting_down {
+                    break;
+                }
+                match rx.recv() {
+                    Ok(Msg::Job(j)) => self.waiting.push_back(j),
+                    Ok(Msg::Shutdown) | Err(_) => self.shutting_down = true,
+                }
+            }
+            loop {
+                match rx.try_recv() {
+                    Ok(Msg::Job(j)) => self.waiting.push_back(j),
+                    Ok(Msg::Shutdown) => self.shutting_down = true,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        self.shutting_down = true;
+                        break;
+                    }
+                }
+            }
+            self.drop_cancelled();
+            self.admit();
+            if !self.active.is_empty() {
+                self.step();
+                self.retire();
+            }
+            self.metrics
+                .running
+                .store(self.active.len(), Ordering::Relaxed);
+        }
+        self.metrics.running.store(0, Ordering::Relaxed);
+    }
+
+    fn drop_cancelled(&mut self) {
+        let m = &self.metrics;
+        self.waiting.retain(|j| {
+            let keep = !j.cancelled();
+            if !keep {
+                m.waiting.fetch_sub(1, Ordering::SeqCst);
+                m.cancelled.fetch_add(1, Ordering::Relaxed);
+            }
+            keep
+        });
+        self.active.retain(|s| {
+            let keep = !s.job.cancelled();
+            if !keep {
+                m.cancelled.fetch_add(1, Ordering::Relaxed);
+            }
+            keep
+        });
+    }
+
+    fn admit(&mut self) {
+        while self.active.len() < self.limits.max_batch {
+            let Some(job) = self.waiting.pop_front() else {
+                break;
+            };
+            self.metrics.waiting.fetch_sub(1, Ordering::SeqCst);
+            let reuse = self
+                .prefix_cache
+                .take(&job.req.prompt, job.req.prompt_logprobs);
+            let start = match reuse {
+                Some(r) => {
+                    self.metrics.prefix_hits.fetch_add(1, Ordering::Relaxed);
+                    self.metrics
+                        .prefix_reused_tokens
+                        .fetch_add(r.len as u64, Ordering::Relaxed);
+                    Ok((r.session, r.len, r.prompt_logprobs))
+                }
+                None => self.model.new_session().map(|s| (s, 0, Vec::new())),
+            };
+            match start {
+                Ok((session, prefilled, prompt_logprobs)) => self.active.push(Seq {
+                    sampler: Sampler::new(job.req.sampling),
+                    cached_prompt_logprobs: None,
+                    job,
+                    session,
+                    prefilled,
+                    generated: 0,
+                    next: 0,
+                    fed: Vec::new(),
+                    decoding: false,
+                    prompt_logprobs,
+                    last_token_at: None,
+                    done: false,
+                    reusable: false,
+                }),
+                Err(e) => {
+                    job.send(Event::Failed(e.to_string()));
+                }
+            }
+        }
+        self.publish_cache_size();
+    }
+
+    /// Removes ended sequences; those that ended normally leave their session to the prefix
+    /// cache.
+    fn retire(&mut self) {
+        let ended: Vec<Seq<'m, B>> = self.active.extract_if(.., |s| s.done).collect();
+        for s in ended {
+            if !s.reusable || !self.prefix_cache.enabled() {
+                continue;
+            }
+            let mut tokens = Vec::with_capacity(s.job.req.prompt.len() + s.fed.len());
+            tokens.extend_from_slice(&s.job.req.prompt);
+            tokens.extend_from_slice(&s.fed);
+            let logprobs = s.job.req.prompt_logprobs.zip(s.cached_prompt_logprobs);
+            self.prefix_cache
+                .put(s.session, tokens, s.job.req.prompt.len(), logprobs);
+        }
+        self.publish_cache_size();
+    }
+
+    pub(super) fn publish_cache_size(&self) {
+        self.metrics
+            .prefix_cache_bytes
+            .store(self.prefix_cache.bytes(), Ordering::Relaxed);
+        self.metrics
+            .prefix_cache_entries
+            .store(self.prefix_cache.len(), Ordering::Relaxed);
+    }
+
+    /// What each sequence feeds this step: `(index in active, tokens, logits wanted)`.
+    pub(super) fn plan(&self) -> Vec<(usize, usize, Want)> {
+        let mut plan = Vec::new();
+        let mut budget = self.limits.prefill_budget;
+        for (i, s) in self.active.iter().enumerate() {
+            if s.decoding {
+                plan.push((i, 1, Want::Last));
+                continue;
+            }
+            if budget == 0 {
+                continue;
+            }
+            let remaining = s.job.req.prompt.len() - s.prefilled;
+            let mut n = remaining.min(budget);
+            let want = if s.job.req.prompt_logprobs.is_some() {
+                n = n.min(PROMPT_LOGPROB_ROWS);
+                Want::All
+            } else if n == remaining {
+                Want::Last
+            } else {
+                Want::None
+            };
+            budget -= n;
+            plan.push((i, n, want));
+        }
+        plan
+    }
+}

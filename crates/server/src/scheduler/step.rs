@@ -1,0 +1,241 @@
+//! One engine step: the planned forward pass run as ONE batch, then each sequence's logits
+//! turned into its next token (or its prompt logprobs), sent to its handler, and sequences
+//! ended at a stop token, `max_tokens` or the context.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use fp4forge_engine::{Backend, Want};
+
+use super::job::{Event, Finish};
+use super::policy::{Scheduler, Seq};
+use crate::logprobs::{rows_logprobs, token_logprob, TokenLogprob};
+
+impl<B: Backend> Scheduler<'_, B> {
+    /// Runs one step: the planned pass, then every sequence in it advanced.
+    pub(super) fn step(&mut self) {
+        let plan = self.plan();
+        if plan.is_empty() {
+            return;
+        }
+        if let [(i, 1, Want::Last)] = plan[..] {
+            if self.picks_without_logits(i) {
+                return self.step_sampled(i);
+            }
+        }
+        let rows: usize = plan.iter().map(|p| p.1).sum();
+        let result = {
+            let mut sessions = Vec::with_capacity(plan.len());
+            let mut tokens: Vec<&[u32]> = Vec::with_capacity(plan.len());
+            let mut wanted = Vec::with_capacity(plan.len());
+            let mut next = plan.iter().peekable();
+            for (i, s) in self.active.iter_mut().enumerate() {
+                let Some(&&(pi, n, w)) = next.peek() else {
+                    break;
+                };
+                if pi != i {
+                    continue;
+                }
+                next.next();
+                let Seq {
+                    session,
+                    job,
+                    next: token,
+                    prefilled,
+                    decoding,
+                    ..
+                } = s;
+                tokens.push(if *decoding {
+                    std::slice::from_ref(token)
+                } else {
+                    &job.req.prompt[*prefilled..*prefilled + n]
+                });
+                sessions.push(session);
+                wanted.push(w);
+            }
+            let model = self.model;
+            std::panic::catch_unwind(AssertUnwindSafe(|| {
+                model.forward_batch(&mut sessions, &tokens, &wanted)
+            }))
+        };
+        self.metrics.steps.fetch_add(1, Ordering::Relaxed);
+        self.metrics
+            .step_rows
+            .fetch_add(rows as u64, Ordering::Relaxed);
+        let outputs = match result {
+            Ok(Ok(outputs)) => outputs,
+            Ok(Err(e)) => return self.fail(&plan, &e.to_string()),
+            Err(_) => return self.fail(&plan, "the engine panicked on this batch"),
+        };
+        for (&(i, n, _), logits) in plan.iter().zip(outputs) {
+            let s = &mut self.active[i];
+            if s.decoding {
+                s.fed.push(s.next);
+                match logits {
+                    Some(mut l) => self.emit(i, &mut l.data),
+                    None => self.fail_one(i, "no logits for a decode step"),
+                }
+                continue;
+            }
+            let prompt = s.job.req.prompt.clone();
+            if let (Some(top), Some(l)) = (s.job.req.prompt_logprobs, &logits) {
+                if s.prefilled == 0 {
+                    s.prompt_logprobs.push(None);
+                }
+                // row r predicts prompt position prefilled + r + 1
+                let targets = &prompt[(s.prefilled + 1).min(prompt.len())..];
+                let lps = rows_logprobs(self.logprob_pool.as_ref(), l, targets, top);
+                s.prompt_logprobs.extend(lps.into_iter().map(Some));
+            }
+            s.prefilled += n;
+            if s.prefilled < prompt.len() {
+                continue;
+            }
+            self.metrics
+                .prompt_tokens
+                .fetch_add(prompt.len() as u64, Ordering::Relaxed);
+            let lps = std::mem::take(&mut s.prompt_logprobs);
+            if self.prefix_cache.enabled() && s.job.req.prompt_logprobs.is_some() {
+                s.cached_prompt_logprobs = Some(lps.clone());
+            }
+            if !s.job.send(Event::Prompt(lps)) {
+                s.done = true;
+                continue;
+            }
+            if s.job.req.max_tokens == 0 {
+                self.finish(i, Finish::Length, None);
+                continue;
+            }
+            match logits {
+                Some(l) if l.rows > 0 => {
+                    let mut last = l.row(l.rows - 1).to_vec();
+                    self.emit(i, &mut last);
+                }
+                _ => self.fail_one(i, "no logits at the end of the prompt"),
+            }
+        }
+    }
+
+    /// Whether sequence `i`'s next token needs no logits on the host: it is decoding, asks for
+    /// no logprobs and may already sample its stop tokens (nothing to mask).
+    fn picks_without_logits(&self, i: usize) -> bool {
+        let s = &self.active[i];
+        let req = &s.job.req;
+        s.decoding
+            && req.logprobs.is_none()
+            && (s.generated >= req.min_tokens || req.stop_ids.is_empty())
+    }
+
+    /// Sequence `i` alone decodes one token and picks the next where the logits are
+    /// (`Session::step_sampled`: on the device where the backend samples, so only the token id
+    /// crosses to the host; the same token as `emit` would pick from the downloaded logits).
+    fn step_sampled(&mut self, i: usize) {
+        self.metrics.steps.fetch_add(1, Ordering::Relaxed);
+        self.metrics.step_rows.fetch_add(1, Ordering::Relaxed);
+        let s = &mut self.active[i];
+        let token = s.next;
+        let (session, sampler) = (&mut s.session, &mut s.sampler);
+        let result =
+            std::panic::catch_unwind(AssertUnwindSafe(|| session.step_sampled(token, sampler)));
+        match result {
+            Ok(Ok(next)) => {
+                self.active[i].fed.push(token);
+                self.deliver(i, next, None);
+            }
+            Ok(Err(e)) => self.fail_one(i, &e.to_string()),
+            Err(_) => self.fail_one(i, "the engine panicked on this batch"),
+        }
+    }
+
+    fn fail(&mut self, plan: &[(usize, usize, Want)], message: &str) {
+        for &(i, _, _) in plan {
+            self.fail_one(i, message);
+        }
+    }
+
+    fn fail_one(&mut self, i: usize, message: &str) {
+        self.active[i].done = true;
+        self.publish_running();
+        self.active[i].job.send(Event::Failed(message.to_string()));
+    }
+
+    /// Publishes the sequences still running, before an ended one's last event goes out (a
+    /// client that reads `/metrics` after its answer sees its sequence gone).
+    fn publish_running(&self) {
+        let running = self.active.iter().filter(|s| !s.done).count();
+        self.metrics.running.store(running, Ordering::Relaxed);
+    }
+
+    fn finish(
+        &mut self,
+        i: usize,
+        reason: Finish,
+        stop_token: Option<(u32, Option<TokenLogprob>)>,
+    ) {
+        let s = &mut self.active[i];
+        s.done = true;
+        s.reusable = true;
+        self.metrics.e2e.observe(s.job.arrived.elapsed());
+        self.publish_running();
+        self.active[i].job.send(Event::Done { reason, stop_token });
+    }
+
+    /// Samples sequence `i`'s next token from `logits` and sends it.
+    fn emit(&mut self, i: usize, logits: &mut [f32]) {
+        let s = &mut self.active[i];
+        let req = &s.job.req;
+        // Stop tokens may not be sampled before `min_tokens`.
+        let masked: Vec<(usize, f32)> = if s.generated < req.min_tokens {
+            req.stop_ids
+                .iter()
+                .filter_map(|&t| {
+                    let t = t as usize;
+                    logits.get_mut(t).map(|l| {
+                        let old = *l;
+                        *l = f32::NEG_INFINITY;
+                        (t, old)
+                    })
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let token = s.sampler.sample(logits);
+        for (t, old) in masked {
+            logits[t] = old;
+        }
+        let lp = req.logprobs.map(|top| token_logprob(logits, token, top));
+        self.deliver(i, token, lp);
+    }
+
+    /// Sends sequence `i`'s new `token` (with its logprobs `lp`, if asked) and ends the sequence
+    /// on a stop token, its `max_tokens` or the context.
+    fn deliver(&mut self, i: usize, token: u32, lp: Option<TokenLogprob>) {
+        let s = &mut self.active[i];
+        let req = &s.job.req;
+        s.generated += 1;
+        let now = Instant::now();
+        match s.last_token_at {
+            None => self.metrics.ttft.observe(now - s.job.arrived),
+            Some(t) => self.metrics.itl.observe(now - t),
+        }
+        s.last_token_at = Some(now);
+        self.metrics
+            .generation_tokens
+            .fetch_add(1, Ordering::Relaxed);
+        if req.stop_ids.contains(&token) {
+            return self.finish(i, Finish::Stop, Some((token, lp)));
+        }
+        if !s.job.send(Event::Token(token, lp)) {
+            s.done = true;
+            self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if s.generated >= s.job.req.max_tokens || s.session.position() >= self.max_context {
+            return self.finish(i, Finish::Length, None);
+        }
+        s.next = token;
+        s.decoding = true;
+    }
+}
