@@ -44,7 +44,7 @@ pub use integer::Integer;
 pub use models::{ModelEntry, ModelList};
 pub use parse::{
     describe, parse_object, parse_request, request_from_map, show, type_name, Field, Unimplemented,
-    WireRequest,
+    WireRequest, COMMON_FIELDS,
 };
 pub use requests::chat::{ChatCompletionRequest, ChatMessage, ContentPart, MessageContent, Role};
 pub use requests::completion::{CompletionRequest, Prompt, SinglePrompt};

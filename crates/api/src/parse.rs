@@ -21,6 +21,67 @@ pub struct Field {
     pub expected: &'static str,
 }
 
+/// The fields every request type has (model, sampling, stopping, streaming, `user`); each type's
+/// [`WireRequest::FIELDS`] lists only its own.
+pub const COMMON_FIELDS: &[Field] = &[
+    Field {
+        name: "model",
+        expected: "a string",
+    },
+    Field {
+        name: "max_tokens",
+        expected: "an integer",
+    },
+    Field {
+        name: "temperature",
+        expected: "a number",
+    },
+    Field {
+        name: "top_p",
+        expected: "a number",
+    },
+    Field {
+        name: "top_k",
+        expected: "an integer",
+    },
+    Field {
+        name: "n",
+        expected: "an integer",
+    },
+    Field {
+        name: "seed",
+        expected: "a 64-bit integer",
+    },
+    Field {
+        name: "stop",
+        expected: "a string or a list of strings",
+    },
+    Field {
+        name: "stop_token_ids",
+        expected: "a list of token ids",
+    },
+    Field {
+        name: "ignore_eos",
+        expected: "true or false",
+    },
+    Field {
+        name: "min_tokens",
+        expected: "an integer",
+    },
+    Field {
+        name: "stream",
+        expected: "true or false",
+    },
+    Field {
+        name: "stream_options",
+        expected: "an object",
+    },
+    Field {
+        name: "user",
+        expected: "a string",
+    },
+];
+
 /// An OpenAI or vLLM field that fp4forge does not implement. It is accepted only when null or
 /// at one of its neutral values (JSON texts: what fp4forge does anyway); otherwise refused.
 #[derive(Debug, Clone, Copy)]
@@ -33,7 +94,8 @@ pub struct Unimplemented {
 
 /// A request type read by [`parse_request`].
 pub trait WireRequest: DeserializeOwned + Default {
-    /// Every field the type has (those it honours and those it accepts and ignores).
+    /// The fields of this type beyond [`COMMON_FIELDS`] (those it honours and those it accepts
+    /// and ignores).
     const FIELDS: &'static [Field];
     /// Fields of the API that fp4forge does not implement.
     const UNIMPLEMENTED: &'static [Unimplemented];
@@ -44,6 +106,11 @@ pub trait WireRequest: DeserializeOwned + Default {
         let _ = (key, value);
         None
     }
+}
+
+/// Every field request type `R` has: [`COMMON_FIELDS`], then its own.
+fn known_fields<R: WireRequest>() -> impl Iterator<Item = &'static Field> {
+    COMMON_FIELDS.iter().chain(R::FIELDS)
 }
 
 /// The JSON type of `v`, as a message names it.
@@ -98,7 +165,7 @@ pub fn parse_request<R: WireRequest>(bytes: &[u8]) -> Result<R, RequestError> {
 pub fn request_from_map<R: WireRequest>(mut map: Map<String, Value>) -> Result<R, RequestError> {
     let mut unimplemented = Vec::new();
     for (key, value) in &map {
-        if R::FIELDS.iter().any(|f| f.name == key) {
+        if known_fields::<R>().any(|f| f.name == key) {
             continue;
         }
         let Some(u) = R::UNIMPLEMENTED.iter().find(|u| u.name == key) else {
@@ -138,8 +205,7 @@ fn field_at_fault<R: WireRequest>(map: Map<String, Value>) -> Option<RequestErro
         if let Some(e) = R::shape_error(&key, &value) {
             return Some(e);
         }
-        let expected = R::FIELDS
-            .iter()
+        let expected = known_fields::<R>()
             .find(|f| f.name == key)
             .map_or("something else", |f| f.expected);
         return Some(RequestError::WrongType {

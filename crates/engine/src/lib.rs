@@ -53,12 +53,13 @@ pub mod weights;
 
 #[cfg(feature = "cuda")]
 pub use backend::CudaBackend;
-pub use backend::{AttentionParams, Backend, CpuBackend, RouterParams, RouterScoring};
+pub use backend::{Backend, CpuBackend};
 pub use batch::Output;
 pub use device::{open, Device, ParseDeviceError, WithModel};
 pub use error::{EngineError, Result};
 pub use forward::{forward, SeqChunk, Want};
 pub use generate::{GenerateOptions, Generation, GenerationStats, StopReason};
+pub use ir::{AttentionParams, RouterParams, RouterScoring};
 pub use kv_cache::{KvDtype, KvLayerSpec};
 pub use model::{GenerationDefaults, Model, ModelInfo, ModelOptions, DEFAULT_PREFILL_CHUNK};
 pub use models::{Family, SUPPORTED_ARCHITECTURES};

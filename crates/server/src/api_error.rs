@@ -132,3 +132,27 @@ impl From<SubmitError> for ApiError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_map_to_their_statuses_and_request_errors_keep_the_field() {
+        let busy = ApiError::from(SubmitError::QueueFull {
+            waiting: 3,
+            limit: 3,
+        });
+        assert_eq!(busy.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(busy.code, Some("server_busy"));
+        assert!(busy.message.contains("limit 3"), "{}", busy.message);
+        let stopped = ApiError::from(SubmitError::Stopped);
+        assert_eq!(stopped.status, StatusCode::INTERNAL_SERVER_ERROR);
+        let bad = ApiError::from(RequestError::UnknownField {
+            field: "foo".into(),
+        });
+        assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+        assert_eq!(bad.param.as_deref(), Some("foo"));
+        assert_eq!(bad.body().error.kind, "invalid_request_error");
+    }
+}

@@ -251,64 +251,12 @@ impl ChatCompletionRequest {
 impl WireRequest for ChatCompletionRequest {
     const FIELDS: &'static [Field] = &[
         Field {
-            name: "model",
-            expected: "a string",
-        },
-        Field {
             name: "messages",
             expected: "a list of messages",
         },
         Field {
-            name: "max_tokens",
-            expected: "an integer",
-        },
-        Field {
             name: "max_completion_tokens",
             expected: "an integer",
-        },
-        Field {
-            name: "temperature",
-            expected: "a number",
-        },
-        Field {
-            name: "top_p",
-            expected: "a number",
-        },
-        Field {
-            name: "top_k",
-            expected: "an integer",
-        },
-        Field {
-            name: "n",
-            expected: "an integer",
-        },
-        Field {
-            name: "seed",
-            expected: "a 64-bit integer",
-        },
-        Field {
-            name: "stop",
-            expected: "a string or a list of strings",
-        },
-        Field {
-            name: "stop_token_ids",
-            expected: "a list of token ids",
-        },
-        Field {
-            name: "ignore_eos",
-            expected: "true or false",
-        },
-        Field {
-            name: "min_tokens",
-            expected: "an integer",
-        },
-        Field {
-            name: "stream",
-            expected: "true or false",
-        },
-        Field {
-            name: "stream_options",
-            expected: "an object",
         },
         Field {
             name: "logprobs",
@@ -317,10 +265,6 @@ impl WireRequest for ChatCompletionRequest {
         Field {
             name: "top_logprobs",
             expected: "an integer",
-        },
-        Field {
-            name: "user",
-            expected: "a string",
         },
         Field {
             name: "store",
@@ -513,7 +457,10 @@ mod tests {
 
     #[test]
     fn every_listed_field_reads_alone() {
-        for f in ChatCompletionRequest::FIELDS {
+        for f in crate::parse::COMMON_FIELDS
+            .iter()
+            .chain(ChatCompletionRequest::FIELDS)
+        {
             assert!(
                 parse(&format!("{{\"{}\": null}}", f.name)).is_ok(),
                 "{}",

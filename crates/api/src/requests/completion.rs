@@ -177,60 +177,8 @@ impl CompletionRequest {
 impl WireRequest for CompletionRequest {
     const FIELDS: &'static [Field] = &[
         Field {
-            name: "model",
-            expected: "a string",
-        },
-        Field {
             name: "prompt",
             expected: "a string, a list of token ids, or a list of either",
-        },
-        Field {
-            name: "max_tokens",
-            expected: "an integer",
-        },
-        Field {
-            name: "temperature",
-            expected: "a number",
-        },
-        Field {
-            name: "top_p",
-            expected: "a number",
-        },
-        Field {
-            name: "top_k",
-            expected: "an integer",
-        },
-        Field {
-            name: "n",
-            expected: "an integer",
-        },
-        Field {
-            name: "seed",
-            expected: "a 64-bit integer",
-        },
-        Field {
-            name: "stop",
-            expected: "a string or a list of strings",
-        },
-        Field {
-            name: "stop_token_ids",
-            expected: "a list of token ids",
-        },
-        Field {
-            name: "ignore_eos",
-            expected: "true or false",
-        },
-        Field {
-            name: "min_tokens",
-            expected: "an integer",
-        },
-        Field {
-            name: "stream",
-            expected: "true or false",
-        },
-        Field {
-            name: "stream_options",
-            expected: "an object",
         },
         Field {
             name: "echo",
@@ -239,10 +187,6 @@ impl WireRequest for CompletionRequest {
         Field {
             name: "logprobs",
             expected: "an integer",
-        },
-        Field {
-            name: "user",
-            expected: "a string",
         },
     ];
     const UNIMPLEMENTED: &'static [Unimplemented] = &COMPLETION_UNIMPLEMENTED;
@@ -323,7 +267,10 @@ mod tests {
 
     #[test]
     fn every_listed_field_reads_alone() {
-        for f in CompletionRequest::FIELDS {
+        for f in crate::parse::COMMON_FIELDS
+            .iter()
+            .chain(CompletionRequest::FIELDS)
+        {
             assert!(
                 parse(&format!("{{\"{}\": null}}", f.name)).is_ok(),
                 "{}",

@@ -5,10 +5,13 @@
 
 use fp4forge_arch::{ArchSpec, AttentionSpec, MlpSpec, MoeSpec, OutputGate, Presence, Tied};
 
-use crate::backend::{AttentionParams, Backend, RouterParams, RouterScoring};
+use crate::backend::Backend;
 use crate::error::Result;
+use crate::ir::{
+    Attention, AttentionParams, Decoder, Layer, Mlp, Moe, RouterParams, RouterScoring,
+};
 use crate::kv_cache::{KvDtype, KvLayerSpec};
-use crate::models::decoder::{Attention, Decoder, Layer, LoadCtx, Mlp, Moe};
+use crate::models::load_ctx::LoadCtx;
 use crate::rope::RopeSpec;
 
 /// Loads the decoder `spec` describes from the checkpoint behind `ctx`.

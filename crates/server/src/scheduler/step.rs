@@ -6,7 +6,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use fp4forge_engine::{Backend, Want};
+use fp4forge_engine::{Backend, Output, Want};
 
 use super::job::{Event, Finish};
 use super::policy::{Scheduler, Seq};
@@ -19,19 +19,21 @@ impl<B: Backend> Scheduler<'_, B> {
         if plan.is_empty() {
             return;
         }
-        if let [(i, 1, Want::Last)] = plan[..] {
-            if self.picks_without_logits(i) {
-                return self.step_sampled(i);
-            }
-        }
+        // Decoding sequences whose next token needs no logits on the host have it picked in
+        // the pass (on the device where the backend samples: only the token id comes back).
+        let picks: Vec<bool> = plan
+            .iter()
+            .map(|&(i, _, w)| w == Want::Last && self.picks_without_logits(i))
+            .collect();
         let rows: usize = plan.iter().map(|p| p.1).sum();
         let result = {
             let mut sessions = Vec::with_capacity(plan.len());
             let mut tokens: Vec<&[u32]> = Vec::with_capacity(plan.len());
             let mut wanted = Vec::with_capacity(plan.len());
-            let mut next = plan.iter().peekable();
+            let mut samplers = Vec::with_capacity(plan.len());
+            let mut next = plan.iter().zip(&picks).peekable();
             for (i, s) in self.active.iter_mut().enumerate() {
-                let Some(&&(pi, n, w)) = next.peek() else {
+                let Some(&(&(pi, n, w), &pick)) = next.peek() else {
                     break;
                 };
                 if pi != i {
@@ -40,6 +42,7 @@ impl<B: Backend> Scheduler<'_, B> {
                 next.next();
                 let Seq {
                     session,
+                    sampler,
                     job,
                     next: token,
                     prefilled,
@@ -53,10 +56,11 @@ impl<B: Backend> Scheduler<'_, B> {
                 });
                 sessions.push(session);
                 wanted.push(w);
+                samplers.push(pick.then_some(sampler));
             }
             let model = self.model;
             std::panic::catch_unwind(AssertUnwindSafe(|| {
-                model.forward_batch(&mut sessions, &tokens, &wanted)
+                model.forward_batch_sampled(&mut sessions, &tokens, &wanted, &mut samplers)
             }))
         };
         self.metrics.steps.fetch_add(1, Ordering::Relaxed);
@@ -68,8 +72,17 @@ impl<B: Backend> Scheduler<'_, B> {
             Ok(Err(e)) => return self.fail(&plan, &e.to_string()),
             Err(_) => return self.fail(&plan, "the engine panicked on this batch"),
         };
-        for (&(i, n, _), logits) in plan.iter().zip(outputs) {
+        for (&(i, n, _), output) in plan.iter().zip(outputs) {
             let s = &mut self.active[i];
+            let logits = match output {
+                Output::Token(next) => {
+                    s.fed.push(s.next);
+                    self.deliver(i, next, None);
+                    continue;
+                }
+                Output::Logits(l) => Some(l),
+                Output::None => None,
+            };
             if s.decoding {
                 s.fed.push(s.next);
                 match logits {
@@ -125,27 +138,6 @@ impl<B: Backend> Scheduler<'_, B> {
         s.decoding
             && req.logprobs.is_none()
             && (s.generated >= req.min_tokens || req.stop_ids.is_empty())
-    }
-
-    /// Sequence `i` alone decodes one token and picks the next where the logits are
-    /// (`Session::step_sampled`: on the device where the backend samples, so only the token id
-    /// crosses to the host; the same token as `emit` would pick from the downloaded logits).
-    fn step_sampled(&mut self, i: usize) {
-        self.metrics.steps.fetch_add(1, Ordering::Relaxed);
-        self.metrics.step_rows.fetch_add(1, Ordering::Relaxed);
-        let s = &mut self.active[i];
-        let token = s.next;
-        let (session, sampler) = (&mut s.session, &mut s.sampler);
-        let result =
-            std::panic::catch_unwind(AssertUnwindSafe(|| session.step_sampled(token, sampler)));
-        match result {
-            Ok(Ok(next)) => {
-                self.active[i].fed.push(token);
-                self.deliver(i, next, None);
-            }
-            Ok(Err(e)) => self.fail_one(i, &e.to_string()),
-            Err(_) => self.fail_one(i, "the engine panicked on this batch"),
-        }
     }
 
     fn fail(&mut self, plan: &[(usize, usize, Want)], message: &str) {

@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use super::kernels::{self, Isa};
 use super::kv::HostKvLayer;
 use super::tensor::CpuTensor;
-use crate::backend::AttentionParams;
+use crate::ir::AttentionParams;
 
 /// Queries per parallel task in prefill.
 const QUERIES_PER_TASK: usize = 16;

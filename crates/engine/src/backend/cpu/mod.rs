@@ -25,8 +25,9 @@ pub use tensor::CpuTensor;
 
 use kernels::Isa;
 
-use super::{AttentionParams, Backend, RouterParams};
+use super::Backend;
 use crate::error::{EngineError, Result};
+use crate::ir::{AttentionParams, RouterParams};
 use crate::kv_cache::KvLayerSpec;
 use crate::rope::RopeSpec;
 use crate::weights::{ExpertWeights, LinearWeight};

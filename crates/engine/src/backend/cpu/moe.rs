@@ -4,7 +4,7 @@ use super::kernels::{self, Isa};
 use super::linear::CpuLinear;
 use super::ops;
 use super::tensor::CpuTensor;
-use crate::backend::{RouterParams, RouterScoring};
+use crate::ir::{RouterParams, RouterScoring};
 
 /// One MoE layer's routed experts.
 #[derive(Debug, Clone)]

@@ -1,14 +1,12 @@
-//! Loading helpers the families share: tensors found by name through a [`WeightLoader`], checked
+//! Loading helpers the loader uses: tensors found by name through a [`WeightLoader`], checked
 //! and made resident on the backend, assembled into the [`crate::ir`] types.
 
 use crate::backend::Backend;
 use crate::error::Result;
 use crate::ir::SwiGlu;
-// The resident types, under the names the family loaders import.
-pub(crate) use crate::ir::{Attention, Decoder, Layer, Mlp, Moe};
 use crate::weights::{ExpertWeights, LinearWeight, WeightLoader};
 
-/// Loading helpers shared by the families: finds tensors through a [`WeightLoader`] and makes
+/// What the loader loads with: finds tensors through a [`WeightLoader`] and makes
 /// them resident on the backend.
 pub(crate) struct LoadCtx<'a, B: Backend> {
     pub backend: &'a B,
