@@ -10,7 +10,7 @@
 #              (= `llama-bench -p 512 -n 128`, split into a pp and a tg process so that contention
 #              and RSS are seen per test; the GGUF as shipped: Q4_1 linears, Q8_0 token_embd =
 #              tied output, F32 norms)
-#   fp4forge   crates/engine/examples/decode_speed.rs on
+#   fp4forge   crates/lab/examples/decode_speed.rs on
 #                bf16   import-gguf of the same GGUF (every tensor dequantized to bf16)
 #                nvfp4  quantize --targets Linear of the bf16 import (all 210 Linear layers NVFP4;
 #                       the embedding, which is also the tied lm_head, stays bf16)
@@ -153,9 +153,9 @@ LLAMA_ARCH="$(grep -E '^GGML_(NATIVE|AVX[A-Z0-9_]*|FMA|F16C|BMI2|AMX_[A-Z0-9]*|O
 
 # ---- 2. assets --------------------------------------------------------------------------------------
 if [[ $SKIP_BUILD != 1 ]]; then
-  log "cargo build --release -p fp4forge; -p fp4forge-engine --example decode_speed"
+  log "cargo build --release -p fp4forge; -p fp4forge-lab --example decode_speed"
   cargo build --release -p fp4forge >&2
-  cargo build --release -p fp4forge-engine --example decode_speed >&2
+  cargo build --release -p fp4forge-lab --example decode_speed >&2
 fi
 [[ -x $FF ]] || die "$FF missing"
 [[ -x $SPEED ]] || die "$SPEED missing"

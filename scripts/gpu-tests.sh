@@ -4,7 +4,8 @@
 # The GPU machine needs no Rust toolchain: build here (no CUDA needed: the driver and NVRTC are
 # loaded at run time), then run the carried binaries there.
 #
-#   scripts/gpu-tests.sh build          # here: test binary + benchmark -> target/gpu/ (stripped)
+#   scripts/gpu-tests.sh build          # here: test binary + benchmark (crates/lab) -> target/gpu/
+#                                       # (stripped)
 #   scripts/gpu-tests.sh run [OUTDIR]   # on the GPU machine, from the repo root
 #   scripts/gpu-tests.sh bench [OUTDIR] # on the GPU machine: only the decode benchmark
 #   scripts/gpu-tests.sh probe [OUTDIR] # on the GPU machine: the decode-stream probe (bounds per
@@ -13,12 +14,12 @@
 # `run` executes the `#[ignore]`d GPU tests of crates/engine/tests/cuda.rs (kernels vs f64
 # matmul; NVFP4 experts vs the CPU backend; decode/prefill attention vs the CPU backend on bf16 and
 # fp8 caches at d 64/128 (GQA, sliding and full); tiny Laguna bf16/stock/lean logits vs the CPU
-# backend and transformers; 256 greedy tokens GPU vs CPU; the benchmark's decode step with fused
-# and persistent kernels vs separate launches; the model path's fused decode step vs the generic
-# ops and the CPU on synthetic Laguna checkpoints; device sampling vs the host sampler; SmolLM2 if
-# assets/smollm2-* are present) and then
-# the synthetic Laguna-S decode benchmark (table on stdout, JSON in OUTDIR/bench.json). With
-# compute-sanitizer on the machine, the NVFP4 experts test also runs under racecheck and memcheck.
+# backend and transformers; 256 greedy tokens GPU vs CPU; the model path's fused decode step
+# (fused epilogues, persistent MoE) vs the generic ops and the CPU on synthetic Laguna
+# checkpoints; device sampling vs the host sampler; SmolLM2 if assets/smollm2-* are present) and
+# then the Laguna-S decode benchmark of crates/lab (a real Decoder with synthetic weights, the
+# production step; table on stdout, JSON in OUTDIR/bench.json). With compute-sanitizer on the
+# machine, the NVFP4 experts test also runs under racecheck and memcheck.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-run}
@@ -26,11 +27,11 @@ out=${2:-target/gpu/out}
 
 if [ "$mode" = build ]; then
     cargo test --release --features cuda -p fp4forge-engine --test cuda --no-run
-    cargo build --release --features cuda -p fp4forge-engine --example cuda_decode_bench
+    cargo build --release --features cuda -p fp4forge-lab --bin cuda_decode_bench
     mkdir -p target/gpu
     bin=$(ls -t target/release/deps/cuda-* | grep -v '\.d$' | head -1)
     objcopy --strip-debug "$bin" target/gpu/cuda-tests
-    objcopy --strip-debug target/release/examples/cuda_decode_bench target/gpu/cuda_decode_bench
+    objcopy --strip-debug target/release/cuda_decode_bench target/gpu/cuda_decode_bench
     ls -la target/gpu
     exit 0
 fi

@@ -31,17 +31,3 @@ fn kernels_compile_for_every_supported_architecture() {
         );
     }
 }
-
-#[test]
-#[ignore = "needs the NVRTC library (scripts/fetch-nvrtc.sh)"]
-fn stream_probe_compiles_for_sm_90() {
-    use fp4forge_engine::backend::cuda::stream_probe::{
-        compile_stream_probe, STREAM_PROBE_KERNELS,
-    };
-    let ptx = compile_stream_probe("sm_90")
-        .unwrap_or_else(|e| panic!("{e}"))
-        .to_src();
-    for name in STREAM_PROBE_KERNELS {
-        assert!(ptx.contains(&format!(".entry {name}(")), "`{name}` missing");
-    }
-}

@@ -1,6 +1,6 @@
-//! The model path's decode step on CUDA: one token through a loaded decoder with the fused
-//! launch sequence of the benchmark (`bench.rs`), over the model's own weights and KV caches and
-//! on activation buffers allocated once.
+//! The model path's decode step on CUDA: one token through a loaded decoder with a fused
+//! launch sequence (what `fp4forge-lab`'s decode benchmark times), over the model's own weights
+//! and KV caches and on activation buffers allocated once.
 //!
 //! Per layer: q/k/v(/gate) in one launch (`linear_multi2`); attention that also applies the
 //! per-head q/k norms and rope and appends the new KV rows (`AttnPrep`, bf16 caches at head_dim

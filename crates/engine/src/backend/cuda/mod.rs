@@ -12,26 +12,22 @@
 //! tiled matrix-matrix kernel. A single-token step of the model path runs on the fused launch
 //! sequence of `decode.rs` (fixed buffers, q/k/v/gate in one launch, norms/rope/append inside
 //! attention, norms fused into neighbouring kernels), and the next token is sampled on the device
-//! (`sample_logits`). [`bench`](mod@bench) runs the same launch sequence on synthetic weights of
-//! real Laguna geometry, captured in a CUDA graph.
+//! (`sample_logits`). The decode benchmark and the stream probe live in the `fp4forge-lab` crate.
 //!
 //! Modules: `options` (every knob: [`CudaOptions`], the `FP4FORGE_*` variables), `compile` (the
 //! kernel source, NVRTC), `ops` (one `kernels!` table per `.cu` file: the function tables, the
 //! kernel names and a typed launcher per kernel over `DevPtr`s), `linear` (GEMVs, several
 //! linears in one launch, fused epilogues), `attention` (KV cache, decode and prefill attention),
-//! `moe` (expert arenas, routing, the expert kernels), `decode` (the fused single-token step),
-//! `bench` and `stream_probe` (measurements on synthetic weights).
+//! `moe` (expert arenas, routing, the expert kernels), `decode` (the fused single-token step).
 //!
-//! Not yet: CUDA-graph capture of the model path's step (it launches eagerly; in the benchmark
-//! eager is 1-2% slower than graph replay: 4.45 vs 4.39 ms at Laguna-S lean 2K), sampling on
+//! Not yet: CUDA-graph capture of the model path's step (it launches eagerly; in the former
+//! graph-replay benchmark eager was 1-2% slower: 4.45 vs 4.39 ms at Laguna-S lean 2K), sampling on
 //! device for batched steps (the server's batches of several sequences pick on the host).
 
-pub mod bench;
 mod compile;
 mod decode;
 mod ops;
 mod options;
-pub mod stream_probe;
 
 use compile::*;
 pub use compile::{compile_kernels, kernel_entries, KERNELS_CU};
@@ -248,62 +244,39 @@ impl CudaBackend {
         }
     }
 
-    /// Captures the work `record` queues on the stream into a CUDA graph (nothing runs while
-    /// capturing) and instantiates it.
-    pub(crate) fn capture_graph(
-        &self,
-        record: impl FnOnce() -> Result<()>,
-    ) -> Result<cudarc::driver::CudaGraph> {
-        use cudarc::driver::sys;
-        self.inner
-            .stream
-            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(|e| self.err(format!("capture: {e:?}")))?;
-        let r = record();
-        let graph = self
-            .inner
-            .stream
-            .end_capture(sys::CUgraphInstantiate_flags(0))
-            .map_err(|e| self.err(format!("end capture: {e:?}")))?;
-        r?;
-        graph.ok_or_else(|| self.err("empty graph"))
-    }
-
-    /// Seconds per replay of `graph`: 5 warm-up replays, then the mean of `reps`.
-    pub(crate) fn time_graph(&self, graph: &cudarc::driver::CudaGraph, reps: usize) -> Result<f64> {
-        self.time_calls(5, reps, || {
-            graph
-                .launch()
-                .map_err(|e| self.err(format!("graph launch: {e:?}")))
-        })
-    }
-
-    /// Seconds per call of `step` (which queues work on the stream): `warmup` calls, then the
-    /// mean over `reps` calls, synchronised before and after.
-    pub(crate) fn time_calls(
-        &self,
-        warmup: usize,
-        reps: usize,
-        mut step: impl FnMut() -> Result<()>,
-    ) -> Result<f64> {
-        for _ in 0..warmup {
-            step()?;
-        }
-        self.synchronize()?;
-        let t = std::time::Instant::now();
-        for _ in 0..reps {
-            step()?;
-        }
-        self.synchronize()?;
-        Ok(t.elapsed().as_secs_f64() / reps.max(1) as f64)
-    }
-
     /// Waits for all queued work.
     pub fn synchronize(&self) -> Result<()> {
         self.inner
             .stream
             .synchronize()
             .map_err(|e| self.err(format!("{e:?}")))
+    }
+
+    /// The stream every op of this backend runs on (its context: `stream.context()`), for
+    /// experiments outside the engine (`fp4forge-lab`'s stream probe) that launch their own
+    /// kernels next to the backend's.
+    pub fn cuda_stream(&self) -> &Arc<CudaStream> {
+        &self.inner.stream
+    }
+
+    /// For benchmarks: makes `layer` hold `len` positions without a prefill. The store grows to
+    /// room for `len + 1` positions (a sliding layer: its window), every slot is filled with
+    /// seeded synthetic values, and its length is set to `len`; the next append goes at
+    /// position `len`. What attention then reads is those values, not any token's keys.
+    pub fn kv_assume_filled(&self, layer: &mut CudaKvLayer, len: usize) -> Result<()> {
+        self.kv_grow(layer, len + 1)?;
+        let n = layer.cap * layer.spec.row_width();
+        // bf16 values, fp8 bytes that are never NaN, f32 values (see `fill` in sampling.cu)
+        let mode = match layer.kv_t {
+            2 => 1,
+            1 => 2,
+            _ => 3,
+        };
+        for (i, buf) in [&layer.k, &layer.v].into_iter().enumerate() {
+            self.fill(self.ptr(buf), n, 0x6b76 + i as u64, mode, 1.0)?;
+        }
+        layer.len = len;
+        Ok(())
     }
 
     /// The device address of `s`.

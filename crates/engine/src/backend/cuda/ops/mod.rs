@@ -51,11 +51,6 @@ impl<T> DevPtr<T> {
         Self(addr, PhantomData)
     }
 
-    /// The device address.
-    pub(crate) const fn addr(self) -> u64 {
-        self.0
-    }
-
     /// Whether this is the null pointer.
     pub(crate) const fn is_null(self) -> bool {
         self.0 == 0

@@ -2,7 +2,7 @@
 //! on the CPU backend: for each batch size B, B sessions with a short prompt each advance
 //! together; tokens/s of the whole batch and time per step.
 //!
-//! `cargo run --release -p fp4forge-engine --example batch_decode_speed -- DIR [STEPS]
+//! `cargo run --release -p fp4forge-lab --example batch_decode_speed -- DIR [STEPS]
 //! [BATCHES...]` (defaults 32 steps, batches 1 2 4 8 16).
 
 use std::time::Instant;

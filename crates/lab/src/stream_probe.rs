@@ -31,22 +31,17 @@ use std::path::Path;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 
-use super::bench::{read_geometry, Geometry};
-use super::CudaBackend;
-use crate::error::Result;
+use fp4forge_engine::backend::cuda::KERNELS_CU;
+use fp4forge_engine::Result;
 
-/// The probe's kernel source: the backend's kernels it borrows its arithmetic from (`common.cu`,
-/// `gemv.cu`, and `elementwise.cu`, which defines what `gemv.cu`'s epilogues call), then
-/// `stream_probe.cu`.
-pub const STREAM_PROBE_CU: &str = concat!(
-    include_str!("kernels/common.cu"),
-    "\n",
-    include_str!("kernels/gemv.cu"),
-    "\n",
-    include_str!("kernels/elementwise.cu"),
-    "\n",
-    include_str!("stream_probe.cu"),
-);
+use crate::geometry::{read_geometry, Geometry};
+use crate::gpu::Gpu;
+
+/// The probe's kernel source: the backend's kernels (`KERNELS_CU`: the probe borrows the
+/// arithmetic of `common.cu`, `gemv.cu` and `elementwise.cu`), then `stream_probe.cu`.
+pub fn stream_probe_cu() -> String {
+    format!("{KERNELS_CU}\n{}", include_str!("stream_probe.cu"))
+}
 
 /// The probe's kernels (`extern "C"` entries of `stream_probe.cu`), in the order
 /// `decode_stream_probe` loads them into `ProbeFns`.
@@ -67,7 +62,7 @@ pub fn compile_stream_probe(arch: &'static str) -> std::result::Result<Ptx, Stri
         options: vec!["-std=c++17".into(), "-default-device".into()],
         ..Default::default()
     };
-    compile_ptx_with_opts(STREAM_PROBE_CU, opts).map_err(|x| format!("NVRTC (stream probe): {x}"))
+    compile_ptx_with_opts(stream_probe_cu(), opts).map_err(|x| format!("NVRTC (stream probe): {x}"))
 }
 
 /// One timed organisation of one build at one context.
@@ -207,14 +202,14 @@ impl Plan {
 
     /// Allocates the buffers on `b` and points the regions at them; the buffers live as long
     /// as the returned vector.
-    fn allocate(&mut self, b: &CudaBackend) -> Result<Vec<CudaSlice<u8>>> {
+    fn allocate(&mut self, b: &Gpu) -> Result<Vec<CudaSlice<u8>>> {
         let bufs = self
             .buffers
             .iter()
             .map(|&n| b.alloc::<u8>(n as usize))
             .collect::<Result<Vec<_>>>()?;
         for r in &mut self.regions {
-            r.ptr = b.ptr(&bufs[r.ptr as usize]).addr();
+            r.ptr = b.ptr(&bufs[r.ptr as usize]);
         }
         Ok(bufs)
     }
@@ -317,20 +312,20 @@ fn plan(g: &Geometry, context: usize, fused: bool) -> Plan {
 /// Runs the probe for each `(label, config.json)` build at each context; `copy_gbs` is the copy
 /// bandwidth measured in the same run. Returns one row per build, organisation and context.
 pub fn decode_stream_probe(
-    b: &CudaBackend,
+    b: &Gpu,
     builds: &[(&str, &Path)],
     contexts: &[usize],
     copy_gbs: f64,
     reps: usize,
 ) -> Result<Vec<ProbeRow>> {
     let e = |x: cudarc::driver::DriverError| b.err(format!("{x:?}"));
-    let (maj, min) = b.inner.ctx.compute_capability().map_err(e)?;
+    let (maj, min) = b.ctx.compute_capability().map_err(e)?;
     if maj < 9 {
         return Err(b.err("the stream probe needs sm_90 (bulk copies, mbarriers)"));
     }
     let arch: &'static str = Box::leak(format!("sm_{maj}{min}").into_boxed_str());
     let ptx = compile_stream_probe(arch).map_err(|x| b.err(x))?;
-    let module = b.inner.ctx.load_module(ptx).map_err(e)?;
+    let module = b.ctx.load_module(ptx).map_err(e)?;
     let [stage, stage_real, persistent, ring, ring_real, ring_real16] =
         STREAM_PROBE_KERNELS.map(|name| module.load_function(name).map_err(e));
     let f = ProbeFns {
@@ -351,7 +346,7 @@ pub fn decode_stream_probe(
     }
     let mut rows = Vec::new();
     for &(label, config) in builds {
-        let g = read_geometry(b, config)?;
+        let g = read_geometry(config).map_err(|x| b.err(x))?;
         rows.extend(probe_build(b, &f, &g, label, contexts, copy_gbs, reps)?);
     }
     Ok(rows)
@@ -396,7 +391,7 @@ const REAL: i32 = -1;
 
 /// The probe's runs for one build (see [`decode_stream_probe`]).
 fn probe_build(
-    b: &CudaBackend,
+    b: &Gpu,
     f: &ProbeFns,
     g: &Geometry,
     label: &str,
@@ -405,7 +400,7 @@ fn probe_build(
     reps: usize,
 ) -> Result<Vec<ProbeRow>> {
     let e = |x: cudarc::driver::DriverError| b.err(format!("{x:?}"));
-    let sms = b.inner.sms;
+    let sms = b.sms;
     let mut rows = Vec::new();
     // Every context, then the first one again with no bytes at all: what the dependencies alone
     // cost in each organisation (per stage: ms/token over `stages`).
@@ -440,8 +435,8 @@ fn probe_build(
                 std::mem::size_of_val(plan.regions.as_slice()),
             )
         };
-        let d_stages = b.inner.stream.clone_htod(stage_bytes).map_err(e)?;
-        let d_regions = b.inner.stream.clone_htod(region_bytes).map_err(e)?;
+        let d_stages = b.stream.clone_htod(stage_bytes).map_err(e)?;
+        let d_regions = b.stream.clone_htod(region_bytes).map_err(e)?;
         let n = stages.len();
         let mut counters = b.alloc::<u32>(n)?;
         let grid_max = 4 * sms;
@@ -467,7 +462,7 @@ fn probe_build(
         let xsrc = b.alloc::<f32>(PROBE_XS)?;
         // Fails the probe if a spin wait of `organisation` hit the watchdog (stream_probe.cu).
         let check = |status: &mut CudaSlice<u32>, organisation: &str| -> Result<()> {
-            let v = b.inner.stream.clone_dtoh(status).map_err(e)?;
+            let v = b.stream.clone_dtoh(status).map_err(e)?;
             if v.first().copied().unwrap_or(0) != 0 {
                 return Err(b.err(format!(
                     "stream probe ({label}, context {context}, {organisation}): a wait timed out"
@@ -506,14 +501,10 @@ fn probe_build(
                 shared_mem_bytes: 0,
             };
             let step = |out: &mut CudaSlice<u32>| -> Result<()> {
-                let (sp, rp, op) = (
-                    b.ptr(&d_stages).addr(),
-                    b.ptr(&d_regions).addr(),
-                    b.ptr(out).addr(),
-                );
+                let (sp, rp, op) = (b.ptr(&d_stages), b.ptr(&d_regions), b.ptr(out));
                 for s in 0..n as i32 {
                     let (mut a0, mut a1, mut a2, mut a3, mut a4) = (sp, rp, s, op, prefetch);
-                    let (mut work_arg, mut xsrc_arg) = (work, b.ptr(&xsrc).addr());
+                    let (mut work_arg, mut xsrc_arg) = (work, b.ptr(&xsrc));
                     let last = if real {
                         &mut xsrc_arg as *mut u64 as *mut std::ffi::c_void
                     } else {
@@ -559,8 +550,8 @@ fn probe_build(
         for blocks_per_sm in [1usize, 2].into_iter().filter(|&k| k <= occ) {
             let grid = (blocks_per_sm * sms) as u32;
             let secs = b.time_calls(3, reps, || {
-                b.inner.stream.memset_zeros(&mut counters).map_err(e)?;
-                let mut l = b.inner.stream.launch_builder(&f.persistent);
+                b.stream.memset_zeros(&mut counters).map_err(e)?;
+                let mut l = b.stream.launch_builder(&f.persistent);
                 let n_i = n as i32;
                 l.arg(&d_stages)
                     .arg(&n_i)
@@ -591,7 +582,7 @@ fn probe_build(
             RingRun::new(6, 32768, true, REAL, 16),
         ] {
             let secs = b.time_calls(3, reps, || {
-                b.inner.stream.memset_zeros(&mut counters).map_err(e)?;
+                b.stream.memset_zeros(&mut counters).map_err(e)?;
                 launch_ring(
                     b,
                     f,
@@ -636,7 +627,7 @@ fn probe_build(
 /// Launches the ring kernel `run` names on one block per SM: `plan` is (stages, stage count,
 /// regions), `state` (counters, outputs, watchdog status, the real consumers' input vector).
 fn launch_ring(
-    b: &CudaBackend,
+    b: &Gpu,
     f: &ProbeFns,
     plan: (&CudaSlice<u8>, usize, &CudaSlice<u8>),
     state: (
@@ -658,7 +649,7 @@ fn launch_ring(
             )))
         }
     };
-    let mut l = b.inner.stream.launch_builder(kernel);
+    let mut l = b.stream.launch_builder(kernel);
     let n_i = plan.1 as i32;
     let lookahead = i32::from(run.lookahead);
     l.arg(plan.0)
@@ -676,7 +667,7 @@ fn launch_ring(
         l.arg(&run.work);
     }
     let cfg = LaunchConfig {
-        grid_dim: (b.inner.sms as u32, 1, 1),
+        grid_dim: (b.sms as u32, 1, 1),
         block_dim: (32 * (run.consumer_warps + 1), 1, 1),
         shared_mem_bytes: (run.slots * run.chunk) as u32,
     };
@@ -699,8 +690,11 @@ fn work_label(work: i32) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::bench::geometry;
     use super::*;
+    use crate::geometry::geometry;
+
+    /// The probe's own source (the `#define`s and kernels the Rust side mirrors).
+    const STREAM_PROBE_CU: &str = include_str!("stream_probe.cu");
 
     fn geometry_of(build: &str) -> Geometry {
         let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -1,6 +1,6 @@
 //! Prefill and decode speed of a checkpoint on the CPU backend, and peak resident memory.
 //!
-//! `cargo run --release -p fp4forge-engine --example decode_speed -- DIR [PROMPT_TOKENS]
+//! `cargo run --release -p fp4forge-lab --example decode_speed -- DIR [PROMPT_TOKENS]
 //! [DECODE_TOKENS] [THREADS]` (defaults 128, 128, all cores). Token ids are synthetic (a fixed
 //! pseudo-random sequence), decoding is greedy; the numbers are wall time of the engine only.
 

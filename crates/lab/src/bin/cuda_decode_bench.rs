@@ -1,5 +1,7 @@
-//! Decode benchmark of the CUDA backend at real Laguna geometry with SYNTHETIC weights
-//! (generated in GPU memory from the config: same shapes and byte counts as the real model).
+//! Decode benchmark of the CUDA backend at real Laguna geometry with SYNTHETIC weights: a real
+//! `Decoder<CudaBackend>` made resident through the backend's loading calls, timing the
+//! production step (`fp4forge_engine::forward`, one sequence, one token; see
+//! `fp4forge_lab::decode_bench`).
 //!
 //! ```text
 //! cuda_decode_bench [--stock CONFIG] [--lean CONFIG] [--contexts 2048,16384,65536]
@@ -7,21 +9,21 @@
 //!                   [--probe] [--probe-only]
 //! ```
 //!
-//! `--probe` first runs the decode-stream probe (`backend::cuda::stream_probe`: the step's bytes
+//! `--probe` first runs the decode-stream probe (`fp4forge_lab::stream_probe`: the step's bytes
 //! and dependencies in three kernel organisations, with trivial compute, an upper bound per
 //! organisation, and with the backend's own per-byte arithmetic); `--probe-only` runs only that.
 //!
 //! Defaults: the Laguna-S-2.1 configs under `crates/builder/tests/fixtures/`. Bytes per token
 //! default to `fp4forge inspect`'s figures for those builds (weights only); the table also shows
-//! the bytes the kernels actually read (weights + KV at that context). The copy bandwidth is a
+//! the bytes the step actually reads (weights + KV at that context). The copy bandwidth is a
 //! `cuMemcpyDtoD` of a 4 GiB buffer (read + write bytes), measured in the same run.
 
 use std::path::PathBuf;
 
-use fp4forge_engine::backend::cuda::bench::{copy_bandwidth, synthetic_laguna_decode};
-use fp4forge_engine::backend::cuda::stream_probe::decode_stream_probe;
-
 use fp4forge_engine::CudaBackend;
+use fp4forge_lab::decode_bench::laguna_decode;
+use fp4forge_lab::gpu::Gpu;
+use fp4forge_lab::stream_probe::decode_stream_probe;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../builder/tests/fixtures");
@@ -36,6 +38,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut i = 0;
     while i < args.len() {
         let v = args.get(i + 1).cloned().unwrap_or_default();
+        if !args[i].starts_with("--probe") && i + 1 >= args.len() {
+            return Err(format!("{} needs a value", args[i]).into());
+        }
         match args[i].as_str() {
             "--probe" | "--probe-only" => {
                 probe = true;
@@ -45,27 +50,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             "--stock" => stock = v.into(),
             "--lean" => lean = v.into(),
-            "--contexts" => contexts = v.split(',').map(|s| s.parse()).collect::<Result<_, _>>()?,
-            "--reps" => reps = v.parse()?,
+            "--contexts" => {
+                contexts = v
+                    .split(',')
+                    .map(|s| s.trim().parse())
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| format!("--contexts {v}: {e}"))?
+            }
+            "--reps" => reps = v.parse().map_err(|e| format!("--reps {v}: {e}"))?,
             "--json" => json = Some(v.into()),
-            "--bytes-stock" => b_stock = v.parse()?,
-            "--bytes-lean" => b_lean = v.parse()?,
+            "--bytes-stock" => {
+                b_stock = v.parse().map_err(|e| format!("--bytes-stock {v}: {e}"))?
+            }
+            "--bytes-lean" => b_lean = v.parse().map_err(|e| format!("--bytes-lean {v}: {e}"))?,
             other => return Err(format!("unknown argument {other}").into()),
         }
         i += 2;
     }
-    let b = CudaBackend::new(0)?;
-    println!("device: {}", fp4forge_engine::Backend::name(&b));
-    let copy = copy_bandwidth(&b, 4 << 30, 20)?;
-    if std::env::var_os("FP4FORGE_MICROBENCH").is_some() {
-        println!("| kernel (Laguna-S shapes, synthetic) | µs | GB/s |\n|---|---:|---:|");
-        for (name, us, gbs) in fp4forge_engine::backend::cuda::bench::kernel_microbench(&b)? {
-            println!("| {name} | {us:.1} | {gbs:.0} |");
-        }
-        if std::env::var("FP4FORGE_MICROBENCH").as_deref() == Ok("only") {
-            return Ok(());
-        }
+    if reps == 0 || contexts.is_empty() {
+        return Err("--reps and --contexts need at least one".into());
     }
+    let b = CudaBackend::new(0)?;
+    let gpu = Gpu::new(&b)?;
+    println!("device: {}", fp4forge_engine::Backend::name(&b));
+    let copy = gpu.copy_bandwidth(4 << 30, 20)?;
     println!(
         "device-to-device copy bandwidth (4 GiB, read+write): {:.0} GB/s",
         copy
@@ -73,7 +81,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut probe_rows = Vec::new();
     if probe {
         let builds = [("stock", stock.as_path()), ("lean", lean.as_path())];
-        probe_rows = decode_stream_probe(&b, &builds, &contexts, copy, reps)?;
+        probe_rows = decode_stream_probe(&gpu, &builds, &contexts, copy, reps)?;
         println!();
         println!(
             "Decode-stream probe: the step's bytes and dependencies, trivial compute (upper bounds) \
@@ -105,19 +113,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             break;
         }
         eprintln!("{label}: {}", cfg.display());
-        rows.extend(synthetic_laguna_decode(
-            &b, cfg, label, &contexts, bytes, copy, reps,
+        rows.extend(laguna_decode(
+            &gpu, cfg, label, &contexts, bytes, copy, reps,
         )?);
     }
     println!();
-    println!("Laguna-S-2.1 geometry, SYNTHETIC weights, batch 1, bf16 KV, CUDA graph replay");
     println!(
-        "| build | context | tok/s | ms/token | GB/token (inspect) | GB/s achieved | % of copy BW | GB/token read incl. KV | GB/s incl. KV | kernels |"
+        "Laguna-S-2.1 geometry, SYNTHETIC weights, batch 1, bf16 KV, the production step \
+         (forward, one sequence, one token; eager launches)"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| build | context | tok/s | ms/token | GB/token (inspect) | GB/s achieved | % of copy BW | GB/token read incl. KV | GB/s incl. KV | fused steps | fused vs generic |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         println!(
-            "| {} | {} | {:.1} | {:.3} | {:.3} | {:.0} | {:.1}% | {:.3} | {:.0} | {} |",
+            "| {} | {} | {:.1} | {:.3} | {:.3} | {:.0} | {:.1}% | {:.3} | {:.0} | {}/{} | {:.1e} |",
             r.build,
             r.context,
             r.tok_s,
@@ -127,21 +138,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             100.0 * r.fraction_of_copy,
             (r.weight_bytes_read + r.kv_bytes_read) / 1e9,
             r.achieved_incl_kv_gbs,
-            r.kernels
+            r.fused_steps,
+            r.steps,
+            r.fused_vs_generic_rel
         );
-    }
-    for r in &rows {
-        println!();
-        println!(
-            "{} ctx {}: GPU time per stage of one eager step (events between stages)",
-            r.build, r.context
-        );
-        println!("| stage | µs/token | share |\n|---|---:|---:|");
-        let total: f64 = r.stages_us.iter().map(|(_, us)| us).sum();
-        for (name, us) in &r.stages_us {
-            println!("| {name} | {us:.0} | {:.1}% |", 100.0 * us / total);
-        }
-        println!("| total (eager) | {total:.0} | |");
     }
     println!();
     for &c in &contexts {
@@ -154,6 +154,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(p) = json {
         let doc = serde_json::json!({
             "synthetic": true,
+            "step": "fp4forge_engine::forward, one sequence, one token, Want::Last (eager)",
             "device": fp4forge_engine::Backend::name(&b),
             "copy_bandwidth_gbs": copy,
             "rows": rows,
