@@ -23,7 +23,7 @@ use fp4forge_engine::ir::{
     Attention, AttentionParams, Decoder, KvDtype, KvLayerSpec, Layer, Mlp, Moe, RouterParams,
     RouterScoring, SwiGlu,
 };
-use fp4forge_engine::rope::{default_inv_freq, RopeSpec};
+use fp4forge_engine::rope::RopeSpec;
 use fp4forge_engine::{
     forward, Backend, Bytes, CudaBackend, ExpertWeights, LinearWeight, Result, SeqChunk, Want,
 };
@@ -208,15 +208,10 @@ pub fn synthetic_decoder(b: &CudaBackend, g: &Geometry) -> Result<Decoder<CudaBa
     .unwrap_or(0);
     let mut src = Source::new(largest + (64 << 20));
     let ones = |n: usize| b.upload(1, n, &vec![1.0; n]);
-    let rope = |theta: f64, rotary_dim: usize| {
-        b.load_rope(&RopeSpec {
-            inv_freq: default_inv_freq(theta, rotary_dim),
-            rotary_dim,
-            attention_factor: 1.0,
-        })
-    };
-    let rdim_full = ((d as f64 * g.partial_full) as usize) & !1;
-    let ropes = vec![rope(g.theta_full, rdim_full)?, rope(g.theta_sliding, d)?];
+    let ropes = vec![
+        b.load_rope(&RopeSpec::from_arch(&g.rope_full))?,
+        b.load_rope(&RopeSpec::from_arch(&g.rope_sliding))?,
+    ];
     let mut layers = Vec::with_capacity(g.layers);
     for i in 0..g.layers {
         let heads = g.heads[i];

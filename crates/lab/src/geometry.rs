@@ -1,10 +1,11 @@
-//! The shapes of a Laguna `config.json` that the decode benchmark and the stream probe lay out.
-//!
-//! (To be ported to `crates/arch`'s `ArchSpec` reader once it lands.)
+//! The shapes of a Laguna `config.json` that the decode benchmark and the stream probe lay out,
+//! read through `fp4forge-arch` (the one reader of model geometry), plus which modules the
+//! checkpoint's `quantization_config` makes NVFP4 (the stock or lean build).
 
 use std::path::Path;
 
-use serde_json::Value;
+use fp4forge_arch::{ArchSpec, ConfigJson, MlpSpec, Rope};
+use serde_json::{Map, Value};
 
 /// The shapes of a Laguna config that the benchmark and the stream probe lay out.
 #[derive(Debug, Clone)]
@@ -41,12 +42,10 @@ pub struct Geometry {
     pub attn_nvfp4: bool,
     /// The routed experts are NVFP4.
     pub experts_nvfp4: bool,
-    /// Rope theta of the full-attention layers.
-    pub theta_full: f64,
-    /// Rope theta of the sliding layers.
-    pub theta_sliding: f64,
-    /// Rotated fraction of a full-attention head.
-    pub partial_full: f64,
+    /// The rope of the full-attention layers.
+    pub rope_full: Rope,
+    /// The rope of the sliding layers.
+    pub rope_sliding: Rope,
     /// RMSNorm epsilon.
     pub eps: f32,
     /// Multiplier of the routed experts' sum.
@@ -57,47 +56,16 @@ pub struct Geometry {
 pub fn read_geometry(config: &Path) -> Result<Geometry, String> {
     let at = |e: String| format!("{}: {e}", config.display());
     let text = std::fs::read_to_string(config).map_err(|e| at(e.to_string()))?;
-    let cfg: Value = serde_json::from_str(&text).map_err(|e| at(e.to_string()))?;
-    geometry(&cfg).map_err(at)
+    let cfg: Map<String, Value> = serde_json::from_str(&text).map_err(|e| at(e.to_string()))?;
+    geometry(config, cfg)
 }
 
-/// Reads the [`Geometry`] of a Laguna `config.json`.
-pub fn geometry(cfg: &Value) -> Result<Geometry, String> {
-    let u = |k: &str| {
-        cfg.get(k)
-            .and_then(Value::as_u64)
-            .map(|v| v as usize)
-            .ok_or(format!("config: no `{k}`"))
-    };
-    let layers = u("num_hidden_layers")?;
-    // A per-layer list of strings (empty when absent).
-    let strs = |k: &str| -> Vec<String> {
-        cfg.get(k)
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|v| v.as_str().map(String::from))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    let types = strs("layer_types");
-    let full: Vec<bool> = (0..layers)
-        .map(|i| !matches!(types.get(i), Some(t) if t != "full_attention"))
-        .collect();
-    let heads: Vec<usize> = match cfg
-        .get("num_attention_heads_per_layer")
-        .and_then(Value::as_array)
-    {
-        Some(a) => a.iter().map(|v| v.as_u64().unwrap_or(0) as usize).collect(),
-        None => vec![u("num_attention_heads")?; layers],
-    };
-    let mlp_types = strs("mlp_layer_types");
-    let dense_layers = (0..layers)
-        .map(|i| mlp_types.get(i).is_some_and(|t| t == "dense"))
-        .collect();
+/// Reads the [`Geometry`] of a Laguna `config.json` (`file` names it in errors).
+pub fn geometry(file: &Path, cfg: Map<String, Value>) -> Result<Geometry, String> {
+    let at = |e: String| format!("{}: {e}", file.display());
     let targets: Vec<String> = cfg
-        .pointer("/quantization_config/config_groups")
+        .get("quantization_config")
+        .and_then(|q| q.get("config_groups"))
         .and_then(Value::as_object)
         .map(|g| {
             g.values()
@@ -107,35 +75,54 @@ pub fn geometry(cfg: &Value) -> Result<Geometry, String> {
                 .collect()
         })
         .unwrap_or_default();
-    let rp = |path: &str| cfg.pointer(path).and_then(Value::as_f64);
+    let spec =
+        ArchSpec::from_config(&ConfigJson::from_map(file, cfg)).map_err(|e| e.to_string())?;
+    let first = spec.layers.first().ok_or_else(|| at("no layers".into()))?;
+    let moe = spec
+        .first_moe()
+        .ok_or_else(|| at("no mixture-of-experts layer".into()))?;
+    let dense_inter = spec
+        .layers
+        .iter()
+        .find_map(|l| match l.mlp {
+            MlpSpec::Dense { intermediate } => Some(intermediate),
+            MlpSpec::Moe(_) => None,
+        })
+        .unwrap_or(0);
+    let sliding = spec.layers.iter().find(|l| l.attention.window.is_some());
+    let full = spec.layers.iter().find(|l| l.attention.window.is_none());
+    let rope_of = |l: Option<&fp4forge_arch::LayerSpec>| {
+        spec.ropes[l.unwrap_or(first).attention.rope].clone()
+    };
     Ok(Geometry {
-        hidden: u("hidden_size")?,
-        layers,
-        full,
-        heads,
-        kv_heads: u("num_key_value_heads")?,
-        head_dim: u("head_dim")?,
-        window: u("sliding_window")?,
-        experts: u("num_experts")?,
-        top_k: u("num_experts_per_tok")?,
-        moe_inter: u("moe_intermediate_size")?,
-        shared_inter: u("shared_expert_intermediate_size")?,
-        dense_inter: u("intermediate_size")?,
-        dense_layers,
-        vocab: u("vocab_size")?,
+        hidden: spec.hidden_size,
+        layers: spec.layers.len(),
+        full: spec
+            .layers
+            .iter()
+            .map(|l| l.attention.window.is_none())
+            .collect(),
+        heads: spec.layers.iter().map(|l| l.attention.q_heads).collect(),
+        kv_heads: first.attention.kv_heads,
+        head_dim: first.attention.head_dim,
+        window: sliding.and_then(|l| l.attention.window).unwrap_or(0),
+        experts: moe.experts,
+        top_k: moe.router.top_k,
+        moe_inter: moe.intermediate,
+        shared_inter: moe.shared_intermediate.unwrap_or(0),
+        dense_inter,
+        dense_layers: spec
+            .layers
+            .iter()
+            .map(|l| matches!(l.mlp, MlpSpec::Dense { .. }))
+            .collect(),
+        vocab: spec.vocab_size,
         attn_nvfp4: targets.iter().any(|t| t.contains("self_attn")),
         experts_nvfp4: targets.iter().any(|t| t.contains("experts")),
-        theta_full: rp("/rope_parameters/full_attention/rope_theta").unwrap_or(500000.0),
-        theta_sliding: rp("/rope_parameters/sliding_attention/rope_theta").unwrap_or(10000.0),
-        partial_full: rp("/rope_parameters/full_attention/partial_rotary_factor").unwrap_or(1.0),
-        eps: cfg
-            .get("rms_norm_eps")
-            .and_then(Value::as_f64)
-            .unwrap_or(1e-6) as f32,
-        routed_scale: cfg
-            .get("moe_routed_scaling_factor")
-            .and_then(Value::as_f64)
-            .unwrap_or(1.0) as f32,
+        rope_full: rope_of(full),
+        rope_sliding: rope_of(sliding),
+        eps: spec.rms_norm_eps as f32,
+        routed_scale: moe.router.routed_scaling as f32,
     })
 }
 

@@ -702,7 +702,7 @@ mod tests {
             .join(build)
             .join("config.json");
         let text = std::fs::read_to_string(&path).expect("fixture config");
-        geometry(&serde_json::from_str(&text).expect("json")).expect("geometry")
+        geometry(&path, serde_json::from_str(&text).expect("json")).expect("geometry")
     }
 
     /// The probe streams the real step's weight bytes: `fp4forge inspect`'s bytes per token of
