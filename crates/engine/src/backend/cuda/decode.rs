@@ -12,9 +12,10 @@
 //! Then the lm_head.
 //!
 //! [`CudaBackend::decode_fused`] runs it where the decoder has nothing it does not cover (no
-//! projection biases, a gate of one value per head, inputs of at most `XS_MAX` values); otherwise
-//! the caller takes the generic ops. Every row is computed as the generic path computes it, up to
-//! f32 summation order (the GPU tests compare both, and both against the CPU backend).
+//! projection biases, a gate of one value per head, a hidden width of at most `XS_MAX` values;
+//! a dense layer's down projection takes any width); otherwise the caller takes the generic ops.
+//! Every row is computed as the generic path computes it, up to f32 summation order (the GPU
+//! tests compare both, and both against the CPU backend).
 
 use std::sync::atomic::Ordering;
 
@@ -152,7 +153,9 @@ fn covers(d: &Decoder<CudaBackend>) -> bool {
                 && a.o_bias.is_none();
             let gate_ok = a.gate.as_ref().is_none_or(|g| g.rows == p.heads);
             let mlp_ok = match &l.mlp {
-                Mlp::Dense(m) => CudaBackend::linear_multi_applies(m.down.cols),
+                // gate/up go through `linear_multi` at the hidden width (checked above); the
+                // down projection through `gemv_raw`, which takes any input width.
+                Mlp::Dense(_) => true,
                 Mlp::Moe(m) => m.params.top_k > 0 && m.params.top_k <= 32 && m.router.rows <= 1024,
             };
             no_bias && gate_ok && mlp_ok && p.head_dim <= 128
