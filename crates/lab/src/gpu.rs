@@ -74,49 +74,21 @@ impl Gpu {
             .map_err(|e| self.err(format!("{e:?}")))
     }
 
-    /// Launches `f` on the stream with programmatic stream serialization allowed.
+    /// Launches `f` on the stream with programmatic stream serialization allowed
+    /// ([`CudaBackend::launch_pdl`]).
     ///
     /// # Safety
-    /// `params` points at one value per kernel parameter, of the parameter's type, alive until
-    /// this returns; the kernel waits (`griddepcontrol.wait`) before touching memory another
-    /// kernel writes.
+    /// As [`CudaBackend::launch_pdl`]: `params` points at one value per kernel parameter, of the
+    /// parameter's type, alive until this returns; the kernel waits (`griddepcontrol.wait`)
+    /// before touching memory another kernel writes.
     pub unsafe fn launch_pdl(
         &self,
         f: &CudaFunction,
         cfg: cudarc::driver::LaunchConfig,
         params: &mut [*mut std::ffi::c_void],
     ) -> Result<()> {
-        use cudarc::driver::sys;
-        // SAFETY: plain C structs; zero is a valid start for both.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
-        let config = sys::CUlaunchConfig {
-            gridDimX: cfg.grid_dim.0,
-            gridDimY: cfg.grid_dim.1,
-            gridDimZ: cfg.grid_dim.2,
-            blockDimX: cfg.block_dim.0,
-            blockDimY: cfg.block_dim.1,
-            blockDimZ: cfg.block_dim.2,
-            sharedMemBytes: cfg.shared_mem_bytes,
-            hStream: self.stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: 1,
-        };
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| self.err(format!("bind: {e:?}")))?;
-        // SAFETY: the caller's contract; `config` and `attr` outlive the call.
-        unsafe {
-            sys::cuLaunchKernelEx(
-                &config,
-                f.cu_function(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        }
-        .result()
-        .map_err(|e| self.err(format!("launch: {e:?}")))
+        // SAFETY: the caller upholds `launch_pdl`'s contract, which this forwards unchanged.
+        unsafe { self.backend.launch_pdl(f, cfg, params) }
     }
 
     /// Captures the work `record` queues on the stream into a CUDA graph (nothing runs while

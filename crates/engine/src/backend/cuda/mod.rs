@@ -184,12 +184,14 @@ impl CudaBackend {
         self.inner.options.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Launches `f` on the stream with programmatic stream serialization allowed.
+    /// Launches `f` on the backend's stream with programmatic stream serialization allowed (the
+    /// backend's own launches, and `crates/lab`'s kernels on the same stream).
     ///
     /// # Safety
     /// `params` points at one value per kernel parameter, of the parameter's type, alive until
-    /// this returns; the kernel calls `pdl_enter()` before touching memory another kernel writes.
-    pub(crate) unsafe fn launch_pdl(
+    /// this returns; the kernel calls `pdl_enter()` (`griddepcontrol.wait`) before touching
+    /// memory another kernel writes.
+    pub unsafe fn launch_pdl(
         &self,
         f: &CudaFunction,
         cfg: cudarc::driver::LaunchConfig,
