@@ -9,21 +9,11 @@
 
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
-use crate::forward::{forward, SeqChunk, Want};
+use crate::forward::forward;
+use crate::ir::{SeqChunk, Want};
 use crate::model::Model;
 use crate::sampling::Sampler;
-use crate::session::{Logits, Session};
-
-/// What one session gets back from [`Model::forward_batch_sampled`].
-#[derive(Debug, Clone, PartialEq)]
-pub enum Output {
-    /// Nothing ([`Want::None`]).
-    None,
-    /// The logits it wanted.
-    Logits(Logits),
-    /// Its next token, picked by its sampler.
-    Token(u32),
-}
+use crate::session::{Logits, Output, Session};
 
 impl<B: Backend> Model<B> {
     /// Errors unless `ids` can be appended to `session`: a session of this model that has not

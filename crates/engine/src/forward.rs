@@ -14,30 +14,7 @@
 
 use crate::backend::Backend;
 use crate::error::Result;
-use crate::ir::{Attention, Decoder, Layer, Mlp, Moe, SwiGlu};
-
-/// Which logits a chunk wants back from a pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Want {
-    /// None (a prefill chunk that is not the prompt's last).
-    None,
-    /// Its last token's (a decode step, or a prompt's last chunk).
-    Last,
-    /// Every token's (prompt scoring, speculative verification).
-    All,
-}
-
-/// One sequence's part of a pass: new tokens appended to its KV cache.
-pub struct SeqChunk<'a, B: Backend> {
-    /// The sequence's KV cache, one store per layer.
-    pub kv: &'a mut [B::KvLayer],
-    /// Its new tokens (at least one; the caller has checked them against the vocabulary).
-    pub ids: &'a [u32],
-    /// Positions already in its cache (the first new token's position).
-    pub pos0: usize,
-    /// The logits it wants.
-    pub want: Want,
-}
+use crate::ir::{Attention, Decoder, Layer, Mlp, Moe, SeqChunk, SwiGlu, Want};
 
 /// Runs every chunk of `seqs` through `net` in one pass, appending to each one's cache. Returns,
 /// per chunk, the logits it wanted: `[rows, vocab]` for [`Want::All`], `[1, vocab]` for

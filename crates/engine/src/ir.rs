@@ -7,8 +7,99 @@
 //! module, never `models`; the op parameters ([`AttentionParams`], [`RouterParams`]) live here so
 //! that both sides name them from one place.
 
-use crate::backend::Backend;
-pub use crate::kv_cache::{KvDtype, KvLayerSpec};
+/// The objects a backend keeps resident, each in its own layout: the vocabulary of [`Decoder`]
+/// and of a pass's [`SeqChunk`]s. [`crate::Backend`] adds the ops over them.
+pub trait Resident: Send + Sync + Sized + 'static {
+    /// An activation matrix `[rows, cols]` of f32 in backend memory.
+    type Tensor: Send + Sync;
+    /// A linear layer's weight as the backend keeps it (packed NVFP4 stays packed).
+    type Linear: Send + Sync;
+    /// All routed experts of one MoE layer.
+    type Experts: Send + Sync;
+    /// A rotary embedding's tables.
+    type Rope: Send + Sync;
+    /// One layer's KV cache.
+    type KvLayer: Send + Sync;
+    /// A router's decision for each token: selected experts and their weights.
+    type Routing: Send + Sync;
+}
+
+/// Element type of cached keys and values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvDtype {
+    /// f32: exact, 4 bytes per element.
+    F32,
+    /// bfloat16, 2 bytes per element (the default).
+    #[default]
+    Bf16,
+    /// fp8 e4m3 with a static per-layer scale, 1 byte per element.
+    Fp8E4m3,
+}
+
+impl KvDtype {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::Bf16 => 2,
+            KvDtype::Fp8E4m3 => 1,
+        }
+    }
+}
+
+/// What one layer's cache holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvLayerSpec {
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Width of each head.
+    pub head_dim: usize,
+    /// Sliding window (keys at positions `p - window + 1 ..= p` are visible), or `None` for
+    /// full attention.
+    pub window: Option<usize>,
+    /// Storage element type.
+    pub dtype: KvDtype,
+    /// Key dequantization scale (fp8 storage only; 1.0 otherwise).
+    pub k_scale: f32,
+    /// Value dequantization scale (fp8 storage only; 1.0 otherwise).
+    pub v_scale: f32,
+}
+
+impl KvLayerSpec {
+    /// Elements of one cached row (one position, all KV heads).
+    pub fn row_width(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+
+    /// Whether a store of this layer holding `held` positions still has its first `len` on
+    /// their own: `len` at most `held`, and a sliding ring not yet wrapped (or all of it).
+    pub fn can_fork(&self, held: usize, len: usize) -> bool {
+        len == held || (len < held && self.window.is_none_or(|w| held <= w))
+    }
+}
+
+/// Which logits a chunk wants back from a pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// None (a prefill chunk that is not the prompt's last).
+    None,
+    /// Its last token's (a decode step, or a prompt's last chunk).
+    Last,
+    /// Every token's (prompt scoring, speculative verification).
+    All,
+}
+
+/// One sequence's part of a pass: new tokens appended to its KV cache.
+pub struct SeqChunk<'a, B: Resident> {
+    /// The sequence's KV cache, one store per layer.
+    pub kv: &'a mut [B::KvLayer],
+    /// Its new tokens (at least one; the caller has checked them against the vocabulary).
+    pub ids: &'a [u32],
+    /// Positions already in its cache (the first new token's position).
+    pub pos0: usize,
+    /// The logits it wants.
+    pub want: Want,
+}
 
 /// Attention geometry of one call.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -46,7 +137,7 @@ pub enum RouterScoring {
 }
 
 /// A loaded decoder-only transformer: resident weights and per-layer geometry.
-pub struct Decoder<B: Backend> {
+pub struct Decoder<B: Resident> {
     /// The input embedding `[vocab, hidden]`.
     pub embed: B::Linear,
     /// The output projection; `None` when tied to [`embed`](Self::embed).
@@ -64,7 +155,7 @@ pub struct Decoder<B: Backend> {
 }
 
 /// One pre-norm residual block: `x += attn(norm(x)); x += mlp(post_norm(x))`.
-pub struct Layer<B: Backend> {
+pub struct Layer<B: Resident> {
     /// RMSNorm weight before attention `[1, hidden]`.
     pub input_norm: B::Tensor,
     /// RMSNorm weight before the MLP `[1, hidden]`.
@@ -76,7 +167,7 @@ pub struct Layer<B: Backend> {
 }
 
 /// Grouped-query attention with optional biases, q/k norms and a softplus output gate.
-pub struct Attention<B: Backend> {
+pub struct Attention<B: Resident> {
     /// Query projection `[heads·d, hidden]`.
     pub q: B::Linear,
     /// Key projection `[kv_heads·d, hidden]`.
@@ -108,7 +199,7 @@ pub struct Attention<B: Backend> {
 }
 
 /// A SwiGLU MLP: `down(silu(gate x) ⊙ up x)`.
-pub struct SwiGlu<B: Backend> {
+pub struct SwiGlu<B: Resident> {
     /// Gate projection `[inter, hidden]`.
     pub gate: B::Linear,
     /// Up projection `[inter, hidden]`.
@@ -118,7 +209,7 @@ pub struct SwiGlu<B: Backend> {
 }
 
 /// A routed mixture of SwiGLU experts, with an optional always-on shared expert.
-pub struct Moe<B: Backend> {
+pub struct Moe<B: Resident> {
     /// Router `[experts, hidden]`.
     pub router: B::Linear,
     /// Bias added to the scores for selection only (`e_score_correction_bias`), if any.
@@ -134,7 +225,7 @@ pub struct Moe<B: Backend> {
 }
 
 /// The MLP of one layer.
-pub enum Mlp<B: Backend> {
+pub enum Mlp<B: Resident> {
     /// A dense SwiGLU.
     Dense(SwiGlu<B>),
     /// A mixture of experts.

@@ -15,60 +15,7 @@
 
 use crate::backend::Backend;
 use crate::error::Result;
-
-/// Element type of cached keys and values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum KvDtype {
-    /// f32: exact, 4 bytes per element.
-    F32,
-    /// bfloat16, 2 bytes per element (the default).
-    #[default]
-    Bf16,
-    /// fp8 e4m3 with a static per-layer scale, 1 byte per element.
-    Fp8E4m3,
-}
-
-impl KvDtype {
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            KvDtype::F32 => 4,
-            KvDtype::Bf16 => 2,
-            KvDtype::Fp8E4m3 => 1,
-        }
-    }
-}
-
-/// What one layer's cache holds.
-#[derive(Debug, Clone, PartialEq)]
-pub struct KvLayerSpec {
-    /// Key/value heads.
-    pub kv_heads: usize,
-    /// Width of each head.
-    pub head_dim: usize,
-    /// Sliding window (keys at positions `p - window + 1 ..= p` are visible), or `None` for
-    /// full attention.
-    pub window: Option<usize>,
-    /// Storage element type.
-    pub dtype: KvDtype,
-    /// Key dequantization scale (fp8 storage only; 1.0 otherwise).
-    pub k_scale: f32,
-    /// Value dequantization scale (fp8 storage only; 1.0 otherwise).
-    pub v_scale: f32,
-}
-
-impl KvLayerSpec {
-    /// Elements of one cached row (one position, all KV heads).
-    pub fn row_width(&self) -> usize {
-        self.kv_heads * self.head_dim
-    }
-
-    /// Whether a store of this layer holding `held` positions still has its first `len` on
-    /// their own: `len` at most `held`, and a sliding ring not yet wrapped (or all of it).
-    pub fn can_fork(&self, held: usize, len: usize) -> bool {
-        len == held || (len < held && self.window.is_none_or(|w| held <= w))
-    }
-}
+use crate::ir::KvLayerSpec;
 
 /// A session's cache: one backend store per layer.
 pub struct KvCache<B: Backend> {

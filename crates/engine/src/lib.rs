@@ -54,16 +54,16 @@ pub mod weights;
 #[cfg(feature = "cuda")]
 pub use backend::CudaBackend;
 pub use backend::{Backend, CpuBackend};
-pub use batch::Output;
 pub use device::{open, Device, ParseDeviceError, WithModel};
 pub use error::{EngineError, Result};
-pub use forward::{forward, SeqChunk, Want};
+pub use forward::forward;
 pub use generate::{GenerateOptions, Generation, GenerationStats, StopReason};
-pub use ir::{AttentionParams, RouterParams, RouterScoring};
-pub use kv_cache::{KvDtype, KvLayerSpec};
+pub use ir::{
+    AttentionParams, KvDtype, KvLayerSpec, Resident, RouterParams, RouterScoring, SeqChunk, Want,
+};
 pub use model::{GenerationDefaults, Model, ModelInfo, ModelOptions, DEFAULT_PREFILL_CHUNK};
 pub use models::{Family, SUPPORTED_ARCHITECTURES};
 pub use sampling::{Sampler, SamplingParams};
-pub use session::{Logits, Session};
+pub use session::{Logits, Output, Session};
 pub use text::{ChatMessage, ChatTemplate, StreamDecoder, TextCodec};
 pub use weights::{Bytes, ExpertWeights, LinearWeight, WeightLoader};

@@ -12,7 +12,7 @@ use fp4forge_arch::ArchSpec;
 use crate::config::ConfigJson;
 use crate::error::Result;
 use crate::ir::Decoder;
-use crate::kv_cache::{KvDtype, KvLayerSpec};
+use crate::ir::{KvDtype, KvLayerSpec};
 use crate::models::load_ctx::LoadCtx;
 use crate::models::{self, Family};
 use crate::session::Session;

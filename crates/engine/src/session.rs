@@ -1,9 +1,8 @@
 //! A session: one sequence's KV cache and position, against a borrowed model.
 
 use crate::backend::{Backend, CpuBackend};
-use crate::batch::Output;
 use crate::error::{EngineError, Result};
-use crate::forward::Want;
+use crate::ir::Want;
 use crate::kv_cache::KvCache;
 use crate::model::Model;
 use crate::sampling::Sampler;
@@ -17,6 +16,17 @@ pub struct Logits {
     pub vocab: usize,
     /// `rows * vocab` values.
     pub data: Vec<f32>,
+}
+
+/// What one session gets back from [`Model::forward_batch_sampled`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    /// Nothing ([`Want::None`]).
+    None,
+    /// The logits it wanted.
+    Logits(Logits),
+    /// Its next token, picked by its sampler.
+    Token(u32),
 }
 
 impl Logits {

@@ -20,33 +20,18 @@ pub mod cpu;
 pub mod cuda;
 
 use crate::error::Result;
-use crate::forward::SeqChunk;
-use crate::ir::Decoder;
-use crate::kv_cache::KvLayerSpec;
+use crate::ir::{Decoder, KvLayerSpec, SeqChunk};
 use crate::rope::RopeSpec;
 use crate::sampling::SamplingParams;
 use crate::weights::{ExpertWeights, LinearWeight};
 
-pub use crate::ir::{AttentionParams, RouterParams, RouterScoring};
+pub use crate::ir::{AttentionParams, Resident, RouterParams, RouterScoring};
 pub use cpu::CpuBackend;
 #[cfg(feature = "cuda")]
 pub use cuda::CudaBackend;
 
 /// Ops and resident objects of one device (CPU, CUDA, ...). See the module docs.
-pub trait Backend: Send + Sync + Sized + 'static {
-    /// An activation matrix `[rows, cols]` of f32 in backend memory.
-    type Tensor: Send + Sync;
-    /// A linear layer's weight as the backend keeps it (packed NVFP4 stays packed).
-    type Linear: Send + Sync;
-    /// All routed experts of one MoE layer.
-    type Experts: Send + Sync;
-    /// A rotary embedding's tables.
-    type Rope: Send + Sync;
-    /// One layer's KV cache.
-    type KvLayer: Send + Sync;
-    /// A router's decision for each token: selected experts and their weights.
-    type Routing: Send + Sync;
-
+pub trait Backend: Resident {
     /// A short name for messages (`cpu`, `cpu-avx2`, `cuda:0`).
     fn name(&self) -> String;
 

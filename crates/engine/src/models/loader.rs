@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::ir::{
     Attention, AttentionParams, Decoder, Layer, Mlp, Moe, RouterParams, RouterScoring,
 };
-use crate::kv_cache::{KvDtype, KvLayerSpec};
+use crate::ir::{KvDtype, KvLayerSpec};
 use crate::models::load_ctx::LoadCtx;
 use crate::rope::RopeSpec;
 

@@ -5,7 +5,7 @@
 use fp4forge_format::float::{bf16_bits_to_f32, f32_to_bf16_bits};
 use fp4forge_format::fp8::{f32_to_e4m3_saturating, E4M3_TO_F32};
 
-use crate::kv_cache::{KvDtype, KvLayerSpec};
+use crate::ir::{KvDtype, KvLayerSpec};
 
 /// Rows of cached keys or values in one storage type.
 #[derive(Debug, Clone)]

@@ -25,10 +25,9 @@ pub use tensor::CpuTensor;
 
 use kernels::Isa;
 
-use super::Backend;
+use super::{Backend, Resident};
 use crate::error::{EngineError, Result};
-use crate::ir::{AttentionParams, RouterParams};
-use crate::kv_cache::KvLayerSpec;
+use crate::ir::{AttentionParams, KvLayerSpec, RouterParams};
 use crate::rope::RopeSpec;
 use crate::weights::{ExpertWeights, LinearWeight};
 
@@ -121,14 +120,16 @@ impl CpuBackend {
     }
 }
 
-impl Backend for CpuBackend {
+impl Resident for CpuBackend {
     type Tensor = CpuTensor;
     type Linear = CpuLinear;
     type Experts = CpuExperts;
     type Rope = CpuRope;
     type KvLayer = HostKvLayer;
     type Routing = CpuRouting;
+}
 
+impl Backend for CpuBackend {
     fn name(&self) -> String {
         match self.isa {
             Isa::Avx512 => "cpu-avx512".into(),

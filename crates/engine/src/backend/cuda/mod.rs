@@ -43,11 +43,9 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 
-use super::{AttentionParams, Backend, RouterParams, RouterScoring};
+use super::{AttentionParams, Backend, Resident, RouterParams, RouterScoring};
 use crate::error::{EngineError, Result};
-use crate::forward::{SeqChunk, Want};
-use crate::ir::Decoder;
-use crate::kv_cache::{KvDtype, KvLayerSpec};
+use crate::ir::{Decoder, KvDtype, KvLayerSpec, SeqChunk, Want};
 use crate::rope::RopeSpec;
 use crate::sampling::SamplingParams;
 use crate::weights::{ExpertWeights, LinearWeight};
@@ -377,14 +375,16 @@ fn fmt_of(w: &LinearWeight) -> i32 {
     }
 }
 
-impl Backend for CudaBackend {
+impl Resident for CudaBackend {
     type Tensor = CudaTensor;
     type Linear = CudaLinear;
     type Experts = CudaExperts;
     type Rope = CudaRope;
     type KvLayer = CudaKvLayer;
     type Routing = CudaRouting;
+}
 
+impl Backend for CudaBackend {
     fn name(&self) -> String {
         self.inner.name.clone()
     }
