@@ -201,6 +201,52 @@ fn as_usize(v: &Value) -> Option<usize> {
     (f >= 0.0 && f.fract() == 0.0 && f < 9.0e15).then_some(f as usize)
 }
 
+/// `true` for each sliding-attention layer, from `layer_types`.
+pub(crate) fn layer_types(cfg: &ConfigJson, n_layers: usize) -> Result<Vec<bool>> {
+    let types = cfg.str_list("layer_types")?;
+    if types.len() != n_layers {
+        return Err(cfg.error(
+            "layer_types",
+            format!("{} entries for {n_layers} layers", types.len()),
+        ));
+    }
+    types
+        .iter()
+        .enumerate()
+        .map(|(i, t)| match t.as_str() {
+            "full_attention" => Ok(false),
+            "sliding_attention" => Ok(true),
+            other => Err(cfg.error(
+                "layer_types",
+                format!("layer {i}: unknown type {other:?} (full_attention, sliding_attention)"),
+            )),
+        })
+        .collect()
+}
+
+/// `true` for each dense-MLP layer, from `mlp_layer_types` (`dense`; `sparse` or `moe`).
+pub(crate) fn mlp_layer_types(cfg: &ConfigJson, n_layers: usize) -> Result<Vec<bool>> {
+    let kinds = cfg.str_list("mlp_layer_types")?;
+    if kinds.len() != n_layers {
+        return Err(cfg.error(
+            "mlp_layer_types",
+            format!("{} entries for {n_layers} layers", kinds.len()),
+        ));
+    }
+    kinds
+        .iter()
+        .enumerate()
+        .map(|(i, k)| match k.as_str() {
+            "dense" => Ok(true),
+            "sparse" | "moe" => Ok(false),
+            other => Err(cfg.error(
+                "mlp_layer_types",
+                format!("layer {i}: unknown MLP type {other:?} (dense, sparse)"),
+            )),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,7 +28,7 @@ impl ShapeSpec {
                     "{:?}: its tensor set cannot be derived from the config (known: {}); \
                      inspect the checkpoint directory instead",
                     self.model_type,
-                    crate::families::shape_model_types().join(", ")
+                    crate::family::shape_model_types().join(", ")
                 ),
             });
         }

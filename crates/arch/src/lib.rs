@@ -29,6 +29,7 @@
 
 mod error;
 mod families;
+mod family;
 mod fields;
 mod layout;
 mod rope;
@@ -36,7 +37,7 @@ mod shape;
 mod spec;
 
 pub use error::{ArchError, Result};
-pub use families::{Family, SUPPORTED_ARCHITECTURES};
+pub use family::{Family, SUPPORTED_ARCHITECTURES};
 pub use fields::ConfigJson;
 pub use layout::TensorShape;
 pub use rope::{Rope, RopeScaling};

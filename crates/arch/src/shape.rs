@@ -23,11 +23,12 @@
 //! output gate and router bias, Qwen2-MoE's shared-expert gate, Mistral's always-sliding bare
 //! `sliding_window`) and its tensor names are its family's ([`Family::of_model_type`]).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde_json::Value;
 
-use crate::families::{self, Family};
+use crate::family::Family;
+use crate::fields;
 use crate::fields::ConfigJson;
 use crate::spec::{OutputGate, TensorAliases};
 use crate::Result;
@@ -145,181 +146,6 @@ pub(crate) struct ShapeRules {
 }
 
 impl ShapeSpec {
-    /// Reads the shape from a parsed `config.json` object; `file` names it in errors.
-    pub fn from_config(config: &Value, file: impl AsRef<Path>) -> Result<Self> {
-        let file = file.as_ref();
-        let root = config.as_object().cloned().unwrap_or_default();
-        Self::read(&ConfigJson::from_map(file, root))
-    }
-
-    /// Reads the shape from a config (see the module doc for what is read and what may be
-    /// absent).
-    pub fn read(cfg: &ConfigJson) -> Result<Self> {
-        let model_type = cfg.opt_str("model_type")?.unwrap_or_default().to_owned();
-        let family = Family::of_model_type(&model_type);
-        let rules = match family {
-            Some(f) => f.shape_rules(&model_type),
-            None => generic_rules(&model_type),
-        };
-        let req = |key: &str| -> Result<u64> {
-            cfg.opt_usize(key)?
-                .map(|n| n as u64)
-                .ok_or_else(|| cfg.error(key, "missing"))
-        };
-        let opt = |key: &str| -> Result<Option<u64>> { Ok(cfg.opt_usize(key)?.map(|n| n as u64)) };
-
-        let hidden_size = req("hidden_size")?;
-        let n_layers = req("num_hidden_layers")? as usize;
-        let heads = req("num_attention_heads")?;
-        let kv = opt("num_key_value_heads")?.unwrap_or(heads);
-        let head_dim = match opt("head_dim")? {
-            Some(d) => d,
-            None if heads > 0 && hidden_size.is_multiple_of(heads) => hidden_size / heads,
-            None => {
-                return Err(cfg.error("head_dim", "missing and hidden_size / heads is not whole"))
-            }
-        };
-        let heads_per_layer = per_layer(cfg, "num_attention_heads_per_layer", n_layers)?;
-        let kv_per_layer = per_layer(cfg, "num_key_value_heads_per_layer", n_layers)?;
-        // Per layer, read as the families read these lists: sliding? dense?
-        let sliding = if cfg.has("layer_types") {
-            Some(families::layer_types(cfg, n_layers)?)
-        } else {
-            None
-        };
-        let dense = if cfg.has("mlp_layer_types") {
-            Some(families::mlp_layer_types(cfg, n_layers)?)
-        } else {
-            None
-        };
-        let mlp_only = if cfg.has("mlp_only_layers") {
-            cfg.usize_list("mlp_only_layers")?
-        } else {
-            Vec::new()
-        };
-        let sparse_step = opt("decoder_sparse_step")?.unwrap_or(1).max(1);
-        let experts = match opt("num_experts")? {
-            Some(e) => Some(e),
-            None => match opt("num_local_experts")? {
-                Some(e) => Some(e),
-                None => opt("n_routed_experts")?,
-            },
-        }
-        .filter(|&e| e > 0);
-        let gates = match rules.output_gate {
-            Some(read) => read(cfg, n_layers)?,
-            None => vec![OutputGate::Absent; n_layers],
-        };
-
-        let sliding_window = opt("sliding_window")?;
-        let all_slide = sliding.is_none()
-            && sliding_window.is_some()
-            && cfg
-                .get("use_sliding_window")
-                .and_then(Value::as_bool)
-                .unwrap_or(rules.slide_by_default);
-
-        let attention_bias = cfg.opt_bool("attention_bias")?.unwrap_or(false);
-        let qkv_bias = rules.qkv_bias_only || cfg.opt_bool("qkv_bias")?.unwrap_or(attention_bias);
-        let o_bias = !rules.qkv_bias_only && attention_bias;
-
-        let moe = match experts {
-            Some(experts) => {
-                let shared = opt("shared_expert_intermediate_size")?.filter(|&s| s > 0);
-                Some(MoeShape {
-                    experts,
-                    top_k: req("num_experts_per_tok")?,
-                    intermediate: req("moe_intermediate_size")?,
-                    shared_intermediate: shared,
-                    shared_gate: rules.shared_expert_gate && shared.is_some(),
-                    router_bias: rules.router_bias,
-                })
-            }
-            None => None,
-        };
-
-        let mut layers = Vec::with_capacity(n_layers);
-        for i in 0..n_layers {
-            let attention = match sliding.as_ref().map(|s| s[i]) {
-                Some(false) => AttentionKind::Full,
-                Some(true) => AttentionKind::Sliding,
-                None if all_slide => AttentionKind::Sliding,
-                None => AttentionKind::Full,
-            };
-            if attention == AttentionKind::Sliding && sliding_window.is_none() {
-                return Err(cfg.error("sliding_window", "missing, but some layers slide"));
-            }
-            let q_heads = heads_per_layer.as_ref().map_or(heads, |h| h[i]);
-            let sparse = match dense.as_ref().map(|d| !d[i]) {
-                Some(sparse) => sparse,
-                None => {
-                    moe.is_some()
-                        && !mlp_only.contains(&i)
-                        && (i as u64 + 1).is_multiple_of(sparse_step)
-                }
-            };
-            let mlp = match (&moe, sparse) {
-                (Some(m), true) => MlpShape::Moe(m.clone()),
-                (None, true) => {
-                    return Err(cfg.error("num_experts", "missing, but some layers are sparse"))
-                }
-                (_, false) => MlpShape::Dense {
-                    intermediate: req("intermediate_size")?,
-                },
-            };
-            let gate_width = match gates[i] {
-                OutputGate::PerHead => Some(q_heads),
-                OutputGate::PerElement => Some(q_heads * head_dim),
-                OutputGate::Absent | OutputGate::IfPresent => None,
-            };
-            layers.push(LayerShape {
-                attention,
-                q_heads,
-                kv_heads: kv_per_layer.as_ref().map_or(kv, |k| k[i]),
-                gate_width,
-                qk_norm: rules.qk_norm,
-                qkv_bias,
-                o_bias,
-                mlp,
-            });
-        }
-
-        let dtype_field = if cfg.has("torch_dtype") {
-            "torch_dtype"
-        } else {
-            "dtype"
-        };
-        let dtype = match cfg.opt_str(dtype_field)? {
-            None | Some("bfloat16") => "BF16",
-            Some("float16") => "F16",
-            Some("float32") => "F32",
-            Some(other) => return Err(cfg.error(dtype_field, format!("unsupported {other:?}"))),
-        };
-        let architectures = match cfg.get("architectures") {
-            Some(Value::Array(a)) => a
-                .iter()
-                .filter_map(|v| v.as_str().map(str::to_owned))
-                .collect(),
-            _ => Vec::new(),
-        };
-        let any_slides = layers.iter().any(|l| l.attention == AttentionKind::Sliding);
-        Ok(Self {
-            file: cfg.file().to_path_buf(),
-            model_type,
-            architectures,
-            family,
-            hidden_size,
-            vocab_size: req("vocab_size")?,
-            head_dim,
-            tie_word_embeddings: cfg.opt_bool("tie_word_embeddings")?.unwrap_or(false),
-            dtype: dtype.to_owned(),
-            max_position_embeddings: opt("max_position_embeddings")?,
-            sliding_window: sliding_window.filter(|_| any_slides),
-            layers,
-            aliases: rules.aliases,
-        })
-    }
-
     /// The first MoE layer's sizes, if any layer is MoE.
     pub fn moe(&self) -> Option<&MoeShape> {
         self.layers.iter().find_map(|l| match &l.mlp {
@@ -329,10 +155,174 @@ impl ShapeSpec {
     }
 }
 
+/// Reads the shape from `cfg` with `family`'s `rules` for `model_type` (see the module doc).
+pub(crate) fn read(
+    cfg: &ConfigJson,
+    model_type: String,
+    family: Option<Family>,
+    rules: ShapeRules,
+) -> Result<ShapeSpec> {
+    let req = |key: &str| -> Result<u64> {
+        cfg.opt_usize(key)?
+            .map(|n| n as u64)
+            .ok_or_else(|| cfg.error(key, "missing"))
+    };
+    let opt = |key: &str| -> Result<Option<u64>> { Ok(cfg.opt_usize(key)?.map(|n| n as u64)) };
+
+    let hidden_size = req("hidden_size")?;
+    let n_layers = req("num_hidden_layers")? as usize;
+    let heads = req("num_attention_heads")?;
+    let kv = opt("num_key_value_heads")?.unwrap_or(heads);
+    let head_dim = match opt("head_dim")? {
+        Some(d) => d,
+        None if heads > 0 && hidden_size.is_multiple_of(heads) => hidden_size / heads,
+        None => return Err(cfg.error("head_dim", "missing and hidden_size / heads is not whole")),
+    };
+    let heads_per_layer = per_layer(cfg, "num_attention_heads_per_layer", n_layers)?;
+    let kv_per_layer = per_layer(cfg, "num_key_value_heads_per_layer", n_layers)?;
+    // Per layer, read as the families read these lists: sliding? dense?
+    let sliding = if cfg.has("layer_types") {
+        Some(fields::layer_types(cfg, n_layers)?)
+    } else {
+        None
+    };
+    let dense = if cfg.has("mlp_layer_types") {
+        Some(fields::mlp_layer_types(cfg, n_layers)?)
+    } else {
+        None
+    };
+    let mlp_only = if cfg.has("mlp_only_layers") {
+        cfg.usize_list("mlp_only_layers")?
+    } else {
+        Vec::new()
+    };
+    let sparse_step = opt("decoder_sparse_step")?.unwrap_or(1).max(1);
+    let experts = match opt("num_experts")? {
+        Some(e) => Some(e),
+        None => match opt("num_local_experts")? {
+            Some(e) => Some(e),
+            None => opt("n_routed_experts")?,
+        },
+    }
+    .filter(|&e| e > 0);
+    let gates = match rules.output_gate {
+        Some(read) => read(cfg, n_layers)?,
+        None => vec![OutputGate::Absent; n_layers],
+    };
+
+    let sliding_window = opt("sliding_window")?;
+    let all_slide = sliding.is_none()
+        && sliding_window.is_some()
+        && cfg
+            .get("use_sliding_window")
+            .and_then(Value::as_bool)
+            .unwrap_or(rules.slide_by_default);
+
+    let attention_bias = cfg.opt_bool("attention_bias")?.unwrap_or(false);
+    let qkv_bias = rules.qkv_bias_only || cfg.opt_bool("qkv_bias")?.unwrap_or(attention_bias);
+    let o_bias = !rules.qkv_bias_only && attention_bias;
+
+    let moe = match experts {
+        Some(experts) => {
+            let shared = opt("shared_expert_intermediate_size")?.filter(|&s| s > 0);
+            Some(MoeShape {
+                experts,
+                top_k: req("num_experts_per_tok")?,
+                intermediate: req("moe_intermediate_size")?,
+                shared_intermediate: shared,
+                shared_gate: rules.shared_expert_gate && shared.is_some(),
+                router_bias: rules.router_bias,
+            })
+        }
+        None => None,
+    };
+
+    let mut layers = Vec::with_capacity(n_layers);
+    for i in 0..n_layers {
+        let attention = match sliding.as_ref().map(|s| s[i]) {
+            Some(false) => AttentionKind::Full,
+            Some(true) => AttentionKind::Sliding,
+            None if all_slide => AttentionKind::Sliding,
+            None => AttentionKind::Full,
+        };
+        if attention == AttentionKind::Sliding && sliding_window.is_none() {
+            return Err(cfg.error("sliding_window", "missing, but some layers slide"));
+        }
+        let q_heads = heads_per_layer.as_ref().map_or(heads, |h| h[i]);
+        let sparse = match dense.as_ref().map(|d| !d[i]) {
+            Some(sparse) => sparse,
+            None => {
+                moe.is_some()
+                    && !mlp_only.contains(&i)
+                    && (i as u64 + 1).is_multiple_of(sparse_step)
+            }
+        };
+        let mlp = match (&moe, sparse) {
+            (Some(m), true) => MlpShape::Moe(m.clone()),
+            (None, true) => {
+                return Err(cfg.error("num_experts", "missing, but some layers are sparse"))
+            }
+            (_, false) => MlpShape::Dense {
+                intermediate: req("intermediate_size")?,
+            },
+        };
+        let gate_width = match gates[i] {
+            OutputGate::PerHead => Some(q_heads),
+            OutputGate::PerElement => Some(q_heads * head_dim),
+            OutputGate::Absent | OutputGate::IfPresent => None,
+        };
+        layers.push(LayerShape {
+            attention,
+            q_heads,
+            kv_heads: kv_per_layer.as_ref().map_or(kv, |k| k[i]),
+            gate_width,
+            qk_norm: rules.qk_norm,
+            qkv_bias,
+            o_bias,
+            mlp,
+        });
+    }
+
+    let dtype_field = if cfg.has("torch_dtype") {
+        "torch_dtype"
+    } else {
+        "dtype"
+    };
+    let dtype = match cfg.opt_str(dtype_field)? {
+        None | Some("bfloat16") => "BF16",
+        Some("float16") => "F16",
+        Some("float32") => "F32",
+        Some(other) => return Err(cfg.error(dtype_field, format!("unsupported {other:?}"))),
+    };
+    let architectures = match cfg.get("architectures") {
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect(),
+        _ => Vec::new(),
+    };
+    let any_slides = layers.iter().any(|l| l.attention == AttentionKind::Sliding);
+    Ok(ShapeSpec {
+        file: cfg.file().to_path_buf(),
+        model_type,
+        architectures,
+        family,
+        hidden_size,
+        vocab_size: req("vocab_size")?,
+        head_dim,
+        tie_word_embeddings: cfg.opt_bool("tie_word_embeddings")?.unwrap_or(false),
+        dtype: dtype.to_owned(),
+        max_position_embeddings: opt("max_position_embeddings")?,
+        sliding_window: sliding_window.filter(|_| any_slides),
+        layers,
+        aliases: rules.aliases,
+    })
+}
+
 /// The rules of a `model_type` no family reads: generic keys only (its tensor names are
 /// unknown). Kept from inspect's original reader: OLMo-2 norms q and k, Mixtral's bare
 /// `sliding_window` slides every layer.
-fn generic_rules(model_type: &str) -> ShapeRules {
+pub(crate) fn generic_rules(model_type: &str) -> ShapeRules {
     ShapeRules {
         qk_norm: model_type == "olmo2",
         slide_by_default: model_type == "mixtral",

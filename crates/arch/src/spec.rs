@@ -1,11 +1,9 @@
 //! The typed geometry of a decoder-only model: [`ArchSpec`] and the per-layer specs it holds.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use crate::families::Family;
-use crate::fields::ConfigJson;
+use crate::family::Family;
 use crate::rope::Rope;
-use crate::{ArchError, Result};
 
 /// Whether a family's checkpoints carry a tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -186,28 +184,6 @@ pub struct ArchSpec {
 }
 
 impl ArchSpec {
-    /// Reads `path` (a `config.json`) with the family its `architectures[0]` names.
-    pub fn from_path(path: &Path) -> Result<Self> {
-        Self::from_config(&ConfigJson::from_path(path)?)
-    }
-
-    /// Reads an already parsed config with the family its `architectures[0]` names.
-    pub fn from_config(cfg: &ConfigJson) -> Result<Self> {
-        let found = if cfg.has("architectures") {
-            cfg.str_list("architectures")?
-        } else {
-            Vec::new()
-        };
-        let unsupported = || ArchError::UnsupportedArchitecture {
-            file: cfg.file().to_path_buf(),
-            found: found.clone(),
-            supported: crate::SUPPORTED_ARCHITECTURES.to_vec(),
-        };
-        let arch = found.first().ok_or_else(unsupported)?;
-        let family = Family::of(arch).ok_or_else(unsupported)?;
-        family.read(cfg, arch)
-    }
-
     /// The MoE spec of the first MoE layer, if any layer routes.
     pub fn first_moe(&self) -> Option<&MoeSpec> {
         self.layers.iter().find_map(|l| match &l.mlp {

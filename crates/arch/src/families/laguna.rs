@@ -23,10 +23,7 @@ use crate::{Result, Rope};
 
 use crate::shape::ShapeRules;
 
-use super::Family;
-
-/// The `model_type`s whose shape this family reads.
-pub(super) const MODEL_TYPES: &[&str] = &["laguna"];
+use crate::family::Family;
 
 /// What Laguna adds to the generic shape keys: q/k norms, the output gate ([`gating`]), the
 /// router's selection bias; its tensor names.
@@ -76,7 +73,7 @@ pub(super) fn read(cfg: &ConfigJson, arch: &str) -> Result<ArchSpec> {
     }
 
     let heads = per_layer_heads(cfg, n_layers)?;
-    let sliding = super::layer_types(cfg, n_layers)?;
+    let sliding = crate::fields::layer_types(cfg, n_layers)?;
     let window = super::window(cfg, &sliding)?;
 
     let mut ropes = Vec::new();
@@ -224,7 +221,7 @@ fn per_layer_heads(cfg: &ConfigJson, n_layers: usize) -> Result<Vec<usize>> {
 /// `mlp_only_layers`.
 fn mlp_kinds(cfg: &ConfigJson, n_layers: usize) -> Result<Vec<bool>> {
     if cfg.has("mlp_layer_types") {
-        return super::mlp_layer_types(cfg, n_layers);
+        return crate::fields::mlp_layer_types(cfg, n_layers);
     }
     if cfg.has("mlp_only_layers") {
         let dense = cfg.usize_list("mlp_only_layers")?;

@@ -18,10 +18,7 @@ use crate::spec::{
 };
 use crate::Result;
 
-use super::Family;
-
-/// The `model_type`s whose shape this family reads.
-pub(super) const MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
+use crate::family::Family;
 
 /// What a Llama-family `model_type` adds to the generic shape keys.
 pub(super) fn shape_rules(model_type: &str) -> ShapeRules {
@@ -95,7 +92,7 @@ pub(super) fn read(cfg: &ConfigJson, arch: &str) -> Result<ArchSpec> {
 /// Which layers use a sliding window.
 fn sliding_layers(cfg: &ConfigJson, arch: &str, n_layers: usize) -> Result<Vec<bool>> {
     if cfg.has("layer_types") {
-        return super::layer_types(cfg, n_layers);
+        return crate::fields::layer_types(cfg, n_layers);
     }
     let window_set = cfg.has("sliding_window");
     let all = |b: bool| Ok(vec![b; n_layers]);

@@ -1,137 +1,84 @@
-//! The families: each file reads one family's `config.json` into an [`ArchSpec`], says what its
-//! `model_type`s add to a lenient shape read ([`crate::ShapeSpec`]) and how it names its tensors.
-//! A new family is one more file here, one more [`Family`] variant, its architecture names and
-//! its `model_type`s.
+//! Reading a config: [`ArchSpec::from_config`] and [`ShapeSpec::read`] find the family and hand
+//! the config to its file. Each file here reads one family's `config.json` into an [`ArchSpec`],
+//! says what its `model_type`s add to a lenient shape read ([`ShapeSpec`]) and how it names its
+//! tensors. A new family is one more file here, its arms in the two dispatches below, and its
+//! [`Family`] variant with its architecture names and `model_type`s (`family.rs`).
 
 mod laguna;
 mod llama;
 mod qwen3_moe;
 
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::family::Family;
 use crate::fields::ConfigJson;
-use crate::shape::ShapeRules;
+use crate::shape::{self, ShapeRules, ShapeSpec};
 use crate::spec::ArchSpec;
-use crate::Result;
+use crate::{ArchError, Result};
 
-/// The architectures (`config.json` `architectures[0]`) a family reads.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Qwen2ForCausalLM",
-    "LagunaForCausalLM",
-    "Qwen3MoeForCausalLM",
-];
-
-/// A family of architectures that share one config schema and one tensor naming.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Family {
-    /// Dense Llama-style decoders (Llama, SmolLM2, Mistral, Qwen2).
-    Llama,
-    /// Laguna MoE (poolside).
-    Laguna,
-    /// Qwen3-MoE (`Qwen3MoeForCausalLM`).
-    Qwen3Moe,
-}
-
-impl Family {
-    /// The family of an architecture name, if supported.
-    pub fn of(architecture: &str) -> Option<Self> {
-        match architecture {
-            "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM" => Some(Family::Llama),
-            "LagunaForCausalLM" => Some(Family::Laguna),
-            "Qwen3MoeForCausalLM" => Some(Family::Qwen3Moe),
-            _ => None,
-        }
+impl ArchSpec {
+    /// Reads `path` (a `config.json`) with the family its `architectures[0]` names.
+    pub fn from_path(path: &Path) -> Result<Self> {
+        Self::from_config(&ConfigJson::from_path(path)?)
     }
 
-    /// The family whose tensor names a `model_type` uses, if one does: Llama for `llama`,
-    /// `mistral`, `qwen2`, `qwen3`; Laguna for `laguna`; Qwen3-MoE for `qwen3_moe` and
-    /// `qwen2_moe`. Wider than [`Family::of`]: a shape read needs no engine support.
-    pub fn of_model_type(model_type: &str) -> Option<Self> {
-        [Family::Laguna, Family::Llama, Family::Qwen3Moe]
-            .into_iter()
-            .find(|f| f.model_types().contains(&model_type))
-    }
-
-    /// The `model_type`s this family's shape read and tensor names cover.
-    pub fn model_types(self) -> &'static [&'static str] {
-        match self {
-            Family::Llama => llama::MODEL_TYPES,
-            Family::Laguna => laguna::MODEL_TYPES,
-            Family::Qwen3Moe => qwen3_moe::MODEL_TYPES,
-        }
-    }
-
-    /// What `model_type` (one of [`Family::model_types`]) adds to the generic shape keys.
-    pub(crate) fn shape_rules(self, model_type: &str) -> ShapeRules {
-        match self {
-            Family::Llama => llama::shape_rules(model_type),
-            Family::Laguna => laguna::shape_rules(),
-            Family::Qwen3Moe => qwen3_moe::shape_rules(model_type),
-        }
-    }
-
-    /// Reads `cfg` as this family; `architecture` is its `architectures[0]`.
-    pub fn read(self, cfg: &ConfigJson, architecture: &str) -> Result<ArchSpec> {
-        match self {
-            Family::Llama => llama::read(cfg, architecture),
-            Family::Laguna => laguna::read(cfg, architecture),
-            Family::Qwen3Moe => qwen3_moe::read(cfg, architecture),
-        }
+    /// Reads an already parsed config with the family its `architectures[0]` names.
+    pub fn from_config(cfg: &ConfigJson) -> Result<Self> {
+        let found = if cfg.has("architectures") {
+            cfg.str_list("architectures")?
+        } else {
+            Vec::new()
+        };
+        let unsupported = || ArchError::UnsupportedArchitecture {
+            file: cfg.file().to_path_buf(),
+            found: found.clone(),
+            supported: crate::SUPPORTED_ARCHITECTURES.to_vec(),
+        };
+        let arch = found.first().ok_or_else(unsupported)?;
+        let family = Family::of(arch).ok_or_else(unsupported)?;
+        read(family, cfg, arch)
     }
 }
 
-/// Every `model_type` a family covers, family by family.
-pub(crate) fn shape_model_types() -> Vec<&'static str> {
-    [Family::Laguna, Family::Llama, Family::Qwen3Moe]
-        .into_iter()
-        .flat_map(|f| f.model_types().iter().copied())
-        .collect()
+impl ShapeSpec {
+    /// Reads the shape from a parsed `config.json` object; `file` names it in errors.
+    pub fn from_config(config: &Value, file: impl AsRef<Path>) -> Result<Self> {
+        let file = file.as_ref();
+        let root = config.as_object().cloned().unwrap_or_default();
+        Self::read(&ConfigJson::from_map(file, root))
+    }
+
+    /// Reads the shape from a config (see [`ShapeSpec`]'s module doc for what is read and what
+    /// may be absent) with the rules of the family its `model_type` names, or the generic ones.
+    pub fn read(cfg: &ConfigJson) -> Result<Self> {
+        let model_type = cfg.opt_str("model_type")?.unwrap_or_default().to_owned();
+        let family = Family::of_model_type(&model_type);
+        let rules = match family {
+            Some(f) => shape_rules(f, &model_type),
+            None => shape::generic_rules(&model_type),
+        };
+        shape::read(cfg, model_type, family, rules)
+    }
 }
 
-/// `true` for each sliding-attention layer, from `layer_types`.
-pub(crate) fn layer_types(cfg: &ConfigJson, n_layers: usize) -> Result<Vec<bool>> {
-    let types = cfg.str_list("layer_types")?;
-    if types.len() != n_layers {
-        return Err(cfg.error(
-            "layer_types",
-            format!("{} entries for {n_layers} layers", types.len()),
-        ));
+/// What `model_type` (one of [`Family::model_types`]) adds to the generic shape keys.
+fn shape_rules(family: Family, model_type: &str) -> ShapeRules {
+    match family {
+        Family::Llama => llama::shape_rules(model_type),
+        Family::Laguna => laguna::shape_rules(),
+        Family::Qwen3Moe => qwen3_moe::shape_rules(model_type),
     }
-    types
-        .iter()
-        .enumerate()
-        .map(|(i, t)| match t.as_str() {
-            "full_attention" => Ok(false),
-            "sliding_attention" => Ok(true),
-            other => Err(cfg.error(
-                "layer_types",
-                format!("layer {i}: unknown type {other:?} (full_attention, sliding_attention)"),
-            )),
-        })
-        .collect()
 }
 
-/// `true` for each dense-MLP layer, from `mlp_layer_types` (`dense`; `sparse` or `moe`).
-pub(crate) fn mlp_layer_types(cfg: &ConfigJson, n_layers: usize) -> Result<Vec<bool>> {
-    let kinds = cfg.str_list("mlp_layer_types")?;
-    if kinds.len() != n_layers {
-        return Err(cfg.error(
-            "mlp_layer_types",
-            format!("{} entries for {n_layers} layers", kinds.len()),
-        ));
+/// Reads `cfg` as `family`; `architecture` is its `architectures[0]`.
+fn read(family: Family, cfg: &ConfigJson, architecture: &str) -> Result<ArchSpec> {
+    match family {
+        Family::Llama => llama::read(cfg, architecture),
+        Family::Laguna => laguna::read(cfg, architecture),
+        Family::Qwen3Moe => qwen3_moe::read(cfg, architecture),
     }
-    kinds
-        .iter()
-        .enumerate()
-        .map(|(i, k)| match k.as_str() {
-            "dense" => Ok(true),
-            "sparse" | "moe" => Ok(false),
-            other => Err(cfg.error(
-                "mlp_layer_types",
-                format!("layer {i}: unknown MLP type {other:?} (dense, sparse)"),
-            )),
-        })
-        .collect()
 }
 
 /// `sliding_window` when some layer slides (at least 1), else `None`.

@@ -24,10 +24,7 @@ use crate::Result;
 
 use crate::shape::ShapeRules;
 
-use super::Family;
-
-/// The `model_type`s whose shape this family reads.
-pub(super) const MODEL_TYPES: &[&str] = &["qwen2_moe", "qwen3_moe"];
+use crate::family::Family;
 
 /// What `qwen3_moe` / `qwen2_moe` add to the generic shape keys; their tensor names.
 pub(super) fn shape_rules(model_type: &str) -> ShapeRules {
