@@ -48,7 +48,9 @@ pub use parse::{
 };
 pub use requests::chat::{ChatCompletionRequest, ChatMessage, ContentPart, MessageContent, Role};
 pub use requests::completion::{CompletionRequest, Prompt, SinglePrompt};
-pub use requests::{Limits, Sampling, Stop, StreamOptions, MAX_STOPS, MAX_STOP_BYTES};
+pub use requests::{
+    GenerationRequest, Limits, Sampling, Stop, StreamOptions, MAX_STOPS, MAX_STOP_BYTES,
+};
 pub use response::{
     AssistantMessage, ChatChoice, ChatCompletionResponse, ChatLogprobs, ChatTokenLogprob,
     ChatTopLogprob, CompletionChoice, CompletionLogprobs, CompletionResponse, TopLogprobs, Usage,

@@ -11,6 +11,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use crate::error::RequestError;
+use crate::requests::Limits;
 
 /// One field of a request type: its name and what its value must be (for messages).
 #[derive(Debug, Clone, Copy)]
@@ -99,6 +100,10 @@ pub trait WireRequest: DeserializeOwned + Default {
     const FIELDS: &'static [Field];
     /// Fields of the API that fp4forge does not implement.
     const UNIMPLEMENTED: &'static [Unimplemented];
+
+    /// The checks of the type's own fields that need no model (ranges against `limits`,
+    /// required fields present); the common ones are [`crate::GenerationRequest::validate`]'s.
+    fn validate_fields(&self, limits: &Limits) -> Result<(), RequestError>;
 
     /// A precise error for field `key` whose `value` did not deserialize, for fields with
     /// structure (`prompt`, `messages`); `None`: the generic "must be ..." message.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use fp4forge_api::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionRequest, ChatCompletionResponse,
-    ChatDelta, ChatLogprobs, ChatTokenLogprob, ChatTopLogprob, Limits, RequestError, Sampling,
+    ChatDelta, ChatLogprobs, ChatTokenLogprob, ChatTopLogprob,
 };
 use fp4forge_engine::{ChatMessage, EngineError, TextCodec};
 
@@ -53,18 +53,6 @@ impl Endpoint for Chat {
     type Response = ChatCompletionResponse;
     const ID_PREFIX: &'static str = "chatcmpl";
     const CHUNK_OBJECT: &'static str = "chat.completion.chunk";
-
-    fn model(req: &ChatCompletionRequest) -> Option<&str> {
-        req.model.as_deref()
-    }
-
-    fn sampling(req: &ChatCompletionRequest) -> Sampling<'_> {
-        req.sampling()
-    }
-
-    fn validate(req: &ChatCompletionRequest, limits: &Limits) -> Result<(), RequestError> {
-        req.validate(limits)
-    }
 
     async fn plan(
         state: &Arc<AppState>,

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use fp4forge_api::{
-    CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Limits,
-    RequestError, Sampling, SinglePrompt, TopLogprobs,
+    CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, SinglePrompt,
+    TopLogprobs,
 };
 use fp4forge_engine::TextCodec;
 
@@ -55,18 +55,6 @@ impl Endpoint for Completions {
     type Response = CompletionResponse;
     const ID_PREFIX: &'static str = "cmpl";
     const CHUNK_OBJECT: &'static str = "text_completion";
-
-    fn model(req: &CompletionRequest) -> Option<&str> {
-        req.model.as_deref()
-    }
-
-    fn sampling(req: &CompletionRequest) -> Sampling<'_> {
-        req.sampling()
-    }
-
-    fn validate(req: &CompletionRequest, limits: &Limits) -> Result<(), RequestError> {
-        req.validate(limits)
-    }
 
     async fn plan(
         state: &Arc<AppState>,

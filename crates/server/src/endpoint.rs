@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use fp4forge_api::{Limits, RequestError, Sampling, WireRequest};
+use fp4forge_api::GenerationRequest;
 use serde::Serialize;
 
 use crate::api_error::ApiError;
@@ -17,7 +17,7 @@ use crate::state::AppState;
 /// one request's formatting state (which logprobs, text offsets so far).
 pub(crate) trait Endpoint: Sized + Send + 'static {
     /// The request body.
-    type Request: WireRequest + Send;
+    type Request: GenerationRequest + Send;
     /// One choice of a stream chunk.
     type Choice: Serialize + Send;
     /// The response body when not streaming.
@@ -26,15 +26,6 @@ pub(crate) trait Endpoint: Sized + Send + 'static {
     const ID_PREFIX: &'static str;
     /// The `object` of stream chunks.
     const CHUNK_OBJECT: &'static str;
-
-    /// The model the request names, if it names one.
-    fn model(req: &Self::Request) -> Option<&str>;
-
-    /// The request's sampling and stopping fields.
-    fn sampling(req: &Self::Request) -> Sampling<'_>;
-
-    /// The request's own checks against the server's limits.
-    fn validate(req: &Self::Request, limits: &Limits) -> Result<(), RequestError>;
 
     /// Turns the request into prompts and choices (tokenizing on a blocking thread), with the
     /// formatting state for its answer.

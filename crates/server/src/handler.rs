@@ -9,7 +9,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use fp4forge_api::{parse_request, Limits};
+use fp4forge_api::{parse_request, GenerationRequest, Limits};
 
 use crate::api_error::ApiError;
 use crate::endpoint::Endpoint;
@@ -45,13 +45,13 @@ async fn serve<E: Endpoint>(
 ) -> Result<Response, ApiError> {
     let bytes = body_bytes(body, &state)?;
     let req: E::Request = parse_request(&bytes)?;
-    if let Some(m) = E::model(&req) {
+    if let Some(m) = req.model() {
         if m != state.model_name {
             return Err(ApiError::unknown_model(m, &state.model_name));
         }
     }
-    E::validate(&req, &limits(&state))?;
-    let common = CommonParams::read(&E::sampling(&req), &state)?;
+    req.validate(&limits(&state))?;
+    let common = CommonParams::read(&req.sampling(), &state)?;
     let (endpoint, specs) = E::plan(&state, req, &common).await?;
     let generation = Generation::submit(&state.engine, state.codec.clone(), specs)?;
     let id = response_id(E::ID_PREFIX);

@@ -97,97 +97,31 @@ impl ChatMessage {
     }
 }
 
+wire_request! {
 /// The body of `POST /v1/chat/completions`. Unknown fields are refused (see
 /// [`WireRequest::FIELDS`] and [`WireRequest::UNIMPLEMENTED`]).
 ///
 /// Accepted and ignored (no effect on the result): `user`, `store`, `metadata`,
 /// `service_tier`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
 pub struct ChatCompletionRequest {
-    /// The served model name (when given, it must be the one served).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
     /// The conversation (required, non-empty).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub messages: Option<Vec<ChatMessage>>,
-    /// Most tokens to generate (at least 1; default: the room left in the context).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_tokens: Option<Integer>,
     /// OpenAI's newer name for `max_tokens` (wins when both are given).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_completion_tokens: Option<Integer>,
-    /// Sampling temperature, 0 to 100 (0: greedy).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub temperature: Option<f64>,
-    /// Nucleus mass, in (0, 1].
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub top_p: Option<f64>,
-    /// vLLM: top-k (-1 or 0: off).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub top_k: Option<Integer>,
-    /// Choices.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub n: Option<Integer>,
-    /// Sampling seed.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub seed: Option<Integer>,
-    /// Stop sequences.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stop: Option<Stop>,
-    /// vLLM: extra stop token ids.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stop_token_ids: Option<Vec<Integer>>,
-    /// vLLM: keep generating past EOS.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ignore_eos: Option<bool>,
-    /// vLLM: generate at least this many tokens.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub min_tokens: Option<Integer>,
-    /// Stream the answer as server-sent events.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stream: Option<bool>,
-    /// Streaming options (`include_usage`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stream_options: Option<StreamOptions>,
     /// Return each generated token's logprob.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<bool>,
     /// Top alternatives per generated token (needs `logprobs: true`).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub top_logprobs: Option<Integer>,
-    /// Accepted and ignored: an end-user id.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub user: Option<String>,
     /// Accepted and ignored: OpenAI's "store this completion".
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub store: Option<bool>,
     /// Accepted and ignored: tags for stored completions.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Map<String, Value>>,
     /// Accepted and ignored: OpenAI's processing tier.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub service_tier: Option<String>,
+}
 }
 
 impl ChatCompletionRequest {
-    /// The sampling and stopping fields.
-    pub fn sampling(&self) -> Sampling<'_> {
-        Sampling {
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            seed: self.seed,
-            n: self.n,
-            stop: self.stop.as_ref(),
-            stop_token_ids: self.stop_token_ids.as_deref(),
-            ignore_eos: self.ignore_eos,
-            min_tokens: self.min_tokens,
-            stream: self.stream,
-            stream_options: self.stream_options.as_ref(),
-        }
-    }
-
     /// The token budget asked for and the field that asked (`max_completion_tokens` wins).
     pub fn max_tokens_field(&self) -> Option<(&'static str, Integer)> {
         self.max_completion_tokens
@@ -195,10 +129,18 @@ impl ChatCompletionRequest {
             .or(self.max_tokens.map(|m| ("max_tokens", m)))
     }
 
-    /// Checks every field that can be checked without the model: ranges, `limits`, messages
+    /// Top logprobs per generated token when `logprobs: true` (0 alternatives unless
+    /// `top_logprobs`), else `None`. Valid after [`GenerationRequest::validate`].
+    pub fn top_logprobs(&self) -> Option<usize> {
+        (self.logprobs == Some(true))
+            .then(|| self.top_logprobs.and_then(Integer::to_usize).unwrap_or(0))
+    }
+}
+
+impl WireRequest for ChatCompletionRequest {
+    /// The checks of its own fields: ranges, `limits`, messages
     /// present and not empty, `top_logprobs` only with `logprobs`.
-    pub fn validate(&self, limits: &Limits) -> Result<(), RequestError> {
-        self.sampling().validate(limits)?;
+    fn validate_fields(&self, limits: &Limits) -> Result<(), RequestError> {
         for (field, value) in [
             ("max_tokens", self.max_tokens),
             ("max_completion_tokens", self.max_completion_tokens),
@@ -240,15 +182,6 @@ impl ChatCompletionRequest {
         }
     }
 
-    /// Top logprobs per generated token when `logprobs: true` (0 alternatives unless
-    /// `top_logprobs`), else `None`. Valid after [`Self::validate`].
-    pub fn top_logprobs(&self) -> Option<usize> {
-        (self.logprobs == Some(true))
-            .then(|| self.top_logprobs.and_then(Integer::to_usize).unwrap_or(0))
-    }
-}
-
-impl WireRequest for ChatCompletionRequest {
     const FIELDS: &'static [Field] = &[
         Field {
             name: "messages",

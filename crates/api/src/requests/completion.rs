@@ -41,65 +41,20 @@ impl Prompt {
     }
 }
 
+wire_request! {
 /// The body of `POST /v1/completions`. `None` fields are left out of the JSON; unknown fields
 /// are refused (see [`WireRequest::FIELDS`] and [`WireRequest::UNIMPLEMENTED`]).
 ///
 /// Accepted and ignored (no effect on the result): `user`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
 pub struct CompletionRequest {
-    /// The served model name (when given, it must be the one served).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
     /// The prompt (required).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt: Option<Prompt>,
-    /// Tokens to generate (default 16; 0 with `echo` scores the prompt only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_tokens: Option<Integer>,
-    /// Sampling temperature, 0 to 100 (0: greedy).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub temperature: Option<f64>,
-    /// Nucleus mass, in (0, 1].
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub top_p: Option<f64>,
-    /// vLLM: top-k (-1 or 0: off).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub top_k: Option<Integer>,
-    /// Choices per prompt.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub n: Option<Integer>,
-    /// Sampling seed.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub seed: Option<Integer>,
-    /// Stop sequences.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stop: Option<Stop>,
-    /// vLLM: extra stop token ids.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stop_token_ids: Option<Vec<Integer>>,
-    /// vLLM: keep generating past EOS.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ignore_eos: Option<bool>,
-    /// vLLM: generate at least this many tokens.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub min_tokens: Option<Integer>,
-    /// Stream the answer as server-sent events.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stream: Option<bool>,
-    /// Streaming options (`include_usage`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stream_options: Option<StreamOptions>,
     /// Return the prompt in `text` and its token logprobs in `logprobs`.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub echo: Option<bool>,
     /// Number of top alternatives per position in `top_logprobs` (also enables
     /// `token_logprobs`).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<Integer>,
-    /// Accepted and ignored: an end-user id (OpenAI uses it for abuse monitoring).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub user: Option<String>,
+}
 }
 
 impl CompletionRequest {
@@ -114,28 +69,17 @@ impl CompletionRequest {
         }
     }
 
-    /// The sampling and stopping fields.
-    pub fn sampling(&self) -> Sampling<'_> {
-        Sampling {
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            seed: self.seed,
-            n: self.n,
-            stop: self.stop.as_ref(),
-            stop_token_ids: self.stop_token_ids.as_deref(),
-            ignore_eos: self.ignore_eos,
-            min_tokens: self.min_tokens,
-            stream: self.stream,
-            stream_options: self.stream_options.as_ref(),
-        }
+    /// Top logprobs per position, when asked for. Valid after [`GenerationRequest::validate`].
+    pub fn top_logprobs(&self) -> Option<usize> {
+        self.logprobs.and_then(Integer::to_usize)
     }
+}
 
-    /// Checks every field that can be checked without the model: ranges, `limits`, a prompt
+impl WireRequest for CompletionRequest {
+    /// The checks of its own fields: ranges, `limits`, a prompt
     /// that is present and not an empty list. (Token counts against the context are the
     /// server's, after tokenizing.)
-    pub fn validate(&self, limits: &Limits) -> Result<(), RequestError> {
-        self.sampling().validate(limits)?;
+    fn validate_fields(&self, limits: &Limits) -> Result<(), RequestError> {
         if let Some(m) = self.max_tokens {
             int_in(
                 "max_tokens",
@@ -168,13 +112,6 @@ impl CompletionRequest {
         }
     }
 
-    /// Top logprobs per position, when asked for. Valid after [`Self::validate`].
-    pub fn top_logprobs(&self) -> Option<usize> {
-        self.logprobs.and_then(Integer::to_usize)
-    }
-}
-
-impl WireRequest for CompletionRequest {
     const FIELDS: &'static [Field] = &[
         Field {
             name: "prompt",
@@ -254,6 +191,7 @@ fn prompt_error(value: &Value) -> RequestError {
 mod tests {
     use super::*;
     use crate::parse::parse_request;
+    use crate::requests::GenerationRequest;
 
     const LIMITS: Limits = Limits {
         max_choices: 8,

@@ -1,6 +1,96 @@
 //! Request bodies: what completions and chat share ([`Sampling`], [`Stop`],
 //! [`StreamOptions`], [`Limits`]) and the two requests, one file each.
 
+/// Defines a request body: the fields every generation request has (`model`, `max_tokens`,
+/// [`Sampling`]'s, `user`; [`COMMON_FIELDS`](crate::COMMON_FIELDS) lists them), then the type's
+/// own, all optional and left out of the JSON when `None`; and its [`GenerationRequest`] impl.
+/// One definition for both requests, since serde's `flatten` cannot go with
+/// `deny_unknown_fields`.
+macro_rules! wire_request {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            $( $(#[$fmeta:meta])* pub $field:ident : $ty:ty, )*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+        #[serde(default, deny_unknown_fields)]
+        pub struct $name {
+            /// The served model name (when given, it must be the one served).
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub model: Option<String>,
+            /// Most tokens to generate (at least 1; completions: default 16, and 0 with `echo`
+            /// scores the prompt only; chat: default the room left in the context).
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub max_tokens: Option<Integer>,
+            /// Sampling temperature, 0 to 100 (0: greedy).
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub temperature: Option<f64>,
+            /// Nucleus mass, in (0, 1].
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub top_p: Option<f64>,
+            /// vLLM: top-k (-1 or 0: off).
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub top_k: Option<Integer>,
+            /// Choices (per prompt).
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub n: Option<Integer>,
+            /// Sampling seed.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub seed: Option<Integer>,
+            /// Stop sequences.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub stop: Option<Stop>,
+            /// vLLM: extra stop token ids.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub stop_token_ids: Option<Vec<Integer>>,
+            /// vLLM: keep generating past EOS.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub ignore_eos: Option<bool>,
+            /// vLLM: generate at least this many tokens.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub min_tokens: Option<Integer>,
+            /// Stream the answer as server-sent events.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub stream: Option<bool>,
+            /// Streaming options (`include_usage`).
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub stream_options: Option<StreamOptions>,
+            /// Accepted and ignored: an end-user id (OpenAI uses it for abuse monitoring).
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub user: Option<String>,
+            $(
+                $(#[$fmeta])*
+                #[serde(skip_serializing_if = "Option::is_none")]
+                pub $field: $ty,
+            )*
+        }
+
+        impl $crate::requests::GenerationRequest for $name {
+            fn model(&self) -> Option<&str> {
+                self.model.as_deref()
+            }
+
+            fn sampling(&self) -> Sampling<'_> {
+                Sampling {
+                    temperature: self.temperature,
+                    top_p: self.top_p,
+                    top_k: self.top_k,
+                    seed: self.seed,
+                    n: self.n,
+                    stop: self.stop.as_ref(),
+                    stop_token_ids: self.stop_token_ids.as_deref(),
+                    ignore_eos: self.ignore_eos,
+                    min_tokens: self.min_tokens,
+                    stream: self.stream,
+                    stream_options: self.stream_options.as_ref(),
+                }
+            }
+        }
+    };
+}
+
 pub mod chat;
 pub mod completion;
 
@@ -9,15 +99,32 @@ use serde_json::Value;
 
 use crate::error::RequestError;
 use crate::integer::Integer;
-use crate::parse::{describe, Unimplemented};
+use crate::parse::{describe, Unimplemented, WireRequest};
+
+/// What every generation request (completions, chat) offers the server: its model, its sampling
+/// fields and one validation of all of it. Implemented by the request types' definitions.
+pub trait GenerationRequest: WireRequest {
+    /// The model the request names, if it names one.
+    fn model(&self) -> Option<&str>;
+
+    /// The sampling and stopping fields.
+    fn sampling(&self) -> Sampling<'_>;
+
+    /// Checks every field that can be checked without the model: the sampling fields against
+    /// `limits`, then the type's own ([`WireRequest::validate_fields`]). Token counts against
+    /// the context are the server's, after tokenizing.
+    fn validate(&self, limits: &Limits) -> Result<(), RequestError> {
+        self.sampling().validate(limits)?;
+        self.validate_fields(limits)
+    }
+}
 
 /// Most stop strings per request.
 pub const MAX_STOPS: usize = 16;
 /// Longest stop string, bytes (the server's hold-back check is quadratic in it).
 pub const MAX_STOP_BYTES: usize = 256;
 
-/// The limits a server puts on a request, for
-/// [`validate`](completion::CompletionRequest::validate).
+/// The limits a server puts on a request, for [`GenerationRequest::validate`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Most choices (sequences) per request.
