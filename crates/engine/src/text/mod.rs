@@ -4,5 +4,5 @@
 mod chat_template;
 mod tokenizer;
 
-pub use chat_template::{ChatMessage, ChatTemplate};
+pub use chat_template::{ChatInput, ChatMessage, ChatTemplate};
 pub use tokenizer::{StreamDecoder, TextCodec};

@@ -1,7 +1,7 @@
 //! The checkpoint's tokenizer and special tokens, and streaming detokenization.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::Value;
 use tokenizers::Tokenizer;
@@ -13,6 +13,9 @@ use crate::EngineError;
 pub struct TextCodec {
     tokenizer: Tokenizer,
     template: Option<ChatTemplate>,
+    /// BOS and EOS as text (`tokenizer_config.json`), for templates compiled later.
+    bos_text: String,
+    eos_text: String,
     bos_id: Option<u32>,
     add_bos: bool,
     stop_ids: Vec<u32>,
@@ -95,34 +98,54 @@ impl TextCodec {
         }
 
         let jinja_path = dir.join("chat_template.jinja");
-        let (source, origin): (Option<String>, PathBuf) = if jinja_path.exists() {
+        let (bos_text, eos_text) = (
+            bos.clone().unwrap_or_default(),
+            eos.clone().unwrap_or_default(),
+        );
+        let template = if jinja_path.exists() {
             let text = fs::read_to_string(&jinja_path).map_err(|e| EngineError::TextFile {
                 path: jinja_path.clone(),
                 reason: e.to_string(),
             })?;
-            (Some(text), jinja_path)
+            Some(ChatTemplate::new(&text, &jinja_path, bos_text, eos_text)?)
         } else {
-            (
-                tok_config
-                    .get("chat_template")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned),
-                dir.join("tokenizer_config.json"),
-            )
+            let origin = dir.join("tokenizer_config.json");
+            match tok_config.get("chat_template") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(s)) => Some(ChatTemplate::new(s, &origin, bos_text, eos_text)?),
+                Some(Value::Array(list)) => {
+                    let named = list
+                        .iter()
+                        .map(|t| match (t.get("name"), t.get("template")) {
+                            (Some(Value::String(n)), Some(Value::String(src))) => {
+                                Ok((n.clone(), src.clone()))
+                            }
+                            _ => Err(EngineError::ChatTemplate {
+                                path: origin.clone(),
+                                reason: "`chat_template` list entries need string `name` and \
+                                         `template`"
+                                    .into(),
+                            }),
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    Some(ChatTemplate::named(named, &origin, bos_text, eos_text)?)
+                }
+                Some(other) => {
+                    return Err(EngineError::ChatTemplate {
+                        path: origin,
+                        reason: format!(
+                            "`chat_template` must be a string or a list of named templates, \
+                             not {other}"
+                        ),
+                    })
+                }
+            }
         };
-        let template = source
-            .map(|s| {
-                ChatTemplate::new(
-                    &s,
-                    &origin,
-                    bos.clone().unwrap_or_default(),
-                    eos.clone().unwrap_or_default(),
-                )
-            })
-            .transpose()?;
         Ok(Self {
             tokenizer,
             template,
+            bos_text: bos.unwrap_or_default(),
+            eos_text: eos.unwrap_or_default(),
             bos_id,
             add_bos,
             stop_ids,
@@ -164,10 +187,23 @@ impl TextCodec {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, EngineError> {
-        self.template
-            .as_ref()
-            .ok_or(EngineError::NoChatTemplate)?
+        self.chat_template()?
             .render(messages, add_generation_prompt)
+    }
+
+    /// The checkpoint's chat template (error if it has none).
+    pub fn chat_template(&self) -> Result<&ChatTemplate, EngineError> {
+        self.template.as_ref().ok_or(EngineError::NoChatTemplate)
+    }
+
+    /// Compiles another template (a request's or `--chat-template`'s) with this checkpoint's
+    /// BOS and EOS strings; `origin` names it in errors.
+    pub fn compile_template(
+        &self,
+        source: &str,
+        origin: &Path,
+    ) -> Result<ChatTemplate, EngineError> {
+        ChatTemplate::new(source, origin, self.bos_text.clone(), self.eos_text.clone())
     }
 
     /// Whether the checkpoint has a chat template.
