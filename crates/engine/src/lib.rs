@@ -65,5 +65,5 @@ pub use model::{GenerationDefaults, Model, ModelInfo, ModelOptions, DEFAULT_PREF
 pub use models::{Family, SUPPORTED_ARCHITECTURES};
 pub use sampling::{Sampler, SamplingParams};
 pub use session::{Logits, Output, Session};
-pub use text::{ChatInput, ChatMessage, ChatTemplate, StreamDecoder, TextCodec};
+pub use text::{to_python_json, ChatInput, ChatMessage, ChatTemplate, StreamDecoder, TextCodec};
 pub use weights::{Bytes, ExpertWeights, LinearWeight, WeightLoader};

@@ -35,6 +35,7 @@ mod handler;
 mod http;
 mod logprobs;
 mod metrics;
+mod parsers;
 mod prefix_cache;
 mod request;
 mod scheduler;

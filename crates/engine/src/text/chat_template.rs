@@ -400,6 +400,24 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, JinjaError> {
     Ok(Value::from_safe_string(text))
 }
 
+/// `value` as Python's `json.dumps(value, ensure_ascii=False)` writes it (`", "` and `": "`
+/// separators): how vLLM writes a tool call's arguments.
+pub fn to_python_json(value: &Json) -> String {
+    let formatter = PyJson {
+        item_sep: b", ".to_vec(),
+        key_sep: b": ".to_vec(),
+        indent: None,
+        ensure_ascii: false,
+        depth: 0,
+        has_value: false,
+    };
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, formatter);
+    // Writing a JSON value into memory cannot fail.
+    let _ = value.serialize(&mut ser);
+    String::from_utf8(out).unwrap_or_default()
+}
+
 /// Rewrites transformers' `{% generation %}` / `{% endgeneration %}` tags (an extension whose
 /// body renders unchanged) into an always-true `if` with the same whitespace control, which
 /// minijinja parses.

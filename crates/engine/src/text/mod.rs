@@ -4,5 +4,5 @@
 mod chat_template;
 mod tokenizer;
 
-pub use chat_template::{ChatInput, ChatMessage, ChatTemplate};
+pub use chat_template::{to_python_json, ChatInput, ChatMessage, ChatTemplate};
 pub use tokenizer::{StreamDecoder, TextCodec};
