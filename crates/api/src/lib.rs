@@ -46,13 +46,20 @@ pub use parse::{
     describe, parse_object, parse_request, request_from_map, show, type_name, Field, Unimplemented,
     WireRequest, COMMON_FIELDS,
 };
-pub use requests::chat::{ChatCompletionRequest, ChatMessage, ContentPart, MessageContent, Role};
+pub use requests::chat::{
+    ChatCompletionRequest, ChatMessage, ContentPart, MessageContent, MessageFunction,
+    MessageToolCall, Role, ToolChoice,
+};
 pub use requests::completion::{CompletionRequest, Prompt, SinglePrompt};
 pub use requests::{
     GenerationRequest, Limits, Sampling, Stop, StreamOptions, MAX_STOPS, MAX_STOP_BYTES,
 };
 pub use response::{
     AssistantMessage, ChatChoice, ChatCompletionResponse, ChatLogprobs, ChatTokenLogprob,
-    ChatTopLogprob, CompletionChoice, CompletionLogprobs, CompletionResponse, TopLogprobs, Usage,
+    ChatTopLogprob, CompletionChoice, CompletionLogprobs, CompletionResponse, FunctionCall,
+    ToolCall, TopLogprobs, Usage,
 };
-pub use stream::{ChatChunkChoice, ChatCompletionChunk, ChatDelta, CompletionChunk, StreamChunk};
+pub use stream::{
+    ChatChunkChoice, ChatCompletionChunk, ChatDelta, CompletionChunk, FunctionCallDelta,
+    StreamChunk, ToolCallDelta,
+};

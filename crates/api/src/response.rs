@@ -213,9 +213,40 @@ pub struct AssistantMessage {
     /// `assistant`.
     #[serde(default)]
     pub role: String,
-    /// The generated text.
+    /// The generated text (`null` when the model only called tools).
     #[serde(default)]
     pub content: Option<String>,
+    /// The reasoning the reasoning parser split off (vLLM's field; absent without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// The tool calls the tool-call parser found (absent when there are none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+}
+
+/// A tool call in a response: `{"id", "type": "function", "function": {"name", "arguments"}}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// Its id, which the `tool` message answering it names.
+    #[serde(default)]
+    pub id: String,
+    /// `function`.
+    #[serde(rename = "type", default)]
+    pub kind: String,
+    /// The function and its arguments.
+    #[serde(default)]
+    pub function: FunctionCall,
+}
+
+/// A called function: its name and its arguments as JSON text.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    /// The function's name.
+    #[serde(default)]
+    pub name: String,
+    /// Its arguments: a JSON object, as text.
+    #[serde(default)]
+    pub arguments: String,
 }
 
 /// One choice of a chat completion response.

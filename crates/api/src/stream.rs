@@ -43,6 +43,41 @@ pub struct ChatDelta {
     /// More text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// More reasoning (vLLM's field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// Tool calls: the first delta of a call has its index, id, type and name; later ones add
+    /// to its arguments.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallDelta>,
+}
+
+/// Part of a streamed tool call.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCallDelta {
+    /// Which call of the message.
+    #[serde(default)]
+    pub index: u32,
+    /// Its id (first delta only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `function` (first delta only).
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// The name (first delta) and argument text.
+    #[serde(default)]
+    pub function: FunctionCallDelta,
+}
+
+/// The function part of a streamed tool call.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionCallDelta {
+    /// The name (first delta only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// More of the arguments' JSON text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
 }
 
 /// One choice of a chat chunk.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use fp4forge_engine::Device;
 use fp4forge_engine::KvDtype;
-use fp4forge_server::{Server, ServerConfig};
+use fp4forge_server::{ReasoningFormat, Server, ServerConfig, ToolFormat};
 
 /// Arguments of `fp4forge serve`.
 #[derive(clap::Args)]
@@ -60,6 +60,40 @@ pub struct ServeArgs {
     /// Seconds a shutdown (SIGINT/SIGTERM) waits for requests in flight.
     #[arg(long, default_value_t = 60)]
     drain_timeout: u64,
+    /// A chat template file (Jinja) used instead of the checkpoint's.
+    #[arg(long, value_name = "FILE")]
+    chat_template: Option<PathBuf>,
+    /// Parse the tool calls of requests with `tools` (tool_choice "auto").
+    #[arg(long)]
+    enable_auto_tool_choice: bool,
+    /// Tool-call format: poolside_v1, hermes, qwen3_coder, llama3_json (default: detected from
+    /// the chat template; needs --enable-auto-tool-choice).
+    #[arg(long, value_name = "NAME", value_parser = parse_tool_format)]
+    tool_call_parser: Option<ToolFormat>,
+    /// Split reasoning (`<think>…</think>`) into `reasoning_content`: poolside_v1, deepseek_r1,
+    /// qwen3.
+    #[arg(long, value_name = "NAME", value_parser = parse_reasoning_format)]
+    reasoning_parser: Option<ReasoningFormat>,
+}
+
+/// `--tool-call-parser` values.
+fn parse_tool_format(name: &str) -> Result<ToolFormat, String> {
+    ToolFormat::from_name(name).ok_or_else(|| {
+        format!(
+            "unknown tool-call parser {name:?} (known: {})",
+            ToolFormat::ALL.map(|(n, _)| n).join(", ")
+        )
+    })
+}
+
+/// `--reasoning-parser` values.
+fn parse_reasoning_format(name: &str) -> Result<ReasoningFormat, String> {
+    ReasoningFormat::from_name(name).ok_or_else(|| {
+        format!(
+            "unknown reasoning parser {name:?} (known: {})",
+            ReasoningFormat::ALL.map(|(n, _)| n).join(", ")
+        )
+    })
 }
 
 /// Runs the subcommand.
@@ -84,7 +118,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .threads(args.threads)
         .kv_dtype(kv)
         .prefix_cache_bytes(args.prefix_cache_mib.saturating_mul(1 << 20))
-        .drain_timeout(Duration::from_secs(args.drain_timeout));
+        .drain_timeout(Duration::from_secs(args.drain_timeout))
+        .chat_template(args.chat_template)
+        .enable_auto_tool_choice(args.enable_auto_tool_choice)
+        .tool_call_parser(args.tool_call_parser)
+        .reasoning_parser(args.reasoning_parser);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -1,42 +1,181 @@
-//! `POST /v1/chat/completions`: messages rendered with the checkpoint's chat template, plain or
-//! streamed (a role delta first, content deltas, a finish chunk, a usage chunk when
+//! `POST /v1/chat/completions`: messages (tool calls, tool results and reasoning included)
+//! rendered with the chat template (the request's `chat_template`, `--chat-template`, else the
+//! checkpoint's) with the request's `tools`, `documents` and `chat_template_kwargs`; the output
+//! split into reasoning, content and tool calls by the configured parsers; plain or streamed (a role delta first, content deltas, a finish chunk, a usage chunk when
 //! `stream_options.include_usage`), with chat-style logprobs (`logprobs.content[]` entries with
 //! `top_logprobs` lists).
 
+use std::path::Path;
 use std::sync::Arc;
 
 use fp4forge_api::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionRequest, ChatCompletionResponse,
-    ChatDelta, ChatLogprobs, ChatTokenLogprob, ChatTopLogprob,
+    ChatDelta, ChatLogprobs, ChatMessage as WireMessage, ChatTokenLogprob, ChatTopLogprob,
+    FunctionCall, FunctionCallDelta, MessageContent, ToolCall, ToolCallDelta, ToolChoice,
 };
-use fp4forge_engine::{ChatMessage, EngineError, TextCodec};
+use fp4forge_engine::{ChatInput, ChatTemplate, EngineError, TextCodec};
+use serde_json::{json, Map, Value};
 
 use crate::api_error::ApiError;
+use crate::config::ServerConfig;
 use crate::endpoint::Endpoint;
+use crate::error::ServerError;
 use crate::generation::{ChoiceSpec, Collected, Update, Usage};
+use crate::parsers::{ChatParsers, Event, ParsedMessage, ReasoningFormat, ToolFormat};
 use crate::request::{check_prompt, choice_specs, max_tokens, with_codec, CommonParams};
 use crate::state::AppState;
 use crate::text::Piece;
 
-/// Renders and tokenizes the conversation (the template writes any BOS itself).
-async fn prompt_ids(
-    codec: &Arc<TextCodec>,
-    messages: Vec<ChatMessage>,
-) -> Result<Vec<u32>, ApiError> {
-    with_codec(codec, move |codec| {
-        let text = codec.render_chat(&messages, true).map_err(|e| match e {
+/// How this server renders and parses chats, fixed at start-up.
+pub(crate) struct ChatSetup {
+    /// `--chat-template`, compiled (else the checkpoint's).
+    template: Option<ChatTemplate>,
+    /// The tool-call format, when requests with tools get their calls parsed.
+    tool_format: Option<ToolFormat>,
+    /// The reasoning format.
+    reasoning: Option<ReasoningFormat>,
+}
+
+impl ChatSetup {
+    /// Compiles `--chat-template` and settles the parsers: with `--enable-auto-tool-choice`,
+    /// the `--tool-call-parser` given, else the format the chat template's instructions use.
+    pub fn new(config: &ServerConfig, codec: &TextCodec) -> Result<Self, ServerError> {
+        let template = match &config.chat_template {
+            None => None,
+            Some(path) => {
+                let source = std::fs::read_to_string(path).map_err(|e| {
+                    ServerError::Config(format!("--chat-template {}: {e}", path.display()))
+                })?;
+                Some(
+                    codec
+                        .compile_template(&source, path)
+                        .map_err(|e| ServerError::Config(format!("--chat-template: {e}")))?,
+                )
+            }
+        };
+        let tool_format = match (config.enable_auto_tool_choice, config.tool_call_parser) {
+            (false, Some(_)) => {
+                return Err(ServerError::Config(
+                    "--tool-call-parser needs --enable-auto-tool-choice (as in vLLM)".into(),
+                ))
+            }
+            (false, None) => None,
+            (true, Some(f)) => Some(f),
+            (true, None) => {
+                let source = match &template {
+                    Some(t) => t.source(),
+                    None => codec
+                        .chat_template()
+                        .map(ChatTemplate::source)
+                        .unwrap_or(""),
+                };
+                Some(ToolFormat::detect(source).ok_or_else(|| {
+                    ServerError::Config(format!(
+                        "--enable-auto-tool-choice: the chat template's tool-call format is not \
+                         one fp4forge reads; name it with --tool-call-parser ({})",
+                        ToolFormat::ALL.map(|(n, _)| n).join(", ")
+                    ))
+                })?)
+            }
+        };
+        Ok(Self {
+            template,
+            tool_format,
+            reasoning: config.reasoning_parser,
+        })
+    }
+}
+
+/// The conversation as the chat template sees it: content parts joined with newlines (as vLLM
+/// joins them), tool-call arguments as objects (as transformers' templates expect them).
+fn template_messages(messages: &[WireMessage]) -> Vec<Value> {
+    messages
+        .iter()
+        .map(|m| {
+            let mut out = Map::new();
+            out.insert("role".into(), json!(m.role.as_str()));
+            let content = match &m.content {
+                None => String::new(),
+                Some(MessageContent::Text(s)) => s.clone(),
+                Some(MessageContent::Parts(_)) => m.text(),
+            };
+            out.insert("content".into(), Value::String(content));
+            if let Some(name) = &m.name {
+                out.insert("name".into(), json!(name));
+            }
+            if let Some(id) = &m.tool_call_id {
+                out.insert("tool_call_id".into(), json!(id));
+            }
+            if let Some(r) = m.reasoning_content.as_ref().or(m.reasoning.as_ref()) {
+                out.insert("reasoning_content".into(), json!(r));
+                out.insert("reasoning".into(), json!(r));
+            }
+            if let Some(calls) = &m.tool_calls {
+                let calls: Vec<Value> = calls
+                    .iter()
+                    .map(|c| {
+                        // Validation made sure a string here is an object's JSON text.
+                        let arguments = match &c.function.arguments {
+                            Some(Value::String(s)) if !s.trim().is_empty() => {
+                                serde_json::from_str(s).unwrap_or_else(|_| json!({}))
+                            }
+                            Some(Value::Object(o)) => Value::Object(o.clone()),
+                            _ => json!({}),
+                        };
+                        json!({
+                            "id": c.id.clone().unwrap_or_default(),
+                            "type": c.kind.clone().unwrap_or_else(|| "function".into()),
+                            "function": {"name": c.function.name, "arguments": arguments},
+                        })
+                    })
+                    .collect();
+                out.insert("tool_calls".into(), Value::Array(calls));
+            }
+            Value::Object(out)
+        })
+        .collect()
+}
+
+/// Renders the request's conversation and tokenizes it (the template writes any BOS itself);
+/// returns the prompt text too (the reasoning parser reads how it ends).
+async fn render_prompt(
+    state: &Arc<AppState>,
+    req: &ChatCompletionRequest,
+    input: ChatInput,
+) -> Result<(String, Vec<u32>), ApiError> {
+    let request_template = req.chat_template.clone();
+    let state = state.clone();
+    let codec = state.codec.clone();
+    with_codec(&codec, move |codec| {
+        let refused = |e: EngineError| match e {
             EngineError::NoChatTemplate => ApiError::field(
                 "messages",
-                "this model has no chat template; use /v1/completions with a prompt",
+                "this model has no chat template; use /v1/completions with a prompt, or pass \
+                 `chat_template`",
+            ),
+            EngineError::ChatTemplate { reason, .. } => ApiError::field(
+                "chat_template",
+                format!("the request's chat template does not compile: {reason}"),
             ),
             other => ApiError::field(
                 "messages",
                 format!("the chat template refused the messages: {other}"),
             ),
-        })?;
-        codec
+        };
+        let text = match &request_template {
+            Some(source) => codec
+                .compile_template(source, Path::new("request chat_template"))
+                .and_then(|t| t.render_input(&input)),
+            None => match &state.chat.template {
+                Some(t) => t.render_input(&input),
+                None => codec.chat_template().and_then(|t| t.render_input(&input)),
+            },
+        }
+        .map_err(refused)?;
+        let ids = codec
             .encode(&text, false)
-            .map_err(|e| ApiError::field("messages", format!("cannot tokenize: {e}")))
+            .map_err(|e| ApiError::field("messages", format!("cannot tokenize: {e}")))?;
+        Ok((text, ids))
     })
     .await
 }
@@ -45,6 +184,19 @@ async fn prompt_ids(
 pub(crate) struct Chat {
     /// Whether logprobs were asked for.
     logprobs: bool,
+    /// Each choice's parsers (`None`: the text is all content).
+    parsers: Vec<Option<ChatParsers>>,
+    /// What goes into the reply.
+    reply: Reply,
+}
+
+/// What a chat reply includes of what the parsers found.
+#[derive(Debug, Clone, Copy)]
+struct Reply {
+    /// Whether reasoning goes into the response (`include_reasoning`).
+    include_reasoning: bool,
+    /// At most one tool call per message (`parallel_tool_calls: false`).
+    single_call: bool,
 }
 
 impl Endpoint for Chat {
@@ -60,23 +212,58 @@ impl Endpoint for Chat {
         common: &CommonParams,
     ) -> Result<(Self, Vec<ChoiceSpec>), ApiError> {
         let logprobs = req.top_logprobs();
-        let messages = req
-            .messages
-            .as_deref()
-            .unwrap_or_default()
-            .iter()
-            .map(|m| ChatMessage {
-                role: m.role.as_str().to_string(),
-                content: m.text(),
-            })
-            .collect();
-        let prompt = prompt_ids(&state.codec, messages).await?;
+        let tools = req.tools.clone().filter(|t| !t.is_empty());
+        let tool_choice = req.tool_choice();
+        let parse_tools = match (&tools, &tool_choice, state.chat.tool_format) {
+            (Some(_), ToolChoice::Auto, Some(format)) => Some(format),
+            (Some(_), ToolChoice::Auto, None) => {
+                return Err(ApiError::field(
+                    "tools",
+                    "\"auto\" tool choice needs the server started with \
+                     --enable-auto-tool-choice (and --tool-call-parser)",
+                ))
+            }
+            _ => None,
+        };
+        let continue_final = req.continue_final_message == Some(true);
+        let input = ChatInput {
+            messages: template_messages(req.messages.as_deref().unwrap_or_default()),
+            tools: tools.clone(),
+            documents: req
+                .documents
+                .clone()
+                .map(|d| d.into_iter().map(Value::Object).collect()),
+            add_generation_prompt: req.add_generation_prompt.unwrap_or(!continue_final),
+            continue_final_message: continue_final,
+            kwargs: req.chat_template_kwargs.clone().unwrap_or_default(),
+        };
+        let (prompt_text, prompt) = render_prompt(state, &req, input).await?;
         check_prompt(&prompt, state, "messages", "the rendered conversation")?;
         let prompts = vec![prompt];
         let max_tokens = max_tokens(req.max_tokens_field(), state, &prompts, None, 1)?;
-        let specs = choice_specs(prompts, common, state, max_tokens, logprobs, None, false)?;
+        let mut specs = choice_specs(prompts, common, state, max_tokens, logprobs, None, false)?;
+        let parsers: Vec<Option<ChatParsers>> = specs
+            .iter()
+            .map(|_| {
+                let p = ChatParsers::new(
+                    &prompt_text,
+                    state.chat.reasoning,
+                    parse_tools.map(|f| (f, tools.clone().unwrap_or_default())),
+                );
+                p.active().then_some(p)
+            })
+            .collect();
+        for (spec, p) in specs.iter_mut().zip(&parsers) {
+            // The parsers read the tags the tokenizer may call special.
+            spec.keep_special = p.is_some();
+        }
         let endpoint = Self {
             logprobs: logprobs.is_some(),
+            parsers,
+            reply: Reply {
+                include_reasoning: req.include_reasoning != Some(false),
+                single_call: req.parallel_tool_calls == Some(false),
+            },
         };
         Ok((endpoint, specs))
     }
@@ -88,6 +275,7 @@ impl Endpoint for Chat {
                 delta: ChatDelta {
                     role: Some("assistant".into()),
                     content: Some(String::new()),
+                    ..ChatDelta::default()
                 },
                 logprobs: None,
                 finish_reason: None,
@@ -96,32 +284,52 @@ impl Endpoint for Chat {
             .collect()
     }
 
-    fn chunk(&mut self, state: &AppState, update: Update) -> ChatChunkChoice {
+    fn chunk(&mut self, state: &AppState, update: Update) -> Option<ChatChunkChoice> {
         match update {
-            Update::Piece { choice, piece } => ChatChunkChoice {
-                index: choice as u32,
-                logprobs: self.logprobs.then(|| ChatLogprobs {
+            Update::Piece { choice, piece } => {
+                let logprobs = self.logprobs.then(|| ChatLogprobs {
                     content: content_logprobs(&state.codec, &piece),
-                }),
-                delta: ChatDelta {
-                    role: None,
-                    content: Some(piece.text),
-                },
-                finish_reason: None,
-                stop_reason: None,
-            },
-            Update::Finished { choice, reason } => ChatChunkChoice {
-                index: choice as u32,
-                delta: ChatDelta::default(),
-                logprobs: None,
-                finish_reason: Some(reason.to_string()),
-                stop_reason: None,
-            },
+                });
+                let delta = match self.parsers.get_mut(choice).and_then(Option::as_mut) {
+                    Some(p) => self.reply.delta(p.push(&piece.text)),
+                    None => ChatDelta {
+                        content: Some(piece.text),
+                        ..ChatDelta::default()
+                    },
+                };
+                if delta == ChatDelta::default() && logprobs.is_none() {
+                    return None;
+                }
+                Some(ChatChunkChoice {
+                    index: choice as u32,
+                    logprobs,
+                    delta,
+                    finish_reason: None,
+                    stop_reason: None,
+                })
+            }
+            Update::Finished { choice, reason } => {
+                let (delta, called) = match self.parsers.get_mut(choice).and_then(Option::as_mut) {
+                    Some(p) => {
+                        let events = p.finish();
+                        let called = p.called();
+                        (self.reply.delta(events), called)
+                    }
+                    None => (ChatDelta::default(), false),
+                };
+                Some(ChatChunkChoice {
+                    index: choice as u32,
+                    delta,
+                    logprobs: None,
+                    finish_reason: Some(finish_reason(reason, called).to_string()),
+                    stop_reason: None,
+                })
+            }
         }
     }
 
     fn response(
-        self,
+        mut self,
         state: &AppState,
         id: String,
         created: u64,
@@ -131,21 +339,38 @@ impl Endpoint for Chat {
         let choices = choices
             .into_iter()
             .enumerate()
-            .map(|(i, c)| ChatChoice {
-                index: i as u32,
-                message: AssistantMessage {
-                    role: "assistant".into(),
-                    content: Some(c.pieces.iter().map(|p| p.text.as_str()).collect()),
-                },
-                logprobs: self.logprobs.then(|| ChatLogprobs {
-                    content: c
-                        .pieces
-                        .iter()
-                        .flat_map(|p| content_logprobs(&state.codec, p))
-                        .collect(),
-                }),
-                finish_reason: c.finish.map(str::to_string),
-                stop_reason: None,
+            .map(|(i, c)| {
+                let text: String = c.pieces.iter().map(|p| p.text.as_str()).collect();
+                let (message, called) = match self.parsers.get_mut(i).and_then(Option::as_mut) {
+                    Some(p) => {
+                        let mut parsed = ParsedMessage::default();
+                        parsed.extend(p.push(&text));
+                        parsed.extend(p.finish());
+                        let called = p.called();
+                        (self.reply.message(parsed.tidy()), called)
+                    }
+                    None => (
+                        AssistantMessage {
+                            role: "assistant".into(),
+                            content: Some(text),
+                            ..AssistantMessage::default()
+                        },
+                        false,
+                    ),
+                };
+                ChatChoice {
+                    index: i as u32,
+                    message,
+                    logprobs: self.logprobs.then(|| ChatLogprobs {
+                        content: c
+                            .pieces
+                            .iter()
+                            .flat_map(|p| content_logprobs(&state.codec, p))
+                            .collect(),
+                    }),
+                    finish_reason: c.finish.map(|r| finish_reason(r, called).to_string()),
+                    stop_reason: None,
+                }
             })
             .collect();
         ChatCompletionResponse {
@@ -155,6 +380,83 @@ impl Endpoint for Chat {
             model: state.model_name.clone(),
             choices,
             usage: Some(usage.wire()),
+        }
+    }
+}
+
+/// `tool_calls` where a message that called tools ended naturally (as vLLM reports it).
+fn finish_reason(reason: &'static str, called: bool) -> &'static str {
+    if called && reason == "stop" {
+        "tool_calls"
+    } else {
+        reason
+    }
+}
+
+impl Reply {
+    /// The stream delta of `events` (reasoning, content and tool-call parts together).
+    fn delta(&self, events: Vec<Event>) -> ChatDelta {
+        let mut delta = ChatDelta::default();
+        for e in events {
+            match e {
+                Event::Reasoning(t) if self.include_reasoning => delta
+                    .reasoning_content
+                    .get_or_insert_with(String::new)
+                    .push_str(&t),
+                Event::Reasoning(_) => {}
+                Event::Content(t) => delta.content.get_or_insert_with(String::new).push_str(&t),
+                Event::ToolCall { index, .. } | Event::ToolArgs { index, .. }
+                    if self.single_call && index > 0 => {}
+                Event::ToolCall { index, id, name } => delta.tool_calls.push(ToolCallDelta {
+                    index: index as u32,
+                    id: Some(id),
+                    kind: Some("function".into()),
+                    function: FunctionCallDelta {
+                        name: Some(name),
+                        arguments: Some(String::new()),
+                    },
+                }),
+                Event::ToolArgs { index, fragment } => match delta.tool_calls.last_mut() {
+                    Some(last) if last.index == index as u32 => last
+                        .function
+                        .arguments
+                        .get_or_insert_with(String::new)
+                        .push_str(&fragment),
+                    _ => delta.tool_calls.push(ToolCallDelta {
+                        index: index as u32,
+                        function: FunctionCallDelta {
+                            name: None,
+                            arguments: Some(fragment),
+                        },
+                        ..ToolCallDelta::default()
+                    }),
+                },
+            }
+        }
+        delta
+    }
+
+    /// The response message of a parsed generation.
+    fn message(&self, mut parsed: ParsedMessage) -> AssistantMessage {
+        if self.single_call {
+            parsed.tool_calls.truncate(1);
+        }
+        AssistantMessage {
+            role: "assistant".into(),
+            content: parsed.content,
+            reasoning_content: parsed.reasoning.filter(|_| self.include_reasoning),
+            tool_calls: parsed
+                .tool_calls
+                .into_iter()
+                .map(|c| ToolCall {
+                    id: c.id,
+                    kind: "function".into(),
+                    function: FunctionCall {
+                        name: c.name,
+                        arguments: c.arguments,
+                    },
+                })
+                .collect(),
         }
     }
 }

@@ -93,8 +93,8 @@ impl Endpoint for Completions {
         Ok((endpoint, specs))
     }
 
-    fn chunk(&mut self, state: &AppState, update: Update) -> CompletionChoice {
-        match update {
+    fn chunk(&mut self, state: &AppState, update: Update) -> Option<CompletionChoice> {
+        Some(match update {
             Update::Piece { choice, piece } => CompletionChoice {
                 index: choice as u32,
                 logprobs: self.logprobs.map(|_| {
@@ -113,7 +113,7 @@ impl Endpoint for Completions {
                 finish_reason: Some(reason.to_string()),
                 stop_reason: None,
             },
-        }
+        })
     }
 
     fn response(

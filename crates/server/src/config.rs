@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use fp4forge_engine::{Device, KvDtype};
 
+use crate::parsers::{ReasoningFormat, ToolFormat};
+
 /// Default most sequences advanced together per engine step.
 pub const DEFAULT_MAX_BATCH: usize = 32;
 /// Default ceiling on `max_tokens`.
@@ -64,6 +66,16 @@ pub struct ServerConfig {
     pub prefix_cache_bytes: usize,
     /// How long a shutdown waits for requests in flight before giving up on them.
     pub drain_timeout: Duration,
+    /// A chat template file used instead of the checkpoint's (`--chat-template`).
+    pub chat_template: Option<PathBuf>,
+    /// Whether requests with `tools` (and `tool_choice: auto`) get their tool calls parsed
+    /// (`--enable-auto-tool-choice`).
+    pub enable_auto_tool_choice: bool,
+    /// The tool-call format (`--tool-call-parser`; default: detected from the chat template
+    /// when auto tool choice is on).
+    pub tool_call_parser: Option<ToolFormat>,
+    /// The reasoning format (`--reasoning-parser`; default: none, reasoning stays in the content).
+    pub reasoning_parser: Option<ReasoningFormat>,
 }
 
 impl ServerConfig {
@@ -88,7 +100,35 @@ impl ServerConfig {
             max_context: None,
             prefix_cache_bytes: DEFAULT_PREFIX_CACHE_BYTES,
             drain_timeout: Duration::from_secs(60),
+            chat_template: None,
+            enable_auto_tool_choice: false,
+            tool_call_parser: None,
+            reasoning_parser: None,
         }
+    }
+
+    /// Sets [`ServerConfig::chat_template`].
+    pub fn chat_template(mut self, file: Option<PathBuf>) -> Self {
+        self.chat_template = file;
+        self
+    }
+
+    /// Sets [`ServerConfig::enable_auto_tool_choice`].
+    pub fn enable_auto_tool_choice(mut self, on: bool) -> Self {
+        self.enable_auto_tool_choice = on;
+        self
+    }
+
+    /// Sets [`ServerConfig::tool_call_parser`].
+    pub fn tool_call_parser(mut self, format: Option<ToolFormat>) -> Self {
+        self.tool_call_parser = format;
+        self
+    }
+
+    /// Sets [`ServerConfig::reasoning_parser`].
+    pub fn reasoning_parser(mut self, format: Option<ReasoningFormat>) -> Self {
+        self.reasoning_parser = format;
+        self
     }
 
     /// Sets [`ServerConfig::host`].

@@ -41,8 +41,8 @@ pub(crate) trait Endpoint: Sized + Send + 'static {
         Vec::new()
     }
 
-    /// The stream choice for one update.
-    fn chunk(&mut self, state: &AppState, update: Update) -> Self::Choice;
+    /// The stream choice for one update (`None`: nothing to send yet, e.g. text a parser holds).
+    fn chunk(&mut self, state: &AppState, update: Update) -> Option<Self::Choice>;
 
     /// The whole response, once every choice finished.
     fn response(

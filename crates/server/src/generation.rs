@@ -22,6 +22,8 @@ pub(crate) struct ChoiceSpec {
     pub stops: Vec<String>,
     /// Whether the prompt is echoed before the generated text.
     pub echo: bool,
+    /// Whether the text keeps the tokenizer's special tokens (a chat parser reads them).
+    pub keep_special: bool,
 }
 
 /// Something to tell the client about one choice.
@@ -101,7 +103,13 @@ impl Generation {
             // sequences already queued.
             let cancel = engine.submit(i, spec.req, tx.clone())?;
             choices.push(Choice {
-                text: ChoiceText::new(codec.clone(), &prompt, spec.stops, min_tokens),
+                text: ChoiceText::new(
+                    codec.clone(),
+                    &prompt,
+                    spec.stops,
+                    min_tokens,
+                    spec.keep_special,
+                ),
                 prompt,
                 prompt_index: spec.prompt_index,
                 echo: spec.echo,

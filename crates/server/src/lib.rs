@@ -35,7 +35,7 @@ mod handler;
 mod http;
 mod logprobs;
 mod metrics;
-mod parsers;
+pub mod parsers;
 mod prefix_cache;
 mod request;
 mod scheduler;
@@ -55,4 +55,5 @@ pub use config::{
     DEFAULT_PREFIX_CACHE_BYTES,
 };
 pub use error::ServerError;
+pub use parsers::{ReasoningFormat, ToolFormat};
 pub use server::{shutdown_signal, Server};

@@ -230,6 +230,7 @@ pub(crate) fn choice_specs(
                     prompt_logprobs,
                 },
                 stops: common.stop.clone(),
+                keep_special: false,
                 echo,
             });
         }

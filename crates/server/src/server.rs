@@ -18,7 +18,7 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 
 use crate::api_error::ApiError;
-use crate::chat::Chat;
+use crate::chat::{Chat, ChatSetup};
 use crate::completions::Completions;
 use crate::config::ServerConfig;
 use crate::error::ServerError;
@@ -87,7 +87,16 @@ impl Server {
         eos_ids.extend_from_slice(codec.stop_ids());
         eos_ids.sort_unstable();
         eos_ids.dedup();
+        let chat = match ChatSetup::new(&config, &codec) {
+            Ok(c) => c,
+            Err(e) => {
+                engine.shutdown();
+                let _ = join.join();
+                return Err(e);
+            }
+        };
         let state = Arc::new(AppState {
+            chat,
             engine,
             codec: Arc::new(codec),
             info,

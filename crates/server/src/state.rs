@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use fp4forge_engine::{ModelInfo, TextCodec};
 
+use crate::chat::ChatSetup;
 use crate::config::ServerConfig;
 use crate::metrics::Metrics;
 use crate::scheduler::EngineHandle;
@@ -27,6 +28,8 @@ pub(crate) struct AppState {
     pub created: u64,
     /// End-of-sequence ids: the model's and the tokenizer's.
     pub eos_ids: Vec<u32>,
+    /// How chats are rendered and parsed.
+    pub chat: ChatSetup,
 }
 
 impl AppState {

@@ -82,8 +82,9 @@ impl<E: Endpoint> FrameSource for ChunkStream<E> {
                 Some(Ok(updates)) => {
                     let mut out = Vec::new();
                     for u in updates {
-                        let c = self.endpoint.chunk(&self.state, u);
-                        out.extend_from_slice(&self.chunk(vec![c], None));
+                        if let Some(c) = self.endpoint.chunk(&self.state, u) {
+                            out.extend_from_slice(&self.chunk(vec![c], None));
+                        }
                     }
                     if !out.is_empty() {
                         return Some(Bytes::from(out));

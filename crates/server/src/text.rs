@@ -171,15 +171,16 @@ fn floor_boundary(s: &str, mut i: usize) -> usize {
 
 impl ChoiceText {
     /// Text generated after `prompt`, cut at the first of `stops` once `min_tokens` tokens
-    /// were generated.
+    /// were generated; special tokens are dropped unless `keep_special`.
     pub fn new(
         codec: Arc<TextCodec>,
         prompt: &[u32],
         stops: Vec<String>,
         min_tokens: usize,
+        keep_special: bool,
     ) -> Self {
         Self {
-            detok: Detokenizer::new(codec, prompt, false),
+            detok: Detokenizer::new(codec, prompt, keep_special),
             longest_stop: stops.iter().map(String::len).max().unwrap_or(0),
             stops,
             min_tokens,
@@ -336,6 +337,7 @@ mod tests {
             &[],
             stops.iter().map(|s| s.to_string()).collect(),
             min,
+            false,
         );
         let mut out = Vec::new();
         for id in ids {
@@ -391,7 +393,7 @@ mod tests {
     fn held_back_text_is_a_prefix_of_a_stop_string() {
         let (_t, codec) = codec();
         let ids = codec.encode("one two three", false).unwrap();
-        let mut c = ChoiceText::new(codec.clone(), &[], vec![" two three!".into()], 0);
+        let mut c = ChoiceText::new(codec.clone(), &[], vec![" two three!".into()], 0, false);
         let mut released = String::new();
         for id in ids {
             released.push_str(&c.push(id, None).unwrap().text);

@@ -846,14 +846,14 @@ async fn unknown_and_unimplemented_fields_are_refused_by_name_ignored_ones_accep
         (chat, json!({"messages": hi, "min_p": 0.05}), "min_p"),
         (
             chat,
-            json!({"messages": hi, "chat_template_kwargs": {"enable_thinking": false}}),
-            "chat_template_kwargs",
+            json!({"messages": hi, "mm_processor_kwargs": {"size": 4}}),
+            "mm_processor_kwargs",
         ),
         (chat, json!({"messages": hi, "echo": true}), "echo"),
         (
             chat,
-            json!({"messages": hi, "tools": [{"type": "function"}]}),
-            "tools",
+            json!({"messages": hi, "reasoning_effort": "high"}),
+            "reasoning_effort",
         ),
         (
             chat,

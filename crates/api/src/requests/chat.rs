@@ -67,9 +67,8 @@ pub enum MessageContent {
     Parts(Vec<ContentPart>),
 }
 
-/// One message of a conversation. Other message fields (`tool_calls`, `tool_call_id`, ...) are
-/// refused: fp4forge has no tool calling.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One message of a conversation, as OpenAI and vLLM accept it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ChatMessage {
     /// Who wrote it.
@@ -77,14 +76,64 @@ pub struct ChatMessage {
     /// What it says (`null` or absent: nothing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<MessageContent>,
-    /// Accepted and ignored: a participant's name (the chat template is given role and
-    /// content only).
+    /// A participant's or tool's name (given to the chat template).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// An assistant message's tool calls (given to the chat template, arguments as objects).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<MessageToolCall>>,
+    /// A tool message: the id of the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// An assistant message's reasoning (vLLM's field; the template decides whether to show it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// vLLM's newer name for `reasoning_content`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+}
+
+/// A tool call in an assistant message of the conversation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MessageToolCall {
+    /// Its id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `function`.
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// The function called.
+    pub function: MessageFunction,
+}
+
+/// The function of a tool call in the conversation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MessageFunction {
+    /// Its name.
+    pub name: String,
+    /// Its arguments: an object's JSON text (as OpenAI sends them) or the object itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<Value>,
+}
+
+/// `tool_choice`: whether and which tool the model must call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// Never: tool calls are not parsed.
+    None,
+    /// The model decides (the default when tools are given).
+    Auto,
+    /// At least one call.
+    Required,
+    /// This function.
+    Function(String),
 }
 
 impl ChatMessage {
-    /// The content as one string (parts concatenated; none: empty).
+    /// The content as one string (text parts joined with newlines, as vLLM joins them; none:
+    /// empty).
     pub fn text(&self) -> String {
         match &self.content {
             None => String::new(),
@@ -92,7 +141,8 @@ impl ChatMessage {
             Some(MessageContent::Parts(parts)) => parts
                 .iter()
                 .map(|ContentPart::Text { text }| text.as_str())
-                .collect(),
+                .collect::<Vec<_>>()
+                .join("\n"),
         }
     }
 }
@@ -112,6 +162,25 @@ pub struct ChatCompletionRequest {
     pub logprobs: Option<bool>,
     /// Top alternatives per generated token (needs `logprobs: true`).
     pub top_logprobs: Option<Integer>,
+    /// Tool definitions (`{"type": "function", "function": {"name", "description",
+    /// "parameters"}}`), given to the chat template and to the tool-call parser.
+    pub tools: Option<Vec<Value>>,
+    /// `none`, `auto`, `required` or `{"type": "function", "function": {"name": …}}`.
+    pub tool_choice: Option<Value>,
+    /// `false`: at most one tool call per message.
+    pub parallel_tool_calls: Option<bool>,
+    /// A chat template (Jinja source) for this request instead of the model's.
+    pub chat_template: Option<String>,
+    /// Extra chat-template variables (`enable_thinking`, …).
+    pub chat_template_kwargs: Option<Map<String, Value>>,
+    /// Append the assistant's turn opener (default true).
+    pub add_generation_prompt: Option<bool>,
+    /// Continue the final (assistant) message instead of starting a new one.
+    pub continue_final_message: Option<bool>,
+    /// Documents for retrieval-augmented templates (objects with `title` and `text`).
+    pub documents: Option<Vec<Map<String, Value>>>,
+    /// vLLM: `false` leaves the reasoning out of the response (default true).
+    pub include_reasoning: Option<bool>,
     /// Accepted and ignored: OpenAI's "store this completion".
     pub store: Option<bool>,
     /// Accepted and ignored: tags for stored completions.
@@ -127,6 +196,22 @@ impl ChatCompletionRequest {
         self.max_completion_tokens
             .map(|m| ("max_completion_tokens", m))
             .or(self.max_tokens.map(|m| ("max_tokens", m)))
+    }
+
+    /// The tool choice (default `auto` when tools are given, else `none`). Valid after
+    /// [`GenerationRequest::validate`].
+    pub fn tool_choice(&self) -> ToolChoice {
+        match &self.tool_choice {
+            Some(Value::String(s)) if s == "none" => ToolChoice::None,
+            Some(Value::String(s)) if s == "required" => ToolChoice::Required,
+            Some(Value::String(_)) => ToolChoice::Auto,
+            Some(v) => match v.pointer("/function/name").and_then(Value::as_str) {
+                Some(name) => ToolChoice::Function(name.to_string()),
+                None => ToolChoice::Auto,
+            },
+            None if self.tools.as_ref().is_some_and(|t| !t.is_empty()) => ToolChoice::Auto,
+            None => ToolChoice::None,
+        }
     }
 
     /// Top logprobs per generated token when `logprobs: true` (0 alternatives unless
@@ -170,6 +255,66 @@ impl WireRequest for ChatCompletionRequest {
                 ));
             }
         }
+        if let Some(tools) = &self.tools {
+            for (i, tool) in tools.iter().enumerate() {
+                check_tool(i, tool)?;
+            }
+        }
+        if let Some(choice) = &self.tool_choice {
+            check_tool_choice(choice, self.tools.as_deref().unwrap_or_default())?;
+        }
+        if let Some(docs) = &self.documents {
+            for (i, d) in docs.iter().enumerate() {
+                if !d.get("text").is_some_and(Value::is_string) {
+                    return Err(RequestError::invalid(
+                        format!("documents[{i}].text"),
+                        format!("`documents[{i}]` needs a string `text`"),
+                    ));
+                }
+            }
+        }
+        if let Some(messages) = &self.messages {
+            for (i, m) in messages.iter().enumerate() {
+                for (j, call) in m.tool_calls.iter().flatten().enumerate() {
+                    let at = format!("messages[{i}].tool_calls[{j}].function");
+                    match &call.function.arguments {
+                        None | Some(Value::Object(_)) => {}
+                        Some(Value::String(s)) if s.trim().is_empty() => {}
+                        Some(Value::String(s)) => {
+                            if !serde_json::from_str::<Value>(s).is_ok_and(|v| v.is_object()) {
+                                return Err(RequestError::invalid(
+                                    format!("{at}.arguments"),
+                                    format!("`{at}.arguments` must be a JSON object's text"),
+                                ));
+                            }
+                        }
+                        Some(other) => {
+                            return Err(RequestError::invalid(
+                                format!("{at}.arguments"),
+                                format!(
+                                    "`{at}.arguments` must be a string or an object, got {}",
+                                    type_name(other)
+                                ),
+                            ))
+                        }
+                    }
+                }
+            }
+            if self.continue_final_message == Some(true) {
+                if self.add_generation_prompt == Some(true) {
+                    return Err(RequestError::invalid(
+                        "continue_final_message",
+                        "`continue_final_message` and `add_generation_prompt` cannot both be true",
+                    ));
+                }
+                if messages.last().is_some_and(|m| m.role != Role::Assistant) {
+                    return Err(RequestError::invalid(
+                        "continue_final_message",
+                        "`continue_final_message` needs a final assistant message to continue",
+                    ));
+                }
+            }
+        }
         match &self.messages {
             None => Err(RequestError::Required {
                 field: "messages".into(),
@@ -200,6 +345,42 @@ impl WireRequest for ChatCompletionRequest {
             expected: "an integer",
         },
         Field {
+            name: "tools",
+            expected: "a list of tool definitions",
+        },
+        Field {
+            name: "tool_choice",
+            expected: "\"none\", \"auto\", \"required\" or a function object",
+        },
+        Field {
+            name: "parallel_tool_calls",
+            expected: "true or false",
+        },
+        Field {
+            name: "chat_template",
+            expected: "a string",
+        },
+        Field {
+            name: "chat_template_kwargs",
+            expected: "an object",
+        },
+        Field {
+            name: "add_generation_prompt",
+            expected: "true or false",
+        },
+        Field {
+            name: "continue_final_message",
+            expected: "true or false",
+        },
+        Field {
+            name: "documents",
+            expected: "a list of objects",
+        },
+        Field {
+            name: "include_reasoning",
+            expected: "true or false",
+        },
+        Field {
             name: "store",
             expected: "true or false",
         },
@@ -223,37 +404,92 @@ impl WireRequest for ChatCompletionRequest {
     }
 }
 
-/// The chat-only fields fp4forge does not implement (vLLM's template controls, chat `echo`).
-const CHAT_ONLY_UNIMPLEMENTED: [Unimplemented; 7] = [
+/// The chat-only fields fp4forge does not implement (chat `echo`, multimodal processor options).
+const CHAT_ONLY_UNIMPLEMENTED: [Unimplemented; 2] = [
     Unimplemented {
         name: "echo",
         neutral: &["false"],
-    },
-    Unimplemented {
-        name: "chat_template",
-        neutral: &[],
-    },
-    Unimplemented {
-        name: "chat_template_kwargs",
-        neutral: &["{}"],
-    },
-    Unimplemented {
-        name: "add_generation_prompt",
-        neutral: &["true"],
-    },
-    Unimplemented {
-        name: "continue_final_message",
-        neutral: &["false"],
-    },
-    Unimplemented {
-        name: "documents",
-        neutral: &[],
     },
     Unimplemented {
         name: "mm_processor_kwargs",
         neutral: &[],
     },
 ];
+
+/// Checks one tool definition: `{"type": "function", "function": {"name": …}}`, `parameters` an
+/// object when given.
+fn check_tool(i: usize, tool: &Value) -> Result<(), RequestError> {
+    let at = format!("tools[{i}]");
+    if tool.get("type").and_then(Value::as_str) != Some("function") {
+        return Err(RequestError::invalid(
+            format!("{at}.type"),
+            format!("`{at}.type` must be \"function\" (the only tool type)"),
+        ));
+    }
+    let name = tool.pointer("/function/name").and_then(Value::as_str);
+    if name.is_none_or(str::is_empty) {
+        return Err(RequestError::invalid(
+            format!("{at}.function.name"),
+            format!("`{at}.function` needs a non-empty string `name`"),
+        ));
+    }
+    match tool.pointer("/function/parameters") {
+        None | Some(Value::Object(_)) | Some(Value::Null) => Ok(()),
+        Some(other) => Err(RequestError::invalid(
+            format!("{at}.function.parameters"),
+            format!(
+                "`{at}.function.parameters` must be a JSON schema object, got {}",
+                type_name(other)
+            ),
+        )),
+    }
+}
+
+/// Checks `tool_choice` against the tools: a known word, or a function among them.
+fn check_tool_choice(choice: &Value, tools: &[Value]) -> Result<(), RequestError> {
+    match choice {
+        Value::String(s) if s == "none" || s == "auto" => Ok(()),
+        Value::String(s) if s == "required" => Err(RequestError::invalid(
+            "tool_choice",
+            "`tool_choice: \"required\"` needs constrained decoding, which this server does \
+             not have yet; use \"auto\"",
+        )),
+        Value::Object(_) => {
+            let name = choice.pointer("/function/name").and_then(Value::as_str);
+            match name {
+                Some(n)
+                    if tools.iter().any(|t| {
+                        t.pointer("/function/name").and_then(Value::as_str) == Some(n)
+                    }) =>
+                {
+                    Err(RequestError::invalid(
+                        "tool_choice",
+                        format!(
+                            "a named `tool_choice` (\"{n}\") needs constrained decoding, which \
+                             this server does not have yet; use \"auto\""
+                        ),
+                    ))
+                }
+                Some(n) => Err(RequestError::invalid(
+                    "tool_choice",
+                    format!("`tool_choice` names \"{n}\", which is not among `tools`"),
+                )),
+                None => Err(RequestError::invalid(
+                    "tool_choice",
+                    "`tool_choice` must be \"none\", \"auto\", \"required\" or \
+                     {\"type\": \"function\", \"function\": {\"name\": …}}",
+                )),
+            }
+        }
+        other => Err(RequestError::invalid(
+            "tool_choice",
+            format!(
+                "`tool_choice` must be a string or an object, got {}",
+                type_name(other)
+            ),
+        )),
+    }
+}
 
 /// The shared unimplemented fields plus the chat-only ones.
 const CHAT_UNIMPLEMENTED: [Unimplemented;
@@ -352,26 +588,61 @@ fn messages_error(value: &Value) -> Option<RequestError> {
                 ))
             }
         }
-        if let Some(v) = m.get("name") {
-            if !v.is_null() && !v.is_string() {
+        for key in ["name", "tool_call_id", "reasoning_content", "reasoning"] {
+            if let Some(v) = m.get(key) {
+                if !v.is_null() && !v.is_string() {
+                    return Some(RequestError::invalid(
+                        at(key),
+                        format!(
+                            "`messages[{i}].{key}` must be a string, got {}",
+                            type_name(v)
+                        ),
+                    ));
+                }
+            }
+        }
+        if let Some(v) = m.get("tool_calls") {
+            let calls_ok = match v {
+                Value::Null => true,
+                Value::Array(calls) => calls.iter().all(|c| {
+                    c.as_object().is_some_and(|c| {
+                        c.get("function")
+                            .and_then(Value::as_object)
+                            .is_some_and(|f| {
+                                f.get("name").is_some_and(Value::is_string)
+                                    && f.keys().all(|k| k == "name" || k == "arguments")
+                            })
+                            && c.keys()
+                                .all(|k| ["id", "type", "function"].contains(&k.as_str()))
+                    })
+                }),
+                _ => false,
+            };
+            if !calls_ok {
                 return Some(RequestError::invalid(
-                    at("name"),
+                    at("tool_calls"),
                     format!(
-                        "`messages[{i}].name` must be a string, got {}",
-                        type_name(v)
+                        "`messages[{i}].tool_calls` must be a list of \
+                         {{\"id\", \"type\", \"function\": {{\"name\", \"arguments\"}}}} objects"
                     ),
                 ));
             }
         }
-        if let Some(k) = m
-            .keys()
-            .find(|k| !["role", "content", "name"].contains(&k.as_str()))
-        {
+        const KEYS: [&str; 7] = [
+            "role",
+            "content",
+            "name",
+            "tool_calls",
+            "tool_call_id",
+            "reasoning_content",
+            "reasoning",
+        ];
+        if let Some(k) = m.keys().find(|k| !KEYS.contains(&k.as_str())) {
             return Some(RequestError::invalid(
                 at(k),
                 format!(
-                    "`messages[{i}].{k}` is not supported by this server (a message has \
-                     role, content and name)"
+                    "`messages[{i}].{k}` is not a message field (a message has {})",
+                    KEYS.join(", ")
                 ),
             ));
         }
@@ -383,6 +654,13 @@ fn messages_error(value: &Value) -> Option<RequestError> {
 mod tests {
     use super::*;
     use crate::parse::parse_request;
+    use crate::requests::GenerationRequest;
+
+    const LIMITS: Limits = Limits {
+        max_choices: 8,
+        max_tokens: 1000,
+        max_logprobs: 20,
+    };
 
     fn parse(s: &str) -> Result<ChatCompletionRequest, RequestError> {
         parse_request::<ChatCompletionRequest>(s.as_bytes())
@@ -410,25 +688,86 @@ mod tests {
         )
         .expect("messages");
         let m = r.messages.expect("messages");
-        assert_eq!((m[0].text().as_str(), m[1].text().as_str()), ("ab", ""));
+        assert_eq!((m[0].text().as_str(), m[1].text().as_str()), ("a\nb", ""));
         let e = parse(r#"{"messages": [{"content": "hi"}]}"#).expect_err("role");
         assert_eq!(e.param(), Some("messages[0].role"));
         let e = parse(r#"{"messages": [{"role": "robot"}]}"#).expect_err("robot");
         assert!(e.to_string().contains("not one of"), "{e}");
-        let e = parse(r#"{"messages": [{"role": "user", "tool_calls": []}]}"#).expect_err("tc");
+        let e =
+            parse(r#"{"messages": [{"role": "assistant", "tool_calls": [{"function": "f"}]}]}"#)
+                .expect_err("tc");
         assert_eq!(e.param(), Some("messages[0].tool_calls"));
+        let e = parse(r#"{"messages": [{"role": "user", "mood": "happy"}]}"#).expect_err("mood");
+        assert_eq!(e.param(), Some("messages[0].mood"));
+        let ok = parse(
+            r#"{"messages": [{"role": "assistant", "content": null, "reasoning_content": "r",
+                "tool_calls": [{"id": "c", "type": "function",
+                    "function": {"name": "f", "arguments": "{\"a\": 1}"}}]},
+                {"role": "tool", "tool_call_id": "c", "content": "42"}]}"#,
+        )
+        .expect("a tool round trip reads");
+        assert_eq!(
+            ok.messages.expect("messages")[1].tool_call_id.as_deref(),
+            Some("c")
+        );
     }
 
     #[test]
     fn chat_only_unimplemented_fields_are_refused() {
         for body in [
             r#"{"messages": [], "echo": true}"#,
-            r#"{"messages": [], "chat_template_kwargs": {"enable_thinking": false}}"#,
-            r#"{"messages": [], "tools": [{"type": "function"}]}"#,
+            r#"{"messages": [], "mm_processor_kwargs": {"size": 4}}"#,
         ] {
             let e = parse(body).expect_err(body);
             assert!(e.to_string().contains("not supported"), "{e}");
         }
         assert!(parse(r#"{"messages": [], "echo": false, "store": true}"#).is_ok());
+    }
+
+    #[test]
+    fn tools_and_tool_choice_are_checked() {
+        let check = |body: &str| {
+            parse(body)
+                .expect(body)
+                .validate(&LIMITS)
+                .err()
+                .and_then(|e| e.param().map(str::to_string))
+        };
+        let hi = r#""messages": [{"role": "user", "content": "hi"}]"#;
+        let tool =
+            r#"{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}"#;
+        assert_eq!(check(&format!("{{{hi}, \"tools\": [{tool}]}}")), None);
+        assert_eq!(
+            check(&format!(
+                "{{{hi}, \"tools\": [{{\"type\": \"function\"}}]}}"
+            ))
+            .as_deref(),
+            Some("tools[0].function.name")
+        );
+        assert_eq!(
+            check(&format!(
+                "{{{hi}, \"tools\": [{{\"type\": \"retrieval\"}}]}}"
+            ))
+            .as_deref(),
+            Some("tools[0].type")
+        );
+        for choice in [
+            r#""required""#,
+            r#"{"type": "function", "function": {"name": "g"}}"#,
+            "3",
+        ] {
+            assert_eq!(
+                check(&format!(
+                    "{{{hi}, \"tools\": [{tool}], \"tool_choice\": {choice}}}"
+                ))
+                .as_deref(),
+                Some("tool_choice"),
+                "{choice}"
+            );
+        }
+        assert_eq!(
+            check(&format!("{{{hi}, \"continue_final_message\": true}}")).as_deref(),
+            Some("continue_final_message")
+        );
     }
 }

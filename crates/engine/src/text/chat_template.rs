@@ -511,6 +511,14 @@ impl ChatTemplate {
         })
     }
 
+    /// The source of the template used for requests without tools (`default`).
+    pub fn source(&self) -> &str {
+        self.names
+            .iter()
+            .position(|n| n == "default")
+            .map_or("", |i| self.sources[i].as_str())
+    }
+
     /// Renders a conversation of plain messages; `add_generation_prompt` appends the
     /// assistant's turn opener.
     pub fn render(

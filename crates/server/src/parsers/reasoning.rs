@@ -119,9 +119,8 @@ impl ReasoningSplitter {
                 }
                 State::Start => {
                     let trimmed = self.pending.trim_start();
-                    if trimmed.starts_with(OPEN) {
-                        let after = trimmed[OPEN.len()..].to_string();
-                        self.pending = after;
+                    if let Some(after) = trimmed.strip_prefix(OPEN) {
+                        self.pending = after.to_string();
                         self.state = State::Reasoning;
                         self.opened_by_output = true;
                     } else if OPEN.starts_with(trimmed) {

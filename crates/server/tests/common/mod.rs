@@ -2,6 +2,7 @@
 //! and small HTTP calls.
 #![allow(dead_code)]
 
+pub mod script_model;
 pub mod tiny_model;
 
 use std::path::PathBuf;
@@ -30,9 +31,17 @@ impl TestServer {
     /// Writes the tiny model and serves it (f32 KV cache, one engine thread), with the config
     /// adjusted by `configure`.
     pub async fn start(configure: impl FnOnce(ServerConfig) -> ServerConfig) -> Self {
+        Self::start_with(|dir| tiny_model::write_tiny_model(dir, 7), configure).await
+    }
+
+    /// Writes a model with `write` and serves it as [`TestServer::start`] does.
+    pub async fn start_with(
+        write: impl FnOnce(&std::path::Path) -> Result<(), Box<dyn std::error::Error>>,
+        configure: impl FnOnce(ServerConfig) -> ServerConfig,
+    ) -> Self {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("tiny");
-        tiny_model::write_tiny_model(&dir, 7).unwrap();
+        write(&dir).unwrap();
         let config = configure(
             ServerConfig::new(&dir)
                 .port(0)
