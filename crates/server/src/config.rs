@@ -64,6 +64,9 @@ pub struct ServerConfig {
     pub prefix_cache_bytes: usize,
     /// How long a shutdown waits for requests in flight before giving up on them.
     pub drain_timeout: Duration,
+    /// The key every `/v1` request must carry as `Authorization: Bearer KEY` (default: none,
+    /// the API is open); `/health` and `/metrics` stay open either way.
+    pub api_key: Option<String>,
 }
 
 impl ServerConfig {
@@ -88,6 +91,7 @@ impl ServerConfig {
             max_context: None,
             prefix_cache_bytes: DEFAULT_PREFIX_CACHE_BYTES,
             drain_timeout: Duration::from_secs(60),
+            api_key: None,
         }
     }
 
@@ -181,6 +185,12 @@ impl ServerConfig {
         self
     }
 
+    /// Sets [`ServerConfig::api_key`].
+    pub fn api_key(mut self, key: Option<String>) -> Self {
+        self.api_key = key;
+        self
+    }
+
     /// The served model name: the configured one, else the directory's last component.
     pub fn model_name(&self) -> String {
         if let Some(n) = &self.served_model_name {
@@ -213,6 +223,17 @@ impl ServerConfig {
         if self.served_model_name.as_deref() == Some("") {
             return bad("the served model name is empty");
         }
+        if let Some(key) = &self.api_key {
+            if key.is_empty() {
+                return bad("the API key is empty");
+            }
+            if key.bytes().any(|b| !(0x21..=0x7e).contains(&b)) {
+                return bad(
+                    "the API key must be printable ASCII without spaces (it travels in an \
+                     HTTP header)",
+                );
+            }
+        }
         Ok(())
     }
 }
@@ -224,5 +245,16 @@ mod tests {
     #[test]
     fn runs_on_the_cpu_by_default() {
         assert_eq!(ServerConfig::new("m").device, Device::Cpu);
+    }
+
+    #[test]
+    fn api_keys_must_be_usable_in_a_header() {
+        let with = |k: &str| ServerConfig::new("m").api_key(Some(k.into())).validate();
+        assert!(with("sk-local-123").is_ok());
+        for bad in ["", "two words", "tab\there", "caf\u{e9}"] {
+            let err = with(bad).unwrap_err().to_string();
+            assert!(err.contains("API key"), "{bad:?}: {err}");
+        }
+        assert!(ServerConfig::new("m").validate().is_ok());
     }
 }
