@@ -8,7 +8,10 @@ use fp4forge_engine::Device;
 use fp4forge_engine::KvDtype;
 use fp4forge_server::{ReasoningFormat, Server, ServerConfig, ToolFormat};
 
-/// Arguments of `fp4forge serve`.
+/// Arguments of `fp4forge serve`. Flags with a vLLM counterpart also answer to vLLM's spelling
+/// (`--max-num-seqs`, `--max-model-len`, `--max-num-batched-tokens`, `--kv-cache-dtype`;
+/// `--host`, `--port`, `--served-model-name`, `--api-key` are spelled alike), so a `vllm serve`
+/// recipe ports by changing the binary's name; docs/serving.md says where meanings differ.
 #[derive(clap::Args)]
 pub struct ServeArgs {
     /// Checkpoint directory with tokenizer.json (bf16, or NVFP4: weights stay packed).
@@ -23,7 +26,7 @@ pub struct ServeArgs {
     #[arg(long)]
     served_model_name: Option<String>,
     /// Most sequences advanced together per engine step.
-    #[arg(long, default_value_t = fp4forge_server::DEFAULT_MAX_BATCH)]
+    #[arg(long, visible_alias = "max-num-seqs", default_value_t = fp4forge_server::DEFAULT_MAX_BATCH)]
     max_batch: usize,
     /// Ceiling on a request's max_tokens.
     #[arg(long, default_value_t = fp4forge_server::DEFAULT_MAX_TOKENS_LIMIT)]
@@ -32,7 +35,7 @@ pub struct ServeArgs {
     #[arg(long)]
     max_prompt_tokens: Option<usize>,
     /// Caps the model's context, tokens (default: the checkpoint's).
-    #[arg(long)]
+    #[arg(long, visible_alias = "max-model-len")]
     max_context: Option<usize>,
     /// Most requests waiting for a batch slot (more get 429).
     #[arg(long, default_value_t = fp4forge_server::DEFAULT_MAX_QUEUE)]
@@ -40,8 +43,9 @@ pub struct ServeArgs {
     /// Largest request body, bytes (larger get 413).
     #[arg(long, default_value_t = fp4forge_server::DEFAULT_MAX_BODY_BYTES)]
     max_body_bytes: usize,
-    /// Prompt tokens prefilled per engine step over all sequences.
-    #[arg(long, default_value_t = fp4forge_server::DEFAULT_PREFILL_BUDGET)]
+    /// Prompt tokens prefilled per engine step over all sequences (vLLM's
+    /// --max-num-batched-tokens also counts the decoding sequences' tokens; this does not).
+    #[arg(long, visible_alias = "max-num-batched-tokens", default_value_t = fp4forge_server::DEFAULT_PREFILL_BUDGET)]
     prefill_budget: usize,
     /// Where the engine runs: cpu, or cuda[:N] (GPU N, default 0; needs a build with the `cuda`
     /// feature).
@@ -50,9 +54,9 @@ pub struct ServeArgs {
     /// CPU engine worker threads (0: one per core; ignored with --device cuda).
     #[arg(long, default_value_t = 0)]
     threads: usize,
-    /// KV cache storage.
-    #[arg(long, default_value = "bf16", value_parser = ["bf16", "fp8", "f32"])]
-    kv_dtype: String,
+    /// KV cache storage: bf16 (vLLM: auto, bfloat16), fp8 (e4m3; vLLM: fp8_e4m3) or f32.
+    #[arg(long, visible_alias = "kv-cache-dtype", default_value = "bf16", value_parser = parse_kv_dtype)]
+    kv_dtype: KvDtype,
     /// KV storage of finished sequences kept so that requests sharing a prompt prefix skip its
     /// prefill, MiB (0: no prefix caching).
     #[arg(long, default_value_t = fp4forge_server::DEFAULT_PREFIX_CACHE_BYTES >> 20)]
@@ -74,6 +78,16 @@ pub struct ServeArgs {
     /// qwen3.
     #[arg(long, value_name = "NAME", value_parser = parse_reasoning_format)]
     reasoning_parser: Option<ReasoningFormat>,
+    /// Key every /v1 request must carry as `Authorization: Bearer KEY` (default:
+    /// $FP4FORGE_API_KEY, else vLLM's $VLLM_API_KEY, else none: the API is open). /health and
+    /// /metrics stay open.
+    #[arg(long, value_name = "KEY")]
+    api_key: Option<String>,
+    /// Refused: vLLM's fraction of GPU memory reserved up front has no counterpart here (fp4forge
+    /// reserves nothing; KV caches grow per sequence). Bound memory with --max-num-seqs,
+    /// --max-model-len and --prefix-cache-mib.
+    #[arg(long, value_name = "FRACTION")]
+    gpu_memory_utilization: Option<String>,
 }
 
 /// `--tool-call-parser` values.
@@ -96,33 +110,70 @@ fn parse_reasoning_format(name: &str) -> Result<ReasoningFormat, String> {
     })
 }
 
+/// The KV storage a `--kv-dtype` / `--kv-cache-dtype` value names (vLLM's spellings of the same
+/// storage accepted; its others refused by name).
+fn parse_kv_dtype(s: &str) -> Result<KvDtype, String> {
+    match s {
+        "bf16" | "bfloat16" | "auto" => Ok(KvDtype::Bf16),
+        "fp8" | "fp8_e4m3" => Ok(KvDtype::Fp8E4m3),
+        "f32" | "float32" => Ok(KvDtype::F32),
+        other => Err(format!(
+            "unsupported KV cache dtype '{other}': expected bf16 (or auto, bfloat16), fp8 (or \
+             fp8_e4m3) or f32 (or float32); fp8_e5m2 and the other vLLM types are not implemented"
+        )),
+    }
+}
+
+/// The API key: the flag's, else `$FP4FORGE_API_KEY`, else `$VLLM_API_KEY` (`env` looks a
+/// variable up; a variable set but empty is passed on, and refused as an empty key).
+fn api_key(flag: Option<String>, env: impl Fn(&str) -> Option<String>) -> Option<String> {
+    flag.or_else(|| env("FP4FORGE_API_KEY"))
+        .or_else(|| env("VLLM_API_KEY"))
+}
+
+impl ServeArgs {
+    /// The server configuration these arguments ask for (`env` looks up environment variables).
+    fn config(self, env: impl Fn(&str) -> Option<String>) -> anyhow::Result<ServerConfig> {
+        if let Some(f) = self.gpu_memory_utilization {
+            anyhow::bail!(
+                "--gpu-memory-utilization {f}: not supported: fp4forge does not reserve a fraction \
+                 of GPU memory up front as vLLM does (weights are loaded, KV caches grow with each \
+                 sequence); bound memory with --max-num-seqs, --max-model-len and \
+                 --prefix-cache-mib instead"
+            );
+        }
+        Ok(ServerConfig::new(&self.dir)
+            .host(self.host)
+            .port(self.port)
+            .served_model_name(self.served_model_name)
+            .max_batch(self.max_batch)
+            .max_tokens_limit(self.max_tokens_limit)
+            .max_prompt_tokens(self.max_prompt_tokens)
+            .max_context(self.max_context)
+            .max_queue(self.max_queue)
+            .max_body_bytes(self.max_body_bytes)
+            .prefill_budget(self.prefill_budget)
+            .device(self.device)
+            .threads(self.threads)
+            .kv_dtype(self.kv_dtype)
+            .prefix_cache_bytes(self.prefix_cache_mib.saturating_mul(1 << 20))
+            .drain_timeout(Duration::from_secs(self.drain_timeout))
+            .api_key(api_key(self.api_key, env))
+            .chat_template(self.chat_template)
+            .enable_auto_tool_choice(self.enable_auto_tool_choice)
+            .tool_call_parser(self.tool_call_parser)
+            .reasoning_parser(self.reasoning_parser))
+    }
+}
+
 /// Runs the subcommand.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let kv = match args.kv_dtype.as_str() {
-        "fp8" => KvDtype::Fp8E4m3,
-        "f32" => KvDtype::F32,
-        _ => KvDtype::Bf16,
+    let config = args.config(|name| std::env::var(name).ok())?;
+    let auth = if config.api_key.is_some() {
+        "API key required on /v1"
+    } else {
+        "no API key"
     };
-    let config = ServerConfig::new(&args.dir)
-        .host(args.host)
-        .port(args.port)
-        .served_model_name(args.served_model_name)
-        .max_batch(args.max_batch)
-        .max_tokens_limit(args.max_tokens_limit)
-        .max_prompt_tokens(args.max_prompt_tokens)
-        .max_context(args.max_context)
-        .max_queue(args.max_queue)
-        .max_body_bytes(args.max_body_bytes)
-        .prefill_budget(args.prefill_budget)
-        .device(args.device)
-        .threads(args.threads)
-        .kv_dtype(kv)
-        .prefix_cache_bytes(args.prefix_cache_mib.saturating_mul(1 << 20))
-        .drain_timeout(Duration::from_secs(args.drain_timeout))
-        .chat_template(args.chat_template)
-        .enable_auto_tool_choice(args.enable_auto_tool_choice)
-        .tool_call_parser(args.tool_call_parser)
-        .reasoning_parser(args.reasoning_parser);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -130,7 +181,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     runtime.block_on(async {
         let server = Server::bind(config).await?;
         eprintln!(
-            "fp4forge serve: model `{}` (context {} tokens, backend {}) on http://{}/v1",
+            "fp4forge serve: model `{}` (context {} tokens, backend {}) on http://{}/v1 ({auth})",
             server.model_name(),
             server.max_context(),
             server.backend(),
@@ -140,4 +191,117 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         eprintln!("fp4forge serve: stopped");
         anyhow::Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    fn config_of(argv: &[&str], env: &[(&str, &str)]) -> anyhow::Result<ServerConfig> {
+        let cmd = Cmd::try_parse_from(std::iter::once("serve").chain(argv.iter().copied()))?;
+        cmd.args.config(|name| {
+            env.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    #[test]
+    fn vllm_spellings_set_the_same_fields() {
+        let ours = config_of(
+            &[
+                "m",
+                "--max-batch",
+                "7",
+                "--max-context",
+                "300",
+                "--prefill-budget",
+                "64",
+            ],
+            &[],
+        )
+        .unwrap();
+        let vllms =
+            config_of(&["m", "--max-num-seqs", "7", "--max-model-len", "300"], &[]).unwrap();
+        let vllms = ServerConfig {
+            prefill_budget: 64,
+            ..vllms
+        };
+        assert_eq!(ours, vllms);
+        let c = config_of(&["m", "--max-num-batched-tokens", "64"], &[]).unwrap();
+        assert_eq!(c.prefill_budget, 64);
+        assert_eq!(c.max_context, None);
+        let c = config_of(
+            &[
+                "m",
+                "--host",
+                "0.0.0.0",
+                "--port",
+                "9",
+                "--served-model-name",
+                "x",
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!((c.host.as_str(), c.port), ("0.0.0.0", 9));
+        assert_eq!(c.served_model_name.as_deref(), Some("x"));
+    }
+
+    #[test]
+    fn kv_cache_dtypes_take_vllms_names_and_refuse_the_rest() {
+        for (arg, want) in [
+            ("bf16", KvDtype::Bf16),
+            ("auto", KvDtype::Bf16),
+            ("bfloat16", KvDtype::Bf16),
+            ("fp8", KvDtype::Fp8E4m3),
+            ("fp8_e4m3", KvDtype::Fp8E4m3),
+            ("f32", KvDtype::F32),
+        ] {
+            for flag in ["--kv-dtype", "--kv-cache-dtype"] {
+                let c = config_of(&["m", flag, arg], &[]).unwrap();
+                assert_eq!(c.kv_dtype, want, "{flag} {arg}");
+            }
+        }
+        assert_eq!(config_of(&["m"], &[]).unwrap().kv_dtype, KvDtype::Bf16);
+        let err = config_of(&["m", "--kv-cache-dtype", "fp8_e5m2"], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("unsupported KV cache dtype 'fp8_e5m2'"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn gpu_memory_utilization_is_refused_by_name() {
+        let err = config_of(&["m", "--gpu-memory-utilization", "0.9"], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--gpu-memory-utilization 0.9: not supported"),
+            "{err}"
+        );
+        assert!(err.contains("--max-num-seqs"), "{err}");
+    }
+
+    #[test]
+    fn the_api_key_comes_from_the_flag_then_fp4forge_then_vllm_env() {
+        let key = |argv: &[&str], env: &[(&str, &str)]| config_of(argv, env).unwrap().api_key;
+        let both = [("FP4FORGE_API_KEY", "ours"), ("VLLM_API_KEY", "vllm")];
+        assert_eq!(key(&["m"], &[]), None);
+        assert_eq!(
+            key(&["m", "--api-key", "flag"], &both).as_deref(),
+            Some("flag")
+        );
+        assert_eq!(key(&["m"], &both).as_deref(), Some("ours"));
+        assert_eq!(key(&["m"], &both[1..]).as_deref(), Some("vllm"));
+    }
 }

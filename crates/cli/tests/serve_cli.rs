@@ -1,5 +1,6 @@
 //! `fp4forge serve` end to end: the binary serves a tiny model on a free loopback port, answers
-//! over plain HTTP, and exits 0 after SIGTERM; a directory without a model fails with a message.
+//! over plain HTTP, and exits 0 after SIGTERM; a directory without a model fails with a message;
+//! a `vllm serve` command line (vLLM's flag spellings, `$VLLM_API_KEY`) works as it is.
 
 #[path = "../../server/tests/common/tiny_model.rs"]
 mod tiny_model;
@@ -11,12 +12,17 @@ use std::time::Duration;
 
 /// One HTTP/1.1 request; returns the status line and the body.
 fn http(addr: &str, method: &str, path: &str, body: &str) -> (String, String) {
+    http_with(addr, method, path, "", body)
+}
+
+/// One HTTP/1.1 request with extra header lines (each ending in CRLF).
+fn http_with(addr: &str, method: &str, path: &str, headers: &str, body: &str) -> (String, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     write!(
         s,
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+         {headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -98,4 +104,73 @@ fn a_directory_without_a_model_fails_with_a_message() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("tokenizer.json"), "{err}");
+}
+
+#[test]
+fn a_vllm_command_line_ports_by_renaming_the_binary() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tiny");
+    tiny_model::write_tiny_model(&dir, 7).unwrap();
+    let refused = Command::new(env!("CARGO_BIN_EXE_fp4forge"))
+        .args([
+            "serve",
+            dir.to_str().unwrap(),
+            "--gpu-memory-utilization",
+            "0.9",
+        ])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        err.contains("--gpu-memory-utilization 0.9: not supported"),
+        "{err}"
+    );
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fp4forge"))
+        .args([
+            "serve",
+            dir.to_str().unwrap(),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+        ])
+        .args(["--served-model-name", "lean", "--max-model-len", "256"])
+        .args(["--max-num-seqs", "4", "--max-num-batched-tokens", "64"])
+        .args(["--kv-cache-dtype", "fp8_e4m3", "--threads", "1"])
+        .env_remove("FP4FORGE_API_KEY")
+        .env("VLLM_API_KEY", "sk-from-env")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    assert!(line.contains("model `lean` (context 256 tokens"), "{line}");
+    assert!(line.contains("API key required"), "{line}");
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+
+    let (status, body) = http(&addr, "GET", "/health", "");
+    assert!(status.contains("200"), "{status} {body}");
+    let (status, body) = http(&addr, "GET", "/v1/models", "");
+    assert!(status.contains("401"), "{status} {body}");
+    assert!(body.contains("invalid_request_error"), "{body}");
+    let auth = "Authorization: Bearer sk-from-env\r\n";
+    let (status, body) = http_with(&addr, "GET", "/v1/models", auth, "");
+    assert!(status.contains("200"), "{status} {body}");
+    assert!(body.contains("\"max_model_len\":256"), "{body}");
+
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = child.wait().unwrap();
+    assert!(status.success(), "exit {status}");
 }

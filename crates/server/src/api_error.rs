@@ -85,6 +85,25 @@ impl ApiError {
         }
     }
 
+    /// 401: a `/v1` request without an `Authorization: Bearer` header, on a server started with
+    /// an API key (OpenAI's wording and shape; no code, as OpenAI sends none).
+    pub fn missing_api_key() -> Self {
+        Self::invalid(
+            None,
+            "You didn't provide an API key. You need to provide your API key in an \
+             Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+        )
+        .with_status(StatusCode::UNAUTHORIZED)
+    }
+
+    /// 401: the bearer token is not the server's API key (`invalid_api_key`, as OpenAI; the
+    /// token is not echoed back).
+    pub fn invalid_api_key() -> Self {
+        Self::invalid(None, "Incorrect API key provided.")
+            .with_status(StatusCode::UNAUTHORIZED)
+            .with_code("invalid_api_key")
+    }
+
     /// The body OpenAI's clients parse.
     pub fn body(&self) -> ErrorResponse {
         ErrorResponse {

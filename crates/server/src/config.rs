@@ -76,6 +76,9 @@ pub struct ServerConfig {
     pub tool_call_parser: Option<ToolFormat>,
     /// The reasoning format (`--reasoning-parser`; default: none, reasoning stays in the content).
     pub reasoning_parser: Option<ReasoningFormat>,
+    /// The key every `/v1` request must carry as `Authorization: Bearer KEY` (default: none,
+    /// the API is open); `/health` and `/metrics` stay open either way.
+    pub api_key: Option<String>,
 }
 
 impl ServerConfig {
@@ -104,6 +107,7 @@ impl ServerConfig {
             enable_auto_tool_choice: false,
             tool_call_parser: None,
             reasoning_parser: None,
+            api_key: None,
         }
     }
 
@@ -221,6 +225,12 @@ impl ServerConfig {
         self
     }
 
+    /// Sets [`ServerConfig::api_key`].
+    pub fn api_key(mut self, key: Option<String>) -> Self {
+        self.api_key = key;
+        self
+    }
+
     /// The served model name: the configured one, else the directory's last component.
     pub fn model_name(&self) -> String {
         if let Some(n) = &self.served_model_name {
@@ -253,6 +263,17 @@ impl ServerConfig {
         if self.served_model_name.as_deref() == Some("") {
             return bad("the served model name is empty");
         }
+        if let Some(key) = &self.api_key {
+            if key.is_empty() {
+                return bad("the API key is empty");
+            }
+            if key.bytes().any(|b| !(0x21..=0x7e).contains(&b)) {
+                return bad(
+                    "the API key must be printable ASCII without spaces (it travels in an \
+                     HTTP header)",
+                );
+            }
+        }
         Ok(())
     }
 }
@@ -264,5 +285,16 @@ mod tests {
     #[test]
     fn runs_on_the_cpu_by_default() {
         assert_eq!(ServerConfig::new("m").device, Device::Cpu);
+    }
+
+    #[test]
+    fn api_keys_must_be_usable_in_a_header() {
+        let with = |k: &str| ServerConfig::new("m").api_key(Some(k.into())).validate();
+        assert!(with("sk-local-123").is_ok());
+        for bad in ["", "two words", "tab\there", "caf\u{e9}"] {
+            let err = with(bad).unwrap_err().to_string();
+            assert!(err.contains("API key"), "{bad:?}: {err}");
+        }
+        assert!(ServerConfig::new("m").validate().is_ok());
     }
 }

@@ -25,6 +25,7 @@
 #![deny(missing_docs)]
 
 mod api_error;
+mod auth;
 mod chat;
 mod completions;
 mod config;

@@ -18,7 +18,9 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 
 use crate::api_error::ApiError;
+use crate::auth::require_api_key;
 use crate::chat::{Chat, ChatSetup};
+
 use crate::completions::Completions;
 use crate::config::ServerConfig;
 use crate::error::ServerError;
@@ -176,7 +178,7 @@ impl Server {
     }
 }
 
-/// Every route, with the body limit and request counting.
+/// Every route, with the body limit, the API key check and request counting.
 fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/models", get(models))
@@ -187,6 +189,10 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_api_key,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             count_requests,
