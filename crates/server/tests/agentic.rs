@@ -6,47 +6,13 @@
 
 mod common;
 
-use common::{script_model::write_script_model, TestServer};
+use common::{script_model::write_laguna_agent, TestServer};
 use fp4forge_server::{ReasoningFormat, ToolFormat};
 use serde_json::{json, Value};
 
-const LAGUNA: &str = include_str!(
-    "../../engine/tests/fixtures/chat_templates/templates/poolside-Laguna-S-2.1.jinja"
-);
-
-/// After the generation prompt (`<think>` with thinking on, `</think>` off), the model thinks
-/// "Paris is a city.", then says "Checking." and calls get_weather(city="Paris", days=2).
-const SCRIPT: &[(&str, &str)] = &[
-    ("<think>", "Paris is a city."),
-    ("Paris is a city.", "</think>"),
-    ("</think>", "Checking."),
-    ("Checking.", "<tool_call>"),
-    ("<tool_call>", "get_weather"),
-    ("get_weather", "<arg_key>"),
-    ("<arg_key>", "city"),
-    ("city", "</arg_key>"),
-    ("</arg_key>", "<arg_value>"),
-    ("<arg_value>", "Paris"),
-    ("Paris", "</arg_value>"),
-    ("</arg_value>", "</tool_call>"),
-    ("</tool_call>", "</s>"),
-];
-
-/// Tags the tokenizer calls special (dropped from text unless special tokens are kept).
-const SPECIAL: &[&str] = &[
-    "<think>",
-    "</think>",
-    "<tool_call>",
-    "</tool_call>",
-    "<arg_key>",
-    "</arg_key>",
-    "<arg_value>",
-    "</arg_value>",
-];
-
 async fn server(tools: bool, reasoning: bool) -> TestServer {
     TestServer::start_with(
-        |dir| write_script_model(dir, SCRIPT, SPECIAL, LAGUNA),
+        write_laguna_agent,
         |c| {
             c.enable_auto_tool_choice(tools)
                 .tool_call_parser(tools.then_some(ToolFormat::PoolsideV1))

@@ -15,6 +15,48 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
+/// The real Laguna-S-2.1 chat template.
+pub const LAGUNA_TEMPLATE: &str = include_str!(
+    "../../../engine/tests/fixtures/chat_templates/templates/poolside-Laguna-S-2.1.jinja"
+);
+
+/// The Laguna agent's script: after the generation prompt (`<think>` with thinking on,
+/// `</think>` off) it thinks "Paris is a city.", then says "Checking." and calls
+/// `get_weather(city="Paris")`.
+pub const LAGUNA_AGENT: &[(&str, &str)] = &[
+    ("<think>", "Paris is a city."),
+    ("Paris is a city.", "</think>"),
+    ("</think>", "Checking."),
+    ("Checking.", "<tool_call>"),
+    ("<tool_call>", "get_weather"),
+    ("get_weather", "<arg_key>"),
+    ("<arg_key>", "city"),
+    ("city", "</arg_key>"),
+    ("</arg_key>", "<arg_value>"),
+    ("<arg_value>", "Paris"),
+    ("Paris", "</arg_value>"),
+    ("</arg_value>", "</tool_call>"),
+    ("</tool_call>", "</s>"),
+];
+
+/// The Laguna tags, special tokens of the agent's tokenizer (dropped from text unless special
+/// tokens are kept).
+pub const LAGUNA_SPECIAL: &[&str] = &[
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<arg_key>",
+    "</arg_key>",
+    "<arg_value>",
+    "</arg_value>",
+];
+
+/// Writes the scripted Laguna agent (the real Laguna-S-2.1 template, [`LAGUNA_AGENT`]) to `dir`.
+pub fn write_laguna_agent(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    write_script_model(dir, LAGUNA_AGENT, LAGUNA_SPECIAL, LAGUNA_TEMPLATE)
+}
+
 /// Unknown text, BOS and EOS.
 const BASE: [&str; 3] = ["<unk>", "<s>", "</s>"];
 
