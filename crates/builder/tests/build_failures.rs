@@ -227,3 +227,32 @@ fn cancelled_build_leaves_no_dst() {
     assert!(matches!(err, BuilderError::Cancelled), "{err}");
     assert_no_output(tmp.path(), &[]);
 }
+
+#[test]
+fn partial_directories_of_dead_builds_are_removed_but_not_live_ones() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A process that has exited (and been reaped): its pid is gone.
+    let mut done = std::process::Command::new("true").spawn().unwrap();
+    let dead = done.id();
+    done.wait().unwrap();
+    // A process that is alive for the whole test.
+    let mut alive = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let stale = tmp.path().join(format!(".other.fp4forge-partial-{dead}"));
+    let live = tmp.path().join(format!(".out.fp4forge-partial-{}", alive.id()));
+    let unrelated = tmp.path().join(format!(".out.partial-{dead}"));
+    for dir in [&stale, &live, &unrelated] {
+        fs::create_dir(dir).unwrap();
+        fs::write(dir.join("model-00001-of-00002.safetensors"), [0u8; 64]).unwrap();
+    }
+    let result = QuantizeBuilder::new(fixture("bf16"), tmp.path().join("out")).run(&NoProgress);
+    let live_kept = live.is_dir();
+    alive.kill().unwrap();
+    alive.wait().unwrap();
+    result.unwrap();
+    assert!(!stale.exists(), "a dead build's partial directory survived");
+    assert!(live_kept, "a live build's partial directory was removed");
+    assert!(unrelated.is_dir(), "a directory that is not ours was removed");
+}
