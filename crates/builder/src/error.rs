@@ -69,6 +69,13 @@ pub enum BuilderError {
         /// Members they leave out.
         left_out: String,
     },
+    /// The targets select nothing to quantize, or one of them matches no linear module.
+    #[error("nothing to quantize: {reason} (pass --allow-empty to accept it)")]
+    NothingSelected {
+        /// Which pattern matched nothing (with the nearest module names), or why the selection
+        /// is empty (already NVFP4, ignored).
+        reason: String,
+    },
     /// A tensor could not be quantized (NaN/inf, shape); names the file and the tensor.
     #[error("{}: {source}", file.display())]
     Numerics {

@@ -256,3 +256,37 @@ fn partial_directories_of_dead_builds_are_removed_but_not_live_ones() {
     assert!(live_kept, "a live build's partial directory was removed");
     assert!(unrelated.is_dir(), "a directory that is not ours was removed");
 }
+
+#[test]
+fn targets_that_match_nothing_are_refused_unless_allowed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let typo = r"re:.*self_attn\.q_prj$";
+    let err = QuantizeBuilder::new(fixture("bf16"), tmp.path().join("out"))
+        .targets(vec![typo.into(), r"re:.*self_attn\.o_proj$".into()])
+        .run(&NoProgress)
+        .unwrap_err();
+    assert!(matches!(err, BuilderError::NothingSelected { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains(typo) && msg.contains("self_attn.q_proj"), "{msg}");
+    assert!(msg.contains("--allow-empty"), "{msg}");
+    assert_no_output(tmp.path(), &[]);
+
+    // Targets that only reach modules already NVFP4 (the stock routed experts) quantize nothing.
+    let err = QuantizeBuilder::new(fixture("stock"), tmp.path().join("out"))
+        .targets(vec![r"re:.*mlp\.experts\.\d+\.(gate|up|down)_proj$".into()])
+        .run(&NoProgress)
+        .unwrap_err();
+    assert!(err.to_string().contains("already NVFP4"), "{err}");
+    assert_no_output(tmp.path(), &[]);
+
+    // With --allow-empty the copy is written, and it is a faithful one.
+    let dst = tmp.path().join("out");
+    let report = QuantizeBuilder::new(fixture("bf16"), &dst)
+        .targets(vec![typo.into()])
+        .allow_empty(true)
+        .run(&NoProgress)
+        .unwrap();
+    assert_eq!(report.summary.modules_quantized, 0);
+    let verdict = fp4forge_builder::verify::verify(&fixture("bf16"), &dst).unwrap();
+    assert!(verdict.passed(), "{verdict}");
+}

@@ -27,6 +27,10 @@ pub struct QuantizeArgs {
     /// Worker threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Accept targets that select nothing to quantize (DST is then a copy of SRC); without it,
+    /// a pattern that matches no linear module, or an empty selection, is an error.
+    #[arg(long)]
+    allow_empty: bool,
     /// Replace an existing DST.
     #[arg(long)]
     force: bool,
@@ -78,6 +82,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     let builder = QuantizeBuilder::new(&args.src, &args.dst)
         .targets(args.targets)
         .ignore(args.ignore)
+        .allow_empty(args.allow_empty)
         .force(args.force)
         .max_shard_bytes(args.max_shard_size);
     if args.dry_run {

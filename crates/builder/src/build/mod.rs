@@ -87,6 +87,12 @@ impl QuantizeBuilder {
         self
     }
 
+    /// `--allow-empty`: write the output even when the targets select nothing to quantize.
+    pub fn allow_empty(mut self, allow: bool) -> Self {
+        self.request.allow_empty = allow;
+        self
+    }
+
     /// Replace an existing destination.
     pub fn force(mut self, force: bool) -> Self {
         self.force = force;

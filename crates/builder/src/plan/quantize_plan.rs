@@ -10,7 +10,7 @@ use indexmap::IndexMap;
 use serde::Serialize;
 
 use super::fusion::{fusion_key, global_scale_groups};
-use super::matcher::TargetMatcher;
+use super::matcher::{nearest_modules, TargetMatcher};
 use super::modules::{linear_modules, LinearModule, ModuleState, WeightSource};
 use crate::BuilderError;
 
@@ -101,6 +101,9 @@ pub struct PlanRequest {
     pub targets: Vec<String>,
     /// `--ignore` patterns.
     pub ignore: Vec<String>,
+    /// `--allow-empty`: accept targets that select nothing to quantize (the output is then a
+    /// copy); without it such a plan is refused.
+    pub allow_empty: bool,
 }
 
 fn is_quantizable(dtype: Dtype) -> bool {
@@ -168,6 +171,9 @@ impl QuantizePlan {
                 });
             }
             selected.push(m);
+        }
+        if !request.allow_empty {
+            check_selection(&matcher, &modules, &selected)?;
         }
         let selected_names: HashSet<&str> = selected.iter().map(|m| m.name.as_str()).collect();
 
@@ -326,6 +332,54 @@ impl QuantizePlan {
         }
         jobs.push(Job::Quantize { members });
     }
+}
+
+/// Refuses a selection that quantizes nothing, or a target pattern that matches no linear module
+/// (a typo would otherwise write an unquantized copy), naming the pattern and the nearest names.
+fn check_selection(
+    matcher: &TargetMatcher,
+    modules: &[LinearModule],
+    selected: &[&LinearModule],
+) -> Result<(), BuilderError> {
+    let names: Vec<&str> = modules.iter().map(|m| m.name.as_str()).collect();
+    for pattern in matcher.targets() {
+        if !names.iter().any(|m| pattern.matches(m, true)) {
+            let nearest = nearest_modules(pattern, &names, 3);
+            return Err(BuilderError::NothingSelected {
+                reason: format!(
+                    "--targets {pattern} matches no linear module; nearest module names: {}",
+                    if nearest.is_empty() {
+                        "(the checkpoint has no linear modules)".to_string()
+                    } else {
+                        nearest.join(", ")
+                    }
+                ),
+            });
+        }
+    }
+    if selected.is_empty() {
+        let matched: Vec<&LinearModule> = modules
+            .iter()
+            .filter(|m| matcher.targets().iter().any(|p| p.matches(&m.name, true)))
+            .collect();
+        let packed = matched
+            .iter()
+            .filter(|m| matches!(m.state, ModuleState::Packed { .. }))
+            .count();
+        let ignored = matched
+            .iter()
+            .filter(|m| matcher.is_ignored(&m.name, true))
+            .count();
+        let patterns: Vec<String> = matcher.targets().iter().map(|p| p.to_string()).collect();
+        return Err(BuilderError::NothingSelected {
+            reason: format!(
+                "--targets {} match {} linear modules, of which {packed} are already NVFP4 and {ignored} are ignored",
+                patterns.join(" "),
+                matched.len()
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// The 3-D fused-expert tensors that `modules` are slices of.
