@@ -61,6 +61,16 @@ pub enum BuilderError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A checkpoint whose config and tensors contradict each other (no loader accepts it).
+    #[error("{source_name}: not a checkpoint a loader accepts ({count} problem(s)): {}", problems.join("; "))]
+    Malformed {
+        /// The checkpoint's `config.json`.
+        source_name: String,
+        /// How many problems there are.
+        count: usize,
+        /// The first of them, each naming the tensor or module.
+        problems: Vec<String>,
+    },
     /// A fused group (q/k/v, gate/up) whose members would be split between quantized and not.
     #[error("fused group split: [{quantized}] would be quantized but [{left_out}] would not; fused siblings share one global scale, so select all of them or none")]
     FusedGroupSplit {

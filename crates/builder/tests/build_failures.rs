@@ -171,7 +171,10 @@ fn dimension_not_divisible_by_16_names_the_tensor() {
         .write("m.self_attn.o_proj.weight", &[0u8; 64])
         .unwrap();
     writer.finish().unwrap();
-    fs::write(src.join("config.json"), "{}").unwrap();
+    // A config of no known family: sizes only, no tensor names to check against.
+    let config = r#"{"hidden_size": 4, "num_hidden_layers": 1, "num_attention_heads": 1,
+        "head_dim": 8, "vocab_size": 8, "intermediate_size": 16}"#;
+    fs::write(src.join("config.json"), config).unwrap();
     let err = QuantizeBuilder::new(&src, tmp.path().join("out"))
         .run(&NoProgress)
         .unwrap_err();
