@@ -58,11 +58,22 @@ fn partial_owner(name: &str) -> Option<u32> {
     pid.parse().ok()
 }
 
-/// Whether process `pid` is certainly gone. Read from `/proc`; where there is no `/proc` nothing
-/// can be known, and the answer is no (a live build's directory must never be removed).
+/// Whether process `pid` is certainly gone: no `/proc/PID`, or a zombie (exited, not yet
+/// reaped). Where there is no `/proc` nothing can be known, and the answer is no (a live build's
+/// directory must never be removed).
 fn process_gone(pid: u32) -> bool {
     let proc = Path::new("/proc");
-    proc.join("self").exists() && !proc.join(pid.to_string()).exists()
+    if !proc.join("self").exists() {
+        return false;
+    }
+    match fs::read_to_string(proc.join(pid.to_string()).join("stat")) {
+        // `PID (COMM) STATE ...`; COMM may hold spaces and parentheses, STATE follows the last `)`.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X"),
+        Err(_) => !proc.join(pid.to_string()).exists(),
+    }
 }
 
 /// Removes the staging directories in `parent` of builds whose process is gone (killed before
@@ -184,6 +195,21 @@ impl Drop for StagingDir {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn liveness_of_processes() {
+        assert!(!process_gone(std::process::id()));
+        // An exited child not yet reaped is a zombie: gone.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let gone = (0..100).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            process_gone(pid)
+        });
+        assert!(gone, "an exited, unreaped child counts as alive");
+        child.wait().unwrap();
+        assert!(process_gone(pid));
+    }
 
     #[test]
     fn partial_names_are_parsed_strictly() {
