@@ -244,7 +244,9 @@ fn partial_directories_of_dead_builds_are_removed_but_not_live_ones() {
         .spawn()
         .unwrap();
     let stale = tmp.path().join(format!(".other.fp4forge-partial-{dead}"));
-    let live = tmp.path().join(format!(".out.fp4forge-partial-{}", alive.id()));
+    let live = tmp
+        .path()
+        .join(format!(".out.fp4forge-partial-{}", alive.id()));
     let unrelated = tmp.path().join(format!(".out.partial-{dead}"));
     for dir in [&stale, &live, &unrelated] {
         fs::create_dir(dir).unwrap();
@@ -257,7 +259,10 @@ fn partial_directories_of_dead_builds_are_removed_but_not_live_ones() {
     result.unwrap();
     assert!(!stale.exists(), "a dead build's partial directory survived");
     assert!(live_kept, "a live build's partial directory was removed");
-    assert!(unrelated.is_dir(), "a directory that is not ours was removed");
+    assert!(
+        unrelated.is_dir(),
+        "a directory that is not ours was removed"
+    );
 }
 
 #[test]
@@ -270,7 +275,10 @@ fn targets_that_match_nothing_are_refused_unless_allowed() {
         .unwrap_err();
     assert!(matches!(err, BuilderError::NothingSelected { .. }), "{err}");
     let msg = err.to_string();
-    assert!(msg.contains(typo) && msg.contains("self_attn.q_proj"), "{msg}");
+    assert!(
+        msg.contains(typo) && msg.contains("self_attn.q_proj"),
+        "{msg}"
+    );
     assert!(msg.contains("--allow-empty"), "{msg}");
     assert_no_output(tmp.path(), &[]);
 

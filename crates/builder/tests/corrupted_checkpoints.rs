@@ -93,7 +93,10 @@ fn assert_refused_everywhere(case: &Case, scratch: &Path) {
                 .run(&NoProgress)
                 .map(|_| ()),
         ),
-        ("inspect", Inspector::new().inspect_path(&case.dir).map(|_| ())),
+        (
+            "inspect",
+            Inspector::new().inspect_path(&case.dir).map(|_| ()),
+        ),
         (
             "verify",
             // A corrupted source, or a corrupted build of the good source.
@@ -116,7 +119,12 @@ fn assert_refused_everywhere(case: &Case, scratch: &Path) {
             case.expect
         );
     }
-    assert!(!dst.exists(), "{}: quantize wrote {}", case.name, dst.display());
+    assert!(
+        !dst.exists(),
+        "{}: quantize wrote {}",
+        case.name,
+        dst.display()
+    );
 }
 
 impl Case {
@@ -246,15 +254,9 @@ fn every_corruption_is_refused_by_quantize_inspect_and_verify() {
     add("unknown-format", "ref_qkvo", "format", &same, &|c| {
         c["quantization_config"]["format"] = json!("int-quantized-v9");
     });
-    add(
-        "unknown-group-format",
-        "ref_qkvo",
-        "format",
-        &same,
-        &|c| {
-            c["quantization_config"]["config_groups"]["group_0"]["format"] = json!("sparse-24");
-        },
-    );
+    add("unknown-group-format", "ref_qkvo", "format", &same, &|c| {
+        c["quantization_config"]["config_groups"]["group_0"]["format"] = json!("sparse-24");
+    });
     add("3-bits", "ref_qkvo", "num_bits", &same, &|c| {
         c["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = json!(3);
     });
@@ -267,7 +269,13 @@ fn every_corruption_is_refused_by_quantize_inspect_and_verify() {
 
 #[test]
 fn the_uncorrupted_fixtures_pass_all_three() {
-    for name in ["bf16", "stock", "ref_qkvo", "ref_all_linear", "ref_stock_qkvo"] {
+    for name in [
+        "bf16",
+        "stock",
+        "ref_qkvo",
+        "ref_all_linear",
+        "ref_stock_qkvo",
+    ] {
         Inspector::new().inspect_path(&fixture(name)).unwrap();
     }
     let tmp = tempfile::tempdir().unwrap();

@@ -49,11 +49,14 @@ fn print_summary(s: &PlanSummary) -> std::io::Result<()> {
     let gb = |b: u64| b as f64 / 1e9;
     outln!(
         "new group         {} targets {:?}",
-        s.new_group, s.new_group_targets
+        s.new_group,
+        s.new_group_targets
     )?;
     outln!(
         "modules quantized {} in {} global-scale groups ({} fused)",
-        s.modules_quantized, s.scale_groups, s.fused_groups
+        s.modules_quantized,
+        s.scale_groups,
+        s.fused_groups
     )?;
     for (leaf, n) in &s.by_leaf {
         outln!("  {leaf:<24} {n}")?;

