@@ -61,6 +61,16 @@ pub enum BuilderError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A checkpoint whose config and tensors contradict each other (no loader accepts it).
+    #[error("{source_name}: not a checkpoint a loader accepts ({count} problem(s)): {}", problems.join("; "))]
+    Malformed {
+        /// The checkpoint's `config.json`.
+        source_name: String,
+        /// How many problems there are.
+        count: usize,
+        /// The first of them, each naming the tensor or module.
+        problems: Vec<String>,
+    },
     /// A fused group (q/k/v, gate/up) whose members would be split between quantized and not.
     #[error("fused group split: [{quantized}] would be quantized but [{left_out}] would not; fused siblings share one global scale, so select all of them or none")]
     FusedGroupSplit {
@@ -68,6 +78,13 @@ pub enum BuilderError {
         quantized: String,
         /// Members they leave out.
         left_out: String,
+    },
+    /// The targets select nothing to quantize, or one of them matches no linear module.
+    #[error("nothing to quantize: {reason} (pass --allow-empty to accept it)")]
+    NothingSelected {
+        /// Which pattern matched nothing (with the nearest module names), or why the selection
+        /// is empty (already NVFP4, ignored).
+        reason: String,
     },
     /// A tensor could not be quantized (NaN/inf, shape); names the file and the tensor.
     #[error("{}: {source}", file.display())]

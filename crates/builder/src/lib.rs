@@ -9,6 +9,7 @@ pub mod inspect;
 pub mod plan;
 pub mod staging;
 pub mod synth;
+pub mod validate;
 pub mod verify;
 
 pub use error::BuilderError;

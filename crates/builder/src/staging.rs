@@ -1,6 +1,8 @@
 //! Atomic output directories: everything is written into a hidden sibling directory that is
 //! renamed onto the destination only when complete. A failed or interrupted build leaves no
-//! destination behind (and, when it fails normally, no staging directory either).
+//! destination behind (and, when it fails normally, no staging directory either). A build killed
+//! outright (`kill -9`, power loss) cannot clean up: its `.DST.fp4forge-partial-PID` directory is
+//! removed by the next build into the same parent directory once process PID is gone.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -44,6 +46,54 @@ fn absolute(path: &Path) -> PathBuf {
     out
 }
 
+/// The marker between a staging directory's destination name and its owner's process id.
+const PARTIAL_MARKER: &str = ".fp4forge-partial-";
+
+/// The process id a staging directory name (`.NAME.fp4forge-partial-PID`) belongs to.
+fn partial_owner(name: &str) -> Option<u32> {
+    let (head, pid) = name.strip_prefix('.')?.rsplit_once(PARTIAL_MARKER)?;
+    if head.is_empty() || pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    pid.parse().ok()
+}
+
+/// Whether process `pid` is certainly gone: no `/proc/PID`, or a zombie (exited, not yet
+/// reaped). Where there is no `/proc` nothing can be known, and the answer is no (a live build's
+/// directory must never be removed).
+fn process_gone(pid: u32) -> bool {
+    let proc = Path::new("/proc");
+    if !proc.join("self").exists() {
+        return false;
+    }
+    match fs::read_to_string(proc.join(pid.to_string()).join("stat")) {
+        // `PID (COMM) STATE ...`; COMM may hold spaces and parentheses, STATE follows the last `)`.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X"),
+        Err(_) => !proc.join(pid.to_string()).exists(),
+    }
+}
+
+/// Removes the staging directories in `parent` of builds whose process is gone (killed before
+/// they could clean up). Best effort: one that cannot be removed is left for a later run.
+fn remove_stale_partials(parent: &Path) {
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(partial_owner) else {
+            continue;
+        };
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if is_dir && pid != std::process::id() && process_gone(pid) {
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 impl StagingDir {
     /// Like [`create`](Self::create) for an output built from `src`; also refuses when `dst`
     /// and `src` are the same directory or one contains the other (a build must never write
@@ -82,7 +132,8 @@ impl StagingDir {
             .ok_or_else(|| output_error(dst, "has no parent directory"))?
             .to_path_buf();
         fs::create_dir_all(&parent).map_err(|e| output_error(&parent, e.to_string()))?;
-        let staging = parent.join(format!(".{name}.fp4forge-partial-{}", std::process::id()));
+        remove_stale_partials(&parent);
+        let staging = parent.join(format!(".{name}{PARTIAL_MARKER}{}", std::process::id()));
         if staging.exists() {
             fs::remove_dir_all(&staging).map_err(|e| output_error(&staging, e.to_string()))?;
         }
@@ -137,6 +188,41 @@ impl Drop for StagingDir {
     fn drop(&mut self) {
         if !self.committed {
             let _ = fs::remove_dir_all(&self.staging);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn liveness_of_processes() {
+        assert!(!process_gone(std::process::id()));
+        // An exited child not yet reaped is a zombie: gone.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let gone = (0..100).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            process_gone(pid)
+        });
+        assert!(gone, "an exited, unreaped child counts as alive");
+        child.wait().unwrap();
+        assert!(process_gone(pid));
+    }
+
+    #[test]
+    fn partial_names_are_parsed_strictly() {
+        assert_eq!(partial_owner(".out.fp4forge-partial-123"), Some(123));
+        assert_eq!(partial_owner(".a.b.fp4forge-partial-7"), Some(7));
+        for name in [
+            "out.fp4forge-partial-123",
+            ".fp4forge-partial-123",
+            ".out.fp4forge-partial-",
+            ".out.fp4forge-partial-12x",
+            ".out.fp4forge-partial-99999999999",
+        ] {
+            assert_eq!(partial_owner(name), None, "{name}");
         }
     }
 }

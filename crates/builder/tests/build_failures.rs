@@ -171,7 +171,10 @@ fn dimension_not_divisible_by_16_names_the_tensor() {
         .write("m.self_attn.o_proj.weight", &[0u8; 64])
         .unwrap();
     writer.finish().unwrap();
-    fs::write(src.join("config.json"), "{}").unwrap();
+    // A config of no known family: sizes only, no tensor names to check against.
+    let config = r#"{"hidden_size": 4, "num_hidden_layers": 1, "num_attention_heads": 1,
+        "head_dim": 8, "vocab_size": 8, "intermediate_size": 16}"#;
+    fs::write(src.join("config.json"), config).unwrap();
     let err = QuantizeBuilder::new(&src, tmp.path().join("out"))
         .run(&NoProgress)
         .unwrap_err();
@@ -226,4 +229,75 @@ fn cancelled_build_leaves_no_dst() {
         .unwrap_err();
     assert!(matches!(err, BuilderError::Cancelled), "{err}");
     assert_no_output(tmp.path(), &[]);
+}
+
+#[test]
+fn partial_directories_of_dead_builds_are_removed_but_not_live_ones() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A process that has exited (and been reaped): its pid is gone.
+    let mut done = std::process::Command::new("true").spawn().unwrap();
+    let dead = done.id();
+    done.wait().unwrap();
+    // A process that is alive for the whole test.
+    let mut alive = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let stale = tmp.path().join(format!(".other.fp4forge-partial-{dead}"));
+    let live = tmp
+        .path()
+        .join(format!(".out.fp4forge-partial-{}", alive.id()));
+    let unrelated = tmp.path().join(format!(".out.partial-{dead}"));
+    for dir in [&stale, &live, &unrelated] {
+        fs::create_dir(dir).unwrap();
+        fs::write(dir.join("model-00001-of-00002.safetensors"), [0u8; 64]).unwrap();
+    }
+    let result = QuantizeBuilder::new(fixture("bf16"), tmp.path().join("out")).run(&NoProgress);
+    let live_kept = live.is_dir();
+    alive.kill().unwrap();
+    alive.wait().unwrap();
+    result.unwrap();
+    assert!(!stale.exists(), "a dead build's partial directory survived");
+    assert!(live_kept, "a live build's partial directory was removed");
+    assert!(
+        unrelated.is_dir(),
+        "a directory that is not ours was removed"
+    );
+}
+
+#[test]
+fn targets_that_match_nothing_are_refused_unless_allowed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let typo = r"re:.*self_attn\.q_prj$";
+    let err = QuantizeBuilder::new(fixture("bf16"), tmp.path().join("out"))
+        .targets(vec![typo.into(), r"re:.*self_attn\.o_proj$".into()])
+        .run(&NoProgress)
+        .unwrap_err();
+    assert!(matches!(err, BuilderError::NothingSelected { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(typo) && msg.contains("self_attn.q_proj"),
+        "{msg}"
+    );
+    assert!(msg.contains("--allow-empty"), "{msg}");
+    assert_no_output(tmp.path(), &[]);
+
+    // Targets that only reach modules already NVFP4 (the stock routed experts) quantize nothing.
+    let err = QuantizeBuilder::new(fixture("stock"), tmp.path().join("out"))
+        .targets(vec![r"re:.*mlp\.experts\.\d+\.(gate|up|down)_proj$".into()])
+        .run(&NoProgress)
+        .unwrap_err();
+    assert!(err.to_string().contains("already NVFP4"), "{err}");
+    assert_no_output(tmp.path(), &[]);
+
+    // With --allow-empty the copy is written, and it is a faithful one.
+    let dst = tmp.path().join("out");
+    let report = QuantizeBuilder::new(fixture("bf16"), &dst)
+        .targets(vec![typo.into()])
+        .allow_empty(true)
+        .run(&NoProgress)
+        .unwrap();
+    assert_eq!(report.summary.modules_quantized, 0);
+    let verdict = fp4forge_builder::verify::verify(&fixture("bf16"), &dst).unwrap();
+    assert!(verdict.passed(), "{verdict}");
 }

@@ -108,7 +108,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         let bench = Bench::new(client, config, prompts).await?;
         bench.run(|line| eprintln!("bench: {line}")).await
     })?;
-    print!("{report}");
+    out!("{report}")?;
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report)?;
         std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;

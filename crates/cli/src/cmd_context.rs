@@ -23,7 +23,7 @@ pub fn run(args: ContextArgs) -> anyhow::Result<()> {
     let max: MaxContext = args.max_context.parse().map_err(anyhow::Error::msg)?;
     let report = set_max_context(&args.dir, max)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
         return Ok(());
     }
     let settings = format!(
@@ -34,9 +34,9 @@ pub fn run(args: ContextArgs) -> anyhow::Result<()> {
         report.blocks.join(", ")
     );
     if report.changed {
-        println!("{}: set {settings}", report.config.display());
+        outln!("{}: set {settings}", report.config.display())?;
     } else {
-        println!("{}: already {settings}", report.config.display());
+        outln!("{}: already {settings}", report.config.display())?;
     }
     Ok(())
 }

@@ -167,7 +167,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
     ));
     bar.finish_and_clear();
     let report = report?;
-    print!("{report}");
+    out!("{report}")?;
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report)?;
         std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;

@@ -42,7 +42,7 @@ pub fn run(args: ImportGgufArgs) -> anyhow::Result<()> {
     bar.finish();
     let report = result?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
         return Ok(());
     }
     let types: Vec<String> = report
@@ -50,14 +50,14 @@ pub fn run(args: ImportGgufArgs) -> anyhow::Result<()> {
         .iter()
         .map(|(t, n)| format!("{n}×{t}"))
         .collect();
-    println!(
+    outln!(
         "{} -> {} ({}, {})",
         report.source.display(),
         report.output.display(),
         report.architecture,
         dtype.torch_name()
-    );
-    println!(
+    )?;
+    outln!(
         "tensors      {} ({}), {} parameters, {} Q/K un-permuted{}",
         report.tensors,
         types.join(", "),
@@ -68,14 +68,14 @@ pub fn run(args: ImportGgufArgs) -> anyhow::Result<()> {
         } else {
             ""
         }
-    );
-    println!(
+    )?;
+    outln!(
         "bytes        {:.1} MB -> {:.1} MB",
         report.source_bytes as f64 / 1e6,
         report.output_bytes as f64 / 1e6
-    );
+    )?;
     match &report.tokenizer {
-        Some(t) => println!(
+        Some(t) => outln!(
             "tokenizer    {} tokens, {} merges, {} added, pre-tokenizer {}{}",
             t.vocab_size,
             t.merges,
@@ -86,10 +86,10 @@ pub fn run(args: ImportGgufArgs) -> anyhow::Result<()> {
             } else {
                 ""
             }
-        ),
-        None => println!("tokenizer    none in the GGUF"),
+        )?,
+        None => outln!("tokenizer    none in the GGUF")?,
     }
-    println!("files        {}", report.files.join(", "));
-    println!("time         {:.2} s", report.seconds);
+    outln!("files        {}", report.files.join(", "))?;
+    outln!("time         {:.2} s", report.seconds)?;
     Ok(())
 }

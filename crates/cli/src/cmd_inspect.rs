@@ -40,14 +40,14 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     };
     let before = inspect(&args.path)?;
     match &args.against {
-        None if args.json => println!("{}", serde_json::to_string_pretty(&before)?),
-        None => print!("{before}"),
+        None if args.json => outln!("{}", serde_json::to_string_pretty(&before)?)?,
+        None => out!("{before}")?,
         Some(other) => {
             let cmp = Comparison::new(before, inspect(other)?);
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&cmp)?);
+                outln!("{}", serde_json::to_string_pretty(&cmp)?)?;
             } else {
-                print!("{cmp}");
+                out!("{cmp}")?;
             }
         }
     }

@@ -27,6 +27,10 @@ pub struct QuantizeArgs {
     /// Worker threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Accept targets that select nothing to quantize (DST is then a copy of SRC); without it,
+    /// a pattern that matches no linear module, or an empty selection, is an error.
+    #[arg(long)]
+    allow_empty: bool,
     /// Replace an existing DST.
     #[arg(long)]
     force: bool,
@@ -41,35 +45,38 @@ pub struct QuantizeArgs {
     json: bool,
 }
 
-fn print_summary(s: &PlanSummary) {
+fn print_summary(s: &PlanSummary) -> std::io::Result<()> {
     let gb = |b: u64| b as f64 / 1e9;
-    println!(
+    outln!(
         "new group         {} targets {:?}",
-        s.new_group, s.new_group_targets
-    );
-    println!(
+        s.new_group,
+        s.new_group_targets
+    )?;
+    outln!(
         "modules quantized {} in {} global-scale groups ({} fused)",
-        s.modules_quantized, s.scale_groups, s.fused_groups
-    );
+        s.modules_quantized,
+        s.scale_groups,
+        s.fused_groups
+    )?;
     for (leaf, n) in &s.by_leaf {
-        println!("  {leaf:<24} {n}");
+        outln!("  {leaf:<24} {n}")?;
     }
-    println!(
+    outln!(
         "already NVFP4     {} modules (kept byte for byte)",
         s.modules_already_quantized
-    );
-    println!(
+    )?;
+    outln!(
         "left unquantized  {} linear modules (listed in ignore)",
         s.modules_unquantized
-    );
-    println!("tensors copied    {}", s.tensors_copied);
-    println!(
+    )?;
+    outln!("tensors copied    {}", s.tensors_copied)?;
+    outln!(
         "bytes             {:.3} GB -> {:.3} GB (x{:.3}, -{:.3} GB)",
         gb(s.bytes_before),
         gb(s.bytes_after),
         s.bytes_after as f64 / s.bytes_before.max(1) as f64,
         gb(s.bytes_before.saturating_sub(s.bytes_after))
-    );
+    )
 }
 
 /// Runs the subcommand.
@@ -78,19 +85,20 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     let builder = QuantizeBuilder::new(&args.src, &args.dst)
         .targets(args.targets)
         .ignore(args.ignore)
+        .allow_empty(args.allow_empty)
         .force(args.force)
         .max_shard_bytes(args.max_shard_size);
     if args.dry_run {
         let (_, plan) = builder.plan()?;
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&plan.summary)?);
+            outln!("{}", serde_json::to_string_pretty(&plan.summary)?)?;
         } else {
-            println!(
+            outln!(
                 "dry run: {} -> {} (nothing written)",
                 args.src.display(),
                 args.dst.display()
-            );
-            print_summary(&plan.summary);
+            )?;
+            print_summary(&plan.summary)?;
         }
         return Ok(());
     }
@@ -100,17 +108,17 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     bar.finish();
     let report = report?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
     } else {
-        println!(
+        outln!(
             "wrote {} in {:.2} s",
             report.output.display(),
             report.seconds
-        );
-        print_summary(&report.summary);
-        println!("shards            {}", report.shards.join(", "));
+        )?;
+        print_summary(&report.summary)?;
+        outln!("shards            {}", report.shards.join(", "))?;
         if !report.copied_files.is_empty() {
-            println!("copied            {}", report.copied_files.join(", "));
+            outln!("copied            {}", report.copied_files.join(", "))?;
         }
     }
     Ok(())

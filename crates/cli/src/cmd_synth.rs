@@ -72,9 +72,9 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
     bar.finish();
     let report = report?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
     } else {
-        println!(
+        outln!(
             "wrote {} in {:.2} s: {} tensors, {} parameters, {:.3} GB of tensor data in {} shard(s) \
              ({}, seed {})",
             report.dir.display(),
@@ -89,7 +89,7 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
                 "bf16"
             },
             report.seed
-        );
+        )?;
     }
     Ok(())
 }

@@ -21,9 +21,9 @@ pub struct VerifyArgs {
 pub fn run(args: VerifyArgs) -> anyhow::Result<()> {
     let report = verify(&args.src, &args.dst)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
     } else {
-        println!("{report}");
+        outln!("{report}")?;
     }
     if !report.passed() {
         bail!(

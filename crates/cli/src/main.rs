@@ -1,5 +1,23 @@
 //! The `fp4forge` binary: argument parsing and wiring, nothing else.
+use std::process::ExitCode;
+
 use clap::{Parser, Subcommand};
+
+/// `print!` to stdout, returning the write error (e.g. a closed pipe) instead of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
+/// `println!` to stdout, returning the write error (e.g. a closed pipe) instead of panicking.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
 
 mod cmd_bench;
 mod cmd_context;
@@ -50,9 +68,9 @@ enum Command {
     Eval(cmd_eval::EvalArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
+    let result = match cli.command {
         Command::Quantize(args) => cmd_quantize::run(args),
         Command::Verify(args) => cmd_verify::run(args),
         Command::Inspect(args) => cmd_inspect::run(args),
@@ -63,12 +81,73 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => cmd_serve::run(args),
         Command::Bench(args) => cmd_bench::run(args),
         Command::Eval(args) => cmd_eval::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        // The reader of our output went away (`fp4forge inspect DIR | head`): stop quietly with
+        // success, as ripgrep and the Unix tools that die of SIGPIPE do from the shell's view.
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{}", render_error(&e));
+            ExitCode::FAILURE
+        }
     }
+}
+
+/// Whether an error is, or was caused by, a write to a closed pipe.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// `Error: MESSAGE` followed by the causes that add something: a cause whose text the message
+/// before it already includes (our errors print their source inline) is not repeated.
+fn render_error(e: &anyhow::Error) -> String {
+    let mut shown: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if shown.last().is_some_and(|prev| prev.contains(&text)) {
+            continue;
+        }
+        shown.push(text);
+    }
+    let mut out = format!("Error: {}", shown[0]);
+    if shown.len() > 1 {
+        out.push_str("\n\nCaused by:");
+        for (i, cause) in shown[1..].iter().enumerate() {
+            if shown.len() > 2 {
+                out.push_str(&format!("\n    {i}: {cause}"));
+            } else {
+                out.push_str(&format!("\n    {cause}"));
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cause_already_in_the_message_is_not_repeated() {
+        let io = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let text = io.to_string();
+        let err = anyhow::Error::new(io)
+            .context(format!("/x/config.json: {text}"))
+            .context("inspecting /x");
+        let shown = render_error(&err);
+        assert_eq!(shown.matches(&text).count(), 1, "{shown}");
+        assert!(shown.starts_with("Error: inspecting /x"), "{shown}");
+        assert!(shown.contains("/x/config.json"), "{shown}");
+        let pipe = anyhow::Error::new(std::io::Error::from(std::io::ErrorKind::BrokenPipe))
+            .context("writing to stdout");
+        assert!(is_broken_pipe(&pipe));
+        assert!(!is_broken_pipe(&err));
+    }
 
     #[test]
     fn device_is_parsed_for_run_and_serve() {

@@ -16,6 +16,7 @@ use serde::Serialize;
 use crate::plan::modules::WeightSource;
 use crate::plan::{Job, PlanRequest, PlanSummary, QuantizeMember, QuantizePlan};
 use crate::staging::StagingDir;
+use crate::validate::validate_checkpoint;
 use crate::BuilderError;
 
 /// Receives progress of a long job, in source bytes processed.
@@ -87,6 +88,12 @@ impl QuantizeBuilder {
         self
     }
 
+    /// `--allow-empty`: write the output even when the targets select nothing to quantize.
+    pub fn allow_empty(mut self, allow: bool) -> Self {
+        self.request.allow_empty = allow;
+        self
+    }
+
     /// Replace an existing destination.
     pub fn force(mut self, force: bool) -> Self {
         self.force = force;
@@ -99,9 +106,11 @@ impl QuantizeBuilder {
         self
     }
 
-    /// Opens the source and plans the build without writing anything (`--dry-run`).
+    /// Opens and validates the source ([`crate::validate`]) and plans the build without writing
+    /// anything (`--dry-run`).
     pub fn plan(&self) -> Result<(Checkpoint, QuantizePlan), BuilderError> {
         let checkpoint = Checkpoint::open(&self.src)?;
+        validate_checkpoint(&checkpoint)?;
         let config = checkpoint.config()?;
         let infos: Vec<_> = checkpoint.tensors().map(|e| e.info.clone()).collect();
         let plan = QuantizePlan::new(&infos, config.quantization_config.get(), &self.request)?;

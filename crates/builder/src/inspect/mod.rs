@@ -126,7 +126,8 @@ impl Inspector {
     }
 
     /// Inspects a checkpoint from its `config.json` and its tensors' header entries (names,
-    /// dtypes, shapes), exactly as stored.
+    /// dtypes, shapes), exactly as stored, after validating them ([`crate::validate`]: a
+    /// checkpoint that `quantize` and `verify` refuse is refused here too).
     pub fn inspect_tensors<I>(
         &self,
         config: &Value,
@@ -136,10 +137,15 @@ impl Inspector {
     where
         I: IntoIterator<Item = TensorDesc>,
     {
-        let arch = Architecture::from_config(config, source)?;
-        let quant = QuantConfig::from_config(config, source)?;
         let tensors: Vec<TensorDesc> = tensors.into_iter().collect();
-        self.report(&arch, quant.as_ref(), &tensors, source, Basis::Headers)
+        let checked = crate::validate::validate(config, source, Some(&tensors))?;
+        self.report(
+            &checked.shape,
+            checked.quant.as_ref(),
+            &tensors,
+            source,
+            Basis::Headers,
+        )
     }
 
     fn report(

@@ -4,7 +4,9 @@
 //! `group_size 16`) or FP8 (`num_bits 8`, `type float`) weights, and an 8-bit float
 //! `kv_cache_scheme`. A module takes the scheme of the first group (in config order) that names
 //! it by exact name or `re:` regex, else of the first group that selects it by class (`Linear`),
-//! which is how vLLM resolves overlaps; `ignore` (shared by all groups) wins over both.
+//! which is how vLLM resolves overlaps; `ignore` (shared by all groups) wins over both. A
+//! `format` (global or per group) must be one that stores the group's weights
+//! (`nvfp4-pack-quantized` for NVFP4, `float-quantized` or `naive-quantized` for FP8).
 
 use serde::Serialize;
 use serde_json::Value;
@@ -90,6 +92,18 @@ impl QuantConfig {
                 .ok_or_else(|| err("ignore", "expected a list of strings"))?,
             Some(_) => return Err(err("ignore", "expected a list of strings")),
         };
+        let top_format = match qc.get("format") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(f)) if f == MIXED_PRECISION || format_scheme(f).is_some() => {
+                Some(f.as_str())
+            }
+            Some(f) => {
+                return Err(err(
+                    "format",
+                    &format!("unknown format {f}; understood: {}", known_formats()),
+                ))
+            }
+        };
         let mut groups = Vec::new();
         if let Some(Value::Object(map)) = qc.get("config_groups") {
             for (name, g) in map {
@@ -104,6 +118,31 @@ impl QuantConfig {
                     .filter(|v| !v.is_null())
                     .ok_or_else(|| err(&gf("weights"), "missing"))?;
                 let weights = weight_scheme(w).map_err(|r| err(&gf("weights"), &r))?;
+                let (field, format) = match g.get("format") {
+                    None | Some(Value::Null) => ("format".to_string(), top_format),
+                    Some(Value::String(f)) => (gf("format"), Some(f.as_str())),
+                    Some(f) => {
+                        return Err(err(&gf("format"), &format!("expected a string, got {f}")))
+                    }
+                };
+                match format.filter(|f| *f != MIXED_PRECISION) {
+                    None => {}
+                    Some(f) => match format_scheme(f) {
+                        None => {
+                            return Err(err(
+                                &field,
+                                &format!("unknown format {f:?}; understood: {}", known_formats()),
+                            ))
+                        }
+                        Some(nvfp4) if nvfp4 != (weights == WeightScheme::Nvfp4) => {
+                            return Err(err(
+                                &field,
+                                &format!("format {f:?} does not store {weights:?} weights"),
+                            ))
+                        }
+                        Some(_) => {}
+                    },
+                }
                 let acts = g.get("input_activations").filter(|v| !v.is_null());
                 groups.push(QuantGroup {
                     name: name.clone(),
@@ -226,6 +265,28 @@ impl QuantConfig {
         }
         Ok(out)
     }
+}
+
+/// The global `format` of groups that differ.
+const MIXED_PRECISION: &str = "mixed-precision";
+
+/// The compression formats understood, and whether each stores NVFP4 (else FP8) weights.
+const FORMATS: [(&str, bool); 3] = [
+    ("nvfp4-pack-quantized", true),
+    ("float-quantized", false),
+    ("naive-quantized", false),
+];
+
+/// Whether a known `format` stores NVFP4 (`Some(true)`) or FP8 (`Some(false)`) weights.
+fn format_scheme(format: &str) -> Option<bool> {
+    FORMATS.iter().find(|f| f.0 == format).map(|f| f.1)
+}
+
+/// The understood formats, for messages.
+fn known_formats() -> String {
+    let mut names: Vec<&str> = FORMATS.iter().map(|f| f.0).collect();
+    names.push(MIXED_PRECISION);
+    names.join(", ")
 }
 
 /// Reads one group's `weights` arguments.

@@ -160,6 +160,69 @@ pub fn is_linear_weight(tensor: &str, shape: &[u64]) -> bool {
     }
 }
 
+/// The `n` module names nearest to what `pattern` spells (edit distance between the pattern's
+/// literal text and as many trailing name components), one per name shape (layer and expert
+/// numbers aside), for error messages.
+pub fn nearest_modules(pattern: &ModulePattern, modules: &[&str], n: usize) -> Vec<String> {
+    let text: String = match pattern {
+        ModulePattern::Regex { source, .. } => source
+            .replace("\\.", ".")
+            .chars()
+            .filter(|c| !"\\^$()[]{}?+*|".contains(*c))
+            .collect::<String>()
+            .trim_matches('.')
+            .to_string(),
+        ModulePattern::Name(name) => name.clone(),
+    };
+    let parts = text.split('.').count();
+    let shape = |name: &str| -> String {
+        name.split('.')
+            .map(|c| {
+                if c.bytes().all(|b| b.is_ascii_digit()) {
+                    "N"
+                } else {
+                    c
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(".")
+    };
+    let mut seen = std::collections::HashSet::new();
+    let mut scored: Vec<(usize, &str)> = Vec::new();
+    for &m in modules {
+        if !seen.insert(shape(m)) {
+            continue;
+        }
+        let comps: Vec<&str> = m.split('.').collect();
+        let tail = comps[comps.len().saturating_sub(parts)..].join(".");
+        scored.push((edit_distance(&text, &tail), m));
+    }
+    scored.sort_by_key(|&(d, _)| d);
+    scored
+        .into_iter()
+        .take(n)
+        .map(|(_, m)| m.to_string())
+        .collect()
+}
+
+/// Levenshtein distance between two strings, by characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (diag + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            diag = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -204,6 +267,25 @@ mod tests {
         assert!(!m.matches("lm_head", true));
         assert!(!m.matches("model.layers.1.input_layernorm", false));
         assert!(!m.matches_by_name("model.layers.1.mlp.gate_proj", true));
+    }
+
+    #[test]
+    fn nearest_names_follow_the_pattern() {
+        let modules = [
+            "model.layers.0.self_attn.q_proj",
+            "model.layers.0.self_attn.o_proj",
+            "model.layers.0.mlp.experts.0.down_proj",
+            "model.layers.1.self_attn.q_proj",
+            "lm_head",
+        ];
+        let p = ModulePattern::parse(r"re:.*self_attn\.q_prj$").unwrap();
+        let near = nearest_modules(&p, &modules, 2);
+        assert_eq!(near[0], "model.layers.0.self_attn.q_proj");
+        assert_eq!(near.len(), 2);
+        assert!(!near.contains(&"model.layers.1.self_attn.q_proj".to_string()));
+        let p = ModulePattern::parse("lm_haed").unwrap();
+        assert_eq!(nearest_modules(&p, &modules, 1), ["lm_head"]);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
     }
 
     #[test]

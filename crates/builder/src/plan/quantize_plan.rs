@@ -10,8 +10,8 @@ use indexmap::IndexMap;
 use serde::Serialize;
 
 use super::fusion::{fusion_key, global_scale_groups};
-use super::matcher::TargetMatcher;
-use super::modules::{linear_modules, LinearModule, ModuleState, WeightSource};
+use super::matcher::{nearest_modules, TargetMatcher};
+use super::modules::{fused_expert_kind, linear_modules, LinearModule, ModuleState, WeightSource};
 use crate::BuilderError;
 
 /// Targets used when none are given: the lean build (attention q/k/v/o).
@@ -101,6 +101,9 @@ pub struct PlanRequest {
     pub targets: Vec<String>,
     /// `--ignore` patterns.
     pub ignore: Vec<String>,
+    /// `--allow-empty`: accept targets that select nothing to quantize (the output is then a
+    /// copy); without it such a plan is refused.
+    pub allow_empty: bool,
 }
 
 fn is_quantizable(dtype: Dtype) -> bool {
@@ -143,6 +146,30 @@ impl QuantizePlan {
         let by_name: HashMap<&str, &LinearModule> =
             modules.iter().map(|m| (m.name.as_str(), m)).collect();
 
+        // 0. A weight that is not 2-D is no linear module, but one that the patterns name and
+        //    that is named like a projection was rewritten, not meant: refuse it rather than
+        //    leave it (and the config's claim on it) unquantized.
+        for t in tensors {
+            let Some(module) = t.name.strip_suffix(".weight") else {
+                continue;
+            };
+            if t.shape.len() != 2
+                && fused_expert_kind(&t.name, &t.shape).is_none()
+                && named_like_linear(module)
+                && matcher.targets().iter().any(|p| p.matches_name(module))
+                && !matcher.is_ignored(module, false)
+            {
+                return Err(BuilderError::Tensor {
+                    tensor: t.name.clone(),
+                    reason: format!(
+                        "selected by the targets but stored {}-D {:?}; a linear weight is 2-D [out, in]",
+                        t.shape.len(),
+                        t.shape
+                    ),
+                });
+            }
+        }
+
         // 1. Selection: dense modules the patterns pick (already-packed ones stay as they are).
         let mut selected: Vec<&LinearModule> = Vec::new();
         for m in &modules {
@@ -169,13 +196,28 @@ impl QuantizePlan {
             }
             selected.push(m);
         }
+        if !request.allow_empty {
+            check_selection(&matcher, &modules, &selected)?;
+        }
         let selected_names: HashSet<&str> = selected.iter().map(|m| m.name.as_str()).collect();
 
-        // 2. Fused groups must be all-or-nothing.
+        // 2. Fused groups must be all-or-nothing. Members are judged by name: a sibling whose
+        //    weight is not 2-D (so no linear module) still belongs to the group.
         let mut siblings: HashMap<(String, usize), Vec<&str>> = HashMap::new();
         for m in &modules {
             if let Some(key) = fusion_key(&m.name) {
                 siblings.entry(key).or_default().push(&m.name);
+            }
+        }
+        for t in tensors {
+            let Some(module) = t.name.strip_suffix(".weight") else {
+                continue;
+            };
+            if by_name.contains_key(module) || fused_expert_kind(&t.name, &t.shape).is_some() {
+                continue;
+            }
+            if let Some(key) = fusion_key(module) {
+                siblings.entry(key).or_default().push(module);
             }
         }
         for members in siblings.values() {
@@ -194,9 +236,9 @@ impl QuantizePlan {
             let dtypes: BTreeSet<String> = members
                 .iter()
                 .filter(|m| selected_names.contains(*m))
-                .filter_map(|m| match &by_name[*m].state {
-                    ModuleState::Dense { dtype, .. } => Some(dtype.to_string()),
-                    ModuleState::Packed { .. } => None,
+                .filter_map(|m| match by_name.get(*m).map(|m| &m.state) {
+                    Some(ModuleState::Dense { dtype, .. }) => Some(dtype.to_string()),
+                    _ => None,
                 })
                 .collect();
             if dtypes.len() > 1 {
@@ -326,6 +368,60 @@ impl QuantizePlan {
         }
         jobs.push(Job::Quantize { members });
     }
+}
+
+/// Whether a module is named like a linear layer: a fused sibling, a `*_proj` or `lm_head`.
+fn named_like_linear(module: &str) -> bool {
+    let leaf = module.rsplit('.').next().unwrap_or(module);
+    fusion_key(module).is_some() || leaf.ends_with("_proj") || leaf == "lm_head"
+}
+
+/// Refuses a selection that quantizes nothing, or a target pattern that matches no linear module
+/// (a typo would otherwise write an unquantized copy), naming the pattern and the nearest names.
+fn check_selection(
+    matcher: &TargetMatcher,
+    modules: &[LinearModule],
+    selected: &[&LinearModule],
+) -> Result<(), BuilderError> {
+    let names: Vec<&str> = modules.iter().map(|m| m.name.as_str()).collect();
+    for pattern in matcher.targets() {
+        if !names.iter().any(|m| pattern.matches(m, true)) {
+            let nearest = nearest_modules(pattern, &names, 3);
+            return Err(BuilderError::NothingSelected {
+                reason: format!(
+                    "--targets {pattern} matches no linear module; nearest module names: {}",
+                    if nearest.is_empty() {
+                        "(the checkpoint has no linear modules)".to_string()
+                    } else {
+                        nearest.join(", ")
+                    }
+                ),
+            });
+        }
+    }
+    if selected.is_empty() {
+        let matched: Vec<&LinearModule> = modules
+            .iter()
+            .filter(|m| matcher.targets().iter().any(|p| p.matches(&m.name, true)))
+            .collect();
+        let packed = matched
+            .iter()
+            .filter(|m| matches!(m.state, ModuleState::Packed { .. }))
+            .count();
+        let ignored = matched
+            .iter()
+            .filter(|m| matcher.is_ignored(&m.name, true))
+            .count();
+        let patterns: Vec<String> = matcher.targets().iter().map(|p| p.to_string()).collect();
+        return Err(BuilderError::NothingSelected {
+            reason: format!(
+                "--targets {} match {} linear modules, of which {packed} are already NVFP4 and {ignored} are ignored",
+                patterns.join(" "),
+                matched.len()
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// The 3-D fused-expert tensors that `modules` are slices of.

