@@ -255,7 +255,13 @@ impl Sampling<'_> {
             }
         }
         if let Some(k) = self.top_k {
-            int_in("top_k", k, -1, u64::from(u32::MAX), "the vocabulary")?;
+            int_in(
+                "top_k",
+                k,
+                -1,
+                u64::from(u32::MAX),
+                "the largest top_k accepted",
+            )?;
         }
         if let Some(s) = self.seed {
             if s.0 < i128::from(i64::MIN) || s.0 > i128::from(u64::MAX) {
