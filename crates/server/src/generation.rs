@@ -38,7 +38,7 @@ pub(crate) enum Update {
     Finished {
         /// The choice.
         choice: usize,
-        /// `stop` or `length`.
+        /// `stop`, `length` or `abort`.
         reason: &'static str,
     },
 }
@@ -216,6 +216,7 @@ impl Generation {
                     reason: match reason {
                         Finish::Length => "length",
                         Finish::Stop => "stop",
+                        Finish::Abort => "abort",
                     },
                 });
             }

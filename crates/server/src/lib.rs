@@ -54,4 +54,4 @@ pub use config::{
     DEFAULT_PREFIX_CACHE_BYTES,
 };
 pub use error::ServerError;
-pub use server::{shutdown_signal, Server};
+pub use server::{shutdown_signal, Server, ABORT_GRACE};

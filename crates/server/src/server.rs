@@ -1,10 +1,11 @@
 //! [`Server`]: loads the model, binds the socket, routes, serves until a shutdown signal, then
 //! drains.
 
-use std::future::Future;
+use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::StatusCode;
@@ -27,6 +28,10 @@ use crate::http::{count_requests, json_response, method_not_allowed, not_found};
 use crate::metrics::Metrics;
 use crate::scheduler;
 use crate::state::{unix_now, AppState};
+
+/// How long, after the drain timeout ended every sequence, the last responses get to go out
+/// before the connections still open are dropped.
+pub const ABORT_GRACE: Duration = Duration::from_secs(1);
 
 /// A bound server with its model loaded, ready to [`run`](Server::run).
 pub struct Server {
@@ -127,7 +132,9 @@ impl Server {
 
     /// Serves until `shutdown` completes, then stops accepting connections, lets the requests
     /// in flight finish (up to the configured drain timeout), stops the engine thread and
-    /// returns.
+    /// returns. When the drain timeout runs out, every sequence still waiting or running is
+    /// ended with finish reason `abort` (its response or stream completes normally, `[DONE]`
+    /// included) and the server returns at most [`ABORT_GRACE`] later.
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
@@ -150,12 +157,22 @@ impl Server {
             shutdown.await;
             notify.notify_one();
         });
+        let serve = serve.into_future();
+        tokio::pin!(serve);
         let result = tokio::select! {
-            r = serve => r.map_err(ServerError::Serve),
+            r = &mut serve => r.map_err(ServerError::Serve),
             () = async {
                 signalled.notified().await;
                 tokio::time::sleep(drain).await;
-            } => Ok(()),
+            } => {
+                // Drained too slowly: the engine ends what it has, the handlers answer (finish
+                // reason `abort`), and the connections close once their last bytes are out.
+                state.engine.abort();
+                match tokio::time::timeout(ABORT_GRACE, &mut serve).await {
+                    Ok(r) => r.map_err(ServerError::Serve),
+                    Err(_) => Ok(()),
+                }
+            }
         };
         state.engine.shutdown();
         drop(state);
@@ -248,25 +265,96 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
-/// Completes on SIGINT (Ctrl-C) or SIGTERM.
+/// Completes on SIGINT (Ctrl-C) or SIGTERM, the start of a graceful shutdown. A second
+/// SIGINT/SIGTERM after that ends the process at once, without draining (exit status 128 +
+/// the signal's number: 130 for SIGINT, 143 for SIGTERM).
 pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+    let mut signals = Signals::new();
+    let first = signals.next().await;
+    eprintln!(
+        "fp4forge serve: {first}: draining the requests in flight (a second signal exits at once)"
+    );
+    tokio::spawn(async move {
+        let second = signals.next().await;
+        eprintln!("fp4forge serve: {second} again: exiting now");
+        std::process::exit(128 + second.number());
+    });
+}
+
+/// A shutdown signal.
+#[derive(Debug, Clone, Copy)]
+enum Signal {
+    Interrupt,
+    Terminate,
+}
+
+impl Signal {
+    fn number(self) -> i32 {
+        match self {
+            Self::Interrupt => 2,
+            Self::Terminate => 15,
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
+    }
+}
+
+impl std::fmt::Display for Signal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Interrupt => "SIGINT",
+            Self::Terminate => "SIGTERM",
+        })
+    }
+}
+
+/// SIGINT and SIGTERM, listened to from creation on (a signal that comes while nobody awaits
+/// is kept for the next [`Signals::next`]).
+struct Signals {
+    #[cfg(unix)]
+    interrupt: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    terminate: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn new() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Self {
+                interrupt: signal(SignalKind::interrupt()).ok(),
+                terminate: signal(SignalKind::terminate()).ok(),
+            }
+        }
+        #[cfg(not(unix))]
+        Self {}
+    }
+
+    /// The next signal (pending forever if neither could be listened to).
+    async fn next(&mut self) -> Signal {
+        #[cfg(unix)]
+        {
+            async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
+                match s {
+                    Some(s) => {
+                        if s.recv().await.is_none() {
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            }
+            tokio::select! {
+                () = recv(&mut self.interrupt) => Signal::Interrupt,
+                () = recv(&mut self.terminate) => Signal::Terminate,
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            match tokio::signal::ctrl_c().await {
+                Ok(()) => Signal::Interrupt,
+                Err(_) => std::future::pending().await,
+            }
+        }
     }
 }
 
