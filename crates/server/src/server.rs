@@ -56,6 +56,23 @@ impl Server {
     pub async fn bind(config: ServerConfig) -> Result<Self, ServerError> {
         config.validate()?;
         let dir = config.model_dir.clone();
+        match std::fs::metadata(&dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(ServerError::NoModelDir {
+                    dir,
+                    problem: "not a directory (serve takes the checkpoint's directory)".into(),
+                })
+            }
+            Err(e) => {
+                let problem = if e.kind() == std::io::ErrorKind::NotFound {
+                    "no such directory".to_string()
+                } else {
+                    e.to_string()
+                };
+                return Err(ServerError::NoModelDir { dir, problem });
+            }
+        }
         if !dir.join("tokenizer.json").is_file() {
             return Err(ServerError::NoTokenizer { dir });
         }
@@ -378,6 +395,25 @@ mod tests {
         .unwrap();
         assert!(server.backend().starts_with("cpu"), "{}", server.backend());
         server.run(async {}).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_missing_model_directory_is_named_as_such() {
+        let tmp = tempfile::tempdir().unwrap();
+        let missing = tmp.path().join("no-such-model");
+        let err = Server::bind(ServerConfig::new(&missing).port(0))
+            .await
+            .unwrap_err();
+        let message = err.to_string();
+        assert!(message.contains("no such directory"), "{message}");
+        assert!(message.contains("no-such-model"), "{message}");
+        assert!(!message.contains("tokenizer"), "{message}");
+        let file = tmp.path().join("config.json");
+        std::fs::write(&file, "{}").unwrap();
+        let err = Server::bind(ServerConfig::new(&file).port(0))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("not a directory"), "{err}");
     }
 
     #[cfg(not(feature = "cuda"))]
