@@ -57,9 +57,27 @@ pub struct ServeArgs {
     /// prefill, MiB (0: no prefix caching).
     #[arg(long, default_value_t = fp4forge_server::DEFAULT_PREFIX_CACHE_BYTES >> 20)]
     prefix_cache_mib: usize,
-    /// Seconds a shutdown (SIGINT/SIGTERM) waits for requests in flight.
+    /// Seconds a shutdown (SIGINT/SIGTERM) waits for requests in flight; then they end with
+    /// finish_reason `abort`.
     #[arg(long, default_value_t = 60)]
     drain_timeout: u64,
+    /// Most connections open at once (more are answered 503 and closed).
+    #[arg(long, default_value_t = fp4forge_server::DEFAULT_MAX_CONNECTIONS)]
+    max_connections: usize,
+    /// Seconds a client has to send a request's headers (else the connection is closed).
+    #[arg(long, default_value_t = fp4forge_server::DEFAULT_HEADER_READ_TIMEOUT.as_secs_f64())]
+    header_read_timeout: f64,
+    /// Seconds a client has to send a request's body once its headers are in (else 408).
+    #[arg(long, default_value_t = fp4forge_server::DEFAULT_BODY_READ_TIMEOUT.as_secs_f64())]
+    body_read_timeout: f64,
+}
+
+/// `secs` of flag `--NAME` as a duration: positive and finite.
+fn seconds(name: &str, secs: f64) -> anyhow::Result<Duration> {
+    if !(secs.is_finite() && secs > 0.0) {
+        anyhow::bail!("--{name} must be a positive number of seconds, got {secs}");
+    }
+    Duration::try_from_secs_f64(secs).with_context(|| format!("--{name} {secs}"))
 }
 
 /// Runs the subcommand.
@@ -84,7 +102,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .threads(args.threads)
         .kv_dtype(kv)
         .prefix_cache_bytes(args.prefix_cache_mib.saturating_mul(1 << 20))
-        .drain_timeout(Duration::from_secs(args.drain_timeout));
+        .drain_timeout(Duration::from_secs(args.drain_timeout))
+        .max_connections(args.max_connections)
+        .header_read_timeout(seconds("header-read-timeout", args.header_read_timeout)?)
+        .body_read_timeout(seconds("body-read-timeout", args.body_read_timeout)?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

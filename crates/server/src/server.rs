@@ -1,17 +1,16 @@
 //! [`Server`]: loads the model, binds the socket, routes, serves until a shutdown signal, then
 //! drains.
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use axum::Router;
 use fp4forge_api::{ModelEntry, ModelList};
 use fp4forge_engine::TextCodec;
@@ -22,6 +21,7 @@ use crate::api_error::ApiError;
 use crate::chat::Chat;
 use crate::completions::Completions;
 use crate::config::ServerConfig;
+use crate::conn::{self, ConnLimits};
 use crate::error::ServerError;
 use crate::handler::handler;
 use crate::http::{count_requests, json_response, method_not_allowed, not_found};
@@ -166,15 +166,14 @@ impl Server {
         let drain = state.config.drain_timeout;
         let signalled = Arc::new(tokio::sync::Notify::new());
         let notify = signalled.clone();
-        let listener = listener.tap_io(|tcp| {
-            // Streamed tokens go out as they are made, not when a segment fills.
-            let _ = tcp.set_nodelay(true);
-        });
-        let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let limits = ConnLimits {
+            max_connections: state.config.max_connections,
+            header_read_timeout: state.config.header_read_timeout,
+        };
+        let serve = conn::serve(listener, app, limits, async move {
             shutdown.await;
             notify.notify_one();
         });
-        let serve = serve.into_future();
         tokio::pin!(serve);
         let result = tokio::select! {
             r = &mut serve => r.map_err(ServerError::Serve),
@@ -216,7 +215,6 @@ fn router(state: Arc<AppState>) -> Router {
             state.clone(),
             count_requests,
         ))
-        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
         .with_state(state)
 }
 
