@@ -14,16 +14,21 @@ use fp4forge_engine::{ChatMessage, EngineError, TextCodec};
 use crate::api_error::ApiError;
 use crate::endpoint::Endpoint;
 use crate::generation::{ChoiceSpec, Collected, Update, Usage};
-use crate::request::{check_prompt, choice_specs, max_tokens, with_codec, CommonParams};
+use crate::request::{
+    check_prompt, check_prompt_bytes, choice_specs, max_tokens, with_codec, CommonParams,
+};
 use crate::state::AppState;
 use crate::text::Piece;
 
 /// Renders and tokenizes the conversation (the template writes any BOS itself).
 async fn prompt_ids(
-    codec: &Arc<TextCodec>,
+    state: &Arc<AppState>,
     messages: Vec<ChatMessage>,
 ) -> Result<Vec<u32>, ApiError> {
-    with_codec(codec, move |codec| {
+    // The rendered conversation holds at least the messages' text.
+    let bytes = messages.iter().map(|m| m.content.len()).sum();
+    check_prompt_bytes(bytes, state, "messages", "the conversation")?;
+    with_codec(state, move |codec| {
         let text = codec.render_chat(&messages, true).map_err(|e| match e {
             EngineError::NoChatTemplate => ApiError::field(
                 "messages",
@@ -70,7 +75,7 @@ impl Endpoint for Chat {
                 content: m.text(),
             })
             .collect();
-        let prompt = prompt_ids(&state.codec, messages).await?;
+        let prompt = prompt_ids(state, messages).await?;
         check_prompt(&prompt, state, "messages", "the rendered conversation")?;
         let prompts = vec![prompt];
         let max_tokens = max_tokens(req.max_tokens_field(), state, &prompts, None, 1)?;

@@ -169,7 +169,11 @@ fn parse_error(status: StatusCode) -> ApiError {
 fn automatic_error_status(head: &[u8]) -> Option<StatusCode> {
     let text = std::str::from_utf8(head).ok()?;
     let status_line = text.lines().next()?;
-    let code: u16 = status_line.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()?;
+    let code: u16 = status_line
+        .strip_prefix("HTTP/1.1 ")?
+        .get(..3)?
+        .parse()
+        .ok()?;
     let status = StatusCode::from_u16(code).ok()?;
     if !(status.is_client_error() || status.is_server_error()) {
         return None;

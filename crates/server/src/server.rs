@@ -76,12 +76,17 @@ impl Server {
         if !dir.join("tokenizer.json").is_file() {
             return Err(ServerError::NoTokenizer { dir });
         }
-        let codec = {
+        let (codec, max_token_bytes) = {
             let d = dir.clone();
-            tokio::task::spawn_blocking(move || TextCodec::load(&d))
-                .await
-                .map_err(|e| ServerError::Engine(e.to_string()))?
-                .map_err(|source| ServerError::Load { dir, source })?
+            tokio::task::spawn_blocking(move || {
+                TextCodec::load(&d).map(|c| {
+                    let longest = longest_token_bytes(&c);
+                    (c, longest)
+                })
+            })
+            .await
+            .map_err(|e| ServerError::Engine(e.to_string()))?
+            .map_err(|source| ServerError::Load { dir, source })?
         };
         let model_name = config.model_name();
         let metrics = Arc::new(Metrics::new(&model_name));
@@ -118,6 +123,10 @@ impl Server {
             metrics,
             created: unix_now(),
             eos_ids,
+            max_token_bytes,
+            tokenize_permits: tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(1, usize::from),
+            ),
         });
         Ok(Self {
             listener,
@@ -200,7 +209,19 @@ impl Server {
     }
 }
 
-/// Every route, with the body limit and request counting.
+/// The most bytes of text one token of `codec` stands for (at least 1): the longest decoded
+/// vocabulary entry, special tokens included, plus one for a leading space a decoder drops.
+/// (A byte token that is half a character decodes to U+FFFD, 3 bytes: more, never less.)
+fn longest_token_bytes(codec: &TextCodec) -> usize {
+    let longest = (0..codec.vocab_size() as u32)
+        .filter_map(|id| codec.decode(&[id], true).ok())
+        .map(|t| t.len())
+        .max()
+        .unwrap_or(0);
+    longest + 1
+}
+
+/// Every route, with request counting.
 fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/models", get(models))

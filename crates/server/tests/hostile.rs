@@ -105,8 +105,11 @@ async fn requests_hyper_cannot_parse_get_openai_errors() {
         ),
         (
             "a 1 MB header",
-            format!("GET /health HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n", "a".repeat(1 << 20))
-                .into_bytes(),
+            format!(
+                "GET /health HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+                "a".repeat(1 << 20)
+            )
+            .into_bytes(),
             431,
             "too large",
         ),
