@@ -32,8 +32,13 @@
 #
 # Steps:
 #   1. llama-bench from the llama-cpp-python sdist on PyPI (vendor/llama.cpp), CPU only, Release,
-#      GGML_NATIVE=OFF with explicit x86 flags (AVX-512F, AVX2, FMA, F16C; no AMX), built once into
-#      LLAMA_CACHE (skipped when the binary and its build stamp are there). cmake via apt if missing.
+#      GGML_NATIVE=OFF with explicit x86 flags chosen from what /proc/cpuinfo reports (AVX, AVX2,
+#      FMA, F16C, and AVX-512 only where avx512f/cd/vl/dq/bw are all there, which ggml's
+#      GGML_AVX512 compiles for; no AMX): a CPU without AVX-512 (e.g. an AVX2-only AMD EPYC)
+#      would die with SIGILL in a build with it. Built once into LLAMA_CACHE (skipped when the
+#      binary and its build stamp, which holds the flags, are there). cmake via apt if missing.
+#      The report names the flags used and the kernel path fp4forge's engine picked at run time
+#      (its backend, e.g. cpu-avx2 or cpu-avx512).
 #   2. scripts/fetch-assets.sh; import-gguf -> assets/smollm2-hf (bf16); quantize --targets Linear
 #      -> assets/smollm2-nvfp4 (rebuilt unless SKIP_ASSETS=1 and both exist).
 #   3. the measurements above;  4. a markdown table on stdout (also WORK/report.md) and
@@ -61,7 +66,30 @@
 #                                    the last attempt is still contended its samples are kept but
 #                                    flagged, and left out of mean ± sd while the cell has clean ones
 #   REPORT_ONLY=0                    1: only redo step 4 from WORK/samples.tsv and processes.tsv
+#   CPUINFO=/proc/cpuinfo            where the CPU's flags are read from
+#   ISA_FLAGS_ONLY=0                 1: print the llama.cpp ISA cmake flags chosen and exit
 set -euo pipefail
+
+# isa_cmake_flags CPUINFO: the ggml x86 ISA options, each ON exactly when the CPU has it.
+isa_cmake_flags() {
+  local flags f on
+  flags=" $(sed -n 's/^flags[[:space:]]*: //p' "$1" | head -1) "
+  [[ $flags != "  " ]] || { echo "no 'flags' line in $1" >&2; return 1; }
+  has() { for f in "$@"; do [[ $flags == *" $f "* ]] || return 1; done; }
+  for opt in "AVX:avx" "AVX2:avx2" "FMA:fma" "F16C:f16c" \
+             "AVX512:avx512f avx512cd avx512vl avx512dq avx512bw"; do
+    # shellcheck disable=SC2086
+    if has ${opt#*:}; then on=ON; else on=OFF; fi
+    printf -- '-DGGML_%s=%s ' "${opt%%:*}" "$on"
+  done
+  echo
+}
+CPUINFO="${CPUINFO:-/proc/cpuinfo}"
+ISA_FLAGS="$(isa_cmake_flags "$CPUINFO")"
+if [[ ${ISA_FLAGS_ONLY:-0} == 1 ]]; then
+  echo "$ISA_FLAGS"
+  exit 0
+fi
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -106,7 +134,7 @@ command -v "$PYTHON" >/dev/null || die "$PYTHON missing"
 if [[ $REPORT_ONLY != 1 ]]; then
 # ---- 1. llama-bench from the llama-cpp-python sdist -----------------------------------------------
 LLAMA_FLAGS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF
-  -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_AVX512=ON -DGGML_FMA=ON -DGGML_F16C=ON
+  -DGGML_NATIVE=OFF $ISA_FLAGS
   -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
   -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF
   -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
@@ -188,7 +216,7 @@ printf 'engine\tweights\ttest\tround\trep\tattempt\tkept\tcontended\tpeak_rss_ki
   echo "load avg:    $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min) at start"
   echo "fp4forge:    git $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD -- crates 2>/dev/null || echo '+dirty crates/'), rustc $(rustc --version | cut -d' ' -f2)"
   echo "llama.cpp:   vendor/llama.cpp of llama-cpp-python $LLAMA_CPP_PYTHON_VERSION (PyPI sdist), gcc $(gcc -dumpfullversion)"
-  echo "llama build: $LLAMA_ARCH"
+  echo "llama build: $LLAMA_ARCH(ISA flags from $CPUINFO: $ISA_FLAGS)"
   echo "taskset:     -c $CPUS; threads $THREADS"
 } > "$WORK/machine.txt"
 LLAMA_PP=("$LLAMA_BENCH" -m "$GGUF" -p "$PP" -n 0 -t "$THREADS" -r "$REPS" -o json)
@@ -301,6 +329,10 @@ EOF
     done
   done
 done
+
+# The kernel path fp4forge's engine chose at run time, as decode_speed printed it.
+echo "fp4forge kernels: $(grep -ho 'backend [a-z0-9:-]*' "$WORK"/logs/fp4forge-*.log | sort -u | cut -d' ' -f2 | tr '\n' ' ')" \
+  >> "$WORK/machine.txt"
 
 else
   [[ -f $WORK/samples.tsv && -f $WORK/processes.tsv ]] || die "REPORT_ONLY=1: no samples in $WORK"

@@ -152,12 +152,59 @@ pub fn parse_object(bytes: &[u8]) -> Result<Map<String, Value>, RequestError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(RequestError::EmptyBody);
     }
-    let v: Value =
-        serde_json::from_slice(bytes).map_err(|e| RequestError::MalformedJson(e.to_string()))?;
+    let v: Value = serde_json::from_slice(bytes).map_err(|e| {
+        RequestError::MalformedJson(lone_surrogate(bytes).unwrap_or_else(|| e.to_string()))
+    })?;
     match v {
         Value::Object(map) => Ok(map),
         other => Err(RequestError::NotAnObject(type_name(&other))),
     }
+}
+
+/// A `\\uXXXX` escape of a UTF-16 surrogate without its partner in `bytes`, described for a
+/// message (serde_json calls it an "unexpected end of hex escape"); `None` when there is none.
+/// JSON strings are Unicode, and half a surrogate pair is no character.
+fn lone_surrogate(bytes: &[u8]) -> Option<String> {
+    let hex = |at: usize| -> Option<u16> {
+        let digits = std::str::from_utf8(bytes.get(at..at + 4)?).ok()?;
+        u16::from_str_radix(digits, 16).ok()
+    };
+    let escape_at = |at: usize| -> Option<u16> {
+        (bytes.get(at) == Some(&b'\\') && bytes.get(at + 1) == Some(&b'u'))
+            .then(|| hex(at + 2))
+            .flatten()
+    };
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != b'\\' {
+            i += 1;
+            continue;
+        }
+        let Some(unit) = escape_at(i) else {
+            i += 2; // another escape (`\\\\`, `\\n`, ...): skip the escaped character
+            continue;
+        };
+        match unit {
+            0xD800..=0xDBFF => match escape_at(i + 6) {
+                Some(0xDC00..=0xDFFF) => i += 12,
+                _ => {
+                    return Some(format!(
+                        "`\\u{unit:04x}` at byte {i} is a lone UTF-16 high surrogate (it must be \
+                         followed by a low surrogate escape \\udc00-\\udfff); JSON strings must \
+                         be valid Unicode"
+                    ))
+                }
+            },
+            0xDC00..=0xDFFF => {
+                return Some(format!(
+                    "`\\u{unit:04x}` at byte {i} is a lone UTF-16 low surrogate (no high \
+                     surrogate \\ud800-\\udbff before it); JSON strings must be valid Unicode"
+                ))
+            }
+            _ => i += 6,
+        }
+    }
+    None
 }
 
 /// Reads a request body into `R`: see the module's documentation for the steps.
@@ -235,6 +282,23 @@ mod tests {
         let e = parse_object(b"[1]").expect_err("an array");
         assert!(e.to_string().contains("an array"), "{e}");
         assert_eq!(parse_object(b"  "), Err(RequestError::EmptyBody));
+    }
+
+    #[test]
+    fn lone_surrogates_are_named_as_such() {
+        for (body, what) in [
+            (r#"{"prompt": "\ud800"}"#, "high surrogate"),
+            (r#"{"prompt": "a\ud800\u0041"}"#, "high surrogate"),
+            (r#"{"prompt": "\udc00x"}"#, "low surrogate"),
+        ] {
+            let e = parse_object(body.as_bytes()).expect_err(body);
+            let m = e.to_string();
+            assert!(m.contains(what) && m.contains("lone"), "{body}: {m}");
+            assert!(!m.contains("hex escape"), "{body}: {m}");
+        }
+        // a pair, an escaped backslash before `u`, and plain escapes are fine
+        assert!(parse_object(br#"{"p": "\ud83d\ude00 \\ud800 \n"}"#).is_ok());
+        assert_eq!(lone_surrogate(br#"{"p": "\\ud800"#), None);
     }
 
     #[test]

@@ -61,7 +61,8 @@ pub struct ServeArgs {
     /// prefill, MiB (0: no prefix caching).
     #[arg(long, default_value_t = fp4forge_server::DEFAULT_PREFIX_CACHE_BYTES >> 20)]
     prefix_cache_mib: usize,
-    /// Seconds a shutdown (SIGINT/SIGTERM) waits for requests in flight.
+    /// Seconds a shutdown (SIGINT/SIGTERM) waits for requests in flight; then they end with
+    /// finish_reason `abort`.
     #[arg(long, default_value_t = 60)]
     drain_timeout: u64,
     /// A chat template file (Jinja) used instead of the checkpoint's.
@@ -88,6 +89,23 @@ pub struct ServeArgs {
     /// --max-model-len and --prefix-cache-mib.
     #[arg(long, value_name = "FRACTION")]
     gpu_memory_utilization: Option<String>,
+    /// Most connections open at once (more are answered 503 and closed).
+    #[arg(long, default_value_t = fp4forge_server::DEFAULT_MAX_CONNECTIONS)]
+    max_connections: usize,
+    /// Seconds a client has to send a request's headers (else the connection is closed).
+    #[arg(long, default_value_t = fp4forge_server::DEFAULT_HEADER_READ_TIMEOUT.as_secs_f64())]
+    header_read_timeout: f64,
+    /// Seconds a client has to send a request's body once its headers are in (else 408).
+    #[arg(long, default_value_t = fp4forge_server::DEFAULT_BODY_READ_TIMEOUT.as_secs_f64())]
+    body_read_timeout: f64,
+}
+
+/// `secs` of flag `--NAME` as a duration: positive and finite.
+fn seconds(name: &str, secs: f64) -> anyhow::Result<Duration> {
+    if !(secs.is_finite() && secs > 0.0) {
+        anyhow::bail!("--{name} must be a positive number of seconds, got {secs}");
+    }
+    Duration::try_from_secs_f64(secs).with_context(|| format!("--{name} {secs}"))
 }
 
 /// `--tool-call-parser` values.
@@ -162,7 +180,10 @@ impl ServeArgs {
             .chat_template(self.chat_template)
             .enable_auto_tool_choice(self.enable_auto_tool_choice)
             .tool_call_parser(self.tool_call_parser)
-            .reasoning_parser(self.reasoning_parser))
+            .reasoning_parser(self.reasoning_parser)
+            .max_connections(self.max_connections)
+            .header_read_timeout(seconds("header-read-timeout", self.header_read_timeout)?)
+            .body_read_timeout(seconds("body-read-timeout", self.body_read_timeout)?))
     }
 }
 

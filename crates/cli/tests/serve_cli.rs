@@ -94,6 +94,84 @@ fn serves_and_stops_on_sigterm() {
     assert!(rest.contains("stopped"), "{rest}");
 }
 
+/// Starts `fp4forge serve` on the tiny model in `dir` with `extra` flags; returns the child, its
+/// stderr and the address it listens on.
+fn spawn_serve(
+    dir: &std::path::Path,
+    extra: &[&str],
+) -> (
+    std::process::Child,
+    BufReader<std::process::ChildStderr>,
+    String,
+) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fp4forge"))
+        .args([
+            "serve",
+            dir.to_str().unwrap(),
+            "--port",
+            "0",
+            "--threads",
+            "1",
+        ])
+        .args(extra)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    (child, stderr, addr)
+}
+
+fn signal(child: &std::process::Child, name: &str) {
+    let sent = Command::new("kill")
+        .args([&format!("-{name}"), &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+}
+
+#[test]
+fn a_second_signal_exits_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tiny");
+    tiny_model::write_tiny_model(&dir, 7).unwrap();
+    let (mut child, mut stderr, addr) = spawn_serve(&dir, &["--drain-timeout", "600"]);
+    // A long streamed request, in flight once its first bytes arrived.
+    let mut s = TcpStream::connect(&addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let body = r#"{"prompt": "Hello", "max_tokens": 4000, "ignore_eos": true, "stream": true}"#;
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut first = [0u8; 256];
+    let n = s.read(&mut first).unwrap();
+    assert!(String::from_utf8_lossy(&first[..n]).contains("200"));
+    signal(&child, "TERM");
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    assert!(
+        line.contains("SIGTERM") && line.contains("draining"),
+        "{line}"
+    );
+    signal(&child, "TERM");
+    let status = child.wait().unwrap();
+    let mut rest = String::new();
+    stderr.read_to_string(&mut rest).unwrap();
+    // 128 + SIGTERM: it did not drain the 4000 tokens and exit 0.
+    assert_eq!(status.code(), Some(143), "{rest}");
+    assert!(rest.contains("exiting now"), "{rest}");
+}
+
 #[test]
 fn a_directory_without_a_model_fails_with_a_message() {
     let tmp = tempfile::tempdir().unwrap();

@@ -63,7 +63,7 @@ pub use ir::{
 };
 pub use model::{GenerationDefaults, Model, ModelInfo, ModelOptions, DEFAULT_PREFILL_CHUNK};
 pub use models::{Family, SUPPORTED_ARCHITECTURES};
-pub use sampling::{Sampler, SamplingParams};
+pub use sampling::{Sampler, SamplingParams, GREEDY_BELOW_TEMPERATURE};
 pub use session::{Logits, Output, Session};
 pub use text::{to_python_json, ChatInput, ChatMessage, ChatTemplate, StreamDecoder, TextCodec};
 pub use weights::{Bytes, ExpertWeights, LinearWeight, WeightLoader};

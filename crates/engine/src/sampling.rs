@@ -1,10 +1,15 @@
 //! Choosing the next token from logits: greedy, or temperature with top-k and top-p (nucleus)
 //! filtering, driven by a small seeded PRNG (xoshiro256++) so a seed reproduces a generation.
 
+/// Temperatures below this are greedy (vLLM's rule, `_SAMPLING_EPS`): dividing the logits by a
+/// tinier one overflows them to ±inf, and the softmax of those is NaN, not the argmax.
+pub const GREEDY_BELOW_TEMPERATURE: f32 = 1e-5;
+
 /// How to pick tokens.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SamplingParams {
-    /// Softmax temperature; `<= 0` means greedy (argmax).
+    /// Softmax temperature; below [`GREEDY_BELOW_TEMPERATURE`] (0 included) means greedy
+    /// (argmax).
     pub temperature: f32,
     /// Keep only the `top_k` most likely tokens (0: no limit).
     pub top_k: usize,
@@ -31,9 +36,10 @@ impl SamplingParams {
         }
     }
 
-    /// Whether this is greedy decoding.
+    /// Whether this is greedy decoding: a temperature below [`GREEDY_BELOW_TEMPERATURE`] (NaN
+    /// included) or `top_k` 1.
     pub fn is_greedy(&self) -> bool {
-        self.temperature <= 0.0 || self.top_k == 1
+        self.temperature.is_nan() || self.temperature < GREEDY_BELOW_TEMPERATURE || self.top_k == 1
     }
 }
 
@@ -194,6 +200,30 @@ mod tests {
         assert_eq!(argmax(&[1.0, 3.0, 3.0, f32::NAN]), 1);
         let mut s = Sampler::new(SamplingParams::greedy());
         assert_eq!(s.sample(&[0.0, -1.0, 5.0]), 2);
+    }
+
+    #[test]
+    fn tiny_temperatures_are_greedy() {
+        // 1e-39 is a subnormal f32: logits / t overflow to inf, and the softmax of those is NaN.
+        let logits = [0.5, 2.0, 1.0, -3.0];
+        for t in [1e-39_f32, 1e-30, 1e-6, 0.0] {
+            let params = SamplingParams {
+                temperature: t,
+                top_k: 0,
+                top_p: 1.0,
+                seed: 7,
+            };
+            assert!(params.is_greedy(), "{t}");
+            for seed in 0..20 {
+                let mut s = Sampler::new(SamplingParams { seed, ..params });
+                assert_eq!(s.sample(&logits), 1, "temperature {t}, seed {seed}");
+            }
+        }
+        let warm = SamplingParams {
+            temperature: 1e-5,
+            ..SamplingParams::greedy()
+        };
+        assert!(!warm.is_greedy());
     }
 
     #[test]

@@ -22,7 +22,9 @@ use crate::endpoint::Endpoint;
 use crate::error::ServerError;
 use crate::generation::{ChoiceSpec, Collected, Update, Usage};
 use crate::parsers::{ChatParsers, Event, ParsedMessage, ReasoningFormat, ToolFormat};
-use crate::request::{check_prompt, choice_specs, max_tokens, with_codec, CommonParams};
+use crate::request::{
+    check_prompt, check_prompt_bytes, choice_specs, max_tokens, with_codec, CommonParams,
+};
 use crate::state::AppState;
 use crate::text::Piece;
 
@@ -143,10 +145,12 @@ async fn render_prompt(
     req: &ChatCompletionRequest,
     input: ChatInput,
 ) -> Result<(String, Vec<u32>), ApiError> {
+    // The rendered conversation holds at least the messages' text.
+    let bytes = req.messages.iter().flatten().map(|m| m.text().len()).sum();
+    check_prompt_bytes(bytes, state, "messages", "the conversation")?;
     let request_template = req.chat_template.clone();
-    let state = state.clone();
-    let codec = state.codec.clone();
-    with_codec(&codec, move |codec| {
+    let setup = state.clone();
+    with_codec(state, move |codec| {
         let refused = |e: EngineError| match e {
             EngineError::NoChatTemplate => ApiError::field(
                 "messages",
@@ -166,7 +170,7 @@ async fn render_prompt(
             Some(source) => codec
                 .compile_template(source, Path::new("request chat_template"))
                 .and_then(|t| t.render_input(&input)),
-            None => match &state.chat.template {
+            None => match &setup.chat.template {
                 Some(t) => t.render_input(&input),
                 None => codec.chat_template().and_then(|t| t.render_input(&input)),
             },

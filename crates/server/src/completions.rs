@@ -14,7 +14,9 @@ use fp4forge_engine::TextCodec;
 use crate::api_error::ApiError;
 use crate::endpoint::Endpoint;
 use crate::generation::{ChoiceSpec, Collected, Update, Usage};
-use crate::request::{check_prompt, choice_specs, max_tokens, with_codec, CommonParams};
+use crate::request::{
+    check_prompt, check_prompt_bytes, choice_specs, max_tokens, with_codec, CommonParams,
+};
 use crate::state::AppState;
 use crate::text::Piece;
 
@@ -24,10 +26,16 @@ const DEFAULT_MAX_TOKENS: usize = 16;
 /// Tokenizes text prompts (with BOS where the tokenizer adds one); token-id prompts are used as
 /// they are.
 async fn tokenize(
-    codec: &Arc<TextCodec>,
+    state: &Arc<AppState>,
     prompts: Vec<SinglePrompt>,
 ) -> Result<Vec<Vec<u32>>, ApiError> {
-    with_codec(codec, move |codec| {
+    let many = prompts.len() > 1;
+    for (i, p) in prompts.iter().enumerate() {
+        if let SinglePrompt::Text(t) = p {
+            check_prompt_bytes(t.len(), state, "prompt", &prompt_name(many, i))?;
+        }
+    }
+    with_codec(state, move |codec| {
         prompts
             .into_iter()
             .map(|p| match p {
@@ -39,6 +47,15 @@ async fn tokenize(
             .collect()
     })
     .await
+}
+
+/// How messages call prompt `i` ("the prompt" when it is the only one).
+fn prompt_name(many: bool, i: usize) -> String {
+    if many {
+        format!("prompt {i}")
+    } else {
+        "the prompt".into()
+    }
 }
 
 /// `/v1/completions`: one request's formatting state.
@@ -65,14 +82,9 @@ impl Endpoint for Completions {
         let logprobs = req.top_logprobs();
         let prompts = req.prompt.as_ref().map(|p| p.to_list()).unwrap_or_default();
         let many = prompts.len() > 1;
-        let prompts = tokenize(&state.codec, prompts).await?;
+        let prompts = tokenize(state, prompts).await?;
         for (i, p) in prompts.iter().enumerate() {
-            let which = if many {
-                format!("prompt {i}")
-            } else {
-                "the prompt".into()
-            };
-            check_prompt(p, state, "prompt", &which)?;
+            check_prompt(p, state, "prompt", &prompt_name(many, i))?;
         }
         let asked = req.max_tokens.map(|m| ("max_tokens", m));
         let max_tokens = max_tokens(asked, state, &prompts, Some(DEFAULT_MAX_TOKENS), 0)?;

@@ -21,6 +21,12 @@ pub const DEFAULT_PREFILL_BUDGET: usize = 256;
 pub const DEFAULT_MAX_LOGPROBS: usize = 20;
 /// Default most sequences one request may ask for (prompts × `n`).
 pub const DEFAULT_MAX_CHOICES: usize = 64;
+/// Default most connections open at once.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+/// Default time a client has to send a request's headers.
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default time a client has to send a request's body once its headers are in.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default budget of the prefix cache: KV storage of finished sequences kept for reuse, bytes.
 pub const DEFAULT_PREFIX_CACHE_BYTES: usize = 1 << 30;
 
@@ -79,6 +85,12 @@ pub struct ServerConfig {
     /// The key every `/v1` request must carry as `Authorization: Bearer KEY` (default: none,
     /// the API is open); `/health` and `/metrics` stay open either way.
     pub api_key: Option<String>,
+    /// Most connections open at once; one more is answered 503 and closed.
+    pub max_connections: usize,
+    /// Time a client has to send a request's headers (else the connection is closed).
+    pub header_read_timeout: Duration,
+    /// Time a client has to send a request's body once its headers are in (else 408).
+    pub body_read_timeout: Duration,
 }
 
 impl ServerConfig {
@@ -108,6 +120,9 @@ impl ServerConfig {
             tool_call_parser: None,
             reasoning_parser: None,
             api_key: None,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
         }
     }
 
@@ -231,6 +246,24 @@ impl ServerConfig {
         self
     }
 
+    /// Sets [`ServerConfig::max_connections`].
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.max_connections = n;
+        self
+    }
+
+    /// Sets [`ServerConfig::header_read_timeout`].
+    pub fn header_read_timeout(mut self, t: Duration) -> Self {
+        self.header_read_timeout = t;
+        self
+    }
+
+    /// Sets [`ServerConfig::body_read_timeout`].
+    pub fn body_read_timeout(mut self, t: Duration) -> Self {
+        self.body_read_timeout = t;
+        self
+    }
+
     /// The served model name: the configured one, else the directory's last component.
     pub fn model_name(&self) -> String {
         if let Some(n) = &self.served_model_name {
@@ -259,6 +292,12 @@ impl ServerConfig {
         }
         if self.max_choices == 0 {
             return bad("max_choices must be at least 1");
+        }
+        if self.max_connections == 0 {
+            return bad("max_connections must be at least 1");
+        }
+        if self.header_read_timeout.is_zero() || self.body_read_timeout.is_zero() {
+            return bad("the header and body read timeouts must be more than 0 seconds");
         }
         if self.served_model_name.as_deref() == Some("") {
             return bad("the served model name is empty");

@@ -17,6 +17,14 @@ pub enum ServerError {
         /// What the engine said.
         source: fp4forge_engine::EngineError,
     },
+    /// The model directory does not exist, or is not a directory.
+    #[error("{}: {problem}", dir.display())]
+    NoModelDir {
+        /// The path given.
+        dir: PathBuf,
+        /// `no such directory`, `not a directory`, or the I/O error.
+        problem: String,
+    },
     /// The model directory has no tokenizer, which a text API needs.
     #[error("{}: no tokenizer.json (the server needs the checkpoint's tokenizer)", dir.display())]
     NoTokenizer {

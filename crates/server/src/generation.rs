@@ -40,7 +40,7 @@ pub(crate) enum Update {
     Finished {
         /// The choice.
         choice: usize,
-        /// `stop` or `length`.
+        /// `stop`, `length` or `abort`.
         reason: &'static str,
     },
 }
@@ -224,6 +224,7 @@ impl Generation {
                     reason: match reason {
                         Finish::Length => "length",
                         Finish::Stop => "stop",
+                        Finish::Abort => "abort",
                     },
                 });
             }

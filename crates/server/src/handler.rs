@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::Body;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use fp4forge_api::{parse_request, GenerationRequest, Limits};
@@ -14,7 +14,7 @@ use fp4forge_api::{parse_request, GenerationRequest, Limits};
 use crate::api_error::ApiError;
 use crate::endpoint::Endpoint;
 use crate::generation::Generation;
-use crate::http::{body_bytes, json_response, sse_response};
+use crate::http::{check_content_length, json_response, read_body, sse_response};
 use crate::request::CommonParams;
 use crate::state::{response_id, unix_now, AppState};
 use crate::stream::ChunkStream;
@@ -31,9 +31,10 @@ pub(crate) fn limits(state: &AppState) -> Limits {
 /// The handler of endpoint `E`.
 pub(crate) async fn handler<E: Endpoint>(
     State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
+    headers: HeaderMap,
+    body: Body,
 ) -> Response {
-    match serve::<E>(state, body).await {
+    match serve::<E>(state, headers, body).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
@@ -41,9 +42,11 @@ pub(crate) async fn handler<E: Endpoint>(
 
 async fn serve<E: Endpoint>(
     state: Arc<AppState>,
-    body: Result<Bytes, BytesRejection>,
+    headers: HeaderMap,
+    body: Body,
 ) -> Result<Response, ApiError> {
-    let bytes = body_bytes(body, &state)?;
+    check_content_length(&headers, &state)?;
+    let bytes = read_body(body, &state).await?;
     let req: E::Request = parse_request(&bytes)?;
     if let Some(m) = req.model() {
         if m != state.model_name {

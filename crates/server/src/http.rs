@@ -1,16 +1,16 @@
-//! Response plumbing shared by the handlers: JSON bodies, server-sent event streams, the body
-//! limit's rejection, fallbacks for unknown routes and methods, and request counting.
+//! Request and response plumbing shared by the handlers: reading the body within its limit and
+//! timeout, JSON bodies, server-sent event streams, fallbacks for unknown routes and methods, and request counting.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
 use serde::Serialize;
 
 use crate::api_error::ApiError;
@@ -60,33 +60,70 @@ pub(crate) fn sse_response<S: FrameSource>(source: S) -> Response {
         .into_response()
 }
 
-/// The body, or the error a client should get for it (413 past the limit).
-pub(crate) fn body_bytes(
-    body: Result<Bytes, BytesRejection>,
-    state: &AppState,
-) -> Result<Bytes, ApiError> {
-    body.map_err(|rej| {
-        let status = rej.status();
-        if status == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::invalid(
-                None,
-                format!(
-                    "the request body is larger than this server's limit of {} bytes",
-                    state.config.max_body_bytes
-                ),
-            )
-            .with_status(status)
-            .with_code("body_too_large")
-        } else {
-            ApiError::invalid(None, format!("cannot read the request body: {rej}")).with_status(
-                if status.is_client_error() {
-                    status
-                } else {
-                    StatusCode::BAD_REQUEST
-                },
-            )
+/// The body, or the error a client should get for it: 413 past `--max-body-bytes` (as soon as
+/// its `Content-Length` or the bytes so far say so), 408 when it does not all arrive within
+/// `--body-read-timeout`, 400 when the connection fails mid-body.
+pub(crate) async fn read_body(body: Body, state: &AppState) -> Result<Bytes, ApiError> {
+    let limit = state.config.max_body_bytes;
+    let too_large = || {
+        ApiError::invalid(
+            None,
+            format!("the request body is larger than this server's limit of {limit} bytes"),
+        )
+        .with_status(StatusCode::PAYLOAD_TOO_LARGE)
+        .with_code("body_too_large")
+    };
+    let timeout = state.config.body_read_timeout;
+    let read = async {
+        let mut stream = body.into_data_stream();
+        let mut out = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| {
+                ApiError::invalid(None, format!("cannot read the request body: {e}"))
+            })?;
+            if out.len() + chunk.len() > limit {
+                return Err(too_large());
+            }
+            out.extend_from_slice(&chunk);
         }
-    })
+        Ok(Bytes::from(out))
+    };
+    match tokio::time::timeout(timeout, read).await {
+        Ok(r) => r,
+        Err(_) => Err(ApiError::invalid(
+            None,
+            format!(
+                "the request body did not arrive within {} s (--body-read-timeout)",
+                timeout.as_secs_f64()
+            ),
+        )
+        .with_status(StatusCode::REQUEST_TIMEOUT)
+        .with_code("body_timeout")),
+    }
+}
+
+/// Refuses a request whose `Content-Length` says its body is over the limit, before reading it.
+pub(crate) fn check_content_length(
+    headers: &axum::http::HeaderMap,
+    state: &AppState,
+) -> Result<(), ApiError> {
+    let limit = state.config.max_body_bytes;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    match declared {
+        Some(n) if n > limit as u64 => Err(ApiError::invalid(
+            None,
+            format!(
+                "the request body is larger than this server's limit of {limit} bytes \
+                 (Content-Length: {n})"
+            ),
+        )
+        .with_status(StatusCode::PAYLOAD_TOO_LARGE)
+        .with_code("body_too_large")),
+        _ => Ok(()),
+    }
 }
 
 /// 404 for a path the server does not have.

@@ -3,9 +3,12 @@
 //! # The life of a request
 //!
 //! ```text
-//! HTTP (axum, TCP_NODELAY)      body ≤ limit (413), read into an `fp4forge-api` request (unknown
-//!                               and unimplemented fields refused by name) and validated: a bad
-//!                               request is a 4xx with OpenAI's error body, never a panic
+//! connection (hyper, TCP_NODELAY) at most --max-connections (503), headers within their timeout
+//!                               and size (else closed, or a 4xx with OpenAI's error body)
+//! HTTP (axum)                   body ≤ limit (413) within its timeout (408), read into an
+//!                               `fp4forge-api` request (unknown and unimplemented fields
+//!                               refused by name) and validated: a bad request is a 4xx with
+//!                               OpenAI's error body, never a panic
 //! handler (one, over the        prompt → token ids (tokenizer.json; chat: the chat template),
 //!   `Endpoint` trait)           n choices per prompt → sequences, submitted to the engine queue
 //!                               (429 when full)
@@ -29,6 +32,7 @@ mod auth;
 mod chat;
 mod completions;
 mod config;
+mod conn;
 mod endpoint;
 mod error;
 mod generation;
@@ -51,10 +55,11 @@ mod test_tiny_model;
 
 pub use api_error::ApiError;
 pub use config::{
-    ServerConfig, DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CHOICES,
-    DEFAULT_MAX_LOGPROBS, DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS_LIMIT, DEFAULT_PREFILL_BUDGET,
+    ServerConfig, DEFAULT_BODY_READ_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CHOICES, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_LOGPROBS,
+    DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS_LIMIT, DEFAULT_PREFILL_BUDGET,
     DEFAULT_PREFIX_CACHE_BYTES,
 };
 pub use error::ServerError;
 pub use parsers::{ReasoningFormat, ToolFormat};
-pub use server::{shutdown_signal, Server};
+pub use server::{shutdown_signal, Server, ABORT_GRACE};

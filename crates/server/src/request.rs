@@ -14,15 +14,48 @@ use crate::scheduler::{fresh_seed, SeqRequest};
 use crate::state::AppState;
 
 /// Runs `work` with the tokenizer on a blocking thread (tokenizing and template rendering are
-/// CPU work that must not stall the async runtime).
+/// CPU work that must not stall the async runtime, nor the engine thread), at most one per
+/// core at once.
 pub(crate) async fn with_codec<T: Send + 'static>(
-    codec: &Arc<TextCodec>,
+    state: &Arc<AppState>,
     work: impl FnOnce(&TextCodec) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    let codec = codec.clone();
+    let _permit = state
+        .tokenize_permits
+        .acquire()
+        .await
+        .map_err(|e| ApiError::internal(format!("tokenizer permits: {e}")))?;
+    let codec = state.codec.clone();
     tokio::task::spawn_blocking(move || work(&codec))
         .await
         .map_err(|e| ApiError::internal(format!("tokenizer task: {e}")))?
+}
+
+/// Refuses, before tokenizing, a prompt text of `bytes` bytes that cannot fit: every token
+/// stands for at most `max_token_bytes` bytes, so it has more tokens than the limit.
+pub(crate) fn check_prompt_bytes(
+    bytes: usize,
+    state: &AppState,
+    param: &str,
+    which: &str,
+) -> Result<(), ApiError> {
+    let limit = state.max_prompt_bytes();
+    if bytes <= limit {
+        return Ok(());
+    }
+    Err(ApiError::field(
+        param,
+        format!(
+            "{which} has {bytes} bytes of text, so more than {} tokens (no token of this \
+             model's vocabulary stands for more than {} bytes); this server accepts prompts of \
+             at most {} tokens (the model's context is {} tokens)",
+            bytes / state.max_token_bytes,
+            state.max_token_bytes,
+            state.max_prompt_tokens(),
+            state.info.max_context
+        ),
+    )
+    .with_code("context_length_exceeded"))
 }
 
 /// The fields both endpoints read the same way.

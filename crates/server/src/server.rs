@@ -5,12 +5,12 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use axum::Router;
 use fp4forge_api::{ModelEntry, ModelList};
 use fp4forge_engine::TextCodec;
@@ -23,12 +23,17 @@ use crate::chat::{Chat, ChatSetup};
 
 use crate::completions::Completions;
 use crate::config::ServerConfig;
+use crate::conn::{self, ConnLimits};
 use crate::error::ServerError;
 use crate::handler::handler;
 use crate::http::{count_requests, json_response, method_not_allowed, not_found};
 use crate::metrics::Metrics;
 use crate::scheduler;
 use crate::state::{unix_now, AppState};
+
+/// How long, after the drain timeout ended every sequence, the last responses get to go out
+/// before the connections still open are dropped.
+pub const ABORT_GRACE: Duration = Duration::from_secs(1);
 
 /// A bound server with its model loaded, ready to [`run`](Server::run).
 pub struct Server {
@@ -53,15 +58,37 @@ impl Server {
     pub async fn bind(config: ServerConfig) -> Result<Self, ServerError> {
         config.validate()?;
         let dir = config.model_dir.clone();
+        match std::fs::metadata(&dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(ServerError::NoModelDir {
+                    dir,
+                    problem: "not a directory (serve takes the checkpoint's directory)".into(),
+                })
+            }
+            Err(e) => {
+                let problem = if e.kind() == std::io::ErrorKind::NotFound {
+                    "no such directory".to_string()
+                } else {
+                    e.to_string()
+                };
+                return Err(ServerError::NoModelDir { dir, problem });
+            }
+        }
         if !dir.join("tokenizer.json").is_file() {
             return Err(ServerError::NoTokenizer { dir });
         }
-        let codec = {
+        let (codec, max_token_bytes) = {
             let d = dir.clone();
-            tokio::task::spawn_blocking(move || TextCodec::load(&d))
-                .await
-                .map_err(|e| ServerError::Engine(e.to_string()))?
-                .map_err(|source| ServerError::Load { dir, source })?
+            tokio::task::spawn_blocking(move || {
+                TextCodec::load(&d).map(|c| {
+                    let longest = longest_token_bytes(&c);
+                    (c, longest)
+                })
+            })
+            .await
+            .map_err(|e| ServerError::Engine(e.to_string()))?
+            .map_err(|source| ServerError::Load { dir, source })?
         };
         let model_name = config.model_name();
         let metrics = Arc::new(Metrics::new(&model_name));
@@ -107,6 +134,10 @@ impl Server {
             metrics,
             created: unix_now(),
             eos_ids,
+            max_token_bytes,
+            tokenize_permits: tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(1, usize::from),
+            ),
         });
         Ok(Self {
             listener,
@@ -138,7 +169,9 @@ impl Server {
 
     /// Serves until `shutdown` completes, then stops accepting connections, lets the requests
     /// in flight finish (up to the configured drain timeout), stops the engine thread and
-    /// returns.
+    /// returns. When the drain timeout runs out, every sequence still waiting or running is
+    /// ended with finish reason `abort` (its response or stream completes normally, `[DONE]`
+    /// included) and the server returns at most [`ABORT_GRACE`] later.
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
@@ -153,20 +186,29 @@ impl Server {
         let drain = state.config.drain_timeout;
         let signalled = Arc::new(tokio::sync::Notify::new());
         let notify = signalled.clone();
-        let listener = listener.tap_io(|tcp| {
-            // Streamed tokens go out as they are made, not when a segment fills.
-            let _ = tcp.set_nodelay(true);
-        });
-        let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let limits = ConnLimits {
+            max_connections: state.config.max_connections,
+            header_read_timeout: state.config.header_read_timeout,
+        };
+        let serve = conn::serve(listener, app, limits, async move {
             shutdown.await;
             notify.notify_one();
         });
+        tokio::pin!(serve);
         let result = tokio::select! {
-            r = serve => r.map_err(ServerError::Serve),
+            r = &mut serve => r.map_err(ServerError::Serve),
             () = async {
                 signalled.notified().await;
                 tokio::time::sleep(drain).await;
-            } => Ok(()),
+            } => {
+                // Drained too slowly: the engine ends what it has, the handlers answer (finish
+                // reason `abort`), and the connections close once their last bytes are out.
+                state.engine.abort();
+                match tokio::time::timeout(ABORT_GRACE, &mut serve).await {
+                    Ok(r) => r.map_err(ServerError::Serve),
+                    Err(_) => Ok(()),
+                }
+            }
         };
         state.engine.shutdown();
         drop(state);
@@ -178,7 +220,19 @@ impl Server {
     }
 }
 
-/// Every route, with the body limit, the API key check and request counting.
+/// The most bytes of text one token of `codec` stands for (at least 1): the longest decoded
+/// vocabulary entry, special tokens included, plus one for a leading space a decoder drops.
+/// (A byte token that is half a character decodes to U+FFFD, 3 bytes: more, never less.)
+fn longest_token_bytes(codec: &TextCodec) -> usize {
+    let longest = (0..codec.vocab_size() as u32)
+        .filter_map(|id| codec.decode(&[id], true).ok())
+        .map(|t| t.len())
+        .max()
+        .unwrap_or(0);
+    longest + 1
+}
+
+/// Every route, with the API key check and request counting.
 fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/models", get(models))
@@ -197,7 +251,6 @@ fn router(state: Arc<AppState>) -> Router {
             state.clone(),
             count_requests,
         ))
-        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
         .with_state(state)
 }
 
@@ -263,25 +316,96 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
-/// Completes on SIGINT (Ctrl-C) or SIGTERM.
+/// Completes on SIGINT (Ctrl-C) or SIGTERM, the start of a graceful shutdown. A second
+/// SIGINT/SIGTERM after that ends the process at once, without draining (exit status 128 +
+/// the signal's number: 130 for SIGINT, 143 for SIGTERM).
 pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+    let mut signals = Signals::new();
+    let first = signals.next().await;
+    eprintln!(
+        "fp4forge serve: {first}: draining the requests in flight (a second signal exits at once)"
+    );
+    tokio::spawn(async move {
+        let second = signals.next().await;
+        eprintln!("fp4forge serve: {second} again: exiting now");
+        std::process::exit(128 + second.number());
+    });
+}
+
+/// A shutdown signal.
+#[derive(Debug, Clone, Copy)]
+enum Signal {
+    Interrupt,
+    Terminate,
+}
+
+impl Signal {
+    fn number(self) -> i32 {
+        match self {
+            Self::Interrupt => 2,
+            Self::Terminate => 15,
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
+    }
+}
+
+impl std::fmt::Display for Signal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Interrupt => "SIGINT",
+            Self::Terminate => "SIGTERM",
+        })
+    }
+}
+
+/// SIGINT and SIGTERM, listened to from creation on (a signal that comes while nobody awaits
+/// is kept for the next [`Signals::next`]).
+struct Signals {
+    #[cfg(unix)]
+    interrupt: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    terminate: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn new() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Self {
+                interrupt: signal(SignalKind::interrupt()).ok(),
+                terminate: signal(SignalKind::terminate()).ok(),
+            }
+        }
+        #[cfg(not(unix))]
+        Self {}
+    }
+
+    /// The next signal (pending forever if neither could be listened to).
+    async fn next(&mut self) -> Signal {
+        #[cfg(unix)]
+        {
+            async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
+                match s {
+                    Some(s) => {
+                        if s.recv().await.is_none() {
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            }
+            tokio::select! {
+                () = recv(&mut self.interrupt) => Signal::Interrupt,
+                () = recv(&mut self.terminate) => Signal::Terminate,
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            match tokio::signal::ctrl_c().await {
+                Ok(()) => Signal::Interrupt,
+                Err(_) => std::future::pending().await,
+            }
+        }
     }
 }
 
@@ -305,6 +429,25 @@ mod tests {
         .unwrap();
         assert!(server.backend().starts_with("cpu"), "{}", server.backend());
         server.run(async {}).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_missing_model_directory_is_named_as_such() {
+        let tmp = tempfile::tempdir().unwrap();
+        let missing = tmp.path().join("no-such-model");
+        let err = Server::bind(ServerConfig::new(&missing).port(0))
+            .await
+            .unwrap_err();
+        let message = err.to_string();
+        assert!(message.contains("no such directory"), "{message}");
+        assert!(message.contains("no-such-model"), "{message}");
+        assert!(!message.contains("tokenizer"), "{message}");
+        let file = tmp.path().join("config.json");
+        std::fs::write(&file, "{}").unwrap();
+        let err = Server::bind(ServerConfig::new(&file).port(0))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("not a directory"), "{err}");
     }
 
     #[cfg(not(feature = "cuda"))]

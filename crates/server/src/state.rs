@@ -30,9 +30,22 @@ pub(crate) struct AppState {
     pub eos_ids: Vec<u32>,
     /// How chats are rendered and parsed.
     pub chat: ChatSetup,
+    /// Bytes of text the longest vocabulary entry stands for (special tokens included): a text
+    /// of `b` bytes has at least `b / max_token_bytes` tokens.
+    pub max_token_bytes: usize,
+    /// Tokenizations running at once, at most (one per core): tokenizing is CPU and memory
+    /// work on blocking threads, bounded so that many large prompts at once cannot pile up.
+    pub tokenize_permits: tokio::sync::Semaphore,
 }
 
 impl AppState {
+    /// The longest prompt text worth tokenizing, bytes: any longer one has more tokens than
+    /// [`Self::max_prompt_tokens`].
+    pub fn max_prompt_bytes(&self) -> usize {
+        self.max_prompt_tokens()
+            .saturating_mul(self.max_token_bytes)
+    }
+
     /// The longest prompt accepted, tokens.
     pub fn max_prompt_tokens(&self) -> usize {
         self.config

@@ -11,14 +11,11 @@ use fp4forge_server::{ReasoningFormat, ToolFormat};
 use serde_json::{json, Value};
 
 async fn server(tools: bool, reasoning: bool) -> TestServer {
-    TestServer::start_with(
-        write_laguna_agent,
-        |c| {
-            c.enable_auto_tool_choice(tools)
-                .tool_call_parser(tools.then_some(ToolFormat::PoolsideV1))
-                .reasoning_parser(reasoning.then_some(ReasoningFormat::PoolsideV1))
-        },
-    )
+    TestServer::start_with(write_laguna_agent, |c| {
+        c.enable_auto_tool_choice(tools)
+            .tool_call_parser(tools.then_some(ToolFormat::PoolsideV1))
+            .reasoning_parser(reasoning.then_some(ReasoningFormat::PoolsideV1))
+    })
     .await
 }
 

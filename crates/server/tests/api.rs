@@ -694,7 +694,7 @@ async fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
             json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
             400,
             Some("messages[0].content"),
-            "only text parts",
+            "has type \"image_url\": only text parts",
         ),
         bad(
             chat,
@@ -775,6 +775,51 @@ async fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
         ),
         bad("/v1/nothing", json!({}), 404, None, "no such endpoint"),
     ];
+    // A huge text prompt (under the body limit) is refused by its bytes, before tokenizing,
+    // naming the limit; in a list too, and a chat's messages.
+    cases.push(bad(
+        cmpl,
+        json!({"prompt": "y".repeat(50_000)}),
+        400,
+        Some("prompt"),
+        "the prompt has 50000 bytes of text",
+    ));
+    cases.push(bad(
+        cmpl,
+        json!({"prompt": ["ok", "y".repeat(50_000)]}),
+        400,
+        Some("prompt"),
+        "at most 200 tokens",
+    ));
+    cases.push(bad(
+        chat,
+        json!({"messages": [{"role": "user", "content": "y".repeat(50_000)}]}),
+        400,
+        Some("messages"),
+        "50000 bytes",
+    ));
+    // Issue 22 item 11: messages that say the actual problem.
+    cases.push(bad(
+        chat,
+        json!({"messages": [{"role": "user", "content": [{"type": "text"}]}]}),
+        400,
+        Some("messages[0].content"),
+        "without `text`",
+    ));
+    cases.push(bad(
+        cmpl,
+        json!({"prompt": "x", "top_k": 1e10}),
+        400,
+        Some("top_k"),
+        "largest top_k accepted",
+    ));
+    cases.push(Bad {
+        path: cmpl,
+        body: r#"{"prompt": "\ud800"}"#.into(),
+        status: 400,
+        param: None,
+        says: "lone UTF-16 high surrogate",
+    });
     // An oversized body.
     cases.push(Bad {
         path: cmpl,

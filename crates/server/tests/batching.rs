@@ -220,3 +220,50 @@ async fn shutdown_drains_requests_in_flight() {
     // Stopped: no more connections.
     assert!(client().get(s.url("/health")).send().await.is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_timeout_ends_requests_in_flight_with_abort() {
+    let mut s = TestServer::start(|c| c.drain_timeout(Duration::from_millis(300))).await;
+    let url = s.url("/v1/completions");
+    // Far more tokens than a debug build makes in the drain timeout.
+    let long = 4000;
+    let r = client()
+        .post(&url)
+        .body(request("Hello world!", long, true).to_string())
+        .send()
+        .await
+        .unwrap();
+    let mut stream = r.bytes_stream();
+    let mut text = String::from_utf8(stream.next().await.unwrap().unwrap().to_vec()).unwrap();
+    let plain = tokio::spawn(
+        client()
+            .post(&url)
+            .body(request("The sun is", long, false).to_string())
+            .send(),
+    );
+    wait_until("both run", async || {
+        s.metric("fp4forge_requests_running{").await == 2.0
+    })
+    .await;
+    let stopped = s.begin_shutdown();
+    while let Some(piece) = stream.next().await {
+        text.push_str(std::str::from_utf8(&piece.unwrap()).unwrap());
+    }
+    let events = parse_sse(&text);
+    assert_eq!(events.last().unwrap(), "[DONE]", "{text}");
+    let finish = &events[events.len() - 2]["choices"][0]["finish_reason"];
+    assert_eq!(finish, "abort");
+    let plain = plain.await.unwrap().unwrap();
+    assert_eq!(plain.status().as_u16(), 200);
+    let v: Value = plain.json().await.unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "abort", "{v}");
+    assert!(
+        v["usage"]["completion_tokens"].as_u64().unwrap() < long as u64,
+        "{v}"
+    );
+    tokio::time::timeout(Duration::from_secs(30), stopped)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}

@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 use super::{int_in, stream_options_error, Limits, Sampling, Stop, StreamOptions};
 use crate::error::RequestError;
 use crate::integer::Integer;
-use crate::parse::{type_name, Field, Unimplemented, WireRequest};
+use crate::parse::{describe, type_name, Field, Unimplemented, WireRequest};
 
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -509,6 +509,42 @@ const CHAT_UNIMPLEMENTED: [Unimplemented;
     all
 };
 
+/// What is wrong with one content part, `None` when it is a well-formed text part: its type
+/// (only `text` is supported), a missing or non-string `text`, or a field a text part lacks.
+fn text_part_problem(part: &Value) -> Option<String> {
+    let Value::Object(part) = part else {
+        return Some(format!(
+            "must be a text part ({{\"type\": \"text\", \"text\": ...}}), got {}",
+            type_name(part)
+        ));
+    };
+    match part.get("type") {
+        Some(Value::String(t)) if t == "text" => {}
+        Some(Value::String(t)) => {
+            return Some(format!(
+                "has type {t:?}: only text parts ({{\"type\": \"text\", \"text\": ...}}) are \
+                 supported"
+            ))
+        }
+        None | Some(Value::Null) => {
+            return Some(
+                "has no `type` (a text part is {\"type\": \"text\", \"text\": ...})".into(),
+            )
+        }
+        Some(v) => return Some(format!("`type` must be a string, got {}", type_name(v))),
+    }
+    match part.get("text") {
+        Some(Value::String(_)) => {}
+        None | Some(Value::Null) => {
+            return Some("is a text part without `text` (the string it holds)".into())
+        }
+        Some(v) => return Some(format!("`text` must be a string, got {}", describe(v))),
+    }
+    part.keys()
+        .find(|k| *k != "type" && *k != "text")
+        .map(|k| format!("has unknown field `{k}` (a text part has `type` and `text`)"))
+}
+
 /// Why `messages` did not read as a list of [`ChatMessage`]s, naming the message and field.
 fn messages_error(value: &Value) -> Option<RequestError> {
     let key = "messages";
@@ -561,19 +597,11 @@ fn messages_error(value: &Value) -> Option<RequestError> {
             None | Some(Value::Null) | Some(Value::String(_)) => {}
             Some(Value::Array(parts)) => {
                 for (j, p) in parts.iter().enumerate() {
-                    match (p.get("type").and_then(Value::as_str), p.get("text")) {
-                        (Some("text"), Some(Value::String(_))) => {}
-                        (kind, _) => {
-                            return Some(RequestError::invalid(
-                                at("content"),
-                                format!(
-                                    "`messages[{i}].content[{j}]`: only text parts \
-                                     ({{\"type\": \"text\", \"text\": ...}}) are supported, \
-                                     got type {}",
-                                    kind.unwrap_or("(none)")
-                                ),
-                            ))
-                        }
+                    if let Some(problem) = text_part_problem(p) {
+                        return Some(RequestError::invalid(
+                            at("content"),
+                            format!("`messages[{i}].content[{j}]` {problem}"),
+                        ));
                     }
                 }
             }
@@ -697,6 +725,31 @@ mod tests {
             parse(r#"{"messages": [{"role": "assistant", "tool_calls": [{"function": "f"}]}]}"#)
                 .expect_err("tc");
         assert_eq!(e.param(), Some("messages[0].tool_calls"));
+        for (parts, says) in [
+            (r#"[{"type": "text"}]"#, "without `text`"),
+            (
+                r#"[{"type": "text", "text": 3}]"#,
+                "`text` must be a string, got an integer 3",
+            ),
+            (
+                r#"[{"type": "image_url", "image_url": {}}]"#,
+                "has type \"image_url\": only text",
+            ),
+            (r#"[{"text": "a"}]"#, "has no `type`"),
+            (
+                r#"[{"type": "text", "text": "a", "x": 1}]"#,
+                "unknown field `x`",
+            ),
+        ] {
+            let body = format!(r#"{{"messages": [{{"role": "user", "content": {parts}}}]}}"#);
+            let e = parse(&body).expect_err(parts);
+            assert_eq!(e.param(), Some("messages[0].content"), "{parts}");
+            assert!(e.to_string().contains(says), "{parts}: {e}");
+            assert!(
+                e.to_string().contains("messages[0].content[0]"),
+                "{parts}: {e}"
+            );
+        }
         let e = parse(r#"{"messages": [{"role": "user", "mood": "happy"}]}"#).expect_err("mood");
         assert_eq!(e.param(), Some("messages[0].mood"));
         let ok = parse(

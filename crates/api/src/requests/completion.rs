@@ -241,6 +241,10 @@ mod tests {
         let r = parse(r#"{"prompt": "x", "max_tokens": 99999999999999999999}"#).expect("parses");
         let e = r.validate(&LIMITS).expect_err("big");
         assert!(e.to_string().contains("exceeds"), "{e}");
+        let r = parse(r#"{"prompt": "x", "top_k": 1e10}"#).expect("parses");
+        let e = r.validate(&LIMITS).expect_err("top_k");
+        assert!(!e.to_string().contains("vocabulary"), "{e}");
+        assert!(e.to_string().contains("largest top_k accepted"), "{e}");
         let r = parse(r#"{"prompt": "x", "stop": ["", "x"]}"#).expect("parses");
         assert!(r
             .validate(&LIMITS)

@@ -24,7 +24,7 @@ macro_rules! wire_request {
             /// scores the prompt only; chat: default the room left in the context).
             #[serde(skip_serializing_if = "Option::is_none")]
             pub max_tokens: Option<Integer>,
-            /// Sampling temperature, 0 to 100 (0: greedy).
+            /// Sampling temperature, 0 to 100 (below 1e-5: greedy).
             #[serde(skip_serializing_if = "Option::is_none")]
             pub temperature: Option<f64>,
             /// Nucleus mass, in (0, 1].
@@ -212,7 +212,7 @@ const fn un(name: &'static str, neutral: &'static [&'static str]) -> Unimplement
 /// The sampling and stopping fields both requests have, borrowed from one of them.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Sampling<'a> {
-    /// Sampling temperature, 0 to 100 (0: greedy).
+    /// Sampling temperature, 0 to 100 (below 1e-5: greedy).
     pub temperature: Option<f64>,
     /// Nucleus mass, in (0, 1].
     pub top_p: Option<f64>,
@@ -252,7 +252,13 @@ impl Sampling<'_> {
             }
         }
         if let Some(k) = self.top_k {
-            int_in("top_k", k, -1, u64::from(u32::MAX), "the vocabulary")?;
+            int_in(
+                "top_k",
+                k,
+                -1,
+                u64::from(u32::MAX),
+                "the largest top_k accepted",
+            )?;
         }
         if let Some(s) = self.seed {
             if s.0 < i128::from(i64::MIN) || s.0 > i128::from(u64::MAX) {

@@ -93,6 +93,13 @@ impl EngineHandle {
     pub fn shutdown(&self) {
         let _ = self.tx.send(Msg::Shutdown);
     }
+
+    /// Asks the engine thread to end every sequence it has, waiting or running, at once (each
+    /// gets `Done` with [`Finish::Abort`](super::Finish::Abort), so its handler answers) and
+    /// stop; sequences submitted later are refused.
+    pub fn abort(&self) {
+        let _ = self.tx.send(Msg::Abort);
+    }
 }
 
 /// Starts the engine thread: loads the model there (on `config.device`), then schedules until

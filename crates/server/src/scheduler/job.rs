@@ -37,6 +37,8 @@ pub(crate) enum Finish {
     Length,
     /// A stop token.
     Stop,
+    /// The server gave up on it: the drain timeout of a shutdown ran out.
+    Abort,
 }
 
 /// What the engine tells a handler about one sequence.
@@ -89,6 +91,10 @@ pub(crate) type CancelFlag = Arc<AtomicBool>;
 
 /// A message to the engine thread.
 pub(super) enum Msg {
+    /// A sequence to run.
     Job(Job),
+    /// Finish what is queued and running, then stop.
     Shutdown,
+    /// End every sequence now (finish reason `abort`), then stop.
+    Abort,
 }

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use fp4forge_engine::{Backend, Model, Sampler, Session, Want};
 
-use super::job::{Event, Job, Msg};
+use super::job::{Event, Finish, Job, Msg};
 use crate::logprobs::TokenLogprob;
 use crate::metrics::Metrics;
 use crate::prefix_cache::PrefixCache;
@@ -87,7 +87,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         }
     }
 
-    /// Schedules until shut down and drained.
+    /// Schedules until shut down and drained, or aborted.
     pub(super) fn run(mut self, rx: Receiver<Msg>) {
         loop {
             if self.active.is_empty() && self.waiting.is_empty() {
@@ -97,18 +97,31 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                 match rx.recv() {
                     Ok(Msg::Job(j)) => self.waiting.push_back(j),
                     Ok(Msg::Shutdown) | Err(_) => self.shutting_down = true,
+                    Ok(Msg::Abort) => break,
                 }
             }
+            let mut abort = false;
             loop {
                 match rx.try_recv() {
                     Ok(Msg::Job(j)) => self.waiting.push_back(j),
                     Ok(Msg::Shutdown) => self.shutting_down = true,
+                    Ok(Msg::Abort) => abort = true,
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) => {
                         self.shutting_down = true;
                         break;
                     }
                 }
+            }
+            if abort {
+                // and those that came in behind the message
+                while let Ok(m) = rx.try_recv() {
+                    if let Msg::Job(j) = m {
+                        self.waiting.push_back(j);
+                    }
+                }
+                self.abort_all();
+                break;
             }
             self.drop_cancelled();
             self.admit();
@@ -121,6 +134,25 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                 .store(self.active.len(), Ordering::Relaxed);
         }
         self.metrics.running.store(0, Ordering::Relaxed);
+    }
+
+    /// Ends every waiting and running sequence with [`Finish::Abort`].
+    fn abort_all(&mut self) {
+        for job in self.waiting.drain(..) {
+            self.metrics.waiting.fetch_sub(1, Ordering::SeqCst);
+            job.send(Event::Done {
+                reason: Finish::Abort,
+                stop_token: None,
+            });
+        }
+        for s in self.active.drain(..) {
+            if !s.done {
+                s.job.send(Event::Done {
+                    reason: Finish::Abort,
+                    stop_token: None,
+                });
+            }
+        }
     }
 
     fn drop_cancelled(&mut self) {
