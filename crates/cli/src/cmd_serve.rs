@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use fp4forge_engine::Device;
-use fp4forge_engine::KvDtype;
+use fp4forge_engine::{KvDtype, LoadFormat};
 use fp4forge_server::{ReasoningFormat, Server, ServerConfig, ToolFormat};
 
 /// Arguments of `fp4forge serve`. Flags with a vLLM counterpart also answer to vLLM's spelling
@@ -89,6 +89,11 @@ pub struct ServeArgs {
     /// --max-model-len and --prefix-cache-mib.
     #[arg(long, value_name = "FRACTION")]
     gpu_memory_utilization: Option<String>,
+    /// How weight files are held: `mmap` (default; a file truncated while serving crashes the
+    /// server with SIGBUS) or `copy` (read into memory: the file's size in RAM, immune to
+    /// changes of the file).
+    #[arg(long, default_value = "mmap", value_parser = parse_load_format)]
+    load_format: LoadFormat,
     /// Most connections open at once (more are answered 503 and closed).
     #[arg(long, default_value_t = fp4forge_server::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
@@ -98,6 +103,15 @@ pub struct ServeArgs {
     /// Seconds a client has to send a request's body once its headers are in (else 408).
     #[arg(long, default_value_t = fp4forge_server::DEFAULT_BODY_READ_TIMEOUT.as_secs_f64())]
     body_read_timeout: f64,
+}
+
+/// `--load-format` values.
+fn parse_load_format(s: &str) -> Result<LoadFormat, String> {
+    match s {
+        "mmap" => Ok(LoadFormat::Mmap),
+        "copy" => Ok(LoadFormat::Copy),
+        other => Err(format!("unknown load format {other:?} (mmap, copy)")),
+    }
 }
 
 /// `secs` of flag `--NAME` as a duration: positive and finite.
@@ -181,6 +195,7 @@ impl ServeArgs {
             .enable_auto_tool_choice(self.enable_auto_tool_choice)
             .tool_call_parser(self.tool_call_parser)
             .reasoning_parser(self.reasoning_parser)
+            .load_format(self.load_format)
             .max_connections(self.max_connections)
             .header_read_timeout(seconds("header-read-timeout", self.header_read_timeout)?)
             .body_read_timeout(seconds("body-read-timeout", self.body_read_timeout)?))

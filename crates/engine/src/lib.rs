@@ -57,6 +57,7 @@ pub use backend::{Backend, CpuBackend};
 pub use device::{open, Device, ParseDeviceError, WithModel};
 pub use error::{EngineError, Result};
 pub use forward::forward;
+pub use fp4forge_format::LoadFormat;
 pub use generate::{GenerateOptions, Generation, GenerationStats, StopReason};
 pub use ir::{
     AttentionParams, KvDtype, KvLayerSpec, Resident, RouterParams, RouterScoring, SeqChunk, Want,

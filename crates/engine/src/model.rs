@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use fp4forge_format::Checkpoint;
+use fp4forge_format::{Checkpoint, LoadFormat};
 
 use crate::backend::{Backend, CpuBackend};
 use fp4forge_arch::ArchSpec;
@@ -36,6 +36,9 @@ pub struct ModelOptions {
     pub prefill_chunk: usize,
     /// CPU threads for [`Model::load`] (0, the default: rayon's global pool, one per core).
     pub threads: usize,
+    /// How the weight files are held: memory-mapped (default) or read into memory, which a
+    /// file truncated or rewritten while serving cannot affect.
+    pub load_format: LoadFormat,
 }
 
 impl Default for ModelOptions {
@@ -54,7 +57,14 @@ impl ModelOptions {
             max_context: None,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
             threads: 0,
+            load_format: LoadFormat::Mmap,
         }
+    }
+
+    /// Sets [`ModelOptions::load_format`].
+    pub fn load_format(mut self, format: LoadFormat) -> Self {
+        self.load_format = format;
+        self
     }
 
     /// Sets [`ModelOptions::kv_dtype`].
@@ -162,7 +172,7 @@ impl<B: Backend> Model<B> {
         let cfg = ConfigJson::from_path(&dir.join("config.json"))?;
         let spec = ArchSpec::from_config(&cfg)?;
 
-        let ckpt = Arc::new(Checkpoint::open(dir)?);
+        let ckpt = Arc::new(Checkpoint::open_with(dir, options.load_format)?);
         let loader = WeightLoader::new(ckpt.clone());
         let ctx = LoadCtx {
             backend: &backend,

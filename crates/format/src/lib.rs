@@ -42,7 +42,8 @@ pub use nvfp4::{
 };
 
 pub use checkpoint::{
-    Checkpoint, CheckpointError, Dtype, SafetensorsFile, ShardIndex, TensorEntry, TensorInfo,
+    Checkpoint, CheckpointError, Dtype, LoadFormat, SafetensorsFile, ShardIndex, TensorEntry,
+    TensorInfo,
 };
 pub use config::{
     write_file_atomic, Field, ModelConfig, QuantizationArgs, QuantizationConfig, QuantizationScheme,

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use fp4forge_engine::{Device, KvDtype};
+use fp4forge_engine::{Device, KvDtype, LoadFormat};
 
 use crate::parsers::{ReasoningFormat, ToolFormat};
 
@@ -85,6 +85,9 @@ pub struct ServerConfig {
     /// The key every `/v1` request must carry as `Authorization: Bearer KEY` (default: none,
     /// the API is open); `/health` and `/metrics` stay open either way.
     pub api_key: Option<String>,
+    /// How the weight files are held (`--load-format`): memory-mapped (default) or copied into
+    /// memory, which a file truncated while serving cannot crash.
+    pub load_format: LoadFormat,
     /// Most connections open at once; one more is answered 503 and closed.
     pub max_connections: usize,
     /// Time a client has to send a request's headers (else the connection is closed).
@@ -120,6 +123,7 @@ impl ServerConfig {
             tool_call_parser: None,
             reasoning_parser: None,
             api_key: None,
+            load_format: LoadFormat::Mmap,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
             body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
@@ -243,6 +247,12 @@ impl ServerConfig {
     /// Sets [`ServerConfig::api_key`].
     pub fn api_key(mut self, key: Option<String>) -> Self {
         self.api_key = key;
+        self
+    }
+
+    /// Sets [`ServerConfig::load_format`].
+    pub fn load_format(mut self, format: LoadFormat) -> Self {
+        self.load_format = format;
         self
     }
 

@@ -317,3 +317,31 @@ fn header_fuzzer_gets_openai_errors_and_a_live_server() {
     });
     runtime.block_on(s.stop());
 }
+
+/// `--load-format copy`: the weights are read into memory, so truncating the checkpoint's files
+/// while serving (which SIGBUSes a memory-mapped server) changes nothing.
+#[tokio::test]
+async fn a_copied_model_survives_its_files_being_truncated() {
+    let s = TestServer::start(|c| c.load_format(fp4forge_engine::LoadFormat::Copy)).await;
+    let body = serde_json::json!({"prompt": "The quick brown", "max_tokens": 4, "temperature": 0});
+    let (status, before) = s.post("/v1/completions", &body).await;
+    assert_eq!(status, 200, "{before}");
+    let mut truncated = 0;
+    for entry in std::fs::read_dir(&s.dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "safetensors") {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_len(0)
+                .unwrap();
+            truncated += 1;
+        }
+    }
+    assert!(truncated > 0);
+    let (status, after) = s.post("/v1/completions", &body).await;
+    assert_eq!(status, 200, "{after}");
+    assert_eq!(after["choices"][0]["text"], before["choices"][0]["text"]);
+    s.stop().await;
+}

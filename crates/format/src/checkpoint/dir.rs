@@ -5,7 +5,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::{
-    CheckpointError, SafetensorsFile, ShardIndex, TensorInfo, INDEX_FILE_NAME, SINGLE_FILE_NAME,
+    CheckpointError, LoadFormat, SafetensorsFile, ShardIndex, TensorInfo, INDEX_FILE_NAME,
+    SINGLE_FILE_NAME,
 };
 use crate::config::ModelConfig;
 
@@ -77,10 +78,15 @@ impl Checkpoint {
     /// Opens the checkpoint in `dir`: `model.safetensors.index.json` and its shards when the
     /// index exists, else `model.safetensors`, else the directory's only `*.safetensors` file.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, CheckpointError> {
+        Self::open_with(dir, LoadFormat::Mmap)
+    }
+
+    /// [`Checkpoint::open`] with the shards' bytes held as `format` says.
+    pub fn open_with(dir: impl AsRef<Path>, format: LoadFormat) -> Result<Self, CheckpointError> {
         let dir = dir.as_ref().to_path_buf();
         let index_path = dir.join(INDEX_FILE_NAME);
         if index_path.is_file() {
-            return Self::open_indexed(dir, index_path);
+            return Self::open_indexed(dir, index_path, format);
         }
         let single = dir.join(SINGLE_FILE_NAME);
         let single = if single.is_file() {
@@ -107,7 +113,7 @@ impl Checkpoint {
                 }
             }
         };
-        let shard = SafetensorsFile::open(&single)?;
+        let shard = SafetensorsFile::open_with(&single, format)?;
         let order = (0..shard.len()).map(|t| (0, t)).collect();
         let mut ckpt = Self {
             dir,
@@ -120,7 +126,11 @@ impl Checkpoint {
         Ok(ckpt)
     }
 
-    fn open_indexed(dir: PathBuf, index_path: PathBuf) -> Result<Self, CheckpointError> {
+    fn open_indexed(
+        dir: PathBuf,
+        index_path: PathBuf,
+        format: LoadFormat,
+    ) -> Result<Self, CheckpointError> {
         let index = ShardIndex::from_path(&index_path)?;
         index.check_shard_names(&index_path)?;
         let mut names: Vec<&str> = index.shard_names();
@@ -134,7 +144,7 @@ impl Checkpoint {
                     shard: (*name).to_owned(),
                 });
             }
-            shards.push(SafetensorsFile::open(&path)?);
+            shards.push(SafetensorsFile::open_with(&path, format)?);
         }
         let order = shards
             .iter()

@@ -1,4 +1,4 @@
-//! One `.safetensors` file, memory-mapped, its header validated on open.
+//! One `.safetensors` file, memory-mapped (or read into memory), its header validated on open.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -9,15 +9,45 @@ use memmap2::Mmap;
 
 use super::{CheckpointError, SafetensorsHeader, TensorInfo};
 
-/// A memory-mapped safetensors file whose header has been validated.
+/// How a file's bytes are held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LoadFormat {
+    /// Memory-mapped (the default): nothing is copied and pages stay in the page cache, but the
+    /// file must not be truncated or rewritten while it is open (a SIGBUS on the next read).
+    #[default]
+    Mmap,
+    /// Read into memory once: the process holds its own copy (the file's size in RAM), so a
+    /// file changed or truncated afterwards cannot affect it.
+    Copy,
+}
+
+/// A file's bytes: a read-only map or an owned copy.
+#[derive(Debug)]
+enum Storage {
+    Mmap(Mmap),
+    Heap(Vec<u8>),
+}
+
+impl std::ops::Deref for Storage {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Storage::Mmap(m) => m,
+            Storage::Heap(v) => v,
+        }
+    }
+}
+
+/// A safetensors file whose header has been validated, memory-mapped or read into memory
+/// ([`LoadFormat`]).
 ///
-/// Tensor bytes are borrowed straight from the map (zero copy). The file must not be truncated
-/// or rewritten by another process while it is open (that would be undefined behaviour for any
-/// memory map; in practice a SIGBUS).
+/// Tensor bytes are borrowed straight from the map or the copy. A mapped file must not be
+/// truncated or rewritten by another process while it is open (that would be undefined
+/// behaviour for any memory map; in practice a SIGBUS); [`LoadFormat::Copy`] lifts that.
 #[derive(Debug)]
 pub struct SafetensorsFile {
     path: PathBuf,
-    map: Mmap,
+    map: Storage,
     header: SafetensorsHeader,
     by_name: HashMap<String, usize>,
 }
@@ -26,11 +56,26 @@ impl SafetensorsFile {
     /// Opens and maps `path`, then parses and validates its header
     /// (see [`SafetensorsHeader::parse`]).
     pub fn open(path: impl AsRef<Path>) -> Result<Self, CheckpointError> {
+        Self::open_with(path, LoadFormat::Mmap)
+    }
+
+    /// Opens `path` holding its bytes as `format` says, then parses and validates its header.
+    pub fn open_with(path: impl AsRef<Path>, format: LoadFormat) -> Result<Self, CheckpointError> {
         let path = path.as_ref().to_path_buf();
-        let file = File::open(&path).map_err(|e| CheckpointError::io(&path, e))?;
-        // SAFETY: the map is read-only and lives no longer than `self`; the type's contract
-        // (documented above) is that nobody truncates or rewrites the file while it is open.
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| CheckpointError::io(&path, e))?;
+        let map = match format {
+            LoadFormat::Mmap => {
+                let file = File::open(&path).map_err(|e| CheckpointError::io(&path, e))?;
+                // SAFETY: the map is read-only and lives no longer than `self`; the type's
+                // contract (documented above) is that nobody truncates or rewrites the file
+                // while it is open.
+                Storage::Mmap(
+                    unsafe { Mmap::map(&file) }.map_err(|e| CheckpointError::io(&path, e))?,
+                )
+            }
+            LoadFormat::Copy => {
+                Storage::Heap(std::fs::read(&path).map_err(|e| CheckpointError::io(&path, e))?)
+            }
+        };
         let header = SafetensorsHeader::parse(&path, &map)?;
         let by_name = header.name_index();
         Ok(Self {
@@ -134,16 +179,15 @@ impl SafetensorsFile {
         let base = self.header.data_start() + range.start;
         let begin = (base + part.start).saturating_sub(MARGIN) / PAGE * PAGE;
         let end = (base + part.end.min(range.len()) + MARGIN).min(self.map.len());
+        let Storage::Mmap(map) = &self.map else {
+            return; // an owned copy has no page cache to release
+        };
         if end > begin {
             // SAFETY: the map is a read-only shared file mapping; MADV_DONTNEED only drops cached
             // pages, which the kernel re-reads from the unchanged file on the next access.
             // Failure is harmless (memory just stays resident), so the result is ignored.
             let _ = unsafe {
-                self.map.unchecked_advise_range(
-                    memmap2::UncheckedAdvice::DontNeed,
-                    begin,
-                    end - begin,
-                )
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, begin, end - begin)
             };
         }
     }

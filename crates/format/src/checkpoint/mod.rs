@@ -12,6 +12,6 @@ mod index;
 pub use dir::{Checkpoint, TensorEntry, CONFIG_FILE_NAME};
 pub use dtype::{Dtype, UnknownDtype};
 pub use error::CheckpointError;
-pub use file::SafetensorsFile;
+pub use file::{LoadFormat, SafetensorsFile};
 pub use header::{SafetensorsHeader, TensorInfo, MAX_HEADER_LEN};
 pub use index::{ShardIndex, INDEX_FILE_NAME, SINGLE_FILE_NAME};

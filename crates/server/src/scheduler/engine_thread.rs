@@ -112,7 +112,8 @@ pub(crate) fn start(
     let (ready_tx, ready_rx) = mpsc::channel();
     let mut options = ModelOptions::new()
         .kv_dtype(config.kv_dtype)
-        .threads(config.threads);
+        .threads(config.threads)
+        .load_format(config.load_format);
     if let Some(c) = config.max_context {
         options = options.max_context(c);
     }
