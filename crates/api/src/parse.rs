@@ -80,7 +80,8 @@ pub const COMMON_FIELDS: &[Field] = &[
     Field {
         name: "user",
         expected: "a string",
-    },    Field {
+    },
+    Field {
         name: "presence_penalty",
         expected: "a number",
     },

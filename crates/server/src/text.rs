@@ -410,8 +410,14 @@ mod tests {
     fn held_back_text_is_a_prefix_of_a_stop_string() {
         let (_t, codec) = codec();
         let ids = codec.encode("one two three", false).unwrap();
-        let mut c =
-            ChoiceText::new(codec.clone(), &[], vec![" two three!".into()], 0, false, false);
+        let mut c = ChoiceText::new(
+            codec.clone(),
+            &[],
+            vec![" two three!".into()],
+            0,
+            false,
+            false,
+        );
         let mut released = String::new();
         for id in ids {
             released.push_str(&c.push(id, None).unwrap().text);

@@ -259,9 +259,15 @@ mod tests {
         assert!(e.to_string().contains("not supported"), "{e}");
         assert!(parse(r#"{"prompt": "x", "use_beam_search": false}"#).is_ok());
         let r = parse(r#"{"prompt": "x", "presence_penalty": 2.5}"#).expect("parses");
-        assert_eq!(r.validate(&LIMITS).expect_err("range").param(), Some("presence_penalty"));
+        assert_eq!(
+            r.validate(&LIMITS).expect_err("range").param(),
+            Some("presence_penalty")
+        );
         let r = parse(r#"{"prompt": "x", "logit_bias": {"a": 1}}"#).expect("parses");
-        assert_eq!(r.validate(&LIMITS).expect_err("key").param(), Some("logit_bias"));
+        assert_eq!(
+            r.validate(&LIMITS).expect_err("key").param(),
+            Some("logit_bias")
+        );
         let r = parse(r#"{"prompt": "x", "logit_bias": {"7": 500}}"#).expect("parses");
         assert_eq!(r.sampling().logit_bias_list(), vec![(7, 100.0)]);
         for bad in [
