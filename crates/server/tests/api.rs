@@ -740,10 +740,10 @@ async fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
         ),
         bad(
             cmpl,
-            json!({"prompt": "x", "presence_penalty": 0.5}),
+            json!({"prompt": "x", "presence_penalty": 2.5}),
             400,
             Some("presence_penalty"),
-            "not supported",
+            "between",
         ),
         bad(
             cmpl,
