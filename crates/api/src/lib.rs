@@ -9,7 +9,7 @@
 //! ```text
 //! body            JSON that parses, an object                       "malformed JSON ..."
 //! keys            each one a field of the type ........ unknown ->  "unknown field `foo`"
-//!                 or an unimplemented field at its neutral value .. "`min_p` is not supported"
+//!                 or an unimplemented field at its neutral value .. "`best_of` is not supported"
 //! serde           each field of its JSON type .................... "`n` must be an integer"
 //! validate()      ranges and server limits ....................... "`n` = 9 exceeds ..."
 //! ```
@@ -21,9 +21,8 @@
 //!   type and documented as such (`user`; for chat also `store`, `metadata`,
 //!   `service_tier`, a message's `name`);
 //! - **unimplemented**: OpenAI and vLLM fields fp4forge does not implement
-//!   ([`WireRequest::UNIMPLEMENTED`]: penalties, tools, structured output, `min_p`, template
-//!   controls, ...), refused unless null or at a neutral value that asks for nothing
-//!   (`presence_penalty: 0`). Anything else is an unknown field, refused.
+//!   ([`WireRequest::UNIMPLEMENTED`]: beam search, structured output, ...), refused unless
+//!   null or at a neutral value that asks for nothing (`use_beam_search: false`). Anything else is an unknown field, refused.
 //!
 //! Responses ([`CompletionResponse`], [`ChatCompletionResponse`]), stream chunks
 //! ([`StreamChunk`]), the model list ([`ModelList`]) and the error body ([`ErrorResponse`])

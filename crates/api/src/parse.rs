@@ -81,6 +81,46 @@ pub const COMMON_FIELDS: &[Field] = &[
         name: "user",
         expected: "a string",
     },
+    Field {
+        name: "presence_penalty",
+        expected: "a number",
+    },
+    Field {
+        name: "frequency_penalty",
+        expected: "a number",
+    },
+    Field {
+        name: "repetition_penalty",
+        expected: "a number",
+    },
+    Field {
+        name: "logit_bias",
+        expected: "an object of token id → number",
+    },
+    Field {
+        name: "min_p",
+        expected: "a number",
+    },
+    Field {
+        name: "bad_words",
+        expected: "a list of strings",
+    },
+    Field {
+        name: "allowed_token_ids",
+        expected: "a list of token ids",
+    },
+    Field {
+        name: "include_stop_str_in_output",
+        expected: "true or false",
+    },
+    Field {
+        name: "skip_special_tokens",
+        expected: "true or false",
+    },
+    Field {
+        name: "truncate_prompt_tokens",
+        expected: "an integer",
+    },
 ];
 
 /// An OpenAI or vLLM field that fp4forge does not implement. It is accepted only when null or

@@ -43,6 +43,7 @@ pub mod forward;
 mod generate;
 pub mod ir;
 pub mod kv_cache;
+pub mod logits;
 mod model;
 pub mod models;
 pub mod rope;
@@ -62,6 +63,7 @@ pub use generate::{GenerateOptions, Generation, GenerationStats, StopReason};
 pub use ir::{
     AttentionParams, KvDtype, KvLayerSpec, Resident, RouterParams, RouterScoring, SeqChunk, Want,
 };
+pub use logits::LogitsAdjust;
 pub use model::{GenerationDefaults, Model, ModelInfo, ModelOptions, DEFAULT_PREFILL_CHUNK};
 pub use models::{Family, SUPPORTED_ARCHITECTURES};
 pub use sampling::{Sampler, SamplingParams, GREEDY_BELOW_TEMPERATURE};

@@ -243,7 +243,7 @@ impl Endpoint for Chat {
         };
         let (prompt_text, prompt) = render_prompt(state, &req, input).await?;
         check_prompt(&prompt, state, "messages", "the rendered conversation")?;
-        let prompts = vec![prompt];
+        let prompts = vec![common.truncated(prompt)];
         let max_tokens = max_tokens(req.max_tokens_field(), state, &prompts, None, 1)?;
         let mut specs = choice_specs(prompts, common, state, max_tokens, logprobs, None, false)?;
         let parsers: Vec<Option<ChatParsers>> = specs
@@ -259,7 +259,7 @@ impl Endpoint for Chat {
             .collect();
         for (spec, p) in specs.iter_mut().zip(&parsers) {
             // The parsers read the tags the tokenizer may call special.
-            spec.keep_special = p.is_some();
+            spec.keep_special |= p.is_some();
         }
         let endpoint = Self {
             logprobs: logprobs.is_some(),
@@ -312,7 +312,11 @@ impl Endpoint for Chat {
                     stop_reason: None,
                 })
             }
-            Update::Finished { choice, reason } => {
+            Update::Finished {
+                choice,
+                reason,
+                stop_reason,
+            } => {
                 let (delta, called) = match self.parsers.get_mut(choice).and_then(Option::as_mut) {
                     Some(p) => {
                         let events = p.finish();
@@ -326,7 +330,7 @@ impl Endpoint for Chat {
                     delta,
                     logprobs: None,
                     finish_reason: Some(finish_reason(reason, called).to_string()),
-                    stop_reason: None,
+                    stop_reason,
                 })
             }
         }
@@ -373,7 +377,7 @@ impl Endpoint for Chat {
                             .collect(),
                     }),
                     finish_reason: c.finish.map(|r| finish_reason(r, called).to_string()),
-                    stop_reason: None,
+                    stop_reason: c.stop_reason,
                 }
             })
             .collect();

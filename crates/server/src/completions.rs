@@ -82,7 +82,11 @@ impl Endpoint for Completions {
         let logprobs = req.top_logprobs();
         let prompts = req.prompt.as_ref().map(|p| p.to_list()).unwrap_or_default();
         let many = prompts.len() > 1;
-        let prompts = tokenize(state, prompts).await?;
+        let prompts: Vec<Vec<u32>> = tokenize(state, prompts)
+            .await?
+            .into_iter()
+            .map(|p| common.truncated(p))
+            .collect();
         for (i, p) in prompts.iter().enumerate() {
             check_prompt(p, state, "prompt", &prompt_name(many, i))?;
         }
@@ -118,12 +122,16 @@ impl Endpoint for Completions {
                 finish_reason: None,
                 stop_reason: None,
             },
-            Update::Finished { choice, reason } => CompletionChoice {
+            Update::Finished {
+                choice,
+                reason,
+                stop_reason,
+            } => CompletionChoice {
                 index: choice as u32,
                 text: String::new(),
                 logprobs: None,
                 finish_reason: Some(reason.to_string()),
-                stop_reason: None,
+                stop_reason,
             },
         })
     }
@@ -152,7 +160,7 @@ impl Endpoint for Completions {
                         acc
                     }),
                     finish_reason: c.finish.map(str::to_string),
-                    stop_reason: None,
+                    stop_reason: c.stop_reason,
                 }
             })
             .collect();

@@ -22,8 +22,14 @@ pub(crate) struct ChoiceSpec {
     pub stops: Vec<String>,
     /// Whether the prompt is echoed before the generated text.
     pub echo: bool,
-    /// Whether the text keeps the tokenizer's special tokens (a chat parser reads them).
+    /// Whether the text keeps the tokenizer's special tokens (`skip_special_tokens: false`,
+    /// or a chat parser that reads them).
     pub keep_special: bool,
+    /// Whether the matched stop string stays in the text (`include_stop_str_in_output`).
+    pub include_stop_str: bool,
+    /// Stop tokens reported as `stop_reason` when they end the choice (the request's
+    /// `stop_token_ids` that are not EOS).
+    pub stop_reason_ids: Vec<u32>,
 }
 
 /// Something to tell the client about one choice.
@@ -42,6 +48,9 @@ pub(crate) enum Update {
         choice: usize,
         /// `stop`, `length` or `abort`.
         reason: &'static str,
+        /// vLLM's `stop_reason`: the stop string or stop token id that matched (`None`: EOS
+        /// or length).
+        stop_reason: Option<serde_json::Value>,
     },
 }
 
@@ -69,6 +78,7 @@ struct Choice {
     cancel: CancelFlag,
     finished: bool,
     completion_tokens: usize,
+    stop_reason_ids: Vec<u32>,
 }
 
 /// A request's sequences in flight. Dropping it cancels every one still running.
@@ -109,7 +119,9 @@ impl Generation {
                     spec.stops,
                     min_tokens,
                     spec.keep_special,
+                    spec.include_stop_str,
                 ),
+                stop_reason_ids: spec.stop_reason_ids,
                 prompt,
                 prompt_index: spec.prompt_index,
                 echo: spec.echo,
@@ -198,6 +210,7 @@ impl Generation {
                     out.push(Update::Finished {
                         choice: i,
                         reason: "stop",
+                        stop_reason: c.text.matched_stop().map(serde_json::Value::from),
                     });
                 }
             }
@@ -217,6 +230,11 @@ impl Generation {
                     out.push(Update::Piece { choice: i, piece });
                 }
                 c.completion_tokens = c.text.tokens() + usize::from(stop_token.is_some());
+                let stop_reason = stop_token
+                    .as_ref()
+                    .map(|t| t.0)
+                    .filter(|t| c.stop_reason_ids.contains(t))
+                    .map(serde_json::Value::from);
                 c.finished = true;
                 self.remaining -= 1;
                 out.push(Update::Finished {
@@ -226,6 +244,7 @@ impl Generation {
                         Finish::Stop => "stop",
                         Finish::Abort => "abort",
                     },
+                    stop_reason,
                 });
             }
             Event::Failed(message) => {
@@ -244,7 +263,14 @@ impl Generation {
             for u in updates? {
                 match u {
                     Update::Piece { choice, piece } => out[choice].pieces.push(piece),
-                    Update::Finished { choice, reason } => out[choice].finish = Some(reason),
+                    Update::Finished {
+                        choice,
+                        reason,
+                        stop_reason,
+                    } => {
+                        out[choice].finish = Some(reason);
+                        out[choice].stop_reason = stop_reason;
+                    }
                 }
             }
         }
@@ -259,4 +285,6 @@ pub(crate) struct Collected {
     pub pieces: Vec<Piece>,
     /// Its finish reason.
     pub finish: Option<&'static str>,
+    /// vLLM's `stop_reason` (the matched stop string or stop token id).
+    pub stop_reason: Option<serde_json::Value>,
 }

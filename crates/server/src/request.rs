@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 use fp4forge_api::{Integer, Sampling};
-use fp4forge_engine::{SamplingParams, TextCodec};
+use fp4forge_engine::{LogitsAdjust, SamplingParams, TextCodec};
 
 use crate::api_error::ApiError;
 use crate::generation::ChoiceSpec;
@@ -77,6 +77,15 @@ pub(crate) struct CommonParams {
     pub stream: bool,
     /// A final usage chunk when streaming.
     pub include_usage: bool,
+    /// Penalties, bias, bans and min-p (`None`: neutral, the logits go to the sampler as they
+    /// are).
+    pub adjust: Option<Arc<LogitsAdjust>>,
+    /// Keep the matched stop string in the text (vLLM).
+    pub include_stop_str: bool,
+    /// Leave special tokens out of the text (vLLM's `skip_special_tokens`, default true).
+    pub skip_special: bool,
+    /// Keep only the last this many prompt tokens (vLLM's `truncate_prompt_tokens`).
+    pub truncate_prompt: Option<usize>,
 }
 
 impl CommonParams {
@@ -106,7 +115,12 @@ impl CommonParams {
                 format!("token id {t} is outside the vocabulary of {vocab} tokens"),
             ));
         }
+        let adjust = Self::adjust(fields, state)?;
         Ok(Self {
+            adjust: (!adjust.is_neutral()).then(|| Arc::new(adjust)),
+            include_stop_str: fields.include_stop_str_in_output.unwrap_or(false),
+            skip_special: fields.skip_special_tokens.unwrap_or(true),
+            truncate_prompt: fields.truncate_prompt_tokens.and_then(Integer::to_usize),
             n: fields.choices(),
             sampling: SamplingParams {
                 temperature,
@@ -121,6 +135,80 @@ impl CommonParams {
             stream: fields.stream.unwrap_or(false),
             include_usage: fields.include_usage(),
         })
+    }
+
+    /// The logit adjustments the request asks for: ids checked against the vocabulary,
+    /// `bad_words` tokenized as vLLM does (each word alone and after a space, the latter only
+    /// when it is a different token sequence of the same length).
+    fn adjust(fields: &Sampling<'_>, state: &AppState) -> Result<LogitsAdjust, ApiError> {
+        let vocab = state.info.vocab_size;
+        let logit_bias: std::collections::HashMap<u32, f32> =
+            fields.logit_bias_list().into_iter().collect();
+        if let Some(&t) = logit_bias.keys().find(|&&t| t as usize >= vocab) {
+            return Err(ApiError::field(
+                "logit_bias",
+                format!("token id {t} is outside the vocabulary of {vocab} tokens"),
+            ));
+        }
+        let allowed_token_ids = fields.allowed_token_list();
+        if let Some(&t) = allowed_token_ids
+            .iter()
+            .flatten()
+            .find(|&&t| t as usize >= vocab)
+        {
+            return Err(ApiError::field(
+                "allowed_token_ids",
+                format!("token id {t} is outside the vocabulary of {vocab} tokens"),
+            ));
+        }
+        let mut bad_words: Vec<Vec<u32>> = Vec::new();
+        for word in fields.bad_words.unwrap_or_default() {
+            let encode = |text: &str| {
+                state
+                    .codec
+                    .encode(text, false)
+                    .map_err(|e| ApiError::field("bad_words", format!("cannot tokenize: {e}")))
+            };
+            let bare = encode(word.trim_start())?;
+            let spaced = encode(&format!(" {}", word.trim_start()))?;
+            if bare.is_empty() {
+                continue;
+            }
+            let distinct = spaced.len() == bare.len() && spaced.first() != bare.first();
+            bad_words.push(bare);
+            if distinct {
+                bad_words.push(spaced);
+            }
+        }
+        Ok(LogitsAdjust {
+            presence_penalty: fields.presence_penalty.unwrap_or(0.0) as f32,
+            frequency_penalty: fields.frequency_penalty.unwrap_or(0.0) as f32,
+            repetition_penalty: fields.repetition_penalty.unwrap_or(1.0) as f32,
+            logit_bias,
+            min_p: fields.min_p.unwrap_or(0.0) as f32,
+            bad_words,
+            allowed_token_ids,
+        })
+    }
+
+    /// `prompt` cut to its last `truncate_prompt_tokens` tokens, when asked.
+    pub fn truncated(&self, mut prompt: Vec<u32>) -> Vec<u32> {
+        if let Some(k) = self.truncate_prompt {
+            if prompt.len() > k {
+                prompt.drain(..prompt.len() - k);
+            }
+        }
+        prompt
+    }
+
+    /// The request's own stop token ids that are not the model's EOS: a finish on one of these
+    /// reports it as `stop_reason` (EOS reports none, as in vLLM).
+    pub fn reported_stop_ids(&self, state: &AppState) -> Vec<u32> {
+        self.stop_token_ids
+            .iter()
+            .copied()
+            .filter(|t| !state.eos_ids.contains(t))
+            .collect()
     }
 
     /// The engine's stop tokens for these parameters.
@@ -261,9 +349,12 @@ pub(crate) fn choice_specs(
                     stop_ids: stop_ids.clone(),
                     logprobs,
                     prompt_logprobs,
+                    adjust: common.adjust.clone(),
                 },
                 stops: common.stop.clone(),
-                keep_special: false,
+                keep_special: !common.skip_special,
+                include_stop_str: common.include_stop_str,
+                stop_reason_ids: common.reported_stop_ids(state),
                 echo,
             });
         }

@@ -158,6 +158,10 @@ pub(crate) struct ChoiceText {
     pending: VecDeque<(TextToken, usize, usize)>,
     tokens: usize,
     stopped: bool,
+    /// Keep the matched stop string in the text.
+    include_stop: bool,
+    /// The stop string that ended the text.
+    matched: Option<String>,
 }
 
 /// The largest char boundary of `s` at or below `i`.
@@ -171,13 +175,15 @@ fn floor_boundary(s: &str, mut i: usize) -> usize {
 
 impl ChoiceText {
     /// Text generated after `prompt`, cut at the first of `stops` once `min_tokens` tokens
-    /// were generated; special tokens are dropped unless `keep_special`.
+    /// were generated (kept in the text with `include_stop`); special tokens are dropped unless
+    /// `keep_special`.
     pub fn new(
         codec: Arc<TextCodec>,
         prompt: &[u32],
         stops: Vec<String>,
         min_tokens: usize,
         keep_special: bool,
+        include_stop: bool,
     ) -> Self {
         Self {
             detok: Detokenizer::new(codec, prompt, keep_special),
@@ -189,7 +195,14 @@ impl ChoiceText {
             pending: VecDeque::new(),
             tokens: 0,
             stopped: false,
+            include_stop,
+            matched: None,
         }
+    }
+
+    /// The stop string that ended the text, if one did.
+    pub fn matched_stop(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 
     /// Whether a stop string ended the text.
@@ -227,10 +240,13 @@ impl ChoiceText {
             let hit = self
                 .stops
                 .iter()
-                .filter_map(|s| self.text[from..].find(s.as_str()).map(|i| from + i))
-                .min();
-            if let Some(m) = hit {
-                // The text ends where the stop string starts.
+                .filter_map(|s| self.text[from..].find(s.as_str()).map(|i| (from + i, s)))
+                .min_by_key(|h| h.0);
+            if let Some((m, stop)) = hit {
+                let stop = stop.clone();
+                // The text ends where the stop string starts (or ends, with `include_stop`).
+                let m = if self.include_stop { m + stop.len() } else { m };
+                self.matched = Some(stop);
                 let m = m.max(self.released);
                 self.text.truncate(m);
                 self.stopped = true;
@@ -338,6 +354,7 @@ mod tests {
             stops.iter().map(|s| s.to_string()).collect(),
             min,
             false,
+            false,
         );
         let mut out = Vec::new();
         for id in ids {
@@ -393,7 +410,14 @@ mod tests {
     fn held_back_text_is_a_prefix_of_a_stop_string() {
         let (_t, codec) = codec();
         let ids = codec.encode("one two three", false).unwrap();
-        let mut c = ChoiceText::new(codec.clone(), &[], vec![" two three!".into()], 0, false);
+        let mut c = ChoiceText::new(
+            codec.clone(),
+            &[],
+            vec![" two three!".into()],
+            0,
+            false,
+            false,
+        );
         let mut released = String::new();
         for id in ids {
             released.push_str(&c.push(id, None).unwrap().text);

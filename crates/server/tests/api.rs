@@ -740,10 +740,10 @@ async fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
         ),
         bad(
             cmpl,
-            json!({"prompt": "x", "presence_penalty": 0.5}),
+            json!({"prompt": "x", "presence_penalty": 2.5}),
             400,
             Some("presence_penalty"),
-            "not supported",
+            "between",
         ),
         bad(
             cmpl,
@@ -877,7 +877,11 @@ async fn unknown_and_unimplemented_fields_are_refused_by_name_ignored_ones_accep
     }
     // Unimplemented vLLM/OpenAI fields: a 400 naming the field, "not supported".
     for (path, body, field) in [
-        (cmpl, json!({"prompt": "x", "min_p": 0.1}), "min_p"),
+        (
+            cmpl,
+            json!({"prompt": "x", "length_penalty": 0.5}),
+            "length_penalty",
+        ),
         (
             cmpl,
             json!({"prompt": "x", "guided_choice": ["a", "b"]}),
@@ -888,7 +892,11 @@ async fn unknown_and_unimplemented_fields_are_refused_by_name_ignored_ones_accep
             json!({"prompt": "x", "prompt_logprobs": 1}),
             "prompt_logprobs",
         ),
-        (chat, json!({"messages": hi, "min_p": 0.05}), "min_p"),
+        (
+            chat,
+            json!({"messages": hi, "use_beam_search": true}),
+            "use_beam_search",
+        ),
         (
             chat,
             json!({"messages": hi, "mm_processor_kwargs": {"size": 4}}),
@@ -920,7 +928,7 @@ async fn unknown_and_unimplemented_fields_are_refused_by_name_ignored_ones_accep
         (cmpl, json!({"prompt": "x", "max_tokens": 1, "user": "u-1"})),
         (
             cmpl,
-            json!({"prompt": "x", "max_tokens": 1, "presence_penalty": 0, "min_p": 0}),
+            json!({"prompt": "x", "max_tokens": 1, "use_beam_search": false, "best_of": 1}),
         ),
         (
             chat,

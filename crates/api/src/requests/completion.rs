@@ -258,10 +258,33 @@ mod tests {
         let e = parse(r#"{"prompt": "x", "frobnicate": 1}"#).expect_err("unknown");
         assert_eq!(e.param(), Some("frobnicate"));
         assert!(parse(r#"{"prompt": "x", "user": "u1"}"#).is_ok());
-        let e = parse(r#"{"prompt": "x", "min_p": 0.1}"#).expect_err("min_p");
-        assert_eq!(e.param(), Some("min_p"));
+        let e = parse(r#"{"prompt": "x", "use_beam_search": true}"#).expect_err("beam");
+        assert_eq!(e.param(), Some("use_beam_search"));
         assert!(e.to_string().contains("not supported"), "{e}");
-        assert!(parse(r#"{"prompt": "x", "presence_penalty": 0}"#).is_ok());
+        assert!(parse(r#"{"prompt": "x", "use_beam_search": false}"#).is_ok());
+        let r = parse(r#"{"prompt": "x", "presence_penalty": 2.5}"#).expect("parses");
+        assert_eq!(
+            r.validate(&LIMITS).expect_err("range").param(),
+            Some("presence_penalty")
+        );
+        let r = parse(r#"{"prompt": "x", "logit_bias": {"a": 1}}"#).expect("parses");
+        assert_eq!(
+            r.validate(&LIMITS).expect_err("key").param(),
+            Some("logit_bias")
+        );
+        let r = parse(r#"{"prompt": "x", "logit_bias": {"7": 500}}"#).expect("parses");
+        assert_eq!(r.sampling().logit_bias_list(), vec![(7, 100.0)]);
+        for bad in [
+            r#""repetition_penalty": 0"#,
+            r#""min_p": 1.5"#,
+            r#""allowed_token_ids": []"#,
+            r#""bad_words": [" "]"#,
+            r#""truncate_prompt_tokens": 0"#,
+        ] {
+            let r = parse(&format!(r#"{{"prompt": "x", {bad}}}"#)).expect("parses");
+            let e = r.validate(&LIMITS).expect_err(bad);
+            assert!(bad.contains(e.param().unwrap_or("?")), "{bad}: {e}");
+        }
         assert!(parse(r#"{"prompt": "x", "suffix": ""}"#).is_ok());
     }
 }

@@ -60,6 +60,36 @@ macro_rules! wire_request {
             /// Accepted and ignored: an end-user id (OpenAI uses it for abuse monitoring).
             #[serde(skip_serializing_if = "Option::is_none")]
             pub user: Option<String>,
+            /// Penalty on tokens already generated, -2 to 2.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub presence_penalty: Option<f64>,
+            /// Penalty per occurrence in the generated tokens, -2 to 2.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub frequency_penalty: Option<f64>,
+            /// vLLM: penalty on tokens of the prompt or the output, > 0 (1: off).
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub repetition_penalty: Option<f64>,
+            /// Token id (as a string) → bias added to its logit (clamped to ±100).
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
+            /// vLLM: drop tokens below this fraction of the top probability, 0 to 1.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub min_p: Option<f64>,
+            /// vLLM: words never generated.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub bad_words: Option<Vec<String>>,
+            /// vLLM: only these token ids may be generated.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub allowed_token_ids: Option<Vec<Integer>>,
+            /// vLLM: keep the matched stop string in the text.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub include_stop_str_in_output: Option<bool>,
+            /// vLLM: leave special tokens out of the text (default true).
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub skip_special_tokens: Option<bool>,
+            /// vLLM: keep only the last this many prompt tokens (at least 1).
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub truncate_prompt_tokens: Option<Integer>,
             $(
                 $(#[$fmeta])*
                 #[serde(skip_serializing_if = "Option::is_none")]
@@ -85,6 +115,16 @@ macro_rules! wire_request {
                     min_tokens: self.min_tokens,
                     stream: self.stream,
                     stream_options: self.stream_options.as_ref(),
+                    presence_penalty: self.presence_penalty,
+                    frequency_penalty: self.frequency_penalty,
+                    repetition_penalty: self.repetition_penalty,
+                    logit_bias: self.logit_bias.as_ref(),
+                    min_p: self.min_p,
+                    bad_words: self.bad_words.as_deref(),
+                    allowed_token_ids: self.allowed_token_ids.as_deref(),
+                    include_stop_str_in_output: self.include_stop_str_in_output,
+                    skip_special_tokens: self.skip_special_tokens,
+                    truncate_prompt_tokens: self.truncate_prompt_tokens,
                 }
             }
         }
@@ -164,16 +204,11 @@ pub struct StreamOptions {
     pub include_usage: Option<bool>,
 }
 
-/// Fields of the API (OpenAI's and vLLM's) that both endpoints refuse unless null or neutral.
-/// The penalties, `logit_bias`, `best_of`, tools and structured output change what is
-/// generated and fp4forge does not implement them; the vLLM sampling and template extras
-/// likewise. A neutral value (a penalty of 0, `add_special_tokens` as fp4forge already does)
-/// asks for nothing and is accepted.
+/// Fields of the API (OpenAI's and vLLM's) that both endpoints refuse unless null or neutral:
+/// `best_of` and beam search (`use_beam_search`, `length_penalty`), structured output, and the
+/// vLLM extras fp4forge does not implement. A neutral value (`use_beam_search: false`) asks
+/// for nothing and is accepted.
 pub const UNIMPLEMENTED_COMMON: &[Unimplemented] = &[
-    un("presence_penalty", &["0", "0.0"]),
-    un("frequency_penalty", &["0", "0.0"]),
-    un("repetition_penalty", &["1", "1.0"]),
-    un("logit_bias", &["{}"]),
     un("best_of", &["1"]),
     un("tools", &["[]"]),
     un("functions", &["[]"]),
@@ -184,16 +219,10 @@ pub const UNIMPLEMENTED_COMMON: &[Unimplemented] = &[
     un("guided_grammar", &[]),
     un("guided_decoding_backend", &[]),
     un("structured_outputs", &[]),
-    un("min_p", &["0", "0.0"]),
     un("use_beam_search", &["false"]),
     un("length_penalty", &["1", "1.0"]),
-    un("bad_words", &["[]"]),
-    un("allowed_token_ids", &[]),
     un("prompt_logprobs", &[]),
-    un("include_stop_str_in_output", &["false"]),
-    un("skip_special_tokens", &[]),
     un("spaces_between_special_tokens", &[]),
-    un("truncate_prompt_tokens", &[]),
     un("logits_processors", &[]),
     un("return_tokens_as_token_ids", &["false"]),
     un("add_special_tokens", &[]),
@@ -234,6 +263,26 @@ pub struct Sampling<'a> {
     pub stream: Option<bool>,
     /// Streaming options.
     pub stream_options: Option<&'a StreamOptions>,
+    /// Presence penalty, -2 to 2.
+    pub presence_penalty: Option<f64>,
+    /// Frequency penalty, -2 to 2.
+    pub frequency_penalty: Option<f64>,
+    /// Repetition penalty (vLLM), > 0.
+    pub repetition_penalty: Option<f64>,
+    /// Logit bias: token id (a string) → bias.
+    pub logit_bias: Option<&'a std::collections::BTreeMap<String, f64>>,
+    /// Min-p (vLLM), 0 to 1.
+    pub min_p: Option<f64>,
+    /// Banned words (vLLM).
+    pub bad_words: Option<&'a [String]>,
+    /// The only tokens that may be generated (vLLM).
+    pub allowed_token_ids: Option<&'a [Integer]>,
+    /// Keep the matched stop string in the text (vLLM).
+    pub include_stop_str_in_output: Option<bool>,
+    /// Leave special tokens out of the text (vLLM; default true).
+    pub skip_special_tokens: Option<bool>,
+    /// Keep only the last this many prompt tokens (vLLM).
+    pub truncate_prompt_tokens: Option<Integer>,
 }
 
 impl Sampling<'_> {
@@ -320,7 +369,95 @@ impl Sampling<'_> {
                 "this server's max_tokens limit",
             )?;
         }
+        if let Some(p) = self.presence_penalty {
+            in_range("presence_penalty", p, -2.0, 2.0)?;
+        }
+        if let Some(p) = self.frequency_penalty {
+            in_range("frequency_penalty", p, -2.0, 2.0)?;
+        }
+        if let Some(p) = self.repetition_penalty {
+            if !(p.is_finite() && p > 0.0) {
+                return Err(RequestError::invalid(
+                    "repetition_penalty",
+                    format!("`repetition_penalty` must be greater than 0, got {p}"),
+                ));
+            }
+        }
+        if let Some(p) = self.min_p {
+            in_range("min_p", p, 0.0, 1.0)?;
+        }
+        for (key, &bias) in self.logit_bias.into_iter().flatten() {
+            if key.trim().parse::<u32>().is_err() {
+                return Err(RequestError::invalid(
+                    "logit_bias",
+                    format!("`logit_bias` keys must be token ids, got {key:?}"),
+                ));
+            }
+            if !bias.is_finite() {
+                return Err(RequestError::invalid(
+                    "logit_bias",
+                    format!("`logit_bias[{key}]` must be a finite number"),
+                ));
+            }
+        }
+        if let Some(ids) = self.allowed_token_ids {
+            if ids.is_empty() {
+                return Err(RequestError::invalid(
+                    "allowed_token_ids",
+                    "`allowed_token_ids` must not be empty",
+                ));
+            }
+            if let Some(&id) = ids.iter().find(|id| u32::try_from(id.0).is_err()) {
+                return Err(RequestError::WrongType {
+                    field: "allowed_token_ids".into(),
+                    expected: "a list of token ids",
+                    got: describe(&integer_value(id)),
+                });
+            }
+        }
+        if self
+            .bad_words
+            .unwrap_or_default()
+            .iter()
+            .any(|w| w.trim().is_empty())
+        {
+            return Err(RequestError::invalid(
+                "bad_words",
+                "`bad_words` must not contain empty words",
+            ));
+        }
+        if let Some(t) = self.truncate_prompt_tokens {
+            int_in(
+                "truncate_prompt_tokens",
+                t,
+                1,
+                u64::from(u32::MAX),
+                "the largest prompt",
+            )?;
+        }
         Ok(())
+    }
+
+    /// `logit_bias` as token id → bias clamped to `[-100, 100]` (as vLLM clamps it). Valid
+    /// after [`Self::validate`] (keys that are not token ids are skipped).
+    pub fn logit_bias_list(&self) -> Vec<(u32, f32)> {
+        self.logit_bias
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, &b)| {
+                let id = k.trim().parse::<u32>().ok()?;
+                Some((id, b.clamp(-100.0, 100.0) as f32))
+            })
+            .collect()
+    }
+
+    /// `allowed_token_ids` as ids (those that fit `u32`; all do after [`Self::validate`]).
+    pub fn allowed_token_list(&self) -> Option<Vec<u32>> {
+        self.allowed_token_ids.map(|ids| {
+            ids.iter()
+                .filter_map(|id| u32::try_from(id.0).ok())
+                .collect()
+        })
     }
 
     /// Choices per prompt (1 when absent). Valid after [`Self::validate`].

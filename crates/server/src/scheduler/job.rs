@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use fp4forge_engine::SamplingParams;
+use fp4forge_engine::{LogitsAdjust, SamplingParams};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::logprobs::TokenLogprob;
@@ -28,6 +28,9 @@ pub(crate) struct SeqRequest {
     pub logprobs: Option<usize>,
     /// Top alternatives per prompt token, when prompt logprobs are asked for.
     pub prompt_logprobs: Option<usize>,
+    /// Logit adjustments before sampling (`None`: none; the token may be picked on the
+    /// device). Logprobs stay those of the raw logits, as vLLM reports them by default.
+    pub adjust: Option<Arc<LogitsAdjust>>,
 }
 
 /// Why a sequence ended.

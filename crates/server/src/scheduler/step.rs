@@ -131,12 +131,14 @@ impl<B: Backend> Scheduler<'_, B> {
     }
 
     /// Whether sequence `i`'s next token needs no logits on the host: it is decoding, asks for
-    /// no logprobs and may already sample its stop tokens (nothing to mask).
+    /// no logprobs, no logit adjustments and may already sample its stop tokens (nothing to
+    /// mask).
     fn picks_without_logits(&self, i: usize) -> bool {
         let s = &self.active[i];
         let req = &s.job.req;
         s.decoding
             && req.logprobs.is_none()
+            && req.adjust.is_none()
             && (s.generated >= req.min_tokens || req.stop_ids.is_empty())
     }
 
@@ -193,7 +195,15 @@ impl<B: Backend> Scheduler<'_, B> {
         } else {
             Vec::new()
         };
-        let token = s.sampler.sample(logits);
+        let token = match &req.adjust {
+            None => s.sampler.sample(logits),
+            Some(adjust) => {
+                let mut adjusted = logits.to_vec();
+                let temperature = s.sampler.params().temperature;
+                adjust.apply(&mut adjusted, &req.prompt, &s.fed, temperature);
+                s.sampler.sample(&adjusted)
+            }
+        };
         for (t, old) in masked {
             logits[t] = old;
         }
