@@ -21,7 +21,7 @@
 //!   type and documented as such (`user`; for chat also `store`, `metadata`,
 //!   `service_tier`, a message's `name`);
 //! - **unimplemented**: OpenAI and vLLM fields fp4forge does not implement
-//!   ([`WireRequest::UNIMPLEMENTED`]: penalties, tools, structured output, `min_p`, template
+//!   ([`WireRequest::UNIMPLEMENTED`]: penalties, `min_p`, template
 //!   controls, ...), refused unless null or at a neutral value that asks for nothing
 //!   (`presence_penalty: 0`). Anything else is an unknown field, refused.
 //!
@@ -51,6 +51,10 @@ pub use requests::chat::{
     MessageToolCall, Role, ToolChoice,
 };
 pub use requests::completion::{CompletionRequest, Prompt, SinglePrompt};
+pub use requests::structured::{
+    Constrained, JsonSchemaFormat, OutputConstraint, ResponseFormat, StructuredFields,
+    StructuredOutputs,
+};
 pub use requests::{
     GenerationRequest, Limits, Sampling, Stop, StreamOptions, MAX_STOPS, MAX_STOP_BYTES,
 };

@@ -93,6 +93,7 @@ macro_rules! wire_request {
 
 pub mod chat;
 pub mod completion;
+pub mod structured;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -165,7 +166,7 @@ pub struct StreamOptions {
 }
 
 /// Fields of the API (OpenAI's and vLLM's) that both endpoints refuse unless null or neutral.
-/// The penalties, `logit_bias`, `best_of`, tools and structured output change what is
+/// The penalties, `logit_bias`, `best_of` and `functions` change what is
 /// generated and fp4forge does not implement them; the vLLM sampling and template extras
 /// likewise. A neutral value (a penalty of 0, `add_special_tokens` as fp4forge already does)
 /// asks for nothing and is accepted.
@@ -177,13 +178,7 @@ pub const UNIMPLEMENTED_COMMON: &[Unimplemented] = &[
     un("best_of", &["1"]),
     un("tools", &["[]"]),
     un("functions", &["[]"]),
-    un("response_format", &["{\"type\": \"text\"}"]),
-    un("guided_json", &[]),
-    un("guided_regex", &[]),
-    un("guided_choice", &[]),
-    un("guided_grammar", &[]),
     un("guided_decoding_backend", &[]),
-    un("structured_outputs", &[]),
     un("min_p", &["0", "0.0"]),
     un("use_beam_search", &["false"]),
     un("length_penalty", &["1", "1.0"]),
