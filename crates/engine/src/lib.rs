@@ -36,6 +36,7 @@
 
 pub mod backend;
 mod batch;
+pub mod constraint;
 pub mod config;
 mod device;
 mod error;
@@ -54,6 +55,7 @@ pub mod weights;
 #[cfg(feature = "cuda")]
 pub use backend::CudaBackend;
 pub use backend::{Backend, CpuBackend};
+pub use constraint::Constraint;
 pub use device::{open, Device, ParseDeviceError, WithModel};
 pub use error::{EngineError, Result};
 pub use forward::forward;
