@@ -36,8 +36,8 @@
 
 pub mod backend;
 mod batch;
-pub mod constraint;
 pub mod config;
+pub mod constraint;
 mod device;
 mod error;
 pub mod forward;

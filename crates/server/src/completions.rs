@@ -16,6 +16,7 @@ use crate::endpoint::Endpoint;
 use crate::generation::{ChoiceSpec, Collected, Update, Usage};
 use crate::request::{check_prompt, choice_specs, max_tokens, with_codec, CommonParams};
 use crate::state::AppState;
+use crate::structured::constrain;
 use crate::text::Piece;
 
 /// OpenAI's default `max_tokens` for completions.
@@ -77,7 +78,7 @@ impl Endpoint for Completions {
         let asked = req.max_tokens.map(|m| ("max_tokens", m));
         let max_tokens = max_tokens(asked, state, &prompts, Some(DEFAULT_MAX_TOKENS), 0)?;
         let prompt_logprobs = if echo { logprobs } else { None };
-        let specs = choice_specs(
+        let mut specs = choice_specs(
             prompts,
             common,
             state,
@@ -86,6 +87,7 @@ impl Endpoint for Completions {
             prompt_logprobs,
             echo,
         )?;
+        constrain(state, req.structured().constraint()?, &mut specs).await?;
         let endpoint = Self {
             logprobs,
             offsets: vec![0; specs.len()],

@@ -228,6 +228,7 @@ pub(crate) fn choice_specs(
                     stop_ids: stop_ids.clone(),
                     logprobs,
                     prompt_logprobs,
+                    grammar: None,
                 },
                 stops: common.stop.clone(),
                 keep_special: false,

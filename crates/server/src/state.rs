@@ -9,6 +9,7 @@ use crate::chat::ChatSetup;
 use crate::config::ServerConfig;
 use crate::metrics::Metrics;
 use crate::scheduler::EngineHandle;
+use crate::structured::Grammars;
 
 /// Shared state of the HTTP handlers.
 pub(crate) struct AppState {
@@ -30,6 +31,8 @@ pub(crate) struct AppState {
     pub eos_ids: Vec<u32>,
     /// How chats are rendered and parsed.
     pub chat: ChatSetup,
+    /// The grammar engine of structured output.
+    pub grammars: Arc<Grammars>,
 }
 
 impl AppState {

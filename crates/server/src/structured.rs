@@ -23,6 +23,8 @@ use llguidance::{Matcher, ParserFactory};
 use serde_json::{json, Value};
 
 use crate::api_error::ApiError;
+use crate::generation::ChoiceSpec;
+use crate::state::AppState;
 
 /// The grammar engine of one tokenizer (`Err`: why this checkpoint's tokenizer cannot be used;
 /// constrained requests are refused with it).
@@ -47,6 +49,13 @@ impl Grammars {
         })()
         .map_err(|e| format!("this model's tokenizer cannot drive the grammar engine: {e}"));
         Self { factory }
+    }
+
+    /// An engine that refuses every constraint, saying `why`.
+    pub fn unavailable(why: String) -> Self {
+        Self {
+            factory: Err(format!("structured output is unavailable: {why}")),
+        }
     }
 
     /// Compiles `c` (the field that asked for it named by any error).
@@ -78,6 +87,24 @@ impl Grammars {
     }
 }
 
+/// Compiles `c` (on a blocking thread: a large schema takes a while) and gives every choice of
+/// `specs` the grammar; nothing when `c` is `None`.
+pub(crate) async fn constrain(
+    state: &Arc<AppState>,
+    c: Option<Constrained>,
+    specs: &mut [ChoiceSpec],
+) -> Result<(), ApiError> {
+    let Some(c) = c else { return Ok(()) };
+    let grammars = state.grammars.clone();
+    let grammar = tokio::task::spawn_blocking(move || grammars.compile(&c))
+        .await
+        .map_err(|e| ApiError::internal(format!("grammar task: {e}")))??;
+    for spec in specs {
+        spec.req.grammar = Some(grammar.clone());
+    }
+    Ok(())
+}
+
 /// The llguidance grammar of a constraint.
 fn top_level(c: &OutputConstraint) -> Result<TopLevelGrammar, String> {
     Ok(match c {
@@ -105,9 +132,9 @@ fn compact(schema: &Value) -> Result<Value, String> {
         other => other.clone(),
     };
     if let Value::Object(o) = &mut schema {
-        o.entry("x-guidance").or_insert_with(|| {
-            json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
-        });
+        o.entry("x-guidance").or_insert_with(
+            || json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
+        );
     }
     Ok(schema)
 }
@@ -265,7 +292,13 @@ pub(crate) mod tests {
         for (i, c) in chars.iter().enumerate() {
             vocab.insert(c.to_string(), json!(i + 1));
         }
-        let merges = [("\"", ":"), ("t", "r"), ("tr", "u"), ("tru", "e"), ("{", "\"")];
+        let merges = [
+            ("\"", ":"),
+            ("t", "r"),
+            ("tr", "u"),
+            ("tru", "e"),
+            ("{", "\""),
+        ];
         for (i, (a, b)) in merges.iter().enumerate() {
             vocab.insert(format!("{a}{b}"), json!(257 + i));
         }
@@ -348,7 +381,10 @@ pub(crate) mod tests {
             let (text, ended) = run(&g, seed, 200);
             assert!(ended, "{text}");
             let v: Value = serde_json::from_str(&text).expect(&text);
-            assert!(v["ok"].is_boolean() && v["n"].as_u64().is_some_and(|n| n <= 99), "{v}");
+            assert!(
+                v["ok"].is_boolean() && v["n"].as_u64().is_some_and(|n| n <= 99),
+                "{v}"
+            );
             assert!(["a", "b"].contains(&v["tag"].as_str().unwrap_or("")), "{v}");
             assert!(text.starts_with("{\"ok\": "), "compact layout: {text}");
         }
@@ -364,7 +400,10 @@ pub(crate) mod tests {
             ))
             .expect("regex");
         let (text, ended) = run(&g, 1, 50);
-        assert!(ended && text.len() == 6 && text.as_bytes()[3] == b'-', "{text}");
+        assert!(
+            ended && text.len() == 6 && text.as_bytes()[3] == b'-',
+            "{text}"
+        );
         let g = gs
             .compile(&constrained(
                 "guided_choice",
@@ -378,7 +417,9 @@ pub(crate) mod tests {
         let g = gs
             .compile(&constrained(
                 "guided_grammar",
-                OutputConstraint::Grammar("start: \"(\" NUM (\"+\" NUM)? \")\"\nNUM: /[1-9]/".into()),
+                OutputConstraint::Grammar(
+                    "start: \"(\" NUM (\"+\" NUM)? \")\"\nNUM: /[1-9]/".into(),
+                ),
             ))
             .expect("lark");
         let (text, _) = run(&g, 2, 50);

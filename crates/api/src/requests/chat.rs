@@ -791,7 +791,10 @@ mod tests {
             .as_deref(),
             Some("tools[0].type")
         );
-        for choice in [r#""required""#, r#"{"type": "function", "function": {"name": "f"}}"#] {
+        for choice in [
+            r#""required""#,
+            r#"{"type": "function", "function": {"name": "f"}}"#,
+        ] {
             assert_eq!(
                 check(&format!(
                     "{{{hi}, \"tools\": [{tool}], \"tool_choice\": {choice}}}"

@@ -151,7 +151,9 @@ impl StructuredFields<'_> {
         };
         match self.response_format {
             None | Some(ResponseFormat::Text) => {}
-            Some(ResponseFormat::JsonObject) => add("response_format", OutputConstraint::JsonObject),
+            Some(ResponseFormat::JsonObject) => {
+                add("response_format", OutputConstraint::JsonObject)
+            }
             Some(ResponseFormat::JsonSchema { json_schema }) => {
                 let field = "response_format.json_schema.schema";
                 let schema = json_schema
@@ -198,7 +200,10 @@ impl StructuredFields<'_> {
                 inner += 1;
             }
             if s.json_object == Some(true) {
-                add("structured_outputs.json_object", OutputConstraint::JsonObject);
+                add(
+                    "structured_outputs.json_object",
+                    OutputConstraint::JsonObject,
+                );
                 inner += 1;
             }
             if inner == 0 {
@@ -319,7 +324,10 @@ pub(crate) fn shape_error(key: &str, value: &Value) -> Option<RequestError> {
                     ),
                 ));
             }
-            if let Some(k) = o.keys().find(|k| !["type", "json_schema"].contains(&k.as_str())) {
+            if let Some(k) = o
+                .keys()
+                .find(|k| !["type", "json_schema"].contains(&k.as_str()))
+            {
                 return Some(RequestError::UnknownField {
                     field: format!("response_format.{k}"),
                 });

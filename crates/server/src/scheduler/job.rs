@@ -10,6 +10,7 @@ use fp4forge_engine::SamplingParams;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::logprobs::TokenLogprob;
+use crate::structured::Grammar;
 
 /// What to generate for one sequence (validated by the handler).
 #[derive(Debug, Clone)]
@@ -28,6 +29,9 @@ pub(crate) struct SeqRequest {
     pub logprobs: Option<usize>,
     /// Top alternatives per prompt token, when prompt logprobs are asked for.
     pub prompt_logprobs: Option<usize>,
+    /// The structured-output constraint, when one was asked for (each sequence gets its own
+    /// matcher; its tokens are picked on the host, masked).
+    pub grammar: Option<Arc<Grammar>>,
 }
 
 /// Why a sequence ended.

@@ -131,12 +131,14 @@ impl<B: Backend> Scheduler<'_, B> {
     }
 
     /// Whether sequence `i`'s next token needs no logits on the host: it is decoding, asks for
-    /// no logprobs and may already sample its stop tokens (nothing to mask).
+    /// no logprobs, has no structured-output constraint and may already sample its stop tokens
+    /// (nothing to mask).
     fn picks_without_logits(&self, i: usize) -> bool {
         let s = &self.active[i];
         let req = &s.job.req;
         s.decoding
             && req.logprobs.is_none()
+            && s.constraint.is_none()
             && (s.generated >= req.min_tokens || req.stop_ids.is_empty())
     }
 
@@ -193,9 +195,21 @@ impl<B: Backend> Scheduler<'_, B> {
         } else {
             Vec::new()
         };
-        let token = s.sampler.sample(logits);
-        for (t, old) in masked {
-            logits[t] = old;
+        // A constraint masks what its grammar does not allow (the logits stay masked, and
+        // logprobs are those of the masked distribution, the one sampled from).
+        let token = match &mut s.constraint {
+            None => s.sampler.sample(logits),
+            Some(c) => match s.sampler.sample_constrained(logits, c.as_mut()) {
+                Ok(Some(token)) => token,
+                // The constrained text is complete and no stop token may end it.
+                Ok(None) => return self.finish(i, Finish::Stop, None),
+                Err(e) => return self.fail_one(i, &format!("structured output: {e}")),
+            },
+        };
+        if s.constraint.is_none() {
+            for (t, old) in masked {
+                logits[t] = old;
+            }
         }
         let lp = req.logprobs.map(|top| token_logprob(logits, token, top));
         self.deliver(i, token, lp);
