@@ -21,8 +21,9 @@
 //!   type and documented as such (`user`; for chat also `store`, `metadata`,
 //!   `service_tier`, a message's `name`);
 //! - **unimplemented**: OpenAI and vLLM fields fp4forge does not implement
-//!   ([`WireRequest::UNIMPLEMENTED`]: beam search, structured output, ...), refused unless
-//!   null or at a neutral value that asks for nothing (`use_beam_search: false`). Anything else is an unknown field, refused.
+//!   ([`WireRequest::UNIMPLEMENTED`]: beam search, `prompt_logprobs`, ...), refused unless
+//!   null or at a neutral value that asks for nothing (`use_beam_search: false`). Anything
+//!   else is an unknown field, refused.
 //!
 //! Responses ([`CompletionResponse`], [`ChatCompletionResponse`]), stream chunks
 //! ([`StreamChunk`]), the model list ([`ModelList`]) and the error body ([`ErrorResponse`])
@@ -50,6 +51,10 @@ pub use requests::chat::{
     MessageToolCall, Role, ToolChoice,
 };
 pub use requests::completion::{CompletionRequest, Prompt, SinglePrompt};
+pub use requests::structured::{
+    Constrained, JsonSchemaFormat, OutputConstraint, ResponseFormat, StructuredFields,
+    StructuredOutputs,
+};
 pub use requests::{
     GenerationRequest, Limits, Sampling, Stop, StreamOptions, MAX_STOPS, MAX_STOP_BYTES,
 };

@@ -37,6 +37,7 @@
 pub mod backend;
 mod batch;
 pub mod config;
+pub mod constraint;
 mod device;
 mod error;
 pub mod forward;
@@ -55,6 +56,7 @@ pub mod weights;
 #[cfg(feature = "cuda")]
 pub use backend::CudaBackend;
 pub use backend::{Backend, CpuBackend};
+pub use constraint::Constraint;
 pub use device::{open, Device, ParseDeviceError, WithModel};
 pub use error::{EngineError, Result};
 pub use forward::forward;

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use fp4forge_api::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionRequest, ChatCompletionResponse,
     ChatDelta, ChatLogprobs, ChatMessage as WireMessage, ChatTokenLogprob, ChatTopLogprob,
-    FunctionCall, FunctionCallDelta, MessageContent, ToolCall, ToolCallDelta, ToolChoice,
+    Constrained, FunctionCall, FunctionCallDelta, MessageContent, OutputConstraint, ToolCall,
+    ToolCallDelta, ToolChoice,
 };
 use fp4forge_engine::{ChatInput, ChatTemplate, EngineError, TextCodec};
 use serde_json::{json, Map, Value};
@@ -21,11 +22,12 @@ use crate::config::ServerConfig;
 use crate::endpoint::Endpoint;
 use crate::error::ServerError;
 use crate::generation::{ChoiceSpec, Collected, Update, Usage};
-use crate::parsers::{ChatParsers, Event, ParsedMessage, ReasoningFormat, ToolFormat};
+use crate::parsers::{ChatParsers, Event, ForcedCalls, ParsedMessage, ReasoningFormat, ToolFormat};
 use crate::request::{
     check_prompt, check_prompt_bytes, choice_specs, max_tokens, with_codec, CommonParams,
 };
 use crate::state::AppState;
+use crate::structured::constrain;
 use crate::text::Piece;
 
 /// How this server renders and parses chats, fixed at start-up.
@@ -246,15 +248,36 @@ impl Endpoint for Chat {
         let prompts = vec![common.truncated(prompt)];
         let max_tokens = max_tokens(req.max_tokens_field(), state, &prompts, None, 1)?;
         let mut specs = choice_specs(prompts, common, state, max_tokens, logprobs, None, false)?;
+        let single_call = req.parallel_tool_calls == Some(false);
+        // Forced tool calls are constrained to their JSON (validation made sure that no other
+        // constraint was asked for).
+        let forced = match (&tool_choice, &tools) {
+            (ToolChoice::Required, Some(t)) => Some(ForcedCalls::required(t.clone(), single_call)),
+            (ToolChoice::Function(name), Some(t)) => Some(ForcedCalls::named(name, t.clone())),
+            _ => None,
+        };
+        let constraint = match &forced {
+            Some(f) => Some(Constrained {
+                field: "tool_choice".into(),
+                constraint: OutputConstraint::JsonSchema(f.schema()),
+            }),
+            None => req.structured().constraint()?,
+        };
+        // A constrained text is all content (or all forced calls): no reasoning to split.
+        let free = constraint.is_none();
+        constrain(state, constraint, &mut specs).await?;
         let parsers: Vec<Option<ChatParsers>> = specs
             .iter()
             .map(|_| {
+                if let Some(f) = &forced {
+                    return Some(ChatParsers::forced(f.clone()));
+                }
                 let p = ChatParsers::new(
                     &prompt_text,
                     state.chat.reasoning,
                     parse_tools.map(|f| (f, tools.clone().unwrap_or_default())),
                 );
-                p.active().then_some(p)
+                (free && p.active()).then_some(p)
             })
             .collect();
         for (spec, p) in specs.iter_mut().zip(&parsers) {
@@ -266,7 +289,7 @@ impl Endpoint for Chat {
             parsers,
             reply: Reply {
                 include_reasoning: req.include_reasoning != Some(false),
-                single_call: req.parallel_tool_calls == Some(false),
+                single_call,
             },
         };
         Ok((endpoint, specs))

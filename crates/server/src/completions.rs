@@ -18,6 +18,7 @@ use crate::request::{
     check_prompt, check_prompt_bytes, choice_specs, max_tokens, with_codec, CommonParams,
 };
 use crate::state::AppState;
+use crate::structured::constrain;
 use crate::text::Piece;
 
 /// OpenAI's default `max_tokens` for completions.
@@ -93,7 +94,7 @@ impl Endpoint for Completions {
         let asked = req.max_tokens.map(|m| ("max_tokens", m));
         let max_tokens = max_tokens(asked, state, &prompts, Some(DEFAULT_MAX_TOKENS), 0)?;
         let prompt_logprobs = if echo { logprobs } else { None };
-        let specs = choice_specs(
+        let mut specs = choice_specs(
             prompts,
             common,
             state,
@@ -102,6 +103,7 @@ impl Endpoint for Completions {
             prompt_logprobs,
             echo,
         )?;
+        constrain(state, req.structured().constraint()?, &mut specs).await?;
         let endpoint = Self {
             logprobs,
             offsets: vec![0; specs.len()],

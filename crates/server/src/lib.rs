@@ -47,6 +47,7 @@ mod scheduler;
 mod server;
 mod state;
 mod stream;
+mod structured;
 mod text;
 
 #[cfg(test)]

@@ -350,6 +350,7 @@ pub(crate) fn choice_specs(
                     logprobs,
                     prompt_logprobs,
                     adjust: common.adjust.clone(),
+                    grammar: None,
                 },
                 stops: common.stop.clone(),
                 keep_special: !common.skip_special,

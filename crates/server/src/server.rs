@@ -30,6 +30,7 @@ use crate::http::{count_requests, json_response, method_not_allowed, not_found};
 use crate::metrics::Metrics;
 use crate::scheduler;
 use crate::state::{unix_now, AppState};
+use crate::structured::Grammars;
 
 /// How long, after the drain timeout ended every sequence, the last responses get to go out
 /// before the connections still open are dropped.
@@ -116,6 +117,16 @@ impl Server {
         eos_ids.extend_from_slice(codec.stop_ids());
         eos_ids.sort_unstable();
         eos_ids.dedup();
+        let grammars = {
+            let path = config.model_dir.join("tokenizer.json");
+            let (eos, vocab) = (eos_ids.clone(), info.vocab_size);
+            tokio::task::spawn_blocking(move || match std::fs::read(&path) {
+                Ok(bytes) => Grammars::new(&bytes, &eos, vocab),
+                Err(e) => Grammars::unavailable(format!("{}: {e}", path.display())),
+            })
+            .await
+            .map_err(|e| ServerError::Engine(e.to_string()))?
+        };
         let chat = match ChatSetup::new(&config, &codec) {
             Ok(c) => c,
             Err(e) => {
@@ -138,6 +149,7 @@ impl Server {
             tokenize_permits: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(1, usize::from),
             ),
+            grammars: Arc::new(grammars),
         });
         Ok(Self {
             listener,

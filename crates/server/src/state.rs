@@ -9,6 +9,7 @@ use crate::chat::ChatSetup;
 use crate::config::ServerConfig;
 use crate::metrics::Metrics;
 use crate::scheduler::EngineHandle;
+use crate::structured::Grammars;
 
 /// Shared state of the HTTP handlers.
 pub(crate) struct AppState {
@@ -36,6 +37,8 @@ pub(crate) struct AppState {
     /// Tokenizations running at once, at most (one per core): tokenizing is CPU and memory
     /// work on blocking threads, bounded so that many large prompts at once cannot pile up.
     pub tokenize_permits: tokio::sync::Semaphore,
+    /// The grammar engine of structured output.
+    pub grammars: Arc<Grammars>,
 }
 
 impl AppState {

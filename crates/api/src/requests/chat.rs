@@ -3,6 +3,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::structured::{
+    self, ResponseFormat, StructuredFields, StructuredOutputs, STRUCTURED_FIELDS,
+};
 use super::{int_in, stream_options_error, Limits, Sampling, Stop, StreamOptions};
 use crate::error::RequestError;
 use crate::integer::Integer;
@@ -181,6 +184,18 @@ pub struct ChatCompletionRequest {
     pub documents: Option<Vec<Map<String, Value>>>,
     /// vLLM: `false` leaves the reasoning out of the response (default true).
     pub include_reasoning: Option<bool>,
+    /// Structured output (OpenAI): `text`, `json_object` or `json_schema`.
+    pub response_format: Option<ResponseFormat>,
+    /// vLLM: structured output (one of `json`, `regex`, `choice`, `grammar`, `json_object`).
+    pub structured_outputs: Option<StructuredOutputs>,
+    /// vLLM (older name): a JSON schema the output follows.
+    pub guided_json: Option<Value>,
+    /// vLLM (older name): a regex the output matches.
+    pub guided_regex: Option<String>,
+    /// vLLM (older name): the output is one of these strings.
+    pub guided_choice: Option<Vec<String>>,
+    /// vLLM (older name): a Lark (llguidance) grammar the output follows.
+    pub guided_grammar: Option<String>,
     /// Accepted and ignored: OpenAI's "store this completion".
     pub store: Option<bool>,
     /// Accepted and ignored: tags for stored completions.
@@ -191,6 +206,17 @@ pub struct ChatCompletionRequest {
 }
 
 impl ChatCompletionRequest {
+    /// The structured-output fields ([`StructuredFields::constraint`] reads the constraint).
+    pub fn structured(&self) -> StructuredFields<'_> {
+        StructuredFields {
+            response_format: self.response_format.as_ref(),
+            structured_outputs: self.structured_outputs.as_ref(),
+            guided_json: self.guided_json.as_ref(),
+            guided_regex: self.guided_regex.as_ref(),
+            guided_choice: self.guided_choice.as_ref(),
+            guided_grammar: self.guided_grammar.as_ref(),
+        }
+    }
     /// The token budget asked for and the field that asked (`max_completion_tokens` wins).
     pub fn max_tokens_field(&self) -> Option<(&'static str, Integer)> {
         self.max_completion_tokens
@@ -262,6 +288,19 @@ impl WireRequest for ChatCompletionRequest {
         }
         if let Some(choice) = &self.tool_choice {
             check_tool_choice(choice, self.tools.as_deref().unwrap_or_default())?;
+        }
+        let constraint = self.structured().constraint()?;
+        if let (Some(c), ToolChoice::Required | ToolChoice::Function(_)) =
+            (&constraint, self.tool_choice())
+        {
+            return Err(RequestError::invalid(
+                c.field.clone(),
+                format!(
+                    "`{}` and `tool_choice` (\"required\" or a named function) both constrain \
+                     the output; give at most one",
+                    c.field
+                ),
+            ));
         }
         if let Some(docs) = &self.documents {
             for (i, d) in docs.iter().enumerate() {
@@ -392,6 +431,12 @@ impl WireRequest for ChatCompletionRequest {
             name: "service_tier",
             expected: "a string",
         },
+        STRUCTURED_FIELDS[0],
+        STRUCTURED_FIELDS[1],
+        STRUCTURED_FIELDS[2],
+        STRUCTURED_FIELDS[3],
+        STRUCTURED_FIELDS[4],
+        STRUCTURED_FIELDS[5],
     ];
     const UNIMPLEMENTED: &'static [Unimplemented] = &CHAT_UNIMPLEMENTED;
 
@@ -399,7 +444,7 @@ impl WireRequest for ChatCompletionRequest {
         match key {
             "messages" => messages_error(value),
             "stream_options" => Some(stream_options_error(value)),
-            _ => None,
+            _ => structured::shape_error(key, value),
         }
     }
 }
@@ -445,15 +490,16 @@ fn check_tool(i: usize, tool: &Value) -> Result<(), RequestError> {
     }
 }
 
-/// Checks `tool_choice` against the tools: a known word, or a function among them.
+/// Checks `tool_choice` against the tools: a known word (`required` needs tools), or a
+/// function among them.
 fn check_tool_choice(choice: &Value, tools: &[Value]) -> Result<(), RequestError> {
     match choice {
         Value::String(s) if s == "none" || s == "auto" => Ok(()),
-        Value::String(s) if s == "required" => Err(RequestError::invalid(
+        Value::String(s) if s == "required" && tools.is_empty() => Err(RequestError::invalid(
             "tool_choice",
-            "`tool_choice: \"required\"` needs constrained decoding, which this server does \
-             not have yet; use \"auto\"",
+            "`tool_choice: \"required\"` needs `tools`",
         )),
+        Value::String(s) if s == "required" => Ok(()),
         Value::Object(_) => {
             let name = choice.pointer("/function/name").and_then(Value::as_str);
             match name {
@@ -462,13 +508,7 @@ fn check_tool_choice(choice: &Value, tools: &[Value]) -> Result<(), RequestError
                         t.pointer("/function/name").and_then(Value::as_str) == Some(n)
                     }) =>
                 {
-                    Err(RequestError::invalid(
-                        "tool_choice",
-                        format!(
-                            "a named `tool_choice` (\"{n}\") needs constrained decoding, which \
-                             this server does not have yet; use \"auto\""
-                        ),
-                    ))
+                    Ok(())
                 }
                 Some(n) => Err(RequestError::invalid(
                     "tool_choice",
@@ -806,9 +846,29 @@ mod tests {
         );
         for choice in [
             r#""required""#,
-            r#"{"type": "function", "function": {"name": "g"}}"#,
-            "3",
+            r#"{"type": "function", "function": {"name": "f"}}"#,
         ] {
+            assert_eq!(
+                check(&format!(
+                    "{{{hi}, \"tools\": [{tool}], \"tool_choice\": {choice}}}"
+                )),
+                None,
+                "{choice}"
+            );
+        }
+        assert_eq!(
+            check(&format!("{{{hi}, \"tool_choice\": \"required\"}}")).as_deref(),
+            Some("tool_choice")
+        );
+        assert_eq!(
+            check(&format!(
+                "{{{hi}, \"tools\": [{tool}], \"tool_choice\": \"required\", \
+                 \"guided_regex\": \"a\"}}"
+            ))
+            .as_deref(),
+            Some("guided_regex")
+        );
+        for choice in [r#"{"type": "function", "function": {"name": "g"}}"#, "3"] {
             assert_eq!(
                 check(&format!(
                     "{{{hi}, \"tools\": [{tool}], \"tool_choice\": {choice}}}"

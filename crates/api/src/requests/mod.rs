@@ -133,6 +133,7 @@ macro_rules! wire_request {
 
 pub mod chat;
 pub mod completion;
+pub mod structured;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -205,20 +206,14 @@ pub struct StreamOptions {
 }
 
 /// Fields of the API (OpenAI's and vLLM's) that both endpoints refuse unless null or neutral:
-/// `best_of` and beam search (`use_beam_search`, `length_penalty`), structured output, and the
-/// vLLM extras fp4forge does not implement. A neutral value (`use_beam_search: false`) asks
-/// for nothing and is accepted.
+/// `best_of` and beam search (`use_beam_search`, `length_penalty`), `functions`, and the vLLM
+/// extras fp4forge does not implement. A neutral value (`use_beam_search: false`) asks for
+/// nothing and is accepted.
 pub const UNIMPLEMENTED_COMMON: &[Unimplemented] = &[
     un("best_of", &["1"]),
     un("tools", &["[]"]),
     un("functions", &["[]"]),
-    un("response_format", &["{\"type\": \"text\"}"]),
-    un("guided_json", &[]),
-    un("guided_regex", &[]),
-    un("guided_choice", &[]),
-    un("guided_grammar", &[]),
     un("guided_decoding_backend", &[]),
-    un("structured_outputs", &[]),
     un("use_beam_search", &["false"]),
     un("length_penalty", &["1", "1.0"]),
     un("prompt_logprobs", &[]),

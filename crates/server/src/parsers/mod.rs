@@ -3,11 +3,13 @@
 //! text streams. Reasoning is split off first, so a tool call inside a think block is reasoning,
 //! never a call.
 
+pub(crate) mod forced;
 pub(crate) mod reasoning;
 pub(crate) mod tool_calls;
 
 use serde_json::Value;
 
+pub(crate) use forced::ForcedCalls;
 pub use reasoning::ReasoningFormat;
 pub use tool_calls::ToolFormat;
 
@@ -53,6 +55,8 @@ pub(crate) fn hold_back(text: &str, tag: &str) -> usize {
 pub(crate) struct ChatParsers {
     reasoning: Option<ReasoningSplitter>,
     tools: Option<ToolCallSplitter>,
+    /// Forced calls (`tool_choice` required or named): the text is their JSON, nothing else.
+    forced: Option<ForcedCalls>,
 }
 
 impl ChatParsers {
@@ -65,9 +69,17 @@ impl ChatParsers {
     ) -> Self {
         Self {
             reasoning: reasoning.map(|f| ReasoningSplitter::new(f, prompt)),
-            tools: tools.map(|(f, defs)| {
-                ToolCallSplitter::new(f, defs, || crate::state::response_id("chatcmpl-tool"))
-            }),
+            tools: tools.map(|(f, defs)| ToolCallSplitter::new(f, defs, call_id)),
+            forced: None,
+        }
+    }
+
+    /// The parser of a choice whose whole text is forced tool calls' JSON.
+    pub fn forced(calls: ForcedCalls) -> Self {
+        Self {
+            reasoning: None,
+            tools: None,
+            forced: Some(calls),
         }
     }
 
@@ -78,6 +90,9 @@ impl ChatParsers {
 
     /// Splits the next piece of generated text.
     pub fn push(&mut self, text: &str) -> Vec<Event> {
+        if let Some(f) = &mut self.forced {
+            return f.push(text, call_id);
+        }
         let mut split = Vec::new();
         match &mut self.reasoning {
             Some(r) => r.push(text, &mut split),
@@ -88,6 +103,9 @@ impl ChatParsers {
 
     /// The end of the generation: whatever was held back.
     pub fn finish(&mut self) -> Vec<Event> {
+        if let Some(f) = &mut self.forced {
+            return f.finish(call_id);
+        }
         let mut split = Vec::new();
         if let Some(r) = &mut self.reasoning {
             r.finish(&mut split);
@@ -102,6 +120,7 @@ impl ChatParsers {
     /// Whether a tool call was found (the finish reason becomes `tool_calls`).
     pub fn called(&self) -> bool {
         self.tools.as_ref().is_some_and(ToolCallSplitter::called)
+            || self.forced.as_ref().is_some_and(ForcedCalls::called)
     }
 
     /// Content goes on to the tool-call parser; reasoning does not.
@@ -118,6 +137,11 @@ impl ChatParsers {
         }
         out
     }
+}
+
+/// A new tool call's id.
+fn call_id() -> String {
+    crate::state::response_id("chatcmpl-tool")
 }
 
 /// A whole chat message gathered from its events.

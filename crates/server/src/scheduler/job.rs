@@ -10,6 +10,7 @@ use fp4forge_engine::{LogitsAdjust, SamplingParams};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::logprobs::TokenLogprob;
+use crate::structured::Grammar;
 
 /// What to generate for one sequence (validated by the handler).
 #[derive(Debug, Clone)]
@@ -31,6 +32,9 @@ pub(crate) struct SeqRequest {
     /// Logit adjustments before sampling (`None`: none; the token may be picked on the
     /// device). Logprobs stay those of the raw logits, as vLLM reports them by default.
     pub adjust: Option<Arc<LogitsAdjust>>,
+    /// The structured-output constraint, when one was asked for (each sequence gets its own
+    /// matcher; its tokens are picked on the host, masked).
+    pub grammar: Option<Arc<Grammar>>,
 }
 
 /// Why a sequence ended.

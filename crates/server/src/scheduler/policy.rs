@@ -8,7 +8,7 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
 
-use fp4forge_engine::{Backend, Model, Sampler, Session, Want};
+use fp4forge_engine::{Backend, Constraint, Model, Sampler, Session, Want};
 
 use super::job::{Event, Finish, Job, Msg};
 use crate::logprobs::TokenLogprob;
@@ -37,6 +37,8 @@ pub(super) struct Seq<'m, B: Backend> {
     pub(super) job: Job,
     pub(super) session: Session<'m, B>,
     pub(super) sampler: Sampler,
+    /// The structured-output constraint (its mask applies before every pick).
+    pub(super) constraint: Option<Box<dyn Constraint>>,
     pub(super) prefilled: usize,
     pub(super) generated: usize,
     /// The token to feed next (valid once decoding).
@@ -196,6 +198,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             match start {
                 Ok((session, prefilled, prompt_logprobs)) => self.active.push(Seq {
                     sampler: Sampler::new(job.req.sampling),
+                    constraint: job.req.grammar.as_ref().map(|g| g.start(&job.req.stop_ids)),
                     cached_prompt_logprobs: None,
                     job,
                     session,

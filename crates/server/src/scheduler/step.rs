@@ -131,14 +131,15 @@ impl<B: Backend> Scheduler<'_, B> {
     }
 
     /// Whether sequence `i`'s next token needs no logits on the host: it is decoding, asks for
-    /// no logprobs, no logit adjustments and may already sample its stop tokens (nothing to
-    /// mask).
+    /// no logprobs, no logit adjustments, no structured-output constraint and may already
+    /// sample its stop tokens (nothing to mask).
     fn picks_without_logits(&self, i: usize) -> bool {
         let s = &self.active[i];
         let req = &s.job.req;
         s.decoding
             && req.logprobs.is_none()
             && req.adjust.is_none()
+            && s.constraint.is_none()
             && (s.generated >= req.min_tokens || req.stop_ids.is_empty())
     }
 
@@ -195,17 +196,34 @@ impl<B: Backend> Scheduler<'_, B> {
         } else {
             Vec::new()
         };
-        let token = match &req.adjust {
-            None => s.sampler.sample(logits),
-            Some(adjust) => {
-                let mut adjusted = logits.to_vec();
-                let temperature = s.sampler.params().temperature;
-                adjust.apply(&mut adjusted, &req.prompt, &s.fed, temperature);
-                s.sampler.sample(&adjusted)
+        // Logit adjustments (penalties, bias, ...) apply to a copy: logprobs stay the raw
+        // logits', as vLLM reports them by default.
+        let mut adjusted = req.adjust.as_ref().map(|adjust| {
+            let mut a = logits.to_vec();
+            adjust.apply(&mut a, &req.prompt, &s.fed, s.sampler.params().temperature);
+            a
+        });
+        // A constraint masks what its grammar does not allow (without adjustments the logits
+        // stay masked, and logprobs are those of the masked distribution, the one sampled from).
+        let token = match &mut s.constraint {
+            None => s.sampler.sample(adjusted.as_deref().unwrap_or(logits)),
+            Some(c) => {
+                let target: &mut [f32] = match adjusted.as_mut() {
+                    Some(a) => a,
+                    None => logits,
+                };
+                match s.sampler.sample_constrained(target, c.as_mut()) {
+                    Ok(Some(token)) => token,
+                    // The constrained text is complete and no stop token may end it.
+                    Ok(None) => return self.finish(i, Finish::Stop, None),
+                    Err(e) => return self.fail_one(i, &format!("structured output: {e}")),
+                }
             }
         };
-        for (t, old) in masked {
-            logits[t] = old;
+        if s.constraint.is_none() {
+            for (t, old) in masked {
+                logits[t] = old;
+            }
         }
         let lp = req.logprobs.map(|top| token_logprob(logits, token, top));
         self.deliver(i, token, lp);
