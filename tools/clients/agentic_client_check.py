@@ -2,9 +2,10 @@
 """Drives `fp4forge serve` on the scripted Laguna agent with real agent clients: the official
 `openai` package and LangChain (`langchain-openai`).
 
-Usage: agentic_client_check.py BASE_URL MODEL
+Usage: agentic_client_check.py tools BASE_URL MODEL
+       agentic_client_check.py structured BASE_URL MODEL
 
-The server runs `crates/server/examples/script_model.rs`'s model (greedy output: it thinks
+`tools`: the server runs `crates/server/examples/script_model.rs`'s model (greedy output: it thinks
 "Paris is a city.", says "Checking." and calls get_weather(city="Paris")) with the real
 Laguna-S-2.1 chat template and `--enable-auto-tool-choice --tool-call-parser poolside_v1
 --reasoning-parser poolside_v1`. Checks, each printed as PASS/FAIL (exit 1 if any fails):
@@ -16,6 +17,12 @@ Laguna-S-2.1 chat template and `--enable-auto-tool-choice --tool-call-parser poo
     thinking off (extra_body chat_template_kwargs) gives no reasoning;
   * LangChain: ChatOpenAI.bind_tools([get_weather]).invoke(...) -> AIMessage.tool_calls with
     args {"city": "Paris"}; the ToolMessage round trip.
+
+`structured`: the server runs the tiny random model (examples/tiny_model.rs; a byte-level
+vocabulary, so any JSON can be spelled) and structured output constrains what it writes:
+  * openai: chat.completions.parse with a pydantic model -> message.parsed is an instance;
+  * LangChain: with_structured_output(Model) by json_schema and by function calling (a named
+    tool_choice) -> instances of the model.
 """
 
 import json
@@ -24,8 +31,9 @@ import traceback
 
 import openai
 
-BASE = sys.argv[1]
-MODEL = sys.argv[2]
+MODE = sys.argv[1]
+BASE = sys.argv[2]
+MODEL = sys.argv[3]
 client = openai.OpenAI(base_url=BASE, api_key="unused", max_retries=0, timeout=120)
 RESULTS = []
 
@@ -46,8 +54,10 @@ TOOLS = [
 ASK = [{"role": "user", "content": "What's the weather in Paris?"}]
 
 
-def check(name):
+def check(name, mode):
     def wrap(fn):
+        if mode != MODE:
+            return fn
         try:
             detail = fn()
             RESULTS.append((name, True, detail or ""))
@@ -64,7 +74,7 @@ def expect(cond, what):
         raise AssertionError(what)
 
 
-@check("openai: tool call and reasoning")
+@check("openai: tool call and reasoning", "tools")
 def _():
     r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, temperature=0)
     c = r.choices[0]
@@ -80,7 +90,7 @@ def _():
     return f"{calls[0].function.name}({calls[0].function.arguments})"
 
 
-@check("openai: streamed tool call")
+@check("openai: streamed tool call", "tools")
 def _():
     stream = client.chat.completions.create(
         model=MODEL, messages=ASK, tools=TOOLS, temperature=0, stream=True
@@ -112,7 +122,7 @@ def _():
     return f"{len(calls)} call, {len(content)} content chars"
 
 
-@check("openai: next turn with the tool result; thinking off")
+@check("openai: next turn with the tool result; thinking off", "tools")
 def _():
     first = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, temperature=0)
     call = first.choices[0].message.tool_calls[0]
@@ -136,7 +146,7 @@ def _():
     return f"prompt {first.usage.prompt_tokens} -> {second.usage.prompt_tokens} tokens"
 
 
-@check("langchain: bind_tools and a ToolMessage round trip")
+@check("langchain: bind_tools and a ToolMessage round trip", "tools")
 def _():
     from langchain_core.messages import HumanMessage, ToolMessage
     from langchain_core.tools import tool
@@ -159,6 +169,51 @@ def _():
     again = bound.invoke(msgs)
     expect(again.tool_calls or again.content is not None, again)
     return f"{tc['name']}({tc['args']})"
+
+
+def weather_model():
+    from typing import Literal
+
+    from pydantic import BaseModel
+
+    class Weather(BaseModel):
+        city: Literal["Paris", "Rome", "Oslo"]
+        sunny: bool
+
+    return Weather
+
+
+@check("openai: chat.completions.parse with a pydantic model", "structured")
+def _():
+    weather = weather_model()
+    r = client.chat.completions.parse(
+        model=MODEL,
+        messages=[{"role": "user", "content": "The weather in Paris, as JSON."}],
+        response_format=weather,
+        temperature=0,
+        max_tokens=64,
+    )
+    parsed = r.choices[0].message.parsed
+    expect(isinstance(parsed, weather), r)
+    return repr(parsed)
+
+
+@check("langchain: with_structured_output (json_schema and function calling)", "structured")
+def _():
+    from langchain_openai import ChatOpenAI
+
+    weather = weather_model()
+    llm = ChatOpenAI(
+        base_url=BASE, api_key="unused", model=MODEL, temperature=0, max_tokens=64, max_retries=0
+    )
+    out = []
+    for method in ["json_schema", "function_calling"]:
+        result = llm.with_structured_output(weather, method=method).invoke(
+            "The weather in Rome, as JSON."
+        )
+        expect(isinstance(result, weather), f"{method}: {result!r}")
+        out.append(f"{method}: {result!r}")
+    return "; ".join(out)
 
 
 failed = 0

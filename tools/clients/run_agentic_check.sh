@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Real agent clients (the official `openai` package and LangChain's `langchain-openai`) against
-# `fp4forge serve` on the scripted Laguna agent with the real Laguna-S-2.1 template and the
-# poolside_v1 tool-call and reasoning parsers (see agentic_client_check.py).
+# `fp4forge serve`: tool calls and reasoning on the scripted Laguna agent with the real
+# Laguna-S-2.1 template and the poolside_v1 parsers, then structured output (openai's
+# `parse`, LangChain's `with_structured_output`) on the tiny random model (see
+# agentic_client_check.py).
 #
 # Usage: tools/clients/run_agentic_check.sh
 #   Exits non-zero if any check fails.
@@ -20,7 +22,21 @@ venv_with "$VENV" "openai==$OPENAI_VERSION" "langchain-openai==$LANGCHAIN_OPENAI
 start_server "$DIR" --enable-auto-tool-choice --tool-call-parser poolside_v1 \
     --reasoning-parser poolside_v1
 status=0
-"$VENV/bin/python" "$ROOT/tools/clients/agentic_client_check.py" "$BASE_URL" "$MODEL_NAME" || status=$?
+"$VENV/bin/python" "$ROOT/tools/clients/agentic_client_check.py" tools "$BASE_URL" "$MODEL_NAME" \
+    || status=$?
+stop_server
+if [[ $status -ne 0 ]]; then
+    log "server log:"
+    tail -20 "$SERVER_LOG" >&2
+    exit $status
+fi
+# Structured output on the tiny random model (a byte-level vocabulary).
+TINY=/tmp/fp4forge-clients-tiny-structured
+rm -rf "$TINY"
+"$ROOT/target/release/examples/tiny_model" "$TINY" >/dev/null
+start_server "$TINY"
+"$VENV/bin/python" "$ROOT/tools/clients/agentic_client_check.py" structured "$BASE_URL" \
+    "$MODEL_NAME" || status=$?
 stop_server
 if [[ $status -ne 0 ]]; then
     log "server log:"
