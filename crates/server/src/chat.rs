@@ -11,8 +11,8 @@ use std::sync::Arc;
 use fp4forge_api::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionRequest, ChatCompletionResponse,
     ChatDelta, ChatLogprobs, ChatMessage as WireMessage, ChatTokenLogprob, ChatTopLogprob,
-    Constrained, FunctionCall, FunctionCallDelta, MessageContent, OutputConstraint, ToolCall,
-    ToolCallDelta, ToolChoice,
+    Constrained, FunctionCall, FunctionCallDelta, GenerationRequest, MessageContent,
+    OutputConstraint, ToolCall, ToolCallDelta, ToolChoice,
 };
 use fp4forge_engine::{ChatInput, ChatTemplate, EngineError, TextCodec};
 use serde_json::{json, Map, Value};

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use fp4forge_api::{
-    CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, SinglePrompt,
-    TopLogprobs,
+    CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, GenerationRequest,
+    SinglePrompt, TopLogprobs,
 };
 use fp4forge_engine::TextCodec;
 

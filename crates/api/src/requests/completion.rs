@@ -3,10 +3,10 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::structured::{
-    self, ResponseFormat, StructuredFields, StructuredOutputs, STRUCTURED_FIELDS,
+use super::structured::{self, STRUCTURED_FIELDS};
+use super::{
+    int_in, stream_options_error, GenerationRequest, Limits, Sampling, Stop, StreamOptions,
 };
-use super::{int_in, stream_options_error, Limits, Sampling, Stop, StreamOptions};
 use crate::error::RequestError;
 use crate::integer::Integer;
 use crate::parse::{describe, type_name, Field, Unimplemented, WireRequest};
@@ -57,33 +57,10 @@ pub struct CompletionRequest {
     /// Number of top alternatives per position in `top_logprobs` (also enables
     /// `token_logprobs`).
     pub logprobs: Option<Integer>,
-    /// Structured output (OpenAI): `text`, `json_object` or `json_schema`.
-    pub response_format: Option<ResponseFormat>,
-    /// vLLM: structured output (one of `json`, `regex`, `choice`, `grammar`, `json_object`).
-    pub structured_outputs: Option<StructuredOutputs>,
-    /// vLLM (older name): a JSON schema the output follows.
-    pub guided_json: Option<Value>,
-    /// vLLM (older name): a regex the output matches.
-    pub guided_regex: Option<String>,
-    /// vLLM (older name): the output is one of these strings.
-    pub guided_choice: Option<Vec<String>>,
-    /// vLLM (older name): a Lark (llguidance) grammar the output follows.
-    pub guided_grammar: Option<String>,
 }
 }
 
 impl CompletionRequest {
-    /// The structured-output fields ([`StructuredFields::constraint`] reads the constraint).
-    pub fn structured(&self) -> StructuredFields<'_> {
-        StructuredFields {
-            response_format: self.response_format.as_ref(),
-            structured_outputs: self.structured_outputs.as_ref(),
-            guided_json: self.guided_json.as_ref(),
-            guided_regex: self.guided_regex.as_ref(),
-            guided_choice: self.guided_choice.as_ref(),
-            guided_grammar: self.guided_grammar.as_ref(),
-        }
-    }
     /// A greedy, non-streamed request with every other option unset.
     pub fn new(model: impl Into<String>, prompt: Prompt, max_tokens: u32) -> Self {
         Self {

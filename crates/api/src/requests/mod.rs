@@ -4,6 +4,7 @@
 /// Defines a request body: the fields every generation request has (`model`, `max_tokens`,
 /// [`Sampling`]'s, `user`; [`COMMON_FIELDS`](crate::COMMON_FIELDS) lists them), then the type's
 /// own, all optional and left out of the JSON when `None`; and its [`GenerationRequest`] impl.
+/// The structured-output fields are common too.
 /// One definition for both requests, since serde's `flatten` cannot go with
 /// `deny_unknown_fields`.
 macro_rules! wire_request {
@@ -60,6 +61,25 @@ macro_rules! wire_request {
             /// Accepted and ignored: an end-user id (OpenAI uses it for abuse monitoring).
             #[serde(skip_serializing_if = "Option::is_none")]
             pub user: Option<String>,
+            /// Structured output (OpenAI): `text`, `json_object` or `json_schema`.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub response_format: Option<$crate::requests::structured::ResponseFormat>,
+            /// vLLM: structured output (one of `json`, `regex`, `choice`, `grammar`,
+            /// `json_object`).
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub structured_outputs: Option<$crate::requests::structured::StructuredOutputs>,
+            /// vLLM (older name): a JSON schema the output follows.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub guided_json: Option<serde_json::Value>,
+            /// vLLM (older name): a regex the output matches.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub guided_regex: Option<String>,
+            /// vLLM (older name): the output is one of these strings.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub guided_choice: Option<Vec<String>>,
+            /// vLLM (older name): a Lark (llguidance) grammar the output follows.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub guided_grammar: Option<String>,
             /// Penalty on tokens already generated, -2 to 2.
             #[serde(skip_serializing_if = "Option::is_none")]
             pub presence_penalty: Option<f64>,
@@ -100,6 +120,17 @@ macro_rules! wire_request {
         impl $crate::requests::GenerationRequest for $name {
             fn model(&self) -> Option<&str> {
                 self.model.as_deref()
+            }
+
+            fn structured(&self) -> $crate::requests::structured::StructuredFields<'_> {
+                $crate::requests::structured::StructuredFields {
+                    response_format: self.response_format.as_ref(),
+                    structured_outputs: self.structured_outputs.as_ref(),
+                    guided_json: self.guided_json.as_ref(),
+                    guided_regex: self.guided_regex.as_ref(),
+                    guided_choice: self.guided_choice.as_ref(),
+                    guided_grammar: self.guided_grammar.as_ref(),
+                }
             }
 
             fn sampling(&self) -> Sampling<'_> {
@@ -150,6 +181,10 @@ pub trait GenerationRequest: WireRequest {
 
     /// The sampling and stopping fields.
     fn sampling(&self) -> Sampling<'_>;
+
+    /// The structured-output fields ([`StructuredFields::constraint`](structured::StructuredFields::constraint)
+    /// reads the constraint).
+    fn structured(&self) -> structured::StructuredFields<'_>;
 
     /// Checks every field that can be checked without the model: the sampling fields against
     /// `limits`, then the type's own ([`WireRequest::validate_fields`]). Token counts against
