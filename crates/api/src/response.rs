@@ -16,6 +16,18 @@ pub struct Usage {
     /// Their sum.
     #[serde(default)]
     pub total_tokens: u64,
+    /// Details of the prompt tokens: `null` when the server has no prefix cache (vLLM's shape:
+    /// the field is always there, `null` unless it reports them).
+    #[serde(default)]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+/// `usage.prompt_tokens_details`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens the prefix cache let the server skip (summed over the prompts).
+    #[serde(default)]
+    pub cached_tokens: u64,
 }
 
 impl Usage {
@@ -25,6 +37,16 @@ impl Usage {
             prompt_tokens,
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: None,
+        }
+    }
+
+    /// The same usage reporting `cached_tokens` (`None`: no details, `null`).
+    pub fn with_cached_tokens(self, cached_tokens: Option<u64>) -> Self {
+        Self {
+            prompt_tokens_details: cached_tokens
+                .map(|cached_tokens| PromptTokensDetails { cached_tokens }),
+            ..self
         }
     }
 }

@@ -61,12 +61,16 @@ pub(crate) struct Usage {
     pub prompt_tokens: usize,
     /// Generated tokens over all choices.
     pub completion_tokens: usize,
+    /// Prompt tokens the prefix cache supplied, each distinct prompt once (its first
+    /// choice's); `None` when the cache is off.
+    pub cached_tokens: Option<usize>,
 }
 
 impl Usage {
-    /// The OpenAI `usage` object.
+    /// The OpenAI `usage` object (`prompt_tokens_details` as vLLM writes it).
     pub fn wire(&self) -> fp4forge_api::Usage {
         fp4forge_api::Usage::new(self.prompt_tokens as u64, self.completion_tokens as u64)
+            .with_cached_tokens(self.cached_tokens.map(|c| c as u64))
     }
 }
 
@@ -78,6 +82,8 @@ struct Choice {
     cancel: CancelFlag,
     finished: bool,
     completion_tokens: usize,
+    /// Prompt tokens the prefix cache supplied (`None`: cache off, or not prefilled yet).
+    cached: Option<usize>,
     stop_reason_ids: Vec<u32>,
 }
 
@@ -128,6 +134,7 @@ impl Generation {
                 cancel,
                 finished: false,
                 completion_tokens: 0,
+                cached: None,
             });
         }
         Ok(Self {
@@ -145,16 +152,13 @@ impl Generation {
 
     /// The usage so far (complete once every choice finished).
     pub fn usage(&self) -> Usage {
-        let mut prompts: Vec<(usize, usize)> = self
-            .choices
-            .iter()
-            .map(|c| (c.prompt_index, c.prompt.len()))
-            .collect();
-        prompts.sort_unstable();
-        prompts.dedup();
+        // choices are in prompt order: each prompt's first choice stands for it
+        let mut prompts: Vec<&Choice> = self.choices.iter().collect();
+        prompts.dedup_by_key(|c| c.prompt_index);
         Usage {
-            prompt_tokens: prompts.iter().map(|p| p.1).sum(),
+            prompt_tokens: prompts.iter().map(|c| c.prompt.len()).sum(),
             completion_tokens: self.choices.iter().map(|c| c.completion_tokens).sum(),
+            cached_tokens: prompts.iter().filter_map(|c| c.cached).reduce(|a, b| a + b),
         }
     }
 
@@ -191,7 +195,8 @@ impl Generation {
         }
         let text_err = |e: fp4forge_engine::EngineError| ApiError::internal(e.to_string());
         match event {
-            Event::Prompt(logprobs) => {
+            Event::Prompt { logprobs, cached } => {
+                c.cached = cached;
                 if c.echo {
                     let piece = prompt_piece(&codec, &c.prompt, logprobs).map_err(text_err)?;
                     out.push(Update::Piece { choice: i, piece });
