@@ -147,6 +147,24 @@ pub struct CompletionLogprobs {
     pub text_offset: Vec<usize>,
 }
 
+/// One prompt token's entry in vLLM's `prompt_logprobs`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PromptLogprob {
+    /// Its log-probability given the tokens before it.
+    #[serde(default)]
+    pub logprob: f64,
+    /// Its rank in the vocabulary (1: the most likely).
+    #[serde(default)]
+    pub rank: Option<u64>,
+    /// Its text.
+    #[serde(default)]
+    pub decoded_token: Option<String>,
+}
+
+/// vLLM's `prompt_logprobs`: `null` for the first prompt token, then per position token id →
+/// [`PromptLogprob`], holding the top N and the prompt's own token.
+pub type PromptLogprobs = Vec<Option<std::collections::BTreeMap<u32, PromptLogprob>>>;
+
 /// One choice of a completion response (or of a streamed chunk).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CompletionChoice {
@@ -165,6 +183,9 @@ pub struct CompletionChoice {
     /// vLLM: the stop string or token that ended it (always `null` here).
     #[serde(default)]
     pub stop_reason: Option<serde_json::Value>,
+    /// vLLM: the prompt's logprobs, when `prompt_logprobs` asked for them (absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<PromptLogprobs>,
 }
 
 /// The body of a `/v1/completions` response.
@@ -312,4 +333,7 @@ pub struct ChatCompletionResponse {
     /// Token counts.
     #[serde(default)]
     pub usage: Option<Usage>,
+    /// vLLM: the prompt's logprobs, when `prompt_logprobs` asked for them (absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<PromptLogprobs>,
 }

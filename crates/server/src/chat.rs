@@ -367,6 +367,8 @@ impl Endpoint for Chat {
         choices: Vec<Collected>,
         usage: Usage,
     ) -> ChatCompletionResponse {
+        // one prompt: its choices' prompt logprobs are the same
+        let prompt_logprobs = choices.first().and_then(|c| c.prompt_logprobs.clone());
         let choices = choices
             .into_iter()
             .enumerate()
@@ -411,6 +413,7 @@ impl Endpoint for Chat {
             model: state.model_name.clone(),
             choices,
             usage: Some(usage.wire()),
+            prompt_logprobs,
         }
     }
 }

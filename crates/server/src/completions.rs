@@ -115,14 +115,21 @@ impl Endpoint for Completions {
         Some(match update {
             Update::Piece { choice, piece } => CompletionChoice {
                 index: choice as u32,
-                logprobs: self.logprobs.map(|_| {
+                logprobs: self.logprobs.map(|top| {
                     let mut acc = CompletionLogprobs::default();
-                    add_piece(&mut acc, &state.codec, &piece, &mut self.offsets[choice]);
+                    add_piece(
+                        &mut acc,
+                        &state.codec,
+                        &piece,
+                        top,
+                        &mut self.offsets[choice],
+                    );
                     acc
                 }),
                 text: piece.text,
                 finish_reason: None,
                 stop_reason: None,
+                prompt_logprobs: None,
             },
             Update::Finished {
                 choice,
@@ -134,6 +141,7 @@ impl Endpoint for Completions {
                 logprobs: None,
                 finish_reason: Some(reason.to_string()),
                 stop_reason,
+                prompt_logprobs: None,
             },
         })
     }
@@ -154,15 +162,16 @@ impl Endpoint for Completions {
                 CompletionChoice {
                     index: i as u32,
                     text: c.pieces.iter().map(|p| p.text.as_str()).collect(),
-                    logprobs: self.logprobs.map(|_| {
+                    logprobs: self.logprobs.map(|top| {
                         let mut acc = CompletionLogprobs::default();
                         for p in &c.pieces {
-                            add_piece(&mut acc, &state.codec, p, &mut offset);
+                            add_piece(&mut acc, &state.codec, p, top, &mut offset);
                         }
                         acc
                     }),
                     finish_reason: c.finish.map(str::to_string),
                     stop_reason: c.stop_reason,
+                    prompt_logprobs: c.prompt_logprobs,
                 }
             })
             .collect();
@@ -178,8 +187,15 @@ impl Endpoint for Completions {
 }
 
 /// Adds `piece`'s tokens to the legacy logprobs object `acc`; `offset` is the character offset
-/// of the piece in the choice's text, advanced past it.
-fn add_piece(acc: &mut CompletionLogprobs, codec: &TextCodec, piece: &Piece, offset: &mut usize) {
+/// of the piece in the choice's text, advanced past it; `top_n` alternatives per position (the
+/// prompt's may hold more, for `prompt_logprobs`).
+fn add_piece(
+    acc: &mut CompletionLogprobs,
+    codec: &TextCodec,
+    piece: &Piece,
+    top_n: usize,
+    offset: &mut usize,
+) {
     let tops = acc.top_logprobs.get_or_insert_with(Vec::new);
     let mut chars = 0;
     for t in &piece.tokens {
@@ -194,7 +210,7 @@ fn add_piece(acc: &mut CompletionLogprobs, codec: &TextCodec, piece: &Piece, off
             Some(lp) => {
                 acc.token_logprobs.push(Some(f64::from(lp.logprob)));
                 let mut top = TopLogprobs::default();
-                for &(id, v) in &lp.top {
+                for &(id, v) in lp.top.iter().take(top_n) {
                     let key = codec.decode(&[id], true).unwrap_or_default();
                     top.insert_first(key, f64::from(v));
                 }

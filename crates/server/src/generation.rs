@@ -9,6 +9,7 @@ use fp4forge_engine::TextCodec;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::api_error::ApiError;
+use crate::logprobs::prompt_logprobs_wire;
 use crate::scheduler::{CancelFlag, EngineHandle, Event, Finish, SeqRequest};
 use crate::text::{prompt_piece, ChoiceText, Piece, TextToken};
 
@@ -30,6 +31,8 @@ pub(crate) struct ChoiceSpec {
     /// Stop tokens reported as `stop_reason` when they end the choice (the request's
     /// `stop_token_ids` that are not EOS).
     pub stop_reason_ids: Vec<u32>,
+    /// Alternatives per position of vLLM's `prompt_logprobs`, when reported.
+    pub report_prompt_logprobs: Option<usize>,
 }
 
 /// Something to tell the client about one choice.
@@ -85,6 +88,8 @@ struct Choice {
     /// Prompt tokens the prefix cache supplied (`None`: cache off, or not prefilled yet).
     cached: Option<usize>,
     stop_reason_ids: Vec<u32>,
+    report_prompt_logprobs: Option<usize>,
+    prompt_logprobs: Option<fp4forge_api::PromptLogprobs>,
 }
 
 /// A request's sequences in flight. Dropping it cancels every one still running.
@@ -128,6 +133,8 @@ impl Generation {
                     spec.include_stop_str,
                 ),
                 stop_reason_ids: spec.stop_reason_ids,
+                report_prompt_logprobs: spec.report_prompt_logprobs,
+                prompt_logprobs: None,
                 prompt,
                 prompt_index: spec.prompt_index,
                 echo: spec.echo,
@@ -197,6 +204,10 @@ impl Generation {
         match event {
             Event::Prompt { logprobs, cached } => {
                 c.cached = cached;
+                if let Some(top) = c.report_prompt_logprobs {
+                    c.prompt_logprobs =
+                        Some(prompt_logprobs_wire(&codec, &c.prompt, &logprobs, top));
+                }
                 if c.echo {
                     let piece = prompt_piece(&codec, &c.prompt, logprobs).map_err(text_err)?;
                     out.push(Update::Piece { choice: i, piece });
@@ -279,6 +290,9 @@ impl Generation {
                 }
             }
         }
+        for (o, c) in out.iter_mut().zip(&mut self.choices) {
+            o.prompt_logprobs = c.prompt_logprobs.take();
+        }
         Ok((out, self.usage()))
     }
 }
@@ -292,4 +306,6 @@ pub(crate) struct Collected {
     pub finish: Option<&'static str>,
     /// vLLM's `stop_reason` (the matched stop string or stop token id).
     pub stop_reason: Option<serde_json::Value>,
+    /// vLLM's `prompt_logprobs`, when asked for.
+    pub prompt_logprobs: Option<fp4forge_api::PromptLogprobs>,
 }

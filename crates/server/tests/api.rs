@@ -889,8 +889,8 @@ async fn unknown_and_unimplemented_fields_are_refused_by_name_ignored_ones_accep
         ),
         (
             cmpl,
-            json!({"prompt": "x", "prompt_logprobs": 1}),
-            "prompt_logprobs",
+            json!({"prompt": "x", "spaces_between_special_tokens": false}),
+            "spaces_between_special_tokens",
         ),
         (
             chat,
