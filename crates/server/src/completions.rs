@@ -24,11 +24,12 @@ use crate::text::Piece;
 /// OpenAI's default `max_tokens` for completions.
 const DEFAULT_MAX_TOKENS: usize = 16;
 
-/// Tokenizes text prompts (with BOS where the tokenizer adds one); token-id prompts are used as
-/// they are.
+/// Tokenizes text prompts (with BOS where the tokenizer adds one, when `add_special`: vLLM's
+/// `add_special_tokens`); token-id prompts are used as they are.
 async fn tokenize(
     state: &Arc<AppState>,
     prompts: Vec<SinglePrompt>,
+    add_special: bool,
 ) -> Result<Vec<Vec<u32>>, ApiError> {
     let many = prompts.len() > 1;
     for (i, p) in prompts.iter().enumerate() {
@@ -42,7 +43,7 @@ async fn tokenize(
             .map(|p| match p {
                 SinglePrompt::Tokens(ids) => Ok(ids),
                 SinglePrompt::Text(t) => codec
-                    .encode(&t, true)
+                    .encode(&t, add_special)
                     .map_err(|e| ApiError::field("prompt", format!("cannot tokenize: {e}"))),
             })
             .collect()
@@ -83,7 +84,8 @@ impl Endpoint for Completions {
         let logprobs = req.top_logprobs();
         let prompts = req.prompt.as_ref().map(|p| p.to_list()).unwrap_or_default();
         let many = prompts.len() > 1;
-        let prompts: Vec<Vec<u32>> = tokenize(state, prompts)
+        let add_special = req.add_special_tokens.unwrap_or(true);
+        let prompts: Vec<Vec<u32>> = tokenize(state, prompts, add_special)
             .await?
             .into_iter()
             .map(|p| common.truncated(p))

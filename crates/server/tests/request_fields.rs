@@ -56,7 +56,7 @@ const COMPLETION: &[(&str, &str, Expect)] = &[
     ("truncate_prompt_tokens", "2", Honoured),
     ("allowed_token_ids", "[5, 6]", Honoured),
     ("prompt_logprobs", "1", Honoured),
-    ("add_special_tokens", "false", Refused),
+    ("add_special_tokens", "false", Honoured),
     ("response_format", "{\"type\": \"json_object\"}", Honoured),
     ("guided_json", "{\"type\": \"object\"}", Honoured),
     ("guided_regex", "\"a+\"", Honoured),
@@ -118,7 +118,7 @@ const CHAT: &[(&str, &str, Expect)] = &[
     ("echo", "true", Refused),
     ("add_generation_prompt", "false", Honoured),
     ("continue_final_message", "false", Honoured),
-    ("add_special_tokens", "true", Refused),
+    ("add_special_tokens", "true", Honoured),
     (
         "documents",
         "[{\"title\": \"t\", \"text\": \"x\"}]",
@@ -419,5 +419,78 @@ async fn prompt_logprobs_report_the_prompt_as_vllm_does() {
         assert_eq!(st, 400, "{bad}: {v}");
         assert_eq!(v["error"]["param"], "prompt_logprobs", "{v}");
     }
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn add_special_tokens_adds_the_tokenizers_bos_as_vllm_does() {
+    // The tiny model with a tokenizer that adds a BOS (`<|pad|>`, which no template writes).
+    let s = TestServer::start_with(
+        |dir| {
+            common::tiny_model::write_tiny_model(dir, 7)?;
+            let path = dir.join("tokenizer_config.json");
+            let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+            config["add_bos_token"] = json!(true);
+            config["bos_token"] = json!("<|pad|>");
+            std::fs::write(&path, config.to_string())?;
+            Ok(())
+        },
+        |c| c,
+    )
+    .await;
+    let prompt_tokens = |v: &Value| v["usage"]["prompt_tokens"].as_u64().unwrap();
+    let n = common::encode(&s.dir, "Hello world").len() as u64;
+    // Completions: default true, BOS first (the echoed prompt shows it).
+    let body = |extra: Value| {
+        let mut b = json!({"prompt": "Hello world", "max_tokens": 0, "echo": true,
+                           "logprobs": 0});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let tokens = |v: &Value| v["choices"][0]["logprobs"]["tokens"].clone();
+    let (_, with) = s.post("/v1/completions", &body(json!({}))).await;
+    assert_eq!(prompt_tokens(&with), n + 1, "{with}");
+    assert_eq!(tokens(&with)[0], "<|pad|>", "{with}");
+    let (_, explicit) = s
+        .post(
+            "/v1/completions",
+            &body(json!({"add_special_tokens": true})),
+        )
+        .await;
+    assert_eq!(tokens(&explicit), tokens(&with));
+    let (_, without) = s
+        .post(
+            "/v1/completions",
+            &body(json!({"add_special_tokens": false})),
+        )
+        .await;
+    assert_eq!(prompt_tokens(&without), n, "{without}");
+    assert_ne!(tokens(&without)[0], "<|pad|>");
+    // Token-id prompts are used as they are.
+    let (_, ids) = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": [40, 41], "max_tokens": 1, "add_special_tokens": true}),
+        )
+        .await;
+    assert_eq!(prompt_tokens(&ids), 2, "{ids}");
+    // Chat: default false (the template writes what it needs); true adds the BOS.
+    let chat = |extra: Value| {
+        let mut b = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let (_, plain) = s.post("/v1/chat/completions", &chat(json!({}))).await;
+    let (_, with) = s
+        .post(
+            "/v1/chat/completions",
+            &chat(json!({"add_special_tokens": true})),
+        )
+        .await;
+    assert_eq!(prompt_tokens(&with), prompt_tokens(&plain) + 1, "{with}");
     s.stop().await;
 }

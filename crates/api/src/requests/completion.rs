@@ -69,6 +69,9 @@ pub struct CompletionRequest {
     pub guided_choice: Option<Vec<String>>,
     /// vLLM (older name): a Lark (llguidance) grammar the output follows.
     pub guided_grammar: Option<String>,
+    /// vLLM: tokenize text prompts with the tokenizer's special tokens (its BOS, when it adds
+    /// one); default true.
+    pub add_special_tokens: Option<bool>,
 }
 }
 
@@ -158,6 +161,10 @@ impl WireRequest for CompletionRequest {
         STRUCTURED_FIELDS[3],
         STRUCTURED_FIELDS[4],
         STRUCTURED_FIELDS[5],
+        Field {
+            name: "add_special_tokens",
+            expected: "true or false",
+        },
     ];
     const UNIMPLEMENTED: &'static [Unimplemented] = &COMPLETION_UNIMPLEMENTED;
 

@@ -224,7 +224,6 @@ pub const UNIMPLEMENTED_COMMON: &[Unimplemented] = &[
     un("spaces_between_special_tokens", &[]),
     un("logits_processors", &[]),
     un("return_tokens_as_token_ids", &["false"]),
-    un("add_special_tokens", &[]),
     un("reasoning_effort", &[]),
     un("priority", &["0"]),
     un("modalities", &["[\"text\"]"]),
