@@ -61,7 +61,7 @@ pub use requests::{
 pub use response::{
     AssistantMessage, ChatChoice, ChatCompletionResponse, ChatLogprobs, ChatTokenLogprob,
     ChatTopLogprob, CompletionChoice, CompletionLogprobs, CompletionResponse, FunctionCall,
-    ToolCall, TopLogprobs, Usage,
+    PromptLogprob, PromptLogprobs, PromptTokensDetails, ToolCall, TopLogprobs, Usage,
 };
 pub use stream::{
     ChatChunkChoice, ChatCompletionChunk, ChatDelta, CompletionChunk, FunctionCallDelta,

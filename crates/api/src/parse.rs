@@ -121,6 +121,10 @@ pub const COMMON_FIELDS: &[Field] = &[
         name: "truncate_prompt_tokens",
         expected: "an integer",
     },
+    Field {
+        name: "prompt_logprobs",
+        expected: "an integer",
+    },
 ];
 
 /// An OpenAI or vLLM field that fp4forge does not implement. It is accepted only when null or

@@ -16,6 +16,18 @@ pub struct Usage {
     /// Their sum.
     #[serde(default)]
     pub total_tokens: u64,
+    /// Details of the prompt tokens: `null` when the server has no prefix cache (vLLM's shape:
+    /// the field is always there, `null` unless it reports them).
+    #[serde(default)]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+/// `usage.prompt_tokens_details`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens the prefix cache let the server skip (summed over the prompts).
+    #[serde(default)]
+    pub cached_tokens: u64,
 }
 
 impl Usage {
@@ -25,6 +37,16 @@ impl Usage {
             prompt_tokens,
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: None,
+        }
+    }
+
+    /// The same usage reporting `cached_tokens` (`None`: no details, `null`).
+    pub fn with_cached_tokens(self, cached_tokens: Option<u64>) -> Self {
+        Self {
+            prompt_tokens_details: cached_tokens
+                .map(|cached_tokens| PromptTokensDetails { cached_tokens }),
+            ..self
         }
     }
 }
@@ -125,6 +147,24 @@ pub struct CompletionLogprobs {
     pub text_offset: Vec<usize>,
 }
 
+/// One prompt token's entry in vLLM's `prompt_logprobs`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PromptLogprob {
+    /// Its log-probability given the tokens before it.
+    #[serde(default)]
+    pub logprob: f64,
+    /// Its rank in the vocabulary (1: the most likely).
+    #[serde(default)]
+    pub rank: Option<u64>,
+    /// Its text.
+    #[serde(default)]
+    pub decoded_token: Option<String>,
+}
+
+/// vLLM's `prompt_logprobs`: `null` for the first prompt token, then per position token id →
+/// [`PromptLogprob`], holding the top N and the prompt's own token.
+pub type PromptLogprobs = Vec<Option<std::collections::BTreeMap<u32, PromptLogprob>>>;
+
 /// One choice of a completion response (or of a streamed chunk).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CompletionChoice {
@@ -143,6 +183,9 @@ pub struct CompletionChoice {
     /// vLLM: the stop string or token that ended it (always `null` here).
     #[serde(default)]
     pub stop_reason: Option<serde_json::Value>,
+    /// vLLM: the prompt's logprobs, when `prompt_logprobs` asked for them (absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<PromptLogprobs>,
 }
 
 /// The body of a `/v1/completions` response.
@@ -290,4 +333,7 @@ pub struct ChatCompletionResponse {
     /// Token counts.
     #[serde(default)]
     pub usage: Option<Usage>,
+    /// vLLM: the prompt's logprobs, when `prompt_logprobs` asked for them (absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<PromptLogprobs>,
 }

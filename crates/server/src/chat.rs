@@ -140,8 +140,9 @@ fn template_messages(messages: &[WireMessage]) -> Vec<Value> {
         .collect()
 }
 
-/// Renders the request's conversation and tokenizes it (the template writes any BOS itself);
-/// returns the prompt text too (the reasoning parser reads how it ends).
+/// Renders the request's conversation and tokenizes it (the template writes any BOS itself,
+/// unless `add_special_tokens` asks the tokenizer for it); returns the prompt text too (the
+/// reasoning parser reads how it ends).
 async fn render_prompt(
     state: &Arc<AppState>,
     req: &ChatCompletionRequest,
@@ -151,6 +152,7 @@ async fn render_prompt(
     let bytes = req.messages.iter().flatten().map(|m| m.text().len()).sum();
     check_prompt_bytes(bytes, state, "messages", "the conversation")?;
     let request_template = req.chat_template.clone();
+    let add_special = req.add_special_tokens.unwrap_or(false);
     let setup = state.clone();
     with_codec(state, move |codec| {
         let refused = |e: EngineError| match e {
@@ -179,7 +181,7 @@ async fn render_prompt(
         }
         .map_err(refused)?;
         let ids = codec
-            .encode(&text, false)
+            .encode(&text, add_special)
             .map_err(|e| ApiError::field("messages", format!("cannot tokenize: {e}")))?;
         Ok((text, ids))
     })
@@ -367,6 +369,8 @@ impl Endpoint for Chat {
         choices: Vec<Collected>,
         usage: Usage,
     ) -> ChatCompletionResponse {
+        // one prompt: its choices' prompt logprobs are the same
+        let prompt_logprobs = choices.first().and_then(|c| c.prompt_logprobs.clone());
         let choices = choices
             .into_iter()
             .enumerate()
@@ -411,6 +415,7 @@ impl Endpoint for Chat {
             model: state.model_name.clone(),
             choices,
             usage: Some(usage.wire()),
+            prompt_logprobs,
         }
     }
 }

@@ -24,11 +24,12 @@ use crate::text::Piece;
 /// OpenAI's default `max_tokens` for completions.
 const DEFAULT_MAX_TOKENS: usize = 16;
 
-/// Tokenizes text prompts (with BOS where the tokenizer adds one); token-id prompts are used as
-/// they are.
+/// Tokenizes text prompts (with BOS where the tokenizer adds one, when `add_special`: vLLM's
+/// `add_special_tokens`); token-id prompts are used as they are.
 async fn tokenize(
     state: &Arc<AppState>,
     prompts: Vec<SinglePrompt>,
+    add_special: bool,
 ) -> Result<Vec<Vec<u32>>, ApiError> {
     let many = prompts.len() > 1;
     for (i, p) in prompts.iter().enumerate() {
@@ -42,7 +43,7 @@ async fn tokenize(
             .map(|p| match p {
                 SinglePrompt::Tokens(ids) => Ok(ids),
                 SinglePrompt::Text(t) => codec
-                    .encode(&t, true)
+                    .encode(&t, add_special)
                     .map_err(|e| ApiError::field("prompt", format!("cannot tokenize: {e}"))),
             })
             .collect()
@@ -83,7 +84,8 @@ impl Endpoint for Completions {
         let logprobs = req.top_logprobs();
         let prompts = req.prompt.as_ref().map(|p| p.to_list()).unwrap_or_default();
         let many = prompts.len() > 1;
-        let prompts: Vec<Vec<u32>> = tokenize(state, prompts)
+        let add_special = req.add_special_tokens.unwrap_or(true);
+        let prompts: Vec<Vec<u32>> = tokenize(state, prompts, add_special)
             .await?
             .into_iter()
             .map(|p| common.truncated(p))
@@ -115,14 +117,21 @@ impl Endpoint for Completions {
         Some(match update {
             Update::Piece { choice, piece } => CompletionChoice {
                 index: choice as u32,
-                logprobs: self.logprobs.map(|_| {
+                logprobs: self.logprobs.map(|top| {
                     let mut acc = CompletionLogprobs::default();
-                    add_piece(&mut acc, &state.codec, &piece, &mut self.offsets[choice]);
+                    add_piece(
+                        &mut acc,
+                        &state.codec,
+                        &piece,
+                        top,
+                        &mut self.offsets[choice],
+                    );
                     acc
                 }),
                 text: piece.text,
                 finish_reason: None,
                 stop_reason: None,
+                prompt_logprobs: None,
             },
             Update::Finished {
                 choice,
@@ -134,6 +143,7 @@ impl Endpoint for Completions {
                 logprobs: None,
                 finish_reason: Some(reason.to_string()),
                 stop_reason,
+                prompt_logprobs: None,
             },
         })
     }
@@ -154,15 +164,16 @@ impl Endpoint for Completions {
                 CompletionChoice {
                     index: i as u32,
                     text: c.pieces.iter().map(|p| p.text.as_str()).collect(),
-                    logprobs: self.logprobs.map(|_| {
+                    logprobs: self.logprobs.map(|top| {
                         let mut acc = CompletionLogprobs::default();
                         for p in &c.pieces {
-                            add_piece(&mut acc, &state.codec, p, &mut offset);
+                            add_piece(&mut acc, &state.codec, p, top, &mut offset);
                         }
                         acc
                     }),
                     finish_reason: c.finish.map(str::to_string),
                     stop_reason: c.stop_reason,
+                    prompt_logprobs: c.prompt_logprobs,
                 }
             })
             .collect();
@@ -178,8 +189,15 @@ impl Endpoint for Completions {
 }
 
 /// Adds `piece`'s tokens to the legacy logprobs object `acc`; `offset` is the character offset
-/// of the piece in the choice's text, advanced past it.
-fn add_piece(acc: &mut CompletionLogprobs, codec: &TextCodec, piece: &Piece, offset: &mut usize) {
+/// of the piece in the choice's text, advanced past it; `top_n` alternatives per position (the
+/// prompt's may hold more, for `prompt_logprobs`).
+fn add_piece(
+    acc: &mut CompletionLogprobs,
+    codec: &TextCodec,
+    piece: &Piece,
+    top_n: usize,
+    offset: &mut usize,
+) {
     let tops = acc.top_logprobs.get_or_insert_with(Vec::new);
     let mut chars = 0;
     for t in &piece.tokens {
@@ -194,7 +212,7 @@ fn add_piece(acc: &mut CompletionLogprobs, codec: &TextCodec, piece: &Piece, off
             Some(lp) => {
                 acc.token_logprobs.push(Some(f64::from(lp.logprob)));
                 let mut top = TopLogprobs::default();
-                for &(id, v) in &lp.top {
+                for &(id, v) in lp.top.iter().take(top_n) {
                     let key = codec.decode(&[id], true).unwrap_or_default();
                     top.insert_first(key, f64::from(v));
                 }

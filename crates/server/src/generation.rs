@@ -9,6 +9,7 @@ use fp4forge_engine::TextCodec;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::api_error::ApiError;
+use crate::logprobs::prompt_logprobs_wire;
 use crate::scheduler::{CancelFlag, EngineHandle, Event, Finish, SeqRequest};
 use crate::text::{prompt_piece, ChoiceText, Piece, TextToken};
 
@@ -30,6 +31,8 @@ pub(crate) struct ChoiceSpec {
     /// Stop tokens reported as `stop_reason` when they end the choice (the request's
     /// `stop_token_ids` that are not EOS).
     pub stop_reason_ids: Vec<u32>,
+    /// Alternatives per position of vLLM's `prompt_logprobs`, when reported.
+    pub report_prompt_logprobs: Option<usize>,
 }
 
 /// Something to tell the client about one choice.
@@ -61,12 +64,16 @@ pub(crate) struct Usage {
     pub prompt_tokens: usize,
     /// Generated tokens over all choices.
     pub completion_tokens: usize,
+    /// Prompt tokens the prefix cache supplied, each distinct prompt once (its first
+    /// choice's); `None` when the cache is off.
+    pub cached_tokens: Option<usize>,
 }
 
 impl Usage {
-    /// The OpenAI `usage` object.
+    /// The OpenAI `usage` object (`prompt_tokens_details` as vLLM writes it).
     pub fn wire(&self) -> fp4forge_api::Usage {
         fp4forge_api::Usage::new(self.prompt_tokens as u64, self.completion_tokens as u64)
+            .with_cached_tokens(self.cached_tokens.map(|c| c as u64))
     }
 }
 
@@ -78,7 +85,11 @@ struct Choice {
     cancel: CancelFlag,
     finished: bool,
     completion_tokens: usize,
+    /// Prompt tokens the prefix cache supplied (`None`: cache off, or not prefilled yet).
+    cached: Option<usize>,
     stop_reason_ids: Vec<u32>,
+    report_prompt_logprobs: Option<usize>,
+    prompt_logprobs: Option<fp4forge_api::PromptLogprobs>,
 }
 
 /// A request's sequences in flight. Dropping it cancels every one still running.
@@ -122,12 +133,15 @@ impl Generation {
                     spec.include_stop_str,
                 ),
                 stop_reason_ids: spec.stop_reason_ids,
+                report_prompt_logprobs: spec.report_prompt_logprobs,
+                prompt_logprobs: None,
                 prompt,
                 prompt_index: spec.prompt_index,
                 echo: spec.echo,
                 cancel,
                 finished: false,
                 completion_tokens: 0,
+                cached: None,
             });
         }
         Ok(Self {
@@ -145,16 +159,13 @@ impl Generation {
 
     /// The usage so far (complete once every choice finished).
     pub fn usage(&self) -> Usage {
-        let mut prompts: Vec<(usize, usize)> = self
-            .choices
-            .iter()
-            .map(|c| (c.prompt_index, c.prompt.len()))
-            .collect();
-        prompts.sort_unstable();
-        prompts.dedup();
+        // choices are in prompt order: each prompt's first choice stands for it
+        let mut prompts: Vec<&Choice> = self.choices.iter().collect();
+        prompts.dedup_by_key(|c| c.prompt_index);
         Usage {
-            prompt_tokens: prompts.iter().map(|p| p.1).sum(),
+            prompt_tokens: prompts.iter().map(|c| c.prompt.len()).sum(),
             completion_tokens: self.choices.iter().map(|c| c.completion_tokens).sum(),
+            cached_tokens: prompts.iter().filter_map(|c| c.cached).reduce(|a, b| a + b),
         }
     }
 
@@ -191,7 +202,12 @@ impl Generation {
         }
         let text_err = |e: fp4forge_engine::EngineError| ApiError::internal(e.to_string());
         match event {
-            Event::Prompt(logprobs) => {
+            Event::Prompt { logprobs, cached } => {
+                c.cached = cached;
+                if let Some(top) = c.report_prompt_logprobs {
+                    c.prompt_logprobs =
+                        Some(prompt_logprobs_wire(&codec, &c.prompt, &logprobs, top));
+                }
                 if c.echo {
                     let piece = prompt_piece(&codec, &c.prompt, logprobs).map_err(text_err)?;
                     out.push(Update::Piece { choice: i, piece });
@@ -274,6 +290,9 @@ impl Generation {
                 }
             }
         }
+        for (o, c) in out.iter_mut().zip(&mut self.choices) {
+            o.prompt_logprobs = c.prompt_logprobs.take();
+        }
         Ok((out, self.usage()))
     }
 }
@@ -287,4 +306,6 @@ pub(crate) struct Collected {
     pub finish: Option<&'static str>,
     /// vLLM's `stop_reason` (the matched stop string or stop token id).
     pub stop_reason: Option<serde_json::Value>,
+    /// vLLM's `prompt_logprobs`, when asked for.
+    pub prompt_logprobs: Option<fp4forge_api::PromptLogprobs>,
 }

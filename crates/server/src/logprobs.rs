@@ -2,7 +2,10 @@
 //! from the model's raw distribution (`log_softmax` of the logits, before temperature or
 //! filtering), accumulated in f64.
 
-use fp4forge_engine::Logits;
+use std::collections::BTreeMap;
+
+use fp4forge_api::{PromptLogprob, PromptLogprobs};
+use fp4forge_engine::{Logits, TextCodec};
 use rayon::prelude::*;
 
 /// One position's log-probabilities.
@@ -10,6 +13,8 @@ use rayon::prelude::*;
 pub(crate) struct TokenLogprob {
     /// `log p(token)` of the token actually at this position.
     pub logprob: f32,
+    /// The token's rank in the vocabulary (1: the most likely; ties share the best rank).
+    pub rank: u32,
     /// The most likely tokens and their log-probabilities, most likely first.
     pub top: Vec<(u32, f32)>,
 }
@@ -39,11 +44,48 @@ pub(crate) fn token_logprob(logits: &[f32], token: u32, top: usize) -> TokenLogp
     let logprob = logits
         .get(token as usize)
         .map_or(f32::NEG_INFINITY, |_| lp(token as usize));
+    let rank = logits
+        .get(token as usize)
+        .map_or(logits.len() as u32, |&x| {
+            1 + logits.iter().filter(|&&y| y > x).count() as u32
+        });
     let top = top_k(logits, top)
         .into_iter()
         .map(|i| (i as u32, lp(i)))
         .collect();
-    TokenLogprob { logprob, top }
+    TokenLogprob { logprob, rank, top }
+}
+
+/// vLLM's `prompt_logprobs` of `prompt` from its per-position logprobs (`None` where there are
+/// none, as for the first token): each position's `top` most likely tokens (ranks 1..) and the
+/// prompt's own token.
+pub(crate) fn prompt_logprobs_wire(
+    codec: &TextCodec,
+    prompt: &[u32],
+    logprobs: &[Option<TokenLogprob>],
+    top: usize,
+) -> PromptLogprobs {
+    let entry = |id: u32, logprob: f32, rank: u32| PromptLogprob {
+        logprob: f64::from(logprob),
+        rank: Some(u64::from(rank)),
+        decoded_token: codec.decode(&[id], true).ok(),
+    };
+    prompt
+        .iter()
+        .zip(logprobs)
+        .map(|(&id, lp)| {
+            let lp = lp.as_ref()?;
+            let mut map: BTreeMap<u32, PromptLogprob> = lp
+                .top
+                .iter()
+                .take(top)
+                .enumerate()
+                .map(|(r, &(t, v))| (t, entry(t, v, r as u32 + 1)))
+                .collect();
+            map.insert(id, entry(id, lp.logprob, lp.rank));
+            Some(map)
+        })
+        .collect()
 }
 
 /// [`token_logprob`] of every row `r` of `logits` with token `targets[r]` (`targets` may be
@@ -103,6 +145,8 @@ mod tests {
         let ids: Vec<u32> = t.top.iter().map(|p| p.0).collect();
         assert_eq!(ids, vec![1, 3, 2]);
         assert!(t.top[0].1 >= t.top[2].1);
+        assert_eq!(t.rank, 3);
+        assert_eq!(token_logprob(&logits, 1, 0).rank, 1);
         assert!(token_logprob(&logits, 9, 0).top.is_empty());
     }
 }

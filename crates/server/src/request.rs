@@ -86,6 +86,8 @@ pub(crate) struct CommonParams {
     pub skip_special: bool,
     /// Keep only the last this many prompt tokens (vLLM's `truncate_prompt_tokens`).
     pub truncate_prompt: Option<usize>,
+    /// Alternatives per position in the reported `prompt_logprobs` (vLLM), when asked for.
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl CommonParams {
@@ -121,6 +123,7 @@ impl CommonParams {
             include_stop_str: fields.include_stop_str_in_output.unwrap_or(false),
             skip_special: fields.skip_special_tokens.unwrap_or(true),
             truncate_prompt: fields.truncate_prompt_tokens.and_then(Integer::to_usize),
+            prompt_logprobs: fields.prompt_logprob_count(),
             n: fields.choices(),
             sampling: SamplingParams {
                 temperature,
@@ -309,7 +312,8 @@ pub(crate) fn check_prompt(
     Ok(())
 }
 
-/// The choices of a request: `n` per prompt, in prompt order.
+/// The choices of a request: `n` per prompt, in prompt order. `prompt_logprobs` is what the
+/// echoed prompt needs; the sequences compute enough for `common.prompt_logprobs` too.
 pub(crate) fn choice_specs(
     prompts: Vec<Vec<u32>>,
     common: &CommonParams,
@@ -348,7 +352,7 @@ pub(crate) fn choice_specs(
                     sampling,
                     stop_ids: stop_ids.clone(),
                     logprobs,
-                    prompt_logprobs,
+                    prompt_logprobs: prompt_logprobs.max(common.prompt_logprobs),
                     adjust: common.adjust.clone(),
                     grammar: None,
                 },
@@ -356,6 +360,7 @@ pub(crate) fn choice_specs(
                 keep_special: !common.skip_special,
                 include_stop_str: common.include_stop_str,
                 stop_reason_ids: common.reported_stop_ids(state),
+                report_prompt_logprobs: common.prompt_logprobs,
                 echo,
             });
         }

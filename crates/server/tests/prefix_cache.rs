@@ -94,6 +94,14 @@ async fn reused_prefixes_answer_exactly_like_fresh_prefills() {
     assert_eq!(cached.metric(hits).await, 1.0);
     // positions 0..=10 are shared, 1..=10 keep their logprobs: 10 tokens reused
     assert_eq!(cached.metric(reused).await, 10.0);
+    // ... and reported as vLLM reports them; `null` without a cache
+    let details = |v: &Value| v["usage"]["prompt_tokens_details"].clone();
+    assert_eq!(details(&answers[0]), json!({"cached_tokens": 10}));
+    assert_eq!(details(&answers[1]), Value::Null);
+    assert!(answers[1]["usage"]
+        .as_object()
+        .unwrap()
+        .contains_key("prompt_tokens_details"));
     assert_eq!(fresh.metric(hits).await, 0.0);
     // The first request's entry stays after serving the second: it serves `other` again, now
     // with 5 alternatives (the second request's entry kept only 3).
@@ -135,6 +143,19 @@ async fn reused_prefixes_answer_exactly_like_fresh_prefills() {
     let (_, a) = cached.post("/v1/completions", &generate(&gen_prompt)).await;
     let (_, b) = fresh.post("/v1/completions", &generate(&gen_prompt)).await;
     assert_same("generation after a reused prefix", &a, &b, 1e-6);
+    assert_eq!(details(&a), json!({"cached_tokens": 9}));
+
+    // Summed over the prompts of a request (each once, whatever `n`), streamed usage too; a
+    // prompt that misses counts 0.
+    let two = json!({"prompt": [&gen_prompt, &prompt(9, 5)], "max_tokens": 2, "n": 2,
+                     "temperature": 0, "ignore_eos": true, "stream": true,
+                     "stream_options": {"include_usage": true}});
+    let events = cached.stream("/v1/completions", &two).await;
+    let usage = events
+        .iter()
+        .find_map(|e| e.get("usage").filter(|u| !u.is_null()))
+        .expect("a usage chunk");
+    assert_eq!(usage["prompt_tokens_details"], json!({"cached_tokens": 10}));
 
     // 3. A conversation's next turn: past the window the ring has wrapped, so only a prompt
     //    that extends the whole cached sequence (prompt + generated tokens fed back) reuses it.

@@ -55,8 +55,8 @@ const COMPLETION: &[(&str, &str, Expect)] = &[
     ("spaces_between_special_tokens", "false", Refused),
     ("truncate_prompt_tokens", "2", Honoured),
     ("allowed_token_ids", "[5, 6]", Honoured),
-    ("prompt_logprobs", "1", Refused),
-    ("add_special_tokens", "false", Refused),
+    ("prompt_logprobs", "1", Honoured),
+    ("add_special_tokens", "false", Honoured),
     ("response_format", "{\"type\": \"json_object\"}", Honoured),
     ("guided_json", "{\"type\": \"object\"}", Honoured),
     ("guided_regex", "\"a+\"", Honoured),
@@ -112,13 +112,13 @@ const CHAT: &[(&str, &str, Expect)] = &[
     ("skip_special_tokens", "false", Honoured),
     ("spaces_between_special_tokens", "false", Refused),
     ("truncate_prompt_tokens", "2", Honoured),
-    ("prompt_logprobs", "1", Refused),
+    ("prompt_logprobs", "1", Honoured),
     ("allowed_token_ids", "[5, 6]", Honoured),
     ("bad_words", "[\"a\"]", Honoured),
     ("echo", "true", Refused),
     ("add_generation_prompt", "false", Honoured),
     ("continue_final_message", "false", Honoured),
-    ("add_special_tokens", "true", Refused),
+    ("add_special_tokens", "true", Honoured),
     (
         "documents",
         "[{\"title\": \"t\", \"text\": \"x\"}]",
@@ -327,5 +327,170 @@ async fn sampling_fields_change_the_result_as_vllm_does() {
         .await;
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["choices"].as_array().map(Vec::len), Some(3), "{v}");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_logprobs_report_the_prompt_as_vllm_does() {
+    let s = TestServer::start(|c| c).await;
+    let tok = common::tokenizer(&s.dir);
+    let ids: Vec<u32> = (40..48).collect();
+    let path = "/v1/completions";
+    let (st, v) = s
+        .post(
+            path,
+            &json!({"prompt": ids, "max_tokens": 1, "prompt_logprobs": 2}),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let pl = v["choices"][0]["prompt_logprobs"].as_array().unwrap();
+    assert_eq!(pl.len(), ids.len());
+    assert_eq!(pl[0], Value::Null);
+    // The same numbers as the echoed prompt's legacy logprobs (one computation).
+    let (_, echo) = s
+        .post(
+            path,
+            &json!({"prompt": ids, "max_tokens": 0, "echo": true, "logprobs": 2}),
+        )
+        .await;
+    let legacy = &echo["choices"][0]["logprobs"];
+    for (i, &id) in ids.iter().enumerate().skip(1) {
+        let pos = pl[i].as_object().unwrap();
+        let own = &pos[&id.to_string()];
+        let lp = own["logprob"].as_f64().unwrap();
+        let want = legacy["token_logprobs"][i].as_f64().unwrap();
+        assert!((lp - want).abs() < 1e-6, "position {i}: {lp} vs {want}");
+        assert_eq!(
+            own["decoded_token"],
+            json!(tok.decode(&[id], false).unwrap())
+        );
+        assert!(own["rank"].as_u64().unwrap() >= 1);
+        // the top 2 (ranks 1 and 2) and the prompt's own token
+        assert!(pos.len() == 2 || pos.len() == 3, "{pos:?}");
+        let mut ranks: Vec<u64> = pos
+            .iter()
+            .filter(|(k, _)| **k != id.to_string())
+            .map(|(_, e)| e["rank"].as_u64().unwrap())
+            .collect();
+        ranks.sort_unstable();
+        assert!(ranks == [1, 2] || ranks.len() == 1, "{pos:?}");
+        let top = legacy["top_logprobs"][i].as_object().unwrap();
+        let best = pos.values().find(|e| e["rank"] == 1).unwrap();
+        let best_legacy = top[best["decoded_token"].as_str().unwrap()]
+            .as_f64()
+            .unwrap();
+        assert!((best["logprob"].as_f64().unwrap() - best_legacy).abs() < 1e-6);
+    }
+    // 0: the prompt's own tokens only; absent when not asked for
+    let (_, v) = s
+        .post(
+            path,
+            &json!({"prompt": ids, "max_tokens": 1, "prompt_logprobs": 0}),
+        )
+        .await;
+    let pl = v["choices"][0]["prompt_logprobs"].as_array().unwrap();
+    assert!(pl[1..].iter().all(|p| p.as_object().unwrap().len() == 1));
+    assert!(echo["choices"][0].get("prompt_logprobs").is_none());
+
+    // Chat: one list for the response, over the rendered prompt.
+    let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+                      "n": 2, "prompt_logprobs": 1});
+    let (st, v) = s.post("/v1/chat/completions", &chat).await;
+    assert_eq!(st, 200, "{v}");
+    let pl = v["prompt_logprobs"].as_array().unwrap();
+    assert_eq!(
+        pl.len() as u64,
+        v["usage"]["prompt_tokens"].as_u64().unwrap()
+    );
+    assert_eq!(pl[0], Value::Null);
+    assert!(pl[1..].iter().all(|p| p.is_object()));
+
+    // Refused by name: the whole vocabulary, more than the server's most, or streamed.
+    for bad in [
+        json!({"prompt_logprobs": -1}),
+        json!({"prompt_logprobs": 21}),
+        json!({"prompt_logprobs": 1, "stream": true}),
+    ] {
+        let mut body = json!({"prompt": ids, "max_tokens": 1});
+        for (k, x) in bad.as_object().unwrap() {
+            body[k] = x.clone();
+        }
+        let (st, v) = s.post(path, &body).await;
+        assert_eq!(st, 400, "{bad}: {v}");
+        assert_eq!(v["error"]["param"], "prompt_logprobs", "{v}");
+    }
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn add_special_tokens_adds_the_tokenizers_bos_as_vllm_does() {
+    // The tiny model with a tokenizer that adds a BOS (`<|pad|>`, which no template writes).
+    let s = TestServer::start_with(
+        |dir| {
+            common::tiny_model::write_tiny_model(dir, 7)?;
+            let path = dir.join("tokenizer_config.json");
+            let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+            config["add_bos_token"] = json!(true);
+            config["bos_token"] = json!("<|pad|>");
+            std::fs::write(&path, config.to_string())?;
+            Ok(())
+        },
+        |c| c,
+    )
+    .await;
+    let prompt_tokens = |v: &Value| v["usage"]["prompt_tokens"].as_u64().unwrap();
+    let n = common::encode(&s.dir, "Hello world").len() as u64;
+    // Completions: default true, BOS first (the echoed prompt shows it).
+    let body = |extra: Value| {
+        let mut b = json!({"prompt": "Hello world", "max_tokens": 0, "echo": true,
+                           "logprobs": 0});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let tokens = |v: &Value| v["choices"][0]["logprobs"]["tokens"].clone();
+    let (_, with) = s.post("/v1/completions", &body(json!({}))).await;
+    assert_eq!(prompt_tokens(&with), n + 1, "{with}");
+    assert_eq!(tokens(&with)[0], "<|pad|>", "{with}");
+    let (_, explicit) = s
+        .post(
+            "/v1/completions",
+            &body(json!({"add_special_tokens": true})),
+        )
+        .await;
+    assert_eq!(tokens(&explicit), tokens(&with));
+    let (_, without) = s
+        .post(
+            "/v1/completions",
+            &body(json!({"add_special_tokens": false})),
+        )
+        .await;
+    assert_eq!(prompt_tokens(&without), n, "{without}");
+    assert_ne!(tokens(&without)[0], "<|pad|>");
+    // Token-id prompts are used as they are.
+    let (_, ids) = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": [40, 41], "max_tokens": 1, "add_special_tokens": true}),
+        )
+        .await;
+    assert_eq!(prompt_tokens(&ids), 2, "{ids}");
+    // Chat: default false (the template writes what it needs); true adds the BOS.
+    let chat = |extra: Value| {
+        let mut b = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let (_, plain) = s.post("/v1/chat/completions", &chat(json!({}))).await;
+    let (_, with) = s
+        .post(
+            "/v1/chat/completions",
+            &chat(json!({"add_special_tokens": true})),
+        )
+        .await;
+    assert_eq!(prompt_tokens(&with), prompt_tokens(&plain) + 1, "{with}");
     s.stop().await;
 }

@@ -180,6 +180,9 @@ pub struct ChatCompletionRequest {
     pub add_generation_prompt: Option<bool>,
     /// Continue the final (assistant) message instead of starting a new one.
     pub continue_final_message: Option<bool>,
+    /// vLLM: tokenize the rendered prompt with the tokenizer's special tokens (its BOS, when it
+    /// adds one and the template did not write it); default false, the template writes them.
+    pub add_special_tokens: Option<bool>,
     /// Documents for retrieval-augmented templates (objects with `title` and `text`).
     pub documents: Option<Vec<Map<String, Value>>>,
     /// vLLM: `false` leaves the reasoning out of the response (default true).
@@ -386,6 +389,10 @@ impl WireRequest for ChatCompletionRequest {
         },
         Field {
             name: "continue_final_message",
+            expected: "true or false",
+        },
+        Field {
+            name: "add_special_tokens",
             expected: "true or false",
         },
         Field {

@@ -57,6 +57,9 @@ pub struct CompletionRequest {
     /// Number of top alternatives per position in `top_logprobs` (also enables
     /// `token_logprobs`).
     pub logprobs: Option<Integer>,
+    /// vLLM: tokenize text prompts with the tokenizer's special tokens (its BOS, when it adds
+    /// one); default true.
+    pub add_special_tokens: Option<bool>,
 }
 }
 
@@ -135,6 +138,10 @@ impl WireRequest for CompletionRequest {
         STRUCTURED_FIELDS[3],
         STRUCTURED_FIELDS[4],
         STRUCTURED_FIELDS[5],
+        Field {
+            name: "add_special_tokens",
+            expected: "true or false",
+        },
     ];
     const UNIMPLEMENTED: &'static [Unimplemented] = &COMPLETION_UNIMPLEMENTED;
 

@@ -110,6 +110,10 @@ macro_rules! wire_request {
             /// vLLM: keep only the last this many prompt tokens (at least 1).
             #[serde(skip_serializing_if = "Option::is_none")]
             pub truncate_prompt_tokens: Option<Integer>,
+            /// vLLM: the prompt's logprobs with this many alternatives per position (0 to the
+            /// server's most logprobs; not with `stream`).
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub prompt_logprobs: Option<Integer>,
             $(
                 $(#[$fmeta])*
                 #[serde(skip_serializing_if = "Option::is_none")]
@@ -156,6 +160,7 @@ macro_rules! wire_request {
                     include_stop_str_in_output: self.include_stop_str_in_output,
                     skip_special_tokens: self.skip_special_tokens,
                     truncate_prompt_tokens: self.truncate_prompt_tokens,
+                    prompt_logprobs: self.prompt_logprobs,
                 }
             }
         }
@@ -251,11 +256,9 @@ pub const UNIMPLEMENTED_COMMON: &[Unimplemented] = &[
     un("guided_decoding_backend", &[]),
     un("use_beam_search", &["false"]),
     un("length_penalty", &["1", "1.0"]),
-    un("prompt_logprobs", &[]),
     un("spaces_between_special_tokens", &[]),
     un("logits_processors", &[]),
     un("return_tokens_as_token_ids", &["false"]),
-    un("add_special_tokens", &[]),
     un("reasoning_effort", &[]),
     un("priority", &["0"]),
     un("modalities", &["[\"text\"]"]),
@@ -313,6 +316,8 @@ pub struct Sampling<'a> {
     pub skip_special_tokens: Option<bool>,
     /// Keep only the last this many prompt tokens (vLLM).
     pub truncate_prompt_tokens: Option<Integer>,
+    /// Alternatives per prompt position in `prompt_logprobs` (vLLM).
+    pub prompt_logprobs: Option<Integer>,
 }
 
 impl Sampling<'_> {
@@ -465,7 +470,35 @@ impl Sampling<'_> {
                 "the largest prompt",
             )?;
         }
+        if let Some(p) = self.prompt_logprobs {
+            if p.0 == -1 {
+                return Err(RequestError::invalid(
+                    "prompt_logprobs",
+                    "`prompt_logprobs: -1` (the whole vocabulary) is not supported by this \
+                     server; ask for at most the server's most logprobs",
+                ));
+            }
+            int_in(
+                "prompt_logprobs",
+                p,
+                0,
+                limits.max_logprobs as u64,
+                "this server's most logprobs",
+            )?;
+            if self.stream == Some(true) {
+                return Err(RequestError::invalid(
+                    "prompt_logprobs",
+                    "`prompt_logprobs` is not available with `stream: true`",
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// Alternatives per prompt position asked for by `prompt_logprobs` (valid after
+    /// [`Self::validate`]), `None` when absent.
+    pub fn prompt_logprob_count(&self) -> Option<usize> {
+        self.prompt_logprobs.and_then(Integer::to_usize)
     }
 
     /// `logit_bias` as token id → bias clamped to `[-100, 100]` (as vLLM clamps it). Valid

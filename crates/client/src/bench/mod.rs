@@ -456,11 +456,7 @@ mod tests {
                 chunk(130, "c"),
                 chunk(140, "d"),
             ],
-            usage: Some(Usage {
-                prompt_tokens: 1000,
-                completion_tokens: 4,
-                total_tokens: 1004,
-            }),
+            usage: Some(Usage::new(1000, 4)),
             finish_reason: Some("length".into()),
             total: Duration::from_millis(150),
         };

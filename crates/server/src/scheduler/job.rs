@@ -51,8 +51,13 @@ pub(crate) enum Finish {
 /// What the engine tells a handler about one sequence.
 #[derive(Debug, Clone)]
 pub(crate) enum Event {
-    /// The prompt is prefilled; per-position logprobs (first `None`) when asked, else empty.
-    Prompt(Vec<Option<TokenLogprob>>),
+    /// The prompt is prefilled.
+    Prompt {
+        /// Per-position logprobs (first `None`) when asked, else empty.
+        logprobs: Vec<Option<TokenLogprob>>,
+        /// Prompt tokens the prefix cache supplied (`None`: the cache is off).
+        cached: Option<usize>,
+    },
     /// A generated token.
     Token(u32, Option<TokenLogprob>),
     /// The sequence ended; `stop_token` is the stop token sampled (not sent as a `Token`: it

@@ -40,6 +40,8 @@ pub(super) struct Seq<'m, B: Backend> {
     /// The structured-output constraint (its mask applies before every pick).
     pub(super) constraint: Option<Box<dyn Constraint>>,
     pub(super) prefilled: usize,
+    /// Prompt tokens the prefix cache supplied at admission.
+    pub(super) reused: usize,
     pub(super) generated: usize,
     /// The token to feed next (valid once decoding).
     pub(super) next: u32,
@@ -203,6 +205,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                     job,
                     session,
                     prefilled,
+                    reused: prefilled,
                     generated: 0,
                     next: 0,
                     fed: Vec::new(),

@@ -112,7 +112,11 @@ impl<B: Backend> Scheduler<'_, B> {
             if self.prefix_cache.enabled() && s.job.req.prompt_logprobs.is_some() {
                 s.cached_prompt_logprobs = Some(lps.clone());
             }
-            if !s.job.send(Event::Prompt(lps)) {
+            let cached = self.prefix_cache.enabled().then_some(s.reused);
+            if !s.job.send(Event::Prompt {
+                logprobs: lps,
+                cached,
+            }) {
                 s.done = true;
                 continue;
             }
