@@ -1,0 +1,55 @@
+//! Server operations: `/metrics` series, `/tokenize`, `/detokenize`, `/version`, CORS.
+
+mod common;
+
+use common::TestServer;
+use serde_json::json;
+
+/// A sequence its handler ends on a stop string finished normally: it is counted in
+/// `request_success_total{finished_reason="stop"}`, not as a cancelled sequence.
+#[tokio::test]
+async fn a_stop_string_finish_is_a_success_not_a_cancellation() {
+    let s = TestServer::start(|c| c).await;
+    let greedy = json!({"model": s.model, "prompt": "The quick brown fox", "max_tokens": 8,
+                        "temperature": 0});
+    let (st, v) = s.post("/v1/completions", &greedy).await;
+    assert_eq!(st, 200, "{v}");
+    let text = v["choices"][0]["text"].as_str().unwrap().to_string();
+    let stop: String = text.chars().take(1).collect();
+    assert!(!stop.is_empty(), "the tiny model generated no text");
+    let mut stopped = greedy.clone();
+    stopped["stop"] = json!([stop]);
+    let (st, v) = s.post("/v1/completions", &stopped).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    let success = |reason: &str| {
+        format!(
+            "fp4forge_request_success_total{{model_name=\"tiny\",finished_reason=\"{reason}\"}}"
+        )
+    };
+    // The engine drops the ended sequence at its next step.
+    let mut waited = 0;
+    while s.metric(&success("stop")).await < 1.0 && waited < 100 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        waited += 1;
+    }
+    assert_eq!(s.metric("fp4forge_cancelled_sequences_total{").await, 0.0);
+    assert_eq!(s.metric(&success("stop")).await, 1.0);
+    assert_eq!(s.metric(&success("length")).await, 1.0);
+    let (_, text) = s.get_text("/metrics").await;
+    for needle in [
+        "fp4forge_num_preemptions_total{model_name=\"tiny\"} 0",
+        "fp4forge_prefix_cache_queries_total{model_name=\"tiny\"} 2",
+        "fp4forge_kv_cache_usage_perc{model_name=\"tiny\"} 0",
+        "# HELP fp4forge_num_preemptions_total",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+    }
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        assert!(line.contains("model_name=\"tiny\""), "{line}");
+    }
+    s.stop().await;
+}
