@@ -53,3 +53,61 @@ async fn a_stop_string_finish_is_a_success_not_a_cancellation() {
     }
     s.stop().await;
 }
+
+/// Without `--allowed-origins` no CORS header is sent; with it, preflights are answered
+/// (before the API key check) and responses, errors included, carry the allowed origin.
+#[tokio::test]
+async fn cors_answers_preflights_for_allowed_origins_only() {
+    let plain = TestServer::start(|c| c).await;
+    let r = common::client()
+        .get(plain.url("/v1/models"))
+        .header("origin", "https://a.example")
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+    plain.stop().await;
+
+    let s = TestServer::start(|c| {
+        c.allowed_origins(vec!["https://a.example".into()])
+            .api_key(Some("sk-test".into()))
+    })
+    .await;
+    let preflight = common::client()
+        .request(reqwest::Method::OPTIONS, s.url("/v1/chat/completions"))
+        .header("origin", "https://a.example")
+        .header("access-control-request-method", "POST")
+        .header(
+            "access-control-request-headers",
+            "authorization, content-type",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(preflight.status().as_u16(), 200);
+    let h = preflight.headers();
+    assert_eq!(h["access-control-allow-origin"], "https://a.example");
+    let methods = h["access-control-allow-methods"].to_str().unwrap();
+    assert!(methods == "*" || methods.contains("POST"), "{methods}");
+    // An actual request: the 401 carries the header, so the browser shows the error.
+    let r = common::client()
+        .get(s.url("/v1/models"))
+        .header("origin", "https://a.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "https://a.example"
+    );
+    // Another origin gets no permission.
+    let r = common::client()
+        .get(s.url("/health"))
+        .header("origin", "https://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+    s.stop().await;
+}
