@@ -51,6 +51,7 @@ mod state;
 mod stream;
 mod structured;
 mod text;
+mod tokenize;
 
 #[cfg(test)]
 #[path = "../tests/common/tiny_model.rs"]

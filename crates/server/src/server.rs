@@ -32,6 +32,7 @@ use crate::metrics::Metrics;
 use crate::scheduler;
 use crate::state::{unix_now, AppState};
 use crate::structured::Grammars;
+use crate::tokenize::{detokenize, tokenize, version};
 
 /// How long, after the drain timeout ended every sequence, the last responses get to go out
 /// before the connections still open are dropped.
@@ -262,6 +263,9 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models/{id}", get(model))
         .route("/v1/completions", post(handler::<Completions>))
         .route("/v1/chat/completions", post(handler::<Chat>))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/version", get(version))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(not_found)

@@ -111,3 +111,72 @@ async fn cors_answers_preflights_for_allowed_origins_only() {
     assert!(r.headers().get("access-control-allow-origin").is_none());
     s.stop().await;
 }
+
+/// `/tokenize` of a prompt agrees with the tokenizer, of `messages` with the prompt the chat
+/// endpoint counts; `/detokenize` inverts it; `/version` answers.
+#[tokio::test]
+async fn tokenize_detokenize_and_version_in_vllms_shapes() {
+    let s = TestServer::start(|c| c).await;
+    let text = "The quick brown fox";
+    let (st, v) = s
+        .post(
+            "/tokenize",
+            &json!({"model": s.model, "prompt": text, "return_token_strs": true}),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let ids: Vec<u32> = serde_json::from_value(v["tokens"].clone()).unwrap();
+    assert_eq!(ids, common::encode(&s.dir, text));
+    assert_eq!(v["count"], ids.len());
+    assert!(v["max_model_len"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(v["token_strs"].as_array().unwrap().len(), ids.len());
+    let (_, plain) = s.post("/tokenize", &json!({"prompt": text})).await;
+    assert!(plain.get("token_strs").is_none(), "{plain}");
+
+    let (st, d) = s.post("/detokenize", &json!({"tokens": ids})).await;
+    assert_eq!(st, 200, "{d}");
+    assert!(d["prompt"].as_str().unwrap().ends_with(text), "{d}");
+
+    let messages = json!([{"role": "user", "content": "Hello there"}]);
+    let (st, chat) = s.post("/tokenize", &json!({"messages": messages})).await;
+    assert_eq!(st, 200, "{chat}");
+    let (st, done) = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"model": s.model, "messages": messages, "max_tokens": 1}),
+        )
+        .await;
+    assert_eq!(st, 200, "{done}");
+    assert_eq!(
+        chat["count"], done["usage"]["prompt_tokens"],
+        "{chat} {done}"
+    );
+
+    for (path, body, field) in [
+        ("/tokenize", json!({"prompt": 3}), "prompt"),
+        ("/tokenize", json!({"prompt": "a", "foo": 1}), "foo"),
+        (
+            "/tokenize",
+            json!({"messages": [], "add_generation_prompt": true,
+                             "continue_final_message": true}),
+            "continue_final_message",
+        ),
+        ("/detokenize", json!({"tokens": [1, 99999999]}), "tokens"),
+        ("/detokenize", json!({}), "tokens"),
+    ] {
+        let (st, e) = s.post(path, &body).await;
+        assert_eq!(st, 400, "{path} {body}: {e}");
+        let message = e["error"]["message"].as_str().unwrap();
+        assert!(message.contains(field), "{path} {body}: {e}");
+    }
+    let (st, e) = s
+        .post("/tokenize", &json!({"model": "other", "prompt": "a"}))
+        .await;
+    assert_eq!(st, 404, "{e}");
+
+    let (st, v) = s.get_text("/version").await;
+    assert_eq!(st, 200);
+    let v: serde_json::Value = serde_json::from_str(&v).unwrap();
+    assert!(v["version"].as_str().is_some_and(|v| !v.is_empty()), "{v}");
+    s.stop().await;
+}
