@@ -29,9 +29,26 @@ pub(crate) async fn log_requests(
     let path = req.uri().path().to_string();
     let started = Instant::now();
     let response = next.run(req).await;
-    let tokens = response
-        .extensions()
-        .get::<Usage>()
+    let line = request_line(
+        method.as_str(),
+        &path,
+        response.status().as_u16(),
+        response.extensions().get::<Usage>(),
+        started.elapsed(),
+    );
+    eprintln!("fp4forge serve: {line}");
+    response
+}
+
+/// One request's log line.
+fn request_line(
+    method: &str,
+    path: &str,
+    status: u16,
+    usage: Option<&Usage>,
+    took: Duration,
+) -> String {
+    let tokens = usage
         .map(|u| {
             format!(
                 " prompt_tokens={} generated_tokens={}",
@@ -39,12 +56,10 @@ pub(crate) async fn log_requests(
             )
         })
         .unwrap_or_default();
-    eprintln!(
-        "fp4forge serve: {method} {path} {}{tokens} {:.1} ms",
-        response.status().as_u16(),
-        started.elapsed().as_secs_f64() * 1e3
-    );
-    response
+    format!(
+        "{method} {path} {status}{tokens} {:.1} ms",
+        took.as_secs_f64() * 1e3
+    )
 }
 
 /// The counters one stats line is the difference of.
@@ -113,6 +128,23 @@ fn stats_line(m: &Metrics, last: Totals, now: Totals, secs: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_line_has_method_path_status_tokens_and_latency() {
+        let usage = Usage {
+            prompt_tokens: 5,
+            completion_tokens: 16,
+        };
+        let took = Duration::from_micros(412_340);
+        assert_eq!(
+            request_line("POST", "/v1/completions", 200, Some(&usage), took),
+            "POST /v1/completions 200 prompt_tokens=5 generated_tokens=16 412.3 ms"
+        );
+        assert_eq!(
+            request_line("GET", "/health", 200, None, took),
+            "GET /health 200 412.3 ms"
+        );
+    }
 
     #[test]
     fn the_stats_line_reports_rates_over_the_interval() {
