@@ -55,6 +55,10 @@ pub use requests::structured::{
     Constrained, JsonSchemaFormat, OutputConstraint, ResponseFormat, StructuredFields,
     StructuredOutputs,
 };
+pub use requests::tokenize::{
+    parse_detokenize, parse_tokenize, DetokenizeRequest, DetokenizeResponse, TokenizeChatRequest,
+    TokenizeCompletionRequest, TokenizeRequest, TokenizeResponse, VersionResponse,
+};
 pub use requests::{
     GenerationRequest, Limits, Sampling, Stop, StreamOptions, MAX_STOPS, MAX_STOP_BYTES,
 };

@@ -103,6 +103,44 @@ pub struct ServeArgs {
     /// Seconds a client has to send a request's body once its headers are in (else 408).
     #[arg(long, default_value_t = fp4forge_server::DEFAULT_BODY_READ_TIMEOUT.as_secs_f64())]
     body_read_timeout: f64,
+    /// Origins allowed to call the API from a browser, a JSON list as vLLM takes it
+    /// (`["https://a.example"]`, `["*"]`) or a comma list (default: none, no CORS headers).
+    #[arg(long, value_name = "LIST", value_parser = origins)]
+    allowed_origins: Option<List>,
+    /// Methods allowed cross-origin (JSON or comma list; default `["*"]`).
+    #[arg(long, value_name = "LIST", value_parser = methods)]
+    allowed_methods: Option<List>,
+    /// Request headers allowed cross-origin (JSON or comma list; default `["*"]`).
+    #[arg(long, value_name = "LIST", value_parser = headers)]
+    allowed_headers: Option<List>,
+    /// Cross-origin requests may carry credentials (cookies, Authorization).
+    #[arg(long)]
+    allow_credentials: bool,
+    /// No log line per request on stderr.
+    #[arg(long)]
+    disable_log_requests: bool,
+    /// No periodic engine stats on stderr.
+    #[arg(long)]
+    disable_log_stats: bool,
+}
+
+/// A list flag's values (one flag value holds them all, as vLLM takes them).
+#[derive(Debug, Clone)]
+struct List(Vec<String>);
+
+/// `--allowed-origins` values.
+fn origins(v: &str) -> Result<List, String> {
+    fp4forge_server::parse_list("allowed-origins", v).map(List)
+}
+
+/// `--allowed-methods` values.
+fn methods(v: &str) -> Result<List, String> {
+    fp4forge_server::parse_list("allowed-methods", v).map(List)
+}
+
+/// `--allowed-headers` values.
+fn headers(v: &str) -> Result<List, String> {
+    fp4forge_server::parse_list("allowed-headers", v).map(List)
 }
 
 /// `--load-format` values.
@@ -198,7 +236,21 @@ impl ServeArgs {
             .load_format(self.load_format)
             .max_connections(self.max_connections)
             .header_read_timeout(seconds("header-read-timeout", self.header_read_timeout)?)
-            .body_read_timeout(seconds("body-read-timeout", self.body_read_timeout)?))
+            .body_read_timeout(seconds("body-read-timeout", self.body_read_timeout)?)
+            .allowed_origins(self.allowed_origins.map(|l| l.0).unwrap_or_default())
+            .allowed_methods(
+                self.allowed_methods
+                    .map_or_else(|| vec!["*".into()], |l| l.0),
+            )
+            .allowed_headers(
+                self.allowed_headers
+                    .map_or_else(|| vec!["*".into()], |l| l.0),
+            )
+            .allow_credentials(self.allow_credentials)
+            .log_requests(!self.disable_log_requests)
+            .stats_interval(
+                (!self.disable_log_stats).then_some(fp4forge_server::DEFAULT_STATS_INTERVAL),
+            ))
     }
 }
 
@@ -314,6 +366,30 @@ mod tests {
             err.contains("unsupported KV cache dtype 'fp8_e5m2'"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn cors_and_logging_flags_take_vllms_spellings() {
+        let c = config_of(
+            &[
+                "m",
+                "--allowed-origins",
+                r#"["https://a.example"]"#,
+                "--allowed-methods",
+                "GET,POST",
+                "--allow-credentials",
+                "--disable-log-requests",
+                "--disable-log-stats",
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.allowed_origins, ["https://a.example"]);
+        assert_eq!(c.allowed_methods, ["GET", "POST"]);
+        assert_eq!(c.allowed_headers, ["*"]);
+        assert!(c.allow_credentials && !c.log_requests && c.stats_interval.is_none());
+        let c = config_of(&["m"], &[]).unwrap();
+        assert!(c.allowed_origins.is_empty() && c.log_requests && c.stats_interval.is_some());
     }
 
     #[test]

@@ -140,10 +140,27 @@ fn template_messages(messages: &[WireMessage]) -> Vec<Value> {
         .collect()
 }
 
+/// What the chat template gets of `req`: its messages, tools (none when empty), documents and
+/// template switches.
+pub(crate) fn chat_input(req: &ChatCompletionRequest) -> ChatInput {
+    let continue_final = req.continue_final_message == Some(true);
+    ChatInput {
+        messages: template_messages(req.messages.as_deref().unwrap_or_default()),
+        tools: req.tools.clone().filter(|t| !t.is_empty()),
+        documents: req
+            .documents
+            .clone()
+            .map(|d| d.into_iter().map(Value::Object).collect()),
+        add_generation_prompt: req.add_generation_prompt.unwrap_or(!continue_final),
+        continue_final_message: continue_final,
+        kwargs: req.chat_template_kwargs.clone().unwrap_or_default(),
+    }
+}
+
 /// Renders the request's conversation and tokenizes it (the template writes any BOS itself,
 /// unless `add_special_tokens` asks the tokenizer for it); returns the prompt text too (the
 /// reasoning parser reads how it ends).
-async fn render_prompt(
+pub(crate) async fn render_prompt(
     state: &Arc<AppState>,
     req: &ChatCompletionRequest,
     input: ChatInput,
@@ -233,18 +250,7 @@ impl Endpoint for Chat {
             }
             _ => None,
         };
-        let continue_final = req.continue_final_message == Some(true);
-        let input = ChatInput {
-            messages: template_messages(req.messages.as_deref().unwrap_or_default()),
-            tools: tools.clone(),
-            documents: req
-                .documents
-                .clone()
-                .map(|d| d.into_iter().map(Value::Object).collect()),
-            add_generation_prompt: req.add_generation_prompt.unwrap_or(!continue_final),
-            continue_final_message: continue_final,
-            kwargs: req.chat_template_kwargs.clone().unwrap_or_default(),
-        };
+        let input = chat_input(&req);
         let (prompt_text, prompt) = render_prompt(state, &req, input).await?;
         check_prompt(&prompt, state, "messages", "the rendered conversation")?;
         let prompts = vec![common.truncated(prompt)];

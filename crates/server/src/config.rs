@@ -27,6 +27,8 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default time a client has to send a request's body once its headers are in.
 pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default time between two engine stats lines (vLLM's 10 s).
+pub const DEFAULT_STATS_INTERVAL: Duration = Duration::from_secs(10);
 /// Default budget of the prefix cache: KV storage of finished sequences kept for reuse, bytes.
 pub const DEFAULT_PREFIX_CACHE_BYTES: usize = 1 << 30;
 
@@ -94,6 +96,19 @@ pub struct ServerConfig {
     pub header_read_timeout: Duration,
     /// Time a client has to send a request's body once its headers are in (else 408).
     pub body_read_timeout: Duration,
+    /// Origins allowed to call the API from a browser (`--allowed-origins`; `*`: any). Empty
+    /// (the default): no CORS headers at all.
+    pub allowed_origins: Vec<String>,
+    /// Methods allowed cross-origin (`--allowed-methods`; default `*`).
+    pub allowed_methods: Vec<String>,
+    /// Request headers allowed cross-origin (`--allowed-headers`; default `*`).
+    pub allowed_headers: Vec<String>,
+    /// Whether cross-origin requests may carry credentials (`--allow-credentials`).
+    pub allow_credentials: bool,
+    /// Whether each request is logged on stderr (off: `--disable-log-requests`).
+    pub log_requests: bool,
+    /// How often engine stats are logged on stderr while busy (`None`: `--disable-log-stats`).
+    pub stats_interval: Option<Duration>,
 }
 
 impl ServerConfig {
@@ -127,7 +142,49 @@ impl ServerConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
             body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
+            allowed_origins: Vec::new(),
+            allowed_methods: vec!["*".into()],
+            allowed_headers: vec!["*".into()],
+            allow_credentials: false,
+            log_requests: true,
+            stats_interval: Some(DEFAULT_STATS_INTERVAL),
         }
+    }
+
+    /// Sets [`ServerConfig::allowed_origins`].
+    pub fn allowed_origins(mut self, origins: Vec<String>) -> Self {
+        self.allowed_origins = origins;
+        self
+    }
+
+    /// Sets [`ServerConfig::allowed_methods`].
+    pub fn allowed_methods(mut self, methods: Vec<String>) -> Self {
+        self.allowed_methods = methods;
+        self
+    }
+
+    /// Sets [`ServerConfig::allowed_headers`].
+    pub fn allowed_headers(mut self, headers: Vec<String>) -> Self {
+        self.allowed_headers = headers;
+        self
+    }
+
+    /// Sets [`ServerConfig::allow_credentials`].
+    pub fn allow_credentials(mut self, on: bool) -> Self {
+        self.allow_credentials = on;
+        self
+    }
+
+    /// Sets [`ServerConfig::log_requests`].
+    pub fn log_requests(mut self, on: bool) -> Self {
+        self.log_requests = on;
+        self
+    }
+
+    /// Sets [`ServerConfig::stats_interval`].
+    pub fn stats_interval(mut self, every: Option<Duration>) -> Self {
+        self.stats_interval = every;
+        self
     }
 
     /// Sets [`ServerConfig::chat_template`].
@@ -323,6 +380,10 @@ impl ServerConfig {
                 );
             }
         }
+        if self.stats_interval.is_some_and(|t| t.is_zero()) {
+            return bad("the stats interval must be more than 0 seconds");
+        }
+        crate::cors::layer(self)?;
         Ok(())
     }
 }

@@ -2,7 +2,6 @@
 //! into text updates per choice (echoed prompt, generated pieces, finish reasons), and the usage.
 //! Completions and chat share it and differ only in how they format the updates.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use fp4forge_engine::TextCodec;
@@ -10,7 +9,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::api_error::ApiError;
 use crate::logprobs::prompt_logprobs_wire;
-use crate::scheduler::{CancelFlag, EngineHandle, Event, Finish, SeqRequest};
+use crate::scheduler::{CancelFlag, EngineHandle, Event, SeqRequest};
 use crate::text::{prompt_piece, ChoiceText, Piece, TextToken};
 
 /// One choice to generate: which prompt it answers and how.
@@ -103,7 +102,7 @@ pub(crate) struct Generation {
 impl Drop for Generation {
     fn drop(&mut self) {
         for c in &self.choices {
-            c.cancel.store(true, Ordering::Relaxed);
+            c.cancel.give_up();
         }
     }
 }
@@ -221,7 +220,7 @@ impl Generation {
                 if c.text.stopped() {
                     c.completion_tokens = c.text.tokens();
                     c.finished = true;
-                    c.cancel.store(true, Ordering::Relaxed);
+                    c.cancel.finish();
                     self.remaining -= 1;
                     out.push(Update::Finished {
                         choice: i,
@@ -255,11 +254,7 @@ impl Generation {
                 self.remaining -= 1;
                 out.push(Update::Finished {
                     choice: i,
-                    reason: match reason {
-                        Finish::Length => "length",
-                        Finish::Stop => "stop",
-                        Finish::Abort => "abort",
-                    },
+                    reason: reason.name(),
                     stop_reason,
                 });
             }

@@ -70,6 +70,9 @@ async fn serve<E: Endpoint>(
         )));
     }
     let (choices, usage) = generation.collect().await?;
-    let response = endpoint.response(&state, id, created, choices, usage);
-    Ok(json_response(StatusCode::OK, &response))
+    let body = endpoint.response(&state, id, created, choices, usage);
+    let mut response = json_response(StatusCode::OK, &body);
+    // For the request log line.
+    response.extensions_mut().insert(usage);
+    Ok(response)
 }

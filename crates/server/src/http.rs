@@ -132,7 +132,8 @@ pub(crate) async fn not_found(req: Request) -> ApiError {
         None,
         format!(
             "no such endpoint: {} {} (this server has GET /v1/models, POST /v1/completions, \
-             POST /v1/chat/completions, GET /health, GET /metrics)",
+             POST /v1/chat/completions, POST /tokenize, POST /detokenize, GET /version, GET /health, \
+             GET /metrics)",
             req.method(),
             req.uri().path()
         ),

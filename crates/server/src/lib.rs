@@ -33,12 +33,14 @@ mod chat;
 mod completions;
 mod config;
 mod conn;
+mod cors;
 mod endpoint;
 mod error;
 mod generation;
 mod handler;
 mod http;
 mod logprobs;
+mod logs;
 mod metrics;
 pub mod parsers;
 mod prefix_cache;
@@ -49,6 +51,7 @@ mod state;
 mod stream;
 mod structured;
 mod text;
+mod tokenize;
 
 #[cfg(test)]
 #[path = "../tests/common/tiny_model.rs"]
@@ -59,8 +62,9 @@ pub use config::{
     ServerConfig, DEFAULT_BODY_READ_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_BATCH,
     DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CHOICES, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_LOGPROBS,
     DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS_LIMIT, DEFAULT_PREFILL_BUDGET,
-    DEFAULT_PREFIX_CACHE_BYTES,
+    DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_STATS_INTERVAL,
 };
+pub use cors::parse_list;
 pub use error::ServerError;
 pub use parsers::{ReasoningFormat, ToolFormat};
 pub use server::{shutdown_signal, Server, ABORT_GRACE};

@@ -11,6 +11,9 @@ const LATENCY_BUCKETS: [f64; 16] = [
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
+/// The finish reasons of `fp4forge_request_success_total`, as vLLM names them.
+pub(crate) const FINISH_REASONS: [&str; 3] = ["stop", "length", "abort"];
+
 /// A cumulative histogram with fixed buckets.
 pub(crate) struct Histogram {
     bounds: &'static [f64],
@@ -43,19 +46,25 @@ impl Histogram {
         );
     }
 
-    fn render(&self, out: &mut String, name: &str, help: &str) {
+    fn render(&self, out: &mut String, model: &str, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}");
         let _ = writeln!(out, "# TYPE {name} histogram");
         let mut acc = 0;
         for (b, c) in self.bounds.iter().zip(&self.counts) {
             acc += c.load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {acc}");
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{model_name=\"{model}\",le=\"{b}\"}} {acc}"
+            );
         }
         let count = self.count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{model_name=\"{model}\",le=\"+Inf\"}} {count}"
+        );
         let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(out, "{name}_sum {sum}");
-        let _ = writeln!(out, "{name}_count {count}");
+        let _ = writeln!(out, "{name}_sum{{model_name=\"{model}\"}} {sum}");
+        let _ = writeln!(out, "{name}_count{{model_name=\"{model}\"}} {count}");
     }
 }
 
@@ -85,6 +94,16 @@ pub(crate) struct Metrics {
     pub prefix_cache_entries: AtomicUsize,
     /// Sequences cancelled because their client went away.
     pub cancelled: AtomicU64,
+    /// Sequences that ended normally, by finish reason (see [`FINISH_REASONS`]).
+    success: [AtomicU64; FINISH_REASONS.len()],
+    /// Requests looked up in the prefix cache.
+    pub prefix_queries: AtomicU64,
+    /// Prompt tokens looked up in the prefix cache.
+    pub prefix_queried_tokens: AtomicU64,
+    /// Tokens held in the KV caches of the running sequences.
+    pub kv_tokens: AtomicUsize,
+    /// Tokens the running batch can hold at most (most sequences × the context).
+    pub kv_capacity: AtomicUsize,
     /// Time from a request's arrival to its first generated token.
     pub ttft: Histogram,
     /// Time between consecutive generated tokens of a sequence.
@@ -106,6 +125,11 @@ impl Metrics {
             steps: AtomicU64::new(0),
             step_rows: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
+            success: Default::default(),
+            prefix_queries: AtomicU64::new(0),
+            prefix_queried_tokens: AtomicU64::new(0),
+            kv_tokens: AtomicUsize::new(0),
+            kv_capacity: AtomicUsize::new(0),
             prefix_hits: AtomicU64::new(0),
             prefix_reused_tokens: AtomicU64::new(0),
             prefix_cache_bytes: AtomicUsize::new(0),
@@ -122,6 +146,22 @@ impl Metrics {
         *map.entry((endpoint.to_string(), status)).or_insert(0) += 1;
     }
 
+    /// Counts one sequence that ended normally with `reason` (one of [`FINISH_REASONS`]).
+    pub fn success(&self, reason: &str) {
+        if let Some(i) = FINISH_REASONS.iter().position(|r| *r == reason) {
+            self.success[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The fraction (0 to 1) of the running batch's KV capacity in use.
+    pub fn kv_usage(&self) -> f64 {
+        let cap = self.kv_capacity.load(Ordering::Relaxed);
+        if cap == 0 {
+            return 0.0;
+        }
+        self.kv_tokens.load(Ordering::Relaxed) as f64 / cap as f64
+    }
+
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -136,7 +176,8 @@ impl Metrics {
             for ((endpoint, status), n) in map.iter() {
                 let _ = writeln!(
                     out,
-                    "fp4forge_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}} {n}"
+                    "fp4forge_requests_total{{model_name=\"{model}\",endpoint=\"{endpoint}\",\
+                     status=\"{status}\"}} {n}"
                 );
             }
         }
@@ -176,12 +217,50 @@ impl Metrics {
                 "Prompt tokens taken from the prefix cache instead of being prefilled.",
                 self.prefix_reused_tokens.load(Ordering::Relaxed),
             ),
+            (
+                "fp4forge_prefix_cache_queries_total",
+                "Requests looked up in the prefix cache (hits included).",
+                self.prefix_queries.load(Ordering::Relaxed),
+            ),
+            (
+                "fp4forge_prefix_cache_queried_tokens_total",
+                "Prompt tokens looked up in the prefix cache.",
+                self.prefix_queried_tokens.load(Ordering::Relaxed),
+            ),
+            (
+                "fp4forge_num_preemptions_total",
+                "Running sequences preempted (always 0: this scheduler never preempts; a \
+                 sequence keeps its KV cache until it ends).",
+                0,
+            ),
         ];
         for (name, help, v) in counters {
             let _ = writeln!(out, "# HELP {name} {help}");
             let _ = writeln!(out, "# TYPE {name} counter");
-            let _ = writeln!(out, "{name}{{model=\"{model}\"}} {v}");
+            let _ = writeln!(out, "{name}{{model_name=\"{model}\"}} {v}");
         }
+        let name = "fp4forge_request_success_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Sequences that ended normally, by finish reason (stop: a stop \
+             token or string; length: max_tokens or the context; abort: ended by a shutdown)."
+        );
+        let _ = writeln!(out, "# TYPE {name} counter");
+        for (reason, n) in FINISH_REASONS.iter().zip(&self.success) {
+            let n = n.load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "{name}{{model_name=\"{model}\",finished_reason=\"{reason}\"}} {n}"
+            );
+        }
+        let name = "fp4forge_kv_cache_usage_perc";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Fraction (0 to 1) of the running batch's KV capacity in use: tokens \
+             in the running sequences' caches over the most sequences times the context."
+        );
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        let _ = writeln!(out, "{name}{{model_name=\"{model}\"}} {}", self.kv_usage());
         let gauges = [
             (
                 "fp4forge_requests_waiting",
@@ -207,20 +286,23 @@ impl Metrics {
         for (name, help, v) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}");
             let _ = writeln!(out, "# TYPE {name} gauge");
-            let _ = writeln!(out, "{name}{{model=\"{model}\"}} {v}");
+            let _ = writeln!(out, "{name}{{model_name=\"{model}\"}} {v}");
         }
         self.ttft.render(
             &mut out,
+            model,
             "fp4forge_time_to_first_token_seconds",
             "Time from a request's arrival to its first generated token.",
         );
         self.itl.render(
             &mut out,
+            model,
             "fp4forge_inter_token_latency_seconds",
             "Time between consecutive generated tokens of a sequence.",
         );
         self.e2e.render(
             &mut out,
+            model,
             "fp4forge_request_latency_seconds",
             "Time from a sequence's arrival to its end.",
         );
@@ -242,10 +324,28 @@ mod tests {
         m.ttft.observe(Duration::from_millis(300));
         let text = m.render();
         assert!(
-            text.contains("fp4forge_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 2")
+            text.contains(
+                "fp4forge_requests_total{model_name=\"m\",endpoint=\"/v1/completions\",\
+                 status=\"200\"} 2"
+            ),
+            "{text}"
         );
-        assert!(text.contains("fp4forge_time_to_first_token_seconds_bucket{le=\"0.005\"} 1"));
-        assert!(text.contains("fp4forge_time_to_first_token_seconds_bucket{le=\"0.5\"} 2"));
-        assert!(text.contains("fp4forge_time_to_first_token_seconds_count 2"));
+        let ttft = "fp4forge_time_to_first_token_seconds";
+        assert!(text.contains(&format!("{ttft}_bucket{{model_name=\"m\",le=\"0.005\"}} 1")));
+        assert!(text.contains(&format!("{ttft}_bucket{{model_name=\"m\",le=\"0.5\"}} 2")));
+        assert!(text.contains(&format!("{ttft}_count{{model_name=\"m\"}} 2")));
+    }
+
+    #[test]
+    fn every_series_names_the_model() {
+        let m = Metrics::new("m");
+        m.request("/health", 200);
+        m.success("length");
+        for line in m.render().lines().filter(|l| !l.starts_with('#')) {
+            assert!(line.contains("{model_name=\"m\""), "{line}");
+        }
+        assert!(m.render().contains(
+            "fp4forge_request_success_total{model_name=\"m\",finished_reason=\"length\"} 1"
+        ));
     }
 }

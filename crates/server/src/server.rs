@@ -27,10 +27,12 @@ use crate::conn::{self, ConnLimits};
 use crate::error::ServerError;
 use crate::handler::handler;
 use crate::http::{count_requests, json_response, method_not_allowed, not_found};
+use crate::logs::{log_requests, log_stats};
 use crate::metrics::Metrics;
 use crate::scheduler;
 use crate::state::{unix_now, AppState};
 use crate::structured::Grammars;
+use crate::tokenize::{detokenize, tokenize, version};
 
 /// How long, after the drain timeout ended every sequence, the last responses get to go out
 /// before the connections still open are dropped.
@@ -195,6 +197,10 @@ impl Server {
             ..
         } = self;
         let app = router(state.clone());
+        let stats = state
+            .config
+            .stats_interval
+            .map(|every| tokio::spawn(log_stats(state.metrics.clone(), every)));
         let drain = state.config.drain_timeout;
         let signalled = Arc::new(tokio::sync::Notify::new());
         let notify = signalled.clone();
@@ -222,6 +228,9 @@ impl Server {
                 }
             }
         };
+        if let Some(stats) = stats {
+            stats.abort();
+        }
         state.engine.shutdown();
         drop(state);
         tokio::task::spawn_blocking(move || engine.join())
@@ -244,13 +253,19 @@ fn longest_token_bytes(codec: &TextCodec) -> usize {
     longest + 1
 }
 
-/// Every route, with the API key check and request counting.
+/// Every route, with the API key check, request counting and logging, and CORS outside them
+/// all.
 fn router(state: Arc<AppState>) -> Router {
-    Router::new()
+    // Validated by `Server::bind`.
+    let cors = crate::cors::layer(&state.config).ok().flatten();
+    let app = Router::new()
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/v1/completions", post(handler::<Completions>))
         .route("/v1/chat/completions", post(handler::<Chat>))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/version", get(version))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(not_found)
@@ -263,7 +278,15 @@ fn router(state: Arc<AppState>) -> Router {
             state.clone(),
             count_requests,
         ))
-        .with_state(state)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            log_requests,
+        ))
+        .with_state(state);
+    match cors {
+        Some(cors) => app.layer(cors),
+        None => app,
+    }
 }
 
 fn model_entry(state: &AppState) -> ModelEntry {

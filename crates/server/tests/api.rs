@@ -47,15 +47,15 @@ async fn models_health_and_metrics() {
     let (st, text) = s.get_text("/metrics").await;
     assert_eq!(st, 200);
     for needle in [
-        "fp4forge_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 1",
-        "fp4forge_requests_total{endpoint=\"/v1/models\",status=\"200\"} 1",
-        "fp4forge_prompt_tokens_total{model=\"tiny\"} ",
-        "fp4forge_generation_tokens_total{model=\"tiny\"} 4",
-        "fp4forge_requests_waiting{model=\"tiny\"} 0",
-        "fp4forge_requests_running{model=\"tiny\"} 0",
+        "fp4forge_requests_total{model_name=\"tiny\",endpoint=\"/v1/completions\",status=\"200\"} 1",
+        "fp4forge_requests_total{model_name=\"tiny\",endpoint=\"/v1/models\",status=\"200\"} 1",
+        "fp4forge_prompt_tokens_total{model_name=\"tiny\"} ",
+        "fp4forge_generation_tokens_total{model_name=\"tiny\"} 4",
+        "fp4forge_requests_waiting{model_name=\"tiny\"} 0",
+        "fp4forge_requests_running{model_name=\"tiny\"} 0",
         "# TYPE fp4forge_time_to_first_token_seconds histogram",
-        "fp4forge_time_to_first_token_seconds_count 1",
-        "fp4forge_inter_token_latency_seconds_count 3",
+        "fp4forge_time_to_first_token_seconds_count{model_name=\"tiny\"} 1",
+        "fp4forge_inter_token_latency_seconds_count{model_name=\"tiny\"} 3",
     ] {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }

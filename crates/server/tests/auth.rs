@@ -75,7 +75,7 @@ async fn v1_routes_want_the_key_and_health_and_metrics_stay_open() {
     let (st, text) = s.get_text("/metrics").await;
     assert_eq!(st, 200);
     assert!(
-        text.contains("fp4forge_requests_total{endpoint=\"/v1/completions\",status=\"401\"} 7"),
+        text.contains("fp4forge_requests_total{model_name=\"tiny\",endpoint=\"/v1/completions\",status=\"401\"} 7"),
         "{text}"
     );
 

@@ -399,7 +399,11 @@ async fn sixty_four_clients_zero_errors_and_flat_memory() {
     let count = |endpoint: &str, status: u16| {
         metric_value(
             &text,
-            &format!("fp4forge_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}}"),
+            &format!(
+                "fp4forge_requests_total{{model_name=\"{}\",endpoint=\"{endpoint}\",\
+                 status=\"{status}\"}}",
+                s.model
+            ),
         )
         .unwrap_or(0.0) as usize
     };

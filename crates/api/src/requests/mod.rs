@@ -170,6 +170,7 @@ macro_rules! wire_request {
 pub mod chat;
 pub mod completion;
 pub mod structured;
+pub mod tokenize;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

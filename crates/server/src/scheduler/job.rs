@@ -2,7 +2,7 @@
 //! and cancel switch), what it tells the handler back ([`Event`]), and the engine thread's
 //! inbox ([`Msg`]).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -48,6 +48,17 @@ pub(crate) enum Finish {
     Abort,
 }
 
+impl Finish {
+    /// Its name in OpenAI's `finish_reason` and vLLM's metrics.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Length => "length",
+            Self::Stop => "stop",
+            Self::Abort => "abort",
+        }
+    }
+}
+
 /// What the engine tells a handler about one sequence.
 #[derive(Debug, Clone)]
 pub(crate) enum Event {
@@ -80,16 +91,22 @@ pub(crate) struct Job {
     pub(super) req: SeqRequest,
     /// Where its events go.
     pub(super) tx: UnboundedSender<(usize, Event)>,
-    /// Set when the handler gives it up.
-    pub(super) cancel: Arc<AtomicBool>,
+    /// Set when the handler gives it up (and why).
+    pub(super) cancel: CancelFlag,
     /// When it was submitted.
     pub(super) arrived: Instant,
 }
 
 impl Job {
-    /// Whether its client went away or cancelled it.
+    /// Whether its handler no longer wants it: it ended it (a stop string matched) or its
+    /// client went away.
     pub(super) fn cancelled(&self) -> bool {
-        self.tx.is_closed() || self.cancel.load(Ordering::Relaxed)
+        self.tx.is_closed() || self.cancel.is_set()
+    }
+
+    /// Whether it was given up because its client went away (not ended by its handler).
+    pub(super) fn disconnected(&self) -> bool {
+        !self.cancel.was_finished() && self.cancelled()
     }
 
     /// Sends `e` to its handler; `false` when the handler is gone.
@@ -98,8 +115,42 @@ impl Job {
     }
 }
 
-/// A submitted sequence's cancel switch (the scheduler drops it at its next step).
-pub(crate) type CancelFlag = Arc<AtomicBool>;
+/// A submitted sequence's cancel switch (the scheduler drops it at its next step), which
+/// remembers why: the handler ended it (a stop string matched, a normal finish) or gave it up
+/// (its client went away), so that only the latter counts as cancelled.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct CancelFlag(Arc<AtomicU8>);
+
+/// [`CancelFlag`] states.
+const LIVE: u8 = 0;
+const FINISHED: u8 = 1;
+const GIVEN_UP: u8 = 2;
+
+impl CancelFlag {
+    /// The handler ended the sequence (a stop string matched).
+    pub fn finish(&self) {
+        let _ = self
+            .0
+            .compare_exchange(LIVE, FINISHED, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// The handler gave the sequence up (its client went away); a finished one stays finished.
+    pub fn give_up(&self) {
+        let _ = self
+            .0
+            .compare_exchange(LIVE, GIVEN_UP, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// Whether it was finished or given up.
+    fn is_set(&self) -> bool {
+        self.0.load(Ordering::Relaxed) != LIVE
+    }
+
+    /// Whether the handler ended it.
+    pub(super) fn was_finished(&self) -> bool {
+        self.0.load(Ordering::Relaxed) == FINISHED
+    }
+}
 
 /// A message to the engine thread.
 pub(super) enum Msg {

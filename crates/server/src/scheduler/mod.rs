@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 pub(crate) use engine_thread::{start, EngineHandle, SubmitError};
-pub(crate) use job::{CancelFlag, Event, Finish, SeqRequest};
+pub(crate) use job::{CancelFlag, Event, SeqRequest};
 
 /// A seed for a request that gave none: different every call.
 pub(crate) fn fresh_seed() -> u64 {

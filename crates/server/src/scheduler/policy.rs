@@ -74,6 +74,10 @@ pub(super) struct Scheduler<'m, B: Backend> {
 impl<'m, B: Backend> Scheduler<'m, B> {
     /// A scheduler of `model` with nothing to run yet.
     pub(super) fn new(model: &'m Model<B>, limits: Limits, metrics: Arc<Metrics>) -> Self {
+        metrics.kv_capacity.store(
+            limits.max_batch.saturating_mul(model.info().max_context),
+            Ordering::Relaxed,
+        );
         Self {
             max_context: model.info().max_context,
             model,
@@ -133,9 +137,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                 self.step();
                 self.retire();
             }
-            self.metrics
-                .running
-                .store(self.active.len(), Ordering::Relaxed);
+            self.publish_running();
         }
         self.metrics.running.store(0, Ordering::Relaxed);
     }
@@ -144,6 +146,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
     fn abort_all(&mut self) {
         for job in self.waiting.drain(..) {
             self.metrics.waiting.fetch_sub(1, Ordering::SeqCst);
+            self.metrics.success(Finish::Abort.name());
             job.send(Event::Done {
                 reason: Finish::Abort,
                 stop_token: None,
@@ -151,6 +154,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         }
         for s in self.active.drain(..) {
             if !s.done {
+                self.metrics.success(Finish::Abort.name());
                 s.job.send(Event::Done {
                     reason: Finish::Abort,
                     stop_token: None,
@@ -169,10 +173,16 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             }
             keep
         });
+        // A running sequence its handler ended on a stop string finished normally; only one
+        // whose client went away was cancelled.
         self.active.retain(|s| {
             let keep = !s.job.cancelled();
             if !keep {
-                m.cancelled.fetch_add(1, Ordering::Relaxed);
+                if s.job.disconnected() {
+                    m.cancelled.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    m.success(Finish::Stop.name());
+                }
             }
             keep
         });
@@ -184,6 +194,12 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                 break;
             };
             self.metrics.waiting.fetch_sub(1, Ordering::SeqCst);
+            if self.prefix_cache.enabled() {
+                self.metrics.prefix_queries.fetch_add(1, Ordering::Relaxed);
+                self.metrics
+                    .prefix_queried_tokens
+                    .fetch_add(job.req.prompt.len() as u64, Ordering::Relaxed);
+            }
             let reuse = self
                 .prefix_cache
                 .take(&job.req.prompt, job.req.prompt_logprobs);

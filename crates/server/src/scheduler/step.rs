@@ -161,9 +161,13 @@ impl<B: Backend> Scheduler<'_, B> {
 
     /// Publishes the sequences still running, before an ended one's last event goes out (a
     /// client that reads `/metrics` after its answer sees its sequence gone).
-    fn publish_running(&self) {
-        let running = self.active.iter().filter(|s| !s.done).count();
-        self.metrics.running.store(running, Ordering::Relaxed);
+    pub(super) fn publish_running(&self) {
+        let running = self.active.iter().filter(|s| !s.done);
+        let kv_tokens = running.clone().map(|s| s.session.position()).sum();
+        self.metrics.kv_tokens.store(kv_tokens, Ordering::Relaxed);
+        self.metrics
+            .running
+            .store(running.count(), Ordering::Relaxed);
     }
 
     fn finish(
@@ -176,6 +180,7 @@ impl<B: Backend> Scheduler<'_, B> {
         s.done = true;
         s.reusable = true;
         self.metrics.e2e.observe(s.job.arrived.elapsed());
+        self.metrics.success(reason.name());
         self.publish_running();
         self.active[i].job.send(Event::Done { reason, stop_token });
     }
@@ -253,7 +258,13 @@ impl<B: Backend> Scheduler<'_, B> {
         }
         if !s.job.send(Event::Token(token, lp)) {
             s.done = true;
-            self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+            // Its handler went away: after ending it on a stop string (a normal finish) or
+            // because its client disconnected.
+            if s.job.disconnected() {
+                self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.metrics.success(Finish::Stop.name());
+            }
             return;
         }
         if s.generated >= s.job.req.max_tokens || s.session.position() >= self.max_context {
