@@ -92,6 +92,18 @@ impl Detokenizer {
     }
 }
 
+/// Bytes at the end of `text` that are a proper prefix of `pattern` (0 if none): text that may
+/// still turn out to be `pattern` once more arrives, so it is held back.
+pub(crate) fn partial_match_len(text: &str, pattern: &str) -> usize {
+    pattern
+        .char_indices()
+        .skip(1)
+        .map(|(i, _)| i)
+        .filter(|&i| text.ends_with(&pattern[..i]))
+        .max()
+        .unwrap_or(0)
+}
+
 /// One generated (or echoed) token as a client sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct TextToken {
@@ -269,15 +281,11 @@ impl ChoiceText {
     /// Bytes at the end of the text that could begin a stop string.
     fn held_back(&self) -> usize {
         let t = &self.text[self.released..];
-        let mut best = 0;
-        for s in &self.stops {
-            for (i, _) in s.char_indices().skip(1) {
-                if i > best && t.ends_with(&s[..i]) {
-                    best = i;
-                }
-            }
-        }
-        best
+        self.stops
+            .iter()
+            .map(|s| partial_match_len(t, s))
+            .max()
+            .unwrap_or(0)
     }
 
     /// Releases the pending tokens that end by `limit` (with `clip`, every token starting

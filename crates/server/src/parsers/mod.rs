@@ -41,15 +41,6 @@ pub(crate) enum Event {
     },
 }
 
-/// Bytes at the end of `text` that may be the start of `tag` (held back until the next piece
-/// shows whether they are).
-pub(crate) fn hold_back(text: &str, tag: &str) -> usize {
-    (1..tag.len().min(text.len() + 1))
-        .rev()
-        .find(|&n| text.ends_with(&tag[..n]))
-        .unwrap_or(0)
-}
-
 /// The parsers of one chat choice.
 #[derive(Debug)]
 pub(crate) struct ChatParsers {
@@ -193,11 +184,12 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn hold_back_keeps_a_possible_tag_start() {
-        assert_eq!(hold_back("abc<tool", "<tool_call>"), 5);
-        assert_eq!(hold_back("abc<", "<tool_call>"), 1);
-        assert_eq!(hold_back("abc", "<tool_call>"), 0);
-        assert_eq!(hold_back("<tool_call", "<tool_call>"), 10);
+    fn a_possible_tag_start_is_held_back() {
+        use crate::text::partial_match_len;
+        assert_eq!(partial_match_len("abc<tool", "<tool_call>"), 5);
+        assert_eq!(partial_match_len("abc<", "<tool_call>"), 1);
+        assert_eq!(partial_match_len("abc", "<tool_call>"), 0);
+        assert_eq!(partial_match_len("<tool_call", "<tool_call>"), 10);
     }
 
     #[test]

@@ -14,7 +14,8 @@
 //! (the model did not think, it wrote a tag); the others keep it as reasoning (a generation cut
 //! by `max_tokens` mid-thought).
 
-use super::{hold_back, Event};
+use super::Event;
+use crate::text::partial_match_len;
 
 /// The reasoning formats, named as vLLM's `--reasoning-parser` names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,7 +142,7 @@ impl ReasoningSplitter {
                         self.state = State::Content;
                     }
                     None => {
-                        let keep = hold_back(&self.pending, CLOSE);
+                        let keep = partial_match_len(&self.pending, CLOSE);
                         let ready = self.pending[..self.pending.len() - keep].to_string();
                         self.pending.drain(..self.pending.len() - keep);
                         self.reasoning(&ready, out);

@@ -17,7 +17,8 @@
 
 use serde_json::{Map, Value};
 
-use super::{hold_back, Event};
+use super::Event;
+use crate::text::partial_match_len;
 
 /// The tool-call formats, named as vLLM's `--tool-call-parser` names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,7 +164,7 @@ impl ToolCallSplitter {
                         };
                     }
                     None => {
-                        let keep = hold_back(&self.pending, START);
+                        let keep = partial_match_len(&self.pending, START);
                         let ready: String =
                             self.pending.drain(..self.pending.len() - keep).collect();
                         if !ready.is_empty() {
@@ -276,11 +277,7 @@ impl ToolCallSplitter {
 fn early_name(format: ToolFormat, body: &str) -> Option<String> {
     match format {
         ToolFormat::PoolsideV1 => {
-            let end = [body.find('\n'), body.find("<arg_key>")]
-                .into_iter()
-                .flatten()
-                .min()?;
-            let name = body[..end].trim();
+            let name = body[..poolside_name_end(body)?].trim();
             (!name.is_empty()).then(|| name.to_string())
         }
         ToolFormat::Qwen3Coder => {
@@ -291,6 +288,15 @@ fn early_name(format: ToolFormat, body: &str) -> Option<String> {
         }
         ToolFormat::Hermes | ToolFormat::Llama3Json => None,
     }
+}
+
+/// Where a `poolside_v1` call's name ends: at a newline or its first `<arg_key>`, once either
+/// has arrived.
+fn poolside_name_end(body: &str) -> Option<usize> {
+    [body.find('\n'), body.find("<arg_key>")]
+        .into_iter()
+        .flatten()
+        .min()
 }
 
 /// `(name, arguments JSON)` of one call's body, if it reads.
@@ -345,11 +351,7 @@ fn loose_value(text: &str) -> Value {
 /// `NAME<arg_key>K</arg_key><arg_value>V</arg_value>…`: string parameters keep their text,
 /// others are read as JSON (vLLM's `poolside_v1`).
 fn parse_poolside(body: &str, tools: &[Value]) -> Option<(String, String)> {
-    let name_end = [body.find('\n'), body.find("<arg_key>")]
-        .into_iter()
-        .flatten()
-        .min()
-        .unwrap_or(body.len());
+    let name_end = poolside_name_end(body).unwrap_or(body.len());
     let name = body[..name_end].trim().to_string();
     if name.is_empty() {
         return None;
