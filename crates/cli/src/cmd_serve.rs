@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use fp4forge_engine::Device;
+use fp4forge_engine::{CpuIsa, Device};
 use fp4forge_engine::{KvDtype, LoadFormat};
 use fp4forge_server::{ReasoningFormat, Server, ServerConfig, ToolFormat};
 
@@ -54,6 +54,10 @@ pub struct ServeArgs {
     /// CPU engine worker threads (0: one per core; ignored with --device cuda).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// Instruction set of the CPU kernels: auto (the best this CPU has), avx512, avx2 or
+    /// portable (ignored with --device cuda).
+    #[arg(long, default_value = "auto")]
+    cpu_isa: CpuIsa,
     /// KV cache storage: bf16 (vLLM: auto, bfloat16), fp8 (e4m3; vLLM: fp8_e4m3) or f32.
     #[arg(long, visible_alias = "kv-cache-dtype", default_value = "bf16", value_parser = parse_kv_dtype)]
     kv_dtype: KvDtype,
@@ -225,6 +229,7 @@ impl ServeArgs {
             .prefill_budget(self.prefill_budget)
             .device(self.device)
             .threads(self.threads)
+            .cpu_isa(self.cpu_isa)
             .kv_dtype(self.kv_dtype)
             .prefix_cache_bytes(self.prefix_cache_mib.saturating_mul(1 << 20))
             .drain_timeout(Duration::from_secs(self.drain_timeout))

@@ -53,6 +53,7 @@ mod session;
 pub mod text;
 pub mod weights;
 
+pub use backend::cpu::{CpuIsa, ParseCpuIsaError};
 #[cfg(feature = "cuda")]
 pub use backend::CudaBackend;
 pub use backend::{Backend, CpuBackend};

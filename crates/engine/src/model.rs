@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use fp4forge_format::{Checkpoint, LoadFormat};
 
+use crate::backend::cpu::CpuIsa;
 use crate::backend::{Backend, CpuBackend};
 use fp4forge_arch::ArchSpec;
 
@@ -36,6 +37,8 @@ pub struct ModelOptions {
     pub prefill_chunk: usize,
     /// CPU threads for [`Model::load`] (0, the default: rayon's global pool, one per core).
     pub threads: usize,
+    /// The CPU kernels' instruction set for [`Model::load`] (default: the best the CPU has).
+    pub cpu_isa: CpuIsa,
     /// How the weight files are held: memory-mapped (default) or read into memory, which a
     /// file truncated or rewritten while serving cannot affect.
     pub load_format: LoadFormat,
@@ -57,6 +60,7 @@ impl ModelOptions {
             max_context: None,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
             threads: 0,
+            cpu_isa: CpuIsa::Auto,
             load_format: LoadFormat::Mmap,
         }
     }
@@ -94,6 +98,12 @@ impl ModelOptions {
     /// Sets [`ModelOptions::threads`].
     pub fn threads(mut self, threads: usize) -> Self {
         self.threads = threads;
+        self
+    }
+
+    /// Sets [`ModelOptions::cpu_isa`].
+    pub fn cpu_isa(mut self, isa: CpuIsa) -> Self {
+        self.cpu_isa = isa;
         self
     }
 }
@@ -153,9 +163,12 @@ pub struct Model<B: Backend = CpuBackend> {
 }
 
 impl Model<CpuBackend> {
-    /// Loads the checkpoint in `dir` on the CPU backend (with `options.threads` threads).
+    /// Loads the checkpoint in `dir` on the CPU backend (with `options.threads` threads and the
+    /// kernels of `options.cpu_isa`).
     pub fn load(dir: impl AsRef<Path>, options: ModelOptions) -> Result<Self> {
-        let backend = CpuBackend::new().with_threads(options.threads)?;
+        let backend = CpuBackend::new()
+            .with_isa(options.cpu_isa)?
+            .with_threads(options.threads)?;
         Self::load_with_backend(dir, options, backend)
     }
 }

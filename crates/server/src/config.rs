@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use fp4forge_engine::{Device, KvDtype, LoadFormat};
+use fp4forge_engine::{CpuIsa, Device, KvDtype, LoadFormat};
 
 use crate::parsers::{ReasoningFormat, ToolFormat};
 
@@ -65,6 +65,8 @@ pub struct ServerConfig {
     pub device: Device,
     /// CPU threads of the engine (0: one per core; ignored on CUDA).
     pub threads: usize,
+    /// The CPU kernels' instruction set (default: the best the CPU has; ignored on CUDA).
+    pub cpu_isa: CpuIsa,
     /// KV cache storage.
     pub kv_dtype: KvDtype,
     /// Caps the model's context (default: the checkpoint's).
@@ -129,6 +131,7 @@ impl ServerConfig {
             max_choices: DEFAULT_MAX_CHOICES,
             device: Device::Cpu,
             threads: 0,
+            cpu_isa: CpuIsa::Auto,
             kv_dtype: KvDtype::Bf16,
             max_context: None,
             prefix_cache_bytes: DEFAULT_PREFIX_CACHE_BYTES,
@@ -274,6 +277,12 @@ impl ServerConfig {
     /// Sets [`ServerConfig::threads`].
     pub fn threads(mut self, n: usize) -> Self {
         self.threads = n;
+        self
+    }
+
+    /// Sets [`ServerConfig::cpu_isa`].
+    pub fn cpu_isa(mut self, isa: CpuIsa) -> Self {
+        self.cpu_isa = isa;
         self
     }
 

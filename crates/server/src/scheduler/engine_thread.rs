@@ -113,6 +113,7 @@ pub(crate) fn start(
     let mut options = ModelOptions::new()
         .kv_dtype(config.kv_dtype)
         .threads(config.threads)
+        .cpu_isa(config.cpu_isa)
         .load_format(config.load_format);
     if let Some(c) = config.max_context {
         options = options.max_context(c);

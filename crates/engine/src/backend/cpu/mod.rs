@@ -23,7 +23,55 @@ pub use moe::{CpuExperts, CpuRouting};
 pub use ops::CpuRope;
 pub use tensor::CpuTensor;
 
+use std::fmt;
+use std::str::FromStr;
+
 use kernels::Isa;
+
+/// The most capable instruction set the CPU kernels may use (`--cpu-isa`): the best the CPU has
+/// by default, or a lower one to compare kernels (an AVX-512 machine measured as an AVX2-only one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CpuIsa {
+    /// The best this CPU supports.
+    #[default]
+    Auto,
+    /// AVX-512F kernels (the CPU must have AVX-512F, AVX2, FMA, F16C).
+    Avx512,
+    /// AVX2/FMA/F16C kernels at most.
+    Avx2,
+    /// Portable Rust only.
+    Portable,
+}
+
+impl fmt::Display for CpuIsa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CpuIsa::Auto => "auto",
+            CpuIsa::Avx512 => "avx512",
+            CpuIsa::Avx2 => "avx2",
+            CpuIsa::Portable => "portable",
+        })
+    }
+}
+
+/// A name that is not `auto`, `avx512`, `avx2` or `portable`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown CPU instruction set '{0}': expected auto, avx512, avx2 or portable")]
+pub struct ParseCpuIsaError(pub String);
+
+impl FromStr for CpuIsa {
+    type Err = ParseCpuIsaError;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(CpuIsa::Auto),
+            "avx512" | "avx-512" => Ok(CpuIsa::Avx512),
+            "avx2" => Ok(CpuIsa::Avx2),
+            "portable" | "scalar" => Ok(CpuIsa::Portable),
+            _ => Err(ParseCpuIsaError(s.to_string())),
+        }
+    }
+}
 
 use super::{Backend, Resident};
 use crate::error::{EngineError, Result};
@@ -63,6 +111,33 @@ impl CpuBackend {
                 .build()
                 .map_err(|e| self.error(format!("cannot start {threads} threads: {e}")))?;
             Some(Arc::new(pool))
+        };
+        Ok(self)
+    }
+
+    /// Uses the kernels of `isa` (see [`CpuIsa`]); an error naming the missing CPU features when
+    /// this CPU cannot run them.
+    pub fn with_isa(mut self, isa: CpuIsa) -> Result<Self> {
+        let best = Isa::detect();
+        self.isa = match isa {
+            CpuIsa::Auto => best,
+            CpuIsa::Avx512 if best == Isa::Avx512 => Isa::Avx512,
+            CpuIsa::Avx2 if best != Isa::Scalar => Isa::Avx2,
+            CpuIsa::Portable => Isa::Scalar,
+            CpuIsa::Avx512 | CpuIsa::Avx2 => {
+                let needs = match isa {
+                    CpuIsa::Avx512 => "avx512f, avx2, fma and f16c",
+                    _ => "avx2, fma and f16c",
+                };
+                return Err(self.error(format!(
+                    "--cpu-isa {isa}: this CPU lacks some of {needs} (best available: {})",
+                    Self {
+                        isa: best,
+                        pool: None
+                    }
+                    .name()
+                )));
+            }
         };
         Ok(self)
     }
