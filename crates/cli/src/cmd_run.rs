@@ -2,11 +2,12 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::time::Instant;
 
 use anyhow::{bail, Context};
 use fp4forge_engine::{
-    Backend, ChatMessage, Device, GenerateOptions, KvDtype, Model, ModelOptions, SamplingParams,
-    StopReason, TextCodec, WithModel,
+    Backend, ChatMessage, CpuIsa, Device, GenerateOptions, KvDtype, Model, ModelOptions,
+    SamplingParams, StopReason, TextCodec, WithModel,
 };
 
 /// Arguments of `fp4forge run`.
@@ -29,6 +30,14 @@ pub struct RunArgs {
     /// Most tokens to generate.
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
+    /// Keep generating past the end-of-sequence tokens (exactly --max-tokens are generated
+    /// unless the context fills): what speed measurements want.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Print one JSON object on stdout (text, token ids, why it stopped, speeds) instead of
+    /// streaming the text.
+    #[arg(long)]
+    json: bool,
     /// Sampling temperature; 0 is greedy. Default: generation_config.json (greedy without it).
     #[arg(long)]
     temperature: Option<f32>,
@@ -54,6 +63,10 @@ pub struct RunArgs {
     /// CPU worker threads (default: all cores; ignored with --device cuda).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// Instruction set of the CPU kernels: auto (the best this CPU has), avx512, avx2 or
+    /// portable (ignored with --device cuda).
+    #[arg(long, default_value = "auto")]
+    cpu_isa: CpuIsa,
 }
 
 /// Runs the subcommand.
@@ -66,23 +79,25 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let options = ModelOptions::new()
         .kv_dtype(kv)
         .emulate_w4a4(args.emulate_w4a4)
-        .threads(args.threads);
-    fp4forge_engine::open(args.device, &args.dir, options, Generate(&args))?
+        .threads(args.threads)
+        .cpu_isa(args.cpu_isa);
+    let started = Instant::now();
+    fp4forge_engine::open(args.device, &args.dir, options, Generate(&args, started))?
 }
 
-/// [`generate`] on whichever backend the device gives.
-struct Generate<'a>(&'a RunArgs);
+/// [`generate`] on whichever backend the device gives (the load started at the instant).
+struct Generate<'a>(&'a RunArgs, Instant);
 
 impl WithModel for Generate<'_> {
     type Output = anyhow::Result<()>;
 
     fn with<B: Backend>(self, model: Model<B>) -> anyhow::Result<()> {
-        generate(&model, self.0)
+        generate(&model, self.0, self.1.elapsed().as_secs_f64())
     }
 }
 
 /// Generates from the prompt of `args` with `model` (on any backend), streamed to stdout.
-fn generate<B: Backend>(model: &Model<B>, args: &RunArgs) -> anyhow::Result<()> {
+fn generate<B: Backend>(model: &Model<B>, args: &RunArgs, load_seconds: f64) -> anyhow::Result<()> {
     let info = model.info().clone();
     let codec = if args.dir.join("tokenizer.json").exists() {
         Some(TextCodec::load(&args.dir)?)
@@ -138,8 +153,12 @@ fn generate<B: Backend>(model: &Model<B>, args: &RunArgs) -> anyhow::Result<()> 
         top_p: args.top_p.unwrap_or(defaults.top_p.unwrap_or(1.0)),
         seed: args.seed,
     };
-    let mut stop_tokens = info.eos_token_ids.clone();
-    if let Some(codec) = &codec {
+    let mut stop_tokens = if args.ignore_eos {
+        Vec::new()
+    } else {
+        info.eos_token_ids.clone()
+    };
+    if let (Some(codec), false) = (&codec, args.ignore_eos) {
         stop_tokens.extend(
             codec
                 .stop_ids()
@@ -166,6 +185,9 @@ fn generate<B: Backend>(model: &Model<B>, args: &RunArgs) -> anyhow::Result<()> 
                 Some(s) => s.push(token).unwrap_or_default(),
                 None => format!("{token} "),
             };
+            if args.json {
+                return true;
+            }
             if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
                 write_error = Some(e);
                 return false;
@@ -176,7 +198,6 @@ fn generate<B: Backend>(model: &Model<B>, args: &RunArgs) -> anyhow::Result<()> 
     if let Some(e) = write_error {
         return Err(e).context("writing to stdout");
     }
-    writeln!(out)?;
     let s = &generation.stats;
     let why = match generation.stop {
         StopReason::MaxTokens => "max tokens".to_string(),
@@ -184,8 +205,32 @@ fn generate<B: Backend>(model: &Model<B>, args: &RunArgs) -> anyhow::Result<()> 
         StopReason::Callback => "stopped".to_string(),
         StopReason::ContextFull => "context full".to_string(),
     };
+    if args.json {
+        let text = match &codec {
+            Some(c) => Some(c.decode(&generation.tokens, false)?),
+            None => None,
+        };
+        let report = serde_json::json!({
+            "model": args.dir.display().to_string(),
+            "architecture": info.architecture,
+            "backend": info.backend,
+            "text": text,
+            "tokens": generation.tokens,
+            "stop": why,
+            "prompt_tokens": s.prompt_tokens,
+            "prefill_seconds": s.prefill_time.as_secs_f64(),
+            "prefill_tokens_per_second": s.prefill_tokens_per_second(),
+            "decode_steps": s.decode_steps,
+            "decode_seconds": s.decode_time.as_secs_f64(),
+            "decode_tokens_per_second": s.decode_tokens_per_second(),
+            "load_seconds": load_seconds,
+        });
+        writeln!(out, "{report}")?;
+        return Ok(());
+    }
+    writeln!(out)?;
     eprintln!(
-        "[{} | {} | {} prompt tokens: prefill {:.1} tok/s | {} generated ({why}): decode {:.1} tok/s | {}]",
+        "[{} | {} | loaded in {load_seconds:.2} s | {} prompt tokens: prefill {:.1} tok/s | {} generated ({why}): decode {:.1} tok/s | {}]",
         info.architecture,
         info.backend,
         s.prompt_tokens,
