@@ -53,10 +53,17 @@ fn stored_lm_head(tensors: &[TensorInfo]) -> Option<&TensorInfo> {
 /// a missing embedding, and an embedding that is already quantized.
 pub fn resolve(shape: &ShapeSpec, tensors: &[TensorInfo]) -> Result<UntieLmHead, BuilderError> {
     if let Some(head) = stored_lm_head(tensors) {
-        return Err(refuse(format!(
-            "the model is not tied: it already stores {} (quantize it with --targets {LM_HEAD_MODULE} or --targets Linear)",
-            head.name
-        )));
+        return Err(refuse(if head.name.ends_with(".weight_packed") {
+            format!(
+                "the model is not tied: it already stores a quantized lm_head ({})",
+                head.name
+            )
+        } else {
+            format!(
+                "the model is not tied: it already stores {} (quantize it with --targets {LM_HEAD_MODULE} or --targets Linear)",
+                head.name
+            )
+        }));
     }
     if shape.tied == Tied::No {
         return Err(refuse(format!(
