@@ -374,6 +374,13 @@ fn refusals_name_the_flag_and_the_tensor() {
 
     // --ignore patterns that exclude lm_head (by name, by regex, by class).
     let tied = tied_model(&tmp.path().join("tied"));
+    // (Without the flag, --targets lm_head on a tied model points to it.)
+    let err = QuantizeBuilder::new(&tied, tmp.path().join("x"))
+        .targets(strings(&["lm_head"]))
+        .run(&NoProgress)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("--untie-lm-head"), "{err}");
     for pattern in ["lm_head", "re:.*head$", "Linear"] {
         let err = refusal(&tied, |b| b.ignore(strings(&[pattern])));
         assert!(err.contains(&format!("--ignore {pattern}")), "{err}");

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
+use fp4forge_arch::LM_HEAD_MODULE;
 use fp4forge_format::checkpoint::TensorInfo;
 use fp4forge_format::config::Field;
 use fp4forge_format::{Dtype, QuantizationConfig, QuantizationScheme, TensorSpec};
@@ -490,9 +491,14 @@ fn check_selection(
     for pattern in matcher.targets() {
         if !names.iter().any(|m| pattern.matches(m, true)) {
             let nearest = nearest_modules(pattern, &names, 3);
+            let tied_hint = if pattern.matches_name(LM_HEAD_MODULE) {
+                format!(" (no {LM_HEAD_MODULE} is stored: if the model ties it to the embedding, {UNTIE_FLAG} writes one)")
+            } else {
+                String::new()
+            };
             return Err(BuilderError::NothingSelected {
                 reason: format!(
-                    "--targets {pattern} matches no linear module; nearest module names: {}",
+                    "--targets {pattern} matches no linear module; nearest module names: {}{tied_hint}",
                     if nearest.is_empty() {
                         "(the checkpoint has no linear modules)".to_string()
                     } else {
