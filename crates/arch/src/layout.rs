@@ -5,6 +5,12 @@
 use crate::shape::{MlpShape, ShapeSpec};
 use crate::{ArchError, Result};
 
+/// The input embedding's module name, as every family spells it on disk.
+pub const EMBEDDING_MODULE: &str = "model.embed_tokens";
+
+/// The output matrix's module name when it is stored (an untied model).
+pub const LM_HEAD_MODULE: &str = "lm_head";
+
 /// One tensor of an unquantized checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorShape {
@@ -17,9 +23,30 @@ pub struct TensorShape {
 }
 
 impl ShapeSpec {
-    /// Every tensor of the unquantized checkpoint, in model order. Fails (naming `model_type`)
-    /// when no family knows the `model_type`'s tensor names.
-    pub fn tensors(&self) -> Result<Vec<TensorShape>> {
+    /// The input embedding `[vocab, hidden]`: the matrix a tied `lm_head` is. Fails like
+    /// [`ShapeSpec::tensors`] when no family knows the `model_type`'s tensor names.
+    pub fn embedding(&self) -> Result<TensorShape> {
+        self.require_family()?;
+        Ok(TensorShape {
+            name: format!("{EMBEDDING_MODULE}.weight"),
+            dtype: self.dtype.clone(),
+            shape: vec![self.vocab_size, self.hidden_size],
+        })
+    }
+
+    /// The untied output matrix `lm_head.weight` `[vocab, hidden]` (stored exactly when the model
+    /// is untied). Fails like [`ShapeSpec::tensors`] for an unknown `model_type`.
+    pub fn lm_head(&self) -> Result<TensorShape> {
+        self.require_family()?;
+        Ok(TensorShape {
+            name: format!("{LM_HEAD_MODULE}.weight"),
+            dtype: self.dtype.clone(),
+            shape: vec![self.vocab_size, self.hidden_size],
+        })
+    }
+
+    /// Refuses (naming `model_type`) a shape whose tensor names no family knows.
+    fn require_family(&self) -> Result<()> {
         if self.family.is_none() {
             return Err(ArchError::Field {
                 file: self.file.clone(),
@@ -32,6 +59,13 @@ impl ShapeSpec {
                 ),
             });
         }
+        Ok(())
+    }
+
+    /// Every tensor of the unquantized checkpoint, in model order. Fails (naming `model_type`)
+    /// when no family knows the `model_type`'s tensor names.
+    pub fn tensors(&self) -> Result<Vec<TensorShape>> {
+        let embedding = self.embedding()?;
         let dt = self.dtype.as_str();
         let h = self.hidden_size;
         let d = self.head_dim;
@@ -43,11 +77,7 @@ impl ShapeSpec {
                 shape,
             });
         };
-        push(
-            "model.embed_tokens.weight".into(),
-            dt,
-            vec![self.vocab_size, h],
-        );
+        push(embedding.name, dt, embedding.shape);
         let first = |names: &[&'static str], what: &str| {
             names.first().copied().ok_or_else(|| ArchError::Field {
                 file: self.file.clone(),
@@ -109,7 +139,8 @@ impl ShapeSpec {
         }
         push("model.norm.weight".into(), dt, vec![h]);
         if !self.tie_word_embeddings {
-            push("lm_head.weight".into(), dt, vec![self.vocab_size, h]);
+            let head = self.lm_head()?;
+            push(head.name, dt, head.shape);
         }
         Ok(out)
     }

@@ -39,7 +39,7 @@ mod spec;
 pub use error::{ArchError, Result};
 pub use family::{Family, SUPPORTED_ARCHITECTURES};
 pub use fields::ConfigJson;
-pub use layout::TensorShape;
+pub use layout::{TensorShape, EMBEDDING_MODULE, LM_HEAD_MODULE};
 pub use rope::{Rope, RopeScaling};
 pub use shape::{AttentionKind, LayerShape, MlpShape, MoeShape, ShapeSpec};
 pub use spec::{

@@ -16,7 +16,7 @@
 //!   `decoder_sparse_step`, `num_experts` (`num_local_experts`, `n_routed_experts`),
 //!   `num_experts_per_tok`, `moe_intermediate_size`, `shared_expert_intermediate_size`,
 //!   `intermediate_size` (only when a layer is dense), `attention_bias` / `qkv_bias`,
-//!   `tie_word_embeddings` (default false), `torch_dtype` / `dtype` (default bfloat16),
+//!   `tie_word_embeddings` (else `text_config.tie_word_embeddings`; default false), `torch_dtype` / `dtype` (default bfloat16),
 //!   `vocab_size`.
 //!
 //! What a `model_type` adds beyond those keys (q/k norms, Qwen2's q/k/v-only biases, Laguna's
@@ -30,7 +30,7 @@ use serde_json::Value;
 use crate::family::Family;
 use crate::fields;
 use crate::fields::ConfigJson;
-use crate::spec::{OutputGate, TensorAliases};
+use crate::spec::{OutputGate, TensorAliases, Tied};
 use crate::Result;
 
 /// Attention span of one layer.
@@ -109,8 +109,12 @@ pub struct ShapeSpec {
     pub vocab_size: u64,
     /// Per-head dimension.
     pub head_dim: u64,
-    /// Whether `lm_head` is the embedding matrix (no `lm_head.weight` tensor).
+    /// Whether `lm_head` is the embedding matrix (no `lm_head.weight` tensor): the config says
+    /// so ([`ShapeSpec::tied`] is [`Tied::Yes`]).
     pub tie_word_embeddings: bool,
+    /// `tie_word_embeddings` as the config states it (at the top level, else in a nested
+    /// `text_config`): [`Tied::IfNoLmHead`] when it says nothing.
+    pub tied: Tied,
     /// safetensors dtype of unquantized weights (`BF16`, `F16`, `F32`).
     pub dtype: String,
     /// `max_position_embeddings`, if given.
@@ -302,6 +306,16 @@ pub(crate) fn read(
         _ => Vec::new(),
     };
     let any_slides = layers.iter().any(|l| l.attention == AttentionKind::Sliding);
+    let tie_field = if cfg.has("tie_word_embeddings") {
+        "tie_word_embeddings"
+    } else {
+        "text_config.tie_word_embeddings"
+    };
+    let tied = match cfg.opt_bool(tie_field)? {
+        Some(true) => Tied::Yes,
+        Some(false) => Tied::No,
+        None => Tied::IfNoLmHead,
+    };
     Ok(ShapeSpec {
         file: cfg.file().to_path_buf(),
         model_type,
@@ -310,7 +324,8 @@ pub(crate) fn read(
         hidden_size,
         vocab_size: req("vocab_size")?,
         head_dim,
-        tie_word_embeddings: cfg.opt_bool("tie_word_embeddings")?.unwrap_or(false),
+        tie_word_embeddings: tied == Tied::Yes,
+        tied,
         dtype: dtype.to_owned(),
         max_position_embeddings: opt("max_position_embeddings")?,
         sliding_window: sliding_window.filter(|_| any_slides),

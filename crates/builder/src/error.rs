@@ -86,6 +86,13 @@ pub enum BuilderError {
         /// is empty (already NVFP4, ignored).
         reason: String,
     },
+    /// `--untie-lm-head` cannot apply: the model is not tied, has no embedding the geometry
+    /// names, the embedding is already quantized, or `--ignore` excludes `lm_head`.
+    #[error("--untie-lm-head: {reason}")]
+    Untie {
+        /// Why, naming the tensor, field or pattern.
+        reason: String,
+    },
     /// A tensor could not be quantized (NaN/inf, shape); names the file and the tensor.
     #[error("{}: {source}", file.display())]
     Numerics {

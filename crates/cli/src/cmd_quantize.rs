@@ -31,6 +31,10 @@ pub struct QuantizeArgs {
     /// a pattern that matches no linear module, or an empty selection, is an error.
     #[arg(long)]
     allow_empty: bool,
+    /// Tied models only: write the embedding's values as a new NVFP4 `lm_head` (its own global
+    /// scale; the embedding stays as it is) and set `tie_word_embeddings: false`.
+    #[arg(long)]
+    untie_lm_head: bool,
     /// Replace an existing DST.
     #[arg(long)]
     force: bool,
@@ -69,6 +73,19 @@ fn print_summary(s: &PlanSummary) -> std::io::Result<()> {
         "left unquantized  {} linear modules (listed in ignore)",
         s.modules_unquantized
     )?;
+    if let Some(u) = &s.untied_lm_head {
+        outln!(
+            "untied lm_head    {} [{}, {}] {} from {}: {:.3} GB -> {:.3} GB NVFP4 per token (+{:.3} GB on disk)",
+            u.module,
+            u.shape[0],
+            u.shape[1],
+            u.source_dtype,
+            u.source,
+            gb(u.bytes_before),
+            gb(u.bytes_after),
+            gb(u.bytes_after)
+        )?;
+    }
     outln!("tensors copied    {}", s.tensors_copied)?;
     outln!(
         "bytes             {:.3} GB -> {:.3} GB (x{:.3}, -{:.3} GB)",
@@ -86,6 +103,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
         .targets(args.targets)
         .ignore(args.ignore)
         .allow_empty(args.allow_empty)
+        .untie_lm_head(args.untie_lm_head)
         .force(args.force)
         .max_shard_bytes(args.max_shard_size);
     if args.dry_run {

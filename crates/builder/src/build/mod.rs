@@ -14,6 +14,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::plan::modules::WeightSource;
+use crate::plan::untie;
 use crate::plan::{Job, PlanRequest, PlanSummary, QuantizeMember, QuantizePlan};
 use crate::staging::StagingDir;
 use crate::validate::validate_checkpoint;
@@ -60,6 +61,7 @@ pub struct QuantizeBuilder {
     src: PathBuf,
     dst: PathBuf,
     request: PlanRequest,
+    untie_lm_head: bool,
     force: bool,
     max_shard_bytes: Option<u64>,
 }
@@ -71,6 +73,7 @@ impl QuantizeBuilder {
             src: src.into(),
             dst: dst.into(),
             request: PlanRequest::default(),
+            untie_lm_head: false,
             force: false,
             max_shard_bytes: None,
         }
@@ -94,6 +97,14 @@ impl QuantizeBuilder {
         self
     }
 
+    /// `--untie-lm-head`: write the tied embedding's values as a new NVFP4 `lm_head` (its own
+    /// global scale) and `tie_word_embeddings: false`; the embedding is copied unchanged.
+    /// Refused on a model that is not tied ([`crate::plan::untie::resolve`]).
+    pub fn untie_lm_head(mut self, untie: bool) -> Self {
+        self.untie_lm_head = untie;
+        self
+    }
+
     /// Replace an existing destination.
     pub fn force(mut self, force: bool) -> Self {
         self.force = force;
@@ -110,10 +121,14 @@ impl QuantizeBuilder {
     /// anything (`--dry-run`).
     pub fn plan(&self) -> Result<(Checkpoint, QuantizePlan), BuilderError> {
         let checkpoint = Checkpoint::open(&self.src)?;
-        validate_checkpoint(&checkpoint)?;
+        let validated = validate_checkpoint(&checkpoint)?;
         let config = checkpoint.config()?;
         let infos: Vec<_> = checkpoint.tensors().map(|e| e.info.clone()).collect();
-        let plan = QuantizePlan::new(&infos, config.quantization_config.get(), &self.request)?;
+        let mut request = self.request.clone();
+        if self.untie_lm_head {
+            request.untie_lm_head = Some(untie::resolve(&validated.shape, &infos)?);
+        }
+        let plan = QuantizePlan::new(&infos, config.quantization_config.get(), &request)?;
         Ok((checkpoint, plan))
     }
 
@@ -130,7 +145,13 @@ impl QuantizeBuilder {
             builder = builder.metadata(Some(meta.clone()));
         }
         let writer = builder.create(staging.path(), plan.outputs.clone())?;
-        progress.start(plan.summary.bytes_before);
+        // The embedding of an untied lm_head is read twice (copied, and quantized).
+        let extra_read = plan
+            .summary
+            .untied_lm_head
+            .as_ref()
+            .map_or(0, |u| u.bytes_before);
+        progress.start(plan.summary.bytes_before + extra_read);
         plan.jobs
             .par_iter()
             .try_for_each(|job| run_job(&checkpoint, &writer, job, progress))?;
@@ -138,6 +159,9 @@ impl QuantizeBuilder {
 
         let mut config = checkpoint.config()?;
         config.quantization_config = Field::Set(plan.quantization_config.clone());
+        if plan.summary.untied_lm_head.is_some() {
+            untie::untie_config(&mut config);
+        }
         config.write(staging.path().join("config.json"))?;
         let copied_files = checkpoint.other_files()?;
         for name in &copied_files {

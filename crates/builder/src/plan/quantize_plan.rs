@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
+use fp4forge_arch::LM_HEAD_MODULE;
 use fp4forge_format::checkpoint::TensorInfo;
 use fp4forge_format::config::Field;
 use fp4forge_format::{Dtype, QuantizationConfig, QuantizationScheme, TensorSpec};
@@ -12,6 +13,7 @@ use serde::Serialize;
 use super::fusion::{fusion_key, global_scale_groups};
 use super::matcher::{nearest_modules, TargetMatcher};
 use super::modules::{fused_expert_kind, linear_modules, LinearModule, ModuleState, WeightSource};
+use super::untie::{UntieLmHead, FLAG as UNTIE_FLAG};
 use crate::BuilderError;
 
 /// Targets used when none are given: the lean build (attention q/k/v/o).
@@ -79,6 +81,26 @@ pub struct PlanSummary {
     pub new_group_targets: Vec<String>,
     /// Quantized modules by leaf name (`q_proj`: 48, ...).
     pub by_leaf: Vec<(String, usize)>,
+    /// `--untie-lm-head`: the new `lm_head` and what it costs (`None` without the flag).
+    pub untied_lm_head: Option<UntiedLmHead>,
+}
+
+/// The `lm_head` that `--untie-lm-head` writes: its source and sizes.
+#[derive(Debug, Clone, Serialize)]
+pub struct UntiedLmHead {
+    /// The new module (`lm_head`).
+    pub module: String,
+    /// The embedding tensor its values come from (read once more; copied unchanged as well).
+    pub source: String,
+    /// `[vocab, hidden]`.
+    pub shape: [usize; 2],
+    /// The embedding's dtype (bf16, f16 or f32).
+    pub source_dtype: String,
+    /// Bytes a tied model reads for it per decoded token: the high-precision embedding.
+    pub bytes_before: u64,
+    /// Bytes of the new NVFP4 tensors (packed, block scales, global scale), read per token
+    /// instead, and added to the checkpoint.
+    pub bytes_after: u64,
 }
 
 /// A complete plan: output tensors in order, the jobs that produce them, and the new config.
@@ -104,6 +126,9 @@ pub struct PlanRequest {
     /// `--allow-empty`: accept targets that select nothing to quantize (the output is then a
     /// copy); without it such a plan is refused.
     pub allow_empty: bool,
+    /// `--untie-lm-head`, resolved ([`super::untie::resolve`]): also quantize the tied
+    /// embedding's values as a new module `lm_head`, whatever the targets.
+    pub untie_lm_head: Option<UntieLmHead>,
 }
 
 fn is_quantizable(dtype: Dtype) -> bool {
@@ -142,7 +167,15 @@ impl QuantizePlan {
             request.targets.clone()
         };
         let matcher = TargetMatcher::new(&targets, &request.ignore)?;
-        let modules = linear_modules(tensors);
+        let mut modules = linear_modules(tensors);
+        let untied = match &request.untie_lm_head {
+            Some(untie) => Some(untied_module(untie, tensors, &matcher)?),
+            None => None,
+        };
+        if let Some(m) = &untied {
+            modules.push(m.clone());
+        }
+        let is_untied = |name: &str| untied.as_ref().is_some_and(|u| u.name == name);
         let by_name: HashMap<&str, &LinearModule> =
             modules.iter().map(|m| (m.name.as_str(), m)).collect();
 
@@ -176,7 +209,7 @@ impl QuantizePlan {
             let ModuleState::Dense { dtype, .. } = &m.state else {
                 continue;
             };
-            if !matcher.matches(&m.name, true) {
+            if !matcher.matches(&m.name, true) && !is_untied(&m.name) {
                 continue;
             }
             if !is_quantizable(*dtype) {
@@ -306,6 +339,32 @@ impl QuantizePlan {
             });
             summary.tensors_copied += 1;
         }
+        // The untied lm_head is no source tensor: its group goes last, where lm_head lives.
+        if let Some(m) = &untied {
+            let before = outputs.len();
+            Self::push_group(
+                &m.name,
+                &group_of_first,
+                &member,
+                &mut outputs,
+                &mut jobs,
+                &mut emitted,
+            );
+            let ModuleState::Dense { source, dtype } = &m.state else {
+                unreachable!("the untied lm_head is dense")
+            };
+            let WeightSource::Tensor(source) = source else {
+                unreachable!("the untied lm_head reads a whole tensor")
+            };
+            summary.untied_lm_head = Some(UntiedLmHead {
+                module: m.name.clone(),
+                source: source.clone(),
+                shape: [m.rows, m.cols],
+                source_dtype: dtype.to_string(),
+                bytes_before: (m.rows * m.cols * dtype.size()) as u64,
+                bytes_after: outputs[before..].iter().filter_map(|s| s.byte_len()).sum(),
+            });
+        }
         summary.bytes_after = outputs.iter().filter_map(|s| s.byte_len()).sum();
 
         // 4. Config.
@@ -314,12 +373,20 @@ impl QuantizePlan {
             .filter(|m| matches!(m.state, ModuleState::Packed { .. }))
             .map(|m| m.name.as_str())
             .collect();
+        // vLLM's lm_head (`ParallelLMHead`) is no `Linear` class: an untied lm_head must be
+        // targeted by name.
+        let mut config_targets = targets.clone();
+        if let Some(m) = &untied {
+            if !matcher.targets().iter().any(|p| p.matches_name(&m.name)) {
+                config_targets.push(m.name.clone());
+            }
+        }
         let (quantization_config, new_group, new_targets) = build_config(
             existing,
             &modules,
             &selected_names,
             &quantized_by_existing,
-            &targets,
+            &config_targets,
         )?;
 
         summary.modules_quantized = selected.len();
@@ -370,6 +437,43 @@ impl QuantizePlan {
     }
 }
 
+/// The module `--untie-lm-head` adds: `lm_head`, dense, reading the embedding's bytes. Refuses
+/// an `--ignore` pattern that excludes it, naming the pattern.
+fn untied_module(
+    untie: &UntieLmHead,
+    tensors: &[TensorInfo],
+    matcher: &TargetMatcher,
+) -> Result<LinearModule, BuilderError> {
+    if let Some(p) = matcher
+        .ignore()
+        .iter()
+        .find(|p| p.matches(&untie.module, true))
+    {
+        return Err(BuilderError::Untie {
+            reason: format!(
+                "--ignore {p} excludes {}, which {UNTIE_FLAG} quantizes; drop the pattern or the flag",
+                untie.module
+            ),
+        });
+    }
+    let info = tensors
+        .iter()
+        .find(|t| t.name == untie.embedding)
+        .filter(|t| t.shape.len() == 2)
+        .ok_or_else(|| BuilderError::Untie {
+            reason: format!("the checkpoint has no 2-D {}", untie.embedding),
+        })?;
+    Ok(LinearModule {
+        name: untie.module.clone(),
+        rows: info.shape[0],
+        cols: info.shape[1],
+        state: ModuleState::Dense {
+            source: WeightSource::Tensor(info.name.clone()),
+            dtype: info.dtype,
+        },
+    })
+}
+
 /// Whether a module is named like a linear layer: a fused sibling, a `*_proj` or `lm_head`.
 fn named_like_linear(module: &str) -> bool {
     let leaf = module.rsplit('.').next().unwrap_or(module);
@@ -387,9 +491,14 @@ fn check_selection(
     for pattern in matcher.targets() {
         if !names.iter().any(|m| pattern.matches(m, true)) {
             let nearest = nearest_modules(pattern, &names, 3);
+            let tied_hint = if pattern.matches_name(LM_HEAD_MODULE) {
+                format!(" (no {LM_HEAD_MODULE} is stored: if the model ties it to the embedding, {UNTIE_FLAG} writes one)")
+            } else {
+                String::new()
+            };
             return Err(BuilderError::NothingSelected {
                 reason: format!(
-                    "--targets {pattern} matches no linear module; nearest module names: {}",
+                    "--targets {pattern} matches no linear module; nearest module names: {}{tied_hint}",
                     if nearest.is_empty() {
                         "(the checkpoint has no linear modules)".to_string()
                     } else {

@@ -1,6 +1,6 @@
 //! Config coherence: the `quantization_config` of DST selects exactly the modules that are
 //! quantized, each with one NVFP4 scheme of the right kind, and nothing else in `config.json`
-//! changed.
+//! changed (but `tie_word_embeddings`, which reads `false` after `--untie-lm-head`).
 
 use std::collections::HashMap;
 
@@ -10,26 +10,46 @@ use serde_json::Value;
 use super::Check;
 use crate::plan::fusion::fusion_key;
 use crate::plan::modules::{LinearModule, ModuleState};
+use crate::plan::untie;
 use crate::plan::TargetMatcher;
 use crate::BuilderError;
 
-/// The config checks.
+/// The config checks; `untied`: DST's `lm_head` is the untied, quantized copy of SRC's tied
+/// embedding, so DST must say `tie_word_embeddings: false` and the flag is otherwise ignored.
 pub(super) fn check(
     src: &Checkpoint,
     dst: &Checkpoint,
     dst_modules: &[LinearModule],
+    untied: bool,
 ) -> Result<Vec<Check>, BuilderError> {
     let src_config = src.config()?;
     let dst_config = dst.config()?;
 
-    let mut others = Check::new("config.json unchanged apart from quantization_config");
-    let strip = |v: Value| match v {
-        Value::Object(mut map) => {
-            map.remove("quantization_config");
-            Value::Object(map)
+    let mut others = Check::new(if untied {
+        "config.json unchanged apart from quantization_config and tie_word_embeddings"
+    } else {
+        "config.json unchanged apart from quantization_config"
+    });
+    let strip = |v: Value| {
+        let v = match v {
+            Value::Object(mut map) => {
+                map.remove("quantization_config");
+                Value::Object(map)
+            }
+            other => other,
+        };
+        if untied {
+            untie::without_tie_flags(v)
+        } else {
+            v
         }
-        other => other,
     };
+    if untied && !untie::config_is_untied(&dst_config) {
+        others.fail(format!(
+            "{}: lm_head is untied but tie_word_embeddings is not false",
+            dst.config_path().display()
+        ));
+    }
     let to_value = |c: &fp4forge_format::ModelConfig| -> Result<Value, BuilderError> {
         serde_json::from_str(&c.to_json_pretty()).map_err(|source| BuilderError::Json {
             path: dst.config_path(),

@@ -2,6 +2,10 @@
 //! high-precision weight is in SRC is re-derived (same numerics, same fused global-scale groups)
 //! and compared bit for bit; every other tensor is compared byte for byte; the config must select
 //! exactly the modules that are quantized, each with one unambiguous NVFP4 scheme.
+//!
+//! A DST built with `--untie-lm-head` from a tied SRC has an NVFP4 `lm_head` that SRC does not
+//! store: it is re-derived from SRC's embedding (the tied matrix), and `tie_word_embeddings`
+//! may (must) read `false` in DST.
 
 mod config_check;
 mod report;
@@ -9,14 +13,16 @@ mod report;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
+use fp4forge_arch::LM_HEAD_MODULE;
 use fp4forge_format::Checkpoint;
 use rayon::prelude::*;
 
 use crate::build::{quantize_members, source_bytes};
 use crate::plan::fusion::global_scale_groups;
 use crate::plan::modules::{
-    fused_expert_kind, linear_modules, LinearModule, ModuleState, NVFP4_SUFFIXES,
+    fused_expert_kind, linear_modules, LinearModule, ModuleState, WeightSource, NVFP4_SUFFIXES,
 };
+use crate::plan::untie::{self, UntieLmHead};
 use crate::plan::QuantizeMember;
 use crate::validate::validate_checkpoint;
 use crate::BuilderError;
@@ -31,7 +37,7 @@ const MAX_LISTED: usize = 20;
 pub fn verify(src: &Path, dst: &Path) -> Result<VerifyReport, BuilderError> {
     let src_ck = Checkpoint::open(src)?;
     let dst_ck = Checkpoint::open(dst)?;
-    validate_checkpoint(&src_ck)?;
+    let src_valid = validate_checkpoint(&src_ck)?;
     validate_checkpoint(&dst_ck)?;
     let src_infos: Vec<_> = src_ck.tensors().map(|e| e.info.clone()).collect();
     let dst_infos: Vec<_> = dst_ck.tensors().map(|e| e.info.clone()).collect();
@@ -39,6 +45,15 @@ pub fn verify(src: &Path, dst: &Path) -> Result<VerifyReport, BuilderError> {
     let dst_modules = linear_modules(&dst_infos);
     let src_by_name: HashMap<&str, &LinearModule> =
         src_modules.iter().map(|m| (m.name.as_str(), m)).collect();
+    // An untied lm_head: packed in DST, absent from a tied SRC, whose embedding it quantizes.
+    let untied: Option<UntieLmHead> = dst_modules
+        .iter()
+        .find(|m| {
+            m.name == LM_HEAD_MODULE
+                && matches!(m.state, ModuleState::Packed { .. })
+                && !src_by_name.contains_key(m.name.as_str())
+        })
+        .and_then(|_| untie::resolve(&src_valid.shape, &src_infos).ok());
 
     let mut report = VerifyReport::default();
     let packed_dst: Vec<&LinearModule> = dst_modules
@@ -65,10 +80,8 @@ pub fn verify(src: &Path, dst: &Path) -> Result<VerifyReport, BuilderError> {
                     },
                 );
                 consumed.insert(match source {
-                    crate::plan::modules::WeightSource::Tensor(t) => t.clone(),
-                    crate::plan::modules::WeightSource::ExpertSlice { tensor, .. } => {
-                        tensor.clone()
-                    }
+                    WeightSource::Tensor(t) => t.clone(),
+                    WeightSource::ExpertSlice { tensor, .. } => tensor.clone(),
                 });
             }
             Some(ModuleState::Packed { .. }) => {
@@ -86,10 +99,35 @@ pub fn verify(src: &Path, dst: &Path) -> Result<VerifyReport, BuilderError> {
                     }
                 }
             }
-            None => rederive.fail(format!(
-                "{}: quantized in DST but not a linear module of SRC",
-                m.name
-            )),
+            None => match untied.as_ref().filter(|u| u.module == m.name) {
+                Some(u) => {
+                    let Some(embedding) = src_ck.get(&u.embedding) else {
+                        rederive.fail(format!("{}: {} missing from SRC", m.name, u.embedding));
+                        continue;
+                    };
+                    members.insert(
+                        &m.name,
+                        QuantizeMember {
+                            module: m.name.clone(),
+                            rows: m.rows,
+                            cols: m.cols,
+                            dtype: embedding.info.dtype,
+                            source: WeightSource::Tensor(u.embedding.clone()),
+                        },
+                    );
+                    if embedding.info.shape != [m.rows, m.cols] {
+                        rederive.fail(format!(
+                            "{}: [{}, {}] in DST but SRC's {} is {:?}",
+                            m.name, m.rows, m.cols, u.embedding, embedding.info.shape
+                        ));
+                        members.remove(m.name.as_str());
+                    }
+                }
+                None => rederive.fail(format!(
+                    "{}: quantized in DST but not a linear module of SRC",
+                    m.name
+                )),
+            },
         }
     }
     let order: Vec<&str> = packed_dst
@@ -155,7 +193,7 @@ pub fn verify(src: &Path, dst: &Path) -> Result<VerifyReport, BuilderError> {
         .iter()
         .filter_map(|m| match &m.state {
             ModuleState::Dense {
-                source: crate::plan::modules::WeightSource::ExpertSlice { tensor, .. },
+                source: WeightSource::ExpertSlice { tensor, .. },
                 ..
             } => Some((format!("{}.weight", m.name), (m, tensor.as_str()))),
             _ => None,
@@ -231,9 +269,18 @@ pub fn verify(src: &Path, dst: &Path) -> Result<VerifyReport, BuilderError> {
     report
         .checks
         .extend([rederive, kept, copied, accounted, fused]);
-    report
-        .checks
-        .extend(config_check::check(&src_ck, &dst_ck, &dst_modules)?);
+    report.checks.extend(config_check::check(
+        &src_ck,
+        &dst_ck,
+        &dst_modules,
+        untied.is_some(),
+    )?);
+    if let Some(u) = &untied {
+        report.notes.push(format!(
+            "{} is untied (--untie-lm-head): re-derived from SRC's {}, which SRC ties to it",
+            u.module, u.embedding
+        ));
+    }
     if report.checks[1].count > 0 {
         report.notes.push(format!(
             "{} modules were already NVFP4 in SRC: compared byte for byte, not re-derived (SRC holds no high-precision weights for them)",
