@@ -1,21 +1,29 @@
 //! Causal attention over a [`HostKvLayer`] on the CPU, in f32.
 //!
 //! The chunk's keys and values are first rounded to the cache's storage type (so prefill and
-//! step-by-step decode see identical keys), then for each KV head the visible keys and values
-//! are decoded once to f32 and shared by the query heads of its group and by every query of the
-//! chunk. Query `t` (position `p = pos0 + t`) attends to positions `first_visible(p) ..= p`;
-//! scores are `q · k · scale`, softmax in f32 with the max subtracted. Finally the chunk is
-//! committed to the cache (ring layers keep only its last `window` rows).
+//! step-by-step decode see identical keys). Query `t` (position `p = pos0 + t`) attends to
+//! positions `first_visible(p) ..= p`; scores are `q · k · scale`, softmax in f32 with the max
+//! subtracted. Finally the chunk is committed to the cache (ring layers keep only its last
+//! `window` rows).
+//!
+//! One query (decode): each key and value is read where it is stored (bf16 rows widened in
+//! registers), never copied: the cache is not converted to f32 per step. Several queries
+//! (prefill): per KV head the visible keys and values are decoded to f32 once and shared by the
+//! query heads of its group and every query of the chunk; scores come from 4-key × 3-query
+//! register tiles and each output row is summed in registers while the values stream past.
 
 use rayon::prelude::*;
 
 use super::kernels::{self, Isa};
-use super::kv::HostKvLayer;
+use super::kv::{HostKvLayer, KvChunk, KvRow};
 use super::tensor::CpuTensor;
 use crate::ir::AttentionParams;
+use fp4forge_format::fp8::E4M3_TO_F32;
 
 /// Queries per parallel task in prefill.
 const QUERIES_PER_TASK: usize = 16;
+/// Below this many multiply-adds a decode step's heads run on one thread.
+const SERIAL_DECODE_BELOW: usize = 1 << 16;
 
 pub(crate) fn attention(
     isa: Isa,
@@ -29,69 +37,20 @@ pub(crate) fn attention(
     let d = p.head_dim;
     let group = p.heads / p.kv_heads.max(1);
     let chunk = cache.stage(k.data(), v.data(), t);
-    let pos0 = chunk.pos0;
-    let first = cache.first_visible(pos0);
-    let n_keys = pos0 + t - first;
-    let cache_ref = &*cache;
-    let chunk_ref = &chunk;
-
-    // Per KV head: [t, group·d] outputs.
-    let per_head: Vec<Vec<f32>> = (0..p.kv_heads)
-        .into_par_iter()
-        .map(|kh| {
-            let mut keys = vec![0f32; n_keys * d];
-            let mut vals = vec![0f32; n_keys * d];
-            for j in 0..n_keys {
-                let pos = first + j;
-                cache_ref.decode(chunk_ref, pos, kh, false, &mut keys[j * d..(j + 1) * d]);
-                cache_ref.decode(chunk_ref, pos, kh, true, &mut vals[j * d..(j + 1) * d]);
-            }
-            let mut out = vec![0f32; t * group * d];
-            let work = |(c, o): (usize, &mut [f32])| {
-                let mut scores = vec![0f32; n_keys];
-                let rows = o.len() / (group * d);
-                for r in 0..rows {
-                    let tq = c * QUERIES_PER_TASK + r;
-                    let pos = pos0 + tq;
-                    let lo = cache_ref.first_visible(pos) - first;
-                    let hi = pos - first + 1;
-                    for g in 0..group {
-                        let h = kh * group + g;
-                        let qv = &q.row(tq)[h * d..(h + 1) * d];
-                        let s = &mut scores[lo..hi];
-                        let mut max = f32::NEG_INFINITY;
-                        for (j, sj) in s.iter_mut().enumerate() {
-                            let kj = &keys[(lo + j) * d..(lo + j + 1) * d];
-                            *sj = kernels::dot(isa, qv, kj) * p.scale;
-                            max = max.max(*sj);
-                        }
-                        let mut sum = 0f32;
-                        for sj in s.iter_mut() {
-                            *sj = (*sj - max).exp();
-                            sum += *sj;
-                        }
-                        let inv = 1.0 / sum;
-                        let oh = &mut o[(r * group + g) * d..(r * group + g + 1) * d];
-                        for (j, &sj) in s.iter().enumerate() {
-                            let vj = &vals[(lo + j) * d..(lo + j + 1) * d];
-                            kernels::axpy(isa, oh, sj * inv, vj);
-                        }
-                    }
-                }
-            };
-            if t >= 2 * QUERIES_PER_TASK {
-                out.par_chunks_mut(QUERIES_PER_TASK * group * d)
-                    .enumerate()
-                    .for_each(work);
-            } else {
-                out.chunks_mut(QUERIES_PER_TASK * group * d)
-                    .enumerate()
-                    .for_each(work);
-            }
-            out
-        })
-        .collect();
-
+    let per_head: Vec<Vec<f32>> = if t == 1 {
+        let work = (chunk.pos0 + 1) * p.heads * d;
+        let head = |kh| decode_head(isa, q.row(0), cache, &chunk, p, kh);
+        if work < SERIAL_DECODE_BELOW {
+            (0..p.kv_heads).map(head).collect()
+        } else {
+            (0..p.kv_heads).into_par_iter().map(head).collect()
+        }
+    } else {
+        (0..p.kv_heads)
+            .into_par_iter()
+            .map(|kh| prefill_head(isa, q, cache, &chunk, p, kh))
+            .collect()
+    };
     cache.commit(chunk);
 
     let cols = p.heads * d;
@@ -103,4 +62,181 @@ pub(crate) fn attention(
         }
     }
     CpuTensor::new(t, cols, out)
+}
+
+/// `x · row` for a stored row (`xb` is `x` prepared for the bf16 kernel).
+#[inline]
+fn row_dot(
+    isa: Isa,
+    row: KvRow<'_>,
+    x: &[f32],
+    xb: &kernels::Bf16Input<'_>,
+    tmp: &mut [f32],
+) -> f32 {
+    match row {
+        KvRow::F32(r) => kernels::dot(isa, r, x),
+        KvRow::Bf16(r) => kernels::bf16_bits_dot(isa, r, xb),
+        KvRow::Fp8(r, scale) => {
+            for (o, &b) in tmp.iter_mut().zip(r) {
+                *o = E4M3_TO_F32[b as usize] * scale;
+            }
+            kernels::dot(isa, tmp, x)
+        }
+    }
+}
+
+/// `y += alpha · row` for a stored row.
+#[inline]
+fn row_axpy(isa: Isa, y: &mut [f32], alpha: f32, row: KvRow<'_>, tmp: &mut [f32]) {
+    match row {
+        KvRow::F32(r) => kernels::axpy(isa, y, alpha, r),
+        KvRow::Bf16(r) => kernels::bf16_axpy(isa, y, alpha, r),
+        KvRow::Fp8(r, scale) => {
+            for (o, &b) in tmp.iter_mut().zip(r) {
+                *o = E4M3_TO_F32[b as usize] * scale;
+            }
+            kernels::axpy(isa, y, alpha, tmp)
+        }
+    }
+}
+
+/// One query's attention for the heads of KV head `kh`: `[group · d]`.
+fn decode_head(
+    isa: Isa,
+    q: &[f32],
+    cache: &HostKvLayer,
+    chunk: &KvChunk,
+    p: &AttentionParams,
+    kh: usize,
+) -> Vec<f32> {
+    let d = p.head_dim;
+    let group = p.heads / p.kv_heads.max(1);
+    let pos = chunk.pos0;
+    let first = cache.first_visible(pos);
+    let n = pos + 1 - first;
+    let mut out = vec![0f32; group * d];
+    let mut scores = vec![0f32; n];
+    let mut tmp = vec![0f32; d];
+    for g in 0..group {
+        let h = kh * group + g;
+        let qv = &q[h * d..(h + 1) * d];
+        let qb = kernels::bf16_input(isa, qv);
+        let mut max = f32::NEG_INFINITY;
+        for (j, sj) in scores.iter_mut().enumerate() {
+            let key = cache.row(chunk, first + j, kh, false);
+            *sj = row_dot(isa, key, qv, &qb, &mut tmp) * p.scale;
+            max = max.max(*sj);
+        }
+        let mut sum = 0f32;
+        for sj in scores.iter_mut() {
+            *sj = (*sj - max).exp();
+            sum += *sj;
+        }
+        let inv = 1.0 / sum;
+        let oh = &mut out[g * d..(g + 1) * d];
+        for (j, &sj) in scores.iter().enumerate() {
+            let value = cache.row(chunk, first + j, kh, true);
+            row_axpy(isa, oh, sj * inv, value, &mut tmp);
+        }
+    }
+    out
+}
+
+/// Every query of the chunk for the heads of KV head `kh`: `[t, group · d]`.
+fn prefill_head(
+    isa: Isa,
+    q: &CpuTensor,
+    cache: &HostKvLayer,
+    chunk: &KvChunk,
+    p: &AttentionParams,
+    kh: usize,
+) -> Vec<f32> {
+    let t = q.rows();
+    let d = p.head_dim;
+    let group = p.heads / p.kv_heads.max(1);
+    let pos0 = chunk.pos0;
+    let first = cache.first_visible(pos0);
+    let n_keys = pos0 + t - first;
+    let mut keys = vec![0f32; n_keys * d];
+    let mut vals = vec![0f32; n_keys * d];
+    for j in 0..n_keys {
+        let pos = first + j;
+        cache.decode(chunk, pos, kh, false, &mut keys[j * d..(j + 1) * d]);
+        cache.decode(chunk, pos, kh, true, &mut vals[j * d..(j + 1) * d]);
+    }
+    let key = |j: usize| &keys[j * d..(j + 1) * d];
+    let mut out = vec![0f32; t * group * d];
+    let work = |(c, o): (usize, &mut [f32])| {
+        let rows = o.len() / (group * d);
+        let tq0 = c * QUERIES_PER_TASK;
+        // The block's (query, head) rows and the keys any of them sees.
+        let qrows: Vec<(usize, &[f32])> = (0..rows)
+            .flat_map(|r| {
+                (0..group).map(move |g| {
+                    let h = kh * group + g;
+                    (tq0 + r, &q.row(tq0 + r)[h * d..(h + 1) * d])
+                })
+            })
+            .collect();
+        let lo = cache.first_visible(pos0 + tq0) - first;
+        let hi = pos0 + tq0 + rows - first;
+        let width = hi - lo;
+        let mut scores = vec![0f32; qrows.len() * width];
+        let mut i = 0;
+        while i + 3 <= qrows.len() {
+            let xs = [0, 1, 2].map(|u| qrows[i + u].1);
+            let mut j = 0;
+            while j + 4 <= width {
+                let s = kernels::dot4xt::<3>(isa, [0, 1, 2, 3].map(|k| key(lo + j + k)), xs);
+                for (u, su) in s.into_iter().enumerate() {
+                    scores[(i + u) * width + j..(i + u) * width + j + 4].copy_from_slice(&su);
+                }
+                j += 4;
+            }
+            for j in j..width {
+                for (u, x) in xs.iter().enumerate() {
+                    scores[(i + u) * width + j] = kernels::dot(isa, key(lo + j), x);
+                }
+            }
+            i += 3;
+        }
+        for (i, (_, x)) in qrows.iter().enumerate().skip(i) {
+            for j in 0..width {
+                scores[i * width + j] = kernels::dot(isa, key(lo + j), x);
+            }
+        }
+        for (i, &(tq, _)) in qrows.iter().enumerate() {
+            // This query's visible keys within the block's range.
+            let pos = pos0 + tq;
+            let (a, b) = (cache.first_visible(pos) - first - lo, pos - first + 1 - lo);
+            let s = &mut scores[i * width + a..i * width + b];
+            let mut max = f32::NEG_INFINITY;
+            for sj in s.iter_mut() {
+                *sj *= p.scale;
+                max = max.max(*sj);
+            }
+            let mut sum = 0f32;
+            for sj in s.iter_mut() {
+                *sj = (*sj - max).exp();
+                sum += *sj;
+            }
+            let inv = 1.0 / sum;
+            for sj in s.iter_mut() {
+                *sj *= inv;
+            }
+            let (r, g) = (tq - tq0, i % group);
+            let oh = &mut o[(r * group + g) * d..(r * group + g + 1) * d];
+            kernels::weighted_sum(isa, oh, s, &vals[(lo + a) * d..], d);
+        }
+    };
+    if t >= 2 * QUERIES_PER_TASK {
+        out.par_chunks_mut(QUERIES_PER_TASK * group * d)
+            .enumerate()
+            .for_each(work);
+    } else {
+        out.chunks_mut(QUERIES_PER_TASK * group * d)
+            .enumerate()
+            .for_each(work);
+    }
+    out
 }

@@ -2,6 +2,8 @@
 //! ([`super::simd`]) and portable scalar ones, which are also the reference the SIMD versions are
 //! tested against.
 
+use std::borrow::Cow;
+
 use fp4forge_format::fp4::E2M1_TO_F32;
 
 /// The instruction set the kernels use, chosen once at backend construction.
@@ -98,6 +100,17 @@ pub(crate) fn dot4(isa: Isa, r: [&[f32]; 4], x: &[f32]) -> [f32; 4] {
     r.map(|row| dot(Isa::Scalar, row, x))
 }
 
+/// The `4 × T` dot products of rows `w` with rows `x`: `out[t][k] = w[k] · x[t]`.
+#[inline]
+pub(crate) fn dot4xt<const T: usize>(isa: Isa, w: [&[f32]; 4], x: [&[f32]; T]) -> [[f32; 4]; T] {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: AVX2/FMA detected (see `dot`).
+        return unsafe { super::simd::dot4xt(w, x) };
+    }
+    x.map(|xt| w.map(|wk| dot(Isa::Scalar, wk, xt)))
+}
+
 /// `y = x · alpha + y`.
 #[inline]
 pub(crate) fn axpy(isa: Isa, y: &mut [f32], alpha: f32, x: &[f32]) {
@@ -111,6 +124,52 @@ pub(crate) fn axpy(isa: Isa, y: &mut [f32], alpha: f32, x: &[f32]) {
     }
 }
 
+/// `out[c] += Σ_j p[j] · rows[j·stride + c]` for `c < out.len()`.
+#[inline]
+pub(crate) fn weighted_sum(isa: Isa, out: &mut [f32], p: &[f32], rows: &[f32], stride: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: AVX2/FMA detected (see `dot`).
+        return unsafe { super::simd::weighted_sum(out, p, rows, stride) };
+    }
+    for (j, &pj) in p.iter().enumerate() {
+        axpy(
+            Isa::Scalar,
+            out,
+            pj,
+            &rows[j * stride..j * stride + out.len()],
+        );
+    }
+}
+
+/// `y += alpha · x` with `x` as bf16 bits.
+#[inline]
+pub(crate) fn bf16_axpy(isa: Isa, y: &mut [f32], alpha: f32, x: &[u16]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: AVX2/FMA detected (see `dot`).
+        return unsafe { super::simd::bf16_axpy(y, alpha, x) };
+    }
+    for (a, &b) in y.iter_mut().zip(x) {
+        *a += alpha * f32::from_bits(u32::from(b) << 16);
+    }
+}
+
+/// `row · x` with `row` as bf16 bits and `x` prepared by [`bf16_input`] with the same `isa`.
+#[inline]
+pub(crate) fn bf16_bits_dot(isa: Isa, row: &[u16], x: &Bf16Input<'_>) -> f32 {
+    let x = &x.0[..];
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: AVX2/FMA detected (see `dot`).
+        return unsafe { super::simd::bf16_bits_dot(row, x) };
+    }
+    row.iter()
+        .zip(x)
+        .map(|(&b, &v)| f32::from_bits(u32::from(b) << 16) * v)
+        .sum()
+}
+
 #[inline(always)]
 fn bf16_at(bytes: &[u8], i: usize) -> f32 {
     f32::from_bits(u32::from(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])) << 16)
@@ -121,9 +180,55 @@ fn f16_at(bytes: &[u8], i: usize) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])).to_f32()
 }
 
-/// Dot products of `R` bf16 rows with `x`.
+/// An activation row in the element order the bf16 kernel of `isa` reads (made once per matmul,
+/// shared by every row of the weight): see [`bf16_input`].
+pub(crate) struct Bf16Input<'a>(Cow<'a, [f32]>);
+
+/// An activation row in the element order the NVFP4 kernel of `isa` reads: see
+/// [`nvfp4_input`].
+pub(crate) struct Nvfp4Input<'a>(Cow<'a, [f32]>);
+
+/// `x` with each full group of 16 reordered by `order` (`out[16g + i] = x[16g + order[i]]`),
+/// the tail as is.
+#[cfg(target_arch = "x86_64")]
+fn permuted(x: &[f32], order: &[usize; 16]) -> Vec<f32> {
+    let mut out = x.to_vec();
+    for (o, g) in out.chunks_exact_mut(16).zip(x.chunks_exact(16)) {
+        for (oi, &src) in o.iter_mut().zip(order) {
+            *oi = g[src];
+        }
+    }
+    out
+}
+
+/// `x` prepared for [`bf16_rows_dot`] with `isa`.
+pub(crate) fn bf16_input(isa: Isa, x: &[f32]) -> Bf16Input<'_> {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        return Bf16Input(Cow::Owned(permuted(x, &super::simd::BF16_LANE_ORDER)));
+    }
+    let _ = isa;
+    Bf16Input(Cow::Borrowed(x))
+}
+
+/// `x` (a multiple of 16 values) prepared for [`nvfp4_rows_dot`] with `isa`.
+pub(crate) fn nvfp4_input(isa: Isa, x: &[f32]) -> Nvfp4Input<'_> {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() && !isa.avx512() {
+        return Nvfp4Input(Cow::Owned(permuted(x, &super::simd::NVFP4_LANE_ORDER)));
+    }
+    let _ = isa;
+    Nvfp4Input(Cow::Borrowed(x))
+}
+
+/// Dot products of `R` bf16 rows with `x` (prepared by [`bf16_input`] with the same `isa`).
 #[inline]
-pub(crate) fn bf16_rows_dot<const R: usize>(isa: Isa, rows: [&[u8]; R], x: &[f32]) -> [f32; R] {
+pub(crate) fn bf16_rows_dot<const R: usize>(
+    isa: Isa,
+    rows: [&[u8]; R],
+    x: &Bf16Input<'_>,
+) -> [f32; R] {
+    let x = &x.0[..];
     #[cfg(target_arch = "x86_64")]
     if isa.avx2() {
         // SAFETY: AVX2/FMA detected (see `dot`).
@@ -177,15 +282,17 @@ pub(crate) fn f32_decode(bytes: &[u8], out: &mut [f32]) {
     }
 }
 
-/// Dot products of `R` NVFP4 rows with `x` (`x.len()` a multiple of 16).
+/// Dot products of `R` NVFP4 rows with `x` (prepared by [`nvfp4_input`] with the same `isa`;
+/// a multiple of 16 values).
 #[inline]
 pub(crate) fn nvfp4_rows_dot<const R: usize>(
     isa: Isa,
     packed: [&[u8]; R],
     scales: [&[u8]; R],
     luts: &ScaleLuts,
-    x: &[f32],
+    x: &Nvfp4Input<'_>,
 ) -> [f32; R] {
+    let x = &x.0[..];
     #[cfg(target_arch = "x86_64")]
     if isa.avx512() {
         // SAFETY: AVX-512F (and AVX2/FMA) detected at run time (`Isa::detect`).
@@ -194,7 +301,7 @@ pub(crate) fn nvfp4_rows_dot<const R: usize>(
     #[cfg(target_arch = "x86_64")]
     if isa.avx2() {
         // SAFETY: AVX2/FMA detected (see `dot`).
-        return unsafe { super::simd::nvfp4_rows_dot(packed, scales, &luts.half, x) };
+        return unsafe { super::simd::nvfp4_rows_dot(packed, scales, &luts.full, x) };
     }
     let mut out = [0f32; R];
     for k in 0..R {
@@ -274,8 +381,8 @@ mod tests {
             .iter()
             .flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes())
             .collect();
-        let s = bf16_rows_dot::<2>(Isa::Scalar, [&bf, &bf], &x);
-        let v = bf16_rows_dot::<2>(isa, [&bf, &bf], &x);
+        let s = bf16_rows_dot::<2>(Isa::Scalar, [&bf, &bf], &bf16_input(Isa::Scalar, &x));
+        let v = bf16_rows_dot::<2>(isa, [&bf, &bf], &bf16_input(isa, &x));
         assert!((s[0] - v[0]).abs() < 1e-4 && (s[1] - v[1]).abs() < 1e-4);
         let mut d1 = vec![0f32; n];
         let mut d2 = vec![0f32; n];
@@ -286,12 +393,66 @@ mod tests {
         let packed: Vec<u8> = (0..n / 2).map(|i| (i * 37 % 256) as u8).collect();
         let scales: Vec<u8> = (0..n / 16).map(|i| (0x30 + i * 3) as u8).collect();
         let lut = ScaleLuts::new(448.0);
-        let s = nvfp4_rows_dot::<1>(Isa::Scalar, [&packed], [&scales], &lut, &x);
-        let v = nvfp4_rows_dot::<1>(isa, [&packed], [&scales], &lut, &x);
+        let s = nvfp4_rows_dot::<1>(
+            Isa::Scalar,
+            [&packed],
+            [&scales],
+            &lut,
+            &nvfp4_input(Isa::Scalar, &x),
+        );
+        let v = nvfp4_rows_dot::<1>(isa, [&packed], [&scales], &lut, &nvfp4_input(isa, &x));
         assert!(
             (s[0] - v[0]).abs() < 1e-4 * s[0].abs().max(1.0),
             "{s:?} {v:?}"
         );
+        // bf16 rows with a tail (not a multiple of 16), as bits too.
+        let m = n - 5;
+        let sb = bf16_rows_dot::<1>(
+            Isa::Scalar,
+            [&bf[..2 * m]],
+            &bf16_input(Isa::Scalar, &x[..m]),
+        );
+        let vb = bf16_rows_dot::<1>(isa, [&bf[..2 * m]], &bf16_input(isa, &x[..m]));
+        assert!((sb[0] - vb[0]).abs() < 1e-4, "{sb:?} {vb:?}");
+        let bits: Vec<u16> = a
+            .iter()
+            .map(|v| half::bf16::from_f32(*v).to_bits())
+            .collect();
+        let vbits = bf16_bits_dot(isa, &bits[..m], &bf16_input(isa, &x[..m]));
+        assert!((sb[0] - vbits).abs() < 1e-4, "{sb:?} {vbits}");
+        let mut y1 = x.clone();
+        let mut y2 = x.clone();
+        bf16_axpy(isa, &mut y1[..m], 0.5, &bits[..m]);
+        bf16_axpy(Isa::Scalar, &mut y2[..m], 0.5, &bits[..m]);
+        assert_eq!(y1, y2);
+
+        // The GEMM tile: 4 rows × 3 tokens.
+        let w4: Vec<Vec<f32>> = (0..4).map(|k| data(n, 10 + k)).collect();
+        let x3: Vec<Vec<f32>> = (0..3).map(|t| data(n, 20 + t)).collect();
+        let w4r = [0, 1, 2, 3].map(|k| &w4[k][..]);
+        let x3r = [0, 1, 2].map(|t| &x3[t][..]);
+        let tile = dot4xt::<3>(isa, w4r, x3r);
+        for t in 0..3 {
+            for k in 0..4 {
+                let want = dot(Isa::Scalar, &w4[k], &x3[t]);
+                assert!((tile[t][k] - want).abs() < 1e-4, "{t} {k}");
+            }
+        }
+
+        // The attention output sum over rows `stride` apart (a 72-wide output: the 64-column
+        // register block, one 8-column block, no tail; then 70 wide: a scalar tail).
+        let rows = data(5 * 80, 30);
+        let p = [0.1f32, 0.2, 0.3, 0.15, 0.25];
+        for width in [72, 70] {
+            let mut o1 = vec![1f32; width];
+            let mut o2 = vec![1f32; width];
+            weighted_sum(isa, &mut o1, &p, &rows, 80);
+            weighted_sum(Isa::Scalar, &mut o2, &p, &rows, 80);
+            for (a, b) in o1.iter().zip(&o2) {
+                assert!((a - b).abs() < 1e-5);
+            }
+        }
+
         nvfp4_decode(isa, &packed, &scales, &lut, &mut d1);
         nvfp4_decode(Isa::Scalar, &packed, &scales, &lut, &mut d2);
         for (a, b) in d1.iter().zip(&d2) {

@@ -134,6 +134,26 @@ impl KvRows {
     }
 }
 
+/// One head's key or value at one position, as stored (fp8 with its scale).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum KvRow<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [u16]),
+    Fp8(&'a [u8], f32),
+}
+
+impl KvRows {
+    /// Elements `start..start + n` as stored.
+    #[inline]
+    fn slice(&self, start: usize, n: usize, scale: f32) -> KvRow<'_> {
+        match self {
+            KvRows::F32(v) => KvRow::F32(&v[start..start + n]),
+            KvRows::Bf16(v) => KvRow::Bf16(&v[start..start + n]),
+            KvRows::Fp8(v) => KvRow::Fp8(&v[start..start + n], scale),
+        }
+    }
+}
+
 /// The host-memory store of one layer (the CPU backend's `KvLayer`).
 #[derive(Debug, Clone)]
 pub struct HostKvLayer {
@@ -250,6 +270,32 @@ impl HostKvLayer {
             Some(w) => position % w,
             None => position,
         }
+    }
+
+    /// Head `head` of the key (`value = false`) or value (`true`) at `position` as stored;
+    /// `position` is either stored (and still in the ring) or in `chunk`.
+    #[inline]
+    pub(crate) fn row<'a>(
+        &'a self,
+        chunk: &'a KvChunk,
+        position: usize,
+        head: usize,
+        value: bool,
+    ) -> KvRow<'a> {
+        let w = self.spec.row_width();
+        let d = self.spec.head_dim;
+        let (rows, scale) = match (position >= chunk.pos0, value) {
+            (true, false) => (&chunk.k, self.spec.k_scale),
+            (true, true) => (&chunk.v, self.spec.v_scale),
+            (false, false) => (&self.k, self.spec.k_scale),
+            (false, true) => (&self.v, self.spec.v_scale),
+        };
+        let row = if position >= chunk.pos0 {
+            position - chunk.pos0
+        } else {
+            self.slot(position)
+        };
+        rows.slice(row * w + head * d, d, scale)
     }
 
     /// Decodes head `head` of the key (`value = false`) or value (`true`) at `position` into

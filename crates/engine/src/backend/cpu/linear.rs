@@ -1,7 +1,7 @@
 //! `y = x · Wᵀ` on the CPU for every stored weight encoding, dequantizing inside the loop.
 //!
 //! One token (decode, GEMV): output rows are split across threads; each task streams its rows
-//! of `W` once, four at a time, against the shared `x` (NVFP4: 16-element blocks decoded in
+//! of `W` once, one row after the other, against the shared `x` (NVFP4: 16-element blocks decoded in
 //! registers, scaled by the block's `fp8 / g` from a 256-entry table). Several tokens (prefill,
 //! GEMM): each task decodes a few rows of `W` to f32 once into a small scratch and dots them with
 //! every token, so the decode cost is shared by the whole chunk.
@@ -17,6 +17,8 @@ use crate::weights::LinearWeight;
 const TILE: usize = 8;
 /// Below this many weight elements a matmul runs on one thread (scheduling would dominate).
 const SERIAL_BELOW: usize = 1 << 15;
+/// Below this many weight elements a matmul splits into one task per thread.
+const ONE_TASK_PER_THREAD_BELOW: usize = 1 << 21;
 
 /// A weight as the CPU backend keeps it: the stored encoding, plus for NVFP4 the block scales by
 /// fp8 code (`fp8(code) / g`, two 256-entry tables: 2 KiB whatever the matrix size).
@@ -177,8 +179,20 @@ impl CpuLinear {
                 let mut j = 0;
                 while j + 4 <= m {
                     let w4 = [0, 1, 2, 3].map(|k| &scratch[(j + k) * cols..(j + k + 1) * cols]);
-                    for tok in 0..t {
-                        let d = kernels::dot4(isa, w4, &x[tok * cols..(tok + 1) * cols]);
+                    let xrow = |tok: usize| &x[tok * cols..(tok + 1) * cols];
+                    let mut tok = 0;
+                    // 4 rows × 3 tokens per register tile, then the remaining tokens one by one.
+                    while tok + 3 <= t {
+                        let d = kernels::dot4xt::<3>(isa, w4, [0, 1, 2].map(|u| xrow(tok + u)));
+                        for (u, du) in d.into_iter().enumerate() {
+                            for (k, v) in du.into_iter().enumerate() {
+                                o[(r + j + k) * t + tok + u] = v;
+                            }
+                        }
+                        tok += 3;
+                    }
+                    for tok in tok..t {
+                        let d = kernels::dot4(isa, w4, xrow(tok));
                         for (k, v) in d.into_iter().enumerate() {
                             o[(r + j + k) * t + tok] = v;
                         }
@@ -209,43 +223,48 @@ impl CpuLinear {
         out
     }
 
-    /// Rows per parallel task: about four tasks per thread, a multiple of 4, everything in one
-    /// task for small matrices.
+    /// Rows per parallel task, a multiple of 4: everything in one task for small matrices, one
+    /// task per thread for mid-sized ones (each extra task is a steal), about four per thread
+    /// for large ones (balance against a thread that started late).
     fn chunk_rows(&self) -> usize {
         let (rows, cols) = (self.rows(), self.cols());
         if rows * cols < SERIAL_BELOW {
             return rows.max(1);
         }
-        let tasks = 4 * rayon::current_num_threads().max(1);
+        let per_thread = if rows * cols < ONE_TASK_PER_THREAD_BELOW {
+            1
+        } else {
+            4
+        };
+        let tasks = per_thread * rayon::current_num_threads().max(1);
         (rows.div_ceil(tasks).div_ceil(4) * 4).max(16)
     }
 
-    /// `out[i] = W[r0 + i] · x` for `i < out.len()`.
+    /// `out[i] = W[r0 + i] · x` for `i < out.len()`, one row after the other: each thread then
+    /// reads one sequential stream of weight bytes, which the hardware prefetcher follows at full
+    /// memory bandwidth; several rows interleaved (sharing the loads of `x`, which sits in L1
+    /// anyway) measured 1.2–2.5x slower on AMD EPYC (docs/performance.md).
     fn gemv_rows(&self, isa: Isa, r0: usize, out: &mut [f32], x: &[f32]) {
         let cols = self.cols();
-        let n = out.len();
         match &self.weight {
-            LinearWeight::Bf16 { data, .. } | LinearWeight::F16 { data, .. } => {
-                let is_bf16 = matches!(self.weight, LinearWeight::Bf16 { .. });
+            LinearWeight::Bf16 { data, .. } => {
                 let b = data.as_slice();
-                let row = |r: usize| &b[r * cols * 2..(r + 1) * cols * 2];
-                let mut i = 0;
-                while i + 4 <= n {
-                    let rows = [0, 1, 2, 3].map(|k| row(r0 + i + k));
-                    let d = if is_bf16 {
-                        kernels::bf16_rows_dot::<4>(isa, rows, x)
-                    } else {
-                        kernels::f16_rows_dot::<4>(isa, rows, x)
-                    };
-                    out[i..i + 4].copy_from_slice(&d);
-                    i += 4;
+                let xin = kernels::bf16_input(isa, x);
+                for (i, o) in out.iter_mut().enumerate() {
+                    let r = r0 + i;
+                    *o = kernels::bf16_rows_dot::<1>(
+                        isa,
+                        [&b[r * cols * 2..(r + 1) * cols * 2]],
+                        &xin,
+                    )[0];
                 }
-                for (j, o) in out.iter_mut().enumerate().skip(i) {
-                    *o = if is_bf16 {
-                        kernels::bf16_rows_dot::<1>(isa, [row(r0 + j)], x)[0]
-                    } else {
-                        kernels::f16_rows_dot::<1>(isa, [row(r0 + j)], x)[0]
-                    };
+            }
+            LinearWeight::F16 { data, .. } => {
+                let b = data.as_slice();
+                for (i, o) in out.iter_mut().enumerate() {
+                    let r = r0 + i;
+                    *o = kernels::f16_rows_dot::<1>(isa, [&b[r * cols * 2..(r + 1) * cols * 2]], x)
+                        [0];
                 }
             }
             LinearWeight::F32 { .. } => {
@@ -257,19 +276,13 @@ impl CpuLinear {
             }
             LinearWeight::Nvfp4 { packed, scales, .. } => {
                 let (p, s) = (packed.as_slice(), scales.as_slice());
-                let prow = |r: usize| &p[r * cols / 2..(r + 1) * cols / 2];
-                let srow = |r: usize| &s[r * cols / 16..(r + 1) * cols / 16];
                 let lut = self.luts();
-                let mut i = 0;
-                while i + 4 <= n {
-                    let rs = [0, 1, 2, 3].map(|k| r0 + i + k);
-                    let d = kernels::nvfp4_rows_dot::<4>(isa, rs.map(prow), rs.map(srow), lut, x);
-                    out[i..i + 4].copy_from_slice(&d);
-                    i += 4;
-                }
-                for (j, o) in out.iter_mut().enumerate().skip(i) {
-                    let r = r0 + j;
-                    *o = kernels::nvfp4_rows_dot::<1>(isa, [prow(r)], [srow(r)], lut, x)[0];
+                let xin = kernels::nvfp4_input(isa, x);
+                for (i, o) in out.iter_mut().enumerate() {
+                    let r = r0 + i;
+                    let packed = &p[r * cols / 2..(r + 1) * cols / 2];
+                    let scales = &s[r * cols / 16..(r + 1) * cols / 16];
+                    *o = kernels::nvfp4_rows_dot::<1>(isa, [packed], [scales], lut, &xin)[0];
                 }
             }
         }

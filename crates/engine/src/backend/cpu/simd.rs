@@ -2,11 +2,14 @@
 //! only after runtime detection ([`super::kernels::Isa`]); the crate is never built with
 //! `target-cpu=native`.
 //!
-//! NVFP4 decode: 8 packed bytes hold one 16-element block; low nibbles are the even elements.
-//! `pshufb` maps each 4-bit code to `2 · e2m1` as an int8 (`{0,1,2,3,4,6,8,12}` with sign), which
-//! is widened to f32; the block's scale `fp8 / g` is pre-halved in the lookup table, so
-//! `int8 · (s / 2)` is exactly `e2m1 · s` (both products are exact: the codes have at most two
-//! significant bits).
+//! The weight-times-vector kernels decode weights into f32 lanes in whatever order is cheapest
+//! and read `x` in that same order, permuted once per matmul by [`super::kernels`] (shared by all
+//! rows): bf16 rows are split into even and odd elements with a shift and a mask (no shuffle);
+//! NVFP4 codes of 16 packed bytes (two 16-element blocks) are split into low and high nibbles
+//! (one per 128-bit lane), looked up as the high and low bytes of `bf16(e2m1(code))` with two
+//! `vpshufb` (a 16-entry table in one register each), interleaved into bf16 and widened like
+//! bf16 rows. Every E2M1 value is exact in bf16, so each product `e2m1 · x` is the one the
+//! scalar kernel forms; only the f32 summation order differs.
 //!
 //! # Safety
 //! Every function here is `unsafe` because it requires AVX2, FMA (and F16C where noted) at run
@@ -82,6 +85,42 @@ pub(crate) unsafe fn dot4(r: [&[f32]; 4], x: &[f32]) -> [f32; 4] {
     out
 }
 
+/// The `4 × T` dot products of rows `w[0..4]` with rows `x[0..T]` (all of one length): the
+/// prefill GEMM's register tile (each weight load feeds `T` FMAs, each `x` load four).
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn dot4xt<const T: usize>(w: [&[f32]; 4], x: [&[f32]; T]) -> [[f32; 4]; T] {
+    let n = w
+        .iter()
+        .map(|s| s.len())
+        .chain(x.iter().map(|s| s.len()))
+        .min()
+        .unwrap_or(0);
+    let pw = w.map(|s| s.as_ptr());
+    let px = x.map(|s| s.as_ptr());
+    let mut acc = [[_mm256_setzero_ps(); 4]; T];
+    let mut i = 0;
+    while i + 8 <= n {
+        let xv = px.map(|p| _mm256_loadu_ps(p.add(i)));
+        for k in 0..4 {
+            let wv = _mm256_loadu_ps(pw[k].add(i));
+            for t in 0..T {
+                acc[t][k] = _mm256_fmadd_ps(wv, xv[t], acc[t][k]);
+            }
+        }
+        i += 8;
+    }
+    let mut out = [[0f32; 4]; T];
+    for t in 0..T {
+        for k in 0..4 {
+            out[t][k] = hsum(acc[t][k]);
+            for j in i..n {
+                out[t][k] += w[k][j] * x[t][j];
+            }
+        }
+    }
+    out
+}
+
 /// Eight bf16 values at `p` widened to f32.
 #[inline(always)]
 unsafe fn load_bf16(p: *const u8) -> __m256 {
@@ -89,8 +128,8 @@ unsafe fn load_bf16(p: *const u8) -> __m256 {
     _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
 }
 
-/// Dot products of `R` bf16 rows (little-endian bytes, `2·n` each) with `x` (`n` values, `n` a
-/// multiple of 16 for the vector loop; the tail is scalar).
+/// Dot products of `R` bf16 rows (little-endian bytes, `2·n` each) with `x` (`n` values): each
+/// full group of 16 in [`BF16_LANE_ORDER`], the tail (`n mod 16`) in plain order.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn bf16_rows_dot<const R: usize>(rows: [&[u8]; R], x: &[f32]) -> [f32; R] {
     let n = rows
@@ -108,8 +147,9 @@ pub(crate) unsafe fn bf16_rows_dot<const R: usize>(rows: [&[u8]; R], x: &[f32]) 
         let x0 = _mm256_loadu_ps(px.add(i));
         let x1 = _mm256_loadu_ps(px.add(i + 8));
         for k in 0..R {
-            acc0[k] = _mm256_fmadd_ps(load_bf16(p[k].add(2 * i)), x0, acc0[k]);
-            acc1[k] = _mm256_fmadd_ps(load_bf16(p[k].add(2 * i + 16)), x1, acc1[k]);
+            let (even, odd) = bf16_halves(_mm256_loadu_si256(p[k].add(2 * i) as *const __m256i));
+            acc0[k] = _mm256_fmadd_ps(even, x0, acc0[k]);
+            acc1[k] = _mm256_fmadd_ps(odd, x1, acc1[k]);
         }
         i += 16;
     }
@@ -205,13 +245,57 @@ unsafe fn widen16(v: __m128i) -> (__m256, __m256) {
     )
 }
 
+/// Where element `i` of a 16-element NVFP4 block lands in the AVX2 kernel's lane order (see
+/// [`nvfp4_rows_dot`]): lanes 0..8 of the first vector, then 8..16 of the second.
+pub(crate) const NVFP4_LANE_ORDER: [usize; 16] =
+    [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15];
+
+/// Where element `i` of 16 bf16 values lands in [`bf16_rows_dot`]'s lane order: even elements,
+/// then odd ones.
+pub(crate) const BF16_LANE_ORDER: [usize; 16] =
+    [0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15];
+
+/// The high (`hi`) and low (`lo`) bytes of `bf16(e2m1(code))` by code, in both 128-bit lanes.
+#[inline(always)]
+unsafe fn e2m1_bf16_tables() -> (__m256i, __m256i) {
+    let hi = _mm_setr_epi8(
+        0x00, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40, //
+        -128, -65, -65, -65, -64, -64, -64, -64, // 0x80, 0xBF, 0xC0 as i8
+    );
+    let lo = _mm_setr_epi8(
+        0x00, 0x00, -128, -64, 0x00, 0x40, -128, -64, //
+        0x00, 0x00, -128, -64, 0x00, 0x40, -128, -64, // 0x80, 0xC0 as i8
+    );
+    (
+        _mm256_broadcastsi128_si256(hi),
+        _mm256_broadcastsi128_si256(lo),
+    )
+}
+
+/// Codes of `bytes` (in both 128-bit lanes): low nibbles in lane 0, high nibbles in lane 1.
+#[inline(always)]
+unsafe fn split_nibbles(bytes: __m256i) -> __m256i {
+    let shifts = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+    _mm256_and_si256(_mm256_srlv_epi32(bytes, shifts), _mm256_set1_epi8(0x0F))
+}
+
+/// bf16 values (16-bit lanes) → f32 of the even and of the odd 16-bit lanes.
+#[inline(always)]
+unsafe fn bf16_halves(v: __m256i) -> (__m256, __m256) {
+    (
+        _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)),
+        _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(-65536))),
+    )
+}
+
 /// Dot products of `R` NVFP4 rows with `x`. Each row: `packed` (`n/2` bytes), `scales` (`n/16`
-/// fp8 codes); `half_lut[code] = (fp8(code) / g) / 2`. `n = x.len()` is a multiple of 16.
+/// fp8 codes); `lut[code] = fp8(code) / g`. `x` (`n` values, a multiple of 16) is in
+/// [`NVFP4_LANE_ORDER`] within each block.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn nvfp4_rows_dot<const R: usize>(
     packed: [&[u8]; R],
     scales: [&[u8]; R],
-    half_lut: &[f32; 256],
+    lut: &[f32; 256],
     x: &[f32],
 ) -> [f32; R] {
     let blocks = packed
@@ -221,49 +305,48 @@ pub(crate) unsafe fn nvfp4_rows_dot<const R: usize>(
         .min()
         .unwrap_or(0)
         .min(x.len() / 16);
-    let table = e2m1_x2_table();
-    let mask = _mm_set1_epi8(0x0F);
+    let (hi_t, lo_t) = e2m1_bf16_tables();
     let px = x.as_ptr();
     let pp = packed.map(|p| p.as_ptr());
+    let ps = scales.map(|s| s.as_ptr());
     let mut acc = [_mm256_setzero_ps(); R];
     let mut b = 0;
-    // Two blocks per iteration: one 16-byte load of codes per row.
+    // Two blocks (16 packed bytes) per row per iteration.
     while b + 2 <= blocks {
         let x0 = _mm256_loadu_ps(px.add(16 * b));
         let x1 = _mm256_loadu_ps(px.add(16 * b + 8));
         let x2 = _mm256_loadu_ps(px.add(16 * b + 16));
         let x3 = _mm256_loadu_ps(px.add(16 * b + 24));
         for k in 0..R {
-            let bytes = _mm_loadu_si128(pp[k].add(8 * b) as *const __m128i);
-            let lo = _mm_and_si128(bytes, mask);
-            let hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
-            let c0 = _mm_shuffle_epi8(table, _mm_unpacklo_epi8(lo, hi));
-            let c1 = _mm_shuffle_epi8(table, _mm_unpackhi_epi8(lo, hi));
-            let (w0, w1) = widen16(c0);
-            let (w2, w3) = widen16(c1);
+            let bytes =
+                _mm256_broadcastsi128_si256(_mm_loadu_si128(pp[k].add(8 * b) as *const __m128i));
+            let codes = split_nibbles(bytes);
+            let hi = _mm256_shuffle_epi8(hi_t, codes);
+            let lo = _mm256_shuffle_epi8(lo_t, codes);
+            let (w0, w1) = bf16_halves(_mm256_unpacklo_epi8(lo, hi)); // block b
+            let (w2, w3) = bf16_halves(_mm256_unpackhi_epi8(lo, hi)); // block b + 1
             let p0 = _mm256_fmadd_ps(w1, x1, _mm256_mul_ps(w0, x0));
             let p1 = _mm256_fmadd_ps(w3, x3, _mm256_mul_ps(w2, x2));
-            let s0 = _mm256_set1_ps(half_lut[scales[k][b] as usize]);
-            let s1 = _mm256_set1_ps(half_lut[scales[k][b + 1] as usize]);
+            let s0 = _mm256_set1_ps(lut[*ps[k].add(b) as usize]);
+            let s1 = _mm256_set1_ps(lut[*ps[k].add(b + 1) as usize]);
             acc[k] = _mm256_fmadd_ps(p0, s0, acc[k]);
             acc[k] = _mm256_fmadd_ps(p1, s1, acc[k]);
         }
         b += 2;
     }
-    while b < blocks {
+    if b < blocks {
         let x0 = _mm256_loadu_ps(px.add(16 * b));
         let x1 = _mm256_loadu_ps(px.add(16 * b + 8));
         for k in 0..R {
-            let bytes = _mm_loadl_epi64(pp[k].add(8 * b) as *const __m128i);
-            let lo = _mm_and_si128(bytes, mask);
-            let hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
-            let c = _mm_shuffle_epi8(table, _mm_unpacklo_epi8(lo, hi));
-            let (w0, w1) = widen16(c);
+            let bytes =
+                _mm256_broadcastsi128_si256(_mm_loadl_epi64(pp[k].add(8 * b) as *const __m128i));
+            let codes = split_nibbles(bytes);
+            let hi = _mm256_shuffle_epi8(hi_t, codes);
+            let lo = _mm256_shuffle_epi8(lo_t, codes);
+            let (w0, w1) = bf16_halves(_mm256_unpacklo_epi8(lo, hi));
             let p = _mm256_fmadd_ps(w1, x1, _mm256_mul_ps(w0, x0));
-            let s = _mm256_set1_ps(half_lut[scales[k][b] as usize]);
-            acc[k] = _mm256_fmadd_ps(p, s, acc[k]);
+            acc[k] = _mm256_fmadd_ps(p, _mm256_set1_ps(lut[*ps[k].add(b) as usize]), acc[k]);
         }
-        b += 1;
     }
     acc.map(|a| hsum(a))
 }
@@ -307,4 +390,80 @@ pub(crate) unsafe fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
     for j in i..n {
         y[j] += x[j] * alpha;
     }
+}
+
+/// `out[c] += Σ_j p[j] · rows[j·stride + c]` for `c < out.len()` (`rows` holds `p.len()` rows
+/// of at least `out.len()` values, `stride` apart): 64 columns at a time stay in registers while
+/// every row streams past.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn weighted_sum(out: &mut [f32], p: &[f32], rows: &[f32], stride: usize) {
+    let d = out.len();
+    let n = p.len();
+    assert!(
+        n == 0 || (n - 1) * stride + d <= rows.len(),
+        "weighted_sum rows"
+    );
+    let pr = rows.as_ptr();
+    let po = out.as_mut_ptr();
+    let mut c = 0;
+    while c + 64 <= d {
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for (j, &pj) in p.iter().enumerate() {
+            let w = _mm256_set1_ps(pj);
+            let r = pr.add(j * stride + c);
+            for (u, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(w, _mm256_loadu_ps(r.add(8 * u)), *a);
+            }
+        }
+        for (u, a) in acc.iter().enumerate() {
+            let o = po.add(c + 8 * u);
+            _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), *a));
+        }
+        c += 64;
+    }
+    while c + 8 <= d {
+        let mut acc = _mm256_setzero_ps();
+        for (j, &pj) in p.iter().enumerate() {
+            acc = _mm256_fmadd_ps(
+                _mm256_set1_ps(pj),
+                _mm256_loadu_ps(pr.add(j * stride + c)),
+                acc,
+            );
+        }
+        let o = po.add(c);
+        _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), acc));
+        c += 8;
+    }
+    for c in c..d {
+        let mut acc = 0f32;
+        for (j, &pj) in p.iter().enumerate() {
+            acc += pj * rows[j * stride + c];
+        }
+        out[c] += acc;
+    }
+}
+
+/// `y[i] += alpha · bf16(x[i])` (`x` as bf16 bits).
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn bf16_axpy(y: &mut [f32], alpha: f32, x: &[u16]) {
+    let n = y.len().min(x.len());
+    let a = _mm256_set1_ps(alpha);
+    let mut i = 0;
+    while i + 8 <= n {
+        let v = load_bf16(x.as_ptr().add(i) as *const u8);
+        let yv = _mm256_loadu_ps(y.as_ptr().add(i));
+        _mm256_storeu_ps(y.as_mut_ptr().add(i), _mm256_fmadd_ps(v, a, yv));
+        i += 8;
+    }
+    for j in i..n {
+        y[j] += alpha * f32::from_bits(u32::from(x[j]) << 16);
+    }
+}
+
+/// [`bf16_rows_dot`] of one row given as bf16 bits (x86 is little-endian: the bits' bytes are
+/// the row's bytes).
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn bf16_bits_dot(row: &[u16], x: &[f32]) -> f32 {
+    let bytes = std::slice::from_raw_parts(row.as_ptr() as *const u8, row.len() * 2);
+    bf16_rows_dot::<1>([bytes], x)[0]
 }

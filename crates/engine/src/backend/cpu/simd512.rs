@@ -50,10 +50,6 @@ unsafe fn decode16(table: __m512, codes: __m128i) -> __m512 {
     _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(codes), table)
 }
 
-/// Bytes ahead of the current block to prefetch (past the end of a row is harmless: a prefetch
-/// never faults).
-const PREFETCH: usize = 512;
-
 /// Dot products of `R` NVFP4 rows with `x`; `lut[code] = fp8(code) / g`.
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub(crate) unsafe fn nvfp4_rows_dot<const R: usize>(
@@ -79,8 +75,6 @@ pub(crate) unsafe fn nvfp4_rows_dot<const R: usize>(
     while b + 4 <= blocks {
         let xs = [0, 1, 2, 3].map(|j| _mm512_loadu_ps(px.add(16 * (b + j))));
         for k in 0..R {
-            // Stream ahead: 512 bytes (16 iterations) of this row's codes.
-            _mm_prefetch::<_MM_HINT_T0>(pp[k].add(8 * b + PREFETCH) as *const i8);
             let c = codes64(pp[k].add(8 * b));
             for j in 0..4 {
                 let p = _mm512_mul_ps(decode16(table, c[j]), xs[j]);
