@@ -13,7 +13,7 @@
 //! [`Backend::fused_pass`] is asked first and the generic ops below run only where it declines.
 
 use crate::backend::Backend;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::ir::{Attention, Decoder, Layer, Mlp, Moe, SeqChunk, SwiGlu, Want};
 
 /// Runs every chunk of `seqs` through `net` in one pass, appending to each one's cache. Returns,
@@ -76,9 +76,22 @@ fn attention<B: Backend>(
     layer: usize,
 ) -> Result<B::Tensor> {
     let d = attn.params.head_dim;
-    let mut q = b.linear(a, &attn.q, attn.q_bias.as_ref())?;
-    let mut k = b.linear(a, &attn.k, attn.k_bias.as_ref())?;
-    let v = b.linear(a, &attn.v, attn.v_bias.as_ref())?;
+    // q, k, v (and the output gate) read the same rows: one call.
+    let mut ws = vec![
+        (&attn.q, attn.q_bias.as_ref()),
+        (&attn.k, attn.k_bias.as_ref()),
+        (&attn.v, attn.v_bias.as_ref()),
+    ];
+    if let Some(g) = &attn.gate {
+        ws.push((g, None));
+    }
+    let mut outs = linears(b, a, &ws)?;
+    let gate = if attn.gate.is_some() {
+        outs.pop()
+    } else {
+        None
+    };
+    let [mut q, mut k, v] = exactly(b, outs)?;
     if let Some(n) = &attn.q_norm {
         q = b.rms_norm(&q, n, net.eps, d)?;
     }
@@ -106,19 +119,43 @@ fn attention<B: Backend>(
         }
         b.concat_rows(&outs.iter().collect::<Vec<_>>())?
     };
-    if let Some(g) = &attn.gate {
-        let gate = b.linear(a, g, None)?;
-        b.softplus_gate(&mut o, &gate)?;
+    if let Some(gate) = &gate {
+        b.softplus_gate(&mut o, gate)?;
     }
     b.linear(&o, &attn.o, attn.o_bias.as_ref())
 }
 
 /// `down(silu(gate x) ⊙ up x)`.
 fn swiglu<B: Backend>(b: &B, mlp: &SwiGlu<B>, x: &B::Tensor) -> Result<B::Tensor> {
-    let g = b.linear(x, &mlp.gate, None)?;
-    let u = b.linear(x, &mlp.up, None)?;
+    let [g, u] = exactly(b, linears(b, x, &[(&mlp.gate, None), (&mlp.up, None)])?)?;
     let a = b.silu_mul(&g, &u)?;
     b.linear(&a, &mlp.down, None)
+}
+
+/// [`Backend::linears`], checked to give one output per weight.
+fn linears<B: Backend>(
+    b: &B,
+    x: &B::Tensor,
+    ws: &[(&B::Linear, Option<&B::Tensor>)],
+) -> Result<Vec<B::Tensor>> {
+    let out = b.linears(x, ws)?;
+    if out.len() != ws.len() {
+        return Err(mismatch(b, out.len(), ws.len()));
+    }
+    Ok(out)
+}
+
+/// `outs` as an array of `N`.
+fn exactly<B: Backend, const N: usize>(b: &B, outs: Vec<B::Tensor>) -> Result<[B::Tensor; N]> {
+    let n = outs.len();
+    outs.try_into().map_err(|_| mismatch(b, n, N))
+}
+
+fn mismatch<B: Backend>(b: &B, got: usize, want: usize) -> EngineError {
+    EngineError::Backend {
+        backend: b.name(),
+        reason: format!("linears gave {got} outputs for {want} weights"),
+    }
 }
 
 /// The routed experts' weighted sum (plus the shared expert) of each row.

@@ -172,6 +172,21 @@ impl<B: Backend> Backend for Profiled<B> {
         self.timed(&w.key, w.bytes, || self.inner.linear(x, &w.inner, bias))
     }
 
+    fn linears(
+        &self,
+        x: &Self::Tensor,
+        ws: &[(&Self::Linear, Option<&Self::Tensor>)],
+    ) -> Result<Vec<Self::Tensor>> {
+        let key = ws
+            .iter()
+            .map(|(w, _)| w.key.as_str())
+            .collect::<Vec<_>>()
+            .join(" + ");
+        let bytes = ws.iter().map(|(w, _)| w.bytes).sum();
+        let inner: Vec<_> = ws.iter().map(|&(w, b)| (&w.inner, b)).collect();
+        self.timed(&key, bytes, || self.inner.linears(x, &inner))
+    }
+
     fn rope(
         &self,
         x: &mut Self::Tensor,

@@ -114,6 +114,18 @@ pub trait Backend: Resident {
         w: &Self::Linear,
         bias: Option<&Self::Tensor>,
     ) -> Result<Self::Tensor>;
+    /// [`Backend::linear`] of several weights on the same input (q/k/v, gate/up), in order. A
+    /// backend may run them as one parallel region or one launch; the default calls `linear`
+    /// for each.
+    fn linears(
+        &self,
+        x: &Self::Tensor,
+        ws: &[(&Self::Linear, Option<&Self::Tensor>)],
+    ) -> Result<Vec<Self::Tensor>> {
+        ws.iter()
+            .map(|&(w, bias)| self.linear(x, w, bias))
+            .collect()
+    }
     /// Rotates each `head_dim`-wide head of `x` in place, NeoX style within the rope's rotary
     /// slice; row `t` is at position `pos0 + t`.
     fn rope(

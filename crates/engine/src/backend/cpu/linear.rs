@@ -6,6 +6,8 @@
 //! GEMM): each task decodes a few rows of `W` to f32 once into a small scratch and dots them with
 //! every token, so the decode cost is shared by the whole chunk.
 
+use std::borrow::Cow;
+
 use rayon::prelude::*;
 
 use super::kernels::{self, Isa, ScaleLuts};
@@ -143,6 +145,9 @@ impl CpuLinear {
     pub(crate) fn matmul(&self, isa: Isa, x: &[f32], t: usize) -> Vec<f32> {
         let (rows, cols) = (self.rows(), self.cols());
         assert_eq!(x.len(), t * cols, "matmul input shape for `{}`", self.name);
+        if t == 1 {
+            return gemv_many(isa, x, &[self]).pop().unwrap_or_default();
+        }
         let quantized;
         let x = match self.act_global_scale {
             Some(g) => {
@@ -151,18 +156,6 @@ impl CpuLinear {
             }
             None => x,
         };
-        if t == 1 {
-            let mut out = vec![0f32; rows];
-            let chunk = self.chunk_rows();
-            if chunk >= rows {
-                self.gemv_rows(isa, 0, &mut out, x);
-            } else {
-                out.par_chunks_mut(chunk)
-                    .enumerate()
-                    .for_each(|(i, o)| self.gemv_rows(isa, i * chunk, o, x));
-            }
-            return out;
-        }
         // Output transposed ([rows, t]) so each task owns contiguous memory.
         let mut out_t = vec![0f32; rows * t];
         let chunk = self.chunk_rows().max(TILE);
@@ -223,21 +216,9 @@ impl CpuLinear {
         out
     }
 
-    /// Rows per parallel task, a multiple of 4: everything in one task for small matrices, one
-    /// task per thread for mid-sized ones (each extra task is a steal), about four per thread
-    /// for large ones (balance against a thread that started late).
+    /// Rows per parallel task of the prefill GEMM: see [`task_rows`].
     fn chunk_rows(&self) -> usize {
-        let (rows, cols) = (self.rows(), self.cols());
-        if rows * cols < SERIAL_BELOW {
-            return rows.max(1);
-        }
-        let per_thread = if rows * cols < ONE_TASK_PER_THREAD_BELOW {
-            1
-        } else {
-            4
-        };
-        let tasks = per_thread * rayon::current_num_threads().max(1);
-        (rows.div_ceil(tasks).div_ceil(4) * 4).max(16)
+        task_rows(self.rows(), self.rows() * self.cols())
     }
 
     /// `out[i] = W[r0 + i] · x` for `i < out.len()`, one row after the other: each thread then
@@ -287,4 +268,52 @@ impl CpuLinear {
             }
         }
     }
+}
+
+/// Rows per parallel task when `rows` rows of `elements` weight elements in all are split: a
+/// multiple of 4; everything in one task for small matrices, one task per thread for mid-sized
+/// ones (each extra task is a steal), about four per thread for large ones (balance against a
+/// thread that started late).
+fn task_rows(rows: usize, elements: usize) -> usize {
+    if elements < SERIAL_BELOW {
+        return rows.max(1);
+    }
+    let per_thread = if elements < ONE_TASK_PER_THREAD_BELOW {
+        1
+    } else {
+        4
+    };
+    let tasks = per_thread * rayon::current_num_threads().max(1);
+    (rows.div_ceil(tasks).div_ceil(4) * 4).max(16)
+}
+
+/// `x [1, cols] · Wᵀ` for every weight of `ws` (all of `x.len()` columns), in one parallel
+/// region: the output rows of all weights are split into tasks together, so q/k/v or gate/up
+/// cost one fork-join instead of one each.
+pub(crate) fn gemv_many(isa: Isa, x: &[f32], ws: &[&CpuLinear]) -> Vec<Vec<f32>> {
+    // Each weight's input: W4A4 weights see their own NVFP4-quantized copy.
+    let inputs: Vec<Cow<'_, [f32]>> = ws
+        .iter()
+        .map(|w| match w.act_global_scale {
+            Some(g) => Cow::Owned(w4a4::fake_quantize(x, w.cols(), g)),
+            None => Cow::Borrowed(x),
+        })
+        .collect();
+    let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![0f32; w.rows()]).collect();
+    let rows: usize = ws.iter().map(|w| w.rows()).sum();
+    let elements: usize = ws.iter().map(|w| w.rows() * w.cols()).sum();
+    let chunk = task_rows(rows, elements).max(1);
+    let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
+    for (wi, out) in outs.iter_mut().enumerate() {
+        for (ci, o) in out.chunks_mut(chunk).enumerate() {
+            tasks.push((wi, ci * chunk, o));
+        }
+    }
+    let run = |(wi, r0, o): (usize, usize, &mut [f32])| ws[wi].gemv_rows(isa, r0, o, &inputs[wi]);
+    if tasks.len() <= 1 || elements < SERIAL_BELOW {
+        tasks.into_iter().for_each(run);
+    } else {
+        tasks.into_par_iter().for_each(run);
+    }
+    outs
 }
