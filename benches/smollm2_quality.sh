@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Quality parity of SmolLM2-135M builds through `fp4forge serve` + `fp4forge eval`: bf16 (imported
-# from the GGUF) vs NVFP4 attention-only (q/k/v/o) vs NVFP4 all-Linear, paired on the same items.
+# from the GGUF) vs NVFP4 attention-only (q/k/v/o) vs NVFP4 all-Linear vs NVFP4 all-Linear with
+# an untied NVFP4 lm_head (`--untie-lm-head`), each paired with bf16 on the same items.
 #
 # usage: benches/smollm2_quality.sh [WORKDIR] [LIMIT]     (defaults: target/quality, 1000)
 #   LIMIT caps the items per task (seeded subset); 0 means the full sets.
 # Environment (all optional):
 #   TASKS        tasks to run (default "arc_easy hellaswag mmlu wikitext")
+#   BUILDS       builds compared with bf16 (default "attn linear head")
+#   THREADS      engine threads per server (default 1; the bf16 server, which answers every
+#                comparison, gets one more per build)
 #   ARC_VARIANT  e.g. rc_0shot (default: the task's default variant, 5-shot test)
 #   DEVICE       serve on cpu (default) or cuda[:N] (a binary built with --features cuda)
 #   FP4FORGE_BIN a prebuilt fp4forge (skips `cargo build`; for a GPU machine without Rust)
@@ -42,15 +46,18 @@ cache_mib=${PREFIX_CACHE_MIB:-4096}
 [ -d "$work/bf16" ] || "$bin" import-gguf "$gguf" "$work/bf16"
 [ -d "$work/attn" ] || "$bin" quantize "$work/bf16" "$work/attn"
 [ -d "$work/linear" ] || "$bin" quantize "$work/bf16" "$work/linear" --targets Linear
+[ -d "$work/head" ] || "$bin" quantize "$work/bf16" "$work/head" --targets Linear --untie-lm-head
+builds=${BUILDS:-attn linear head}
+threads_each=${THREADS:-1}
 
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 port=18431
-for v in bf16 attn linear; do
-    # the bf16 server answers both comparisons: twice the requests, twice the threads
-    threads=1
-    [ "$v" = bf16 ] && threads=2
+for v in bf16 $builds; do
+    # the bf16 server answers every comparison: more requests, more threads
+    threads=$threads_each
+    [ "$v" = bf16 ] && threads=$((threads_each * $(echo $builds | wc -w)))
     "$bin" serve "$work/$v" --port $port --served-model-name smollm2 --threads $threads --device "$device" \
         --prefix-cache-mib "$cache_mib" \
         > "$work/serve-$v.log" 2>&1 &
@@ -58,7 +65,7 @@ for v in bf16 attn linear; do
     eval "url_$v=http://127.0.0.1:$port"
     port=$((port + 1))
 done
-for v in bf16 attn linear; do
+for v in bf16 $builds; do
     u="url_$v"
     for _ in $(seq 1 240); do curl -sf "${!u}/health" >/dev/null && break; sleep 0.5; done
     curl -sf "${!u}/health" >/dev/null || { echo "server $v did not start:"; cat "$work/serve-$v.log"; exit 1; }
@@ -73,7 +80,7 @@ for task in ${TASKS:-arc_easy hellaswag mmlu wikitext}; do
     if [ "$task" = wikitext ]; then extra=(--data "$wikitext"); else extra+=(--data "$data"); fi
     started=$(date +%s)
     jobs_=()
-    for v in attn linear; do
+    for v in $builds; do
         u="url_$v"
         "$bin" eval "$url_bf16" --model smollm2 --task "$task" "${lim[@]}" "${extra[@]}" --compare "${!u}" \
             --tokenizer "$work/bf16" --concurrency "$conc" --json "$work/$task-bf16-vs-$v.json" \
@@ -82,6 +89,6 @@ for task in ${TASKS:-arc_easy hellaswag mmlu wikitext}; do
     done
     for j in "${jobs_[@]}"; do wait "$j" || status=1; done
     echo "== $task ($(( $(date +%s) - started )) s)"
-    cat "$work/$task-bf16-vs-attn.txt" "$work/$task-bf16-vs-linear.txt"
+    for v in $builds; do cat "$work/$task-bf16-vs-$v.txt"; done
 done
 exit $status
