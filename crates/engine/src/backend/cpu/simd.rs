@@ -140,9 +140,27 @@ pub(crate) unsafe fn bf16_rows_dot<const R: usize>(rows: [&[u8]; R], x: &[f32]) 
         .min(x.len());
     let px = x.as_ptr();
     let p = rows.map(|r| r.as_ptr());
+    // Four accumulators per row (32 values per iteration): independent FMA chains.
     let mut acc0 = [_mm256_setzero_ps(); R];
     let mut acc1 = [_mm256_setzero_ps(); R];
+    let mut acc2 = [_mm256_setzero_ps(); R];
+    let mut acc3 = [_mm256_setzero_ps(); R];
     let mut i = 0;
+    while i + 32 <= n {
+        let x0 = _mm256_loadu_ps(px.add(i));
+        let x1 = _mm256_loadu_ps(px.add(i + 8));
+        let x2 = _mm256_loadu_ps(px.add(i + 16));
+        let x3 = _mm256_loadu_ps(px.add(i + 24));
+        for k in 0..R {
+            let (e0, o0) = bf16_halves(_mm256_loadu_si256(p[k].add(2 * i) as *const __m256i));
+            let (e1, o1) = bf16_halves(_mm256_loadu_si256(p[k].add(2 * i + 32) as *const __m256i));
+            acc0[k] = _mm256_fmadd_ps(e0, x0, acc0[k]);
+            acc1[k] = _mm256_fmadd_ps(o0, x1, acc1[k]);
+            acc2[k] = _mm256_fmadd_ps(e1, x2, acc2[k]);
+            acc3[k] = _mm256_fmadd_ps(o1, x3, acc3[k]);
+        }
+        i += 32;
+    }
     while i + 16 <= n {
         let x0 = _mm256_loadu_ps(px.add(i));
         let x1 = _mm256_loadu_ps(px.add(i + 8));
@@ -155,7 +173,11 @@ pub(crate) unsafe fn bf16_rows_dot<const R: usize>(rows: [&[u8]; R], x: &[f32]) 
     }
     let mut out = [0f32; R];
     for k in 0..R {
-        out[k] = hsum(_mm256_add_ps(acc0[k], acc1[k]));
+        let a = _mm256_add_ps(
+            _mm256_add_ps(acc0[k], acc1[k]),
+            _mm256_add_ps(acc2[k], acc3[k]),
+        );
+        out[k] = hsum(a);
         for j in i..n {
             let b = u16::from_le_bytes([rows[k][2 * j], rows[k][2 * j + 1]]);
             out[k] += f32::from_bits(u32::from(b) << 16) * x[j];
@@ -309,7 +331,10 @@ pub(crate) unsafe fn nvfp4_rows_dot<const R: usize>(
     let px = x.as_ptr();
     let pp = packed.map(|p| p.as_ptr());
     let ps = scales.map(|s| s.as_ptr());
+    // Two accumulators per row: the FMA chains of even and odd blocks run side by side (one
+    // chain would bound an iteration by two FMA latencies).
     let mut acc = [_mm256_setzero_ps(); R];
+    let mut acc_odd = [_mm256_setzero_ps(); R];
     let mut b = 0;
     // Two blocks (16 packed bytes) per row per iteration.
     while b + 2 <= blocks {
@@ -330,7 +355,7 @@ pub(crate) unsafe fn nvfp4_rows_dot<const R: usize>(
             let s0 = _mm256_set1_ps(lut[*ps[k].add(b) as usize]);
             let s1 = _mm256_set1_ps(lut[*ps[k].add(b + 1) as usize]);
             acc[k] = _mm256_fmadd_ps(p0, s0, acc[k]);
-            acc[k] = _mm256_fmadd_ps(p1, s1, acc[k]);
+            acc_odd[k] = _mm256_fmadd_ps(p1, s1, acc_odd[k]);
         }
         b += 2;
     }
@@ -348,7 +373,11 @@ pub(crate) unsafe fn nvfp4_rows_dot<const R: usize>(
             acc[k] = _mm256_fmadd_ps(p, _mm256_set1_ps(lut[*ps[k].add(b) as usize]), acc[k]);
         }
     }
-    acc.map(|a| hsum(a))
+    let mut out = [0f32; R];
+    for k in 0..R {
+        out[k] = hsum(_mm256_add_ps(acc[k], acc_odd[k]));
+    }
+    out
 }
 
 /// One NVFP4 row decoded to f32: `out[16b + i] = e2m1(code) · (fp8(scale_b) / g)` exactly.

@@ -68,7 +68,9 @@ pub(crate) unsafe fn nvfp4_rows_dot<const R: usize>(
     let table = e2m1_table();
     let px = x.as_ptr();
     let pp = packed.map(|p| p.as_ptr());
-    let mut acc = [_mm512_setzero_ps(); R];
+    // Four accumulators per row, one per block of an iteration: independent FMA chains (one
+    // chain would bound an iteration by four FMA latencies).
+    let mut acc = [[_mm512_setzero_ps(); 4]; R];
     let ps = scales.map(|s| s.as_ptr());
     let scale = |k: usize, b: usize| _mm512_set1_ps(lut[*ps[k].add(b) as usize]);
     let mut b = 0;
@@ -78,7 +80,7 @@ pub(crate) unsafe fn nvfp4_rows_dot<const R: usize>(
             let c = codes64(pp[k].add(8 * b));
             for j in 0..4 {
                 let p = _mm512_mul_ps(decode16(table, c[j]), xs[j]);
-                acc[k] = _mm512_fmadd_ps(p, scale(k, b + j), acc[k]);
+                acc[k][j] = _mm512_fmadd_ps(p, scale(k, b + j), acc[k][j]);
             }
         }
         b += 4;
@@ -87,11 +89,14 @@ pub(crate) unsafe fn nvfp4_rows_dot<const R: usize>(
         let xv = _mm512_loadu_ps(px.add(16 * b));
         for k in 0..R {
             let p = _mm512_mul_ps(decode16(table, codes16(pp[k].add(8 * b))), xv);
-            acc[k] = _mm512_fmadd_ps(p, scale(k, b), acc[k]);
+            acc[k][0] = _mm512_fmadd_ps(p, scale(k, b), acc[k][0]);
         }
         b += 1;
     }
-    acc.map(|a| _mm512_reduce_add_ps(a))
+    acc.map(|a| {
+        let s = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
+        _mm512_reduce_add_ps(s)
+    })
 }
 
 /// One NVFP4 row decoded to f32, exactly `e2m1(code) · (fp8 / g)`.
