@@ -443,3 +443,40 @@ impl Backend for CpuBackend {
         Ok(self.run(|| moe::experts(self.isa, x, routing, e)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_isa_names_parse_and_select_kernels() {
+        for (name, isa) in [
+            ("auto", CpuIsa::Auto),
+            ("AVX512", CpuIsa::Avx512),
+            ("avx-512", CpuIsa::Avx512),
+            ("avx2", CpuIsa::Avx2),
+            ("portable", CpuIsa::Portable),
+            ("scalar", CpuIsa::Portable),
+        ] {
+            assert_eq!(name.parse::<CpuIsa>(), Ok(isa));
+        }
+        let e = "sse4".parse::<CpuIsa>().unwrap_err();
+        assert!(e.to_string().contains("'sse4'") && e.to_string().contains("avx2"));
+
+        let portable = CpuBackend::new().with_isa(CpuIsa::Portable).unwrap();
+        assert_eq!(portable.name(), "cpu");
+        let best = CpuBackend::new();
+        assert_eq!(
+            CpuBackend::new().with_isa(CpuIsa::Auto).unwrap().name(),
+            best.name()
+        );
+        match CpuBackend::new().with_isa(CpuIsa::Avx512) {
+            Ok(b) => assert_eq!(b.name(), "cpu-avx512"),
+            Err(e) => assert!(e.to_string().contains("--cpu-isa avx512"), "{e}"),
+        }
+        if best.uses_avx2() {
+            let avx2 = CpuBackend::new().with_isa(CpuIsa::Avx2).unwrap();
+            assert_eq!(avx2.name(), "cpu-avx2");
+        }
+    }
+}
