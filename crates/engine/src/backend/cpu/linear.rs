@@ -1,10 +1,11 @@
 //! `y = x · Wᵀ` on the CPU for every stored weight encoding, dequantizing inside the loop.
 //!
-//! One token (decode, GEMV): output rows are split across threads; each task streams its rows
-//! of `W` once, one row after the other, against the shared `x` (NVFP4: 16-element blocks decoded in
-//! registers, scaled by the block's `fp8 / g` from a 256-entry table). Several tokens (prefill,
-//! GEMM): each task decodes a few rows of `W` to f32 once into a small scratch and dots them with
-//! every token, so the decode cost is shared by the whole chunk.
+//! One token (decode, GEMV): output rows are split across threads (several weights on the same
+//! input in one parallel region); each task streams its rows of `W` once, one row after the
+//! other, against the shared `x` (NVFP4: 16-element blocks decoded in registers, scaled by the
+//! block's `fp8 / g` from a 256-entry table). Several tokens (prefill, GEMM): each task decodes
+//! 16 rows of `W` to f32 once into a scratch and meets the tokens in blocks of 48 with 4-row ×
+//! 3-token register tiles, so the decode cost is shared by the whole chunk.
 
 use std::borrow::Cow;
 

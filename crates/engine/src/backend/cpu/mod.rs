@@ -15,6 +15,8 @@ mod simd512;
 mod tensor;
 mod w4a4;
 
+use std::fmt;
+use std::str::FromStr;
 use std::sync::Arc;
 
 pub use kv::HostKvLayer;
@@ -23,10 +25,13 @@ pub use moe::{CpuExperts, CpuRouting};
 pub use ops::CpuRope;
 pub use tensor::CpuTensor;
 
-use std::fmt;
-use std::str::FromStr;
-
 use kernels::Isa;
+
+use super::{Backend, Resident};
+use crate::error::{EngineError, Result};
+use crate::ir::{AttentionParams, KvLayerSpec, RouterParams};
+use crate::rope::RopeSpec;
+use crate::weights::{ExpertWeights, LinearWeight};
 
 /// The most capable instruction set the CPU kernels may use (`--cpu-isa`): the best the CPU has
 /// by default, or a lower one to compare kernels (an AVX-512 machine measured as an AVX2-only one).
@@ -72,12 +77,6 @@ impl FromStr for CpuIsa {
         }
     }
 }
-
-use super::{Backend, Resident};
-use crate::error::{EngineError, Result};
-use crate::ir::{AttentionParams, KvLayerSpec, RouterParams};
-use crate::rope::RopeSpec;
-use crate::weights::{ExpertWeights, LinearWeight};
 
 /// The CPU backend. Cheap to clone (the optional thread pool is shared).
 #[derive(Debug, Clone)]
