@@ -18,7 +18,6 @@ use super::kernels::{self, Isa};
 use super::kv::{HostKvLayer, KvChunk, KvRow};
 use super::tensor::CpuTensor;
 use crate::ir::AttentionParams;
-use fp4forge_format::fp8::E4M3_TO_F32;
 
 /// Queries per parallel task in prefill.
 const QUERIES_PER_TASK: usize = 16;
@@ -76,10 +75,8 @@ fn row_dot(
     match row {
         KvRow::F32(r) => kernels::dot(isa, r, x),
         KvRow::Bf16(r) => kernels::bf16_bits_dot(isa, r, xb),
-        KvRow::Fp8(r, scale) => {
-            for (o, &b) in tmp.iter_mut().zip(r) {
-                *o = E4M3_TO_F32[b as usize] * scale;
-            }
+        KvRow::Fp8(..) => {
+            row.decode(tmp);
             kernels::dot(isa, tmp, x)
         }
     }
@@ -91,10 +88,8 @@ fn row_axpy(isa: Isa, y: &mut [f32], alpha: f32, row: KvRow<'_>, tmp: &mut [f32]
     match row {
         KvRow::F32(r) => kernels::axpy(isa, y, alpha, r),
         KvRow::Bf16(r) => kernels::bf16_axpy(isa, y, alpha, r),
-        KvRow::Fp8(r, scale) => {
-            for (o, &b) in tmp.iter_mut().zip(r) {
-                *o = E4M3_TO_F32[b as usize] * scale;
-            }
+        KvRow::Fp8(..) => {
+            row.decode(tmp);
             kernels::axpy(isa, y, alpha, tmp)
         }
     }

@@ -113,25 +113,6 @@ impl KvRows {
             _ => {}
         }
     }
-
-    /// Decodes `out.len()` elements starting at element `start` into f32.
-    #[inline]
-    pub(crate) fn decode(&self, start: usize, out: &mut [f32], scale: f32) {
-        let n = out.len();
-        match self {
-            KvRows::F32(v) => out.copy_from_slice(&v[start..start + n]),
-            KvRows::Bf16(v) => {
-                for (o, &b) in out.iter_mut().zip(&v[start..start + n]) {
-                    *o = bf16_bits_to_f32(b);
-                }
-            }
-            KvRows::Fp8(v) => {
-                for (o, &b) in out.iter_mut().zip(&v[start..start + n]) {
-                    *o = E4M3_TO_F32[b as usize] * scale;
-                }
-            }
-        }
-    }
 }
 
 /// One head's key or value at one position, as stored (fp8 with its scale).
@@ -140,6 +121,26 @@ pub(crate) enum KvRow<'a> {
     F32(&'a [f32]),
     Bf16(&'a [u16]),
     Fp8(&'a [u8], f32),
+}
+
+impl KvRow<'_> {
+    /// The row in f32 (`out.len()` values): bf16 widened, fp8 times its scale.
+    #[inline]
+    pub(crate) fn decode(self, out: &mut [f32]) {
+        match self {
+            KvRow::F32(v) => out.copy_from_slice(v),
+            KvRow::Bf16(v) => {
+                for (o, &b) in out.iter_mut().zip(v) {
+                    *o = bf16_bits_to_f32(b);
+                }
+            }
+            KvRow::Fp8(v, scale) => {
+                for (o, &b) in out.iter_mut().zip(v) {
+                    *o = E4M3_TO_F32[b as usize] * scale;
+                }
+            }
+        }
+    }
 }
 
 impl KvRows {
@@ -310,20 +311,7 @@ impl HostKvLayer {
         value: bool,
         out: &mut [f32],
     ) {
-        let w = self.spec.row_width();
-        let d = self.spec.head_dim;
-        let (rows, scale) = match (position >= chunk.pos0, value) {
-            (true, false) => (&chunk.k, self.spec.k_scale),
-            (true, true) => (&chunk.v, self.spec.v_scale),
-            (false, false) => (&self.k, self.spec.k_scale),
-            (false, true) => (&self.v, self.spec.v_scale),
-        };
-        let row = if position >= chunk.pos0 {
-            position - chunk.pos0
-        } else {
-            self.slot(position)
-        };
-        rows.decode(row * w + head * d, out, scale);
+        self.row(chunk, position, head, value).decode(out);
     }
 
     /// Writes a staged chunk into storage: all rows for a full layer, the last `window` for a
