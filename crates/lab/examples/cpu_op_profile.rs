@@ -81,15 +81,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         backend,
     )?;
     let info = model.info().clone();
-    let mut s = 0x1234_5678u64;
-    let prompt: Vec<u32> = (0..context.max(1))
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % info.vocab_size as u64) as u32
-        })
-        .collect();
+    let prompt = fp4forge_lab::synthetic_prompt(context.max(1), info.vocab_size);
     // Warm-up: pages the weights in.
     let warm = GenerateOptions {
         max_tokens: 4,

@@ -36,15 +36,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         info.backend,
         t.elapsed().as_secs_f64()
     );
-    let mut s = 0x1234_5678u64;
-    let prompt: Vec<u32> = (0..prompt_len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % info.vocab_size as u64) as u32
-        })
-        .collect();
+    let prompt = fp4forge_lab::synthetic_prompt(prompt_len, info.vocab_size);
     let opts = GenerateOptions {
         max_tokens: decode + 1,
         ..Default::default()

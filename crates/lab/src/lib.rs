@@ -19,3 +19,17 @@ pub mod gpu;
 pub mod op_profile;
 #[cfg(feature = "cuda")]
 pub mod stream_probe;
+
+/// `len` pseudo-random token ids below `vocab` (xorshift64 from a fixed seed): the fixed prompt
+/// of the CPU speed examples (and of `benches/cpu_vs_llamacpp.sh`'s pp prompt).
+pub fn synthetic_prompt(len: usize, vocab: usize) -> Vec<u32> {
+    let mut s = 0x1234_5678u64;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % vocab.max(1) as u64) as u32
+        })
+        .collect()
+}

@@ -3,7 +3,8 @@
 //! the last component of their weight's name, e.g. `linear q_proj`, so every layer's q_proj adds
 //! up in one row), with the bytes of weight each linear reads.
 //!
-//! Ops on the CPU backend are synchronous, so wall time per call is the op's cost including its
+//! `fused_pass` keeps the trait's default (decline), so the profile is of the generic ops, the
+//! CPU backend's only path. Ops on the CPU backend are synchronous, so wall time per call is the op's cost including its
 //! thread fork-join; on an asynchronous backend it would only be the launch.
 
 use std::collections::BTreeMap;
@@ -11,7 +12,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use fp4forge_engine::backend::{AttentionParams, Resident, RouterParams};
-use fp4forge_engine::ir::{Decoder, KvLayerSpec, SeqChunk};
+use fp4forge_engine::ir::KvLayerSpec;
 use fp4forge_engine::rope::RopeSpec;
 use fp4forge_engine::sampling::SamplingParams;
 use fp4forge_engine::weights::{ExpertWeights, LinearWeight};
@@ -254,15 +255,5 @@ impl<B: Backend> Backend for Profiled<B> {
         u: Option<f64>,
     ) -> Result<Option<u32>> {
         self.timed("sample", 0, || self.inner.sample(logits, params, u))
-    }
-
-    // `fused_pass` keeps the default (None): the profile is of the generic ops, which is the
-    // CPU backend's only path.
-    fn fused_pass(
-        &self,
-        _net: &Decoder<Self>,
-        _seqs: &mut [SeqChunk<'_, Self>],
-    ) -> Result<Option<Vec<Option<Self::Tensor>>>> {
-        Ok(None)
     }
 }
