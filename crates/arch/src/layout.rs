@@ -26,20 +26,20 @@ impl ShapeSpec {
     /// The input embedding `[vocab, hidden]`: the matrix a tied `lm_head` is. Fails like
     /// [`ShapeSpec::tensors`] when no family knows the `model_type`'s tensor names.
     pub fn embedding(&self) -> Result<TensorShape> {
-        self.require_family()?;
-        Ok(TensorShape {
-            name: format!("{EMBEDDING_MODULE}.weight"),
-            dtype: self.dtype.clone(),
-            shape: vec![self.vocab_size, self.hidden_size],
-        })
+        self.vocab_by_hidden(EMBEDDING_MODULE)
     }
 
     /// The untied output matrix `lm_head.weight` `[vocab, hidden]` (stored exactly when the model
     /// is untied). Fails like [`ShapeSpec::tensors`] for an unknown `model_type`.
     pub fn lm_head(&self) -> Result<TensorShape> {
+        self.vocab_by_hidden(LM_HEAD_MODULE)
+    }
+
+    /// `{module}.weight` `[vocab, hidden]` in the checkpoint's dtype, for a known family.
+    fn vocab_by_hidden(&self, module: &str) -> Result<TensorShape> {
         self.require_family()?;
         Ok(TensorShape {
-            name: format!("{LM_HEAD_MODULE}.weight"),
+            name: format!("{module}.weight"),
             dtype: self.dtype.clone(),
             shape: vec![self.vocab_size, self.hidden_size],
         })

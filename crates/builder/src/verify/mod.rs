@@ -61,6 +61,14 @@ pub fn verify(src: &Path, dst: &Path) -> Result<VerifyReport, BuilderError> {
         .filter(|m| matches!(m.state, ModuleState::Packed { .. }))
         .collect();
 
+    // How DST's module `m` is re-derived: from SRC's `source` of `dtype`.
+    let member = |m: &LinearModule, dtype, source| QuantizeMember {
+        module: m.name.clone(),
+        rows: m.rows,
+        cols: m.cols,
+        dtype,
+        source,
+    };
     // 1. Re-derive modules that SRC holds in high precision.
     let mut rederive = Check::new("NVFP4 modules re-derived from SRC, bit for bit");
     let mut kept = Check::new("NVFP4 modules carried over from SRC, byte for byte");
@@ -69,16 +77,7 @@ pub fn verify(src: &Path, dst: &Path) -> Result<VerifyReport, BuilderError> {
     for m in &packed_dst {
         match src_by_name.get(m.name.as_str()).map(|s| &s.state) {
             Some(ModuleState::Dense { source, dtype }) => {
-                members.insert(
-                    &m.name,
-                    QuantizeMember {
-                        module: m.name.clone(),
-                        rows: m.rows,
-                        cols: m.cols,
-                        dtype: *dtype,
-                        source: source.clone(),
-                    },
-                );
+                members.insert(&m.name, member(m, *dtype, source.clone()));
                 consumed.insert(match source {
                     WeightSource::Tensor(t) => t.clone(),
                     WeightSource::ExpertSlice { tensor, .. } => tensor.clone(),
@@ -105,23 +104,15 @@ pub fn verify(src: &Path, dst: &Path) -> Result<VerifyReport, BuilderError> {
                         rederive.fail(format!("{}: {} missing from SRC", m.name, u.embedding));
                         continue;
                     };
-                    members.insert(
-                        &m.name,
-                        QuantizeMember {
-                            module: m.name.clone(),
-                            rows: m.rows,
-                            cols: m.cols,
-                            dtype: embedding.info.dtype,
-                            source: WeightSource::Tensor(u.embedding.clone()),
-                        },
-                    );
                     if embedding.info.shape != [m.rows, m.cols] {
                         rederive.fail(format!(
                             "{}: [{}, {}] in DST but SRC's {} is {:?}",
                             m.name, m.rows, m.cols, u.embedding, embedding.info.shape
                         ));
-                        members.remove(m.name.as_str());
+                        continue;
                     }
+                    let source = WeightSource::Tensor(u.embedding.clone());
+                    members.insert(&m.name, member(m, embedding.info.dtype, source));
                 }
                 None => rederive.fail(format!(
                     "{}: quantized in DST but not a linear module of SRC",
