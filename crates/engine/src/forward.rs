@@ -14,7 +14,9 @@
 
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
-use crate::ir::{Attention, Decoder, Layer, Mlp, Moe, SeqChunk, SwiGlu, Want};
+use crate::ir::{
+    Attention, AttentionParams, AttnChunk, Decoder, Layer, Mlp, Moe, SeqChunk, SwiGlu, Want,
+};
 
 /// Runs every chunk of `seqs` through `net` in one pass, appending to each one's cache. Returns,
 /// per chunk, the logits it wanted: `[rows, vocab]` for [`Want::All`], `[1, vocab]` for
@@ -99,30 +101,51 @@ fn attention<B: Backend>(
         k = b.rms_norm(&k, n, net.eps, d)?;
     }
     let rope = &net.ropes[attn.rope];
-    let mut o = if let [s] = seqs {
-        // One chunk: its rows are the whole matrix (no copies).
-        b.rope(&mut q, rope, d, s.pos0)?;
-        b.rope(&mut k, rope, d, s.pos0)?;
-        b.attention(&q, &k, &v, &mut s.kv[layer], &attn.params)?
-    } else {
-        let mut outs = Vec::with_capacity(seqs.len());
-        let mut off = 0;
-        for s in seqs.iter_mut() {
-            let n = s.ids.len();
-            let mut qs = b.rows(&q, off, n)?;
-            let mut ks = b.rows(&k, off, n)?;
-            let vs = b.rows(&v, off, n)?;
-            b.rope(&mut qs, rope, d, s.pos0)?;
-            b.rope(&mut ks, rope, d, s.pos0)?;
-            outs.push(b.attention(&qs, &ks, &vs, &mut s.kv[layer], &attn.params)?);
-            off += n;
-        }
-        b.concat_rows(&outs.iter().collect::<Vec<_>>())?
-    };
+    let mut chunks: Vec<AttnChunk<'_, B>> = seqs
+        .iter_mut()
+        .map(|s| AttnChunk {
+            pos0: s.pos0,
+            rows: s.ids.len(),
+            kv: &mut s.kv[layer],
+        })
+        .collect();
+    let mut o = b.attention_chunks(q, k, &v, rope, &mut chunks, &attn.params)?;
     if let Some(gate) = &gate {
         b.softplus_gate(&mut o, gate)?;
     }
     b.linear(&o, &attn.o, attn.o_bias.as_ref())
+}
+
+/// [`Backend::attention_chunks`] chunk by chunk (its default): each chunk's rows rotated at its
+/// own positions and attending over its own cache, the outputs stacked again. One chunk's rows
+/// are the whole matrix (no copies); several are copied out and joined.
+pub fn attention_each<B: Backend>(
+    b: &B,
+    mut q: B::Tensor,
+    mut k: B::Tensor,
+    v: &B::Tensor,
+    rope: &B::Rope,
+    chunks: &mut [AttnChunk<'_, B>],
+    params: &AttentionParams,
+) -> Result<B::Tensor> {
+    let d = params.head_dim;
+    if let [c] = chunks {
+        b.rope(&mut q, rope, d, c.pos0)?;
+        b.rope(&mut k, rope, d, c.pos0)?;
+        return b.attention(&q, &k, v, c.kv, params);
+    }
+    let mut outs = Vec::with_capacity(chunks.len());
+    let mut off = 0;
+    for c in chunks.iter_mut() {
+        let mut qs = b.rows(&q, off, c.rows)?;
+        let mut ks = b.rows(&k, off, c.rows)?;
+        let vs = b.rows(v, off, c.rows)?;
+        b.rope(&mut qs, rope, d, c.pos0)?;
+        b.rope(&mut ks, rope, d, c.pos0)?;
+        outs.push(b.attention(&qs, &ks, &vs, c.kv, params)?);
+        off += c.rows;
+    }
+    b.concat_rows(&outs.iter().collect::<Vec<_>>())
 }
 
 /// `down(silu(gate x) ⊙ up x)`.

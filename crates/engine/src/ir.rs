@@ -101,6 +101,17 @@ pub struct SeqChunk<'a, B: Resident> {
     pub want: Want,
 }
 
+/// One chunk of a pass as attention sees it: its rows of the stacked q/k/v (`rows`, after the
+/// previous chunks' rows), their first position `pos0`, and this layer's KV store of its sequence.
+pub struct AttnChunk<'a, B: Resident> {
+    /// Positions already in `kv` (the chunk's first row's position).
+    pub pos0: usize,
+    /// The chunk's rows.
+    pub rows: usize,
+    /// The sequence's KV store of this layer.
+    pub kv: &'a mut B::KvLayer,
+}
+
 /// Attention geometry of one call.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttentionParams {

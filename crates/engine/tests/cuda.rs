@@ -56,8 +56,23 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
     let b = gpu();
     let (rows, cols) = (w.rows(), w.cols());
     let lin = b.load_linear(label, w).unwrap();
-    // 1: decode GEMV; 3, 9: the `linear` kernel; 16, 70: `gemm_tiled` (70: a partial tile)
-    for t in [1usize, 3, 9, 16, 70] {
+    // 1: decode GEMV; 3, 9: the `linear` kernel; 16, 70, 130: `gemm_mma` for bf16 and NVFP4
+    // with K % 32 == 0, else `gemm_tiled` (70, 130: partial token tiles); 70 again on
+    // `gemm_tiled` with the tensor-core GEMM switched off
+    let mma_on = b.options();
+    for (t, mma_gemm) in [
+        (1usize, true),
+        (3, true),
+        (9, true),
+        (16, true),
+        (70, true),
+        (130, true),
+        (70, false),
+    ] {
+        b.set_options(CudaOptions {
+            mma_gemm,
+            ..mma_on.clone()
+        });
         let x = values(t * cols, 7 + t as u64, 4.0);
         let xt = b.upload(t, cols, &x).unwrap();
         let mut got = b.download(&b.linear(&xt, &lin, None).unwrap()).unwrap();
@@ -87,6 +102,7 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
             }
         }
     }
+    b.set_options(mma_on);
     println!("{label}: ok");
 }
 
@@ -173,7 +189,9 @@ fn gpu_nvfp4_experts_match_cpu() {
         };
         // (grid 0: as many persistent blocks as are resident, i.e. one group each at these
         // shapes; 5: each block walks several groups and items, as at full size)
-        for (t, grid) in [(1usize, 0usize), (1, 5), (3, 0)] {
+        // (40, 200 tokens: grouped by expert on tensor cores, 200 x 3 items = several tiles per
+        // expert, the last partial; also compared with the per-item kernels)
+        for (t, grid) in [(1usize, 0usize), (1, 5), (3, 0), (40, 0), (200, 0)] {
             set_persistent_grid(&gpu, grid);
             let x = values(t * hidden, 11 + t as u64, 3.0);
             let logits = values(t * n, 17 + t as u64, 2.0);
@@ -188,6 +206,20 @@ fn gpu_nvfp4_experts_match_cpu() {
                 d <= 1e-4 * scale.max(1.0),
                 "hidden {hidden} t {t} grid {grid}: {d} vs scale {scale}"
             );
+            if t >= 16 {
+                gpu.set_options(CudaOptions {
+                    grouped_moe: false,
+                    ..gpu.options()
+                });
+                let per_item = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
+                gpu.set_options(CudaOptions {
+                    grouped_moe: true,
+                    ..gpu.options()
+                });
+                let d = max_abs_diff(&got, &per_item);
+                println!("  grouped vs per-item kernels: max |Δ| {d:.3e}");
+                assert!(d <= 1e-4 * scale.max(1.0), "grouped vs per-item t {t}: {d}");
+            }
         }
         set_persistent_grid(&gpu, 0);
     }
@@ -544,24 +576,14 @@ fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
     max_abs_diff(a, b) / max_abs(b).max(1e-30)
 }
 
-/// The model path's fused decode step (`backend/cuda/decode.rs`: q/k/v/gate in one launch,
-/// attention doing the q/k norms, rope and KV append, the post-norm inside the router, persistent
-/// MoE with the shared expert, the next norm in the experts' sum) gives the logits of the generic
-/// ops on the same GPU from the same cache (1e-4 of the logit range), step after step with the
-/// sliding rings wrapping, and a whole decode on f32 caches gives the CPU backend's:
-/// synthetic Laguna checkpoints (stock NVFP4 and the lean build) at the tiny preset (head_dim 16:
-/// the separate norm/rope launch and the per-item experts) and widened to hidden 256 with
-/// head_dim 64 and 128 and a 128-key window (the fused attention, merging its key splits itself,
-/// and the persistent MoE kernels, also on a grid capped at 5 blocks), on bf16, f32 and fp8 KV
-/// caches.
-#[test]
-#[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
-fn gpu_model_fused_decode_matches_generic_ops_and_cpu() {
+/// Synthetic Laguna checkpoints in `dir`: the tiny preset (head_dim 16) stock and lean, and the
+/// tiny preset widened to hidden 256 with head_dim 64 and 128, MoE width 128 and a 128-key
+/// window, stock and lean.
+fn synthetic_laguna_variants(dir: &Path) -> Vec<(&'static str, PathBuf)> {
     use fp4forge_builder::build::NoProgress;
     use fp4forge_builder::synth::{Preset, SynthBuilder};
-    let tmp = tempfile::tempdir().unwrap();
-    let tiny_stock = common::tiny_laguna(tmp.path(), "tiny-stock", true);
-    let tiny_lean = common::lean_build(&tiny_stock, &tmp.path().join("tiny-lean"));
+    let tiny_stock = common::tiny_laguna(dir, "tiny-stock", true);
+    let tiny_lean = common::lean_build(&tiny_stock, &dir.join("tiny-lean"));
     let mut variants = vec![("tiny stock", tiny_stock), ("tiny lean", tiny_lean)];
     for (d, name) in [(64, "wide d64"), (128, "wide d128")] {
         let mut cfg = Preset::Tiny.config();
@@ -577,12 +599,103 @@ fn gpu_model_fused_decode_matches_generic_ops_and_cpu() {
         }
         let b = SynthBuilder::new().seed(11).stock_nvfp4(true);
         let plan = b.plan(&cfg, name).unwrap();
-        let stock = tmp.path().join(format!("wide-d{d}-stock"));
+        let stock = dir.join(format!("wide-d{d}-stock"));
         b.write(&plan, &stock, &NoProgress).unwrap();
-        let lean = common::lean_build(&stock, &tmp.path().join(format!("wide-d{d}-lean")));
+        let lean = common::lean_build(&stock, &dir.join(format!("wide-d{d}-lean")));
         variants.push((name, stock));
         variants.push((name, lean));
     }
+    variants
+}
+
+/// A batched decode step (several sessions in one pass: stacked linears, experts grouped over
+/// the batch, every sequence's attention in one launch where the caches are bf16) gives each
+/// sequence the logits it gets stepping alone (the fused single-token step) from the same cache
+/// (1e-4 of the logit range), step after step, the batch's own appended rows read by the next
+/// steps: sessions at different positions (1 to 300 prompt tokens: full-attention splits, sliding
+/// rings before and after wrapping), 5 sessions and 35 (more than one launch's 32), with the
+/// one-launch attention and with it off, on bf16 and fp8 caches (fp8: sequence by sequence).
+#[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
+fn gpu_batched_steps_match_each_sequence_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let backend = gpu();
+    let mut failures = Vec::new();
+    for (name, dir) in synthetic_laguna_variants(tmp.path()) {
+        for (kv, sessions, batched) in [
+            (KvDtype::Bf16, 5, true),
+            (KvDtype::Bf16, 35, true),
+            (KvDtype::Bf16, 5, false),
+            (KvDtype::Fp8E4m3, 5, true),
+        ] {
+            backend.set_options(CudaOptions {
+                batched_attention: batched,
+                ..backend.options()
+            });
+            let opts = ModelOptions::new().kv_dtype(kv);
+            let model = Model::load_with_backend(&dir, opts, backend.clone()).unwrap();
+            let vocab = model.info().vocab_size as u32;
+            let label = format!(
+                "{name} {} {kv:?} {sessions} sessions{}",
+                dir.file_name().unwrap().to_string_lossy(),
+                if batched { "" } else { " (one launch off)" }
+            );
+            let mut ss: Vec<_> = (0..sessions)
+                .map(|i| {
+                    let mut s = model.new_session().unwrap();
+                    let n = [300, 1, 17, 129, 200][i % 5] + i / 5;
+                    s.prefill(&common::token_ids(n, vocab, 7 + i as u64))
+                        .unwrap();
+                    s
+                })
+                .collect();
+            let mut d = 0f32;
+            for step in 0..12u32 {
+                let toks: Vec<u32> = (0..sessions as u32)
+                    .map(|i| (17 * i + 31 * step + 3) % vocab)
+                    .collect();
+                let alone: Vec<Vec<f32>> = ss
+                    .iter()
+                    .zip(&toks)
+                    .map(|(s, &t)| {
+                        let mut copy = s.fork(s.position()).unwrap().unwrap();
+                        copy.step(t).unwrap()
+                    })
+                    .collect();
+                let mut refs: Vec<_> = ss.iter_mut().collect();
+                let got = model.step_batch(&mut refs, &toks).unwrap();
+                for (g, w) in got.iter().zip(&alone) {
+                    d = d.max(rel_diff(g, w));
+                }
+            }
+            println!("{label}: batched vs alone {d:.2e} of the logit range");
+            if d.is_nan() || d > 1e-4 {
+                failures.push(format!("{label}: batched vs alone {d:.2e}"));
+            }
+        }
+    }
+    backend.set_options(CudaOptions {
+        batched_attention: true,
+        ..backend.options()
+    });
+    assert!(failures.is_empty(), "batched steps differ: {failures:#?}");
+}
+
+/// The model path's fused decode step (`backend/cuda/decode.rs`: q/k/v/gate in one launch,
+/// attention doing the q/k norms, rope and KV append, the post-norm inside the router, persistent
+/// MoE with the shared expert, the next norm in the experts' sum) gives the logits of the generic
+/// ops on the same GPU from the same cache (1e-4 of the logit range), step after step with the
+/// sliding rings wrapping, and a whole decode on f32 caches gives the CPU backend's:
+/// synthetic Laguna checkpoints (stock NVFP4 and the lean build) at the tiny preset (head_dim 16:
+/// the separate norm/rope launch and the per-item experts) and widened to hidden 256 with
+/// head_dim 64 and 128 and a 128-key window (the fused attention, merging its key splits itself,
+/// and the persistent MoE kernels, also on a grid capped at 5 blocks), on bf16, f32 and fp8 KV
+/// caches.
+#[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
+fn gpu_model_fused_decode_matches_generic_ops_and_cpu() {
+    let tmp = tempfile::tempdir().unwrap();
+    let variants = synthetic_laguna_variants(tmp.path());
     // (300 + 40 positions: the full layers' decode attention runs in 5-6 key splits, the
     // 128-key sliding windows (16 on the tiny preset) in 2 and wrap)
     let (prompt, steps) = (300, 40);

@@ -25,7 +25,7 @@ use crate::rope::RopeSpec;
 use crate::sampling::SamplingParams;
 use crate::weights::{ExpertWeights, LinearWeight};
 
-pub use crate::ir::{AttentionParams, Resident, RouterParams, RouterScoring};
+pub use crate::ir::{AttentionParams, AttnChunk, Resident, RouterParams, RouterScoring};
 pub use cpu::CpuBackend;
 #[cfg(feature = "cuda")]
 pub use cuda::CudaBackend;
@@ -147,6 +147,23 @@ pub trait Backend: Resident {
         cache: &mut Self::KvLayer,
         params: &AttentionParams,
     ) -> Result<Self::Tensor>;
+    /// Rotation ([`Backend::rope`] of q and k) and [`Backend::attention`] of a pass's chunks:
+    /// `q`, `k`, `v` hold the chunks' rows one after another (chunk `i`: `chunks[i].rows` rows
+    /// at positions `chunks[i].pos0..`, attending over its own `chunks[i].kv`, to which they
+    /// are appended). Returns the outputs stacked the same way. The default rotates and attends
+    /// chunk by chunk ([`crate::forward::attention_each`]); a device backend may run all chunks
+    /// in one launch.
+    fn attention_chunks(
+        &self,
+        q: Self::Tensor,
+        k: Self::Tensor,
+        v: &Self::Tensor,
+        rope: &Self::Rope,
+        chunks: &mut [AttnChunk<'_, Self>],
+        params: &AttentionParams,
+    ) -> Result<Self::Tensor> {
+        crate::forward::attention_each(self, q, k, v, rope, chunks, params)
+    }
     /// `x[t, j] *= softplus(gate[t, j / group])` with `group = cols(x) / cols(gate)` (per-head
     /// output gate: `group = head_dim`), softplus in f32 with threshold 20.
     fn softplus_gate(&self, x: &mut Self::Tensor, gate: &Self::Tensor) -> Result<()>;

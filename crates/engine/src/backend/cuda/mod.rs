@@ -33,6 +33,7 @@ use compile::*;
 pub use compile::{compile_kernels, kernel_entries, KERNELS_CU};
 pub use ops::attention::{CudaKvLayer, CudaRope};
 pub use ops::moe::{CudaExperts, CudaRouting, ExpertArena};
+use ops::prefill::{GEMM_MMA_ROWS, GEMM_MMA_TOKENS};
 use ops::{attention::*, gemv::*, moe::*, DevPtr, Funcs};
 pub use options::CudaOptions;
 
@@ -43,7 +44,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 
-use super::{AttentionParams, Backend, Resident, RouterParams, RouterScoring};
+use super::{AttentionParams, AttnChunk, Backend, Resident, RouterParams, RouterScoring};
 use crate::error::{EngineError, Result};
 use crate::ir::{Decoder, KvDtype, KvLayerSpec, SeqChunk, Want};
 use crate::rope::RopeSpec;
@@ -66,6 +67,9 @@ pub(crate) struct Inner {
     /// `mma` paths of `linear_multi2` / `experts_*`): sm_89+ (fp8 conversions), unless
     /// `CudaOptions::mma` is off.
     pub mma: bool,
+    /// bf16 tensor cores (`mma.sync` m16n8k16 bf16, `ldmatrix`: sm_80+) for the multi-token
+    /// kernels `gemm_mma` and the grouped experts (each also behind its own `CudaOptions` knob).
+    pub bf16_mma: bool,
     /// Completion counter of the fused epilogues (`Epi` in kernels/common.cu).
     counters: CudaSlice<u32>,
     /// The knobs (`CudaOptions::from_env` unless opened `with_options`); `pdl` and `mma` above
@@ -148,6 +152,7 @@ impl CudaBackend {
                 sms,
                 pdl: maj >= 9 && options.pdl,
                 mma: (maj, min) >= (8, 9) && options.mma,
+                bf16_mma: maj >= 8,
                 options: RwLock::new(options),
             }),
         })
@@ -766,6 +771,23 @@ impl Backend for CudaBackend {
         self.kv_append_raw(cache, self.ptr(&k.buf), self.ptr(&v.buf), t)?;
         drop(scratch);
         Ok(out)
+    }
+
+    /// A decode step of several sequences runs their attention in one launch
+    /// (`attention_decode_batch`); anything else chunk by chunk.
+    fn attention_chunks(
+        &self,
+        q: CudaTensor,
+        k: CudaTensor,
+        v: &CudaTensor,
+        rope: &CudaRope,
+        chunks: &mut [AttnChunk<'_, Self>],
+        p: &AttentionParams,
+    ) -> Result<CudaTensor> {
+        if self.opts().batched_attention && Self::decode_batch_applies(chunks, p) {
+            return self.attention_decode_batch(&q, &k, v, rope, chunks, p);
+        }
+        crate::forward::attention_each(self, q, k, v, rope, chunks, p)
     }
 
     fn softplus_gate(&self, x: &mut CudaTensor, gate: &CudaTensor) -> Result<()> {

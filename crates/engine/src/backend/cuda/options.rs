@@ -10,6 +10,9 @@
 //! | `FP4FORGE_CUDA_PERSIST` | `persistent_moe` | `0`: one token's experts on the per-item kernels, not the persistent ones | on |
 //! | `FP4FORGE_CUDA_FUSED_DECODE` | `fused_decode` | `0`: the model path's single-token steps on the generic ops, not the fused sequence | on |
 //! | `FP4FORGE_CUDA_GEMM` | `tiled_prefill` | `0`: multi-token linears on the `linear` GEMV kernel, not `gemm_tiled` | on |
+//! | `FP4FORGE_CUDA_MMA_GEMM` | `mma_gemm` | `0`: multi-token bf16/NVFP4 linears on `gemm_tiled` (f32 FMA), not `gemm_mma` (tensor cores, sm_80+) | on |
+//! | `FP4FORGE_CUDA_GROUPED_MOE` | `grouped_moe` | `0`: multi-token routed experts on the per-item kernels, not grouped by expert on tensor cores (sm_80+) | on |
+//! | `FP4FORGE_CUDA_BATCH_ATTN` | `batched_attention` | `0`: a batched decode step's attention sequence by sequence (rope, attention, append per sequence), not in one `attn_dec_batch` launch | on |
 //! | `FP4FORGE_CUDA_LEGACY_GEMV` | `legacy_gemv` | set (any value): decode GEMVs on the one-row-per-warp `linear` kernel | off |
 //! | `FP4FORGE_NV_MINB` | `nv_blocks_per_sm` | `3`: the NVFP4 decode GEMV variant with 3 resident blocks per SM | 2 |
 //! | `FP4FORGE_NV_GRID` | `nv_grid_per_sm` | blocks per SM of the NVFP4 decode GEMV's persistent grid (0: one block per tile) | `nv_blocks_per_sm` |
@@ -44,6 +47,12 @@ pub struct CudaOptions {
     pub fused_decode: bool,
     /// `FP4FORGE_CUDA_GEMM`: multi-token linears (16+ tokens) on `gemm_tiled`.
     pub tiled_prefill: bool,
+    /// `FP4FORGE_CUDA_MMA_GEMM`: multi-token bf16/NVFP4 linears on tensor cores (`gemm_mma`).
+    pub mma_gemm: bool,
+    /// `FP4FORGE_CUDA_GROUPED_MOE`: multi-token routed experts grouped by expert on tensor cores.
+    pub grouped_moe: bool,
+    /// `FP4FORGE_CUDA_BATCH_ATTN`: a batched decode step's attention in one launch.
+    pub batched_attention: bool,
     /// `FP4FORGE_CUDA_LEGACY_GEMV`: decode GEMVs on the one-row-per-warp `linear` kernel.
     pub legacy_gemv: bool,
     /// `FP4FORGE_NV_MINB`: resident blocks per SM of the NVFP4 decode GEMV variant (2 or 3).
@@ -76,6 +85,9 @@ impl Default for CudaOptions {
             persistent_moe: true,
             fused_decode: true,
             tiled_prefill: true,
+            mma_gemm: true,
+            grouped_moe: true,
+            batched_attention: true,
             legacy_gemv: false,
             nv_blocks_per_sm: NV_BLOCKS_PER_SM,
             nv_grid_per_sm: NV_BLOCKS_PER_SM,
@@ -118,6 +130,9 @@ impl CudaOptions {
             persistent_moe: on("FP4FORGE_CUDA_PERSIST"),
             fused_decode: on("FP4FORGE_CUDA_FUSED_DECODE"),
             tiled_prefill: on("FP4FORGE_CUDA_GEMM"),
+            mma_gemm: on("FP4FORGE_CUDA_MMA_GEMM"),
+            grouped_moe: on("FP4FORGE_CUDA_GROUPED_MOE"),
+            batched_attention: on("FP4FORGE_CUDA_BATCH_ATTN"),
             legacy_gemv: var("FP4FORGE_CUDA_LEGACY_GEMV").is_some(),
             nv_blocks_per_sm,
             nv_grid_per_sm: num("FP4FORGE_NV_GRID").unwrap_or(nv_blocks_per_sm),
@@ -154,6 +169,7 @@ mod tests {
             ("FP4FORGE_CUDA_MMA", "1"),
             ("FP4FORGE_CUDA_PERSIST", "no"),
             ("FP4FORGE_CUDA_GEMM", "0"),
+            ("FP4FORGE_CUDA_GROUPED_MOE", "0"),
             ("FP4FORGE_CUDA_LEGACY_GEMV", "0"),
             ("FP4FORGE_NV_MINB", "3"),
             ("FP4FORGE_NV_KS", "3"),
@@ -161,7 +177,7 @@ mod tests {
             ("FP4FORGE_CUDA_KERNELS", "/tmp/k.cu"),
         ]);
         assert!(!o.pdl && o.mma && o.persistent_moe && o.fused_decode && !o.tiled_prefill);
-        assert!(o.legacy_gemv);
+        assert!(o.legacy_gemv && o.mma_gemm && !o.grouped_moe);
         assert_eq!((o.nv_blocks_per_sm, o.nv_grid_per_sm), (3, 3));
         assert_eq!((o.nv_k_split, o.mma_k_split), (None, Some(4)));
         assert_eq!(o.kernels_source, Some(PathBuf::from("/tmp/k.cu")));

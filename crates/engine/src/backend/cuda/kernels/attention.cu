@@ -545,6 +545,44 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
 ATTN_KERNEL_DEC(attn_dec_bf16_64, 64, 4)
 ATTN_KERNEL_DEC(attn_dec_bf16_128, 128, 4)
 ATTN_KERNEL_DEC(attn_dec_bf16_128_short, 128, 2)
+
+// Decode steps of several sequences in one launch (a batched step: one query row each): sequence
+// b = blockIdx.y reads row b of q / kch / vch, writes row b of out (and its rows of the split
+// partials), and attends over its own bf16 cache seqs.s[b] at its own position; the rope and the
+// append are done inside (pp.on, the cache and slot taken from seqs.s[b]; no per-head norms:
+// the caller applied them). Up to ATTN_BATCH_MAX sequences per launch; the descriptors are a
+// kernel parameter (no upload).
+#define ATTN_BATCH_MAX 32
+struct AttnSeq {
+    u16* kc;
+    u16* vc;
+    long slot;
+    int pos0;
+    int pad;
+};
+struct AttnSeqs {
+    AttnSeq s[ATTN_BATCH_MAX];
+};
+#define ATTN_KERNEL_DEC_BATCH(NAME, D, MINB)                                                                           \
+    extern "C" __global__ void __launch_bounds__(AW * 32, MINB) NAME(                                                 \
+        const float* q, const float* kch, const float* vch, float* out, float* part_o, float* part_ml, int heads,     \
+        int kvh, float scale, int window, int splits, int ngroups, Prep pp, AttnSeqs seqs) {                           \
+        pdl_enter();                                                                                                   \
+        const int b = blockIdx.y;                                                                                      \
+        const AttnSeq sq = seqs.s[b];                                                                                  \
+        Prep ps = pp;                                                                                                  \
+        ps.kc = sq.kc;                                                                                                 \
+        ps.vc = sq.vc;                                                                                                 \
+        ps.slot = sq.slot;                                                                                             \
+        const long qw = (long)heads * D, kw = (long)kvh * D;                                                           \
+        attn_dec_impl<D>(q + b * qw, kch + b * kw, vch + b * kw, sq.kc, sq.vc, out + b * qw,                           \
+                         part_o ? part_o + b * qw * splits : part_o,                                                   \
+                         part_ml ? part_ml + 2l * b * heads * splits : part_ml, heads, kvh, scale, sq.pos0, window,   \
+                         splits, ngroups, ps);                                                                         \
+    }
+ATTN_KERNEL_DEC_BATCH(attn_dec_batch_bf16_64, 64, 4)
+ATTN_KERNEL_DEC_BATCH(attn_dec_batch_bf16_128, 128, 4)
+ATTN_KERNEL_DEC_BATCH(attn_dec_batch_bf16_128_short, 128, 2)
 ATTN_KERNEL(attn_f32_1, float, 1)
 ATTN_KERNEL(attn_f32_2, float, 2)
 ATTN_KERNEL(attn_f32_4, float, 4)

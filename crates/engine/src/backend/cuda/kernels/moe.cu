@@ -545,3 +545,160 @@ extern "C" __global__ void experts_reduce(const float* __restrict__ part, int k,
     }
     epilogue(ep);
 }
+
+// ---- grouped MoE on tensor cores (many tokens: prefill, batched steps) ------------------------
+//
+// The routed items (token t, slot q: item t * k + q, expert sel[item]) are grouped by expert
+// (`moe_align`), so that each expert's weights are read once per GT_BN of its items instead of
+// once per item; then one launch computes gate/up for every (expert, tile of up to GT_BN items)
+// and one launch down (the tiled tensor-core core of prefill.cu, gt_mainloop, with the token rows
+// gathered). Outputs stay indexed by item (h [items, inter], part [items, H]), so the ordered sum
+// `experts_reduce` is unchanged and the result does not depend on the grouping.
+
+#define MA_EMAX 1024  // most experts moe_align handles (shared-memory counters)
+
+// Groups `items` routed items by expert: order[] lists the items expert by expert, tiles[i] =
+// (expert, first index into order, items (<= GT_BN), 0) for tiles 0 .. *ntiles. One block of
+// 1024 threads; `tiles` holds 4 ints per tile. Within an expert the items' order is arbitrary (atomics); results do not depend
+// on it. Items with an expert id outside [0, E) are left out.
+extern "C" __global__ void __launch_bounds__(1024) moe_align(const int* __restrict__ sel, int items, int E,
+                                                             int* __restrict__ order, int* __restrict__ tiles,
+                                                             int* __restrict__ ntiles) {
+    __shared__ int cnt[MA_EMAX], off[MA_EMAX], tile0[MA_EMAX];
+    const int tid = threadIdx.x;
+    pdl_enter();
+    for (int e = tid; e < E; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (int i = tid; i < items; i += blockDim.x) {
+        const int e = sel[i];
+        if ((unsigned)e < (unsigned)E) atomicAdd(&cnt[e], 1);
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int o = 0, tt = 0;
+        for (int e = 0; e < E; e++) {
+            off[e] = o;
+            tile0[e] = tt;
+            o += cnt[e];
+            tt += (cnt[e] + GT_BN - 1) / GT_BN;
+        }
+        *ntiles = tt;
+    }
+    __syncthreads();
+    for (int e = tid; e < E; e += blockDim.x) {
+        const int c = cnt[e];
+        for (int q = 0; q * GT_BN < c; q++)
+            ((int4*)tiles)[tile0[e] + q] = make_int4(e, off[e] + q * GT_BN, min(GT_BN, c - q * GT_BN), 0);
+    }
+    __syncthreads();
+    for (int e = tid; e < E; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (int i = tid; i < items; i += blockDim.x) {
+        const int e = sel[i];
+        if ((unsigned)e < (unsigned)E) order[off[e] + atomicAdd(&cnt[e], 1)] = i;
+    }
+}
+
+// The weight row `row` of expert e's projection P (rows per expert `rows`, K inputs) for a
+// gt_mainloop source (bf16 or NVFP4); null where row >= rows.
+__device__ __forceinline__ void gt_expert_row(GtSrc& s, const ExpertProj& P, long e, long row, int rows, int K) {
+    s.fmt = P.fmt;
+    s.wrow = nullptr;
+    s.srow = nullptr;
+    if (row < rows) {
+        const long r = e * rows + row;
+        s.wrow = (const u8*)P.w + r * (P.fmt == 3 ? K / 2 : 2 * (long)K);
+        if (P.fmt == 3) s.srow = P.scales + r * (K / 16);
+    }
+}
+
+// h[item, o] = silu(gate_e . x[t]) * (up_e . x[t]) for the items of tile blockIdx.y (token
+// t = item / k), rows o of [64 * blockIdx.x, + 64): the block's 128 weight rows are 64 gate rows
+// and the same 64 up rows, combined through shared memory. Grid (ceil(inter / 64), tiles bound).
+extern "C" __global__ void __launch_bounds__(256) experts_gate_up_mma(ExpertProj gate, ExpertProj up,
+                                                                      const int* __restrict__ tiles,
+                                                                      const int* __restrict__ ntiles,
+                                                                      const int* __restrict__ order, int k,
+                                                                      const float* __restrict__ x,
+                                                                      float* __restrict__ h, int inter, int K) {
+    __shared__ __align__(16) GtStage smem[2];
+    __shared__ int items[GT_BN];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    pdl_enter();  // (the tiles are moe_align's output)
+    if ((int)blockIdx.y >= *ntiles) return;
+    const int4 tile = ((const int4*)tiles)[blockIdx.y];
+    const long e = tile.x;
+    const int cnt = tile.z;
+    if (tid < GT_BN) items[tid] = tid < cnt ? order[tile.y + tid] : 0;
+    const long o0 = (long)blockIdx.x * 64;
+    const int wr = tid >> 1, xr = tid >> 2;
+    GtSrc s;
+    s.half = tid & 1;
+    s.part = tid & 3;
+    gt_expert_row(s, wr >= 64 ? up : gate, e, o0 + (wr & 63), inter, K);
+    s.xrow = xr < cnt ? x + (long)(order[tile.y + xr] / k) * K : nullptr;
+    float acc[2][4][4];
+    gt_mainloop(s, K, smem, acc);
+    float(*C)[GT_BN + 1] = (float(*)[GT_BN + 1])(void*)smem;
+    const int g = lane >> 2, tq = lane & 3, wm = warp & 3, wn = warp >> 2;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                C[32 * wm + 16 * i + g + 8 * (c >> 1)][32 * wn + 8 * j + 2 * tq + (c & 1)] = acc[i][j][c];
+    __syncthreads();
+    const float gg = nv_gscale(gate.fmt, gate.fmt == 3 ? gate.inv_g[e] : 1.f);
+    const float gu = nv_gscale(up.fmt, up.fmt == 3 ? up.inv_g[e] : 1.f);
+    for (int idx = tid; idx < 64 * GT_BN; idx += blockDim.x) {
+        const int o = idx & 63, j = idx >> 6;
+        if (j < cnt && o0 + o < inter) {
+            const float gv = C[o][j] * gg, uv = C[64 + o][j] * gu;
+            h[(long)items[j] * inter + o0 + o] = gv / (1.0f + expf(-gv)) * uv;
+        }
+    }
+}
+
+// part[item, o] = wts[item] * (down_e . h[item]) for the items of tile blockIdx.y, rows o of
+// [GT_BM * blockIdx.x, + GT_BM). Grid (ceil(H / GT_BM), tiles bound).
+extern "C" __global__ void __launch_bounds__(256) experts_down_mma(ExpertProj down, const int* __restrict__ tiles,
+                                                                   const int* __restrict__ ntiles,
+                                                                   const int* __restrict__ order,
+                                                                   const float* __restrict__ wts,
+                                                                   const float* __restrict__ h, float* __restrict__ part,
+                                                                   int inter, int H) {
+    __shared__ __align__(16) GtStage smem[2];
+    __shared__ int items[GT_BN];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    pdl_enter();
+    if ((int)blockIdx.y >= *ntiles) return;
+    const int4 tile = ((const int4*)tiles)[blockIdx.y];
+    const long e = tile.x;
+    const int cnt = tile.z;
+    if (tid < GT_BN) items[tid] = tid < cnt ? order[tile.y + tid] : 0;
+    const long o0 = (long)blockIdx.x * GT_BM;
+    const int xr = tid >> 2;
+    GtSrc s;
+    s.half = tid & 1;
+    s.part = tid & 3;
+    gt_expert_row(s, down, e, o0 + (tid >> 1), H, inter);
+    s.xrow = xr < cnt ? h + (long)order[tile.y + xr] * inter : nullptr;
+    float acc[2][4][4];
+    gt_mainloop(s, inter, smem, acc);
+    const float gs = nv_gscale(down.fmt, down.fmt == 3 ? down.inv_g[e] : 1.f);
+    const int g = lane >> 2, tq = lane & 3, wm = warp & 3, wn = warp >> 2;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const long o = o0 + 32 * wm + 16 * i + g + 8 * (c >> 1);
+                const int t = 32 * wn + 8 * j + 2 * tq + (c & 1);
+                if (o < H && t < cnt) {
+                    const int item = items[t];
+                    part[(long)item * H + o] = acc[i][j][c] * (gs * wts[item]);
+                }
+            }
+}

@@ -135,3 +135,224 @@ extern "C" __global__ void embed(int fmt, const void* __restrict__ w, const u8* 
         out[k] = v;
     }
 }
+
+// ---- multi-token linear on tensor cores (prefill, batched steps) -----------------------------
+//
+// C = W · Xᵀ with mma.m16n8k16 (bf16 operands, f32 accumulation): the weights are A (output rows
+// = M), the tokens' activations are B (tokens = N). Weights enter as bf16 exactly: a bf16 weight
+// is itself, an NVFP4 weight is e2m1 * e4m3 (at most 6 significant bits; the decodes of common.cu
+// give it times 2^-22, which the epilogue's nv_gscale restores with the global scale). The f32
+// activations enter as two bf16 parts, x = hi + lo (hi = bf16(x), lo = bf16(x - hi): ~16
+// significant bits), each multiplied into the same accumulators, so results stay within ~4e-6
+// of the f32 dot product (relative to Σ|w x|).
+//
+// A block computes GT_BM weight rows x GT_BN tokens, 8 warps as 4 (rows) x 2 (tokens), each
+// 32 x 32 (2 x 4 mma tiles). Per K step of GT_BK = 32 (one NVFP4 row chunk: 16 bytes, 2 scales)
+// every thread decodes half a weight row (16 values) and converts 8 activations of one token, into
+// one of two shared-memory stages (register staged: the next step's global loads are in flight
+// while the tensor cores work on the current stage; one barrier per step). Shared rows are padded
+// to GT_LD bf16 (80 bytes) so that ldmatrix's eight 16-byte row reads hit distinct banks.
+// The token rows are gathered: token j of the block reads x row `rows[j]` (a MoE expert's tokens),
+// or t0 + j.
+
+#define GT_BM 128
+#define GT_BN 64
+#define GT_BK 32
+#define GT_LD 40  // bf16 per shared row (32 + 8 padding)
+
+struct GtStage {
+    u16 w[GT_BM][GT_LD];
+    u16 xh[GT_BN][GT_LD];
+    u16 xl[GT_BN][GT_LD];
+};
+// The block's shared memory: two stages, reused by epilogues that stage the f32 results.
+#define GT_SMEM_BYTES (2 * (int)sizeof(GtStage))
+
+__device__ __forceinline__ u32 cvt_bf16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ float bf16_lo_f32(u32 p) { return __uint_as_float(p << 16); }
+__device__ __forceinline__ float bf16_hi_f32(u32 p) { return __uint_as_float(p & 0xffff0000u); }
+
+__device__ __forceinline__ void mma_bf16_16816(float c[4], const u32 a[4], u32 b0, u32 b1) {
+#if __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+__device__ __forceinline__ void ldmatrix_x4(u32 r[4], const void* p) {
+#if __CUDA_ARCH__ >= 800
+    const u32 a = (u32)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+#endif
+}
+
+// One thread's share of a K step: half a weight row (16 values from k0 + 16 * half) and 8
+// activations of one token (k0 + 8 * part ..).
+struct GtLoad {
+    uint4 w0, w1;  // NVFP4: w0.x, w0.y = 16 codes, w0.z = the scale byte; bf16: 16 values
+    float4 xa, xb;
+};
+
+// Where a thread loads from: its weight row (null: outside the matrix, zeros) and token row.
+struct GtSrc {
+    const u8* wrow;      // the row's bytes (NVFP4 packed codes, or bf16 values)
+    const u8* srow;      // NVFP4: the row's block scales
+    const float* xrow;   // the token's activations (null: past the block's tokens, zeros)
+    int fmt;
+    int half, part;
+};
+
+__device__ __forceinline__ void gt_load(const GtSrc& s, int k0, GtLoad& l) {
+    if (s.wrow) {
+        const int k = k0 + 16 * s.half;
+        if (s.fmt == 3) {
+            const uint2 q = __ldg((const uint2*)(s.wrow + k / 2));
+            l.w0 = make_uint4(q.x, q.y, __ldg(s.srow + k / 16), 0u);
+        } else {
+            const uint4* p = (const uint4*)(s.wrow + 2 * (long)k);
+            l.w0 = __ldg(p);
+            l.w1 = __ldg(p + 1);
+        }
+    } else {
+        l.w0 = make_uint4(0u, 0u, 0u, 0u);
+        l.w1 = l.w0;
+    }
+    if (s.xrow) {
+        const float4* p = (const float4*)(s.xrow + k0 + 8 * s.part);
+        l.xa = __ldg(p);
+        l.xb = __ldg(p + 1);
+    } else {
+        l.xa = make_float4(0.f, 0.f, 0.f, 0.f);
+        l.xb = l.xa;
+    }
+}
+
+__device__ __forceinline__ void gt_store(const GtSrc& s, const GtLoad& l, GtStage& st, int wr, int xr) {
+    uint4 a, b;
+    if (s.fmt == 3) {
+        float f[8], g[8];
+        e2m1x8(l.w0.x, f);
+        e2m1x8(l.w0.y, g);
+        const float sc = e4m3x2(l.w0.z).x;
+        a = make_uint4(cvt_bf16x2(f[0] * sc, f[1] * sc), cvt_bf16x2(f[2] * sc, f[3] * sc),
+                       cvt_bf16x2(f[4] * sc, f[5] * sc), cvt_bf16x2(f[6] * sc, f[7] * sc));
+        b = make_uint4(cvt_bf16x2(g[0] * sc, g[1] * sc), cvt_bf16x2(g[2] * sc, g[3] * sc),
+                       cvt_bf16x2(g[4] * sc, g[5] * sc), cvt_bf16x2(g[6] * sc, g[7] * sc));
+    } else {
+        a = l.w0;
+        b = l.w1;
+    }
+    *(uint4*)&st.w[wr][16 * s.half] = a;
+    *(uint4*)&st.w[wr][16 * s.half + 8] = b;
+    const float v[8] = {l.xa.x, l.xa.y, l.xa.z, l.xa.w, l.xb.x, l.xb.y, l.xb.z, l.xb.w};
+    u32 hi[4], lo[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        hi[i] = cvt_bf16x2(v[2 * i], v[2 * i + 1]);
+        lo[i] = cvt_bf16x2(v[2 * i] - bf16_lo_f32(hi[i]), v[2 * i + 1] - bf16_hi_f32(hi[i]));
+    }
+    *(uint4*)&st.xh[xr][8 * s.part] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    *(uint4*)&st.xl[xr][8 * s.part] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+}
+
+// The block's GT_BM x GT_BN product over K (K % 32 == 0) into acc (warp tile: rows
+// 32 * (warp & 3) + 16 i + (g, g + 8), tokens 32 * (warp >> 2) + 8 j + 2 t + (0, 1)). `s` is
+// this thread's source (weight row tid / 2, token row tid / 4); `smem` holds two stages. Ends
+// with a barrier (the stages may then be reused).
+__device__ __forceinline__ void gt_mainloop(const GtSrc& s, int K, GtStage* smem, float acc[2][4][4]) {
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int wr = tid >> 1, xr = tid >> 2;
+    const int wm = warp & 3, wn = warp >> 2;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+    GtLoad l;
+    gt_load(s, 0, l);
+    gt_store(s, l, smem[0], wr, xr);
+    __syncthreads();
+    int stage = 0;
+    for (int k0 = 0; k0 < K; k0 += GT_BK) {
+        const bool more = k0 + GT_BK < K;
+        if (more) gt_load(s, k0 + GT_BK, l);
+        const GtStage& st = smem[stage];
+#pragma unroll
+        for (int ks = 0; ks < GT_BK; ks += 16) {
+            u32 a[2][4];
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+                ldmatrix_x4(a[i], &st.w[32 * wm + 16 * i + (lane & 15)][ks + 8 * (lane >> 4)]);
+#pragma unroll
+            for (int jj = 0; jj < 2; jj++) {
+                const int tok = 32 * wn + 16 * jj + (lane & 7) + ((lane >> 4) << 3);
+                const int col = ks + 8 * ((lane >> 3) & 1);
+                u32 bh[4], bl[4];
+                ldmatrix_x4(bh, &st.xh[tok][col]);
+                ldmatrix_x4(bl, &st.xl[tok][col]);
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    mma_bf16_16816(acc[i][2 * jj], a[i], bh[0], bh[1]);
+                    mma_bf16_16816(acc[i][2 * jj + 1], a[i], bh[2], bh[3]);
+                    mma_bf16_16816(acc[i][2 * jj], a[i], bl[0], bl[1]);
+                    mma_bf16_16816(acc[i][2 * jj + 1], a[i], bl[2], bl[3]);
+                }
+            }
+        }
+        if (more) gt_store(s, l, smem[stage ^ 1], wr, xr);
+        __syncthreads();
+        stage ^= 1;
+    }
+}
+
+// y[t, o] = resid[t, o] + bias[o] + gscale * W[o, :] . x[t, :] for T tokens on tensor cores;
+// W bf16 (fmt 2) or NVFP4 (fmt 3), K % 32 == 0. Grid (ceil(N / GT_BM), ceil(T / GT_BN)), 256
+// threads.
+extern "C" __global__ void __launch_bounds__(256) gemm_mma(int fmt, const void* __restrict__ w,
+                                                           const u8* __restrict__ scales, float inv_g,
+                                                           const float* __restrict__ x, float* y,
+                                                           const float* __restrict__ bias, const float* resid,
+                                                           int N, int K, int T) {
+    __shared__ __align__(16) GtStage smem[2];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const long r0 = (long)blockIdx.x * GT_BM, t0 = (long)blockIdx.y * GT_BN;
+    const long wrow = r0 + (tid >> 1), xrow = t0 + (tid >> 2);
+    GtSrc s;
+    s.fmt = fmt;
+    s.half = tid & 1;
+    s.part = tid & 3;
+    s.wrow = wrow < N ? (const u8*)w + wrow * (fmt == 3 ? K / 2 : 2 * (long)K) : nullptr;
+    s.srow = (fmt == 3 && wrow < N) ? scales + wrow * (K / 16) : nullptr;
+    s.xrow = nullptr;
+    pdl_enter();
+    if (xrow < T) s.xrow = x + xrow * K;
+    float acc[2][4][4];
+    gt_mainloop(s, K, smem, acc);
+    const float gs = nv_gscale(fmt, inv_g);
+    const int g = lane >> 2, tq = lane & 3, wm = warp & 3, wn = warp >> 2;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const long o = r0 + 32 * wm + 16 * i + g + 8 * (c >> 1);
+                const long t = t0 + 32 * wn + 8 * j + 2 * tq + (c & 1);
+                if (o < N && t < T) {
+                    const long idx = t * N + o;
+                    float v = acc[i][j][c] * gs;
+                    if (bias) v += bias[o];
+                    if (resid) v += resid[idx];
+                    y[idx] = v;
+                }
+            }
+}

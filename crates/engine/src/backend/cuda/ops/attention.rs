@@ -29,12 +29,46 @@ kernels! {
         out: DevPtr<f32>, part_o: DevPtr<f32>, part_ml: DevPtr<f32>, heads: i32, kvh: i32,
         scale: f32, pos0: i32, window: i32, splits: i32, ngroups: i32, pp: AttnPrep,
     }
+    /// One query row per sequence over each one's bf16 cache, up to [`ATTN_BATCH_MAX`]
+    /// sequences per launch (rope and append inside): head_dim 64, 128, 128 for short spans.
+    attn_dec_batch [
+        "attn_dec_batch_bf16_64", "attn_dec_batch_bf16_128", "attn_dec_batch_bf16_128_short",
+    ] => AttnDecBatchArgs {
+        q: DevPtr<f32>, kch: DevPtr<f32>, vch: DevPtr<f32>, out: DevPtr<f32>,
+        part_o: DevPtr<f32>, part_ml: DevPtr<f32>, heads: i32, kvh: i32, scale: f32,
+        window: i32, splits: i32, ngroups: i32, pp: AttnPrep, seqs: AttnSeqs,
+    }
     /// The merge of `splits` partial results per head (and `softplus(gate)` where not null).
     attn_combine => AttnCombineArgs {
         part_o: DevPtr<f32>, part_ml: DevPtr<f32>, out: DevPtr<f32>, gate: DevPtr<f32>,
         heads: i32, d: i32, splits: i32,
     }
 }
+
+/// Most sequences of one `attn_dec_batch` launch (`ATTN_BATCH_MAX` in kernels/attention.cu).
+pub(crate) const ATTN_BATCH_MAX: usize = 32;
+
+/// One sequence of an `attn_dec_batch` launch (`AttnSeq` in kernels/attention.cu; layout
+/// identical): its cache, the slot its new row goes to, its position.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct AttnSeq {
+    kc: DevPtr<u16>,
+    vc: DevPtr<u16>,
+    slot: i64,
+    pos0: i32,
+    _pad: i32,
+}
+
+/// The sequences of an `attn_dec_batch` launch (`AttnSeqs`; layout identical), passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct AttnSeqs {
+    s: [AttnSeq; ATTN_BATCH_MAX],
+}
+
+// SAFETY: plain old data matching the C struct's layout.
+unsafe impl DeviceRepr for AttnSeqs {}
 
 /// Query heads of one KV head handled by one attention block (`GMAX`).
 pub(crate) const ATTN_GMAX: usize = 4;
@@ -414,8 +448,14 @@ impl CudaBackend {
         if t > 1 {
             return 1;
         }
+        self.splits_for_seqs(keys, p, 1)
+    }
+
+    /// [`splits_for`](Self::splits_for) a decode step of `seqs` sequences in one launch (the
+    /// longest attending over `keys` keys).
+    pub(crate) fn splits_for_seqs(&self, keys: usize, p: &AttentionParams, seqs: usize) -> usize {
         // blocks per split: each kv head's query heads in groups of at most ATTN_GMAX
-        let blocks = p.kv_heads * (p.heads / p.kv_heads.max(1)).div_ceil(ATTN_GMAX);
+        let blocks = seqs * p.kv_heads * (p.heads / p.kv_heads.max(1)).div_ceil(ATTN_GMAX);
         let (min_keys, per_sm, short) = {
             let o = self.opts();
             (
@@ -436,6 +476,159 @@ impl CudaBackend {
             per_sm
         };
         key_splits(keys, blocks, per_sm * self.inner.sms, min_keys)
+    }
+
+    /// A decode step's attention for several sequences at once: row `i` of `q`, `k`, `v`
+    /// (projected, per-head norms applied, not rotated) is sequence `i`'s new token at position
+    /// `chunks[i].pos0`; rotated, appended to its cache and attended over it inside
+    /// `attn_dec_batch` ([`ATTN_BATCH_MAX`] sequences per launch), the key splits merged by
+    /// `attn_combine`. Only where [`decode_batch_applies`](Self::decode_batch_applies).
+    pub(crate) fn attention_decode_batch(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        rope: &CudaRope,
+        chunks: &mut [AttnChunk<'_, Self>],
+        p: &AttentionParams,
+    ) -> Result<CudaTensor> {
+        let n = chunks.len();
+        self.check(
+            n > 0
+                && Self::decode_batch_applies(chunks, p)
+                && p.heads.is_multiple_of(p.kv_heads)
+                && q.rows == n
+                && k.rows == n
+                && v.rows == n
+                && q.cols == p.heads * p.head_dim
+                && k.cols == p.kv_heads * p.head_dim
+                && v.cols == k.cols,
+            || {
+                format!(
+                    "batched decode attention of {n} sequences: q {:?} k {:?}",
+                    (q.rows, q.cols),
+                    (k.rows, k.cols)
+                )
+            },
+        )?;
+        let window = chunks[0].kv.spec.window;
+        let mut keys = 0;
+        for c in chunks.iter_mut() {
+            self.check(c.kv.len == c.pos0 && c.kv.spec.window == window, || {
+                format!(
+                    "batched decode attention: a cache of {} positions for position {}",
+                    c.kv.len, c.pos0
+                )
+            })?;
+            if window.is_none() || c.kv.cap == 0 {
+                self.kv_grow(c.kv, c.pos0 + 1)?;
+            }
+            keys = keys.max(window.map_or(c.pos0 + 1, |w| w.min(c.pos0 + 1)));
+        }
+        let d = p.head_dim;
+        let ngroups = (p.heads / p.kv_heads).div_ceil(ATTN_GMAX);
+        let splits = self.splits_for_seqs(keys, p, n);
+        let variant = match d {
+            64 => 0,
+            _ if keys <= self.opts().attn_short_keys => 2,
+            _ => 1,
+        };
+        let out = self.tensor(n, q.cols)?;
+        let scratch = if splits > 1 {
+            Some((
+                self.alloc::<f32>(n * p.heads * splits * d)?,
+                self.alloc::<f32>(n * p.heads * splits * 2)?,
+            ))
+        } else {
+            None
+        };
+        let norms = QkNorms {
+            q: DevPtr::NULL,
+            k: DevPtr::NULL,
+            eps: 0.0,
+        };
+        let prep = AttnPrep::new(self, chunks[0].kv, 0, norms, rope.dev(self));
+        let (qw, kw) = (q.cols, k.cols);
+        for (gi, group) in chunks.chunks(ATTN_BATCH_MAX).enumerate() {
+            let b0 = gi * ATTN_BATCH_MAX;
+            let mut seqs = AttnSeqs::default();
+            for (s, c) in seqs.s.iter_mut().zip(group) {
+                *s = AttnSeq {
+                    kc: self.ptr(&c.kv.k).cast(),
+                    vc: self.ptr(&c.kv.v).cast(),
+                    slot: window.map_or(c.pos0, |w| c.pos0 % w) as i64,
+                    pos0: c.pos0 as i32,
+                    _pad: 0,
+                };
+            }
+            let (po, pml) = scratch
+                .as_ref()
+                .map_or((DevPtr::NULL, DevPtr::NULL), |(a, b)| {
+                    (
+                        self.ptr(a).add(b0 * p.heads * splits * d),
+                        self.ptr(b).add(b0 * p.heads * splits * 2),
+                    )
+                });
+            ops::attention::AttnDecBatchArgs {
+                q: self.ptr(&q.buf).add(b0 * qw),
+                kch: self.ptr(&k.buf).add(b0 * kw),
+                vch: self.ptr(&v.buf).add(b0 * kw),
+                out: self.ptr(&out.buf).add(b0 * qw),
+                part_o: po,
+                part_ml: pml,
+                heads: p.heads as i32,
+                kvh: p.kv_heads as i32,
+                scale: p.scale,
+                window: window.unwrap_or(0) as i32,
+                splits: splits as i32,
+                ngroups: ngroups as i32,
+                pp: prep,
+                seqs,
+            }
+            .launch(
+                self,
+                variant,
+                (
+                    (p.kv_heads * ngroups) as u32,
+                    group.len() as u32,
+                    splits as u32,
+                ),
+                (128, 1, 1),
+            )?;
+        }
+        if let Some((po, pml)) = &scratch {
+            ops::attention::AttnCombineArgs {
+                part_o: self.ptr(po),
+                part_ml: self.ptr(pml),
+                out: self.ptr(&out.buf),
+                gate: DevPtr::NULL,
+                heads: p.heads as i32,
+                d: d as i32,
+                splits: splits as i32,
+            }
+            .launch(
+                self,
+                (p.heads as u32, n as u32, 1),
+                (d.max(32) as u32, 1, 1),
+            )?;
+        }
+        for c in chunks.iter_mut() {
+            c.kv.len += 1;
+        }
+        Ok(out)
+    }
+
+    /// Whether a pass's chunks take [`attention_decode_batch`](Self::attention_decode_batch):
+    /// two or more sequences of one new token each, bf16 caches, head_dim 64 or 128 (the caller
+    /// also asks `CudaOptions::batched_attention`).
+    pub(crate) fn decode_batch_applies(
+        chunks: &[AttnChunk<'_, Self>],
+        p: &AttentionParams,
+    ) -> bool {
+        chunks.len() > 1
+            && chunks
+                .iter()
+                .all(|c| c.rows == 1 && Self::dec_attention_applies(c.kv, p.head_dim, 1))
     }
 
     /// Appends the `t` rows of `k` and `v` to `cache` (one launch, `kv_append`).

@@ -1,7 +1,7 @@
 //! Linears (kernels/gemv.cu, host side): the one-token GEMVs (bf16, NVFP4 on CUDA cores and on
 //! tensor cores), several linears of one input in one launch (`linear_multi2`), the fused
 //! epilogues that follow them, and the launch geometry of each; `gemv_raw` also dispatches
-//! multi-token linears to `gemm_tiled` (kernels/prefill.cu) and `norm_gemv_raw` launches
+//! multi-token linears to `gemm_mma` (tensor cores) or `gemm_tiled` (kernels/prefill.cu) and `norm_gemv_raw` launches
 //! `norm_gemv_bf16` (kernels/elementwise.cu).
 
 use crate::backend::cuda::*;
@@ -333,7 +333,7 @@ impl CudaBackend {
         } = g;
         let fast =
             (w.fmt == 3 && w.cols.is_multiple_of(32)) || (w.fmt == 2 && w.cols.is_multiple_of(8));
-        let (legacy, mma_ks, nv_ks, nv_grid_per_sm, nv_blocks_per_sm, tiled) = {
+        let (legacy, mma_ks, nv_ks, nv_grid_per_sm, nv_blocks_per_sm, tiled, mma_gemm) = {
             let o = self.opts();
             (
                 o.legacy_gemv,
@@ -342,6 +342,7 @@ impl CudaBackend {
                 o.nv_grid_per_sm,
                 o.nv_blocks_per_sm,
                 o.tiled_prefill,
+                o.mma_gemm,
             )
         };
         if t == 1
@@ -427,6 +428,33 @@ impl CudaBackend {
                 k: w.cols as i32,
             }
             .launch(self, ri, grid, (32 * GEMV_WARPS, 1, 1));
+        }
+        if t >= GEMM_MIN_TOKENS
+            && w.cols.is_multiple_of(32)
+            && tiled
+            && mma_gemm
+            && self.inner.bf16_mma
+            && (w.fmt == 2 || w.fmt == 3)
+        {
+            let grid = (
+                (w.rows as u32).div_ceil(GEMM_MMA_ROWS),
+                (t as u32).div_ceil(GEMM_MMA_TOKENS),
+                1,
+            );
+            return ops::prefill::GemmMmaArgs {
+                fmt: w.fmt,
+                w: self.ptr(&w.data),
+                scales: w.scales_ptr(self),
+                inv_g: w.inv_g,
+                x,
+                y,
+                bias,
+                resid,
+                n: w.rows as i32,
+                k: w.cols as i32,
+                t: t as i32,
+            }
+            .launch(self, grid, (256, 1, 1));
         }
         if t >= GEMM_MIN_TOKENS && w.cols.is_multiple_of(32) && tiled {
             let grid = (

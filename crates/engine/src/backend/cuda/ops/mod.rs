@@ -379,6 +379,7 @@ mod tests {
                 "u64" => "u64",
                 "Segs" => "Segs",
                 "Prep" => "AttnPrep",
+                "AttnSeqs" => "AttnSeqs",
                 "Route" => "Route",
                 "ExpertProj" => "ExpertProj",
                 "Epi" => "Epi",

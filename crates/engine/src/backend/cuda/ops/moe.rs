@@ -1,6 +1,6 @@
 //! Mixture of experts (kernels/moe.cu, host side): expert weights in arenas, the router's
 //! top-k, the routed and shared experts of one or more tokens (persistent kernels for one token,
-//! one grid row per (token, expert) pair otherwise).
+//! grouped by expert on tensor cores for many, one grid row per (token, expert) pair otherwise).
 
 use crate::backend::cuda::*;
 
@@ -36,12 +36,36 @@ kernels! {
         sel: DevPtr<i32>, wts: DevPtr<f32>, k: i32, h: DevPtr<f32>, inter: i32,
         part: DevPtr<f32>, hidden: i32,
     }
+    /// Groups the routed items by expert: `order` (items expert by expert), `tiles` (4 ints per
+    /// tile of up to [`GEMM_MMA_TOKENS`] items of one expert), `ntiles`. One block of 1024.
+    moe_align => MoeAlignArgs {
+        sel: DevPtr<i32>, items: i32, e: i32, order: DevPtr<i32>, tiles: DevPtr<i32>,
+        ntiles: DevPtr<i32>,
+    }
+    /// Gate/up (SiLU · up into `h`) of every tile of items on tensor cores: grid
+    /// (⌈inter / 64⌉, tiles bound).
+    experts_gate_up_mma => ExpertsGateUpMmaArgs {
+        gate: ExpertProj, up: ExpertProj, tiles: DevPtr<i32>, ntiles: DevPtr<i32>,
+        order: DevPtr<i32>, k: i32, x: DevPtr<f32>, h: DevPtr<f32>, inter: i32, hidden: i32,
+    }
+    /// Down (weighted, into each item's row of `part`) of every tile of items on tensor cores:
+    /// grid (⌈hidden / 128⌉, tiles bound).
+    experts_down_mma => ExpertsDownMmaArgs {
+        down: ExpertProj, tiles: DevPtr<i32>, ntiles: DevPtr<i32>, order: DevPtr<i32>,
+        wts: DevPtr<f32>, h: DevPtr<f32>, part: DevPtr<f32>, inter: i32, hidden: i32,
+    }
     /// `out = resid + Σ part` in item order, then the epilogue `epi` in the last block.
     experts_reduce => ExpertsReduceArgs {
         part: DevPtr<f32>, k: i32, t: i32, has_shared: i32, out: DevPtr<f32>, resid: DevPtr<f32>,
         hidden: i32, epi: Epi,
     }
 }
+
+/// Fewest tokens whose routed experts run grouped by expert (`experts_grouped`).
+pub(crate) const GROUPED_MOE_MIN_TOKENS: usize = 16;
+
+/// Most experts per layer `moe_align` handles (`MA_EMAX` in kernels/moe.cu).
+pub(crate) const MOE_ALIGN_MAX_EXPERTS: usize = 1024;
 
 /// Rows of gate and of up per warp of `experts_gate_up2` (`XR`).
 pub(crate) const EXPERT_GU_ROWS: u32 = 2;
@@ -341,6 +365,8 @@ impl CudaBackend {
                 hidden: e.hidden as i32,
             }
             .launch(self, (dn.min(resident) as u32, 1, 1), (256, 1, 1))?;
+        } else if sp.is_none() && self.grouped_moe(e, t) {
+            self.experts_grouped(e, io)?;
         } else {
             self.experts_per_item(e, sp, io)?;
         }
@@ -396,6 +422,91 @@ impl CudaBackend {
             && k * e.inter <= 2 * PERSIST_XB_ENTRIES
             && k < 64
             && shared_ok
+    }
+
+    /// Whether `t` tokens' routed experts run grouped by expert on tensor cores
+    /// ([`experts_grouped`](Self::experts_grouped)): [`GROUPED_MOE_MIN_TOKENS`]+ tokens, bf16 or
+    /// NVFP4 projections with `hidden` and `inter` multiples of 32, at most [`MOE_ALIGN_MAX_EXPERTS`]
+    /// experts, sm_80+; unless switched off (`CudaOptions::grouped_moe`).
+    pub(crate) fn grouped_moe(&self, e: &CudaExperts, t: usize) -> bool {
+        self.opts().grouped_moe
+            && self.inner.bf16_mma
+            && t >= GROUPED_MOE_MIN_TOKENS
+            && [e.gate.fmt, e.up.fmt, e.down.fmt]
+                .iter()
+                .all(|&f| f == 2 || f == 3)
+            && e.hidden.is_multiple_of(32)
+            && e.inter.is_multiple_of(32)
+            && e.n <= MOE_ALIGN_MAX_EXPERTS
+    }
+
+    /// The routed items of `io` (no shared expert) grouped by expert (`moe_align`), then gate/up
+    /// and down of every tile of one expert's items on tensor cores: each expert's weights are
+    /// read once per [`GEMM_MMA_TOKENS`] of its items instead of once per item. Fills `io.h` and
+    /// `io.part` exactly as [`experts_per_item`](Self::experts_per_item) does.
+    pub(crate) fn experts_grouped(&self, e: &CudaExperts, io: MoeBuffers<'_>) -> Result<()> {
+        let MoeBuffers {
+            sel,
+            wts,
+            top_k: k,
+            tokens: t,
+            x,
+            h,
+            part,
+            ..
+        } = io;
+        let items = t * k;
+        // at most one partial tile per expert that has items
+        let max_tiles = items.div_ceil(GEMM_MMA_TOKENS as usize) + e.n.min(items);
+        let order = self.alloc::<i32>(items)?;
+        let tiles = self.alloc::<i32>(4 * max_tiles)?;
+        let ntiles = self.alloc::<i32>(1)?;
+        ops::moe::MoeAlignArgs {
+            sel: self.ptr(sel),
+            items: items as i32,
+            e: e.n as i32,
+            order: self.ptr(&order),
+            tiles: self.ptr(&tiles),
+            ntiles: self.ptr(&ntiles),
+        }
+        .launch(self, (1, 1, 1), (1024, 1, 1))?;
+        ops::moe::ExpertsGateUpMmaArgs {
+            gate: e.gate.proj(self),
+            up: e.up.proj(self),
+            tiles: self.ptr(&tiles),
+            ntiles: self.ptr(&ntiles),
+            order: self.ptr(&order),
+            k: k as i32,
+            x,
+            h,
+            inter: e.inter as i32,
+            hidden: e.hidden as i32,
+        }
+        .launch(
+            self,
+            ((e.inter as u32).div_ceil(64), max_tiles as u32, 1),
+            (256, 1, 1),
+        )?;
+        ops::moe::ExpertsDownMmaArgs {
+            down: e.down.proj(self),
+            tiles: self.ptr(&tiles),
+            ntiles: self.ptr(&ntiles),
+            order: self.ptr(&order),
+            wts: self.ptr(wts),
+            h,
+            part,
+            inter: e.inter as i32,
+            hidden: e.hidden as i32,
+        }
+        .launch(
+            self,
+            (
+                (e.hidden as u32).div_ceil(GEMM_MMA_ROWS),
+                max_tiles as u32,
+                1,
+            ),
+            (256, 1, 1),
+        )
     }
 
     /// Gate/up and down of `items` (token, expert) pairs, one grid row per item (the shared

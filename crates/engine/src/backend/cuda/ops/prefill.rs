@@ -1,5 +1,6 @@
-//! The entry points of kernels/prefill.cu: the tiled matrix-matrix kernel of multi-token linears
-//! and the embedding lookup (host side: `gemv.rs`, `../mod.rs`, `../decode.rs`).
+//! The entry points of kernels/prefill.cu: the tiled matrix-matrix kernels of multi-token linears
+//! (f32 FMA, and tensor cores: `gemm_mma`, whose tiled core the grouped MoE kernels share) and the
+//! embedding lookup (host side: `gemv.rs`, `../mod.rs`, `../decode.rs`).
 
 use super::DevPtr;
 
@@ -11,9 +12,22 @@ kernels! {
         fmt: i32, w: DevPtr<u8>, scales: DevPtr<u8>, inv_g: f32, x: DevPtr<f32>, y: DevPtr<f32>,
         bias: DevPtr<f32>, resid: DevPtr<f32>, n: i32, k: i32, t: i32,
     }
+    /// `y = resid + x · Wᵀ + bias` for `t` tokens on tensor cores (bf16 or NVFP4 `W`, K % 32 == 0)
+    /// in [`GEMM_MMA_ROWS`] × [`GEMM_MMA_TOKENS`] tiles, 256 threads.
+    gemm_mma => GemmMmaArgs {
+        fmt: i32, w: DevPtr<u8>, scales: DevPtr<u8>, inv_g: f32, x: DevPtr<f32>, y: DevPtr<f32>,
+        bias: DevPtr<f32>, resid: DevPtr<f32>, n: i32, k: i32, t: i32,
+    }
     /// Rows `ids` of the table `w` (`K` columns, `fmt` its encoding), dequantized into `y`.
     embed => EmbedArgs {
         fmt: i32, w: DevPtr<u8>, scales: DevPtr<u8>, inv_g: f32, ids: DevPtr<u32>, y: DevPtr<f32>,
         k: i32,
     }
 }
+
+/// Weight rows of one `gemm_mma` block (`GT_BM` in kernels/prefill.cu; also the grouped MoE
+/// kernels' tile).
+pub(crate) const GEMM_MMA_ROWS: u32 = 128;
+
+/// Tokens of one `gemm_mma` block (`GT_BN`; also the items of one grouped MoE tile).
+pub(crate) const GEMM_MMA_TOKENS: u32 = 64;
