@@ -23,6 +23,7 @@ use common::{max_abs, max_abs_diff, values};
 use fp4forge_engine::backend::cuda::CudaOptions;
 use fp4forge_engine::{
     Backend, CpuBackend, CudaBackend, GenerateOptions, KvDtype, LinearWeight, Model, ModelOptions,
+    Want,
 };
 use fp4forge_format::{
     dequantize_f32, quantize, Dtype, Nvfp4View, SafetensorsFile, SourceDtype, WeightView,
@@ -613,8 +614,9 @@ fn synthetic_laguna_variants(dir: &Path) -> Vec<(&'static str, PathBuf)> {
 /// sequence the logits it gets stepping alone (the fused single-token step) from the same cache
 /// (1e-4 of the logit range), step after step, the batch's own appended rows read by the next
 /// steps: sessions at different positions (1 to 300 prompt tokens: full-attention splits, sliding
-/// rings before and after wrapping), 5 sessions and 35 (more than one launch's 32), with the
-/// one-launch attention and with it off, on bf16 and fp8 caches (fp8: sequence by sequence).
+/// rings before and after wrapping), 5 sessions and 35 (more than one launch's 32), some passes
+/// with one session appending a 3-token chunk among the decoding ones, with the one-launch
+/// attention and with it off, on bf16 and fp8 caches (fp8: sequence by sequence).
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
 fn gpu_batched_steps_match_each_sequence_alone() {
@@ -654,16 +656,36 @@ fn gpu_batched_steps_match_each_sequence_alone() {
                 let toks: Vec<u32> = (0..sessions as u32)
                     .map(|i| (17 * i + 31 * step + 3) % vocab)
                     .collect();
+                // (every 4th step, session 1 appends a 3-token chunk in the same pass: the
+                // decoding sequences around it still go together)
+                let lists: Vec<Vec<u32>> = toks
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &t)| {
+                        if i == 1 && step % 4 == 3 {
+                            vec![t, (t + 1) % vocab, (t + 2) % vocab]
+                        } else {
+                            vec![t]
+                        }
+                    })
+                    .collect();
                 let alone: Vec<Vec<f32>> = ss
                     .iter()
-                    .zip(&toks)
-                    .map(|(s, &t)| {
+                    .zip(&lists)
+                    .map(|(s, l)| {
                         let mut copy = s.fork(s.position()).unwrap().unwrap();
-                        copy.step(t).unwrap()
+                        copy.prefill(l).unwrap()
                     })
                     .collect();
                 let mut refs: Vec<_> = ss.iter_mut().collect();
-                let got = model.step_batch(&mut refs, &toks).unwrap();
+                let slices: Vec<&[u32]> = lists.iter().map(Vec::as_slice).collect();
+                let wants = vec![Want::Last; sessions];
+                let got: Vec<Vec<f32>> = model
+                    .forward_batch(&mut refs, &slices, &wants)
+                    .unwrap()
+                    .into_iter()
+                    .map(|l| l.unwrap().data)
+                    .collect();
                 for (g, w) in got.iter().zip(&alone) {
                     d = d.max(rel_diff(g, w));
                 }

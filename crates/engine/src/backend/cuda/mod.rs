@@ -309,12 +309,15 @@ impl CudaBackend {
             .map_err(|e| self.err(format!("upload: {e:?}")))
     }
 
+    /// A tensor for an op's output, not zeroed (no memset launch): every op that makes one
+    /// writes all of its elements before anything reads them.
     fn tensor(&self, rows: usize, cols: usize) -> Result<CudaTensor> {
-        Ok(CudaTensor {
-            buf: self.alloc(rows * cols)?,
-            rows,
-            cols,
-        })
+        let n = rows * cols;
+        // SAFETY: f32 has no invalid bit patterns, and the op that asked for the tensor writes
+        // every element (see above) before it is read.
+        let buf = unsafe { self.inner.stream.alloc::<f32>(n.max(1)) }
+            .map_err(|e| self.err(format!("alloc of {n} elements: {e:?}")))?;
+        Ok(CudaTensor { buf, rows, cols })
     }
 
     /// Fills `n` elements at `ptr` with seeded synthetic values (see `fill` in kernels/sampling.cu).
@@ -773,8 +776,9 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
-    /// A decode step of several sequences runs their attention in one launch
-    /// (`attention_decode_batch`); anything else chunk by chunk.
+    /// The single-token chunks of a pass (decoding sequences) run their attention together in
+    /// one launch per run of two or more consecutive ones (`attention_decode_batch`); the
+    /// others (prompt chunks, other caches) chunk by chunk; all write their rows of one output.
     fn attention_chunks(
         &self,
         q: CudaTensor,
@@ -784,10 +788,52 @@ impl Backend for CudaBackend {
         chunks: &mut [AttnChunk<'_, Self>],
         p: &AttentionParams,
     ) -> Result<CudaTensor> {
-        if self.opts().batched_attention && Self::decode_batch_applies(chunks, p) {
-            return self.attention_decode_batch(&q, &k, v, rope, chunks, p);
+        let runs = chunks
+            .windows(2)
+            .any(|w| w.iter().all(|c| Self::decode_batch_eligible(c, p)));
+        if !runs || !self.opts().batched_attention {
+            return crate::forward::attention_each(self, q, k, v, rope, chunks, p);
         }
-        crate::forward::attention_each(self, q, k, v, rope, chunks, p)
+        let mut out = self.tensor(q.rows, q.cols)?;
+        let (mut i, mut row) = (0, 0);
+        while i < chunks.len() {
+            let run = chunks[i..]
+                .iter()
+                .take_while(|c| Self::decode_batch_eligible(c, p))
+                .count();
+            if run >= 2 {
+                self.attention_decode_batch(
+                    (&q, &k, v),
+                    row,
+                    rope,
+                    &mut chunks[i..i + run],
+                    p,
+                    &out,
+                )?;
+                i += run;
+                row += run;
+                continue;
+            }
+            let c = &mut chunks[i];
+            let n = c.rows;
+            let mut qs = self.rows(&q, row, n)?;
+            let mut ks = self.rows(&k, row, n)?;
+            let vs = self.rows(v, row, n)?;
+            self.rope(&mut qs, rope, p.head_dim, c.pos0)?;
+            self.rope(&mut ks, rope, p.head_dim, c.pos0)?;
+            let o = self.attention(&qs, &ks, &vs, c.kv, p)?;
+            let w = q.cols;
+            self.inner
+                .stream
+                .memcpy_dtod(
+                    &o.buf.slice(0..n * w),
+                    &mut out.buf.slice_mut(row * w..(row + n) * w),
+                )
+                .map_err(|e| self.err(format!("{e:?}")))?;
+            i += 1;
+            row += n;
+        }
+        Ok(out)
     }
 
     fn softplus_gate(&self, x: &mut CudaTensor, gate: &CudaTensor) -> Result<()> {

@@ -478,34 +478,34 @@ impl CudaBackend {
         key_splits(keys, blocks, per_sm * self.inner.sms, min_keys)
     }
 
-    /// A decode step's attention for several sequences at once: row `i` of `q`, `k`, `v`
+    /// A decode step's attention for several sequences at once: row `r0 + i` of `q`, `k`, `v`
     /// (projected, per-head norms applied, not rotated) is sequence `i`'s new token at position
     /// `chunks[i].pos0`; rotated, appended to its cache and attended over it inside
     /// `attn_dec_batch` ([`ATTN_BATCH_MAX`] sequences per launch), the key splits merged by
-    /// `attn_combine`. Only where [`decode_batch_applies`](Self::decode_batch_applies).
+    /// `attn_combine`, into rows `r0..` of `out`. Every chunk must be
+    /// [`decode_batch_eligible`](Self::decode_batch_eligible).
     pub(crate) fn attention_decode_batch(
         &self,
-        q: &CudaTensor,
-        k: &CudaTensor,
-        v: &CudaTensor,
+        (q, k, v): (&CudaTensor, &CudaTensor, &CudaTensor),
+        r0: usize,
         rope: &CudaRope,
         chunks: &mut [AttnChunk<'_, Self>],
         p: &AttentionParams,
-    ) -> Result<CudaTensor> {
+        out: &CudaTensor,
+    ) -> Result<()> {
         let n = chunks.len();
         self.check(
             n > 0
-                && Self::decode_batch_applies(chunks, p)
+                && chunks.iter().all(|c| Self::decode_batch_eligible(c, p))
                 && p.heads.is_multiple_of(p.kv_heads)
-                && q.rows == n
-                && k.rows == n
-                && v.rows == n
+                && r0 + n <= q.rows.min(k.rows).min(v.rows).min(out.rows)
                 && q.cols == p.heads * p.head_dim
+                && out.cols == q.cols
                 && k.cols == p.kv_heads * p.head_dim
                 && v.cols == k.cols,
             || {
                 format!(
-                    "batched decode attention of {n} sequences: q {:?} k {:?}",
+                    "batched decode attention of {n} sequences from row {r0}: q {:?} k {:?}",
                     (q.rows, q.cols),
                     (k.rows, k.cols)
                 )
@@ -533,7 +533,6 @@ impl CudaBackend {
             _ if keys <= self.opts().attn_short_keys => 2,
             _ => 1,
         };
-        let out = self.tensor(n, q.cols)?;
         let scratch = if splits > 1 {
             Some((
                 self.alloc::<f32>(n * p.heads * splits * d)?,
@@ -549,6 +548,7 @@ impl CudaBackend {
         };
         let prep = AttnPrep::new(self, chunks[0].kv, 0, norms, rope.dev(self));
         let (qw, kw) = (q.cols, k.cols);
+        let out_rows = self.ptr(&out.buf).add(r0 * qw);
         for (gi, group) in chunks.chunks(ATTN_BATCH_MAX).enumerate() {
             let b0 = gi * ATTN_BATCH_MAX;
             let mut seqs = AttnSeqs::default();
@@ -569,11 +569,12 @@ impl CudaBackend {
                         self.ptr(b).add(b0 * p.heads * splits * 2),
                     )
                 });
+            let row = r0 + b0;
             ops::attention::AttnDecBatchArgs {
-                q: self.ptr(&q.buf).add(b0 * qw),
-                kch: self.ptr(&k.buf).add(b0 * kw),
-                vch: self.ptr(&v.buf).add(b0 * kw),
-                out: self.ptr(&out.buf).add(b0 * qw),
+                q: self.ptr(&q.buf).add(row * qw),
+                kch: self.ptr(&k.buf).add(row * kw),
+                vch: self.ptr(&v.buf).add(row * kw),
+                out: out_rows.add(b0 * qw),
                 part_o: po,
                 part_ml: pml,
                 heads: p.heads as i32,
@@ -600,7 +601,7 @@ impl CudaBackend {
             ops::attention::AttnCombineArgs {
                 part_o: self.ptr(po),
                 part_ml: self.ptr(pml),
-                out: self.ptr(&out.buf),
+                out: out_rows,
                 gate: DevPtr::NULL,
                 heads: p.heads as i32,
                 d: d as i32,
@@ -615,20 +616,14 @@ impl CudaBackend {
         for c in chunks.iter_mut() {
             c.kv.len += 1;
         }
-        Ok(out)
+        Ok(())
     }
 
-    /// Whether a pass's chunks take [`attention_decode_batch`](Self::attention_decode_batch):
-    /// two or more sequences of one new token each, bf16 caches, head_dim 64 or 128 (the caller
-    /// also asks `CudaOptions::batched_attention`).
-    pub(crate) fn decode_batch_applies(
-        chunks: &[AttnChunk<'_, Self>],
-        p: &AttentionParams,
-    ) -> bool {
-        chunks.len() > 1
-            && chunks
-                .iter()
-                .all(|c| c.rows == 1 && Self::dec_attention_applies(c.kv, p.head_dim, 1))
+    /// Whether a chunk can be one sequence of
+    /// [`attention_decode_batch`](Self::attention_decode_batch): one new token over a bf16
+    /// cache, head_dim 64 or 128.
+    pub(crate) fn decode_batch_eligible(c: &AttnChunk<'_, Self>, p: &AttentionParams) -> bool {
+        c.rows == 1 && Self::dec_attention_applies(c.kv, p.head_dim, 1)
     }
 
     /// Appends the `t` rows of `k` and `v` to `cache` (one launch, `kv_append`).
