@@ -142,31 +142,31 @@ extern "C" __global__ void embed(int fmt, const void* __restrict__ w, const u8* 
 // = M), the tokens' activations are B (tokens = N). Weights enter as bf16 exactly: a bf16 weight
 // is itself, an NVFP4 weight is e2m1 * e4m3 (at most 6 significant bits; the decodes of common.cu
 // give it times 2^-22, which the epilogue's nv_gscale restores with the global scale). The f32
-// activations enter as two bf16 parts, x = hi + lo (hi = bf16(x), lo = bf16(x - hi): ~16
-// significant bits), each multiplied into the same accumulators, so results stay within ~4e-6
-// of the f32 dot product (relative to Σ|w x|).
+// activations enter as three bf16 parts, x = hi + mid + lo (each the bf16 of what the previous
+// ones leave: 24 significant bits, as many as f32 has), each multiplied into the same
+// accumulators, so a product differs from f32's only by the accumulation order.
 //
 // A block computes GT_BM weight rows x GT_BN tokens, 8 warps as 4 (rows) x 2 (tokens), each
 // 32 x 32 (2 x 4 mma tiles). Per K step of GT_BK = 32 (one NVFP4 row chunk: 16 bytes, 2 scales)
-// every thread decodes half a weight row (16 values) and converts 8 activations of one token, into
+// every thread decodes half a weight row (16 values) and splits 8 activations of one token, into
 // one of two shared-memory stages (register staged: the next step's global loads are in flight
-// while the tensor cores work on the current stage; one barrier per step). Shared rows are padded
-// to GT_LD bf16 (80 bytes) so that ldmatrix's eight 16-byte row reads hit distinct banks.
-// The token rows are gathered: token j of the block reads x row `rows[j]` (a MoE expert's tokens),
-// or t0 + j.
+// while the tensor cores work on the current stage; one barrier per step). A shared row is 64
+// bytes, four 16-byte chunks stored at chunk ^ ((row >> 1) & 3), so that ldmatrix's eight row
+// reads of one chunk hit eight distinct bank groups.
+// The token rows may be gathered: the caller points each thread at its token's row (a MoE
+// expert's tokens).
 
 #define GT_BM 128
 #define GT_BN 64
 #define GT_BK 32
-#define GT_LD 40  // bf16 per shared row (32 + 8 padding)
 
 struct GtStage {
-    u16 w[GT_BM][GT_LD];
-    u16 xh[GT_BN][GT_LD];
-    u16 xl[GT_BN][GT_LD];
+    u16 w[GT_BM][GT_BK];
+    u16 x[3][GT_BN][GT_BK];  // hi, mid, lo parts
 };
-// The block's shared memory: two stages, reused by epilogues that stage the f32 results.
-#define GT_SMEM_BYTES (2 * (int)sizeof(GtStage))
+
+// The swizzled offset (in bf16) of 16-byte chunk c of shared row r.
+__device__ __forceinline__ int gt_at(int r, int c) { return 8 * (c ^ ((r >> 1) & 3)); }
 
 __device__ __forceinline__ u32 cvt_bf16x2(float lo, float hi) {
     u32 r;
@@ -250,17 +250,20 @@ __device__ __forceinline__ void gt_store(const GtSrc& s, const GtLoad& l, GtStag
         a = l.w0;
         b = l.w1;
     }
-    *(uint4*)&st.w[wr][16 * s.half] = a;
-    *(uint4*)&st.w[wr][16 * s.half + 8] = b;
-    const float v[8] = {l.xa.x, l.xa.y, l.xa.z, l.xa.w, l.xb.x, l.xb.y, l.xb.z, l.xb.w};
-    u32 hi[4], lo[4];
+    *(uint4*)&st.w[wr][gt_at(wr, 2 * s.half)] = a;
+    *(uint4*)&st.w[wr][gt_at(wr, 2 * s.half + 1)] = b;
+    float v[8] = {l.xa.x, l.xa.y, l.xa.z, l.xa.w, l.xb.x, l.xb.y, l.xb.z, l.xb.w};
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        hi[i] = cvt_bf16x2(v[2 * i], v[2 * i + 1]);
-        lo[i] = cvt_bf16x2(v[2 * i] - bf16_lo_f32(hi[i]), v[2 * i + 1] - bf16_hi_f32(hi[i]));
+    for (int part = 0; part < 3; part++) {
+        u32 p[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            p[i] = cvt_bf16x2(v[2 * i], v[2 * i + 1]);
+            v[2 * i] -= bf16_lo_f32(p[i]);  // exact: the remainder of a rounding to bf16
+            v[2 * i + 1] -= bf16_hi_f32(p[i]);
+        }
+        *(uint4*)&st.x[part][xr][gt_at(xr, s.part)] = make_uint4(p[0], p[1], p[2], p[3]);
     }
-    *(uint4*)&st.xh[xr][8 * s.part] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-    *(uint4*)&st.xl[xr][8 * s.part] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
 }
 
 // The block's GT_BM x GT_BN product over K (K % 32 == 0) into acc (warp tile: rows
@@ -287,24 +290,26 @@ __device__ __forceinline__ void gt_mainloop(const GtSrc& s, int K, GtStage* smem
         if (more) gt_load(s, k0 + GT_BK, l);
         const GtStage& st = smem[stage];
 #pragma unroll
-        for (int ks = 0; ks < GT_BK; ks += 16) {
+        for (int kc = 0; kc < GT_BK / 8; kc += 2) {  // 16 of K: chunks kc, kc + 1
             u32 a[2][4];
 #pragma unroll
-            for (int i = 0; i < 2; i++)
-                ldmatrix_x4(a[i], &st.w[32 * wm + 16 * i + (lane & 15)][ks + 8 * (lane >> 4)]);
+            for (int i = 0; i < 2; i++) {
+                const int r = 32 * wm + 16 * i + (lane & 15);
+                ldmatrix_x4(a[i], &st.w[r][gt_at(r, kc + (lane >> 4))]);
+            }
 #pragma unroll
             for (int jj = 0; jj < 2; jj++) {
                 const int tok = 32 * wn + 16 * jj + (lane & 7) + ((lane >> 4) << 3);
-                const int col = ks + 8 * ((lane >> 3) & 1);
-                u32 bh[4], bl[4];
-                ldmatrix_x4(bh, &st.xh[tok][col]);
-                ldmatrix_x4(bl, &st.xl[tok][col]);
+                const int at = gt_at(tok, kc + ((lane >> 3) & 1));
 #pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    mma_bf16_16816(acc[i][2 * jj], a[i], bh[0], bh[1]);
-                    mma_bf16_16816(acc[i][2 * jj + 1], a[i], bh[2], bh[3]);
-                    mma_bf16_16816(acc[i][2 * jj], a[i], bl[0], bl[1]);
-                    mma_bf16_16816(acc[i][2 * jj + 1], a[i], bl[2], bl[3]);
+                for (int part = 0; part < 3; part++) {
+                    u32 b[4];
+                    ldmatrix_x4(b, &st.x[part][tok][at]);
+#pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        mma_bf16_16816(acc[i][2 * jj], a[i], b[0], b[1]);
+                        mma_bf16_16816(acc[i][2 * jj + 1], a[i], b[2], b[3]);
+                    }
                 }
             }
         }
