@@ -10,6 +10,7 @@
 //! | `FP4FORGE_CUDA_PERSIST` | `persistent_moe` | `0`: one token's experts on the per-item kernels, not the persistent ones | on |
 //! | `FP4FORGE_CUDA_FUSED_DECODE` | `fused_decode` | `0`: the model path's single-token steps on the generic ops, not the fused sequence | on |
 //! | `FP4FORGE_CUDA_GEMM` | `tiled_prefill` | `0`: multi-token linears on the `linear` GEMV kernel, not `gemm_tiled` | on |
+//! | `FP4FORGE_CUDA_FLASH` | `flash_attention` | `0`: prefill attention (16+ rows) on the `attn_*` kernels, not on tensor cores (`attn_flash_*`, sm_80+ only anyway) | on |
 //! | `FP4FORGE_CUDA_LEGACY_GEMV` | `legacy_gemv` | set (any value): decode GEMVs on the one-row-per-warp `linear` kernel | off |
 //! | `FP4FORGE_NV_MINB` | `nv_blocks_per_sm` | `3`: the NVFP4 decode GEMV variant with 3 resident blocks per SM | 2 |
 //! | `FP4FORGE_NV_GRID` | `nv_grid_per_sm` | blocks per SM of the NVFP4 decode GEMV's persistent grid (0: one block per tile) | `nv_blocks_per_sm` |
@@ -44,6 +45,8 @@ pub struct CudaOptions {
     pub fused_decode: bool,
     /// `FP4FORGE_CUDA_GEMM`: multi-token linears (16+ tokens) on `gemm_tiled`.
     pub tiled_prefill: bool,
+    /// `FP4FORGE_CUDA_FLASH`: prefill attention (16+ rows, bf16 / fp8 caches) on tensor cores.
+    pub flash_attention: bool,
     /// `FP4FORGE_CUDA_LEGACY_GEMV`: decode GEMVs on the one-row-per-warp `linear` kernel.
     pub legacy_gemv: bool,
     /// `FP4FORGE_NV_MINB`: resident blocks per SM of the NVFP4 decode GEMV variant (2 or 3).
@@ -76,6 +79,7 @@ impl Default for CudaOptions {
             persistent_moe: true,
             fused_decode: true,
             tiled_prefill: true,
+            flash_attention: true,
             legacy_gemv: false,
             nv_blocks_per_sm: NV_BLOCKS_PER_SM,
             nv_grid_per_sm: NV_BLOCKS_PER_SM,
@@ -118,6 +122,7 @@ impl CudaOptions {
             persistent_moe: on("FP4FORGE_CUDA_PERSIST"),
             fused_decode: on("FP4FORGE_CUDA_FUSED_DECODE"),
             tiled_prefill: on("FP4FORGE_CUDA_GEMM"),
+            flash_attention: on("FP4FORGE_CUDA_FLASH"),
             legacy_gemv: var("FP4FORGE_CUDA_LEGACY_GEMV").is_some(),
             nv_blocks_per_sm,
             nv_grid_per_sm: num("FP4FORGE_NV_GRID").unwrap_or(nv_blocks_per_sm),
@@ -154,6 +159,7 @@ mod tests {
             ("FP4FORGE_CUDA_MMA", "1"),
             ("FP4FORGE_CUDA_PERSIST", "no"),
             ("FP4FORGE_CUDA_GEMM", "0"),
+            ("FP4FORGE_CUDA_FLASH", "0"),
             ("FP4FORGE_CUDA_LEGACY_GEMV", "0"),
             ("FP4FORGE_NV_MINB", "3"),
             ("FP4FORGE_NV_KS", "3"),
@@ -161,7 +167,7 @@ mod tests {
             ("FP4FORGE_CUDA_KERNELS", "/tmp/k.cu"),
         ]);
         assert!(!o.pdl && o.mma && o.persistent_moe && o.fused_decode && !o.tiled_prefill);
-        assert!(o.legacy_gemv);
+        assert!(o.legacy_gemv && !o.flash_attention);
         assert_eq!((o.nv_blocks_per_sm, o.nv_grid_per_sm), (3, 3));
         assert_eq!((o.nv_k_split, o.mma_k_split), (None, Some(4)));
         assert_eq!(o.kernels_source, Some(PathBuf::from("/tmp/k.cu")));
