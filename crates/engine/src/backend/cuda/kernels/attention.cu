@@ -1000,7 +1000,8 @@ __device__ void attn_flash_impl(const float* __restrict__ q, const u8* __restric
         } else {
             float* dst = part_o + (hh * splits + z) * D + 2 * c;
 #pragma unroll
-            for (int d = 0; d < DT; d++) *(float2*)(dst + 8 * d) = make_float2(o[d][2 * rr] * vm, o[d][2 * rr + 1] * vm);
+            for (int d = 0; d < DT; d++)
+                *(float2*)(dst + 8 * d) = make_float2(o[d][2 * rr] * vm, o[d][2 * rr + 1] * vm);
             if (c == 0) {
                 part_ml[(hh * splits + z) * 2] = m == -INF_F ? -INF_F : m * FA_LN2;
                 part_ml[(hh * splits + z) * 2 + 1] = l;
