@@ -605,7 +605,7 @@ ATTN_KERNEL(attn_fp8_4, u8, 4)
 #define FA_QPARTS 3  // bf16 parts of q
 #endif
 
-__device__ __forceinline__ u32 smem_addr(const void* p) {
+__device__ __forceinline__ u32 fa_smem_addr(const void* p) {
     u32 a;
     asm("{ .reg .u64 t;\n\t cvta.to.shared.u64 t, %1;\n\t cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
     return a;
@@ -722,7 +722,7 @@ __device__ __forceinline__ void fa_stage(u16* dst, u8* raw, const u8* __restrict
     const long rwb = (long)kvh * D * E;  // bytes per cache / chunk row
     const long off = (long)kv * D * E + col * 16;
     const int slotb = window > 0 ? kb % window : 0;
-    const u32 base = FP8 ? smem_addr(raw) : smem_addr(dst);
+    const u32 base = FP8 ? fa_smem_addr(raw) : fa_smem_addr(dst);
     const int stride = FP8 ? D : (D + 8) * 2;  // bytes per row of the destination
 #pragma unroll
     for (int i = 0; i < FA_BN / RPP; i++) {
@@ -833,7 +833,7 @@ __device__ void attn_flash_impl(const float* __restrict__ q, const u8* __restric
     for (int d = 0; d < DT; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
     float m0 = -INF_F, m1 = -INF_F, l0 = 0.f, l1 = 0.f;
 
-    const u32 ks_base = smem_addr(sm.k), vs_base = smem_addr(sm.v);
+    const u32 ks_base = fa_smem_addr(sm.k), vs_base = fa_smem_addr(sm.v);
     // ldmatrix row addresses of this lane (bytes, before the tile offsets).
     const u32 k_lane = ks_base + ((lane & 7) * LD + 8 * (lane >> 3)) * 2;
     const u32 v_lane = vs_base + (((lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 8 * (lane >> 4)) * 2;
