@@ -710,7 +710,7 @@ struct FaSmem {
 // Issues the copies of one K or V tile (keys kb .. kb + 63 of kv head kv) into `dst` (bf16) or
 // `raw` (fp8): key j < pos0 from `cache` (ring slot j % window where window > 0), j >= pos0 from
 // `chunk` row j - pos0, j > kend zero. Thread tid copies 16-byte piece `tid % CPR` of rows
-// tid / CPR + i * (128 / CPR).
+// tid / CPR + i * (128 / CPR) (the same pieces for K and V: fa_convert relies on it).
 template <int D, bool FP8>
 __device__ __forceinline__ void fa_stage(u16* dst, u8* raw, const u8* __restrict__ cache, const u8* __restrict__ chunk,
                                          int kb, int kend, int pos0, int window, int kvh, int kv) {
@@ -724,6 +724,23 @@ __device__ __forceinline__ void fa_stage(u16* dst, u8* raw, const u8* __restrict
     const int slotb = window > 0 ? kb % window : 0;
     const u32 base = FP8 ? fa_smem_addr(raw) : fa_smem_addr(dst);
     const int stride = FP8 ? D : (D + 8) * 2;  // bytes per row of the destination
+    // Most tiles are 64 consecutive rows of one buffer (no chunk boundary, no ring wrap, no key
+    // past the chunk): one base pointer, no per-row cases.
+    const u8* lin = nullptr;
+    if (kb + FA_BN - 1 <= kend) {
+        if (kb >= pos0) {
+            lin = chunk + (long)(kb - pos0) * rwb;
+        } else if (kb + FA_BN <= pos0 && (window == 0 || (window >= FA_BN && slotb + FA_BN <= window))) {
+            lin = cache + (long)(window > 0 ? slotb : kb) * rwb;
+        }
+    }
+    if (lin) {
+        const u8* src = lin + off + (long)(tid / CPR) * rwb;
+        const u32 d0 = base + (tid / CPR) * stride + col * 16;
+#pragma unroll
+        for (int i = 0; i < FA_BN / RPP; i++) cp_async16(d0 + i * RPP * stride, src + (long)i * RPP * rwb, true);
+        return;
+    }
 #pragma unroll
     for (int i = 0; i < FA_BN / RPP; i++) {
         const int r = tid / CPR + i * RPP;
