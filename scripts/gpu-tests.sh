@@ -13,7 +13,8 @@
 #
 # `run` executes the `#[ignore]`d GPU tests of crates/engine/tests/cuda.rs (kernels vs f64
 # matmul; NVFP4 experts vs the CPU backend; decode/prefill attention vs the CPU backend on bf16 and
-# fp8 caches at d 64/128 (GQA, sliding and full); tiny Laguna bf16/stock/lean logits vs the CPU
+# fp8 caches at d 64/128 (GQA, sliding and full), the prefill attention on tensor cores vs the CPU
+# backend and vs the CUDA-core kernels; tiny Laguna bf16/stock/lean logits vs the CPU
 # backend and transformers; 256 greedy tokens GPU vs CPU; the model path's fused decode step
 # (fused epilogues, persistent MoE) vs the generic ops and the CPU on synthetic Laguna
 # checkpoints; device sampling vs the host sampler; SmolLM2 if assets/smollm2-* are present) and
@@ -51,13 +52,15 @@ export FP4FORGE_ENGINE_DIR="$PWD/crates/engine"
 status=0
 if [ "$mode" = run ]; then
     target/gpu/cuda-tests --ignored --test-threads 1 --nocapture 2>&1 | tee "$out/tests.log" || status=1
-    # The persistent MoE kernels (shared-memory staging, several groups per block) under
-    # compute-sanitizer's race and memory checkers, where the machine has it.
+    # The persistent MoE kernels (shared-memory staging, several groups per block) and the
+    # prefill attention on tensor cores (cp.async tiles) under compute-sanitizer's race and memory
+    # checkers, where the machine has it.
     sanitizer=$(ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer 2>/dev/null | head -1 || true)
     if [ -n "$sanitizer" ]; then
         for tool in racecheck memcheck; do
             "$sanitizer" --tool "$tool" --error-exitcode 1 --print-limit 10 \
-                target/gpu/cuda-tests --ignored --test-threads 1 gpu_nvfp4_experts 2>&1 |
+                target/gpu/cuda-tests --ignored --test-threads 1 gpu_nvfp4_experts \
+                gpu_flash_attention_matches_the_cuda_core_kernel 2>&1 |
                 tee "$out/sanitizer-$tool.log" | tail -n 3 || status=1
         done
     else

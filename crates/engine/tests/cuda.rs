@@ -9,6 +9,8 @@
 //!   f32 from the same weights, only summation order differs) and against transformers'
 //!   reference logits (`1e-4`, as the CPU test), plus prefill in 128-token chunks and
 //!   token-by-token decode of the last positions.
+//! * attention: decode and prefill over bf16 / fp8 caches against the CPU backend (`1e-4`), the
+//!   prefill attention on tensor cores (`attn_flash_*`) also against the CUDA-core kernels.
 //! * greedy generation: 256 tokens, GPU vs CPU, token for token (bf16 KV on both).
 //! * SmolLM2 (`assets/smollm2-hf` or `assets/smollm2-nvfp4`, if present): logits vs CPU and
 //!   256 greedy tokens.
@@ -49,6 +51,14 @@ fn set_persistent_grid(b: &CudaBackend, blocks: usize) {
 fn set_attn_short_keys(b: &CudaBackend, keys: Option<usize>) {
     b.set_options(CudaOptions {
         attn_short_keys: keys.unwrap_or(CudaOptions::default().attn_short_keys),
+        ..b.options()
+    });
+}
+
+/// Switches the prefill attention on tensor cores (`attn_flash_*`) on or off.
+fn set_flash_attention(b: &CudaBackend, on: bool) {
+    b.set_options(CudaOptions {
+        flash_attention: on,
         ..b.options()
     });
 }
@@ -324,6 +334,142 @@ fn gpu_attention_matches_cpu_on_bf16_and_fp8_caches() {
         }
     }
     set_attn_short_keys(&gpu, None);
+}
+
+/// The outputs of `Backend::attention` over a fresh cache of `spec` for chunks of `chunks` rows
+/// (one after the other: the first at position 0), all concatenated; inputs from `seed`.
+fn attention_chunks<B: Backend>(
+    b: &B,
+    spec: &fp4forge_engine::KvLayerSpec,
+    p: &fp4forge_engine::AttentionParams,
+    chunks: &[usize],
+    seed: u64,
+) -> Vec<f32> {
+    let (heads, kvh, d) = (p.heads, p.kv_heads, p.head_dim);
+    let mut cache = b.new_kv_layer(spec).unwrap();
+    let mut outs = Vec::new();
+    for (i, &t) in chunks.iter().enumerate() {
+        let seed = seed + 3 * i as u64;
+        let q = values(t * heads * d, seed, 4.0);
+        let k = values(t * kvh * d, seed + 1, 4.0);
+        let v = values(t * kvh * d, seed + 2, 2.0);
+        let o = b
+            .attention(
+                &b.upload(t, heads * d, &q).unwrap(),
+                &b.upload(t, kvh * d, &k).unwrap(),
+                &b.upload(t, kvh * d, &v).unwrap(),
+                &mut cache,
+                p,
+            )
+            .unwrap();
+        outs.extend(b.download(&o).unwrap());
+    }
+    outs
+}
+
+/// The shapes of the prefill attention tests: (query heads, kv heads, head_dim) with 6, 8, 3, 1
+/// and 6 query heads per kv head (2, 4, 1, 1, 2 heads per `attn_flash` block), and the caches
+/// (type, k scale, v scale).
+const FLASH_SHAPES: [(usize, usize, usize); 5] = [
+    (48, 8, 128),
+    (64, 8, 128),
+    (9, 3, 64),
+    (4, 4, 64),
+    (12, 2, 64),
+];
+const FLASH_CACHES: [(KvDtype, f32, f32); 2] =
+    [(KvDtype::Bf16, 1.0, 1.0), (KvDtype::Fp8E4m3, 0.05, 0.02)];
+
+fn flash_spec(
+    (heads, kvh, d): (usize, usize, usize),
+    window: Option<usize>,
+    (dtype, k_scale, v_scale): (KvDtype, f32, f32),
+) -> (
+    fp4forge_engine::KvLayerSpec,
+    fp4forge_engine::AttentionParams,
+) {
+    let spec = fp4forge_engine::KvLayerSpec {
+        kv_heads: kvh,
+        head_dim: d,
+        window,
+        dtype,
+        k_scale,
+        v_scale,
+    };
+    let p = fp4forge_engine::AttentionParams {
+        heads,
+        kv_heads: kvh,
+        head_dim: d,
+        scale: 1.0 / (d as f32).sqrt(),
+    };
+    (spec, p)
+}
+
+/// Prefill attention on tensor cores (`attn_flash_*`: chunks of 16+ rows over bf16 / fp8
+/// caches) against the CPU backend, as `gpu_attention_matches_cpu_on_bf16_and_fp8_caches`: chunks
+/// of 16 to 300 rows from position 0 and after earlier chunks (and a decode step), at
+/// `FLASH_SHAPES`, full layers and windows smaller than a chunk (64, and 40: below the 64-key
+/// tile) and larger (512; a 300-row chunk after 16 rows does not wrap it, later ones do).
+#[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
+fn gpu_flash_attention_matches_cpu() {
+    let gpu = gpu();
+    let cpu = CpuBackend::new();
+    set_flash_attention(&gpu, true);
+    let chunks = [16usize, 300, 17, 1, 64, 100, 31, 250];
+    for shape in FLASH_SHAPES {
+        for window in [None, Some(64usize), Some(40), Some(512)] {
+            for cache in FLASH_CACHES {
+                let (spec, p) = flash_spec(shape, window, cache);
+                let seed = (shape.0 * 1000 + shape.2) as u64 + window.unwrap_or(0) as u64;
+                let g = attention_chunks(&gpu, &spec, &p, &chunks, seed);
+                let c = attention_chunks(&cpu, &spec, &p, &chunks, seed);
+                let worst = max_abs_diff(&g, &c);
+                println!(
+                    "flash attention {:?} heads {}/{} d {} window {window:?}: max |gpu - cpu| {worst:.3e}",
+                    cache.0, shape.0, shape.1, shape.2
+                );
+                assert!(
+                    worst < 1e-4,
+                    "{:?} {shape:?} window {window:?}: {worst}",
+                    cache.0
+                );
+            }
+        }
+    }
+}
+
+/// The prefill attention on tensor cores against the `attn_*` kernels (`FP4FORGE_CUDA_FLASH=0`)
+/// on the same inputs (two shapes, bf16 and fp8, full and sliding; a 600-row chunk, then 16 and
+/// 70 rows: on full layers those two run in two key splits merged by `attn_combine`). Small enough
+/// for compute-sanitizer (scripts/gpu-tests.sh runs it under racecheck and memcheck).
+#[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
+fn gpu_flash_attention_matches_the_cuda_core_kernel() {
+    let gpu = gpu();
+    let chunks = [600usize, 16, 70];
+    for shape in [FLASH_SHAPES[0], FLASH_SHAPES[2]] {
+        for window in [None, Some(64usize)] {
+            for cache in FLASH_CACHES {
+                let (spec, p) = flash_spec(shape, window, cache);
+                set_flash_attention(&gpu, true);
+                let flash = attention_chunks(&gpu, &spec, &p, &chunks, 7);
+                set_flash_attention(&gpu, false);
+                let old = attention_chunks(&gpu, &spec, &p, &chunks, 7);
+                set_flash_attention(&gpu, true);
+                let worst = max_abs_diff(&flash, &old);
+                println!(
+                    "flash vs attn_* {:?} heads {}/{} d {} window {window:?}: max diff {worst:.3e}",
+                    cache.0, shape.0, shape.1, shape.2
+                );
+                assert!(
+                    worst < 1e-4,
+                    "{:?} {shape:?} window {window:?}: {worst}",
+                    cache.0
+                );
+            }
+        }
+    }
 }
 
 /// The engine crate's folder: `FP4FORGE_ENGINE_DIR` (a test binary carried to another machine)

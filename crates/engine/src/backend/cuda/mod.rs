@@ -9,7 +9,8 @@
 //! Every op is one to three kernel launches on one stream; nothing synchronises with the host
 //! except [`Backend::download`] and [`Backend::sample`]. Decode GEMVs (one token) run NVFP4 on
 //! tensor cores where K % 128 == 0 (sm_89+), one token's MoE on persistent blocks; prefill uses a
-//! tiled matrix-matrix kernel. A single-token step of the model path runs on the fused launch
+//! tiled matrix-matrix kernel, and its attention (16+ rows over a bf16 or fp8 cache, sm_80+) a
+//! flash-attention kernel on tensor cores. A single-token step of the model path runs on the fused launch
 //! sequence of `decode.rs` (fixed buffers, q/k/v/gate in one launch, norms/rope/append inside
 //! attention, norms fused into neighbouring kernels), and the next token is sampled on the device
 //! (`sample_logits`). The decode benchmark and the stream probe live in the `fp4forge-lab` crate.
@@ -67,9 +68,10 @@ pub(crate) struct Inner {
     /// `mma` paths of `linear_multi2` / `experts_*`): sm_89+ (fp8 conversions), unless
     /// `CudaOptions::mma` is off.
     pub mma: bool,
-    /// bf16 tensor cores (`mma.sync` m16n8k16 bf16, `ldmatrix`: sm_80+) for the multi-token
-    /// kernels `gemm_mma` and the grouped experts (each also behind its own `CudaOptions` knob).
-    pub bf16_mma: bool,
+    /// bf16 mma, ldmatrix and cp.async (sm_80+): the multi-token kernels on tensor cores
+    /// (`gemm_mma`, the grouped experts, the prefill attention `attn_flash_*`; each also behind
+    /// its own `CudaOptions` knob).
+    pub sm80: bool,
     /// Completion counter of the fused epilogues (`Epi` in kernels/common.cu).
     counters: CudaSlice<u32>,
     /// The knobs (`CudaOptions::from_env` unless opened `with_options`); `pdl` and `mma` above
@@ -152,7 +154,7 @@ impl CudaBackend {
                 sms,
                 pdl: maj >= 9 && options.pdl,
                 mma: (maj, min) >= (8, 9) && options.mma,
-                bf16_mma: maj >= 8,
+                sm80: maj >= 8,
                 options: RwLock::new(options),
             }),
         })
@@ -747,6 +749,17 @@ impl Backend for CudaBackend {
             Some(w) => w.min(pos0 + 1),
             None => pos0 + 1,
         };
+        if self.flash_attention_applies(cache, p.head_dim, t) {
+            let call = FlashCall {
+                q: self.ptr(&q.buf),
+                k: self.ptr(&k.buf),
+                v: self.ptr(&v.buf),
+                t,
+                out: self.ptr(&out.buf),
+            };
+            self.attention_flash(cache, p, call)?;
+            return Ok(out);
+        }
         let splits = self.splits_for(keys, p, t);
         let scratch = if splits > 1 {
             let po = self.alloc::<f32>(t * p.heads * splits * p.head_dim)?;

@@ -13,6 +13,7 @@
 //! | `FP4FORGE_CUDA_MMA_GEMM` | `mma_gemm` | `0`: multi-token bf16/NVFP4 linears on `gemm_tiled` (f32 FMA), not `gemm_mma` (tensor cores, sm_80+) | on |
 //! | `FP4FORGE_CUDA_GROUPED_MOE` | `grouped_moe` | `0`: multi-token routed experts on the per-item kernels, not grouped by expert on tensor cores (sm_80+) | on |
 //! | `FP4FORGE_CUDA_BATCH_ATTN` | `batched_attention` | `0`: a batched decode step's attention sequence by sequence (rope, attention, append per sequence), not in one `attn_dec_batch` launch | on |
+//! | `FP4FORGE_CUDA_FLASH` | `flash_attention` | `0`: prefill attention (16+ rows) on the `attn_*` kernels, not on tensor cores (`attn_flash_*`, sm_80+ only anyway) | on |
 //! | `FP4FORGE_CUDA_LEGACY_GEMV` | `legacy_gemv` | set (any value): decode GEMVs on the one-row-per-warp `linear` kernel | off |
 //! | `FP4FORGE_NV_MINB` | `nv_blocks_per_sm` | `3`: the NVFP4 decode GEMV variant with 3 resident blocks per SM | 2 |
 //! | `FP4FORGE_NV_GRID` | `nv_grid_per_sm` | blocks per SM of the NVFP4 decode GEMV's persistent grid (0: one block per tile) | `nv_blocks_per_sm` |
@@ -53,6 +54,8 @@ pub struct CudaOptions {
     pub grouped_moe: bool,
     /// `FP4FORGE_CUDA_BATCH_ATTN`: a batched decode step's attention in one launch.
     pub batched_attention: bool,
+    /// `FP4FORGE_CUDA_FLASH`: prefill attention (16+ rows, bf16 / fp8 caches) on tensor cores.
+    pub flash_attention: bool,
     /// `FP4FORGE_CUDA_LEGACY_GEMV`: decode GEMVs on the one-row-per-warp `linear` kernel.
     pub legacy_gemv: bool,
     /// `FP4FORGE_NV_MINB`: resident blocks per SM of the NVFP4 decode GEMV variant (2 or 3).
@@ -88,6 +91,7 @@ impl Default for CudaOptions {
             mma_gemm: true,
             grouped_moe: true,
             batched_attention: true,
+            flash_attention: true,
             legacy_gemv: false,
             nv_blocks_per_sm: NV_BLOCKS_PER_SM,
             nv_grid_per_sm: NV_BLOCKS_PER_SM,
@@ -133,6 +137,7 @@ impl CudaOptions {
             mma_gemm: on("FP4FORGE_CUDA_MMA_GEMM"),
             grouped_moe: on("FP4FORGE_CUDA_GROUPED_MOE"),
             batched_attention: on("FP4FORGE_CUDA_BATCH_ATTN"),
+            flash_attention: on("FP4FORGE_CUDA_FLASH"),
             legacy_gemv: var("FP4FORGE_CUDA_LEGACY_GEMV").is_some(),
             nv_blocks_per_sm,
             nv_grid_per_sm: num("FP4FORGE_NV_GRID").unwrap_or(nv_blocks_per_sm),
@@ -170,6 +175,7 @@ mod tests {
             ("FP4FORGE_CUDA_PERSIST", "no"),
             ("FP4FORGE_CUDA_GEMM", "0"),
             ("FP4FORGE_CUDA_GROUPED_MOE", "0"),
+            ("FP4FORGE_CUDA_FLASH", "0"),
             ("FP4FORGE_CUDA_LEGACY_GEMV", "0"),
             ("FP4FORGE_NV_MINB", "3"),
             ("FP4FORGE_NV_KS", "3"),
@@ -177,7 +183,7 @@ mod tests {
             ("FP4FORGE_CUDA_KERNELS", "/tmp/k.cu"),
         ]);
         assert!(!o.pdl && o.mma && o.persistent_moe && o.fused_decode && !o.tiled_prefill);
-        assert!(o.legacy_gemv && o.mma_gemm && !o.grouped_moe);
+        assert!(o.legacy_gemv && o.mma_gemm && !o.grouped_moe && !o.flash_attention);
         assert_eq!((o.nv_blocks_per_sm, o.nv_grid_per_sm), (3, 3));
         assert_eq!((o.nv_k_split, o.mma_k_split), (None, Some(4)));
         assert_eq!(o.kernels_source, Some(PathBuf::from("/tmp/k.cu")));

@@ -593,6 +593,494 @@ ATTN_KERNEL(attn_fp8_1, u8, 1)
 ATTN_KERNEL(attn_fp8_2, u8, 2)
 ATTN_KERNEL(attn_fp8_4, u8, 4)
 
+// ---- prefill attention on tensor cores (flash attention) ---------------------------------------
+//
+// Causal attention of a chunk of T query rows (the host takes this path for T >= ATTN_FLASH_MIN_T
+// over bf16 or fp8 caches with head_dim D = 64 or 128) with bf16 mma.m16n8k16 and f32
+// accumulation. Same semantics as attn_impl: key j of position j < pos0 is cache row j (ring slot
+// j % window on sliding layers), one of position j >= pos0 is row j - pos0 of the chunk. The
+// chunk's rows arrive already in the storage type (kx / vx: the host converts them with kv_append,
+// into the cache itself where that overwrites nothing a query still needs, else into scratch),
+// rounded exactly as attn_impl rounds them on the fly.
+//
+// Block: FA_WARPS warps of 16 query rows each, hb (1, 2 or 4) heads of one kv head's group times
+// 64 / hb tokens: warp w takes head h0 + w % hb at tokens t0 + 16 (w / hb) .. + 15 (hb > 1 fills
+// the tile at small T; the heads share the block's K/V tiles). Grid: (kv head x head group, token
+// tile, key split); token tiles run last-first (the causal ones with most keys start first).
+// Keys in tiles of FA_BN = 64 aligned positions, from the first one the block's window needs to
+// its last row's position; split z takes a contiguous run of tiles. Per tile:
+//   S = Q K^T  (16 x 64 per warp): A = q (f32, times scale * log2(e)) split into three bf16
+//              parts q = hi + mid + lo (the remainder is ~2^-24 |q|: the score is f32-exact up to
+//              summation order), B = K (bf16, exact); three mma per k-step of 16 dims.
+//   mask       (only on tiles a row of the warp sees partly: causal j <= p, window j > p - window).
+//   softmax    online, per row, in f32 and base 2 (exp2f of log2e-prescaled scores).
+//   O += P V   A = P split as p = hi + lo (bf16; ~2^-17 relative), B = V (exact); two mma per
+//              k-step of 16 keys. l sums the f32 p.
+// fp8 caches: the e4m3 codes become bf16 exactly as e4m3 * 2^-8 (the f16 bit trick of e4m3x2);
+// ks * 2^8 is folded into q's factor and vs * 2^8 into the output's.
+//
+// Fragments (mma.m16n8k16, g = lane / 4, c = lane % 4): A regs {a0 a1} = row g, cols 2c, 2c + 1;
+// {a2 a3} = row g + 8; {a4 a5}, {a6 a7}: the same rows at cols 2c + 8, 2c + 9. B regs {b0 b1} =
+// rows (k) 2c, 2c + 1 of col (n) g; {b2 b3}: rows 2c + 8, 2c + 9. C: c0 c1 = row g, cols 2c,
+// 2c + 1; c2 c3 = row g + 8. S's C layout of two 8-key tiles is P's A layout of one 16-key step,
+// so P never leaves registers. K^T's B fragments come from the K tile ([key][dim], rows padded by
+// 16 bytes: conflict-free ldmatrix) by ldmatrix.x4 (matrices: keys 8n.., dims 16k, 16k + 8,
+// 16k + 16, 16k + 24), V's by ldmatrix.x4.trans (keys 16s.., 16s + 8.. at dims 8d.., 8d + 8..).
+//
+// Staging: cp.async (16 bytes, zero-filled past the chunk's last key) of K tile i + 1 while the
+// warps do the softmax and P V of tile i, of V tile i during Q K^T of tile i; one buffer each
+// (48 KB of static shared memory is the limit). fp8: the codes go to a byte tile first, and each
+// thread converts the 16-byte pieces it copied itself (no barrier in between).
+//
+// Outputs as attn_impl: out [T, heads * D] (splits == 1) or the partials (o, m, l) for
+// attn_combine (m converted to natural-log units).
+#define FA_BN 64     // keys per tile
+#define FA_WARPS 4   // warps per block (16 query rows each)
+#define FA_LOG2E 1.4426950408889634f
+#define FA_LN2 0.6931471805599453f
+#define FA_FP8_UNIT 256.f  // fp8 tiles hold e4m3 * 2^-8
+#ifndef FA_QPARTS
+#define FA_QPARTS 3  // bf16 parts of q
+#endif
+
+__device__ __forceinline__ u32 fa_smem_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t;\n\t cvta.to.shared.u64 t, %1;\n\t cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// 16 bytes global -> shared, asynchronously; ok == false: 16 zero bytes (src is not read).
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool ok) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+// Waits until at most N of this thread's committed groups are pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void ldsm_x4(u32 r[4], u32 addr) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void ldsm_x4_t(u32 r[4], u32 addr) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+#endif
+}
+
+// c += a * b: mma.m16n8k16, bf16 operands, f32 accumulation (sm_80+).
+__device__ __forceinline__ void mma_bf16(float c[4], const u32 a[4], u32 b0, u32 b1) {
+#if __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// (x, y) rounded to bf16, x in the low half.
+__device__ __forceinline__ u32 bf16x2_rn(float x, float y) {
+#if __CUDA_ARCH__ >= 800
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(y), "f"(x));
+    return r;
+#else
+    return pack_bf16x2(x, y);
+#endif
+}
+
+// The bf16 pair nearest (x, y); x and y become what it leaves (exact in f32).
+__device__ __forceinline__ u32 bf16x2_split(float& x, float& y) {
+    const u32 h = bf16x2_rn(x, y);
+    x -= __uint_as_float(h << 16);
+    y -= __uint_as_float(h & 0xffff0000u);
+    return h;
+}
+
+// Four e4m3 codes (byte i = code i) as two bf16 pairs of e4m3 * 2^-8, exactly (codes 0, 1 in the
+// first). The NaN codes (0x7f, 0xff) become NaN, as e4m3_to_f32 decodes them.
+__device__ __forceinline__ void e4m3x4_bf16(u32 v, u32& a, u32& b) {
+    const float2 p = e4m3x2(v), q = e4m3x2(v >> 16);
+    a = (__float_as_uint(p.x) >> 16) | (__float_as_uint(p.y) & 0xffff0000u);
+    b = (__float_as_uint(q.x) >> 16) | (__float_as_uint(q.y) & 0xffff0000u);
+    if (((v & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u) {  // some code is 0x7f or 0xff
+        const u32 hi[2] = {a, b};
+        u32 o[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            u32 x = hi[i];
+            if (((v >> (16 * i)) & 0x7fu) == 0x7fu) x = (x & 0xffff0000u) | 0x7fc0u;
+            if (((v >> (16 * i + 8)) & 0x7fu) == 0x7fu) x = (x & 0xffffu) | 0x7fc00000u;
+            o[i] = x;
+        }
+        a = o[0];
+        b = o[1];
+    }
+}
+
+// Shared memory of one block: the K and V tiles (bf16, rows padded to D + 8 values) and, for fp8
+// caches, the byte tile the codes land in.
+template <int D, bool FP8>
+struct FaSmem {
+    static constexpr int LD = D + 8;  // u16 per padded tile row
+    u16 k[FA_BN * LD];
+    u16 v[FA_BN * LD];
+    u8 raw[FP8 ? FA_BN * D : 16];
+};
+
+// Issues the copies of one K or V tile (keys kb .. kb + 63 of kv head kv) into `dst` (bf16) or
+// `raw` (fp8): key j < pos0 from `cache` (ring slot j % window where window > 0), j >= pos0 from
+// `chunk` row j - pos0, j > kend zero. Thread tid copies 16-byte piece `tid % CPR` of rows
+// tid / CPR + i * (128 / CPR) (the same pieces for K and V: fa_convert relies on it).
+template <int D, bool FP8>
+__device__ __forceinline__ void fa_stage(u16* dst, u8* raw, const u8* __restrict__ cache, const u8* __restrict__ chunk,
+                                         int kb, int kend, int pos0, int window, int kvh, int kv) {
+    constexpr int E = FP8 ? 1 : 2;         // bytes per value
+    constexpr int CPR = D * E / 16;        // 16-byte pieces per row
+    constexpr int RPP = FA_WARPS * 32 / CPR;  // rows per pass of the block
+    const int tid = threadIdx.x;
+    const int col = tid % CPR;
+    const long rwb = (long)kvh * D * E;  // bytes per cache / chunk row
+    const long off = (long)kv * D * E + col * 16;
+    const int slotb = window > 0 ? kb % window : 0;
+    const u32 base = FP8 ? fa_smem_addr(raw) : fa_smem_addr(dst);
+    const int stride = FP8 ? D : (D + 8) * 2;  // bytes per row of the destination
+    // Most tiles are 64 consecutive rows of one buffer (no chunk boundary, no ring wrap, no key
+    // past the chunk): one base pointer, no per-row cases.
+    const u8* lin = nullptr;
+    if (kb + FA_BN - 1 <= kend) {
+        if (kb >= pos0) {
+            lin = chunk + (long)(kb - pos0) * rwb;
+        } else if (kb + FA_BN <= pos0 && (window == 0 || (window >= FA_BN && slotb + FA_BN <= window))) {
+            lin = cache + (long)(window > 0 ? slotb : kb) * rwb;
+        }
+    }
+    if (lin) {
+        const u8* src = lin + off + (long)(tid / CPR) * rwb;
+        const u32 d0 = base + (tid / CPR) * stride + col * 16;
+#pragma unroll
+        for (int i = 0; i < FA_BN / RPP; i++) cp_async16(d0 + i * RPP * stride, src + (long)i * RPP * rwb, true);
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < FA_BN / RPP; i++) {
+        const int r = tid / CPR + i * RPP;
+        const int j = kb + r;
+        const bool ok = j <= kend;
+        const u8* src = cache;
+        if (ok) {
+            if (j < pos0) {
+                long s = j;
+                if (window > 0) {
+                    if (window >= FA_BN) {
+                        s = slotb + r;
+                        if (s >= window) s -= window;
+                    } else {
+                        s = j % window;
+                    }
+                }
+                src = cache + s * rwb + off;
+            } else {
+                src = chunk + (long)(j - pos0) * rwb + off;
+            }
+        }
+        cp_async16(base + r * stride + col * 16, src, ok);
+    }
+}
+
+// fp8: converts the pieces this thread copied with fa_stage (after its cp_async_wait) from the byte
+// tile into the bf16 tile `dst`.
+template <int D>
+__device__ __forceinline__ void fa_convert(u16* dst, const u8* raw) {
+    constexpr int CPR = D / 16;
+    constexpr int RPP = FA_WARPS * 32 / CPR;
+    const int tid = threadIdx.x;
+    const int col = tid % CPR;
+#pragma unroll
+    for (int i = 0; i < FA_BN / RPP; i++) {
+        const int r = tid / CPR + i * RPP;
+        const uint4 c = *(const uint4*)(raw + r * D + col * 16);
+        uint4 lo, hi;
+        e4m3x4_bf16(c.x, lo.x, lo.y);
+        e4m3x4_bf16(c.y, lo.z, lo.w);
+        e4m3x4_bf16(c.z, hi.x, hi.y);
+        e4m3x4_bf16(c.w, hi.z, hi.w);
+        uint4* d = (uint4*)(dst + r * (D + 8) + col * 16);
+        d[0] = lo;
+        d[1] = hi;
+    }
+}
+
+template <int D, bool FP8>
+__device__ void attn_flash_impl(const float* __restrict__ q, const u8* __restrict__ kc, const u8* __restrict__ vc,
+                                const u8* __restrict__ kx, const u8* __restrict__ vx, float* __restrict__ out,
+                                float* __restrict__ part_o, float* __restrict__ part_ml, int T, int heads, int kvh,
+                                float scale, int pos0, int window, int splits, int hb, float ks, float vs) {
+    constexpr int KS = D / 16;  // k-steps of Q K^T
+    constexpr int DT = D / 8;   // 8-dim tiles of O
+    constexpr int LD = D + 8;
+    __shared__ __align__(16) FaSmem<D, FP8> sm;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int g = lane >> 2, c = lane & 3;
+    const int G = heads / kvh;
+    const int ngrp = G / hb;
+    const int kv = blockIdx.x / ngrp, grp = blockIdx.x % ngrp;
+    const int tb = 16 * FA_WARPS / hb;                    // tokens per block
+    const int t0 = (gridDim.y - 1 - blockIdx.y) * tb;     // last tiles first
+    const int h = kv * G + grp * hb + w % hb;             // the warp's head
+    const int tw = t0 + 16 * (w / hb);                    // the warp's first token
+    const int z = blockIdx.z;
+    const int kend = pos0 + T - 1;                        // the chunk's last key
+
+    // The block's key tiles (positions of its first and last real row), this split's share.
+    const int pfirst = pos0 + t0, plast = pos0 + min(t0 + tb, T) - 1;
+    const int kb0 = (window > 0 ? max(0, pfirst + 1 - window) : 0) & ~(FA_BN - 1);
+    const int ntiles = (plast - kb0) / FA_BN + 1;
+    const int per = (ntiles + splits - 1) / splits;
+    const int i0 = z * per, i1 = min(ntiles, i0 + per);
+
+    // The warp's rows (positions of rows g and g + 8 of this lane; the warp's first and last).
+    const int pw0 = pos0 + tw, pw1 = pw0 + 15;
+    const int pr0 = pw0 + g, pr1 = pr0 + 8;
+    const bool live = tw < T;  // some row of the warp is real
+
+    // q fragments: three bf16 parts of q * scale * log2(e) (fp8: also * ks * 2^8).
+    u32 qf[FA_QPARTS][KS][4];
+    {
+        const float qs = scale * FA_LOG2E * (FP8 ? ks * FA_FP8_UNIT : 1.f);
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            const int t = tw + g + 8 * rr;
+            const float* qr = q + ((long)t * heads + h) * D + 2 * c;
+#pragma unroll
+            for (int k = 0; k < KS; k++) {
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    float2 v = t < T ? *(const float2*)(qr + 16 * k + 8 * hf) : make_float2(0.f, 0.f);
+                    float x = v.x * qs, y = v.y * qs;
+#pragma unroll
+                    for (int p = 0; p + 1 < FA_QPARTS; p++) qf[p][k][rr + 2 * hf] = bf16x2_split(x, y);
+                    qf[FA_QPARTS - 1][k][rr + 2 * hf] = bf16x2_rn(x, y);
+                }
+            }
+        }
+    }
+
+    float o[DT][4];
+#pragma unroll
+    for (int d = 0; d < DT; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+    float m0 = -INF_F, m1 = -INF_F, l0 = 0.f, l1 = 0.f;
+
+    const u32 ks_base = fa_smem_addr(sm.k), vs_base = fa_smem_addr(sm.v);
+    // ldmatrix row addresses of this lane (bytes, before the tile offsets).
+    const u32 k_lane = ks_base + ((lane & 7) * LD + 8 * (lane >> 3)) * 2;
+    const u32 v_lane = vs_base + (((lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 8 * (lane >> 4)) * 2;
+
+    if (i0 < i1) {
+        fa_stage<D, FP8>(sm.k, sm.raw, kc, kx, kb0 + i0 * FA_BN, kend, pos0, window, kvh, kv);
+        cp_async_commit();
+        if (FP8) {
+            cp_async_wait<0>();
+            fa_convert<D>(sm.k, sm.raw);
+        }
+    }
+    for (int it = i0; it < i1; it++) {
+        const int kb = kb0 + it * FA_BN;
+        const bool more = it + 1 < i1;
+        // Warps whose rows see no key of this tile only stage.
+        const bool act = live && kb <= pw1 && (window == 0 || kb + FA_BN - 1 > pw0 - window);
+        if (FP8) __syncthreads();  // K tile converted; every warp done with the last V tile
+        fa_stage<D, FP8>(sm.v, sm.raw, vc, vx, kb, kend, pos0, window, kvh, kv);
+        cp_async_commit();
+        if (!FP8) {
+            cp_async_wait<1>();  // this tile's K (its V may still be in flight)
+            __syncthreads();
+        }
+
+        // ---- S = Q K^T
+        float s[FA_BN / 8][4];
+#pragma unroll
+        for (int n = 0; n < FA_BN / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+        if (act) {
+#pragma unroll
+            for (int k2 = 0; k2 < KS / 2; k2++) {
+#pragma unroll
+                for (int n = 0; n < FA_BN / 8; n++) {
+                    u32 b[4];
+                    ldsm_x4(b, k_lane + (8 * n * LD + 32 * k2) * 2);
+#pragma unroll
+                    for (int p = 0; p < FA_QPARTS; p++) mma_bf16(s[n], qf[p][2 * k2], b[0], b[1]);
+#pragma unroll
+                    for (int p = 0; p < FA_QPARTS; p++) mma_bf16(s[n], qf[p][2 * k2 + 1], b[2], b[3]);
+                }
+            }
+        }
+        if (FP8) {
+            cp_async_wait<0>();  // this tile's V codes (the V tile is free since the loop's top)
+            fa_convert<D>(sm.v, sm.raw);
+            __syncthreads();  // V tile complete; every warp done with the K tile
+            if (more) fa_stage<D, FP8>(sm.k, sm.raw, kc, kx, kb + FA_BN, kend, pos0, window, kvh, kv);
+            cp_async_commit();
+        } else {
+            __syncthreads();  // every warp done with the K tile
+            if (more) fa_stage<D, FP8>(sm.k, sm.raw, kc, kx, kb + FA_BN, kend, pos0, window, kvh, kv);
+            cp_async_commit();
+        }
+
+        if (act) {
+            // ---- mask (tiles some row of the warp sees only in part), online softmax
+            if (kb + FA_BN - 1 > pw0 || (window > 0 && kb <= pw1 - window)) {
+#pragma unroll
+                for (int n = 0; n < FA_BN / 8; n++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int j = kb + 8 * n + 2 * c + (e & 1);
+                        const int p = e < 2 ? pr0 : pr1;
+                        if (j > p || (window > 0 && j <= p - window)) s[n][e] = -INF_F;
+                    }
+                }
+            }
+            float x0 = -INF_F, x1 = -INF_F;
+#pragma unroll
+            for (int n = 0; n < FA_BN / 8; n++) {
+                x0 = fmaxf(x0, fmaxf(s[n][0], s[n][1]));
+                x1 = fmaxf(x1, fmaxf(s[n][2], s[n][3]));
+            }
+#pragma unroll
+            for (int o2 = 1; o2 < 4; o2 <<= 1) {
+                x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, o2));
+                x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, o2));
+            }
+            const float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
+            const float u0 = n0 == -INF_F ? 0.f : n0, u1 = n1 == -INF_F ? 0.f : n1;
+            const float c0 = exp2f(m0 - u0), c1 = exp2f(m1 - u1);
+            m0 = n0;
+            m1 = n1;
+            float r0 = 0.f, r1 = 0.f;
+#pragma unroll
+            for (int n = 0; n < FA_BN / 8; n++) {
+                s[n][0] = exp2f(s[n][0] - u0);
+                s[n][1] = exp2f(s[n][1] - u0);
+                s[n][2] = exp2f(s[n][2] - u1);
+                s[n][3] = exp2f(s[n][3] - u1);
+                r0 += s[n][0] + s[n][1];
+                r1 += s[n][2] + s[n][3];
+            }
+            l0 = l0 * c0 + r0;
+            l1 = l1 * c1 + r1;
+#pragma unroll
+            for (int d = 0; d < DT; d++) {
+                o[d][0] *= c0;
+                o[d][1] *= c0;
+                o[d][2] *= c1;
+                o[d][3] *= c1;
+            }
+        }
+
+        if (!FP8) {
+            cp_async_wait<1>();  // this tile's V (the next K may still be in flight)
+            __syncthreads();
+        }
+        // ---- O += P V
+        if (act) {
+#pragma unroll
+            for (int st = 0; st < FA_BN / 16; st++) {
+                u32 ph[4], pl[4];
+                ph[0] = bf16x2_split(s[2 * st][0], s[2 * st][1]);
+                ph[1] = bf16x2_split(s[2 * st][2], s[2 * st][3]);
+                ph[2] = bf16x2_split(s[2 * st + 1][0], s[2 * st + 1][1]);
+                ph[3] = bf16x2_split(s[2 * st + 1][2], s[2 * st + 1][3]);
+                pl[0] = bf16x2_rn(s[2 * st][0], s[2 * st][1]);
+                pl[1] = bf16x2_rn(s[2 * st][2], s[2 * st][3]);
+                pl[2] = bf16x2_rn(s[2 * st + 1][0], s[2 * st + 1][1]);
+                pl[3] = bf16x2_rn(s[2 * st + 1][2], s[2 * st + 1][3]);
+#pragma unroll
+                for (int d2 = 0; d2 < DT / 2; d2++) {
+                    u32 b[4];
+                    ldsm_x4_t(b, v_lane + (16 * st * LD + 16 * d2) * 2);
+                    mma_bf16(o[2 * d2], ph, b[0], b[1]);
+                    mma_bf16(o[2 * d2 + 1], ph, b[2], b[3]);
+                    mma_bf16(o[2 * d2], pl, b[0], b[1]);
+                    mma_bf16(o[2 * d2 + 1], pl, b[2], b[3]);
+                }
+            }
+        }
+        if (FP8) {
+            if (more) {
+                cp_async_wait<0>();  // the next K codes; the K tile is free since the barrier above
+                fa_convert<D>(sm.k, sm.raw);
+            }
+        } else {
+            __syncthreads();  // every warp done with the V tile
+        }
+    }
+
+    // ---- outputs: rows g (o[.][0..1], m0, l0) and g + 8 (o[.][2..3], m1, l1) of the warp
+#pragma unroll
+    for (int o2 = 1; o2 < 4; o2 <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, o2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
+    }
+    const float vm = FP8 ? vs * FA_FP8_UNIT : 1.f;
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        const int t = tw + g + 8 * rr;
+        if (t >= T) continue;
+        const float m = rr ? m1 : m0, l = rr ? l1 : l0;
+        const long hh = (long)t * heads + h;
+        if (splits == 1) {
+            float* dst = out + hh * D + 2 * c;
+#pragma unroll
+            for (int d = 0; d < DT; d++) {
+                const float a = o[d][2 * rr] * vm, b = o[d][2 * rr + 1] * vm;
+                *(float2*)(dst + 8 * d) = l > 0.f ? make_float2(a / l, b / l) : make_float2(0.f, 0.f);
+            }
+        } else {
+            float* dst = part_o + (hh * splits + z) * D + 2 * c;
+#pragma unroll
+            for (int d = 0; d < DT; d++)
+                *(float2*)(dst + 8 * d) = make_float2(o[d][2 * rr] * vm, o[d][2 * rr + 1] * vm);
+            if (c == 0) {
+                part_ml[(hh * splits + z) * 2] = m == -INF_F ? -INF_F : m * FA_LN2;
+                part_ml[(hh * splits + z) * 2 + 1] = l;
+            }
+        }
+    }
+}
+
+// Prefill attention of T >= ATTN_FLASH_MIN_T rows over bf16 / fp8 caches, head_dim D. Two blocks
+// per SM (registers: q's three parts and O stay in them).
+#define ATTN_FLASH(NAME, D, FP8)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(FA_WARPS * 32, 2)                                                    \
+        NAME(const float* q, const u8* kc, const u8* vc, const u8* kx, const u8* vx, float* out, float* part_o,       \
+             float* part_ml, int T, int heads, int kvh, float scale, int pos0, int window, int splits, int hb,        \
+             float ks, float vs) {                                                                                     \
+        pdl_enter();                                                                                                   \
+        attn_flash_impl<D, FP8>(q, kc, vc, kx, vx, out, part_o, part_ml, T, heads, kvh, scale, pos0, window, splits,  \
+                                hb, ks, vs);                                                                           \
+    }
+ATTN_FLASH(attn_flash_bf16_64, 64, false)
+ATTN_FLASH(attn_flash_bf16_128, 128, false)
+ATTN_FLASH(attn_flash_fp8_64, 64, true)
+ATTN_FLASH(attn_flash_fp8_128, 128, true)
+
 // Merges the splits: grid (heads, T), threads d. Optionally multiplies by softplus(gate[t, h]).
 extern "C" __global__ void attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,
                                        float* __restrict__ out, const float* __restrict__ gate, int heads, int d,

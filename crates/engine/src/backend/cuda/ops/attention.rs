@@ -1,6 +1,8 @@
 //! Attention (kernels/attention.cu, host side): the KV cache on the device, decode attention
-//! with key splits and their merge, prefill attention; and one token's q/k norms, rope and KV
-//! append (`qk_norm_rope`, kernels/elementwise.cu) where the decode kernel does not do them.
+//! with key splits and their merge, prefill attention (chunks of `ATTN_FLASH_MIN_T`+ rows over
+//! bf16 / fp8 caches on tensor cores, `attention_flash`; the others on `attn_*`); and one
+//! token's q/k norms, rope and KV append (`qk_norm_rope`, kernels/elementwise.cu) where the
+//! decode kernel does not do them.
 
 use crate::backend::cuda::*;
 
@@ -37,6 +39,16 @@ kernels! {
         q: DevPtr<f32>, kch: DevPtr<f32>, vch: DevPtr<f32>, out: DevPtr<f32>,
         part_o: DevPtr<f32>, part_ml: DevPtr<f32>, heads: i32, kvh: i32, scale: f32,
         window: i32, splits: i32, ngroups: i32, pp: AttnPrep, seqs: AttnSeqs,
+    }
+    /// Prefill attention on tensor cores (`t` ≥ `ATTN_FLASH_MIN_T` rows) over a bf16 or fp8
+    /// cache (`2 · fp8 + (head_dim == 128)`), the chunk's rows `kx`, `vx` already in the
+    /// storage type; `hb` heads of a kv head's group per block.
+    attn_flash [
+        "attn_flash_bf16_64", "attn_flash_bf16_128", "attn_flash_fp8_64", "attn_flash_fp8_128",
+    ] => AttnFlashArgs {
+        q: DevPtr<f32>, kc: DevPtr<u8>, vc: DevPtr<u8>, kx: DevPtr<u8>, vx: DevPtr<u8>,
+        out: DevPtr<f32>, part_o: DevPtr<f32>, part_ml: DevPtr<f32>, t: i32, heads: i32,
+        kvh: i32, scale: f32, pos0: i32, window: i32, splits: i32, hb: i32, ks: f32, vs: f32,
     }
     /// The merge of `splits` partial results per head (and `softplus(gate)` where not null).
     attn_combine => AttnCombineArgs {
@@ -90,6 +102,19 @@ pub(crate) const MAX_SPLITS: usize = 128;
 /// geometry, 2026-11-30): sliding layers (512 keys) 565 vs 618 µs per token, full layers at 64K
 /// 4,103 vs 3,520 µs (the occupancy wins there).
 pub(crate) const ATTN_SHORT_KEYS: usize = 8192;
+
+/// Fewest query rows (tokens of one chunk) that take the prefill attention on tensor cores
+/// (`attn_flash_*`, where `flash_attention_applies`); fewer take the `attn_*` kernels.
+pub(crate) const ATTN_FLASH_MIN_T: usize = 16;
+
+/// Query rows of one `attn_flash` block (4 warps of 16: `FA_WARPS` in kernels/attention.cu).
+const ATTN_FLASH_ROWS: usize = 64;
+
+/// Fewest keys per split of the prefill attention on tensor cores (8 tiles of 64).
+const ATTN_FLASH_SPLIT_MIN_KEYS: usize = 512;
+
+/// Resident `attn_flash` blocks per SM (`__launch_bounds__(128, 2)`).
+const ATTN_FLASH_BLOCKS_PER_SM: usize = 2;
 
 /// The per-head q/k norms, rope and KV append of a decode step, done by the decode attention
 /// kernel (`Prep` in kernels/attention.cu; layout identical).
@@ -183,6 +208,17 @@ pub(crate) struct AttnCall {
     pub splits: usize,
     pub scratch: Option<(DevPtr<f32>, DevPtr<f32>)>,
     pub prep: Option<AttnPrep>,
+}
+
+/// One `attention_flash` call: `t` query rows `q` and the chunk's `k`, `v` (f32), the output
+/// `out` (`[t, heads · head_dim]`).
+#[derive(Clone, Copy)]
+pub(crate) struct FlashCall {
+    pub q: DevPtr<f32>,
+    pub k: DevPtr<f32>,
+    pub v: DevPtr<f32>,
+    pub t: usize,
+    pub out: DevPtr<f32>,
 }
 
 /// A rotary embedding: `inv_freq` on the device; cos/sin computed in the kernel.
@@ -436,6 +472,146 @@ impl CudaBackend {
             }
             .launch(self, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1))?;
         }
+        Ok(())
+    }
+
+    /// Whether a chunk of `t` rows over `cache` with heads of `head_dim` takes the prefill
+    /// attention on tensor cores ([`attention_flash`](Self::attention_flash)): switched on
+    /// (`CudaOptions::flash_attention`), an sm_80+ device, `t ≥ ATTN_FLASH_MIN_T`, a bf16 or fp8
+    /// cache (f32 caches stay on `attn_*`), head_dim 64 or 128.
+    pub(crate) fn flash_attention_applies(
+        &self,
+        cache: &CudaKvLayer,
+        head_dim: usize,
+        t: usize,
+    ) -> bool {
+        t >= ATTN_FLASH_MIN_T
+            && self.inner.sm80
+            && self.opts().flash_attention
+            && matches!(cache.kv_t, 1 | 2)
+            && matches!(head_dim, 64 | 128)
+    }
+
+    /// Causal attention of the `t` rows `q` (positions `cache.len ..`) over `cache` and the
+    /// chunk `k`, `v` into `out` on tensor cores (`attn_flash_*`, where
+    /// `flash_attention_applies`), and the chunk appended to the cache. The kernel reads keys
+    /// and values in the storage type: the chunk's rows are appended first where that
+    /// overwrites no row a query of the chunk still needs (full layers, and rings the chunk does
+    /// not wrap), else converted into scratch (`kv_append` there) and appended after.
+    pub(crate) fn attention_flash(
+        &self,
+        cache: &mut CudaKvLayer,
+        p: &AttentionParams,
+        c: FlashCall,
+    ) -> Result<()> {
+        let FlashCall { q, k, v, t, out } = c;
+        let (pos0, d) = (cache.len, p.head_dim);
+        let row_bytes = cache.spec.row_width() * cache.elem();
+        let window = cache.spec.window;
+        let in_place = window.is_none_or(|w| pos0 + t <= w);
+        let scratch = if in_place {
+            self.kv_append_raw(cache, k, v, t)?;
+            None
+        } else {
+            let ks = self.alloc::<u8>(t * row_bytes)?;
+            let vs = self.alloc::<u8>(t * row_bytes)?;
+            ops::attention::KvAppendArgs {
+                kc: self.ptr(&ks),
+                vc: self.ptr(&vs),
+                k,
+                v,
+                t: t as i32,
+                pos0: 0,
+                window: 0,
+                width: cache.spec.row_width() as i32,
+                kv_t: cache.kv_t,
+                ks: cache.k_scale,
+                vs: cache.v_scale,
+            }
+            .launch(self, (t as u32, 1, 1), (128, 1, 1))?;
+            Some((ks, vs))
+        };
+        let (kx, vx) = match &scratch {
+            Some((ks, vs)) => (self.ptr(ks), self.ptr(vs)),
+            None => (
+                self.ptr(&cache.k).add(pos0 * row_bytes),
+                self.ptr(&cache.v).add(pos0 * row_bytes),
+            ),
+        };
+        // blocks: hb heads of a group times 64 / hb tokens; key splits fill about one wave
+        let g = p.heads / p.kv_heads;
+        let hb = [4, 2, 1]
+            .into_iter()
+            .find(|&h| g.is_multiple_of(h))
+            .unwrap_or(1);
+        let tb = ATTN_FLASH_ROWS / hb;
+        let blocks = p.kv_heads * (g / hb) * t.div_ceil(tb);
+        let keys = window.map_or(pos0 + t, |w| (pos0 + t).min(w + tb));
+        let slots = ATTN_FLASH_BLOCKS_PER_SM * self.inner.sms;
+        let splits = key_splits(keys, blocks, slots, ATTN_FLASH_SPLIT_MIN_KEYS);
+        let parts = if splits > 1 {
+            let po = self.alloc::<f32>(t * p.heads * splits * d)?;
+            let pml = self.alloc::<f32>(t * p.heads * splits * 2)?;
+            Some((po, pml))
+        } else {
+            None
+        };
+        let (po, pml) = parts
+            .as_ref()
+            .map_or((DevPtr::NULL, DevPtr::NULL), |(a, b)| {
+                (self.ptr(a), self.ptr(b))
+            });
+        let variant = 2 * usize::from(cache.kv_t == 1) + usize::from(d == 128);
+        ops::attention::AttnFlashArgs {
+            q,
+            kc: self.ptr(&cache.k),
+            vc: self.ptr(&cache.v),
+            kx,
+            vx,
+            out,
+            part_o: po,
+            part_ml: pml,
+            t: t as i32,
+            heads: p.heads as i32,
+            kvh: p.kv_heads as i32,
+            scale: p.scale,
+            pos0: pos0 as i32,
+            window: window.unwrap_or(0) as i32,
+            splits: splits as i32,
+            hb: hb as i32,
+            ks: cache.k_scale,
+            vs: cache.v_scale,
+        }
+        .launch(
+            self,
+            variant,
+            (
+                (p.kv_heads * (g / hb)) as u32,
+                t.div_ceil(tb) as u32,
+                splits as u32,
+            ),
+            (128, 1, 1),
+        )?;
+        if splits > 1 {
+            ops::attention::AttnCombineArgs {
+                part_o: po,
+                part_ml: pml,
+                out,
+                gate: DevPtr::NULL,
+                heads: p.heads as i32,
+                d: d as i32,
+                splits: splits as i32,
+            }
+            .launch(
+                self,
+                (p.heads as u32, t as u32, 1),
+                (d.max(32) as u32, 1, 1),
+            )?;
+        }
+        if !in_place {
+            self.kv_append_raw(cache, k, v, t)?;
+        }
+        drop((scratch, parts));
         Ok(())
     }
 

@@ -433,7 +433,7 @@ impl CudaBackend {
             && w.cols.is_multiple_of(32)
             && tiled
             && mma_gemm
-            && self.inner.bf16_mma
+            && self.inner.sm80
             && (w.fmt == 2 || w.fmt == 3)
         {
             let grid = (

@@ -430,7 +430,7 @@ impl CudaBackend {
     /// experts, sm_80+; unless switched off (`CudaOptions::grouped_moe`).
     pub(crate) fn grouped_moe(&self, e: &CudaExperts, t: usize) -> bool {
         self.opts().grouped_moe
-            && self.inner.bf16_mma
+            && self.inner.sm80
             && t >= GROUPED_MOE_MIN_TOKENS
             && [e.gate.fmt, e.up.fmt, e.down.fmt]
                 .iter()
