@@ -45,8 +45,9 @@ pub struct ServeArgs {
     max_body_bytes: usize,
     /// Prompt tokens prefilled per engine step over all sequences (vLLM's
     /// --max-num-batched-tokens also counts the decoding sequences' tokens; this does not).
-    #[arg(long, visible_alias = "max-num-batched-tokens", default_value_t = fp4forge_server::DEFAULT_PREFILL_BUDGET)]
-    prefill_budget: usize,
+    /// Default: 256 on the CPU, 2048 on a GPU.
+    #[arg(long, visible_alias = "max-num-batched-tokens")]
+    prefill_budget: Option<usize>,
     /// Where the engine runs: cpu, or cuda[:N] (GPU N, default 0; needs a build with the `cuda`
     /// feature).
     #[arg(long, default_value = "cpu")]
@@ -226,7 +227,10 @@ impl ServeArgs {
             .max_context(self.max_context)
             .max_queue(self.max_queue)
             .max_body_bytes(self.max_body_bytes)
-            .prefill_budget(self.prefill_budget)
+            .prefill_budget(self.prefill_budget.unwrap_or(match self.device {
+                Device::Cpu => fp4forge_server::DEFAULT_PREFILL_BUDGET,
+                Device::Cuda(_) => fp4forge_server::DEFAULT_PREFILL_BUDGET_GPU,
+            }))
             .device(self.device)
             .threads(self.threads)
             .cpu_isa(self.cpu_isa)
@@ -330,6 +334,13 @@ mod tests {
         assert_eq!(ours, vllms);
         let c = config_of(&["m", "--max-num-batched-tokens", "64"], &[]).unwrap();
         assert_eq!(c.prefill_budget, 64);
+        // unset: the device's default
+        let budget = |args: &[&str]| config_of(args, &[]).unwrap().prefill_budget;
+        assert_eq!(budget(&["m"]), fp4forge_server::DEFAULT_PREFILL_BUDGET);
+        assert_eq!(
+            budget(&["m", "--device", "cuda:1"]),
+            fp4forge_server::DEFAULT_PREFILL_BUDGET_GPU
+        );
         assert_eq!(c.max_context, None);
         let c = config_of(
             &[

@@ -15,8 +15,11 @@ pub const DEFAULT_MAX_TOKENS_LIMIT: usize = 8192;
 pub const DEFAULT_MAX_QUEUE: usize = 1024;
 /// Default largest request body, bytes.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
-/// Default prompt tokens prefilled per engine step (over all sequences).
+/// Default prompt tokens prefilled per engine step (over all sequences) on the CPU.
 pub const DEFAULT_PREFILL_BUDGET: usize = 256;
+/// Default prompt tokens prefilled per engine step on a GPU: tensor-core GEMMs want thousands
+/// of rows per weight read (vLLM's default `max_num_batched_tokens` for online serving, 2048).
+pub const DEFAULT_PREFILL_BUDGET_GPU: usize = 2048;
 /// Default most top alternatives per token (`logprobs`, `top_logprobs`).
 pub const DEFAULT_MAX_LOGPROBS: usize = 20;
 /// Default most sequences one request may ask for (prompts × `n`).
