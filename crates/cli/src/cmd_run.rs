@@ -80,7 +80,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         .kv_dtype(kv)
         .emulate_w4a4(args.emulate_w4a4)
         .threads(args.threads)
-        .cpu_isa(args.cpu_isa);
+        .cpu_isa(args.cpu_isa)
+        .prefill_chunk(args.device.default_prefill_chunk());
     let started = Instant::now();
     fp4forge_engine::open(args.device, &args.dir, options, Generate(&args, started))?
 }

@@ -23,6 +23,16 @@ pub enum Device {
 }
 
 impl Device {
+    /// The prefill chunk [`ModelOptions::prefill_chunk`] a user of this device gets unless they
+    /// choose one: [`DEFAULT_PREFILL_CHUNK`](crate::DEFAULT_PREFILL_CHUNK) on the CPU,
+    /// [`DEFAULT_PREFILL_CHUNK_GPU`](crate::DEFAULT_PREFILL_CHUNK_GPU) on a GPU.
+    pub fn default_prefill_chunk(self) -> usize {
+        match self {
+            Device::Cpu => crate::model::DEFAULT_PREFILL_CHUNK,
+            Device::Cuda(_) => crate::model::DEFAULT_PREFILL_CHUNK_GPU,
+        }
+    }
+
     /// Whether this build can run on it (CUDA needs the `cuda` feature).
     pub fn available(self) -> bool {
         match self {
@@ -105,6 +115,19 @@ pub fn open<W: WithModel>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gpu_prefills_in_larger_chunks() {
+        assert_eq!(
+            Device::Cpu.default_prefill_chunk(),
+            crate::DEFAULT_PREFILL_CHUNK
+        );
+        assert_eq!(
+            Device::Cuda(0).default_prefill_chunk(),
+            crate::DEFAULT_PREFILL_CHUNK_GPU
+        );
+        assert!(crate::DEFAULT_PREFILL_CHUNK_GPU > crate::DEFAULT_PREFILL_CHUNK);
+    }
 
     #[test]
     fn device_names_parse_and_print() {

@@ -67,7 +67,10 @@ pub use ir::{
     AttentionParams, KvDtype, KvLayerSpec, Resident, RouterParams, RouterScoring, SeqChunk, Want,
 };
 pub use logits::LogitsAdjust;
-pub use model::{GenerationDefaults, Model, ModelInfo, ModelOptions, DEFAULT_PREFILL_CHUNK};
+pub use model::{
+    GenerationDefaults, Model, ModelInfo, ModelOptions, DEFAULT_PREFILL_CHUNK,
+    DEFAULT_PREFILL_CHUNK_GPU,
+};
 pub use models::{Family, SUPPORTED_ARCHITECTURES};
 pub use sampling::{Sampler, SamplingParams, GREEDY_BELOW_TEMPERATURE};
 pub use session::{Logits, Output, Session};

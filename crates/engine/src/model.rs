@@ -22,6 +22,10 @@ use crate::weights::WeightLoader;
 /// Default prefill chunk (tokens per forward pass while prefilling).
 pub const DEFAULT_PREFILL_CHUNK: usize = 512;
 
+/// Default prefill chunk on a GPU ([`crate::Device::default_prefill_chunk`]): the tensor-core
+/// GEMMs and the grouped experts fill the device only with thousands of rows per pass.
+pub const DEFAULT_PREFILL_CHUNK_GPU: usize = 2048;
+
 /// How a model is loaded and run: plain data (every field public, [`Default`]) with builder-style
 /// setters of the same names, e.g. `ModelOptions::new().kv_dtype(KvDtype::F32).threads(2)`.
 #[derive(Debug, Clone, PartialEq)]
