@@ -20,6 +20,12 @@ pub struct BenchArgs {
     /// Without it, text prompts are sized by calibrating against the server's token counts.
     #[arg(long, value_name = "DIR|tokenizer.json")]
     tokenizer: Option<PathBuf>,
+    /// With --tokenizer: prompts of token ids drawn at random from its vocabulary (added tokens
+    /// left out), as llama-bench's are, instead of tokenized filler prose. For synthetic
+    /// checkpoints, whose stand-in tokenizer maps prose to one unknown id (one id repeated would
+    /// send every token of an MoE down the same experts).
+    #[arg(long, requires = "tokenizer")]
+    random_ids: bool,
     /// Prompt lengths for single-stream runs, comma separated (`k` = ×1024).
     #[arg(long, value_delimiter = ',', value_parser = parse_tokens, default_value = "2k,16k,64k")]
     context: Vec<usize>,
@@ -95,11 +101,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     config.warmup = args.warmup;
     config.ignore_eos = !args.no_ignore_eos;
     config.seed = args.seed;
-    let prompts = args
-        .tokenizer
-        .as_deref()
-        .map(PromptSource::from_tokenizer)
-        .transpose()?;
+    let prompts = match (&args.tokenizer, args.random_ids) {
+        (Some(path), true) => Some(PromptSource::random_ids(path)?),
+        (Some(path), false) => Some(PromptSource::from_tokenizer(path)?),
+        (None, _) => None,
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -122,7 +128,26 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_tokens;
+    use super::{parse_tokens, BenchArgs};
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        args: BenchArgs,
+    }
+
+    #[test]
+    fn random_ids_need_a_tokenizer() {
+        let parse = |argv: &[&str]| {
+            Cmd::try_parse_from(["bench", "http://h", "--model", "m"].iter().chain(argv))
+                .map(|c| (c.args.random_ids, c.args.tokenizer))
+        };
+        assert!(parse(&["--random-ids"]).is_err());
+        let (random, tok) = parse(&["--tokenizer", "d", "--random-ids"]).unwrap();
+        assert!(random && tok.is_some());
+        assert!(!parse(&["--tokenizer", "d"]).unwrap().0);
+    }
 
     #[test]
     fn token_counts_accept_k_suffixes() {

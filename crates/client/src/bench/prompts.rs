@@ -1,8 +1,9 @@
-//! Benchmark prompts of a wanted length: exactly N token ids with the model's `tokenizer.json`,
-//! or text sized by a calibration against the server's own token counts.
+//! Benchmark prompts of a wanted length: exactly N token ids with the model's `tokenizer.json`
+//! (tokenized filler prose, or ids drawn at random from its vocabulary), or text sized by a
+//! calibration against the server's own token counts.
 //!
-//! Every prompt is seeded filler prose and every request gets its own seed, so no two requests
-//! share a prefix and a server's prefix cache cannot flatter prefill.
+//! Every prompt is seeded and every request gets its own seed, so no two requests share a prefix
+//! and a server's prefix cache cannot flatter prefill.
 
 use std::path::{Path, PathBuf};
 
@@ -273,6 +274,16 @@ pub enum PromptSource {
         /// The tokenizer.json it came from.
         path: PathBuf,
     },
+    /// Exactly N token ids drawn uniformly (seeded) from the tokenizer's vocabulary, its added
+    /// (special) tokens left out, as llama-bench draws its prompts. For synthetic checkpoints:
+    /// a stand-in tokenizer such as a WordLevel `t0 … tN-1` maps all prose to one unknown id, and
+    /// a prompt of one id repeated sends every token of an MoE down the same experts.
+    RandomIds {
+        /// The ids drawn from, ascending.
+        ids: Vec<u32>,
+        /// The tokenizer.json they came from.
+        path: PathBuf,
+    },
     /// Text of `round((N − intercept) / slope)` words, where the server counts
     /// `intercept + slope · words` tokens for a filler prompt (measured by [`calibrate`]).
     Text {
@@ -287,6 +298,9 @@ impl std::fmt::Debug for PromptSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Tokenizer { path, .. } => write!(f, "Tokenizer({})", path.display()),
+            Self::RandomIds { ids, path } => {
+                write!(f, "RandomIds({} ids, {})", ids.len(), path.display())
+            }
             Self::Text { slope, intercept } => write!(f, "Text({intercept} + {slope}·words)"),
         }
     }
@@ -327,9 +341,30 @@ impl PromptSource {
         })
     }
 
-    /// True when prompts are exactly the asked length (tokenizer mode).
+    /// Token-exact prompts of ids drawn at random from the vocabulary of the `tokenizer.json` at
+    /// `path` (or in the directory `path`), its added tokens left out.
+    pub fn random_ids(path: &Path) -> Result<Self> {
+        let (tokenizer, path) = load_tokenizer(path)?;
+        let added = tokenizer.get_added_tokens_decoder();
+        let mut ids: Vec<u32> = tokenizer
+            .get_vocab(false)
+            .into_values()
+            .filter(|id| !added.contains_key(id))
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        if ids.is_empty() {
+            return Err(ClientError::Tokenizer {
+                path,
+                message: "no token ids in the vocabulary but added tokens".into(),
+            });
+        }
+        Ok(Self::RandomIds { ids, path })
+    }
+
+    /// True when prompts are exactly the asked length (tokenizer modes).
     pub fn is_exact(&self) -> bool {
-        matches!(self, Self::Tokenizer { .. })
+        matches!(self, Self::Tokenizer { .. } | Self::RandomIds { .. })
     }
 
     /// A one-line description for reports.
@@ -338,6 +373,11 @@ impl PromptSource {
             Self::Tokenizer { path, .. } => {
                 format!("token ids, exact length ({})", path.display())
             }
+            Self::RandomIds { ids, path } => format!(
+                "random token ids of a {}-id vocabulary, exact length ({})",
+                ids.len(),
+                path.display()
+            ),
             Self::Text { slope, intercept } => format!(
                 "text sized by calibration ({slope:.4} tokens/word + {intercept:.1}); lengths are the server's usage.prompt_tokens"
             ),
@@ -369,6 +409,12 @@ impl PromptSource {
                     }
                     words = words * 2 + 16;
                 }
+            }
+            Self::RandomIds { ids, .. } => {
+                let mut rng = SplitMix64::new(seed);
+                Ok(Prompt::Tokens(
+                    (0..tokens).map(|_| ids[rng.below(ids.len())]).collect(),
+                ))
             }
             Self::Text { slope, intercept } => {
                 let words = ((tokens as f64 - intercept) / slope).round().max(1.0) as usize;
@@ -426,5 +472,51 @@ mod tests {
             _ => unreachable!(),
         }
         assert!(calibrate([(64, 10), (1088, 10)]).is_err());
+    }
+
+    /// A WordLevel `t0 … t9` tokenizer (as word_tokenizer.py writes one) plus an added `<s>`.
+    fn word_tokenizer(dir: &Path) -> PathBuf {
+        let vocab: serde_json::Map<String, serde_json::Value> =
+            (0..10).map(|i| (format!("t{i}"), i.into())).collect();
+        let tok = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": [{"id": 10, "content": "<s>", "single_word": false, "lstrip": false,
+                              "rstrip": false, "normalized": false, "special": true}],
+            "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"},
+            "post_processor": null, "decoder": null,
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
+        });
+        let path = dir.join("tokenizer.json");
+        std::fs::write(&path, tok.to_string()).unwrap();
+        path
+    }
+
+    #[test]
+    fn random_ids_are_exact_seeded_and_spread_over_the_vocabulary() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = word_tokenizer(dir.path());
+        let ids = |src: &PromptSource, n, seed| match src.prompt(n, seed).unwrap() {
+            Prompt::Tokens(t) => t,
+            _ => unreachable!(),
+        };
+        // filler prose through a stand-in tokenizer: one unknown id repeated
+        let filler = PromptSource::from_tokenizer(&path).unwrap();
+        assert!(ids(&filler, 50, 1).iter().all(|&t| t == 0));
+
+        let src = PromptSource::random_ids(dir.path()).unwrap();
+        assert!(src.is_exact());
+        assert!(
+            src.describe().contains("10-id vocabulary"),
+            "{}",
+            src.describe()
+        );
+        let a = ids(&src, 1000, 7);
+        assert_eq!(a.len(), 1000);
+        assert_eq!(a, ids(&src, 1000, 7));
+        assert_ne!(a, ids(&src, 1000, 8));
+        // every id of the vocabulary turns up, the added <s> (10) never
+        let seen: std::collections::BTreeSet<u32> = a.iter().copied().collect();
+        assert_eq!(seen, (0..10).collect());
+        assert!(ids(&src, 0, 1).is_empty());
     }
 }
