@@ -320,28 +320,47 @@ __device__ __forceinline__ void gt_mainloop(const GtSrc& s, int K, GtStage* smem
 }
 
 // y[t, o] = resid[t, o] + bias[o] + gscale * W[o, :] . x[t, :] for T tokens on tensor cores;
-// W bf16 (fmt 2) or NVFP4 (fmt 3), K % 32 == 0. Grid (ceil(N / GT_BM), ceil(T / GT_BN)), 256
-// threads.
+// W bf16 (fmt 2) or NVFP4 (fmt 3), K % 32 == 0. Grid (ceil(N / GT_BM), ceil(T / GT_BN), splits),
+// 256 threads. With splits > 1 (few tiles: a batched decode step's handful of tokens), block z
+// takes K chunks [z kc, (z + 1) kc) of GT_BK and writes its raw sums to part[z][t][o]; then
+// gemm_splitk_reduce adds the splits in order and applies the epilogue.
 extern "C" __global__ void __launch_bounds__(256) gemm_mma(int fmt, const void* __restrict__ w,
                                                            const u8* __restrict__ scales, float inv_g,
                                                            const float* __restrict__ x, float* y,
                                                            const float* __restrict__ bias, const float* resid,
-                                                           int N, int K, int T) {
+                                                           int N, int K, int T, int kc, float* __restrict__ part) {
     __shared__ __align__(16) GtStage smem[2];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const long r0 = (long)blockIdx.x * GT_BM, t0 = (long)blockIdx.y * GT_BN;
     const long wrow = r0 + (tid >> 1), xrow = t0 + (tid >> 2);
+    const int k0 = (int)blockIdx.z * kc * GT_BK;
+    const int kn = min(K - k0, kc * GT_BK);  // this split's K (> 0: the host sizes kc)
     GtSrc s;
     s.fmt = fmt;
     s.half = tid & 1;
     s.part = tid & 3;
-    s.wrow = wrow < N ? (const u8*)w + wrow * (fmt == 3 ? K / 2 : 2 * (long)K) : nullptr;
-    s.srow = (fmt == 3 && wrow < N) ? scales + wrow * (K / 16) : nullptr;
+    s.wrow = wrow < N ? (const u8*)w + wrow * (fmt == 3 ? K / 2 : 2 * (long)K) + (fmt == 3 ? k0 / 2 : 2 * k0) : nullptr;
+    s.srow = (fmt == 3 && wrow < N) ? scales + wrow * (K / 16) + k0 / 16 : nullptr;
     s.xrow = nullptr;
     pdl_enter();
-    if (xrow < T) s.xrow = x + xrow * K;
+    if (xrow < T) s.xrow = x + xrow * K + k0;
     float acc[2][4][4];
-    gt_mainloop(s, K, smem, acc);
+    gt_mainloop(s, kn, smem, acc);
+    if (gridDim.z > 1) {
+        const int g = lane >> 2, tq = lane & 3, wm = warp & 3, wn = warp >> 2;
+        float* pz = part + (long)blockIdx.z * T * N;
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    const long o = r0 + 32 * wm + 16 * i + g + 8 * (c >> 1);
+                    const long t = t0 + 32 * wn + 8 * j + 2 * tq + (c & 1);
+                    if (o < N && t < T) pz[t * N + o] = acc[i][j][c];
+                }
+        return;
+    }
     const float gs = nv_gscale(fmt, inv_g);
     const int g = lane >> 2, tq = lane & 3, wm = warp & 3, wn = warp >> 2;
 #pragma unroll
@@ -360,4 +379,21 @@ extern "C" __global__ void __launch_bounds__(256) gemm_mma(int fmt, const void* 
                     y[idx] = v;
                 }
             }
+}
+
+// y[t, o] = resid + bias + gscale * (part[0][t][o] + part[1][t][o] + ...) over `splits` split-K
+// partial sums of gemm_mma, in split order (deterministic).
+extern "C" __global__ void gemm_splitk_reduce(const float* __restrict__ part, int splits, float* y,
+                                              const float* __restrict__ bias, const float* resid, float gs,
+                                              int N, int T) {
+    pdl_enter();
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long n = (long)N * T;
+    if (i >= n) return;
+    float v = 0.f;
+    for (int z = 0; z < splits; z++) v += part[z * n + i];
+    v *= gs;
+    if (bias) v += bias[i % N];
+    if (resid) v += resid[i];
+    y[i] = v;
 }

@@ -47,6 +47,24 @@ pub(crate) const GEMV_TOKENS: usize = 4;
 pub(crate) const GEMM_ROWS: u32 = 64;
 pub(crate) const GEMM_TOKENS: u32 = 64;
 
+/// K splits of a `gemm_mma` launch of `tiles` output tiles over `chunks` 32-wide K chunks: a
+/// power of two that brings the grid to at least two blocks per SM (a batched decode step's few
+/// tokens make few tiles, each streaming its weight rows alone), keeping at least
+/// [`GEMM_SPLIT_MIN_CHUNKS`] chunks per split.
+pub(crate) fn gemm_k_splits(tiles: usize, chunks: usize, sms: usize) -> usize {
+    let mut splits = 1;
+    while tiles * splits < 2 * sms && chunks / (2 * splits) >= GEMM_SPLIT_MIN_CHUNKS {
+        splits *= 2;
+    }
+    splits
+}
+
+/// Fewest 32-wide K chunks per split of `gemm_mma` (the pipeline's ramp costs a few).
+pub(crate) const GEMM_SPLIT_MIN_CHUNKS: usize = 8;
+
+/// 2^22: the factor the kernels' NVFP4 decodes leave out (`NV_UNIT` in kernels/common.cu).
+pub(crate) const NV_UNIT: f32 = 4_194_304.0;
+
 /// Fewest tokens for which a multi-token linear uses `gemm_tiled` (fewer: the `linear` GEMV).
 pub(crate) const GEMM_MIN_TOKENS: usize = 16;
 
@@ -436,12 +454,24 @@ impl CudaBackend {
             && self.inner.sm80
             && (w.fmt == 2 || w.fmt == 3)
         {
-            let grid = (
+            let tiles = (
                 (w.rows as u32).div_ceil(GEMM_MMA_ROWS),
                 (t as u32).div_ceil(GEMM_MMA_TOKENS),
-                1,
             );
-            return ops::prefill::GemmMmaArgs {
+            let chunks = w.cols / 32;
+            let splits = gemm_k_splits((tiles.0 * tiles.1) as usize, chunks, self.inner.sms);
+            let kc = chunks.div_ceil(splits);
+            let splits = chunks.div_ceil(kc);
+            let part = if splits > 1 {
+                let n = splits * t * w.rows;
+                // SAFETY: f32 has no invalid bit patterns; every split writes all of its slice.
+                let p = unsafe { self.inner.stream.alloc::<f32>(n) }
+                    .map_err(|e| self.err(format!("alloc of {n} elements: {e:?}")))?;
+                Some(p)
+            } else {
+                None
+            };
+            ops::prefill::GemmMmaArgs {
                 fmt: w.fmt,
                 w: self.ptr(&w.data),
                 scales: w.scales_ptr(self),
@@ -453,8 +483,25 @@ impl CudaBackend {
                 n: w.rows as i32,
                 k: w.cols as i32,
                 t: t as i32,
+                kc: kc as i32,
+                part: part.as_ref().map_or(DevPtr::NULL, |p| self.ptr(p)),
             }
-            .launch(self, grid, (256, 1, 1));
+            .launch(self, (tiles.0, tiles.1, splits as u32), (256, 1, 1))?;
+            if let Some(part) = &part {
+                let n = t * w.rows;
+                ops::prefill::GemmSplitkReduceArgs {
+                    part: self.ptr(part),
+                    splits: splits as i32,
+                    y,
+                    bias,
+                    resid,
+                    gs: if w.fmt == 3 { w.inv_g * NV_UNIT } else { 1.0 },
+                    n: w.rows as i32,
+                    t: t as i32,
+                }
+                .launch(self, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1))?;
+            }
+            return Ok(());
         }
         if t >= GEMM_MIN_TOKENS && w.cols.is_multiple_of(32) && tiled {
             let grid = (
@@ -548,6 +595,19 @@ impl CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A decode batch's few tiles are split along K up to two blocks per SM, never below
+    /// the minimum run of chunks; prefill-sized grids are not split.
+    #[test]
+    fn gemm_k_splits_fill_the_device() {
+        // o_proj of 32 tokens: 16 tiles, K 8192 = 256 chunks, 132 SMs
+        assert_eq!(gemm_k_splits(16, 256, 132), 32);
+        // a router of 256 rows over K 2048 (64 chunks): at most 64 / 8 splits
+        assert_eq!(gemm_k_splits(2, 64, 132), 8);
+        // 2048 tokens x 2048 rows: 512 tiles, no split
+        assert_eq!(gemm_k_splits(512, 64, 132), 1);
+        assert_eq!(gemm_k_splits(1, 8, 132), 1);
+    }
 
     /// `gemv_mma` stages each warp's chunks of x in a region of `MMA_WARP_CHUNKS`: the split
     /// must keep every warp within it for every K the kernel takes.

@@ -13,10 +13,17 @@ kernels! {
         bias: DevPtr<f32>, resid: DevPtr<f32>, n: i32, k: i32, t: i32,
     }
     /// `y = resid + x · Wᵀ + bias` for `t` tokens on tensor cores (bf16 or NVFP4 `W`, K % 32 == 0)
-    /// in [`GEMM_MMA_ROWS`] × [`GEMM_MMA_TOKENS`] tiles, 256 threads.
+    /// in [`GEMM_MMA_ROWS`] × [`GEMM_MMA_TOKENS`] tiles, 256 threads; grid z: K split in runs of
+    /// `kc` 32-wide chunks, each split's raw sums into its slice of `part` (one split: `y`).
     gemm_mma => GemmMmaArgs {
         fmt: i32, w: DevPtr<u8>, scales: DevPtr<u8>, inv_g: f32, x: DevPtr<f32>, y: DevPtr<f32>,
-        bias: DevPtr<f32>, resid: DevPtr<f32>, n: i32, k: i32, t: i32,
+        bias: DevPtr<f32>, resid: DevPtr<f32>, n: i32, k: i32, t: i32, kc: i32,
+        part: DevPtr<f32>,
+    }
+    /// `y = resid + bias + gs · Σ_z part[z]` over `gemm_mma`'s K splits, in order.
+    gemm_splitk_reduce => GemmSplitkReduceArgs {
+        part: DevPtr<f32>, splits: i32, y: DevPtr<f32>, bias: DevPtr<f32>, resid: DevPtr<f32>,
+        gs: f32, n: i32, t: i32,
     }
     /// Rows `ids` of the table `w` (`K` columns, `fmt` its encoding), dequantized into `y`.
     embed => EmbedArgs {
