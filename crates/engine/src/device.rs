@@ -126,7 +126,7 @@ mod tests {
             Device::Cuda(0).default_prefill_chunk(),
             crate::DEFAULT_PREFILL_CHUNK_GPU
         );
-        assert!(crate::DEFAULT_PREFILL_CHUNK_GPU > crate::DEFAULT_PREFILL_CHUNK);
+        const { assert!(crate::DEFAULT_PREFILL_CHUNK_GPU > crate::DEFAULT_PREFILL_CHUNK) };
     }
 
     #[test]
