@@ -137,15 +137,29 @@ pub fn attention_each<B: Backend>(
     let mut outs = Vec::with_capacity(chunks.len());
     let mut off = 0;
     for c in chunks.iter_mut() {
-        let mut qs = b.rows(&q, off, c.rows)?;
-        let mut ks = b.rows(&k, off, c.rows)?;
-        let vs = b.rows(v, off, c.rows)?;
-        b.rope(&mut qs, rope, d, c.pos0)?;
-        b.rope(&mut ks, rope, d, c.pos0)?;
-        outs.push(b.attention(&qs, &ks, &vs, c.kv, params)?);
+        outs.push(attend_rows(b, (&q, &k, v), off, rope, c, params)?);
         off += c.rows;
     }
     b.concat_rows(&outs.iter().collect::<Vec<_>>())
+}
+
+/// One chunk of [`attention_each`]: its rows `row..row + c.rows` of the stacked `q`, `k`, `v`
+/// copied out, rotated at its positions, attending over (and appended to) its cache.
+pub fn attend_rows<B: Backend>(
+    b: &B,
+    (q, k, v): (&B::Tensor, &B::Tensor, &B::Tensor),
+    row: usize,
+    rope: &B::Rope,
+    c: &mut AttnChunk<'_, B>,
+    params: &AttentionParams,
+) -> Result<B::Tensor> {
+    let d = params.head_dim;
+    let mut qs = b.rows(q, row, c.rows)?;
+    let mut ks = b.rows(k, row, c.rows)?;
+    let vs = b.rows(v, row, c.rows)?;
+    b.rope(&mut qs, rope, d, c.pos0)?;
+    b.rope(&mut ks, rope, d, c.pos0)?;
+    b.attention(&qs, &ks, &vs, c.kv, params)
 }
 
 /// `down(silu(gate x) ⊙ up x)`.

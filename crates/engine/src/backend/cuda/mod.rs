@@ -8,10 +8,12 @@
 //!
 //! Every op is one to three kernel launches on one stream; nothing synchronises with the host
 //! except [`Backend::download`] and [`Backend::sample`]. Decode GEMVs (one token) run NVFP4 on
-//! tensor cores where K % 128 == 0 (sm_89+), one token's MoE on persistent blocks; prefill uses a
-//! tiled matrix-matrix kernel, and its attention (16+ rows over a bf16 or fp8 cache, sm_80+) a
-//! flash-attention kernel on tensor cores. A single-token step of the model path runs on the fused launch
-//! sequence of `decode.rs` (fixed buffers, q/k/v/gate in one launch, norms/rope/append inside
+//! tensor cores where K % 128 == 0 (sm_89+), one token's MoE on persistent blocks. Passes of 16+
+//! rows (prefill, batched steps; sm_80+) run their linears on tensor cores (`gemm_mma`, K split
+//! across blocks when the tokens are few), their routed experts grouped by expert on the same
+//! core, and prefill attention over bf16 or fp8 caches in a flash-attention kernel; a batched
+//! step's decoding sequences attend in one launch (`attn_dec_batch`). A single-token step of the
+//! model path runs on the fused launch sequence of `decode.rs` (fixed buffers, q/k/v/gate in one launch, norms/rope/append inside
 //! attention, norms fused into neighbouring kernels), and the next token is sampled on the device
 //! (`sample_logits`). The decode benchmark and the stream probe live in the `fp4forge-lab` crate.
 //!
@@ -829,12 +831,7 @@ impl Backend for CudaBackend {
             }
             let c = &mut chunks[i];
             let n = c.rows;
-            let mut qs = self.rows(&q, row, n)?;
-            let mut ks = self.rows(&k, row, n)?;
-            let vs = self.rows(v, row, n)?;
-            self.rope(&mut qs, rope, p.head_dim, c.pos0)?;
-            self.rope(&mut ks, rope, p.head_dim, c.pos0)?;
-            let o = self.attention(&qs, &ks, &vs, c.kv, p)?;
+            let o = crate::forward::attend_rows(self, (&q, &k, v), row, rope, c, p)?;
             let w = q.cols;
             self.inner
                 .stream
