@@ -8,11 +8,23 @@ pub mod tiny_model;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use fp4forge_engine::KvDtype;
+use fp4forge_engine::{Device, KvDtype};
 use fp4forge_server::{Server, ServerConfig, ServerError};
 use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+
+/// The device the test servers run their engine on: the CPU, or what `FP4FORGE_TEST_DEVICE`
+/// names (`cuda`, `cuda:1`: the GPU runs of `scripts/gpu-tests.sh`, with a `--features cuda`
+/// build of these tests).
+pub fn test_device() -> Device {
+    match std::env::var("FP4FORGE_TEST_DEVICE") {
+        Ok(d) => d
+            .parse()
+            .unwrap_or_else(|e| panic!("FP4FORGE_TEST_DEVICE={d:?}: {e}")),
+        Err(_) => Device::Cpu,
+    }
+}
 
 /// A running server over a fresh tiny model.
 pub struct TestServer {
@@ -28,8 +40,8 @@ pub struct TestServer {
 }
 
 impl TestServer {
-    /// Writes the tiny model and serves it (f32 KV cache, one engine thread), with the config
-    /// adjusted by `configure`.
+    /// Writes the tiny model and serves it (f32 KV cache, one engine thread, on
+    /// [`test_device`]), with the config adjusted by `configure`.
     pub async fn start(configure: impl FnOnce(ServerConfig) -> ServerConfig) -> Self {
         Self::start_with(|dir| tiny_model::write_tiny_model(dir, 7), configure).await
     }
@@ -46,7 +58,8 @@ impl TestServer {
             ServerConfig::new(&dir)
                 .port(0)
                 .threads(1)
-                .kv_dtype(KvDtype::F32),
+                .kv_dtype(KvDtype::F32)
+                .device(test_device()),
         );
         let server = Server::bind(config).await.unwrap();
         let base = format!("http://{}", server.local_addr());
