@@ -382,11 +382,13 @@ extern "C" __global__ void __launch_bounds__(256) gemm_mma(int fmt, const void* 
 }
 
 // y[t, o] = resid + bias + gscale * (part[0][t][o] + part[1][t][o] + ...) over `splits` split-K
-// partial sums of gemm_mma, in split order (deterministic).
+// partial sums of gemm_mma (weights of format `fmt`, 1 / global scale `inv_g`), in split order
+// (deterministic).
 extern "C" __global__ void gemm_splitk_reduce(const float* __restrict__ part, int splits, float* y,
-                                              const float* __restrict__ bias, const float* resid, float gs,
-                                              int N, int T) {
+                                              const float* __restrict__ bias, const float* resid, int fmt,
+                                              float inv_g, int N, int T) {
     pdl_enter();
+    const float gs = nv_gscale(fmt, inv_g);
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     const long n = (long)N * T;
     if (i >= n) return;

@@ -62,9 +62,6 @@ pub(crate) fn gemm_k_splits(tiles: usize, chunks: usize, sms: usize) -> usize {
 /// Fewest 32-wide K chunks per split of `gemm_mma` (the pipeline's ramp costs a few).
 pub(crate) const GEMM_SPLIT_MIN_CHUNKS: usize = 8;
 
-/// 2^22: the factor the kernels' NVFP4 decodes leave out (`NV_UNIT` in kernels/common.cu).
-pub(crate) const NV_UNIT: f32 = 4_194_304.0;
-
 /// Fewest tokens for which a multi-token linear uses `gemm_tiled` (fewer: the `linear` GEMV).
 pub(crate) const GEMM_MIN_TOKENS: usize = 16;
 
@@ -495,7 +492,8 @@ impl CudaBackend {
                     y,
                     bias,
                     resid,
-                    gs: if w.fmt == 3 { w.inv_g * NV_UNIT } else { 1.0 },
+                    fmt: w.fmt,
+                    inv_g: w.inv_g,
                     n: w.rows as i32,
                     t: t as i32,
                 }

@@ -20,10 +20,10 @@ kernels! {
         bias: DevPtr<f32>, resid: DevPtr<f32>, n: i32, k: i32, t: i32, kc: i32,
         part: DevPtr<f32>,
     }
-    /// `y = resid + bias + gs · Σ_z part[z]` over `gemm_mma`'s K splits, in order.
+    /// `y = resid + bias + gscale · Σ_z part[z]` over `gemm_mma`'s K splits, in order.
     gemm_splitk_reduce => GemmSplitkReduceArgs {
         part: DevPtr<f32>, splits: i32, y: DevPtr<f32>, bias: DevPtr<f32>, resid: DevPtr<f32>,
-        gs: f32, n: i32, t: i32,
+        fmt: i32, inv_g: f32, n: i32, t: i32,
     }
     /// Rows `ids` of the table `w` (`K` columns, `fmt` its encoding), dequantized into `y`.
     embed => EmbedArgs {
