@@ -1,8 +1,9 @@
 //! Linears (kernels/gemv.cu, host side): the one-token GEMVs (bf16, NVFP4 on CUDA cores and on
 //! tensor cores), several linears of one input in one launch (`linear_multi2`), the fused
 //! epilogues that follow them, and the launch geometry of each; `gemv_raw` also dispatches
-//! multi-token linears to `gemm_mma` (tensor cores) or `gemm_tiled` (kernels/prefill.cu) and `norm_gemv_raw` launches
-//! `norm_gemv_bf16` (kernels/elementwise.cu).
+//! multi-token linears to `gemm_mma` (tensor cores, K split across blocks when the tiles are
+//! few) or `gemm_tiled` (kernels/prefill.cu), and `norm_gemv_raw` launches `norm_gemv_bf16`
+//! (kernels/elementwise.cu).
 
 use crate::backend::cuda::*;
 
