@@ -643,77 +643,6 @@ ATTN_KERNEL(attn_fp8_4, u8, 4)
 #define FA_QPARTS 3  // bf16 parts of q
 #endif
 
-__device__ __forceinline__ u32 fa_smem_addr(const void* p) {
-    u32 a;
-    asm("{ .reg .u64 t;\n\t cvta.to.shared.u64 t, %1;\n\t cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
-// 16 bytes global -> shared, asynchronously; ok == false: 16 zero bytes (src is not read).
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool ok) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-// Waits until at most N of this thread's committed groups are pending.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-#endif
-}
-
-__device__ __forceinline__ void ldsm_x4(u32 r[4], u32 addr) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-#endif
-}
-__device__ __forceinline__ void ldsm_x4_t(u32 r[4], u32 addr) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-#endif
-}
-
-// c += a * b: mma.m16n8k16, bf16 operands, f32 accumulation (sm_80+).
-__device__ __forceinline__ void mma_bf16(float c[4], const u32 a[4], u32 b0, u32 b1) {
-#if __CUDA_ARCH__ >= 800
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-
-// (x, y) rounded to bf16, x in the low half.
-__device__ __forceinline__ u32 bf16x2_rn(float x, float y) {
-#if __CUDA_ARCH__ >= 800
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(y), "f"(x));
-    return r;
-#else
-    return pack_bf16x2(x, y);
-#endif
-}
-
-// The bf16 pair nearest (x, y); x and y become what it leaves (exact in f32).
-__device__ __forceinline__ u32 bf16x2_split(float& x, float& y) {
-    const u32 h = bf16x2_rn(x, y);
-    x -= __uint_as_float(h << 16);
-    y -= __uint_as_float(h & 0xffff0000u);
-    return h;
-}
-
 // Four e4m3 codes (byte i = code i) as two bf16 pairs of e4m3 * 2^-8, exactly (codes 0, 1 in the
 // first). The NaN codes (0x7f, 0xff) become NaN, as e4m3_to_f32 decodes them.
 __device__ __forceinline__ void e4m3x4_bf16(u32 v, u32& a, u32& b) {
@@ -760,7 +689,7 @@ __device__ __forceinline__ void fa_stage(u16* dst, u8* raw, const u8* __restrict
     const long rwb = (long)kvh * D * E;  // bytes per cache / chunk row
     const long off = (long)kv * D * E + col * 16;
     const int slotb = window > 0 ? kb % window : 0;
-    const u32 base = FP8 ? fa_smem_addr(raw) : fa_smem_addr(dst);
+    const u32 base = FP8 ? smem_u32(raw) : smem_u32(dst);
     const int stride = FP8 ? D : (D + 8) * 2;  // bytes per row of the destination
     // Most tiles are 64 consecutive rows of one buffer (no chunk boundary, no ring wrap, no key
     // past the chunk): one base pointer, no per-row cases.
@@ -888,7 +817,7 @@ __device__ void attn_flash_impl(const float* __restrict__ q, const u8* __restric
     for (int d = 0; d < DT; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
     float m0 = -INF_F, m1 = -INF_F, l0 = 0.f, l1 = 0.f;
 
-    const u32 ks_base = fa_smem_addr(sm.k), vs_base = fa_smem_addr(sm.v);
+    const u32 ks_base = smem_u32(sm.k), vs_base = smem_u32(sm.v);
     // ldmatrix row addresses of this lane (bytes, before the tile offsets).
     const u32 k_lane = ks_base + ((lane & 7) * LD + 8 * (lane >> 3)) * 2;
     const u32 v_lane = vs_base + (((lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 8 * (lane >> 4)) * 2;

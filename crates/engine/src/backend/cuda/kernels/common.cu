@@ -143,6 +143,82 @@ __device__ __forceinline__ float2 e4m3x2(u32 s) {
 // Global factor of an NVFP4 row sum computed with the decodes above (1 for other formats).
 __device__ __forceinline__ float nv_gscale(int fmt, float inv_g) { return fmt == 3 ? inv_g * NV_UNIT : 1.f; }
 
+
+// ---- tensor-core helpers (sm_80+: bf16 mma, ldmatrix, cp.async; older devices never take the
+// paths that use them, where they compile to nothing) --------------------------------------------
+
+// The shared-memory address of p (for cp.async and ldmatrix).
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t;\n\t cvta.to.shared.u64 t, %1;\n\t cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// 16 bytes global -> shared, asynchronously; ok == false: 16 zero bytes (src is not read).
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool ok) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+// Waits until at most N of this thread's committed groups are pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void ldsm_x4(u32 r[4], u32 addr) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void ldsm_x4_t(u32 r[4], u32 addr) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+#endif
+}
+
+// c += a * b: mma.m16n8k16, bf16 operands, f32 accumulation (sm_80+).
+__device__ __forceinline__ void mma_bf16(float c[4], const u32 a[4], u32 b0, u32 b1) {
+#if __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// (x, y) rounded to bf16, x in the low half.
+__device__ __forceinline__ u32 bf16x2_rn(float x, float y) {
+#if __CUDA_ARCH__ >= 800
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(y), "f"(x));
+    return r;
+#else
+    return (u32)f32_to_bf16(x) | ((u32)f32_to_bf16(y) << 16);
+#endif
+}
+
+// The bf16 pair nearest (x, y); x and y become what it leaves (exact in f32).
+__device__ __forceinline__ u32 bf16x2_split(float& x, float& y) {
+    const u32 h = bf16x2_rn(x, y);
+    x -= __uint_as_float(h << 16);
+    y -= __uint_as_float(h & 0xffff0000u);
+    return h;
+}
+
 // ---- fused epilogue ----------------------------------------------------------------------------
 //
 // Epi: work a decode kernel does once its outputs are complete, in the last of its blocks to finish

@@ -623,7 +623,7 @@ extern "C" __global__ void __launch_bounds__(256) experts_gate_up_mma(ExpertProj
                                                                       float* __restrict__ h, int inter, int K) {
     __shared__ __align__(16) GtStage smem[2];
     __shared__ int items[GT_BN];
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int tid = threadIdx.x;
     pdl_enter();  // (the tiles are moe_align's output)
     if ((int)blockIdx.y >= *ntiles) return;
     const int4 tile = ((const int4*)tiles)[blockIdx.y];
@@ -640,14 +640,7 @@ extern "C" __global__ void __launch_bounds__(256) experts_gate_up_mma(ExpertProj
     float acc[2][4][4];
     gt_mainloop(s, K, smem, acc);
     float(*C)[GT_BN + 1] = (float(*)[GT_BN + 1])(void*)smem;
-    const int g = lane >> 2, tq = lane & 3, wm = warp & 3, wn = warp >> 2;
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int c = 0; c < 4; c++)
-                C[32 * wm + 16 * i + g + 8 * (c >> 1)][32 * wn + 8 * j + 2 * tq + (c & 1)] = acc[i][j][c];
+    gt_each(acc, [&](int r, int j, float v) { C[r][j] = v; });
     __syncthreads();
     const float gg = nv_gscale(gate.fmt, gate.fmt == 3 ? gate.inv_g[e] : 1.f);
     const float gu = nv_gscale(up.fmt, up.fmt == 3 ? up.inv_g[e] : 1.f);
@@ -670,7 +663,7 @@ extern "C" __global__ void __launch_bounds__(256) experts_down_mma(ExpertProj do
                                                                    int inter, int H) {
     __shared__ __align__(16) GtStage smem[2];
     __shared__ int items[GT_BN];
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int tid = threadIdx.x;
     pdl_enter();
     if ((int)blockIdx.y >= *ntiles) return;
     const int4 tile = ((const int4*)tiles)[blockIdx.y];
@@ -687,18 +680,11 @@ extern "C" __global__ void __launch_bounds__(256) experts_down_mma(ExpertProj do
     float acc[2][4][4];
     gt_mainloop(s, inter, smem, acc);
     const float gs = nv_gscale(down.fmt, down.fmt == 3 ? down.inv_g[e] : 1.f);
-    const int g = lane >> 2, tq = lane & 3, wm = warp & 3, wn = warp >> 2;
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const long o = o0 + 32 * wm + 16 * i + g + 8 * (c >> 1);
-                const int t = 32 * wn + 8 * j + 2 * tq + (c & 1);
-                if (o < H && t < cnt) {
-                    const int item = items[t];
-                    part[(long)item * H + o] = acc[i][j][c] * (gs * wts[item]);
-                }
-            }
+    gt_each(acc, [&](int r, int t, float v) {
+        const long o = o0 + r;
+        if (o < H && t < cnt) {
+            const int item = items[t];
+            part[(long)item * H + o] = v * (gs * wts[item]);
+        }
+    });
 }

@@ -168,31 +168,8 @@ struct GtStage {
 // The swizzled offset (in bf16) of 16-byte chunk c of shared row r.
 __device__ __forceinline__ int gt_at(int r, int c) { return 8 * (c ^ ((r >> 1) & 3)); }
 
-__device__ __forceinline__ u32 cvt_bf16x2(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-__device__ __forceinline__ float bf16_lo_f32(u32 p) { return __uint_as_float(p << 16); }
-__device__ __forceinline__ float bf16_hi_f32(u32 p) { return __uint_as_float(p & 0xffff0000u); }
 
-__device__ __forceinline__ void mma_bf16_16816(float c[4], const u32 a[4], u32 b0, u32 b1) {
-#if __CUDA_ARCH__ >= 800
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
 
-__device__ __forceinline__ void ldmatrix_x4(u32 r[4], const void* p) {
-#if __CUDA_ARCH__ >= 800
-    const u32 a = (u32)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-#endif
-}
 
 // One thread's share of a K step: half a weight row (16 values from k0 + 16 * half) and 8
 // activations of one token (k0 + 8 * part ..).
@@ -242,10 +219,10 @@ __device__ __forceinline__ void gt_store(const GtSrc& s, const GtLoad& l, GtStag
         e2m1x8(l.w0.x, f);
         e2m1x8(l.w0.y, g);
         const float sc = e4m3x2(l.w0.z).x;
-        a = make_uint4(cvt_bf16x2(f[0] * sc, f[1] * sc), cvt_bf16x2(f[2] * sc, f[3] * sc),
-                       cvt_bf16x2(f[4] * sc, f[5] * sc), cvt_bf16x2(f[6] * sc, f[7] * sc));
-        b = make_uint4(cvt_bf16x2(g[0] * sc, g[1] * sc), cvt_bf16x2(g[2] * sc, g[3] * sc),
-                       cvt_bf16x2(g[4] * sc, g[5] * sc), cvt_bf16x2(g[6] * sc, g[7] * sc));
+        a = make_uint4(bf16x2_rn(f[0] * sc, f[1] * sc), bf16x2_rn(f[2] * sc, f[3] * sc),
+                       bf16x2_rn(f[4] * sc, f[5] * sc), bf16x2_rn(f[6] * sc, f[7] * sc));
+        b = make_uint4(bf16x2_rn(g[0] * sc, g[1] * sc), bf16x2_rn(g[2] * sc, g[3] * sc),
+                       bf16x2_rn(g[4] * sc, g[5] * sc), bf16x2_rn(g[6] * sc, g[7] * sc));
     } else {
         a = l.w0;
         b = l.w1;
@@ -257,11 +234,7 @@ __device__ __forceinline__ void gt_store(const GtSrc& s, const GtLoad& l, GtStag
     for (int part = 0; part < 3; part++) {
         u32 p[4];
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            p[i] = cvt_bf16x2(v[2 * i], v[2 * i + 1]);
-            v[2 * i] -= bf16_lo_f32(p[i]);  // exact: the remainder of a rounding to bf16
-            v[2 * i + 1] -= bf16_hi_f32(p[i]);
-        }
+        for (int i = 0; i < 4; i++) p[i] = bf16x2_split(v[2 * i], v[2 * i + 1]);
         *(uint4*)&st.x[part][xr][gt_at(xr, s.part)] = make_uint4(p[0], p[1], p[2], p[3]);
     }
 }
@@ -295,7 +268,7 @@ __device__ __forceinline__ void gt_mainloop(const GtSrc& s, int K, GtStage* smem
 #pragma unroll
             for (int i = 0; i < 2; i++) {
                 const int r = 32 * wm + 16 * i + (lane & 15);
-                ldmatrix_x4(a[i], &st.w[r][gt_at(r, kc + (lane >> 4))]);
+                ldsm_x4(a[i], smem_u32(&st.w[r][gt_at(r, kc + (lane >> 4))]));
             }
 #pragma unroll
             for (int jj = 0; jj < 2; jj++) {
@@ -304,11 +277,11 @@ __device__ __forceinline__ void gt_mainloop(const GtSrc& s, int K, GtStage* smem
 #pragma unroll
                 for (int part = 0; part < 3; part++) {
                     u32 b[4];
-                    ldmatrix_x4(b, &st.x[part][tok][at]);
+                    ldsm_x4(b, smem_u32(&st.x[part][tok][at]));
 #pragma unroll
                     for (int i = 0; i < 2; i++) {
-                        mma_bf16_16816(acc[i][2 * jj], a[i], b[0], b[1]);
-                        mma_bf16_16816(acc[i][2 * jj + 1], a[i], b[2], b[3]);
+                        mma_bf16(acc[i][2 * jj], a[i], b[0], b[1]);
+                        mma_bf16(acc[i][2 * jj + 1], a[i], b[2], b[3]);
                     }
                 }
             }
@@ -317,6 +290,21 @@ __device__ __forceinline__ void gt_mainloop(const GtSrc& s, int K, GtStage* smem
         __syncthreads();
         stage ^= 1;
     }
+}
+
+// f(row, token, value) for each of this thread's accumulators after gt_mainloop (row and token
+// within the block's GT_BM x GT_BN tile).
+template <class F>
+__device__ __forceinline__ void gt_each(const float acc[2][4][4], F f) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, tq = lane & 3, wm = warp & 3, wn = warp >> 2;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                f(32 * wm + 16 * i + g + 8 * (c >> 1), 32 * wn + 8 * j + 2 * tq + (c & 1), acc[i][j][c]);
 }
 
 // y[t, o] = resid[t, o] + bias[o] + gscale * W[o, :] . x[t, :] for T tokens on tensor cores;
@@ -330,7 +318,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_mma(int fmt, const void* 
                                                            const float* __restrict__ bias, const float* resid,
                                                            int N, int K, int T, int kc, float* __restrict__ part) {
     __shared__ __align__(16) GtStage smem[2];
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int tid = threadIdx.x;
     const long r0 = (long)blockIdx.x * GT_BM, t0 = (long)blockIdx.y * GT_BN;
     const long wrow = r0 + (tid >> 1), xrow = t0 + (tid >> 2);
     const int k0 = (int)blockIdx.z * kc * GT_BK;
@@ -347,38 +335,24 @@ extern "C" __global__ void __launch_bounds__(256) gemm_mma(int fmt, const void* 
     float acc[2][4][4];
     gt_mainloop(s, kn, smem, acc);
     if (gridDim.z > 1) {
-        const int g = lane >> 2, tq = lane & 3, wm = warp & 3, wn = warp >> 2;
         float* pz = part + (long)blockIdx.z * T * N;
-#pragma unroll
-        for (int i = 0; i < 2; i++)
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    const long o = r0 + 32 * wm + 16 * i + g + 8 * (c >> 1);
-                    const long t = t0 + 32 * wn + 8 * j + 2 * tq + (c & 1);
-                    if (o < N && t < T) pz[t * N + o] = acc[i][j][c];
-                }
+        gt_each(acc, [&](int r, int j, float v) {
+            const long o = r0 + r, t = t0 + j;
+            if (o < N && t < T) pz[t * N + o] = v;
+        });
         return;
     }
     const float gs = nv_gscale(fmt, inv_g);
-    const int g = lane >> 2, tq = lane & 3, wm = warp & 3, wn = warp >> 2;
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const long o = r0 + 32 * wm + 16 * i + g + 8 * (c >> 1);
-                const long t = t0 + 32 * wn + 8 * j + 2 * tq + (c & 1);
-                if (o < N && t < T) {
-                    const long idx = t * N + o;
-                    float v = acc[i][j][c] * gs;
-                    if (bias) v += bias[o];
-                    if (resid) v += resid[idx];
-                    y[idx] = v;
-                }
-            }
+    gt_each(acc, [&](int r, int j, float v) {
+        const long o = r0 + r, t = t0 + j;
+        if (o < N && t < T) {
+            const long idx = t * N + o;
+            v *= gs;
+            if (bias) v += bias[o];
+            if (resid) v += resid[idx];
+            y[idx] = v;
+        }
+    });
 }
 
 // y[t, o] = resid + bias + gscale * (part[0][t][o] + part[1][t][o] + ...) over `splits` split-K
