@@ -313,15 +313,23 @@ impl CudaBackend {
             .map_err(|e| self.err(format!("upload: {e:?}")))
     }
 
-    /// A tensor for an op's output, not zeroed (no memset launch): every op that makes one
-    /// writes all of its elements before anything reads them.
+    /// `n` f32 values of device memory, not zeroed (no memset launch), for a buffer its kernel
+    /// writes whole before anything reads it.
+    pub(crate) fn alloc_unset(&self, n: usize) -> Result<CudaSlice<f32>> {
+        // SAFETY: f32 has no invalid bit patterns, and the caller's kernel writes every element
+        // before it is read.
+        unsafe { self.inner.stream.alloc::<f32>(n.max(1)) }
+            .map_err(|e| self.err(format!("alloc of {n} elements: {e:?}")))
+    }
+
+    /// A tensor for an op's output, not zeroed: every op that makes one writes all of its
+    /// elements before anything reads them.
     fn tensor(&self, rows: usize, cols: usize) -> Result<CudaTensor> {
-        let n = rows * cols;
-        // SAFETY: f32 has no invalid bit patterns, and the op that asked for the tensor writes
-        // every element (see above) before it is read.
-        let buf = unsafe { self.inner.stream.alloc::<f32>(n.max(1)) }
-            .map_err(|e| self.err(format!("alloc of {n} elements: {e:?}")))?;
-        Ok(CudaTensor { buf, rows, cols })
+        Ok(CudaTensor {
+            buf: self.alloc_unset(rows * cols)?,
+            rows,
+            cols,
+        })
     }
 
     /// Fills `n` elements at `ptr` with seeded synthetic values (see `fill` in kernels/sampling.cu).

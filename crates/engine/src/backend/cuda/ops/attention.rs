@@ -448,20 +448,7 @@ impl CudaBackend {
             .launch(self, variant, grid, (128, 1, 1))?;
         }
         if splits > 1 {
-            ops::attention::AttnCombineArgs {
-                part_o: po,
-                part_ml: pml,
-                out,
-                gate,
-                heads: p.heads as i32,
-                d: p.head_dim as i32,
-                splits: splits as i32,
-            }
-            .launch(
-                self,
-                (p.heads as u32, t as u32, 1),
-                (p.head_dim.max(32) as u32, 1, 1),
-            )?;
+            self.attn_combine_raw((po, pml), out, gate, p, t, splits)?;
         } else if !gate.is_null() {
             let n = t * p.heads * p.head_dim;
             ops::elementwise::SoftplusGateArgs {
@@ -593,20 +580,7 @@ impl CudaBackend {
             (128, 1, 1),
         )?;
         if splits > 1 {
-            ops::attention::AttnCombineArgs {
-                part_o: po,
-                part_ml: pml,
-                out,
-                gate: DevPtr::NULL,
-                heads: p.heads as i32,
-                d: d as i32,
-                splits: splits as i32,
-            }
-            .launch(
-                self,
-                (p.heads as u32, t as u32, 1),
-                (d.max(32) as u32, 1, 1),
-            )?;
+            self.attn_combine_raw((po, pml), out, DevPtr::NULL, p, t, splits)?;
         }
         if !in_place {
             self.kv_append_raw(cache, k, v, t)?;
@@ -774,19 +748,13 @@ impl CudaBackend {
             )?;
         }
         if let Some((po, pml)) = &scratch {
-            ops::attention::AttnCombineArgs {
-                part_o: self.ptr(po),
-                part_ml: self.ptr(pml),
-                out: out_rows,
-                gate: DevPtr::NULL,
-                heads: p.heads as i32,
-                d: d as i32,
-                splits: splits as i32,
-            }
-            .launch(
-                self,
-                (p.heads as u32, n as u32, 1),
-                (d.max(32) as u32, 1, 1),
+            self.attn_combine_raw(
+                (self.ptr(po), self.ptr(pml)),
+                out_rows,
+                DevPtr::NULL,
+                p,
+                n,
+                splits,
             )?;
         }
         for c in chunks.iter_mut() {
@@ -800,6 +768,34 @@ impl CudaBackend {
     /// cache, head_dim 64 or 128.
     pub(crate) fn decode_batch_eligible(c: &AttnChunk<'_, Self>, p: &AttentionParams) -> bool {
         c.rows == 1 && Self::dec_attention_applies(c.kv, p.head_dim, 1)
+    }
+
+    /// Merges the `splits` key splits' partial results `part` (`part_o`, `part_ml`) of `t` query
+    /// rows of `p`'s heads into `out`, times `softplus(gate)` where `gate` is not null (one
+    /// `attn_combine` launch).
+    pub(crate) fn attn_combine_raw(
+        &self,
+        (part_o, part_ml): (DevPtr<f32>, DevPtr<f32>),
+        out: DevPtr<f32>,
+        gate: DevPtr<f32>,
+        p: &AttentionParams,
+        t: usize,
+        splits: usize,
+    ) -> Result<()> {
+        ops::attention::AttnCombineArgs {
+            part_o,
+            part_ml,
+            out,
+            gate,
+            heads: p.heads as i32,
+            d: p.head_dim as i32,
+            splits: splits as i32,
+        }
+        .launch(
+            self,
+            (p.heads as u32, t as u32, 1),
+            (p.head_dim.max(32) as u32, 1, 1),
+        )
     }
 
     /// Appends the `t` rows of `k` and `v` to `cache` (one launch, `kv_append`).

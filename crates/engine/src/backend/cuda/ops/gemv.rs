@@ -460,12 +460,9 @@ impl CudaBackend {
             let splits = gemm_k_splits((tiles.0 * tiles.1) as usize, chunks, self.inner.sms);
             let kc = chunks.div_ceil(splits);
             let splits = chunks.div_ceil(kc);
+            // (every split writes all of its slice)
             let part = if splits > 1 {
-                let n = splits * t * w.rows;
-                // SAFETY: f32 has no invalid bit patterns; every split writes all of its slice.
-                let p = unsafe { self.inner.stream.alloc::<f32>(n) }
-                    .map_err(|e| self.err(format!("alloc of {n} elements: {e:?}")))?;
-                Some(p)
+                Some(self.alloc_unset(splits * t * w.rows)?)
             } else {
                 None
             };
