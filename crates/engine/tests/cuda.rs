@@ -67,9 +67,10 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
     let b = gpu();
     let (rows, cols) = (w.rows(), w.cols());
     let lin = b.load_linear(label, w).unwrap();
-    // 1: decode GEMV; 3, 9: the `linear` kernel; 16, 70, 130: `gemm_mma` for bf16 and NVFP4
-    // with K % 32 == 0, else `gemm_tiled` (70, 130: partial token tiles); 70 again on
-    // `gemm_tiled` with the tensor-core GEMM switched off
+    // 1: decode GEMV; 3, 9, 16, 70, 130: `gemm_mma` for bf16 and NVFP4 with K % 32 == 0 (3, 9:
+    // column groups skipped; 70, 130: partial token tiles), else the `linear` kernel below 16
+    // tokens and `gemm_tiled` from 16; 3, 9 and 70 again with the tensor-core GEMM switched off
+    // (`linear`, `gemm_tiled`)
     let mma_on = b.options();
     for (t, mma_gemm) in [
         (1usize, true),
@@ -78,6 +79,8 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
         (16, true),
         (70, true),
         (130, true),
+        (3, false),
+        (9, false),
         (70, false),
     ] {
         b.set_options(CudaOptions {
@@ -755,8 +758,9 @@ fn synthetic_laguna_variants(dir: &Path) -> Vec<(&'static str, PathBuf)> {
     variants
 }
 
-/// A batched decode step (several sessions in one pass: stacked linears, experts grouped over
-/// the batch, every sequence's attention in one launch where the caches are bf16) gives each
+/// A batched decode step (several sessions in one pass: the fused sequence over all rows where
+/// the caches are bf16, else stacked linears, experts grouped over the batch, every sequence's
+/// attention in one launch; the generic ops also with the fused sequence off) gives each
 /// sequence the logits it gets stepping alone (the fused single-token step) from the same cache
 /// (1e-4 of the logit range for at least 95% of them, none off by more than 1e-2: see the
 /// assertion for the routers' near-ties), step after step, the batch's own appended rows read by the next
@@ -770,24 +774,29 @@ fn gpu_batched_steps_match_each_sequence_alone() {
     let tmp = tempfile::tempdir().unwrap();
     let backend = gpu();
     let mut failures = Vec::new();
+    let mut fused_rows = 0;
     for (name, dir) in synthetic_laguna_variants(tmp.path()) {
-        for (kv, sessions, batched) in [
-            (KvDtype::Bf16, 5, true),
-            (KvDtype::Bf16, 35, true),
-            (KvDtype::Bf16, 5, false),
-            (KvDtype::Fp8E4m3, 5, true),
+        for (kv, sessions, batched, fused) in [
+            (KvDtype::Bf16, 5, true, true),
+            (KvDtype::Bf16, 35, true, true),
+            (KvDtype::Bf16, 5, true, false),
+            (KvDtype::Bf16, 35, true, false),
+            (KvDtype::Bf16, 5, false, true),
+            (KvDtype::Fp8E4m3, 5, true, true),
         ] {
             backend.set_options(CudaOptions {
                 batched_attention: batched,
+                fused_batch: fused,
                 ..backend.options()
             });
             let opts = ModelOptions::new().kv_dtype(kv);
             let model = Model::load_with_backend(&dir, opts, backend.clone()).unwrap();
             let vocab = model.info().vocab_size as u32;
             let label = format!(
-                "{name} {} {kv:?} {sessions} sessions{}",
+                "{name} {} {kv:?} {sessions} sessions{}{}",
                 dir.file_name().unwrap().to_string_lossy(),
-                if batched { "" } else { " (one launch off)" }
+                if batched { "" } else { " (one launch off)" },
+                if fused { "" } else { " (generic ops)" }
             );
             let mut ss: Vec<_> = (0..sessions)
                 .map(|i| {
@@ -827,12 +836,18 @@ fn gpu_batched_steps_match_each_sequence_alone() {
                 let mut refs: Vec<_> = ss.iter_mut().collect();
                 let slices: Vec<&[u32]> = lists.iter().map(Vec::as_slice).collect();
                 let wants = vec![Want::Last; sessions];
+                let before = backend.fused_decode_steps();
                 let got: Vec<Vec<f32>> = model
                     .forward_batch(&mut refs, &slices, &wants)
                     .unwrap()
                     .into_iter()
                     .map(|l| l.unwrap().data)
                     .collect();
+                let used = backend.fused_decode_steps() - before;
+                if used > 0 {
+                    assert!(fused && used == sessions, "{label}: {used} rows fused");
+                    fused_rows += used;
+                }
                 for (g, w) in got.iter().zip(&alone) {
                     diffs.push(rel_diff(g, w));
                 }
@@ -855,9 +870,12 @@ fn gpu_batched_steps_match_each_sequence_alone() {
     }
     backend.set_options(CudaOptions {
         batched_attention: true,
+        fused_batch: true,
         ..backend.options()
     });
     assert!(failures.is_empty(), "batched steps differ: {failures:#?}");
+    println!("{fused_rows} rows decoded on the fused batched step");
+    assert!(fused_rows > 0, "no batched step took the fused sequence");
 }
 
 /// The model path's fused decode step (`backend/cuda/decode.rs`: q/k/v/gate in one launch,

@@ -1,19 +1,86 @@
-//! Decode throughput of batched steps (`Model::step_batch`) against one session stepping alone,
-//! on the CPU backend: for each batch size B, B sessions with a short prompt each advance
-//! together; tokens/s of the whole batch and time per step.
+//! Decode throughput of batched steps against one session stepping alone, on any device: for
+//! each batch size B, B sessions with a short prompt each advance together through
+//! `Model::forward_batch_sampled` with greedy samplers (the server's call: the backend picks each
+//! token where it can, only ids come back); tokens/s of the whole batch and time per step.
 //!
-//! `cargo run --release -p fp4forge-lab --example batch_decode_speed -- DIR [STEPS]
-//! [BATCHES...]` (defaults 32 steps, batches 1 2 4 8 16).
+//! `cargo run --release -p fp4forge-lab [--features cuda] --example batch_decode_speed -- DIR
+//! [--device cuda] [STEPS] [BATCHES...]` (defaults: cpu, 32 steps, batches 1 2 4 8 16).
 
+use std::path::Path;
 use std::time::Instant;
 
-use fp4forge_engine::{Model, ModelOptions, Session};
+use fp4forge_engine::ir::Want;
+use fp4forge_engine::{
+    Backend, Device, Model, ModelOptions, Output, Sampler, SamplingParams, WithModel,
+};
+
+/// The measurement, for whatever backend the device loads.
+struct Measure {
+    steps: usize,
+    batches: Vec<usize>,
+}
+
+impl WithModel for Measure {
+    type Output = Result<(), Box<dyn std::error::Error>>;
+
+    fn with<B: Backend>(self, model: Model<B>) -> Self::Output {
+        let vocab = model.info().vocab_size as u32;
+        println!("backend {}", model.info().backend);
+        println!("{:>5} {:>12} {:>12}", "batch", "ms/step", "tok/s");
+        for &b in &self.batches {
+            let mut sessions = (0..b)
+                .map(|i| {
+                    let mut s = model.new_session()?;
+                    s.prefill(&[(7 * i as u32 + 3) % vocab, 11, 13, 17])?;
+                    Ok(s)
+                })
+                .collect::<fp4forge_engine::Result<Vec<_>>>()?;
+            let mut tokens: Vec<u32> = (0..b as u32).map(|i| (i * 31 + 5) % vocab).collect();
+            let mut samplers: Vec<Sampler> = (0..b)
+                .map(|_| Sampler::new(SamplingParams::greedy()))
+                .collect();
+            let wants = vec![Want::Last; b];
+            let mut run = |tokens: &mut Vec<u32>| -> Result<(), Box<dyn std::error::Error>> {
+                let mut refs: Vec<_> = sessions.iter_mut().collect();
+                let lists: Vec<&[u32]> = tokens.iter().map(std::slice::from_ref).collect();
+                let mut picks: Vec<Option<&mut Sampler>> = samplers.iter_mut().map(Some).collect();
+                let outs = model.forward_batch_sampled(&mut refs, &lists, &wants, &mut picks)?;
+                for (t, o) in tokens.iter_mut().zip(outs) {
+                    match o {
+                        Output::Token(id) => *t = id,
+                        _ => return Err("a greedy sampler gave no token".into()),
+                    }
+                }
+                Ok(())
+            };
+            // one warm-up step (kernel compilation, buffers)
+            run(&mut tokens)?;
+            let start = Instant::now();
+            for _ in 0..self.steps {
+                run(&mut tokens)?;
+            }
+            let s = start.elapsed().as_secs_f64();
+            println!(
+                "{b:>5} {:>12.2} {:>12.1}",
+                1e3 * s / self.steps as f64,
+                (b * self.steps) as f64 / s
+            );
+        }
+        Ok(())
+    }
+}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let mut device = Device::Cpu;
+    if let Some(i) = args.iter().position(|a| a == "--device") {
+        let name = args.get(i + 1).ok_or("--device needs a value")?.clone();
+        device = name.parse()?;
+        args.drain(i..i + 2);
+    }
     let dir = args
         .first()
-        .ok_or("usage: batch_decode_speed DIR [STEPS] [BATCHES...]")?;
+        .ok_or("usage: batch_decode_speed DIR [--device D] [STEPS] [BATCHES...]")?;
     let steps: usize = args.get(1).map_or(Ok(32), |s| s.parse())?;
     let batches: Vec<usize> = if args.len() > 2 {
         args[2..]
@@ -23,38 +90,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         vec![1, 2, 4, 8, 16]
     };
-    let model = Model::load(dir, ModelOptions::new())?;
-    let vocab = model.info().vocab_size as u32;
-    println!("{dir}: backend {}", model.info().backend);
-    println!("{:>5} {:>12} {:>12}", "batch", "ms/step", "tok/s");
-    for &b in &batches {
-        let mut sessions: Vec<Session> = (0..b)
-            .map(|i| {
-                let mut s = model.new_session().unwrap();
-                s.prefill(&[(7 * i as u32 + 3) % vocab, 11, 13, 17])
-                    .unwrap();
-                s
-            })
-            .collect();
-        let mut tokens: Vec<u32> = (0..b as u32).map(|i| (i * 31 + 5) % vocab).collect();
-        let start = Instant::now();
-        for _ in 0..steps {
-            let logits = if b == 1 {
-                vec![sessions[0].step(tokens[0])?]
-            } else {
-                let mut refs: Vec<&mut Session> = sessions.iter_mut().collect();
-                model.step_batch(&mut refs, &tokens)?
-            };
-            for (t, l) in tokens.iter_mut().zip(&logits) {
-                *t = fp4forge_engine::sampling::argmax(l);
-            }
-        }
-        let s = start.elapsed().as_secs_f64();
-        println!(
-            "{b:>5} {:>12.2} {:>12.1}",
-            1e3 * s / steps as f64,
-            (b * steps) as f64 / s
-        );
-    }
-    Ok(())
+    println!("{dir} on {device}");
+    fp4forge_engine::open(
+        device,
+        Path::new(dir),
+        ModelOptions::new(),
+        Measure { steps, batches },
+    )?
 }

@@ -1,21 +1,31 @@
-//! The model path's decode step on CUDA: one token through a loaded decoder with a fused
-//! launch sequence (what `fp4forge-lab`'s decode benchmark times), over the model's own weights
-//! and KV caches and on activation buffers allocated once.
+//! The model path's decode step on CUDA: one new token of each of `n` sequences through a loaded
+//! decoder with a fused launch sequence (what `fp4forge-lab`'s decode benchmark times for one),
+//! over the model's own weights and KV caches and on activation buffers allocated once (grown
+//! when a step needs more rows).
 //!
-//! Per layer: q/k/v(/gate) in one launch (`linear_multi2`); attention that also applies the
-//! per-head q/k norms and rope and appends the new KV rows (`AttnPrep`, bf16 caches at head_dim
-//! 64/128; elsewhere one `qk_norm_rope` launch first) and the softplus gate; o_proj with the
-//! residual; then a MoE layer's post-attention norm inside the router's launch, the router's top-k
-//! and the routed + shared experts on the persistent kernels, and their ordered sum with the
-//! residual, whose last block computes the next layer's input norm (or the final norm); a dense
-//! layer runs norm, gate/up (one launch), SiLU·up, down with the residual and the next norm.
+//! Per layer, one sequence: q/k/v(/gate) in one launch (`linear_multi2`); attention that also
+//! applies the per-head q/k norms and rope and appends the new KV rows (`AttnPrep`, bf16 caches at
+//! head_dim 64/128; elsewhere one `qk_norm_rope` launch first) and the softplus gate; o_proj with
+//! the residual; then a MoE layer's post-attention norm inside the router's launch, the router's
+//! top-k and the routed + shared experts on the persistent kernels, and their ordered sum with
+//! the residual, whose last block computes the next layer's input norm (or the final norm); a
+//! dense layer runs norm, gate/up (one launch), SiLU·up, down with the residual and the next norm.
 //! Then the lm_head.
+//!
+//! Several sequences (a continuous-batching step): the same sequence over `n` rows, each linear
+//! one multi-token launch (`gemm_mma`: every weight read once for all rows), the attention of all
+//! sequences in one `attn_dec_batch` launch per layer (norms, rope, append and the gate inside or
+//! beside it, each sequence over its own cache at its own position), the routed experts per item
+//! with the shared expert as one more item per token, or, from `GROUPED_MOE_MIN_TOKENS` rows,
+//! grouped by expert with the shared expert on `gemm_mma`; norms as one launch over all rows.
+//! No allocation but the logits and the kernels' split-K scratch.
 //!
 //! [`CudaBackend::decode_fused`] runs it where the decoder has nothing it does not cover (no
 //! projection biases, a gate of one value per head, a hidden width of at most `XS_MAX` values;
-//! a dense layer's down projection takes any width); otherwise the caller takes the generic ops.
-//! Every row is computed as the generic path computes it, up to f32 summation order (the GPU
-//! tests compare both, and both against the CPU backend).
+//! a dense layer's down projection takes any width; several sequences: bf16 caches with
+//! head_dim 64 or 128); otherwise the caller takes the generic ops. Every row is computed as the
+//! generic path computes it, up to f32 summation order (the GPU tests compare both, and both
+//! against the CPU backend).
 
 use std::sync::atomic::Ordering;
 
@@ -23,11 +33,14 @@ use cudarc::driver::CudaSlice;
 
 use super::ops::{self, DevPtr};
 use super::{
-    AttnCall, AttnPrep, CudaBackend, CudaKvLayer, CudaTensor, Epi, Gemv, MoeBuffers, MultiLinear,
-    NormGemv, QkNormRope, QkNorms, Route, SharedExpert, MAX_SPLITS,
+    AttnCall, AttnPrep, CudaBackend, CudaKvLayer, CudaTensor, DecBatchIo, Epi, Gemv, MoeBuffers,
+    MultiLinear, NormGemv, QkNormRope, QkNorms, Route, SharedExpert, MAX_SPLITS,
 };
+
+/// Most sequences in one fused step (the buffers grow with the rows).
+pub(crate) const FUSED_BATCH_MAX: usize = 256;
 use crate::error::Result;
-use crate::ir::{Decoder, Mlp, Moe};
+use crate::ir::{AttnChunk, Decoder, Mlp, Moe, SeqChunk, Want};
 
 /// Activation buffers of the fused decode step, at fixed addresses, grown when a decoder needs
 /// more. Held by the backend (one step at a time: the lock around it serialises steps).
@@ -59,6 +72,8 @@ pub(crate) struct DecodeBuffers {
 /// Element counts of the buffers (what a decoder needs).
 #[derive(Clone, Copy, PartialEq, Default)]
 struct Sizes {
+    /// Rows (sequences) of a step; the other counts are per row.
+    rows: usize,
     hidden: usize,
     q: usize,
     kv: usize,
@@ -68,12 +83,14 @@ struct Sizes {
     top_k: usize,
     h: usize,
     part: usize,
+    /// The widest dense MLP or shared expert (its gate and up outputs).
     dense: usize,
 }
 
 impl Sizes {
-    fn of(d: &Decoder<CudaBackend>) -> Self {
+    fn of(d: &Decoder<CudaBackend>, rows: usize) -> Self {
         let mut s = Sizes {
+            rows,
             hidden: d.hidden,
             ..Default::default()
         };
@@ -91,6 +108,7 @@ impl Sizes {
                     s.top_k = s.top_k.max(m.params.top_k);
                     s.h = s.h.max(items * m.experts.inter.max(sh));
                     s.part = s.part.max(items * d.hidden);
+                    s.dense = s.dense.max(sh);
                 }
                 Mlp::Dense(m) => s.dense = s.dense.max(m.gate.rows),
             }
@@ -100,6 +118,7 @@ impl Sizes {
 
     fn covers(&self, need: &Sizes) -> bool {
         self.hidden == need.hidden
+            && self.rows >= need.rows
             && self.q >= need.q
             && self.kv >= need.kv
             && self.gate >= need.gate
@@ -114,25 +133,27 @@ impl Sizes {
 
 impl DecodeBuffers {
     fn new(b: &CudaBackend, s: Sizes) -> Result<Self> {
+        let n = s.rows;
         Ok(Self {
             sizes: s,
-            x: b.alloc(s.hidden)?,
-            a: b.alloc(s.hidden)?,
-            q: b.alloc(s.q)?,
-            k: b.alloc(s.kv)?,
-            v: b.alloc(s.kv)?,
-            gate: b.alloc(s.gate)?,
-            attn: b.alloc(s.q)?,
+            x: b.alloc(n * s.hidden)?,
+            a: b.alloc(n * s.hidden)?,
+            q: b.alloc(n * s.q)?,
+            k: b.alloc(n * s.kv)?,
+            v: b.alloc(n * s.kv)?,
+            gate: b.alloc(n * s.gate)?,
+            attn: b.alloc(n * s.q)?,
+            // (the split partials of one sequence's attention; several take their own)
             part_o: b.alloc(s.q * MAX_SPLITS)?,
             part_ml: b.alloc(s.heads * MAX_SPLITS * 2)?,
-            router: b.alloc(s.router)?,
-            sel: b.alloc(s.top_k)?,
-            wts: b.alloc(s.top_k)?,
-            h: b.alloc(s.h.max(s.dense))?,
-            part: b.alloc(s.part)?,
-            up: b.alloc(s.dense)?,
-            act: b.alloc(s.dense)?,
-            ids: b.alloc(1)?,
+            router: b.alloc(n * s.router)?,
+            sel: b.alloc(n * s.top_k)?,
+            wts: b.alloc(n * s.top_k)?,
+            h: b.alloc(n * s.h.max(s.dense))?,
+            part: b.alloc(n * s.part)?,
+            up: b.alloc(n * s.dense)?,
+            act: b.alloc(n * s.dense)?,
+            ids: b.alloc(n)?,
             shared_inv: b.alloc(1)?,
             shared_inv_host: Vec::new(),
         })
@@ -168,50 +189,91 @@ impl CudaBackend {
         self.inner.fused_steps.load(Ordering::Relaxed)
     }
 
-    /// One token `id` at position `pos0` through the whole decoder `d` on the fused step,
-    /// appending its keys and values to `kv`; the logits of the token (`[1, vocab]`). `None`
-    /// where the fused step is off or does not cover `d` (the caller runs the generic ops).
+    /// One new token of each sequence of `seqs` (each one id, its last logits wanted) through
+    /// the whole decoder `d` on the fused step, appending their keys and values to their caches;
+    /// the logits of each (`[1, vocab]`), in order. `None` where the fused step is off or does not
+    /// cover `d` or these sequences (the caller runs the generic ops).
     pub(crate) fn decode_fused(
         &self,
         d: &Decoder<CudaBackend>,
-        kv: &mut [CudaKvLayer],
-        id: u32,
-        pos0: usize,
-    ) -> Result<Option<CudaTensor>> {
-        if !self.opts().fused_decode || !covers(d) {
+        seqs: &mut [SeqChunk<'_, Self>],
+    ) -> Result<Option<Vec<CudaTensor>>> {
+        let n = seqs.len();
+        let single = seqs
+            .iter()
+            .all(|s| s.ids.len() == 1 && s.want == Want::Last);
+        let on = {
+            let o = self.opts();
+            o.fused_decode && (n == 1 || (o.fused_batch && o.batched_attention))
+        };
+        if n == 0 || n > FUSED_BATCH_MAX || !single || !on || !covers(d) {
             return Ok(None);
         }
-        self.check(kv.len() == d.layers.len(), || {
-            format!("{} KV layers for {} layers", kv.len(), d.layers.len())
-        })?;
-        self.check(kv.iter().all(|c| c.len == pos0), || {
-            format!("a KV cache does not hold the {pos0} positions before this token")
-        })?;
-        self.check((id as usize) < d.embed.rows, || {
-            format!("token id {id} outside table `{}`", d.embed.name)
-        })?;
+        // several sequences attend in one launch: bf16 caches, head_dim 64 or 128
+        if n > 1
+            && !seqs.iter().all(|s| {
+                s.kv.iter()
+                    .zip(&d.layers)
+                    .all(|(c, l)| Self::dec_attention_applies(c, l.attn.params.head_dim, 1))
+            })
+        {
+            return Ok(None);
+        }
+        for s in seqs.iter() {
+            let id = s.ids[0];
+            self.check(s.kv.len() == d.layers.len(), || {
+                format!("{} KV layers for {} layers", s.kv.len(), d.layers.len())
+            })?;
+            self.check(s.kv.iter().all(|c| c.len == s.pos0), || {
+                format!(
+                    "a KV cache does not hold the {} positions before this token",
+                    s.pos0
+                )
+            })?;
+            self.check((id as usize) < d.embed.rows, || {
+                format!("token id {id} outside table `{}`", d.embed.name)
+            })?;
+        }
         let mut guard = self
             .inner
             .decode
             .lock()
             .map_err(|_| self.err("a fused decode step panicked earlier"))?;
-        let need = Sizes::of(d);
+        let need = Sizes::of(d, n);
         let bufs = match guard.take() {
             Some(bufs) if bufs.sizes.covers(&need) => bufs,
-            _ => DecodeBuffers::new(self, need)?,
+            Some(bufs) => DecodeBuffers::new(
+                self,
+                Sizes {
+                    // (grown for the larger of both, so alternating batches do not reallocate)
+                    rows: n.max(bufs.sizes.rows),
+                    ..need
+                },
+            )?,
+            None => DecodeBuffers::new(self, need)?,
         };
         let bufs = guard.insert(bufs);
         self.refresh_shared_inv(d, bufs)?;
+        let ids: Vec<u32> = seqs.iter().map(|s| s.ids[0]).collect();
         self.inner
             .stream
-            .memcpy_htod(&[id], &mut bufs.ids)
+            .memcpy_htod(&ids, &mut bufs.ids.slice_mut(0..n))
             .map_err(|e| self.err(format!("{e:?}")))?;
-        let logits = self.decode_launches(d, kv, bufs, pos0)?;
-        for c in kv.iter_mut() {
-            c.len += 1;
+        let logits = self.decode_launches(d, seqs, bufs)?;
+        if n == 1 {
+            // (several sequences' caches are advanced by the batched attention, layer by layer)
+            for c in seqs[0].kv.iter_mut() {
+                c.len += 1;
+            }
         }
-        self.inner.fused_steps.fetch_add(1, Ordering::Relaxed);
-        Ok(Some(logits))
+        self.inner.fused_steps.fetch_add(n, Ordering::Relaxed);
+        if n == 1 {
+            return Ok(Some(vec![logits]));
+        }
+        (0..n)
+            .map(|i| crate::backend::Backend::rows(self, &logits, i, 1))
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
     }
 
     /// Uploads the shared experts' `1 / global_scale` values where they changed (another
@@ -238,17 +300,20 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The launches of one step (the token id already in `bufs.ids`); the logits.
+    /// The launches of one step (the sequences' token ids already in `bufs.ids`); the logits
+    /// (`[n, vocab]`).
     fn decode_launches(
         &self,
         d: &Decoder<CudaBackend>,
-        kv: &mut [CudaKvLayer],
+        seqs: &mut [SeqChunk<'_, Self>],
         bufs: &DecodeBuffers,
-        pos0: usize,
     ) -> Result<CudaTensor> {
+        let n = seqs.len();
         let p = |s: &CudaSlice<f32>| self.ptr(s);
         let (x, a) = (p(&bufs.x), p(&bufs.a));
         let h = d.hidden;
+        // `t` rows of `x` times `w` into `y` (plus `resid`, which may be `y`)
+        let rows = |w, x, y, resid| self.gemv_raw(w, Gemv::rows(x, y, resid, n));
         ops::prefill::EmbedArgs {
             fmt: d.embed.fmt,
             w: self.ptr(&d.embed.data),
@@ -258,16 +323,16 @@ impl CudaBackend {
             y: x,
             k: h as i32,
         }
-        .launch(self, (1, 1, 1), (256, 1, 1))?;
+        .launch(self, (n as u32, 1, 1), (256, 1, 1))?;
         let first = d.layers.first().map_or(&d.norm, |l| &l.input_norm);
-        self.epilogue_launch(&Epi::norm(self, x, p(&first.buf), a, h, d.eps), 1)?;
+        self.epilogue_launch(&Epi::norm(self, x, p(&first.buf), a, h, d.eps), n)?;
         let shared_inv = self.ptr(&bufs.shared_inv);
-        for (li, (l, cache)) in d.layers.iter().zip(kv.iter_mut()).enumerate() {
+        for (li, l) in d.layers.iter().enumerate() {
             let next_norm = d.layers.get(li + 1).map_or(&d.norm, |n| &n.input_norm);
             let next = Epi::norm(self, x, p(&next_norm.buf), a, h, d.eps);
             let at = &l.attn;
             let ap = &at.params;
-            // q, k, v (and the per-head gate) of the normed input, one launch
+            // q, k, v (and the per-head gate) of the normed input: one launch for one row
             let mut parts = vec![
                 (&at.q, p(&bufs.q)),
                 (&at.k, p(&bufs.k)),
@@ -276,63 +341,51 @@ impl CudaBackend {
             if let Some(g) = &at.gate {
                 parts.push((g, p(&bufs.gate)));
             }
-            self.linear_multi_raw(&MultiLinear::new(self, &parts, h)?, a)?;
-
-            // attention over the cache and this token (norms, rope and append inside or first)
-            if cache.spec.window.is_none() || cache.cap == 0 {
-                self.kv_grow(cache, pos0 + 1)?;
+            if n == 1 {
+                self.linear_multi_raw(&MultiLinear::new(self, &parts, h)?, a)?;
+            } else {
+                for (w, y) in parts {
+                    rows(w, a, y, DevPtr::NULL)?;
+                }
             }
-            let slot = cache.spec.window.map_or(pos0, |w| pos0 % w);
+
+            // attention over each cache and its token (norms, rope and append inside or first)
             let rope = &d.ropes[at.rope];
-            let rope = rope.dev(self);
             let norms = QkNorms {
                 q: at.q_norm.as_ref().map_or(DevPtr::NULL, |n| p(&n.buf)),
                 k: at.k_norm.as_ref().map_or(DevPtr::NULL, |n| p(&n.buf)),
                 eps: d.eps,
             };
-            let prep = Self::dec_attention_applies(cache, ap.head_dim, 1)
-                .then(|| AttnPrep::new(self, cache, slot, norms, rope));
-            if prep.is_none() {
-                self.qk_norm_rope_raw(
-                    cache,
-                    QkNormRope {
-                        q: p(&bufs.q),
-                        k: p(&bufs.k),
-                        v: p(&bufs.v),
-                        heads: ap.heads,
-                        pos: pos0,
-                        slot,
-                        norms,
-                        rope,
-                    },
-                )?;
-            }
-            let keys = cache.spec.window.map_or(pos0 + 1, |w| w.min(pos0 + 1));
-            let splits = self.splits_for(keys, ap, 1);
-            self.attention_raw(
-                cache,
-                ap,
-                AttnCall {
+            let gate = at.gate.as_ref().map_or(DevPtr::NULL, |_| p(&bufs.gate));
+            if let [s] = seqs {
+                self.attend_one(&mut s.kv[li], ap, s.pos0, rope, norms, (bufs, gate))?;
+            } else {
+                let mut chunks: Vec<AttnChunk<'_, Self>> = seqs
+                    .iter_mut()
+                    .map(|s| AttnChunk {
+                        pos0: s.pos0,
+                        rows: 1,
+                        kv: &mut s.kv[li],
+                    })
+                    .collect();
+                let io = DecBatchIo {
                     q: p(&bufs.q),
                     k: p(&bufs.k),
                     v: p(&bufs.v),
-                    pos0,
-                    t: 1,
                     out: p(&bufs.attn),
-                    gate: at.gate.as_ref().map_or(DevPtr::NULL, |_| p(&bufs.gate)),
-                    splits,
-                    scratch: Some((p(&bufs.part_o), p(&bufs.part_ml))),
-                    prep,
-                },
-            )?;
+                    gate,
+                    norms,
+                };
+                self.attention_decode_batch(io, rope, &mut chunks, ap)?;
+            }
             // x += o(attention)
-            self.gemv_raw(&at.o, Gemv::token_resid(p(&bufs.attn), x, x))?;
+            rows(&at.o, p(&bufs.attn), x, x)?;
 
             // a = post_norm · rmsnorm(x) (inside the router's launch where it applies)
             let post_norm = Epi::norm(self, x, p(&l.post_norm.buf), a, h, d.eps);
             match &l.mlp {
                 Mlp::Moe(m) => {
-                    if Self::norm_gemv_applies(&m.router) {
+                    if n == 1 && Self::norm_gemv_applies(&m.router) {
                         self.norm_gemv_raw(
                             &m.router,
                             NormGemv {
@@ -344,8 +397,8 @@ impl CudaBackend {
                             },
                         )?;
                     } else {
-                        self.epilogue_launch(&post_norm, 1)?;
-                        self.gemv_raw(&m.router, Gemv::token(a, p(&bufs.router)))?;
+                        self.epilogue_launch(&post_norm, n)?;
+                        rows(&m.router, a, p(&bufs.router), DevPtr::NULL)?;
                     }
                     let route = Route::new(
                         p(&bufs.router),
@@ -356,55 +409,138 @@ impl CudaBackend {
                         &m.params,
                         m.routed_scale,
                     );
+                    let io = MoeBuffers {
+                        sel: &bufs.sel,
+                        wts: &bufs.wts,
+                        top_k: m.params.top_k,
+                        tokens: n,
+                        x: a,
+                        h: p(&bufs.h),
+                        part: p(&bufs.part),
+                        out: x,
+                        resid: x,
+                    };
                     let shared = m.shared.as_ref().map(|s| SharedExpert {
                         gate: &s.gate,
                         up: &s.up,
                         down: &s.down,
                     });
-                    // three f32 per layer: gate, up, down
-                    let inv = shared_inv.add(3 * li);
-                    self.experts_raw(
-                        &m.experts,
-                        shared.as_ref().map(|s| (s, [inv, inv.add(1), inv.add(2)])),
-                        MoeBuffers {
-                            sel: &bufs.sel,
-                            wts: &bufs.wts,
-                            top_k: m.params.top_k,
-                            tokens: 1,
-                            x: a,
-                            h: p(&bufs.h),
-                            part: p(&bufs.part),
-                            out: x,
-                            resid: x,
-                        },
-                        next,
-                        Some(&route),
-                    )?;
+                    match &shared {
+                        // Many rows: the routed experts grouped by expert (which leaves the
+                        // shared expert out), the shared expert on the multi-token GEMM first,
+                        // straight into the residual.
+                        Some(s) if n > 1 && self.grouped_moe(&m.experts, n) => {
+                            let (g, u) = (p(&bufs.up), p(&bufs.act));
+                            rows(s.gate, a, g, DevPtr::NULL)?;
+                            rows(s.up, a, u, DevPtr::NULL)?;
+                            self.silu_mul_raw(g, u, g, n * s.gate.rows)?;
+                            rows(s.down, g, x, x)?;
+                            self.experts_raw(&m.experts, None, io, next, Some(&route))?;
+                        }
+                        _ => {
+                            // three f32 per layer: gate, up, down
+                            let inv = shared_inv.add(3 * li);
+                            self.experts_raw(
+                                &m.experts,
+                                shared.as_ref().map(|s| (s, [inv, inv.add(1), inv.add(2)])),
+                                io,
+                                next,
+                                Some(&route),
+                            )?;
+                        }
+                    }
                 }
                 Mlp::Dense(m) => {
-                    self.epilogue_launch(&post_norm, 1)?;
-                    let gu = [(&m.gate, p(&bufs.h)), (&m.up, p(&bufs.up))];
-                    self.linear_multi_raw(&MultiLinear::new(self, &gu, h)?, a)?;
-                    let n = m.gate.rows;
-                    ops::elementwise::SiluMulArgs {
-                        g: p(&bufs.h),
-                        u: p(&bufs.up),
-                        y: p(&bufs.act),
-                        n: n as i64,
+                    self.epilogue_launch(&post_norm, n)?;
+                    let (g, u) = (p(&bufs.h), p(&bufs.up));
+                    if n == 1 {
+                        let gu = [(&m.gate, g), (&m.up, u)];
+                        self.linear_multi_raw(&MultiLinear::new(self, &gu, h)?, a)?;
+                    } else {
+                        rows(&m.gate, a, g, DevPtr::NULL)?;
+                        rows(&m.up, a, u, DevPtr::NULL)?;
                     }
-                    .launch(
-                        self,
-                        ((n as u32).div_ceil(256), 1, 1),
-                        (256, 1, 1),
-                    )?;
-                    self.gemv_raw(&m.down, Gemv::token_resid(p(&bufs.act), x, x))?;
-                    self.epilogue_launch(&next, 1)?;
+                    self.silu_mul_raw(g, u, p(&bufs.act), n * m.gate.rows)?;
+                    rows(&m.down, p(&bufs.act), x, x)?;
+                    self.epilogue_launch(&next, n)?;
                 }
             }
         }
         let head = d.lm_head.as_ref().unwrap_or(&d.embed);
-        let logits = self.tensor(1, head.rows)?;
-        self.gemv_raw(head, Gemv::token(a, self.ptr(&logits.buf)))?;
+        let logits = self.tensor(n, head.rows)?;
+        rows(head, a, self.ptr(&logits.buf), DevPtr::NULL)?;
         Ok(logits)
+    }
+
+    /// One sequence's decode attention at position `pos0` over `cache`: the per-head norms, the
+    /// rope and the append inside the kernel where it applies (else one `qk_norm_rope` launch
+    /// first), from and into the step's buffers, the softplus `gate` (null: none) applied.
+    fn attend_one(
+        &self,
+        cache: &mut CudaKvLayer,
+        ap: &crate::ir::AttentionParams,
+        pos0: usize,
+        rope: &super::CudaRope,
+        norms: QkNorms,
+        (bufs, gate): (&DecodeBuffers, DevPtr<f32>),
+    ) -> Result<()> {
+        let p = |s: &CudaSlice<f32>| self.ptr(s);
+        if cache.spec.window.is_none() || cache.cap == 0 {
+            self.kv_grow(cache, pos0 + 1)?;
+        }
+        let slot = cache.spec.window.map_or(pos0, |w| pos0 % w);
+        let rope = rope.dev(self);
+        let prep = Self::dec_attention_applies(cache, ap.head_dim, 1)
+            .then(|| AttnPrep::new(self, cache, slot, norms, rope));
+        if prep.is_none() {
+            self.qk_norm_rope_raw(
+                cache,
+                QkNormRope {
+                    q: p(&bufs.q),
+                    k: p(&bufs.k),
+                    v: p(&bufs.v),
+                    heads: ap.heads,
+                    pos: pos0,
+                    slot,
+                    norms,
+                    rope,
+                },
+            )?;
+        }
+        let keys = cache.spec.window.map_or(pos0 + 1, |w| w.min(pos0 + 1));
+        let splits = self.splits_for(keys, ap, 1);
+        self.attention_raw(
+            cache,
+            ap,
+            AttnCall {
+                q: p(&bufs.q),
+                k: p(&bufs.k),
+                v: p(&bufs.v),
+                pos0,
+                t: 1,
+                out: p(&bufs.attn),
+                gate,
+                splits,
+                scratch: Some((p(&bufs.part_o), p(&bufs.part_ml))),
+                prep,
+            },
+        )
+    }
+
+    /// `y = silu(g) ⊙ u` over `len` values (`y` may be `g`).
+    fn silu_mul_raw(
+        &self,
+        g: DevPtr<f32>,
+        u: DevPtr<f32>,
+        y: DevPtr<f32>,
+        len: usize,
+    ) -> Result<()> {
+        ops::elementwise::SiluMulArgs {
+            g,
+            u,
+            y,
+            n: len as i64,
+        }
+        .launch(self, ((len as u32).div_ceil(256), 1, 1), (256, 1, 1))
     }
 }

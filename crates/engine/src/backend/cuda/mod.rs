@@ -49,7 +49,7 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 
 use super::{AttentionParams, AttnChunk, Backend, Resident, RouterParams, RouterScoring};
 use crate::error::{EngineError, Result};
-use crate::ir::{Decoder, KvDtype, KvLayerSpec, SeqChunk, Want};
+use crate::ir::{Decoder, KvDtype, KvLayerSpec, SeqChunk};
 use crate::rope::RopeSpec;
 use crate::sampling::SamplingParams;
 use crate::weights::{ExpertWeights, LinearWeight};
@@ -817,6 +817,23 @@ impl Backend for CudaBackend {
         if !runs || !self.opts().batched_attention {
             return crate::forward::attention_each(self, q, k, v, rope, chunks, p);
         }
+        self.check(
+            q.cols == p.heads * p.head_dim
+                && k.cols == p.kv_heads * p.head_dim
+                && v.cols == k.cols
+                && q.rows == k.rows
+                && v.rows == k.rows
+                && chunks.iter().map(|c| c.rows).sum::<usize>() == q.rows,
+            || {
+                format!(
+                    "batched attention of q {:?}, k {:?}, v {:?} over {} chunks",
+                    (q.rows, q.cols),
+                    (k.rows, k.cols),
+                    (v.rows, v.cols),
+                    chunks.len()
+                )
+            },
+        )?;
         let mut out = self.tensor(q.rows, q.cols)?;
         let (mut i, mut row) = (0, 0);
         while i < chunks.len() {
@@ -825,14 +842,16 @@ impl Backend for CudaBackend {
                 .take_while(|c| Self::decode_batch_eligible(c, p))
                 .count();
             if run >= 2 {
-                self.attention_decode_batch(
-                    (&q, &k, v),
-                    row,
-                    rope,
-                    &mut chunks[i..i + run],
-                    p,
-                    &out,
-                )?;
+                let at = |t: &CudaTensor| self.ptr(&t.buf).add(row * t.cols);
+                let io = DecBatchIo {
+                    q: at(&q),
+                    k: at(&k),
+                    v: at(v),
+                    out: at(&out),
+                    gate: DevPtr::NULL,
+                    norms: QkNorms::NONE,
+                };
+                self.attention_decode_batch(io, rope, &mut chunks[i..i + run], p)?;
                 i += run;
                 row += run;
                 continue;
@@ -1022,19 +1041,16 @@ impl Backend for CudaBackend {
         Ok(id.first().copied())
     }
 
-    /// A decode step of one sequence (one token, its last logits wanted) runs the fused
-    /// launch sequence of [`CudaBackend::decode_fused`] where it covers the decoder.
+    /// A decode step (one token of each sequence, its last logits wanted) runs the fused
+    /// launch sequence of [`CudaBackend::decode_fused`] where it covers the decoder and the
+    /// sequences.
     fn fused_pass(
         &self,
         net: &Decoder<Self>,
         seqs: &mut [SeqChunk<'_, Self>],
     ) -> Result<Option<Vec<Option<CudaTensor>>>> {
-        let [s] = seqs else { return Ok(None) };
-        let ([id], Want::Last) = (s.ids, s.want) else {
-            return Ok(None);
-        };
         Ok(self
-            .decode_fused(net, s.kv, *id, s.pos0)?
-            .map(|t| vec![Some(t)]))
+            .decode_fused(net, seqs)?
+            .map(|ts| ts.into_iter().map(Some).collect()))
     }
 }

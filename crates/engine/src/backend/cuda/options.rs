@@ -9,6 +9,7 @@
 //! | `FP4FORGE_CUDA_MMA` | `mma` | `0`: no tensor-core NVFP4 decode GEMVs (sm_89+ only anyway) | on |
 //! | `FP4FORGE_CUDA_PERSIST` | `persistent_moe` | `0`: one token's experts on the per-item kernels, not the persistent ones | on |
 //! | `FP4FORGE_CUDA_FUSED_DECODE` | `fused_decode` | `0`: the model path's single-token steps on the generic ops, not the fused sequence | on |
+//! | `FP4FORGE_CUDA_FUSED_BATCH` | `fused_batch` | `0`: a decode step of several sequences on the generic ops, not the fused sequence over all of them | on |
 //! | `FP4FORGE_CUDA_GEMM` | `tiled_prefill` | `0`: multi-token linears on the `linear` GEMV kernel, not `gemm_tiled` | on |
 //! | `FP4FORGE_CUDA_MMA_GEMM` | `mma_gemm` | `0`: multi-token bf16/NVFP4 linears on `gemm_tiled` (f32 FMA), not `gemm_mma` (tensor cores, sm_80+) | on |
 //! | `FP4FORGE_CUDA_GROUPED_MOE` | `grouped_moe` | `0`: multi-token routed experts on the per-item kernels, not grouped by expert on tensor cores (sm_80+) | on |
@@ -46,6 +47,8 @@ pub struct CudaOptions {
     pub persistent_moe: bool,
     /// `FP4FORGE_CUDA_FUSED_DECODE`: the model path's single-token steps on the fused sequence.
     pub fused_decode: bool,
+    /// `FP4FORGE_CUDA_FUSED_BATCH`: decode steps of several sequences on the fused sequence.
+    pub fused_batch: bool,
     /// `FP4FORGE_CUDA_GEMM`: multi-token linears (16+ tokens) on `gemm_tiled`.
     pub tiled_prefill: bool,
     /// `FP4FORGE_CUDA_MMA_GEMM`: multi-token bf16/NVFP4 linears on tensor cores (`gemm_mma`).
@@ -87,6 +90,7 @@ impl Default for CudaOptions {
             mma: true,
             persistent_moe: true,
             fused_decode: true,
+            fused_batch: true,
             tiled_prefill: true,
             mma_gemm: true,
             grouped_moe: true,
@@ -133,6 +137,7 @@ impl CudaOptions {
             mma: on("FP4FORGE_CUDA_MMA"),
             persistent_moe: on("FP4FORGE_CUDA_PERSIST"),
             fused_decode: on("FP4FORGE_CUDA_FUSED_DECODE"),
+            fused_batch: on("FP4FORGE_CUDA_FUSED_BATCH"),
             tiled_prefill: on("FP4FORGE_CUDA_GEMM"),
             mma_gemm: on("FP4FORGE_CUDA_MMA_GEMM"),
             grouped_moe: on("FP4FORGE_CUDA_GROUPED_MOE"),
@@ -174,6 +179,7 @@ mod tests {
             ("FP4FORGE_CUDA_MMA", "1"),
             ("FP4FORGE_CUDA_PERSIST", "no"),
             ("FP4FORGE_CUDA_GEMM", "0"),
+            ("FP4FORGE_CUDA_FUSED_BATCH", "0"),
             ("FP4FORGE_CUDA_GROUPED_MOE", "0"),
             ("FP4FORGE_CUDA_FLASH", "0"),
             ("FP4FORGE_CUDA_LEGACY_GEMV", "0"),
@@ -184,6 +190,7 @@ mod tests {
         ]);
         assert!(!o.pdl && o.mma && o.persistent_moe && o.fused_decode && !o.tiled_prefill);
         assert!(o.legacy_gemv && o.mma_gemm && !o.grouped_moe && !o.flash_attention);
+        assert!(!o.fused_batch);
         assert_eq!((o.nv_blocks_per_sm, o.nv_grid_per_sm), (3, 3));
         assert_eq!((o.nv_k_split, o.mma_k_split), (None, Some(4)));
         assert_eq!(o.kernels_source, Some(PathBuf::from("/tmp/k.cu")));

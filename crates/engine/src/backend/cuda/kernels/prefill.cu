@@ -172,11 +172,17 @@ __device__ __forceinline__ int gt_at(int r, int c) { return 8 * (c ^ ((r >> 1) &
 
 
 // One thread's share of a K step: half a weight row (16 values from k0 + 16 * half) and 8
-// activations of one token (k0 + 8 * part ..).
-struct GtLoad {
+// activations of one token (k0 + 8 * part ..). The weights are loaded GT_PF steps ahead (they
+// come from DRAM), the activations one step ahead (they are small and stay in L2).
+struct GtW {
     uint4 w0, w1;  // NVFP4: w0.x, w0.y = 16 codes, w0.z = the scale byte; bf16: 16 values
+};
+struct GtX {
     float4 xa, xb;
 };
+
+// K steps of weight loads in flight per thread (a ring of registers).
+#define GT_PF 4
 
 // Where a thread loads from: its weight row (null: outside the matrix, zeros) and token row.
 struct GtSrc {
@@ -187,7 +193,7 @@ struct GtSrc {
     int half, part;
 };
 
-__device__ __forceinline__ void gt_load(const GtSrc& s, int k0, GtLoad& l) {
+__device__ __forceinline__ void gt_load_w(const GtSrc& s, int k0, GtW& l) {
     if (s.wrow) {
         const int k = k0 + 16 * s.half;
         if (s.fmt == 3) {
@@ -202,6 +208,9 @@ __device__ __forceinline__ void gt_load(const GtSrc& s, int k0, GtLoad& l) {
         l.w0 = make_uint4(0u, 0u, 0u, 0u);
         l.w1 = l.w0;
     }
+}
+
+__device__ __forceinline__ void gt_load_x(const GtSrc& s, int k0, GtX& l) {
     if (s.xrow) {
         const float4* p = (const float4*)(s.xrow + k0 + 8 * s.part);
         l.xa = __ldg(p);
@@ -212,20 +221,20 @@ __device__ __forceinline__ void gt_load(const GtSrc& s, int k0, GtLoad& l) {
     }
 }
 
-__device__ __forceinline__ void gt_store(const GtSrc& s, const GtLoad& l, GtStage& st, int wr, int xr) {
+__device__ __forceinline__ void gt_store(const GtSrc& s, const GtW& lw, const GtX& l, GtStage& st, int wr, int xr) {
     uint4 a, b;
     if (s.fmt == 3) {
         float f[8], g[8];
-        e2m1x8(l.w0.x, f);
-        e2m1x8(l.w0.y, g);
-        const float sc = e4m3x2(l.w0.z).x;
+        e2m1x8(lw.w0.x, f);
+        e2m1x8(lw.w0.y, g);
+        const float sc = e4m3x2(lw.w0.z).x;
         a = make_uint4(bf16x2_rn(f[0] * sc, f[1] * sc), bf16x2_rn(f[2] * sc, f[3] * sc),
                        bf16x2_rn(f[4] * sc, f[5] * sc), bf16x2_rn(f[6] * sc, f[7] * sc));
         b = make_uint4(bf16x2_rn(g[0] * sc, g[1] * sc), bf16x2_rn(g[2] * sc, g[3] * sc),
                        bf16x2_rn(g[4] * sc, g[5] * sc), bf16x2_rn(g[6] * sc, g[7] * sc));
     } else {
-        a = l.w0;
-        b = l.w1;
+        a = lw.w0;
+        b = lw.w1;
     }
     *(uint4*)&st.w[wr][gt_at(wr, 2 * s.half)] = a;
     *(uint4*)&st.w[wr][gt_at(wr, 2 * s.half + 1)] = b;
@@ -239,56 +248,84 @@ __device__ __forceinline__ void gt_store(const GtSrc& s, const GtLoad& l, GtStag
     }
 }
 
-// The block's GT_BM x GT_BN product over K (K % 32 == 0) into acc (warp tile: rows
-// 32 * (warp & 3) + 16 i + (g, g + 8), tokens 32 * (warp >> 2) + 8 j + 2 t + (0, 1)). `s` is
-// this thread's source (weight row tid / 2, token row tid / 4); `smem` holds two stages. Ends
-// with a barrier (the stages may then be reused).
-__device__ __forceinline__ void gt_mainloop(const GtSrc& s, int K, GtStage* smem, float acc[2][4][4]) {
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int wr = tid >> 1, xr = tid >> 2;
+// The tensor-core work of one K step on stage `st`: the warp's 32 rows times its tokens, in
+// 8-token column groups; groups at or past `tn` (the tile's tokens) are skipped (warp-uniform:
+// a decode step's few tokens, or an expert's few items, cost only the groups they fill).
+__device__ __forceinline__ void gt_step(const GtStage& st, int tn, float acc[2][4][4]) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wm = warp & 3, wn = warp >> 2;
+    if (32 * wn >= tn) return;  // none of this warp's tokens
+#pragma unroll
+    for (int kc = 0; kc < GT_BK / 8; kc += 2) {  // 16 of K: chunks kc, kc + 1
+        u32 a[2][4];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int r = 32 * wm + 16 * i + (lane & 15);
+            ldsm_x4(a[i], smem_u32(&st.w[r][gt_at(r, kc + (lane >> 4))]));
+        }
+#pragma unroll
+        for (int jj = 0; jj < 2; jj++) {
+            const int t0 = 32 * wn + 16 * jj;  // the first token of this pair of column groups
+            if (t0 >= tn) continue;
+            const bool both = t0 + 8 < tn;
+            const int tok = t0 + (lane & 7) + ((lane >> 4) << 3);
+            const int at = gt_at(tok, kc + ((lane >> 3) & 1));
+#pragma unroll
+            for (int part = 0; part < 3; part++) {
+                u32 b[4];
+                ldsm_x4(b, smem_u32(&st.x[part][tok][at]));
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    mma_bf16(acc[i][2 * jj], a[i], b[0], b[1]);
+                    if (both) mma_bf16(acc[i][2 * jj + 1], a[i], b[2], b[3]);
+                }
+            }
+        }
+    }
+}
+
+// The block's GT_BM x GT_BN product over K (K % 32 == 0) into acc (warp tile: rows
+// 32 * (warp & 3) + 16 i + (g, g + 8), tokens 32 * (warp >> 2) + 8 j + 2 t + (0, 1)); only the
+// first `tn` tokens are computed (the others' accumulators stay 0). `s` is this thread's source
+// (weight row tid / 2, token row tid / 4); `smem` holds two stages. Ends with a barrier (the
+// stages may then be reused).
+__device__ __forceinline__ void gt_mainloop(const GtSrc& s, int K, int tn, GtStage* smem, float acc[2][4][4]) {
+    const int tid = threadIdx.x;
+    const int wr = tid >> 1, xr = tid >> 2;
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++)
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
-    GtLoad l;
-    gt_load(s, 0, l);
-    gt_store(s, l, smem[0], wr, xr);
+    // weights of step n live in wq[n % GT_PF] from their load until their store
+    GtW wq[GT_PF];
+#pragma unroll
+    for (int d = 0; d < GT_PF; d++)
+        if (d * GT_BK < K) gt_load_w(s, d * GT_BK, wq[d]);
+    GtX xq;
+    gt_load_x(s, 0, xq);
+    gt_store(s, wq[0], xq, smem[0], wr, xr);
+    if (GT_PF * GT_BK < K) gt_load_w(s, GT_PF * GT_BK, wq[0]);
     __syncthreads();
     int stage = 0;
-    for (int k0 = 0; k0 < K; k0 += GT_BK) {
-        const bool more = k0 + GT_BK < K;
-        if (more) gt_load(s, k0 + GT_BK, l);
-        const GtStage& st = smem[stage];
+    for (int k0 = 0; k0 < K; k0 += GT_PF * GT_BK) {
 #pragma unroll
-        for (int kc = 0; kc < GT_BK / 8; kc += 2) {  // 16 of K: chunks kc, kc + 1
-            u32 a[2][4];
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                const int r = 32 * wm + 16 * i + (lane & 15);
-                ldsm_x4(a[i], smem_u32(&st.w[r][gt_at(r, kc + (lane >> 4))]));
+        for (int d = 0; d < GT_PF; d++) {
+            const int kk = k0 + d * GT_BK;
+            if (kk >= K) break;
+            const bool more = kk + GT_BK < K;
+            if (more) gt_load_x(s, kk + GT_BK, xq);
+            gt_step(smem[stage], tn, acc);
+            if (more) {
+                GtW& w = wq[(d + 1) % GT_PF];
+                gt_store(s, w, xq, smem[stage ^ 1], wr, xr);
+                const int kn = kk + GT_BK + GT_PF * GT_BK;
+                if (kn < K) gt_load_w(s, kn, w);
             }
-#pragma unroll
-            for (int jj = 0; jj < 2; jj++) {
-                const int tok = 32 * wn + 16 * jj + (lane & 7) + ((lane >> 4) << 3);
-                const int at = gt_at(tok, kc + ((lane >> 3) & 1));
-#pragma unroll
-                for (int part = 0; part < 3; part++) {
-                    u32 b[4];
-                    ldsm_x4(b, smem_u32(&st.x[part][tok][at]));
-#pragma unroll
-                    for (int i = 0; i < 2; i++) {
-                        mma_bf16(acc[i][2 * jj], a[i], b[0], b[1]);
-                        mma_bf16(acc[i][2 * jj + 1], a[i], b[2], b[3]);
-                    }
-                }
-            }
+            __syncthreads();
+            stage ^= 1;
         }
-        if (more) gt_store(s, l, smem[stage ^ 1], wr, xr);
-        __syncthreads();
-        stage ^= 1;
     }
 }
 
@@ -333,7 +370,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_mma(int fmt, const void* 
     pdl_enter();
     if (xrow < T) s.xrow = x + xrow * K + k0;
     float acc[2][4][4];
-    gt_mainloop(s, kn, smem, acc);
+    gt_mainloop(s, kn, (int)min((long)GT_BN, (long)T - t0), smem, acc);
     if (gridDim.z > 1) {
         float* pz = part + (long)blockIdx.z * T * N;
         gt_each(acc, [&](int r, int j, float v) {

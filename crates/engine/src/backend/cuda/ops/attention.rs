@@ -169,6 +169,15 @@ pub(crate) struct QkNorms {
     pub eps: f32,
 }
 
+impl QkNorms {
+    /// No per-head norms (q and k arrive normalised, or the model has none).
+    pub(crate) const NONE: Self = Self {
+        q: DevPtr::NULL,
+        k: DevPtr::NULL,
+        eps: 0.0,
+    };
+}
+
 /// A rope as the kernels take it: frequencies `inv_freq` over the first `rdim` dims, cos and
 /// sin scaled by `attn_factor`.
 #[derive(Clone, Copy)]
@@ -208,6 +217,19 @@ pub(crate) struct AttnCall {
     pub splits: usize,
     pub scratch: Option<(DevPtr<f32>, DevPtr<f32>)>,
     pub prep: Option<AttnPrep>,
+}
+
+/// The rows of one [`attention_decode_batch`](CudaBackend::attention_decode_batch) call, one
+/// per sequence: projections `q`, `k`, `v` (f32), the output `out` (`[n, heads · head_dim]`),
+/// the per-head output gate (`[n, heads]`, null: none) and the per-head norms to apply first.
+#[derive(Clone, Copy)]
+pub(crate) struct DecBatchIo {
+    pub q: DevPtr<f32>,
+    pub k: DevPtr<f32>,
+    pub v: DevPtr<f32>,
+    pub out: DevPtr<f32>,
+    pub gate: DevPtr<f32>,
+    pub norms: QkNorms,
 }
 
 /// One `attention_flash` call: `t` query rows `q` and the chunk's `k`, `v` (f32), the output
@@ -447,8 +469,23 @@ impl CudaBackend {
             }
             .launch(self, variant, grid, (128, 1, 1))?;
         }
+        self.attn_finish((po, pml), out, gate, p, t, splits)
+    }
+
+    /// The end of a key-split decode attention of `t` query rows: the splits' partials `part`
+    /// merged into `out` (`attn_combine`, times `softplus(gate)` where `gate` is not null) when
+    /// there are several; else only the gate applied to `out`, if any.
+    fn attn_finish(
+        &self,
+        part: (DevPtr<f32>, DevPtr<f32>),
+        out: DevPtr<f32>,
+        gate: DevPtr<f32>,
+        p: &AttentionParams,
+        t: usize,
+        splits: usize,
+    ) -> Result<()> {
         if splits > 1 {
-            self.attn_combine_raw((po, pml), out, gate, p, t, splits)?;
+            self.attn_combine_raw(part, out, gate, p, t, splits)?;
         } else if !gate.is_null() {
             let n = t * p.heads * p.head_dim;
             ops::elementwise::SoftplusGateArgs {
@@ -628,38 +665,26 @@ impl CudaBackend {
         key_splits(keys, blocks, per_sm * self.inner.sms, min_keys)
     }
 
-    /// A decode step's attention for several sequences at once: row `r0 + i` of `q`, `k`, `v`
-    /// (projected, per-head norms applied, not rotated) is sequence `i`'s new token at position
-    /// `chunks[i].pos0`; rotated, appended to its cache and attended over it inside
-    /// `attn_dec_batch` ([`ATTN_BATCH_MAX`] sequences per launch), the key splits merged by
-    /// `attn_combine`, into rows `r0..` of `out`. Every chunk must be
-    /// [`decode_batch_eligible`](Self::decode_batch_eligible).
+    /// A decode step's attention for several sequences at once: row `i` of `io.q`, `io.k`,
+    /// `io.v` (projected, not rotated; per-head norms applied unless `io.norms` names them) is
+    /// sequence `i`'s new token at position `chunks[i].pos0`; normalised, rotated, appended to its
+    /// cache and attended over it inside `attn_dec_batch` ([`ATTN_BATCH_MAX`] sequences per
+    /// launch), the key splits merged by `attn_combine`, into row `i` of `io.out`, times
+    /// `softplus(io.gate)` where the gate is not null. Every chunk must be
+    /// [`decode_batch_eligible`](Self::decode_batch_eligible) and over caches of one window.
     pub(crate) fn attention_decode_batch(
         &self,
-        (q, k, v): (&CudaTensor, &CudaTensor, &CudaTensor),
-        r0: usize,
+        io: DecBatchIo,
         rope: &CudaRope,
         chunks: &mut [AttnChunk<'_, Self>],
         p: &AttentionParams,
-        out: &CudaTensor,
     ) -> Result<()> {
         let n = chunks.len();
         self.check(
             n > 0
                 && chunks.iter().all(|c| Self::decode_batch_eligible(c, p))
-                && p.heads.is_multiple_of(p.kv_heads)
-                && r0 + n <= q.rows.min(k.rows).min(v.rows).min(out.rows)
-                && q.cols == p.heads * p.head_dim
-                && out.cols == q.cols
-                && k.cols == p.kv_heads * p.head_dim
-                && v.cols == k.cols,
-            || {
-                format!(
-                    "batched decode attention of {n} sequences from row {r0}: q {:?} k {:?}",
-                    (q.rows, q.cols),
-                    (k.rows, k.cols)
-                )
-            },
+                && p.heads.is_multiple_of(p.kv_heads),
+            || format!("batched decode attention of {n} sequences"),
         )?;
         let window = chunks[0].kv.spec.window;
         let mut keys = 0;
@@ -683,22 +708,18 @@ impl CudaBackend {
             _ if keys <= self.opts().attn_short_keys => 2,
             _ => 1,
         };
+        // (every split writes all of its partials)
         let scratch = if splits > 1 {
             Some((
-                self.alloc::<f32>(n * p.heads * splits * d)?,
-                self.alloc::<f32>(n * p.heads * splits * 2)?,
+                self.alloc_unset(n * p.heads * splits * d)?,
+                self.alloc_unset(n * p.heads * splits * 2)?,
             ))
         } else {
             None
         };
-        let norms = QkNorms {
-            q: DevPtr::NULL,
-            k: DevPtr::NULL,
-            eps: 0.0,
-        };
-        let prep = AttnPrep::new(self, chunks[0].kv, 0, norms, rope.dev(self));
-        let (qw, kw) = (q.cols, k.cols);
-        let out_rows = self.ptr(&out.buf).add(r0 * qw);
+        let prep = AttnPrep::new(self, chunks[0].kv, 0, io.norms, rope.dev(self));
+        let qw = p.heads * d;
+        let kw = p.kv_heads * d;
         for (gi, group) in chunks.chunks(ATTN_BATCH_MAX).enumerate() {
             let b0 = gi * ATTN_BATCH_MAX;
             let mut seqs = AttnSeqs::default();
@@ -719,12 +740,11 @@ impl CudaBackend {
                         self.ptr(b).add(b0 * p.heads * splits * 2),
                     )
                 });
-            let row = r0 + b0;
             ops::attention::AttnDecBatchArgs {
-                q: self.ptr(&q.buf).add(row * qw),
-                kch: self.ptr(&k.buf).add(row * kw),
-                vch: self.ptr(&v.buf).add(row * kw),
-                out: out_rows.add(b0 * qw),
+                q: io.q.add(b0 * qw),
+                kch: io.k.add(b0 * kw),
+                vch: io.v.add(b0 * kw),
+                out: io.out.add(b0 * qw),
                 part_o: po,
                 part_ml: pml,
                 heads: p.heads as i32,
@@ -747,16 +767,12 @@ impl CudaBackend {
                 (128, 1, 1),
             )?;
         }
-        if let Some((po, pml)) = &scratch {
-            self.attn_combine_raw(
-                (self.ptr(po), self.ptr(pml)),
-                out_rows,
-                DevPtr::NULL,
-                p,
-                n,
-                splits,
-            )?;
-        }
+        let part = scratch
+            .as_ref()
+            .map_or((DevPtr::NULL, DevPtr::NULL), |(a, b)| {
+                (self.ptr(a), self.ptr(b))
+            });
+        self.attn_finish(part, io.out, io.gate, p, n, splits)?;
         for c in chunks.iter_mut() {
             c.kv.len += 1;
         }

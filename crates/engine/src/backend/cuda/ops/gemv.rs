@@ -66,6 +66,12 @@ pub(crate) const GEMM_SPLIT_MIN_CHUNKS: usize = 8;
 /// Fewest tokens for which a multi-token linear uses `gemm_tiled` (fewer: the `linear` GEMV).
 pub(crate) const GEMM_MIN_TOKENS: usize = 16;
 
+/// Fewest tokens for which a multi-token linear uses `gemm_mma` where it applies: a batched
+/// decode step's 2+ rows too (its 8-token column groups past the last token are skipped, and
+/// the weights stream with `GT_PF` K steps in flight). The H200, lean Laguna-XS,
+/// 2026-12-02 (ncu, 4 sequences): the `linear` kernel took 11.5 of a step's 16.2 ms of kernels.
+pub(crate) const GEMM_MMA_MIN_TOKENS: usize = 2;
+
 /// Rows per warp of `linear_multi2` (`MULTI_R`) outside its tensor-core path.
 pub(crate) const EXPERT_ROWS: u32 = 4;
 
@@ -259,22 +265,14 @@ pub(crate) struct Gemv {
 }
 
 impl Gemv {
-    /// One token: `y = x · Wᵀ` (no bias, no residual).
-    pub(crate) fn token(x: DevPtr<f32>, y: DevPtr<f32>) -> Self {
+    /// `y = resid + x · Wᵀ` for `t` tokens (no bias; `resid` null: none).
+    pub(crate) fn rows(x: DevPtr<f32>, y: DevPtr<f32>, resid: DevPtr<f32>, t: usize) -> Self {
         Self {
             x,
             y,
             bias: DevPtr::NULL,
-            resid: DevPtr::NULL,
-            t: 1,
-        }
-    }
-
-    /// One token added to a residual: `y = resid + x · Wᵀ`.
-    pub(crate) fn token_resid(x: DevPtr<f32>, y: DevPtr<f32>, resid: DevPtr<f32>) -> Self {
-        Self {
             resid,
-            ..Self::token(x, y)
+            t,
         }
     }
 }
@@ -445,7 +443,7 @@ impl CudaBackend {
             }
             .launch(self, ri, grid, (32 * GEMV_WARPS, 1, 1));
         }
-        if t >= GEMM_MIN_TOKENS
+        if t >= GEMM_MMA_MIN_TOKENS
             && w.cols.is_multiple_of(32)
             && tiled
             && mma_gemm
