@@ -16,9 +16,10 @@
 //! one multi-token launch (`gemm_mma`: every weight read once for all rows), the attention of all
 //! sequences in one `attn_dec_batch` launch per layer (norms, rope, append and the gate inside or
 //! beside it, each sequence over its own cache at its own position), the routed experts per item
-//! with the shared expert as one more item per token, or, from `GROUPED_MOE_MIN_TOKENS` rows,
-//! grouped by expert with the shared expert on `gemm_mma`; norms as one launch over all rows.
-//! No allocation but the logits and the kernels' split-K scratch.
+//! with the shared expert as one more item per token (grouped by expert, the shared expert on
+//! `gemm_mma`, they were slower at 16 / 32 / 64 rows: 25.0 / 32.7 / 41.7 against 12.3 / 19.5 /
+//! 33.2 ms a step, same binary, the H200, lean XS, 2026-12-02); norms as one launch over all rows. No allocation but the logits and the
+//! kernels' split-K and key-split scratch.
 //!
 //! [`CudaBackend::decode_fused`] runs it where the decoder has nothing it does not cover (no
 //! projection biases, a gate of one value per head, a hidden width of at most `XS_MAX` values;
@@ -83,7 +84,6 @@ struct Sizes {
     top_k: usize,
     h: usize,
     part: usize,
-    /// The widest dense MLP or shared expert (its gate and up outputs).
     dense: usize,
 }
 
@@ -108,7 +108,6 @@ impl Sizes {
                     s.top_k = s.top_k.max(m.params.top_k);
                     s.h = s.h.max(items * m.experts.inter.max(sh));
                     s.part = s.part.max(items * d.hidden);
-                    s.dense = s.dense.max(sh);
                 }
                 Mlp::Dense(m) => s.dense = s.dense.max(m.gate.rows),
             }
@@ -425,30 +424,15 @@ impl CudaBackend {
                         up: &s.up,
                         down: &s.down,
                     });
-                    match &shared {
-                        // Many rows: the routed experts grouped by expert (which leaves the
-                        // shared expert out), the shared expert on the multi-token GEMM first,
-                        // straight into the residual.
-                        Some(s) if n > 1 && self.grouped_moe(&m.experts, n) => {
-                            let (g, u) = (p(&bufs.up), p(&bufs.act));
-                            rows(s.gate, a, g, DevPtr::NULL)?;
-                            rows(s.up, a, u, DevPtr::NULL)?;
-                            self.silu_mul_raw(g, u, g, n * s.gate.rows)?;
-                            rows(s.down, g, x, x)?;
-                            self.experts_raw(&m.experts, None, io, next, Some(&route))?;
-                        }
-                        _ => {
-                            // three f32 per layer: gate, up, down
-                            let inv = shared_inv.add(3 * li);
-                            self.experts_raw(
-                                &m.experts,
-                                shared.as_ref().map(|s| (s, [inv, inv.add(1), inv.add(2)])),
-                                io,
-                                next,
-                                Some(&route),
-                            )?;
-                        }
-                    }
+                    // three f32 per layer: gate, up, down
+                    let inv = shared_inv.add(3 * li);
+                    self.experts_raw(
+                        &m.experts,
+                        shared.as_ref().map(|s| (s, [inv, inv.add(1), inv.add(2)])),
+                        io,
+                        next,
+                        Some(&route),
+                    )?;
                 }
                 Mlp::Dense(m) => {
                     self.epilogue_launch(&post_norm, n)?;
