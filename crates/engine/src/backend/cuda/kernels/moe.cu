@@ -638,7 +638,7 @@ extern "C" __global__ void __launch_bounds__(256) experts_gate_up_mma(ExpertProj
     gt_expert_row(s, wr >= 64 ? up : gate, e, o0 + (wr & 63), inter, K);
     s.xrow = xr < cnt ? x + (long)(order[tile.y + xr] / k) * K : nullptr;
     float acc[2][4][4];
-    gt_mainloop(s, K, cnt, smem, acc);
+    gt_mainloop<1>(s, K, cnt, smem, acc);
     float(*C)[GT_BN + 1] = (float(*)[GT_BN + 1])(void*)smem;
     gt_each(acc, [&](int r, int j, float v) { C[r][j] = v; });
     __syncthreads();
@@ -678,7 +678,7 @@ extern "C" __global__ void __launch_bounds__(256) experts_down_mma(ExpertProj do
     gt_expert_row(s, down, e, o0 + (tid >> 1), H, inter);
     s.xrow = xr < cnt ? h + (long)order[tile.y + xr] * inter : nullptr;
     float acc[2][4][4];
-    gt_mainloop(s, inter, cnt, smem, acc);
+    gt_mainloop<1>(s, inter, cnt, smem, acc);
     const float gs = nv_gscale(down.fmt, down.fmt == 3 ? down.inv_g[e] : 1.f);
     gt_each(acc, [&](int r, int t, float v) {
         const long o = o0 + r;

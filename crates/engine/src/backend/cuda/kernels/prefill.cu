@@ -172,10 +172,10 @@ __device__ __forceinline__ int gt_at(int r, int c) { return 8 * (c ^ ((r >> 1) &
 
 
 // One thread's share of a K step: half a weight row (16 values from k0 + 16 * half) and 8
-// activations of one token (k0 + 8 * part ..). The weights are loaded GT_PF steps ahead (they
-// come from DRAM), the activations one step ahead (they are small and stay in L2; two steps
-// ahead with at most 128 registers a thread made 4-row decode steps ~8% faster but the grouped
-// experts ~20% slower: the H200, 2026-12-02).
+// activations of one token (k0 + 8 * part ..). The weights are loaded PF steps ahead (they come
+// from DRAM; gt_mainloop's parameter), the activations one step ahead (they are small and stay
+// in L2; two steps ahead with at most 128 registers a thread made 4-row decode steps ~8% faster
+// but the grouped experts ~20% slower: the H200, 2026-12-02).
 struct GtW {
     uint4 w0, w1;  // NVFP4: w0.x, w0.y = 16 codes, w0.z = the scale byte; bf16: 16 values
 };
@@ -183,8 +183,10 @@ struct GtX {
     float4 xa, xb;
 };
 
-// K steps of weight loads in flight per thread (a ring of registers).
-#define GT_PF 4
+// K steps of weight loads in flight per thread (a ring of registers) in the GEMM of a few
+// tokens: its K steps have little tensor-core work to hide a load behind. Prefill tiles keep 1
+// (more registers cost them occupancy: with 4, 2K-token prefill went 10,611 -> 8,247 tok/s).
+#define GT_PF_DEEP 4
 
 // Where a thread loads from: its weight row (null: outside the matrix, zeros) and token row.
 struct GtSrc {
@@ -290,7 +292,8 @@ __device__ __forceinline__ void gt_step(const GtStage& st, int tn, float acc[2][
 // 32 * (warp & 3) + 16 i + (g, g + 8), tokens 32 * (warp >> 2) + 8 j + 2 t + (0, 1)); only the
 // first `tn` tokens are computed (the others' accumulators stay 0). `s` is this thread's source
 // (weight row tid / 2, token row tid / 4); `smem` holds two stages. Ends with a barrier (the
-// stages may then be reused).
+// stages may then be reused). PF: K steps of weights in flight.
+template <int PF>
 __device__ __forceinline__ void gt_mainloop(const GtSrc& s, int K, int tn, GtStage* smem, float acc[2][4][4]) {
     const int tid = threadIdx.x;
     const int wr = tid >> 1, xr = tid >> 2;
@@ -300,29 +303,29 @@ __device__ __forceinline__ void gt_mainloop(const GtSrc& s, int K, int tn, GtSta
         for (int j = 0; j < 4; j++)
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
-    // weights of step n live in wq[n % GT_PF] from their load until their store
-    GtW wq[GT_PF];
+    // weights of step n live in wq[n % PF] from their load until their store
+    GtW wq[PF];
 #pragma unroll
-    for (int d = 0; d < GT_PF; d++)
+    for (int d = 0; d < PF; d++)
         if (d * GT_BK < K) gt_load_w(s, d * GT_BK, wq[d]);
     GtX xq;
     gt_load_x(s, 0, xq);
     gt_store(s, wq[0], xq, smem[0], wr, xr);
-    if (GT_PF * GT_BK < K) gt_load_w(s, GT_PF * GT_BK, wq[0]);
+    if (PF * GT_BK < K) gt_load_w(s, PF * GT_BK, wq[0]);
     __syncthreads();
     int stage = 0;
-    for (int k0 = 0; k0 < K; k0 += GT_PF * GT_BK) {
+    for (int k0 = 0; k0 < K; k0 += PF * GT_BK) {
 #pragma unroll
-        for (int d = 0; d < GT_PF; d++) {
+        for (int d = 0; d < PF; d++) {
             const int kk = k0 + d * GT_BK;
             if (kk >= K) break;
             const bool more = kk + GT_BK < K;
             if (more) gt_load_x(s, kk + GT_BK, xq);
             gt_step(smem[stage], tn, acc);
             if (more) {
-                GtW& w = wq[(d + 1) % GT_PF];
+                GtW& w = wq[(d + 1) % PF];
                 gt_store(s, w, xq, smem[stage ^ 1], wr, xr);
-                const int kn = kk + GT_BK + GT_PF * GT_BK;
+                const int kn = kk + GT_BK + PF * GT_BK;
                 if (kn < K) gt_load_w(s, kn, w);
             }
             __syncthreads();
@@ -351,11 +354,11 @@ __device__ __forceinline__ void gt_each(const float acc[2][4][4], F f) {
 // 256 threads. With splits > 1 (few tiles: a batched decode step's handful of tokens), block z
 // takes K chunks [z kc, (z + 1) kc) of GT_BK and writes its raw sums to part[z][t][o]; then
 // gemm_splitk_reduce adds the splits in order and applies the epilogue.
-extern "C" __global__ void __launch_bounds__(256) gemm_mma(int fmt, const void* __restrict__ w,
-                                                           const u8* __restrict__ scales, float inv_g,
-                                                           const float* __restrict__ x, float* y,
-                                                           const float* __restrict__ bias, const float* resid,
-                                                           int N, int K, int T, int kc, float* __restrict__ part) {
+template <int PF>
+__device__ __forceinline__ void gemm_mma_impl(int fmt, const void* __restrict__ w, const u8* __restrict__ scales,
+                                              float inv_g, const float* __restrict__ x, float* y,
+                                              const float* __restrict__ bias, const float* resid, int N, int K,
+                                              int T, int kc, float* __restrict__ part) {
     __shared__ __align__(16) GtStage smem[2];
     const int tid = threadIdx.x;
     const long r0 = (long)blockIdx.x * GT_BM, t0 = (long)blockIdx.y * GT_BN;
@@ -372,7 +375,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_mma(int fmt, const void* 
     pdl_enter();
     if (xrow < T) s.xrow = x + xrow * K + k0;
     float acc[2][4][4];
-    gt_mainloop(s, kn, (int)min((long)GT_BN, (long)T - t0), smem, acc);
+    gt_mainloop<PF>(s, kn, (int)min((long)GT_BN, (long)T - t0), smem, acc);
     if (gridDim.z > 1) {
         float* pz = part + (long)blockIdx.z * T * N;
         gt_each(acc, [&](int r, int j, float v) {
@@ -393,6 +396,17 @@ extern "C" __global__ void __launch_bounds__(256) gemm_mma(int fmt, const void* 
         }
     });
 }
+
+#define GEMM_MMA_KERNEL(NAME, PF)                                                                              \
+    extern "C" __global__ void __launch_bounds__(256)                                                          \
+        NAME(int fmt, const void* __restrict__ w, const u8* __restrict__ scales, float inv_g,                  \
+             const float* __restrict__ x, float* y, const float* __restrict__ bias, const float* resid, int N, \
+             int K, int T, int kc, float* __restrict__ part) {                                                 \
+        gemm_mma_impl<PF>(fmt, w, scales, inv_g, x, y, bias, resid, N, K, T, kc, part);                        \
+    }
+// gemm_mma: prefill-sized grids; gemm_mma_deep: one tile of tokens (a decode step's rows)
+GEMM_MMA_KERNEL(gemm_mma, 1)
+GEMM_MMA_KERNEL(gemm_mma_deep, GT_PF_DEEP)
 
 // y[t, o] = resid + bias + gscale * (part[0][t][o] + part[1][t][o] + ...) over `splits` split-K
 // partial sums of gemm_mma (weights of format `fmt`, 1 / global scale `inv_g`), in split order

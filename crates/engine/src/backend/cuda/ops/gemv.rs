@@ -68,7 +68,7 @@ pub(crate) const GEMM_MIN_TOKENS: usize = 16;
 
 /// Fewest tokens for which a multi-token linear uses `gemm_mma` where it applies: a batched
 /// decode step's 2+ rows too (its 8-token column groups past the last token are skipped, and
-/// the weights stream with `GT_PF` K steps in flight). The H200, lean Laguna-XS,
+/// one tile of tokens streams its weights with 4 K steps in flight: `gemm_mma_deep`). The H200, lean Laguna-XS,
 /// 2026-12-02 (ncu, 4 sequences): the `linear` kernel took 11.5 of a step's 16.2 ms of kernels.
 pub(crate) const GEMM_MMA_MIN_TOKENS: usize = 2;
 
@@ -479,7 +479,12 @@ impl CudaBackend {
                 kc: kc as i32,
                 part: part.as_ref().map_or(DevPtr::NULL, |p| self.ptr(p)),
             }
-            .launch(self, (tiles.0, tiles.1, splits as u32), (256, 1, 1))?;
+            .launch(
+                self,
+                usize::from(tiles.1 == 1),
+                (tiles.0, tiles.1, splits as u32),
+                (256, 1, 1),
+            )?;
             if let Some(part) = &part {
                 let n = t * w.rows;
                 ops::prefill::GemmSplitkReduceArgs {

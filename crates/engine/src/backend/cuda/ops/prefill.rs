@@ -15,7 +15,8 @@ kernels! {
     /// `y = resid + x · Wᵀ + bias` for `t` tokens on tensor cores (bf16 or NVFP4 `W`, K % 32 == 0)
     /// in [`GEMM_MMA_ROWS`] × [`GEMM_MMA_TOKENS`] tiles, 256 threads; grid z: K split in runs of
     /// `kc` 32-wide chunks, each split's raw sums into its slice of `part` (one split: `y`).
-    gemm_mma => GemmMmaArgs {
+    /// `gemm_mma_deep`: 4 K steps of weights in flight (one tile of tokens: a decode step).
+    gemm_mma ["gemm_mma", "gemm_mma_deep"] => GemmMmaArgs {
         fmt: i32, w: DevPtr<u8>, scales: DevPtr<u8>, inv_g: f32, x: DevPtr<f32>, y: DevPtr<f32>,
         bias: DevPtr<f32>, resid: DevPtr<f32>, n: i32, k: i32, t: i32, kc: i32,
         part: DevPtr<f32>,
