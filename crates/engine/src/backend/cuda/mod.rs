@@ -8,24 +8,27 @@
 //!
 //! Every op is one to three kernel launches on one stream; nothing synchronises with the host
 //! except [`Backend::download`] and [`Backend::sample`]. Decode GEMVs (one token) run NVFP4 on
-//! tensor cores where K % 128 == 0 (sm_89+), one token's MoE on persistent blocks. Passes of 16+
-//! rows (prefill, batched steps; sm_80+) run their linears on tensor cores (`gemm_mma`, K split
-//! across blocks when the tokens are few), their routed experts grouped by expert on the same
-//! core, and prefill attention over bf16 or fp8 caches in a flash-attention kernel; a batched
-//! step's decoding sequences attend in one launch (`attn_dec_batch`). A single-token step of the
-//! model path runs on the fused launch sequence of `decode.rs` (fixed buffers, q/k/v/gate in one launch, norms/rope/append inside
-//! attention, norms fused into neighbouring kernels), and the next token is sampled on the device
-//! (`sample_logits`). The decode benchmark and the stream probe live in the `fp4forge-lab` crate.
+//! tensor cores where K % 128 == 0 (sm_89+), one token's MoE on persistent blocks. Linears of 2+
+//! rows (prefill, batched steps; sm_80+) run on tensor cores (`gemm_mma`, K split across blocks
+//! when the tokens are few, 8-token column groups past the last token skipped); prefill's routed
+//! experts (16+ rows) grouped by expert on the same core, and its attention over bf16 or fp8
+//! caches in a flash-attention kernel. A decode step of the model path, one sequence or several
+//! over bf16 caches, runs on the fused launch sequence of `decode.rs` (fixed buffers; one
+//! sequence: q/k/v/gate in one launch, norms fused into neighbouring kernels, persistent MoE;
+//! several: one launch per linear over all rows, every sequence's attention in one
+//! `attn_dec_batch` launch), norms/rope/append inside attention; each sequence's next token is
+//! sampled on the device (`sample_logits`). The decode benchmark and the stream probe live in
+//! the `fp4forge-lab` crate.
 //!
 //! Modules: `options` (every knob: [`CudaOptions`], the `FP4FORGE_*` variables), `compile` (the
 //! kernel source, NVRTC), `ops` (one `kernels!` table per `.cu` file: the function tables, the
 //! kernel names and a typed launcher per kernel over `DevPtr`s), `linear` (GEMVs, several
 //! linears in one launch, fused epilogues), `attention` (KV cache, decode and prefill attention),
-//! `moe` (expert arenas, routing, the expert kernels), `decode` (the fused single-token step).
+//! `moe` (expert arenas, routing, the expert kernels), `decode` (the fused decode step).
 //!
 //! Not yet: CUDA-graph capture of the model path's step (it launches eagerly; in the former
-//! graph-replay benchmark eager was 1-2% slower: 4.45 vs 4.39 ms at Laguna-S lean 2K), sampling on
-//! device for batched steps (the server's batches of several sequences pick on the host).
+//! graph-replay benchmark eager was 1-2% slower: 4.45 vs 4.39 ms at Laguna-S lean 2K), sampling
+//! all sequences of a batched step in one launch (one launch and one sync each), a paged KV cache.
 
 mod compile;
 mod decode;
