@@ -18,8 +18,8 @@
 //! beside it, each sequence over its own cache at its own position), the routed experts per item
 //! with the shared expert as one more item per token (grouped by expert, the shared expert on
 //! `gemm_mma`, they were slower at 16 / 32 / 64 rows: 25.0 / 32.7 / 41.7 against 12.3 / 19.5 /
-//! 33.2 ms a step, same binary, the H200, lean XS, 2026-12-02); norms as one launch over all rows. No allocation but the logits and the
-//! kernels' split-K and key-split scratch.
+//! 33.2 ms a step, same binary, the H200, lean XS, 2026-12-02); norms as one launch over all
+//! rows. No allocation but the logits and the kernels' split-K and key-split scratch.
 //!
 //! [`CudaBackend::decode_fused`] runs it where the decoder has nothing it does not cover (no
 //! projection biases, a gate of one value per head, a hidden width of at most `XS_MAX` values;
@@ -37,11 +37,11 @@ use super::{
     AttnCall, AttnPrep, CudaBackend, CudaKvLayer, CudaTensor, DecBatchIo, Epi, Gemv, MoeBuffers,
     MultiLinear, NormGemv, QkNormRope, QkNorms, Route, SharedExpert, MAX_SPLITS,
 };
+use crate::error::Result;
+use crate::ir::{AttnChunk, Decoder, Mlp, Moe, SeqChunk, Want};
 
 /// Most sequences in one fused step (the buffers grow with the rows).
 pub(crate) const FUSED_BATCH_MAX: usize = 256;
-use crate::error::Result;
-use crate::ir::{AttnChunk, Decoder, Mlp, Moe, SeqChunk, Want};
 
 /// Activation buffers of the fused decode step, at fixed addresses, grown when a decoder needs
 /// more. Held by the backend (one step at a time: the lock around it serialises steps).
@@ -311,7 +311,7 @@ impl CudaBackend {
         let p = |s: &CudaSlice<f32>| self.ptr(s);
         let (x, a) = (p(&bufs.x), p(&bufs.a));
         let h = d.hidden;
-        // `t` rows of `x` times `w` into `y` (plus `resid`, which may be `y`)
+        // the `n` rows of `x` times `w` into `y` (plus `resid`, which may be `y`)
         let rows = |w, x, y, resid| self.gemv_raw(w, Gemv::rows(x, y, resid, n));
         ops::prefill::EmbedArgs {
             fmt: d.embed.fmt,
@@ -509,22 +509,5 @@ impl CudaBackend {
                 prep,
             },
         )
-    }
-
-    /// `y = silu(g) ⊙ u` over `len` values (`y` may be `g`).
-    fn silu_mul_raw(
-        &self,
-        g: DevPtr<f32>,
-        u: DevPtr<f32>,
-        y: DevPtr<f32>,
-        len: usize,
-    ) -> Result<()> {
-        ops::elementwise::SiluMulArgs {
-            g,
-            u,
-            y,
-            n: len as i64,
-        }
-        .launch(self, ((len as u32).div_ceil(256), 1, 1), (256, 1, 1))
     }
 }

@@ -907,13 +907,12 @@ impl Backend for CudaBackend {
         let out = self.tensor(gate.rows, gate.cols)?;
         let n = gate.rows * gate.cols;
         if n > 0 {
-            ops::elementwise::SiluMulArgs {
-                g: self.ptr(&gate.buf),
-                u: self.ptr(&up.buf),
-                y: self.ptr(&out.buf),
-                n: n as i64,
-            }
-            .launch(self, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1))?;
+            self.silu_mul_raw(
+                self.ptr(&gate.buf),
+                self.ptr(&up.buf),
+                self.ptr(&out.buf),
+                n,
+            )?;
         }
         Ok(out)
     }

@@ -1,6 +1,8 @@
 //! The entry points of kernels/elementwise.cu: norms, rope, gates and element-wise arithmetic.
 
 use super::DevPtr;
+use crate::backend::cuda::CudaBackend;
+use crate::error::Result;
 
 kernels! {
     group elementwise;
@@ -29,4 +31,23 @@ kernels! {
     silu_mul => SiluMulArgs { g: DevPtr<f32>, u: DevPtr<f32>, y: DevPtr<f32>, n: i64 }
     /// `y += alpha · x` over `n` values.
     add_scaled => AddScaledArgs { y: DevPtr<f32>, alpha: f32, x: DevPtr<f32>, n: i64 }
+}
+
+impl CudaBackend {
+    /// `y = silu(g) ⊙ u` over `len` values (`y` may be `g`), one `silu_mul` launch.
+    pub(crate) fn silu_mul_raw(
+        &self,
+        g: DevPtr<f32>,
+        u: DevPtr<f32>,
+        y: DevPtr<f32>,
+        len: usize,
+    ) -> Result<()> {
+        SiluMulArgs {
+            g,
+            u,
+            y,
+            n: len as i64,
+        }
+        .launch(self, ((len as u32).div_ceil(256), 1, 1), (256, 1, 1))
+    }
 }
