@@ -184,8 +184,9 @@ struct GtX {
 };
 
 // K steps of weight loads in flight per thread (a ring of registers) in the GEMM of a few
-// tokens: its K steps have little tensor-core work to hide a load behind. Prefill tiles keep 1
-// (more registers cost them occupancy: with 4, 2K-token prefill went 10,611 -> 8,247 tok/s).
+// tokens: its K steps have little tensor-core work to hide a load behind. Prefill tiles keep 1:
+// with 4 in every launch, 2K-token prefill measured 8,247 tok/s against 9,736 with 1 (the H200,
+// serve; registers and so occupancy the likely cause, not profiled).
 #define GT_PF_DEEP 4
 
 // Where a thread loads from: its weight row (null: outside the matrix, zeros) and token row.

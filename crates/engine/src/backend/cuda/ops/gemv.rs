@@ -68,8 +68,9 @@ pub(crate) const GEMM_MIN_TOKENS: usize = 16;
 
 /// Fewest tokens for which a multi-token linear uses `gemm_mma` where it applies: a batched
 /// decode step's 2+ rows too (its 8-token column groups past the last token are skipped, and
-/// one tile of tokens streams its weights with 4 K steps in flight: `gemm_mma_deep`). The H200, lean Laguna-XS,
-/// 2026-12-02 (ncu, 4 sequences): the `linear` kernel took 11.5 of a step's 16.2 ms of kernels.
+/// one tile of tokens streams its weights with 4 K steps in flight: `gemm_mma_deep`). The H200,
+/// lean Laguna-XS, 2026-12-02 (ncu, 4 sequences): the `linear` kernel took 11.5 of a step's
+/// 16.2 ms of kernels.
 pub(crate) const GEMM_MMA_MIN_TOKENS: usize = 2;
 
 /// Rows per warp of `linear_multi2` (`MULTI_R`) outside its tensor-core path.
