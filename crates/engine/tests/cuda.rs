@@ -67,24 +67,29 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
     let b = gpu();
     let (rows, cols) = (w.rows(), w.cols());
     let lin = b.load_linear(label, w).unwrap();
-    // 1: decode GEMV; 3, 9, 16, 70, 130: `gemm_mma` for bf16 and NVFP4 with K % 32 == 0 (3, 9:
-    // column groups skipped; 70, 130: partial token tiles), else the `linear` kernel below 16
-    // tokens and `gemm_tiled` from 16; 3, 9 and 70 again with the tensor-core GEMM switched off
-    // (`linear`, `gemm_tiled`)
+    // 1: decode GEMV; 3, 9, 16 (bf16 and NVFP4 with K % 128 == 0): the few-token tensor-core
+    // GEMV `gemv_mt` (9, 16: two token blocks, the second partial at 9), then 3, 9 with it off:
+    // `gemm_mma` for bf16 and NVFP4 with K % 32 == 0 (column groups skipped), as at 70, 130
+    // (partial token tiles); else the `linear` kernel below 16 tokens and `gemm_tiled` from 16;
+    // 3, 9 and 70 again with both tensor-core paths off (`linear`, `gemm_tiled`)
     let mma_on = b.options();
-    for (t, mma_gemm) in [
-        (1usize, true),
-        (3, true),
-        (9, true),
-        (16, true),
-        (70, true),
-        (130, true),
-        (3, false),
-        (9, false),
-        (70, false),
+    let few = mma_on.few_token_max;
+    for (t, mma_gemm, few_token_max) in [
+        (1usize, true, few),
+        (3, true, few),
+        (9, true, few),
+        (16, true, few),
+        (3, true, 0),
+        (9, true, 0),
+        (70, true, few),
+        (130, true, few),
+        (3, false, 0),
+        (9, false, 0),
+        (70, false, few),
     ] {
         b.set_options(CudaOptions {
             mma_gemm,
+            few_token_max,
             ..mma_on.clone()
         });
         let x = values(t * cols, 7 + t as u64, 4.0);
@@ -203,9 +208,16 @@ fn gpu_nvfp4_experts_match_cpu() {
         };
         // (grid 0: as many persistent blocks as are resident, i.e. one group each at these
         // shapes; 5: each block walks several groups and items, as at full size)
-        // (40, 200 tokens: grouped by expert on tensor cores, 200 x 3 items = several tiles per
-        // expert, the last partial; also compared with the per-item kernels)
-        for (t, grid) in [(1usize, 0usize), (1, 5), (3, 0), (40, 0), (200, 0)] {
+        // (3, 10 tokens at hidden 256: grouped a few items per tile, 10 x 3 items = several
+        // tiles for some experts; 40, 200 tokens: grouped by expert on the tiled GEMM, 200 x 3
+        // items = several tiles per expert, the last partial; each also compared with the
+        // per-item kernels)
+        // (the few-items path from 2 tokens here, whatever its default threshold)
+        gpu.set_options(CudaOptions {
+            few_moe_min_tokens: 2,
+            ..gpu.options()
+        });
+        for (t, grid) in [(1usize, 0usize), (1, 5), (3, 0), (10, 0), (40, 0), (200, 0)] {
             set_persistent_grid(&gpu, grid);
             let x = values(t * hidden, 11 + t as u64, 3.0);
             let logits = values(t * n, 17 + t as u64, 2.0);
@@ -220,7 +232,7 @@ fn gpu_nvfp4_experts_match_cpu() {
                 d <= 1e-4 * scale.max(1.0),
                 "hidden {hidden} t {t} grid {grid}: {d} vs scale {scale}"
             );
-            if t >= 16 {
+            if t >= 2 {
                 gpu.set_options(CudaOptions {
                     grouped_moe: false,
                     ..gpu.options()
@@ -233,9 +245,17 @@ fn gpu_nvfp4_experts_match_cpu() {
                 let d = max_abs_diff(&got, &per_item);
                 println!("  grouped vs per-item kernels: max |Δ| {d:.3e}");
                 assert!(d <= 1e-4 * scale.max(1.0), "grouped vs per-item t {t}: {d}");
+                if hidden == 256 && t * 3 <= 4 * n {
+                    // a few items per tile: the per-item tensor-core arithmetic, bit for bit
+                    assert_eq!(d, 0.0, "few items per tile vs per-item t {t}");
+                }
             }
         }
         set_persistent_grid(&gpu, 0);
+        gpu.set_options(CudaOptions {
+            few_moe_min_tokens: CudaOptions::default().few_moe_min_tokens,
+            ..gpu.options()
+        });
     }
 }
 

@@ -13,13 +13,18 @@
 //! Then the lm_head.
 //!
 //! Several sequences (a continuous-batching step): the same sequence over `n` rows, each linear
-//! one multi-token launch (`gemm_mma`: every weight read once for all rows), the attention of all
-//! sequences in one `attn_dec_batch` launch per layer (norms, rope, append and the gate inside or
-//! beside it, each sequence over its own cache at its own position), the routed experts per item
-//! with the shared expert as one more item per token (grouped by expert, the shared expert on
-//! `gemm_mma`, they were slower at 16 / 32 / 64 rows: 25.0 / 32.7 / 41.7 against 12.3 / 19.5 /
-//! 33.2 ms a step, same binary, the H200, lean XS, 2026-12-02); norms as one launch over all
-//! rows. No allocation but the logits and the kernels' split-K and key-split scratch.
+//! one multi-token launch (up to `GEMV_MT_MAX_TOKENS` rows `gemv_mt`, the decode GEMV's tensor-core
+//! tiles with 4 (NVFP4) or 2 (bf16) tokens per mma, 8 per decoded weight fragment; more rows
+//! `gemm_mma`: every weight read once for all rows), the attention of all sequences in one
+//! `attn_dec_batch` launch per layer (norms, rope, append and the gate inside or beside it, each
+//! sequence over its own cache at its own position), the routed experts per item with the shared
+//! expert as one more item per token below `FEW_MOE_MIN_TOKENS` rows, from there grouped a few
+//! items per expert tile on the same tensor-core tiles (`experts_grouped_few`, the shared expert
+//! on the multi-token linears); norms as one launch over all rows. The H200, lean XS, 2026-12-03
+//! (`batch_decode_speed`, ms a step at 1 / 2 / 4 / 8 / 16 / 32 / 64 rows): 2.56 / 4.28 / 5.16 /
+//! 7.36 / 11.29 / 17.92 / 23.98 (before `gemv_mt` and the grouped experts: 2.57 / 6.95 / 7.79 /
+//! 9.40 / 12.66 / 20.12 / 32.89). No allocation but the logits, the staged operands and the
+//! kernels' split-K and key-split scratch.
 //!
 //! [`CudaBackend::decode_fused`] runs it where the decoder has nothing it does not cover (no
 //! projection biases, a gate of one value per head, a hidden width of at most `XS_MAX` values;

@@ -316,12 +316,15 @@ impl CudaBackend {
             .map_err(|e| self.err(format!("upload: {e:?}")))
     }
 
-    /// `n` f32 values of device memory, not zeroed (no memset launch), for a buffer its kernel
-    /// writes whole before anything reads it.
-    pub(crate) fn alloc_unset(&self, n: usize) -> Result<CudaSlice<f32>> {
-        // SAFETY: f32 has no invalid bit patterns, and the caller's kernel writes every element
-        // before it is read.
-        unsafe { self.inner.stream.alloc::<f32>(n.max(1)) }
+    /// `n` values of device memory (f32, u32, i32: plain numbers), not zeroed (no memset
+    /// launch), for a buffer its kernel writes whole before anything reads it.
+    pub(crate) fn alloc_unset<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        n: usize,
+    ) -> Result<CudaSlice<T>> {
+        // SAFETY: the plain numeric types this is used with have no invalid bit patterns, and
+        // the caller's kernel writes every element before it is read.
+        unsafe { self.inner.stream.alloc::<T>(n.max(1)) }
             .map_err(|e| self.err(format!("alloc of {n} elements: {e:?}")))
     }
 

@@ -19,6 +19,8 @@
 //! | `FP4FORGE_NV_MINB` | `nv_blocks_per_sm` | `3`: the NVFP4 decode GEMV variant with 3 resident blocks per SM | 2 |
 //! | `FP4FORGE_NV_GRID` | `nv_grid_per_sm` | blocks per SM of the NVFP4 decode GEMV's persistent grid (0: one block per tile) | `nv_blocks_per_sm` |
 //! | `FP4FORGE_NV_KS` | `nv_k_split` | `1`, `2`, `4`, `8`: fixed K split (warps) of the NVFP4 decode GEMV | per shape (`nv_split`) |
+//! | `FP4FORGE_CUDA_MT_TOKENS` | `few_token_max` | most tokens of a bf16/NVFP4 linear on the few-token tensor-core GEMV (`gemv_mt`; more: `gemm_mma`); `0`: never | `GEMV_MT_MAX_TOKENS` |
+//! | `FP4FORGE_CUDA_FEW_MOE` | `few_moe_min_tokens` | fewest tokens whose routed experts run grouped a few items per tile (`experts_grouped_few`); `0`: never | `FEW_MOE_MIN_TOKENS` |
 //! | `FP4FORGE_MMA_KS` | `mma_k_split` | `1`, `2`, `4`, `8`: fixed K split (warps per tile) of `gemv_mma` | per shape (`mma_split`) |
 //!
 //! The fields below the table's are not read from the environment: the decode attention split
@@ -29,7 +31,8 @@ use std::ffi::OsStr;
 use std::path::PathBuf;
 
 use super::ops::attention::{ATTN_SHORT_KEYS, ATTN_SPLIT_BLOCKS_PER_SM, ATTN_SPLIT_MIN_KEYS};
-use super::ops::gemv::NV_BLOCKS_PER_SM;
+use super::ops::gemv::{GEMV_MT_MAX_TOKENS, NV_BLOCKS_PER_SM};
+use super::ops::moe::FEW_MOE_MIN_TOKENS;
 
 /// The CUDA backend's knobs (see the module's table for the `FP4FORGE_*` variable of each).
 /// `kernels_source`, `pdl` and `mma` take effect when a backend opens
@@ -67,6 +70,10 @@ pub struct CudaOptions {
     pub nv_grid_per_sm: usize,
     /// `FP4FORGE_NV_KS`: a fixed K split of the NVFP4 decode GEMV (1, 2, 4 or 8 warps).
     pub nv_k_split: Option<usize>,
+    /// `FP4FORGE_CUDA_MT_TOKENS`: most tokens of a linear on `gemv_mt` (0: never).
+    pub few_token_max: usize,
+    /// `FP4FORGE_CUDA_FEW_MOE`: fewest tokens on `experts_grouped_few` (0: never).
+    pub few_moe_min_tokens: usize,
     /// `FP4FORGE_MMA_KS`: a fixed K split of `gemv_mma` (1, 2, 4 or 8 warps per tile).
     pub mma_k_split: Option<usize>,
     /// Fewest keys per split of decode attention (`ATTN_SPLIT_MIN_KEYS`).
@@ -101,6 +108,8 @@ impl Default for CudaOptions {
             nv_grid_per_sm: NV_BLOCKS_PER_SM,
             nv_k_split: None,
             mma_k_split: None,
+            few_token_max: GEMV_MT_MAX_TOKENS,
+            few_moe_min_tokens: FEW_MOE_MIN_TOKENS,
             attn_split_min_keys: ATTN_SPLIT_MIN_KEYS,
             attn_split_blocks_per_sm: ATTN_SPLIT_BLOCKS_PER_SM,
             attn_short_keys: ATTN_SHORT_KEYS,
@@ -148,6 +157,8 @@ impl CudaOptions {
             nv_grid_per_sm: num("FP4FORGE_NV_GRID").unwrap_or(nv_blocks_per_sm),
             nv_k_split: split("FP4FORGE_NV_KS"),
             mma_k_split: split("FP4FORGE_MMA_KS"),
+            few_token_max: num("FP4FORGE_CUDA_MT_TOKENS").unwrap_or(d.few_token_max),
+            few_moe_min_tokens: num("FP4FORGE_CUDA_FEW_MOE").unwrap_or(d.few_moe_min_tokens),
             ..d
         }
     }
@@ -187,7 +198,11 @@ mod tests {
             ("FP4FORGE_NV_KS", "3"),
             ("FP4FORGE_MMA_KS", "4"),
             ("FP4FORGE_CUDA_KERNELS", "/tmp/k.cu"),
+            ("FP4FORGE_CUDA_MT_TOKENS", "0"),
+            ("FP4FORGE_CUDA_FEW_MOE", "x"),
         ]);
+        assert_eq!(o.few_token_max, 0);
+        assert_eq!(o.few_moe_min_tokens, FEW_MOE_MIN_TOKENS);
         assert!(!o.pdl && o.mma && o.persistent_moe && o.fused_decode && !o.tiled_prefill);
         assert!(o.legacy_gemv && o.mma_gemm && !o.grouped_moe && !o.flash_attention);
         assert!(!o.fused_batch);

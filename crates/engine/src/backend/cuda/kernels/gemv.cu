@@ -736,10 +736,11 @@ __device__ float xb_fill_warp(uint2* xw, const float* __restrict__ x, int c0, in
     return pow2f(-e);
 }
 
-// One chunk of a tile: 8 mma steps over lane pieces `qa` (row g), `qb` (row g + 8) with their
-// block scale pairs `za`, `zb`; `xb` points at the chunk's B entries + lane.
-__device__ __forceinline__ void mma_chunk(uint4 qa, uint4 qb, u32 za, u32 zb, const uint2* xb, bool bx,
-                                          float acc[4]) {
+// One chunk of a tile for G column groups: 8 mma steps per group over lane pieces `qa` (row g),
+// `qb` (row g + 8) with their block scale pairs `za`, `zb` (decoded once for all groups);
+// `bstep(q, s)` is this lane's B entry of group q, step s.
+template <int G, class B>
+__device__ __forceinline__ void mma_chunk_groups(uint4 qa, uint4 qb, u32 za, u32 zb, B bstep, float acc[G][4]) {
     const u32 sa = e4m3x2_h2(za), sb = e4m3x2_h2(zb);
     const u32 sal = __byte_perm(sa, 0, 0x1010), sah = __byte_perm(sa, 0, 0x3232);
     const u32 sbl = __byte_perm(sb, 0, 0x1010), sbh = __byte_perm(sb, 0, 0x3232);
@@ -751,10 +752,26 @@ __device__ __forceinline__ void mma_chunk(uint4 qa, uint4 qb, u32 za, u32 zb, co
         nv_word_h2(wb[j], j < 2 ? sbl : sbh, hb);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const uint2 b = bx ? xb[(2 * j + h) * 8] : make_uint2(0u, 0u);
-            mma16816(acc, ha[2 * h], hb[2 * h], ha[2 * h + 1], hb[2 * h + 1], b.x, b.y);
+#pragma unroll
+            for (int q = 0; q < G; q++) {
+                const uint2 b = bstep(q, 2 * j + h);
+                mma16816(acc[q], ha[2 * h], hb[2 * h], ha[2 * h + 1], hb[2 * h + 1], b.x, b.y);
+            }
         }
     }
+}
+
+// mma_chunk_groups of one group: `bstep(s)` is this lane's B entry of step s.
+template <class B>
+__device__ __forceinline__ void mma_chunk_with(uint4 qa, uint4 qb, u32 za, u32 zb, B bstep, float acc[4]) {
+    mma_chunk_groups<1>(qa, qb, za, zb, [&](int, int st) { return bstep(st); }, (float(*)[4])acc);
+}
+
+// mma_chunk_with with B from xb_fill's layout: `xb` points at the chunk's B entries + lane (lanes
+// with `bx` false feed zeros).
+__device__ __forceinline__ void mma_chunk(uint4 qa, uint4 qb, u32 za, u32 zb, const uint2* xb, bool bx,
+                                          float acc[4]) {
+    mma_chunk_with(qa, qb, za, zb, [&](int st) { return bx ? xb[st * 8] : make_uint2(0u, 0u); }, acc);
 }
 
 // A 16-row NVFP4 tile (rows >= nrows read row nrows - 1; their results are to be discarded) over
@@ -802,6 +819,47 @@ struct MmaTile {
                 if (ch < c1) {
                     mma_chunk(qa[u], qb[u], za[u], zb[u], xb + ch * 64 + lane, bx, acc);
                     if (ch + U < c1) load(u, ch + U);
+                }
+            }
+        }
+    }
+    // As run, with B from global memory in xb_stage's layout for G column groups: `xl` points
+    // at this lane's entries of group 0's chunk 0 (group q, chunk ch: 4 16-byte words at
+    // xl + q * gstride + 32 ch), fetched one chunk ahead; groups whose bit of `bx` is clear feed
+    // zeros. acc[q]: group q's accumulators.
+    template <int G>
+    __device__ __forceinline__ void run_staged(const uint4* __restrict__ xl, long gstride, unsigned bx,
+                                               float acc[G][4]) {
+        uint4 b[G][4], bn[G][4];
+        const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+        if (c < c1) {
+#pragma unroll
+            for (int q = 0; q < G; q++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) b[q][i] = (bx >> q & 1) ? __ldg(xl + q * gstride + 32 * c + i) : z;
+        }
+        for (; c < c1; c += U) {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int ch = c + u;
+                if (ch < c1) {
+#pragma unroll
+                    for (int q = 0; q < G; q++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++)
+                            bn[q][i] = ((bx >> q & 1) && ch + 1 < c1) ? __ldg(xl + q * gstride + 32 * (ch + 1) + i) : z;
+                    mma_chunk_groups<G>(
+                        qa[u], qb[u], za[u], zb[u],
+                        [&](int q, int st) {
+                            const uint4 w = b[q][st >> 1];
+                            return (st & 1) ? make_uint2(w.z, w.w) : make_uint2(w.x, w.y);
+                        },
+                        acc);
+                    if (ch + U < c1) load(u, ch + U);
+#pragma unroll
+                    for (int q = 0; q < G; q++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) b[q][i] = bn[q][i];
                 }
             }
         }
@@ -859,6 +917,221 @@ extern "C" __global__ void __launch_bounds__(256) gemv_mma(const u8* __restrict_
         const long idx = row0 + lane;
         float o = v * (64.f * inv_g);
         if (bias) o += bias[idx];
+        if (resid) o += resid[idx];
+        y[idx] = o;
+    }
+}
+
+// ---- few-token linears on tensor cores (batched decode steps) --------------------------------
+//
+// A decode step of a few sequences: every weight row is read once for up to 8 of them. NVFP4
+// weights (the arithmetic of gemv_mma): one token uses 2 of the mma's 8 B columns (f16 high
+// parts and remainders), lanes 8 s .. 8 s + 7 feed token s of a group of 4, a warp runs 2 groups
+// per decoded A fragment. bf16 weights (the precision of gemm_mma): one token uses 3 columns (x as
+// three bf16 parts, hi + mid + lo: 24 significant bits), lanes 12 j .. 12 j + 11 feed token j of
+// a group of 2 (lanes 24-31 feed zeros), 4 groups. The tokens' rows are staged once in global
+// memory (xb_stage); more than 8 tokens take more grid rows.
+
+#define MT_TOKENS 8     // tokens per grid row of gemv_mt
+#define MT_NV_GROUPS 2  // NVFP4: groups of 4 tokens
+#define MT_BF_GROUPS 4  // bf16: groups of 2 tokens
+
+// f32 to bf16, round to nearest even (NaN stays a NaN).
+__device__ __forceinline__ u16 f32_to_bf16_rn(float f) {
+    const u32 u = __float_as_uint(f);
+    if (f != f) return (u16)((u >> 16) | 0x40);
+    return (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// Row r of x (K values) as B entries in global memory, laid out per lane so that a lane's 8 mma
+// steps of a chunk of 128 columns are 4 consecutive 16-byte words.
+// NVFP4 weights (fmt 3): K / 2 entries per row at xb + r * K / 2; entry 64 c + 8 l + s (chunk c,
+// lane l of a token's 8, step s) holds xb_fill's entry 64 c + 8 s + l; ds[r] = xb_fill's 2^-e.
+// bf16 weights (fmt 2): 3 K / 4 entries per row at xb + r * 3 K / 4; entry 96 c + 8 l + s (lane
+// l < 12 of a token's: part l / 4 (hi, mid, lo), t = l % 4) holds that part of x[i .. i + 3] as
+// two bf16 pairs, i = 128 c + 32 (s / 2) + 8 t + 4 (s % 2) (bf_chunk's A fragments); ds[r] = 1.
+// Grid (rows), 256 threads; K % 128 == 0, K <= XS_MAX.
+extern "C" __global__ void __launch_bounds__(256) xb_stage(const float* __restrict__ x, int K, int fmt,
+                                                           uint2* __restrict__ xb, float* __restrict__ ds) {
+    __shared__ uint2 s[XS_MAX / 2];
+    pdl_enter();
+    const long r = blockIdx.x;
+    if (fmt == 2) {
+        uint2* o = xb + r * (3 * K / 4);
+        for (int i = threadIdx.x; i < 3 * K / 4; i += blockDim.x) {
+            const int c = i / 96, l = (i % 96) >> 3, st = i & 7;
+            const int col = 128 * c + 32 * (st >> 1) + 8 * (l & 3) + 4 * (st & 1);
+            const float4 v = __ldg((const float4*)(x + r * K + col));
+            float f[4] = {v.x, v.y, v.z, v.w};
+            u32 p[2];
+            for (int part = 0; part <= (l >> 2); part++) {
+#pragma unroll
+                for (int q = 0; q < 2; q++) {
+                    const u16 h0 = f32_to_bf16_rn(f[2 * q]), h1 = f32_to_bf16_rn(f[2 * q + 1]);
+                    f[2 * q] -= __uint_as_float((u32)h0 << 16);
+                    f[2 * q + 1] -= __uint_as_float((u32)h1 << 16);
+                    p[q] = (u32)h0 | ((u32)h1 << 16);
+                }
+            }
+            o[i] = make_uint2(p[0], p[1]);
+        }
+        if (threadIdx.x == 0) ds[r] = 1.f;
+        return;
+    }
+    uint2* o = xb + r * (K / 2);
+    const float d = xb_fill(s, x + r * K, K);
+    for (int i = threadIdx.x; i < K / 2; i += blockDim.x) o[i] = s[(i & ~63) + 8 * (i & 7) + ((i >> 3) & 7)];
+    if (threadIdx.x == 0) ds[r] = d;
+}
+
+__device__ __forceinline__ void mma16816_bf16(float c[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+#if __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+// A 16-row bf16 tile (rows >= nrows read row nrows - 1) over the 128-column chunks [c, c1) with
+// B staged by xb_stage (fmt 2) for G column groups; U chunks in flight per lane. Lane (g, t)
+// holds 8 columns of rows g and g + 8 per 32-column piece: 4 16-byte words per row per chunk.
+template <int U>
+struct BfTile {
+    const uint4* wa;
+    const uint4* wb;
+    uint4 qa[U][4], qb[U][4];
+    int c, c1;
+
+    __device__ __forceinline__ void start(const u16* w, long K, int nrows, int c0, int cend) {
+        const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+        wa = (const uint4*)(w + min(g, nrows - 1) * K) + t;
+        wb = (const uint4*)(w + min(g + 8, nrows - 1) * K) + t;
+        c = c0;
+        c1 = cend;
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (c0 + u < c1) load(u, c0 + u);
+    }
+    __device__ __forceinline__ void load(int u, int ch) {
+#pragma unroll
+        for (int p = 0; p < 4; p++) {
+            qa[u][p] = ld_stream(wa + 16 * ch + 4 * p);
+            qb[u][p] = ld_stream(wb + 16 * ch + 4 * p);
+        }
+    }
+    // `xl`: this lane's entries of group 0's chunk 0 (group q, chunk ch: 4 16-byte words at
+    // xl + q * gstride + 48 ch); groups whose bit of `bx` is clear feed zeros.
+    template <int G>
+    __device__ __forceinline__ void run_staged(const uint4* __restrict__ xl, long gstride, unsigned bx,
+                                               float acc[G][4]) {
+        const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+        for (; c < c1; c += U) {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int ch = c + u;
+                if (ch < c1) {
+                    uint4 b[G][4];
+#pragma unroll
+                    for (int q = 0; q < G; q++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) b[q][i] = (bx >> q & 1) ? __ldg(xl + q * gstride + 48 * ch + i) : z;
+#pragma unroll
+                    for (int p = 0; p < 4; p++) {
+                        const uint4 a = qa[u][p], bb = qb[u][p];
+#pragma unroll
+                        for (int q = 0; q < G; q++) {
+                            const uint4 w = b[q][p];
+                            mma16816_bf16(acc[q], a.x, bb.x, a.y, bb.y, w.x, w.y);
+                            mma16816_bf16(acc[q], a.z, bb.z, a.w, bb.w, w.z, w.w);
+                        }
+                    }
+                    if (ch + U < c1) load(u, ch + U);
+                }
+            }
+        }
+    }
+};
+
+// A warp's G groups of accumulators into red[warp][q][row][column] (all 8 B columns).
+template <int G>
+__device__ __forceinline__ void mt_stash_cols(const float acc[G][4], float (*red)[4][16][8]) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int q = 0; q < G; q++) {
+        red[warp][q][g][2 * t] = acc[q][0];
+        red[warp][q][g][2 * t + 1] = acc[q][1];
+        red[warp][q][g + 8][2 * t] = acc[q][2];
+        red[warp][q][g + 8][2 * t + 1] = acc[q][3];
+    }
+}
+
+// y[t] = resid[t] + bias + W x[t] for the tokens [8 blockIdx.y, + 8) of `T` (x staged by
+// xb_stage as xb, xds), W NVFP4 (fmt 3, sm_89+) or bf16 (fmt 2, sm_80+) [N, K], K % 128 == 0:
+// blocks of 8 warps, KS warps per 16-row tile splitting its chunks into contiguous runs, 8 / KS
+// tiles per block (gemv_mma's geometry).
+extern "C" __global__ void __launch_bounds__(256) gemv_mt(int fmt, const u8* __restrict__ w,
+                                                          const u8* __restrict__ scales, float inv_g,
+                                                          const uint2* __restrict__ xb,
+                                                          const float* __restrict__ xds, float* y,
+                                                          const float* __restrict__ bias, const float* resid, int N,
+                                                          int K, int T, int ks) {
+    __shared__ float red[8][4][16][8];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long row0 = ((long)blockIdx.x * (8 / ks) + warp / ks) * 16;
+    const int nrows = (int)max(0l, min(16l, (long)N - row0));
+    const int nc = K >> 7, part = warp % ks;
+    const int c0 = part * nc / ks, c1 = (part + 1) * nc / ks;
+    const int tok0 = blockIdx.y * MT_TOKENS;
+    if (fmt == 3) {
+        // lane's token in group q: tok0 + 4 q + lane / 8
+        const int slot = lane >> 3;
+        unsigned bx = 0;
+#pragma unroll
+        for (int q = 0; q < MT_NV_GROUPS; q++)
+            if (tok0 + 4 * q + slot < T) bx |= 1u << q;
+        const int tl = min(tok0 + slot, T - 1);
+        const uint4* xl = (const uint4*)(xb + (long)tl * (K / 2)) + 4 * (lane & 7);
+        float acc[MT_NV_GROUPS][4] = {};
+        MmaTile<MMA_U> m;
+        if (nrows > 0) m.start(w + row0 * (K / 2), scales + row0 * (K / 16), K / 2, K / 16, nrows, c0, c1);
+        pdl_enter();
+        if (nrows > 0) m.run_staged<MT_NV_GROUPS>(xl, 4l * (K / 4), bx, acc);
+        mt_stash_cols<MT_NV_GROUPS>(acc, red);
+    } else {
+        // lane's token in group q: tok0 + 2 q + lane / 12 (lanes 24-31: none)
+        const int slot = lane / 12;
+        unsigned bx = 0;
+#pragma unroll
+        for (int q = 0; q < MT_BF_GROUPS; q++)
+            if (lane < 24 && tok0 + 2 * q + slot < T) bx |= 1u << q;
+        const int tl = min(tok0 + min(slot, 1), T - 1);
+        const uint4* xl = (const uint4*)(xb + (long)tl * (3 * K / 4)) + 4 * (lane % 12);
+        float acc[MT_BF_GROUPS][4] = {};
+        BfTile<2> m;
+        if (nrows > 0) m.start((const u16*)w + row0 * K, K, nrows, c0, c1);
+        pdl_enter();
+        if (nrows > 0) m.run_staged<MT_BF_GROUPS>(xl, 2l * (3 * K / 8), bx, acc);
+        mt_stash_cols<MT_BF_GROUPS>(acc, red);
+    }
+    __syncthreads();
+    if (part != 0 || nrows == 0) return;
+    for (int i = lane; i < 16 * MT_TOKENS; i += 32) {
+        const int r = i & 15, tk = i >> 4, tok = tok0 + tk;
+        if (r >= nrows || tok >= T) continue;
+        float v = 0.f;
+        for (int p = 0; p < ks; p++) {
+            if (fmt == 3) {
+                const float* cv = red[warp + p][tk >> 2][r] + 2 * (tk & 3);
+                v += cv[0] + cv[1];
+            } else {
+                const float* cv = red[warp + p][tk >> 1][r] + 3 * (tk & 1);
+                v += cv[0] + cv[1] + cv[2];
+            }
+        }
+        const long row = row0 + r, idx = (long)tok * N + row;
+        float o = fmt == 3 ? v * (64.f * xds[tok] * inv_g) : v;
+        if (bias) o += bias[row];
         if (resid) o += resid[idx];
         y[idx] = o;
     }

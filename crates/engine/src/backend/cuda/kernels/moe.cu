@@ -558,10 +558,10 @@ extern "C" __global__ void experts_reduce(const float* __restrict__ part, int k,
 #define MA_EMAX 1024  // most experts moe_align handles (shared-memory counters)
 
 // Groups `items` routed items by expert: order[] lists the items expert by expert, tiles[i] =
-// (expert, first index into order, items (<= GT_BN), 0) for tiles 0 .. *ntiles. One block of
-// 1024 threads; `tiles` holds 4 ints per tile. Within an expert the items' order is arbitrary (atomics); results do not depend
-// on it. Items with an expert id outside [0, E) are left out.
-extern "C" __global__ void __launch_bounds__(1024) moe_align(const int* __restrict__ sel, int items, int E,
+// (expert, first index into order, items (<= bn), 0) for tiles 0 .. *ntiles. One block of
+// 1024 threads; `tiles` holds 4 ints per tile. Within an expert the items' order is arbitrary
+// (atomics); results do not depend on it. Items with an expert id outside [0, E) are left out.
+extern "C" __global__ void __launch_bounds__(1024) moe_align(const int* __restrict__ sel, int items, int E, int bn,
                                                              int* __restrict__ order, int* __restrict__ tiles,
                                                              int* __restrict__ ntiles) {
     __shared__ int cnt[MA_EMAX], off[MA_EMAX], tile0[MA_EMAX];
@@ -580,15 +580,15 @@ extern "C" __global__ void __launch_bounds__(1024) moe_align(const int* __restri
             off[e] = o;
             tile0[e] = tt;
             o += cnt[e];
-            tt += (cnt[e] + GT_BN - 1) / GT_BN;
+            tt += (cnt[e] + bn - 1) / bn;
         }
         *ntiles = tt;
     }
     __syncthreads();
     for (int e = tid; e < E; e += blockDim.x) {
         const int c = cnt[e];
-        for (int q = 0; q * GT_BN < c; q++)
-            ((int4*)tiles)[tile0[e] + q] = make_int4(e, off[e] + q * GT_BN, min(GT_BN, c - q * GT_BN), 0);
+        for (int q = 0; q * bn < c; q++)
+            ((int4*)tiles)[tile0[e] + q] = make_int4(e, off[e] + q * bn, min(bn, c - q * bn), 0);
     }
     __syncthreads();
     for (int e = tid; e < E; e += blockDim.x) cnt[e] = 0;
@@ -687,4 +687,130 @@ extern "C" __global__ void __launch_bounds__(256) experts_down_mma(ExpertProj do
             part[(long)item * H + o] = v * (gs * wts[item]);
         }
     });
+}
+
+// ---- grouped MoE of a few items per expert (batched decode steps) ----------------------------
+//
+// A batched decode step's routed items spread over many experts, one or a few each: tiles of up
+// to MT_BN items of one expert (moe_align with bn = MT_BN) on the decode GEMV's tensor-core core
+// (MmaTile). One token uses 2 of the mma's 8 B columns (f16 high parts, remainders), so lanes
+// 8 s .. 8 s + 7 feed the tile's item s: MT_BN items cost the instructions of one and each
+// expert's weights are read once per MT_BN of its items. The activations are staged once per row
+// by xb_stage (kernels/gemv.cu). Per item the arithmetic is that of the per-item kernels' tensor-core path (same
+// chunk split, same reduction order), so the results are the same bits.
+
+#define MT_BN 4
+
+// This lane's item slot of a tile (lane / 8), the item (0 where the slot is empty) and whether
+// it holds one.
+struct MtSlot {
+    int item;
+    bool on;
+};
+__device__ __forceinline__ MtSlot mt_slot(const int4 tile, const int* __restrict__ order) {
+    const int s = (threadIdx.x & 31) >> 3;
+    MtSlot r;
+    r.on = s < tile.z;
+    r.item = r.on ? order[tile.y + s] : 0;
+    return r;
+}
+
+// Per-item sums of the tiles of a block through shared memory: red[warp][row][slot] (lane
+// g = lane / 4, t = lane % 4 holds rows g and g + 8 of slot t). Ends with a barrier.
+__device__ __forceinline__ void mt_stash(const float acc[4], float (*red)[16][MT_BN]) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    red[warp][lane >> 2][lane & 3] = acc[0] + acc[1];
+    red[warp][(lane >> 2) + 8][lane & 3] = acc[2] + acc[3];
+    __syncthreads();
+}
+
+// h[item, o] = silu(gate_e . x[t]) * (up_e . x[t]) (h rows of `inter` values) for the items of
+// tile blockIdx.y (token t = item / k; x staged by xb_stage as xb, xds), rows o of
+// [16 blockIdx.x, + 16): warps 0-3 split the 16 gate rows' chunks, warps 4-7 the same up rows'.
+// Grid (ceil(inter / 16), tiles bound), 8 warps; NVFP4 gate and up, K % 128 == 0 (sm_89+).
+extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up_mt(ExpertProj gate, ExpertProj up,
+                                                                     const int* __restrict__ tiles,
+                                                                     const int* __restrict__ ntiles,
+                                                                     const int* __restrict__ order, int k,
+                                                                     const uint2* __restrict__ xb,
+                                                                     const float* __restrict__ xds,
+                                                                     float* __restrict__ h, int inter, int K) {
+    __shared__ float red[8][16][MT_BN];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    pdl_enter();  // (the tiles are moe_align's output)
+    if ((int)blockIdx.y >= *ntiles) return;
+    const int4 tile = ((const int4*)tiles)[blockIdx.y];
+    const long e = tile.x;
+    const long ob = (long)blockIdx.x * 16;
+    const int nrows = (int)min(16l, (long)inter - ob);
+    const int nc = K >> 7, part = warp & 3;
+    MmaTile<MMA_U> m;
+    mma_start_group(m, warp >= 4 ? up : gate, e * inter + ob, nrows, K, part * nc / 4, (part + 1) * nc / 4);
+    const MtSlot sl = mt_slot(tile, order);
+    const uint4* xl = (const uint4*)(xb + (long)(sl.item / k) * (K / 2)) + 4 * (lane & 7);
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    m.run_staged<1>(xl, 0, sl.on ? 1u : 0u, (float(*)[4])acc);
+    mt_stash(acc, red);
+    if (threadIdx.x < 16 * MT_BN) {
+        const int r = threadIdx.x >> 2, s = threadIdx.x & 3;
+        if (r < nrows && s < tile.z) {
+            const int item = order[tile.y + s];
+            const float ds = xds[item / k];
+            float gv = 0.f, uv = 0.f;
+#pragma unroll
+            for (int p = 0; p < 4; p++) gv += red[p][r][s];
+#pragma unroll
+            for (int p = 0; p < 4; p++) uv += red[4 + p][r][s];
+            gv *= 64.f * ds * gate.inv_g[e];
+            uv *= 64.f * ds * up.inv_g[e];
+            h[(long)item * inter + ob + r] = gv / (1.0f + expf(-gv)) * uv;
+        }
+    }
+}
+
+// part[item, o] = wts[item] * (down_e . h[item]) for the items of tile blockIdx.y (h staged by
+// xb_stage as hb, hds, one row per item), rows o of [64 blockIdx.x, + 64): 4 tiles of 16 rows,
+// 2 warps splitting each tile's chunks. Grid (ceil(H / 64), tiles bound), 8 warps; NVFP4 down,
+// inter % 128 == 0 (sm_89+).
+extern "C" __global__ void __launch_bounds__(256, 2) experts_down_mt(ExpertProj down, const int* __restrict__ tiles,
+                                                                  const int* __restrict__ ntiles,
+                                                                  const int* __restrict__ order,
+                                                                  const float* __restrict__ wts,
+                                                                  const uint2* __restrict__ hb,
+                                                                  const float* __restrict__ hds,
+                                                                  float* __restrict__ part, int inter, int H) {
+    __shared__ float red[8][16][MT_BN];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    pdl_enter();
+    if ((int)blockIdx.y >= *ntiles) return;
+    const int4 tile = ((const int4*)tiles)[blockIdx.y];
+    const long e = tile.x;
+    const long ob = (long)blockIdx.x * 64 + (warp >> 1) * 16;
+    const int nrows = (int)max(0l, min(16l, (long)H - ob));
+    const int nc = inter >> 7, p = warp & 1;
+    MmaTile<MMA_U> m;
+    mma_start_group(m, down, e * H + ob, nrows, inter, p * nc / 2, (p + 1) * nc / 2);
+    const MtSlot sl = mt_slot(tile, order);
+    const uint4* xl = (const uint4*)(hb + (long)sl.item * (inter / 2)) + 4 * (lane & 7);
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    if (nrows > 0) m.run_staged<1>(xl, 0, sl.on ? 1u : 0u, (float(*)[4])acc);
+    mt_stash(acc, red);
+    // warp pair w, w + 1 (w even): rows ob.. of its tile; thread (r, s) of the pair's first warp
+    if (p == 0 && nrows > 0) {
+        const int r = lane >> 2, s = lane & 3;
+        if (s < tile.z) {
+            const int item = order[tile.y + s];
+            const float gs = 64.f * hds[item] * down.inv_g[e] * wts[item];
+#pragma unroll
+            for (int h2 = 0; h2 < 2; h2++) {
+                const int row = r + 8 * h2;
+                if (row < nrows) {
+                    float v = 0.f;
+                    v += red[warp][row][s];
+                    v += red[warp + 1][row][s];
+                    part[(long)item * H + ob + row] = v * gs;
+                }
+            }
+        }
+    }
 }

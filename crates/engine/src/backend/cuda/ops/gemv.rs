@@ -1,9 +1,10 @@
 //! Linears (kernels/gemv.cu, host side): the one-token GEMVs (bf16, NVFP4 on CUDA cores and on
 //! tensor cores), several linears of one input in one launch (`linear_multi2`), the fused
 //! epilogues that follow them, and the launch geometry of each; `gemv_raw` also dispatches
-//! multi-token linears to `gemm_mma` (tensor cores, K split across blocks when the tiles are
-//! few) or `gemm_tiled` (kernels/prefill.cu), and `norm_gemv_raw` launches `norm_gemv_bf16`
-//! (kernels/elementwise.cu).
+//! multi-token linears: a few tokens (a batched decode step) to `gemv_mt` (tensor cores, each
+//! weight row read once for 8 tokens), more to `gemm_mma` (tensor cores, K split across blocks
+//! when the tiles are few) or `gemm_tiled` (kernels/prefill.cu), and `norm_gemv_raw` launches
+//! `norm_gemv_bf16` (kernels/elementwise.cu).
 
 use crate::backend::cuda::*;
 
@@ -33,6 +34,16 @@ kernels! {
     gemv_mma => GemvMmaArgs {
         w: DevPtr<u8>, scales: DevPtr<u8>, inv_g: f32, x: DevPtr<f32>, y: DevPtr<f32>,
         bias: DevPtr<f32>, resid: DevPtr<f32>, n: i32, k: i32, ks: i32,
+    }
+    /// Each row of `x` (`k` values) as tensor-core B entries for weights of format `fmt` (`xb`:
+    /// `k` u32 per row for NVFP4, `3 k / 2` for bf16) and its power-of-two scale (`ds`): grid
+    /// (rows), 256 threads.
+    xb_stage => XbStageArgs { x: DevPtr<f32>, k: i32, fmt: i32, xb: DevPtr<u32>, ds: DevPtr<f32> }
+    /// A few tokens' `y = resid + x · Wᵀ + bias` on tensor cores (bf16 or NVFP4 `W`, K % 128 ==
+    /// 0, `x` staged by `xb_stage`): grid (16-row tile blocks, ⌈t / 8⌉), `ks` warps per tile.
+    gemv_mt => GemvMtArgs {
+        fmt: i32, w: DevPtr<u8>, scales: DevPtr<u8>, inv_g: f32, xb: DevPtr<u32>, xds: DevPtr<f32>,
+        y: DevPtr<f32>, bias: DevPtr<f32>, resid: DevPtr<f32>, n: i32, k: i32, t: i32, ks: i32,
     }
     /// Up to six linears of one token's `x` (`K` inputs) in one launch.
     linear_multi2 => LinearMulti2Args { segs: Segs, x: DevPtr<f32>, k: i32, mma: i32 }
@@ -67,11 +78,19 @@ pub(crate) const GEMM_SPLIT_MIN_CHUNKS: usize = 8;
 pub(crate) const GEMM_MIN_TOKENS: usize = 16;
 
 /// Fewest tokens for which a multi-token linear uses `gemm_mma` where it applies: a batched
-/// decode step's 2+ rows too (its 8-token column groups past the last token are skipped, and
-/// one tile of tokens streams its weights with 4 K steps in flight: `gemm_mma_deep`). The H200,
-/// lean Laguna-XS, 2026-12-02 (ncu, 4 sequences): the `linear` kernel took 11.5 of a step's
-/// 16.2 ms of kernels.
+/// decode step's 2+ rows too where `gemv_mt` does not apply (K % 128 != 0; its 8-token column
+/// groups past the last token are skipped, and one tile of tokens streams its weights with 4 K
+/// steps in flight: `gemm_mma_deep`). The H200, lean Laguna-XS, 2026-12-02 (ncu, 4 sequences):
+/// the `linear` kernel took 11.5 of a step's 16.2 ms of kernels.
 pub(crate) const GEMM_MMA_MIN_TOKENS: usize = 2;
+
+/// Most tokens of a bf16 / NVFP4 linear on the few-token tensor-core GEMV (`gemv_mt`, each weight
+/// read once per 8 tokens; more tokens: `gemm_mma`), unless overridden
+/// (`CudaOptions::few_token_max`).
+pub const GEMV_MT_MAX_TOKENS: usize = 32;
+
+/// Tokens per grid row of `gemv_mt` (`4 * MT_GROUPS` in the source).
+const GEMV_MT_TOKENS: usize = 8;
 
 /// Rows per warp of `linear_multi2` (`MULTI_R`) outside its tensor-core path.
 pub(crate) const EXPERT_ROWS: u32 = 4;
@@ -348,7 +367,7 @@ impl CudaBackend {
         } = g;
         let fast =
             (w.fmt == 3 && w.cols.is_multiple_of(32)) || (w.fmt == 2 && w.cols.is_multiple_of(8));
-        let (legacy, mma_ks, nv_ks, nv_grid_per_sm, nv_blocks_per_sm, tiled, mma_gemm) = {
+        let (legacy, mma_ks, nv_ks, nv_grid_per_sm, nv_blocks_per_sm, tiled, mma_gemm, few_max) = {
             let o = self.opts();
             (
                 o.legacy_gemv,
@@ -358,6 +377,7 @@ impl CudaBackend {
                 o.nv_blocks_per_sm,
                 o.tiled_prefill,
                 o.mma_gemm,
+                o.few_token_max,
             )
         };
         if t == 1
@@ -443,6 +463,15 @@ impl CudaBackend {
                 k: w.cols as i32,
             }
             .launch(self, ri, grid, (32 * GEMV_WARPS, 1, 1));
+        }
+        if t >= 2
+            && t <= few_max
+            && !legacy
+            && ((w.fmt == 3 && self.inner.mma) || (w.fmt == 2 && self.inner.sm80))
+            && w.cols.is_multiple_of(MMA_CHUNK)
+            && w.cols <= NV_MAX_K
+        {
+            return self.gemv_mt(w, g);
         }
         if t >= GEMM_MMA_MIN_TOKENS
             && w.cols.is_multiple_of(32)
@@ -543,6 +572,57 @@ impl CudaBackend {
             t: t as i32,
         }
         .launch(self, grid, (32 * GEMV_WARPS, 1, 1))
+    }
+
+    /// `gemv_raw` for 2+ tokens of a bf16 or NVFP4 weight with `cols % 128 == 0`, `cols <=
+    /// NV_MAX_K` on the few-token tensor-core GEMV: the tokens' rows staged once as B operands
+    /// (`xb_stage`), then every weight row read once per [`GEMV_MT_TOKENS`] tokens (`gemv_mt`,
+    /// `gemv_mma`'s tiles and K split). Per token the precision of the one-token path: NVFP4
+    /// as `gemv_mma` (x as f16 high parts and remainders), bf16 as `gemm_mma` (x as three bf16
+    /// parts, 24 significant bits).
+    fn gemv_mt(&self, w: &CudaLinear, g: Gemv) -> Result<()> {
+        let Gemv {
+            x,
+            y,
+            bias,
+            resid,
+            t,
+        } = g;
+        // B entries: K u32 per row for NVFP4 (f16 high parts and remainders), 3 K / 2 for bf16
+        // (three bf16 parts)
+        let per_row = if w.fmt == 2 { 3 * w.cols / 2 } else { w.cols };
+        let xb = self.alloc_unset::<u32>(t * per_row)?;
+        let xds = self.alloc_unset::<f32>(t)?;
+        ops::gemv::XbStageArgs {
+            x,
+            k: w.cols as i32,
+            fmt: w.fmt,
+            xb: self.ptr(&xb),
+            ds: self.ptr(&xds),
+        }
+        .launch(self, (t as u32, 1, 1), (256, 1, 1))?;
+        let ks = mma_split(w.rows, w.cols, self.inner.sms);
+        let blocks = w.rows.div_ceil(16 * (NV_WARPS as usize / ks));
+        ops::gemv::GemvMtArgs {
+            fmt: w.fmt,
+            w: self.ptr(&w.data),
+            scales: w.scales_ptr(self),
+            inv_g: w.inv_g,
+            xb: self.ptr(&xb),
+            xds: self.ptr(&xds),
+            y,
+            bias,
+            resid,
+            n: w.rows as i32,
+            k: w.cols as i32,
+            t: t as i32,
+            ks: ks as i32,
+        }
+        .launch(
+            self,
+            (blocks as u32, t.div_ceil(GEMV_MT_TOKENS) as u32, 1),
+            (32 * NV_WARPS, 1, 1),
+        )
     }
 
     /// Whether `linear_multi` takes inputs of width `k` (`K % 32 == 0`, `K <= XS_MAX`).

@@ -37,10 +37,24 @@ kernels! {
         part: DevPtr<f32>, hidden: i32,
     }
     /// Groups the routed items by expert: `order` (items expert by expert), `tiles` (4 ints per
-    /// tile of up to [`GEMM_MMA_TOKENS`] items of one expert), `ntiles`. One block of 1024.
+    /// tile of up to `bn` items of one expert), `ntiles`. One block of 1024.
     moe_align => MoeAlignArgs {
-        sel: DevPtr<i32>, items: i32, e: i32, order: DevPtr<i32>, tiles: DevPtr<i32>,
+        sel: DevPtr<i32>, items: i32, e: i32, bn: i32, order: DevPtr<i32>, tiles: DevPtr<i32>,
         ntiles: DevPtr<i32>,
+    }
+    /// Gate/up (SiLU · up into `h`) of every tile of up to [`FEW_TILE_ITEMS`] items on the decode
+    /// GEMV's tensor-core core: grid (⌈inter / 16⌉, tiles bound), 256 threads.
+    experts_gate_up_mt => ExpertsGateUpMtArgs {
+        gate: ExpertProj, up: ExpertProj, tiles: DevPtr<i32>, ntiles: DevPtr<i32>,
+        order: DevPtr<i32>, k: i32, xb: DevPtr<u32>, xds: DevPtr<f32>, h: DevPtr<f32>,
+        inter: i32, hidden: i32,
+    }
+    /// Down (weighted, into each item's row of `part`) of every tile of up to
+    /// [`FEW_TILE_ITEMS`] items: grid (⌈hidden / 64⌉, tiles bound), 256 threads.
+    experts_down_mt => ExpertsDownMtArgs {
+        down: ExpertProj, tiles: DevPtr<i32>, ntiles: DevPtr<i32>, order: DevPtr<i32>,
+        wts: DevPtr<f32>, hb: DevPtr<u32>, hds: DevPtr<f32>, part: DevPtr<f32>, inter: i32,
+        hidden: i32,
     }
     /// Gate/up (SiLU · up into `h`) of every tile of items on tensor cores: grid
     /// (⌈inter / 64⌉, tiles bound).
@@ -63,6 +77,19 @@ kernels! {
 
 /// Fewest tokens whose routed experts run grouped by expert (`experts_grouped`).
 pub(crate) const GROUPED_MOE_MIN_TOKENS: usize = 16;
+
+/// Items per tile of the few-items-per-expert kernels (`MT_BN` in kernels/moe.cu).
+pub(crate) const FEW_TILE_ITEMS: usize = 4;
+
+/// Most routed items per expert (on average over all experts) for which several tokens' experts
+/// run grouped a few items per tile (`experts_grouped_few`) rather than on the tiled GEMM.
+const FEW_ITEMS_PER_EXPERT: usize = 4;
+
+/// Fewest tokens whose routed experts run grouped a few items per tile (`experts_grouped_few`;
+/// fewer: per item). The H200, lean Laguna-XS, 2026-12-03 (`batch_decode_speed`, ms per step,
+/// grouped / per item): 2 rows 9.36 / 6.95, 16 rows 13.03 / 12.66, 32 rows 17.88 / 20.12,
+/// 64 rows 23.66 / 32.89.
+pub(crate) const FEW_MOE_MIN_TOKENS: usize = 32;
 
 /// Most experts per layer `moe_align` handles (`MA_EMAX` in kernels/moe.cu).
 pub(crate) const MOE_ALIGN_MAX_EXPERTS: usize = 1024;
@@ -365,6 +392,8 @@ impl CudaBackend {
                 hidden: e.hidden as i32,
             }
             .launch(self, (dn.min(resident) as u32, 1, 1), (256, 1, 1))?;
+        } else if self.grouped_few(e, k, t) {
+            self.experts_grouped_few(e, shared.map(|(s, _)| s), io)?;
         } else if sp.is_none() && self.grouped_moe(e, t) {
             self.experts_grouped(e, io)?;
         } else {
@@ -465,6 +494,7 @@ impl CudaBackend {
             sel: self.ptr(sel),
             items: items as i32,
             e: e.n as i32,
+            bn: GEMM_MMA_TOKENS as i32,
             order: self.ptr(&order),
             tiles: self.ptr(&tiles),
             ntiles: self.ptr(&ntiles),
@@ -505,6 +535,137 @@ impl CudaBackend {
                 max_tiles as u32,
                 1,
             ),
+            (256, 1, 1),
+        )
+    }
+
+    /// Whether `t` tokens with `k` routed experts each run grouped a few items per tile
+    /// ([`experts_grouped_few`](Self::experts_grouped_few)): at least
+    /// `CudaOptions::few_moe_min_tokens` (and 2) tokens, at most `FEW_ITEMS_PER_EXPERT` items per
+    /// expert on average, NVFP4 routed projections with `hidden` and `inter` multiples of 128 and
+    /// at most `NV_MAX_K`, at most [`MOE_ALIGN_MAX_EXPERTS`] experts, tensor cores on (sm_89+);
+    /// unless switched off (`CudaOptions::grouped_moe`).
+    pub(crate) fn grouped_few(&self, e: &CudaExperts, k: usize, t: usize) -> bool {
+        let (on, min) = {
+            let o = self.opts();
+            (o.grouped_moe, o.few_moe_min_tokens)
+        };
+        on && self.inner.mma
+            && min > 0
+            && t >= min.max(2)
+            && t * k <= FEW_ITEMS_PER_EXPERT * e.n
+            && [e.gate.fmt, e.up.fmt, e.down.fmt].iter().all(|&f| f == 3)
+            && [e.hidden, e.inter]
+                .iter()
+                .all(|&c| c.is_multiple_of(128) && c <= NV_MAX_K)
+            && e.n <= MOE_ALIGN_MAX_EXPERTS
+    }
+
+    /// The routed items of `io` grouped by expert in tiles of up to [`FEW_TILE_ITEMS`]
+    /// (`moe_align`), the tokens' inputs staged once as tensor-core operands (`xb_stage`), then
+    /// gate/up and down of every tile on the decode GEMV's tensor-core core: each expert's weights
+    /// are read once per [`FEW_TILE_ITEMS`] of its items (a batched decode step's items spread
+    /// one or two per expert). The shared expert, if any, runs as three linears over all tokens
+    /// (weights read once per step), its output in the shared items' rows of `io.part`. Per item
+    /// the same arithmetic as [`experts_per_item`](Self::experts_per_item) on tensor cores.
+    pub(crate) fn experts_grouped_few(
+        &self,
+        e: &CudaExperts,
+        shared: Option<&SharedExpert<'_>>,
+        io: MoeBuffers<'_>,
+    ) -> Result<()> {
+        let MoeBuffers {
+            sel,
+            wts,
+            top_k: k,
+            tokens: t,
+            x,
+            h,
+            part,
+            ..
+        } = io;
+        let items = t * k;
+        let (hidden, inter) = (e.hidden, e.inter);
+        if let Some(s) = shared {
+            let si = s.gate.rows;
+            let g = self.alloc_unset(t * si)?;
+            let u = self.alloc_unset(t * si)?;
+            let (g, u) = (self.ptr(&g), self.ptr(&u));
+            self.gemv_raw(s.gate, Gemv::rows(x, g, DevPtr::NULL, t))?;
+            self.gemv_raw(s.up, Gemv::rows(x, u, DevPtr::NULL, t))?;
+            self.silu_mul_raw(g, u, g, t * si)?;
+            let out = part.add(items * hidden);
+            self.gemv_raw(s.down, Gemv::rows(g, out, DevPtr::NULL, t))?;
+        }
+        // at most one partial tile per expert that has items
+        let max_tiles = items.div_ceil(FEW_TILE_ITEMS) + e.n.min(items);
+        let order = self.alloc::<i32>(items)?;
+        let tiles = self.alloc::<i32>(4 * max_tiles)?;
+        let ntiles = self.alloc::<i32>(1)?;
+        ops::moe::MoeAlignArgs {
+            sel: self.ptr(sel),
+            items: items as i32,
+            e: e.n as i32,
+            bn: FEW_TILE_ITEMS as i32,
+            order: self.ptr(&order),
+            tiles: self.ptr(&tiles),
+            ntiles: self.ptr(&ntiles),
+        }
+        .launch(self, (1, 1, 1), (1024, 1, 1))?;
+        // B entries: `cols / 2` pairs of f16 pairs (two u32) per row, all written by xb_stage
+        let xb = self.alloc_unset::<u32>(t * hidden)?;
+        let xds = self.alloc_unset(t)?;
+        ops::gemv::XbStageArgs {
+            x,
+            k: hidden as i32,
+            fmt: 3,
+            xb: self.ptr(&xb),
+            ds: self.ptr(&xds),
+        }
+        .launch(self, (t as u32, 1, 1), (256, 1, 1))?;
+        ops::moe::ExpertsGateUpMtArgs {
+            gate: e.gate.proj(self),
+            up: e.up.proj(self),
+            tiles: self.ptr(&tiles),
+            ntiles: self.ptr(&ntiles),
+            order: self.ptr(&order),
+            k: k as i32,
+            xb: self.ptr(&xb),
+            xds: self.ptr(&xds),
+            h,
+            inter: inter as i32,
+            hidden: hidden as i32,
+        }
+        .launch(
+            self,
+            ((inter as u32).div_ceil(16), max_tiles as u32, 1),
+            (256, 1, 1),
+        )?;
+        let hb = self.alloc_unset::<u32>(items * inter)?;
+        let hds = self.alloc_unset(items)?;
+        ops::gemv::XbStageArgs {
+            x: h,
+            k: inter as i32,
+            fmt: 3,
+            xb: self.ptr(&hb),
+            ds: self.ptr(&hds),
+        }
+        .launch(self, (items as u32, 1, 1), (256, 1, 1))?;
+        ops::moe::ExpertsDownMtArgs {
+            down: e.down.proj(self),
+            tiles: self.ptr(&tiles),
+            ntiles: self.ptr(&ntiles),
+            order: self.ptr(&order),
+            wts: self.ptr(wts),
+            hb: self.ptr(&hb),
+            hds: self.ptr(&hds),
+            part,
+            inter: inter as i32,
+            hidden: hidden as i32,
+        }
+        .launch(
+            self,
+            ((hidden as u32).div_ceil(64), max_tiles as u32, 1),
             (256, 1, 1),
         )
     }
