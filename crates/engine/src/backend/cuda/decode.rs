@@ -39,8 +39,8 @@ use cudarc::driver::CudaSlice;
 
 use super::ops::{self, DevPtr};
 use super::{
-    AttnCall, AttnPrep, CudaBackend, CudaKvLayer, CudaTensor, DecBatchIo, Epi, Gemv, MoeBuffers,
-    MultiLinear, NormGemv, QkNormRope, QkNorms, Route, SharedExpert, MAX_SPLITS,
+    AttnCall, AttnPrep, CudaBackend, CudaKvLayer, CudaLinear, CudaTensor, DecBatchIo, Epi, Gemv,
+    MoeBuffers, MultiLinear, NormGemv, QkNormRope, QkNorms, Route, SharedExpert, MAX_SPLITS,
 };
 use crate::error::Result;
 use crate::ir::{AttnChunk, Decoder, Mlp, Moe, SeqChunk, Want};
@@ -345,13 +345,7 @@ impl CudaBackend {
             if let Some(g) = &at.gate {
                 parts.push((g, p(&bufs.gate)));
             }
-            if n == 1 {
-                self.linear_multi_raw(&MultiLinear::new(self, &parts, h)?, a)?;
-            } else {
-                for (w, y) in parts {
-                    rows(w, a, y, DevPtr::NULL)?;
-                }
-            }
+            self.linears_of_one_input(&parts, a, n, h)?;
 
             // attention over each cache and its token (norms, rope and append inside or first)
             let rope = &d.ropes[at.rope];
@@ -442,13 +436,7 @@ impl CudaBackend {
                 Mlp::Dense(m) => {
                     self.epilogue_launch(&post_norm, n)?;
                     let (g, u) = (p(&bufs.h), p(&bufs.up));
-                    if n == 1 {
-                        let gu = [(&m.gate, g), (&m.up, u)];
-                        self.linear_multi_raw(&MultiLinear::new(self, &gu, h)?, a)?;
-                    } else {
-                        rows(&m.gate, a, g, DevPtr::NULL)?;
-                        rows(&m.up, a, u, DevPtr::NULL)?;
-                    }
+                    self.linears_of_one_input(&[(&m.gate, g), (&m.up, u)], a, n, h)?;
                     self.silu_mul_raw(g, u, p(&bufs.act), n * m.gate.rows)?;
                     rows(&m.down, p(&bufs.act), x, x)?;
                     self.epilogue_launch(&next, n)?;
@@ -459,6 +447,32 @@ impl CudaBackend {
         let logits = self.tensor(n, head.rows)?;
         rows(head, a, self.ptr(&logits.buf), DevPtr::NULL)?;
         Ok(logits)
+    }
+
+    /// `y_i = x · W_iᵀ` for the `n` rows of `x` (`h` values each) and each `(W_i, y_i)` of
+    /// `parts`: one launch where it applies (one row: `linear_multi2`; a few rows of one format:
+    /// `gemv_mt`, the rows staged once), else one multi-token linear each.
+    pub(crate) fn linears_of_one_input(
+        &self,
+        parts: &[(&CudaLinear, DevPtr<f32>)],
+        x: DevPtr<f32>,
+        n: usize,
+        h: usize,
+    ) -> Result<()> {
+        if n == 1 {
+            return self.linear_multi_raw(&MultiLinear::new(self, parts, h)?, x);
+        }
+        let fmt = parts.first().map(|(w, _)| w.fmt);
+        if parts
+            .iter()
+            .all(|(w, _)| Some(w.fmt) == fmt && self.gemv_mt_applies(w, n))
+        {
+            return self.gemv_mt(parts, x, n, DevPtr::NULL, DevPtr::NULL);
+        }
+        for &(w, y) in parts {
+            self.gemv_raw(w, Gemv::rows(x, y, DevPtr::NULL, n))?;
+        }
+        Ok(())
     }
 
     /// One sequence's decode attention at position `pos0` over `cache`: the per-head norms, the

@@ -1067,18 +1067,26 @@ __device__ __forceinline__ void mt_stash_cols(const float acc[G][4], float (*red
 }
 
 // y[t] = resid[t] + bias + W x[t] for the tokens [8 blockIdx.y, + 8) of `T` (x staged by
-// xb_stage as xb, xds), W NVFP4 (fmt 3, sm_89+) or bf16 (fmt 2, sm_80+) [N, K], K % 128 == 0:
-// blocks of 8 warps, KS warps per 16-row tile splitting its chunks into contiguous runs, 8 / KS
-// tiles per block (gemv_mma's geometry).
-extern "C" __global__ void __launch_bounds__(256) gemv_mt(int fmt, const u8* __restrict__ w,
-                                                          const u8* __restrict__ scales, float inv_g,
-                                                          const uint2* __restrict__ xb,
-                                                          const float* __restrict__ xds, float* y,
-                                                          const float* __restrict__ bias, const float* resid, int N,
-                                                          int K, int T, int ks) {
+// xb_stage as xb, xds) and each linear W of `segs` (segment s: blocks [block0, next block0), its
+// own y; all of one format, NVFP4 (fmt 3, sm_89+) or bf16 (fmt 2, sm_80+), [N, K], K % 128 ==
+// 0; `bias`, `resid`: one segment only, else null): blocks of 8 warps, KS warps per 16-row tile
+// splitting its chunks into contiguous runs, 8 / KS tiles per block (gemv_mma's geometry).
+extern "C" __global__ void __launch_bounds__(256) gemv_mt(Segs segs, const uint2* __restrict__ xb,
+                                                          const float* __restrict__ xds,
+                                                          const float* __restrict__ bias, const float* resid, int K,
+                                                          int T, int ks) {
     __shared__ float red[8][4][16][8];
+    int si = 0;
+    for (int i = 1; i < segs.n; i++)
+        if ((int)blockIdx.x >= segs.s[i].block0) si = i;
+    const Seg sg = segs.s[si];
+    const int fmt = sg.fmt, N = sg.N;
+    const u8* w = (const u8*)sg.w;
+    const u8* scales = sg.scales;
+    const float inv_g = sg.inv_g;
+    float* y = sg.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const long row0 = ((long)blockIdx.x * (8 / ks) + warp / ks) * 16;
+    const long row0 = ((long)(blockIdx.x - sg.block0) * (8 / ks) + warp / ks) * 16;
     const int nrows = (int)max(0l, min(16l, (long)N - row0));
     const int nc = K >> 7, part = warp % ks;
     const int c0 = part * nc / ks, c1 = (part + 1) * nc / ks;

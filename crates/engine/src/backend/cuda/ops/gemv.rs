@@ -39,11 +39,12 @@ kernels! {
     /// `k` u32 per row for NVFP4, `3 k / 2` for bf16) and its power-of-two scale (`ds`): grid
     /// (rows), 256 threads.
     xb_stage => XbStageArgs { x: DevPtr<f32>, k: i32, fmt: i32, xb: DevPtr<u32>, ds: DevPtr<f32> }
-    /// A few tokens' `y = resid + x · Wᵀ + bias` on tensor cores (bf16 or NVFP4 `W`, K % 128 ==
-    /// 0, `x` staged by `xb_stage`): grid (16-row tile blocks, ⌈t / 8⌉), `ks` warps per tile.
+    /// A few tokens' `y = resid + x · Wᵀ + bias` on tensor cores for each linear of `segs` (all
+    /// bf16 or all NVFP4, K % 128 == 0, `x` staged by `xb_stage`; `bias`, `resid`: one segment
+    /// only): grid (the segments' 16-row tile blocks, ⌈t / 8⌉), `ks` warps per tile.
     gemv_mt => GemvMtArgs {
-        fmt: i32, w: DevPtr<u8>, scales: DevPtr<u8>, inv_g: f32, xb: DevPtr<u32>, xds: DevPtr<f32>,
-        y: DevPtr<f32>, bias: DevPtr<f32>, resid: DevPtr<f32>, n: i32, k: i32, t: i32, ks: i32,
+        segs: Segs, xb: DevPtr<u32>, xds: DevPtr<f32>, bias: DevPtr<f32>, resid: DevPtr<f32>,
+        k: i32, t: i32, ks: i32,
     }
     /// Up to six linears of one token's `x` (`K` inputs) in one launch.
     linear_multi2 => LinearMulti2Args { segs: Segs, x: DevPtr<f32>, k: i32, mma: i32 }
@@ -367,7 +368,7 @@ impl CudaBackend {
         } = g;
         let fast =
             (w.fmt == 3 && w.cols.is_multiple_of(32)) || (w.fmt == 2 && w.cols.is_multiple_of(8));
-        let (legacy, mma_ks, nv_ks, nv_grid_per_sm, nv_blocks_per_sm, tiled, mma_gemm, few_max) = {
+        let (legacy, mma_ks, nv_ks, nv_grid_per_sm, nv_blocks_per_sm, tiled, mma_gemm) = {
             let o = self.opts();
             (
                 o.legacy_gemv,
@@ -377,7 +378,6 @@ impl CudaBackend {
                 o.nv_blocks_per_sm,
                 o.tiled_prefill,
                 o.mma_gemm,
-                o.few_token_max,
             )
         };
         if t == 1
@@ -464,14 +464,8 @@ impl CudaBackend {
             }
             .launch(self, ri, grid, (32 * GEMV_WARPS, 1, 1));
         }
-        if t >= 2
-            && t <= few_max
-            && !legacy
-            && ((w.fmt == 3 && self.inner.mma) || (w.fmt == 2 && self.inner.sm80))
-            && w.cols.is_multiple_of(MMA_CHUNK)
-            && w.cols <= NV_MAX_K
-        {
-            return self.gemv_mt(w, g);
+        if self.gemv_mt_applies(w, t) {
+            return self.gemv_mt(&[(w, y)], x, t, bias, resid);
         }
         if t >= GEMM_MMA_MIN_TOKENS
             && w.cols.is_multiple_of(32)
@@ -574,53 +568,91 @@ impl CudaBackend {
         .launch(self, grid, (32 * GEMV_WARPS, 1, 1))
     }
 
-    /// `gemv_raw` for 2+ tokens of a bf16 or NVFP4 weight with `cols % 128 == 0`, `cols <=
-    /// NV_MAX_K` on the few-token tensor-core GEMV: the tokens' rows staged once as B operands
-    /// (`xb_stage`), then every weight row read once per [`GEMV_MT_TOKENS`] tokens (`gemv_mt`,
-    /// `gemv_mma`'s tiles and K split). Per token the precision of the one-token path: NVFP4
-    /// as `gemv_mma` (x as f16 high parts and remainders), bf16 as `gemm_mma` (x as three bf16
-    /// parts, 24 significant bits).
-    fn gemv_mt(&self, w: &CudaLinear, g: Gemv) -> Result<()> {
-        let Gemv {
-            x,
-            y,
-            bias,
-            resid,
-            t,
-        } = g;
+    /// Whether `t` tokens of `w` run on the few-token tensor-core GEMV (`gemv_mt`): 2 to
+    /// `CudaOptions::few_token_max` tokens, a bf16 (sm_80+) or NVFP4 (sm_89+, tensor cores on)
+    /// weight with `cols % 128 == 0`, `cols <= NV_MAX_K`, the legacy GEMV off.
+    pub(crate) fn gemv_mt_applies(&self, w: &CudaLinear, t: usize) -> bool {
+        let (legacy, few_max) = {
+            let o = self.opts();
+            (o.legacy_gemv, o.few_token_max)
+        };
+        t >= 2
+            && t <= few_max
+            && !legacy
+            && ((w.fmt == 3 && self.inner.mma) || (w.fmt == 2 && self.inner.sm80))
+            && w.cols.is_multiple_of(MMA_CHUNK)
+            && w.cols <= NV_MAX_K
+    }
+
+    /// `y_i = resid + x · W_iᵀ + bias` for `t` tokens and each `(W_i, y_i)` of `parts` (at most
+    /// [`MultiLinear::MAX`], one format, one width, [`gemv_mt_applies`](Self::gemv_mt_applies)
+    /// to each; `bias`, `resid` only with one part) on the few-token tensor-core GEMV: the tokens'
+    /// rows staged once as B operands (`xb_stage`), then one `gemv_mt` launch reading every
+    /// weight row once per [`GEMV_MT_TOKENS`] tokens (`gemv_mma`'s tiles and K split). Per
+    /// token the precision of the one-token path: NVFP4 as `gemv_mma` (x as f16 high parts and
+    /// remainders), bf16 as `gemm_mma` (x as three bf16 parts, 24 significant bits).
+    pub(crate) fn gemv_mt(
+        &self,
+        parts: &[(&CudaLinear, DevPtr<f32>)],
+        x: DevPtr<f32>,
+        t: usize,
+        bias: DevPtr<f32>,
+        resid: DevPtr<f32>,
+    ) -> Result<()> {
+        let (fmt, cols) = parts.first().map_or((0, 0), |(w, _)| (w.fmt, w.cols));
+        self.check(
+            !parts.is_empty()
+                && parts.len() <= MultiLinear::MAX
+                && (parts.len() == 1 || (bias.is_null() && resid.is_null()))
+                && parts
+                    .iter()
+                    .all(|(w, _)| w.fmt == fmt && w.cols == cols && self.gemv_mt_applies(w, t)),
+            || format!("gemv_mt: {} linears of {t} tokens", parts.len()),
+        )?;
         // B entries: K u32 per row for NVFP4 (f16 high parts and remainders), 3 K / 2 for bf16
         // (three bf16 parts)
-        let per_row = if w.fmt == 2 { 3 * w.cols / 2 } else { w.cols };
+        let per_row = if fmt == 2 { 3 * cols / 2 } else { cols };
         let xb = self.alloc_unset::<u32>(t * per_row)?;
         let xds = self.alloc_unset::<f32>(t)?;
         ops::gemv::XbStageArgs {
             x,
-            k: w.cols as i32,
-            fmt: w.fmt,
+            k: cols as i32,
+            fmt,
             xb: self.ptr(&xb),
             ds: self.ptr(&xds),
         }
         .launch(self, (t as u32, 1, 1), (256, 1, 1))?;
-        let ks = mma_split(w.rows, w.cols, self.inner.sms);
-        let blocks = w.rows.div_ceil(16 * (NV_WARPS as usize / ks));
+        let rows: usize = parts.iter().map(|(w, _)| w.rows).sum();
+        let ks = mma_split(rows, cols, self.inner.sms);
+        let tile_rows = 16 * (NV_WARPS as usize / ks);
+        let mut segs = Segs::default();
+        let mut block0 = 0usize;
+        for (i, (w, y)) in parts.iter().enumerate() {
+            segs.s[i] = Seg {
+                w: self.ptr(&w.data),
+                scales: w.scales_ptr(self),
+                y: *y,
+                inv_g: w.inv_g,
+                fmt,
+                n: w.rows as i32,
+                block0: block0 as i32,
+            };
+            block0 += w.rows.div_ceil(tile_rows);
+        }
+        segs.n = parts.len() as i32;
         ops::gemv::GemvMtArgs {
-            fmt: w.fmt,
-            w: self.ptr(&w.data),
-            scales: w.scales_ptr(self),
-            inv_g: w.inv_g,
+            segs,
             xb: self.ptr(&xb),
             xds: self.ptr(&xds),
-            y,
             bias,
             resid,
-            n: w.rows as i32,
-            k: w.cols as i32,
+            k: cols as i32,
             t: t as i32,
             ks: ks as i32,
         }
         .launch(
             self,
-            (blocks as u32, t.div_ceil(GEMV_MT_TOKENS) as u32, 1),
+            (block0 as u32, t.div_ceil(GEMV_MT_TOKENS) as u32, 1),
             (32 * NV_WARPS, 1, 1),
         )
     }

@@ -591,8 +591,7 @@ impl CudaBackend {
             let g = self.alloc_unset(t * si)?;
             let u = self.alloc_unset(t * si)?;
             let (g, u) = (self.ptr(&g), self.ptr(&u));
-            self.gemv_raw(s.gate, Gemv::rows(x, g, DevPtr::NULL, t))?;
-            self.gemv_raw(s.up, Gemv::rows(x, u, DevPtr::NULL, t))?;
+            self.linears_of_one_input(&[(s.gate, g), (s.up, u)], x, t, hidden)?;
             self.silu_mul_raw(g, u, g, t * si)?;
             let out = part.add(items * hidden);
             self.gemv_raw(s.down, Gemv::rows(g, out, DevPtr::NULL, t))?;
