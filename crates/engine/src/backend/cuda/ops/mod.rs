@@ -363,7 +363,8 @@ mod tests {
             let e = match elem {
                 "float" => "f32",
                 "int" => "i32",
-                "u32" => "u32",
+                // (uint2: a pair of u32, the tensor-core B entries of kernels/gemv.cu)
+                "u32" | "uint2" => "u32",
                 "u16" => "u16",
                 "u8" | "void" => "u8",
                 _ => return None,
