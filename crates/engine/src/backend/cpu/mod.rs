@@ -396,7 +396,7 @@ impl Backend for CpuBackend {
         Ok(CpuTensor::new(
             gate.rows(),
             gate.cols(),
-            ops::silu_mul(gate.data(), up.data()),
+            kernels::silu_mul(self.isa, gate.data(), up.data()),
         ))
     }
 

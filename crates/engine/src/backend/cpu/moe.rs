@@ -2,7 +2,6 @@
 
 use super::kernels::{self, Isa};
 use super::linear::CpuLinear;
-use super::ops;
 use super::tensor::CpuTensor;
 use crate::ir::{RouterParams, RouterScoring};
 
@@ -125,7 +124,7 @@ pub(crate) fn experts(isa: Isa, x: &CpuTensor, routing: &CpuRouting, e: &CpuExpe
         }
         let g = ex.gate.matmul(isa, &xs, m);
         let u = ex.up.matmul(isa, &xs, m);
-        let a = ops::silu_mul(&g, &u);
+        let a = kernels::silu_mul(isa, &g, &u);
         let y = ex.down.matmul(isa, &a, m);
         for (i, &(tok, w)) in list.iter().enumerate() {
             kernels::axpy(

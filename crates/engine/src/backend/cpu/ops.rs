@@ -18,14 +18,6 @@ pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32, width: usize) -> Vec<f32>
     out
 }
 
-/// `silu(g) · u` elementwise.
-pub(crate) fn silu_mul(g: &[f32], u: &[f32]) -> Vec<f32> {
-    g.iter()
-        .zip(u)
-        .map(|(&a, &b)| a / (1.0 + (-a).exp()) * b)
-        .collect()
-}
-
 /// torch's softplus (β = 1, threshold 20) in f32.
 #[inline]
 pub(crate) fn softplus(x: f32) -> f32 {

@@ -404,6 +404,66 @@ pub(crate) unsafe fn nvfp4_decode(
     }
 }
 
+/// `e^x` of 8 lanes (Cephes' `expf`: `x = n ln 2 + r`, a degree-7 polynomial of `r`, times
+/// `2^n`); within 2 ulp of a correctly rounded `exp` over `[-87.3, 88.3]`, clamped outside it (so
+/// 0 and ∞ come out as the smallest normal and ~2.4e38, and NaN as a finite value: callers that
+/// need NaN carried have it in another operand).
+#[inline(always)]
+unsafe fn exp8(x: __m256) -> __m256 {
+    let x = _mm256_min_ps(
+        _mm256_max_ps(x, _mm256_set1_ps(-87.336_55)),
+        _mm256_set1_ps(88.376_26),
+    );
+    // n = round(x / ln 2)
+    let n = _mm256_round_ps(
+        _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+    );
+    // r = x - n ln 2, ln 2 in two parts (the first exact in few bits)
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+    let mut y = _mm256_set1_ps(1.987_569_1e-4);
+    for c in [1.398_2e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
+        y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
+    }
+    let y = _mm256_fmadd_ps(
+        y,
+        _mm256_mul_ps(r, r),
+        _mm256_add_ps(r, _mm256_set1_ps(1.0)),
+    );
+    // times 2^n (n in [-126, 128] after the clamp: 2^128 as 2^127 · 2)
+    let ni = _mm256_cvtps_epi32(n);
+    let half = _mm256_srai_epi32(ni, 1);
+    let p1 = _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_add_epi32(half, _mm256_set1_epi32(127)),
+        23,
+    ));
+    let p2 = _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_sub_epi32(ni, half), _mm256_set1_epi32(127)),
+        23,
+    ));
+    _mm256_mul_ps(_mm256_mul_ps(y, p1), p2)
+}
+
+/// `out[i] = g[i] / (1 + e^-g[i]) · u[i]` (SiLU of the gate times up), `e^x` by [`exp8`].
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) {
+    let n = out.len().min(g.len()).min(u.len());
+    let one = _mm256_set1_ps(1.0);
+    let mut i = 0;
+    while i + 8 <= n {
+        let a = _mm256_loadu_ps(g.as_ptr().add(i));
+        let b = _mm256_loadu_ps(u.as_ptr().add(i));
+        let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), a));
+        let s = _mm256_div_ps(a, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_mul_ps(s, b));
+        i += 8;
+    }
+    for j in i..n {
+        out[j] = g[j] / (1.0 + (-g[j]).exp()) * u[j];
+    }
+}
+
 /// `y[i] = x[i] · alpha + y[i]`.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
