@@ -796,27 +796,36 @@ fn gpu_batched_steps_match_each_sequence_alone() {
     let mut failures = Vec::new();
     let mut fused_rows = 0;
     for (name, dir) in synthetic_laguna_variants(tmp.path()) {
-        for (kv, sessions, batched, fused) in [
-            (KvDtype::Bf16, 5, true, true),
-            (KvDtype::Bf16, 35, true, true),
-            (KvDtype::Bf16, 5, true, false),
-            (KvDtype::Bf16, 35, true, false),
-            (KvDtype::Bf16, 5, false, true),
-            (KvDtype::Fp8E4m3, 5, true, true),
+        // (few: the routed experts grouped a few items per expert tile from 2 rows, with the
+        // shared expert on the multi-token linears, as from 32 rows at full size)
+        for (kv, sessions, batched, fused, few) in [
+            (KvDtype::Bf16, 5, true, true, false),
+            (KvDtype::Bf16, 35, true, true, false),
+            (KvDtype::Bf16, 5, true, false, false),
+            (KvDtype::Bf16, 35, true, false, false),
+            (KvDtype::Bf16, 5, false, true, false),
+            (KvDtype::Bf16, 5, true, true, true),
+            (KvDtype::Fp8E4m3, 5, true, true, false),
         ] {
             backend.set_options(CudaOptions {
                 batched_attention: batched,
                 fused_batch: fused,
+                few_moe_min_tokens: if few {
+                    2
+                } else {
+                    CudaOptions::default().few_moe_min_tokens
+                },
                 ..backend.options()
             });
             let opts = ModelOptions::new().kv_dtype(kv);
             let model = Model::load_with_backend(&dir, opts, backend.clone()).unwrap();
             let vocab = model.info().vocab_size as u32;
             let label = format!(
-                "{name} {} {kv:?} {sessions} sessions{}{}",
+                "{name} {} {kv:?} {sessions} sessions{}{}{}",
                 dir.file_name().unwrap().to_string_lossy(),
                 if batched { "" } else { " (one launch off)" },
-                if fused { "" } else { " (generic ops)" }
+                if fused { "" } else { " (generic ops)" },
+                if few { " (few-per-tile experts)" } else { "" }
             );
             let mut ss: Vec<_> = (0..sessions)
                 .map(|i| {
@@ -891,6 +900,7 @@ fn gpu_batched_steps_match_each_sequence_alone() {
     backend.set_options(CudaOptions {
         batched_attention: true,
         fused_batch: true,
+        few_moe_min_tokens: CudaOptions::default().few_moe_min_tokens,
         ..backend.options()
     });
     assert!(failures.is_empty(), "batched steps differ: {failures:#?}");
