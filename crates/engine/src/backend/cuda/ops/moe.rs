@@ -78,6 +78,16 @@ kernels! {
 /// Fewest tokens whose routed experts run grouped by expert (`experts_grouped`).
 pub(crate) const GROUPED_MOE_MIN_TOKENS: usize = 16;
 
+/// Routed items grouped by expert (`moe_align`'s output): `order` lists the items expert by
+/// expert, `tiles` holds 4 ints per tile (expert, first index into `order`, items, 0) for the
+/// `ntiles` tiles it made, at most `max_tiles`.
+struct ExpertTiles {
+    order: CudaSlice<i32>,
+    tiles: CudaSlice<i32>,
+    ntiles: CudaSlice<i32>,
+    max_tiles: usize,
+}
+
 /// Items per tile of the few-items-per-expert kernels (`MT_BN` in kernels/moe.cu).
 pub(crate) const FEW_TILE_ITEMS: usize = 4;
 
@@ -469,6 +479,36 @@ impl CudaBackend {
             && e.n <= MOE_ALIGN_MAX_EXPERTS
     }
 
+    /// The `items` routed items of `sel` (expert ids among `experts`) grouped by expert in tiles
+    /// of up to `per_tile` items of one expert (`moe_align`, one launch).
+    fn expert_tiles(
+        &self,
+        sel: &CudaSlice<i32>,
+        items: usize,
+        experts: usize,
+        per_tile: usize,
+    ) -> Result<ExpertTiles> {
+        // at most one partial tile per expert that has items
+        let max_tiles = items.div_ceil(per_tile) + experts.min(items);
+        let t = ExpertTiles {
+            order: self.alloc::<i32>(items)?,
+            tiles: self.alloc::<i32>(4 * max_tiles)?,
+            ntiles: self.alloc::<i32>(1)?,
+            max_tiles,
+        };
+        ops::moe::MoeAlignArgs {
+            sel: self.ptr(sel),
+            items: items as i32,
+            e: experts as i32,
+            bn: per_tile as i32,
+            order: self.ptr(&t.order),
+            tiles: self.ptr(&t.tiles),
+            ntiles: self.ptr(&t.ntiles),
+        }
+        .launch(self, (1, 1, 1), (1024, 1, 1))?;
+        Ok(t)
+    }
+
     /// The routed items of `io` (no shared expert) grouped by expert (`moe_align`), then gate/up
     /// and down of every tile of one expert's items on tensor cores: each expert's weights are
     /// read once per [`GEMM_MMA_TOKENS`] of its items instead of once per item. Fills `io.h` and
@@ -485,21 +525,12 @@ impl CudaBackend {
             ..
         } = io;
         let items = t * k;
-        // at most one partial tile per expert that has items
-        let max_tiles = items.div_ceil(GEMM_MMA_TOKENS as usize) + e.n.min(items);
-        let order = self.alloc::<i32>(items)?;
-        let tiles = self.alloc::<i32>(4 * max_tiles)?;
-        let ntiles = self.alloc::<i32>(1)?;
-        ops::moe::MoeAlignArgs {
-            sel: self.ptr(sel),
-            items: items as i32,
-            e: e.n as i32,
-            bn: GEMM_MMA_TOKENS as i32,
-            order: self.ptr(&order),
-            tiles: self.ptr(&tiles),
-            ntiles: self.ptr(&ntiles),
-        }
-        .launch(self, (1, 1, 1), (1024, 1, 1))?;
+        let ExpertTiles {
+            order,
+            tiles,
+            ntiles,
+            max_tiles,
+        } = self.expert_tiles(sel, items, e.n, GEMM_MMA_TOKENS as usize)?;
         ops::moe::ExpertsGateUpMmaArgs {
             gate: e.gate.proj(self),
             up: e.up.proj(self),
@@ -596,21 +627,12 @@ impl CudaBackend {
             let out = part.add(items * hidden);
             self.gemv_raw(s.down, Gemv::rows(g, out, DevPtr::NULL, t))?;
         }
-        // at most one partial tile per expert that has items
-        let max_tiles = items.div_ceil(FEW_TILE_ITEMS) + e.n.min(items);
-        let order = self.alloc::<i32>(items)?;
-        let tiles = self.alloc::<i32>(4 * max_tiles)?;
-        let ntiles = self.alloc::<i32>(1)?;
-        ops::moe::MoeAlignArgs {
-            sel: self.ptr(sel),
-            items: items as i32,
-            e: e.n as i32,
-            bn: FEW_TILE_ITEMS as i32,
-            order: self.ptr(&order),
-            tiles: self.ptr(&tiles),
-            ntiles: self.ptr(&ntiles),
-        }
-        .launch(self, (1, 1, 1), (1024, 1, 1))?;
+        let ExpertTiles {
+            order,
+            tiles,
+            ntiles,
+            max_tiles,
+        } = self.expert_tiles(sel, items, e.n, FEW_TILE_ITEMS)?;
         // B entries: `cols / 2` pairs of f16 pairs (two u32) per row, all written by xb_stage
         let xb = self.alloc_unset::<u32>(t * hidden)?;
         let xds = self.alloc_unset(t)?;
