@@ -90,7 +90,7 @@ pub(crate) const GEMM_MMA_MIN_TOKENS: usize = 2;
 /// (`CudaOptions::few_token_max`).
 pub const GEMV_MT_MAX_TOKENS: usize = 32;
 
-/// Tokens per grid row of `gemv_mt` (`4 * MT_GROUPS` in the source).
+/// Tokens per grid row of `gemv_mt` (`MT_TOKENS` in the source).
 const GEMV_MT_TOKENS: usize = 8;
 
 /// Rows per warp of `linear_multi2` (`MULTI_R`) outside its tensor-core path.
