@@ -339,6 +339,34 @@ pub(crate) fn nvfp4_rows_dot<const R: usize>(
     out
 }
 
+/// Dot products of one NVFP4 row with `T` vectors (each prepared by [`nvfp4_input`] with the same
+/// `isa`): each result is bit for bit [`nvfp4_rows_dot`]'s for that row and vector alone, the
+/// row decoded once for all `T`.
+#[inline]
+pub(crate) fn nvfp4_row_dot_tokens<const T: usize>(
+    isa: Isa,
+    packed: &[u8],
+    scales: &[u8],
+    luts: &ScaleLuts,
+    xs: [&Nvfp4Input<'_>; T],
+) -> [f32; T] {
+    let xs = xs.map(|x| &x.0[..]);
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx512() {
+        // SAFETY: AVX-512F (and AVX2/FMA) detected at run time (`Isa::detect`).
+        return unsafe { super::simd512::nvfp4_row_dot_tokens(packed, scales, &luts.full, xs) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: AVX2/FMA detected (see `dot`).
+        return unsafe { super::simd::nvfp4_row_dot_tokens(packed, scales, &luts.full, xs) };
+    }
+    xs.map(|x| {
+        let x = Nvfp4Input(Cow::Borrowed(x));
+        nvfp4_rows_dot::<1>(isa, [packed], [scales], luts, &x)[0]
+    })
+}
+
 /// One NVFP4 row decoded to f32, exactly `e2m1(code) · (fp8 / g)`.
 #[inline]
 pub(crate) fn nvfp4_decode(
@@ -404,6 +432,46 @@ mod tests {
                 "silu_mul({}) = {a}, want {b}",
                 g[i]
             );
+        }
+    }
+
+    /// One NVFP4 row against 1–4 vectors gives each vector exactly the single-row kernel's
+    /// result (the same products summed in the same order), on every kernel set this CPU runs,
+    /// over blocks that exercise the main loop and the tails.
+    #[test]
+    fn nvfp4_row_against_several_vectors_is_the_single_kernel_bit_for_bit() {
+        for isa in [Isa::detect(), Isa::detect().without_avx512(), Isa::Scalar] {
+            for blocks in [1usize, 2, 3, 5, 9] {
+                let n = 16 * blocks;
+                let packed: Vec<u8> = (0..n / 2).map(|i| (i * 53 % 251) as u8).collect();
+                let scales: Vec<u8> = (0..blocks).map(|i| (0x28 + i * 5) as u8).collect();
+                let lut = ScaleLuts::new(448.0);
+                let xs: Vec<Vec<f32>> = (0..4).map(|k| data(n, 40 + k)).collect();
+                let xin: Vec<Nvfp4Input<'_>> = xs.iter().map(|x| nvfp4_input(isa, x)).collect();
+                let alone: Vec<f32> = xin
+                    .iter()
+                    .map(|x| nvfp4_rows_dot::<1>(isa, [&packed], [&scales], &lut, x)[0])
+                    .collect();
+                let got4 = nvfp4_row_dot_tokens::<4>(
+                    isa,
+                    &packed,
+                    &scales,
+                    &lut,
+                    [&xin[0], &xin[1], &xin[2], &xin[3]],
+                );
+                let got3 = nvfp4_row_dot_tokens::<3>(
+                    isa,
+                    &packed,
+                    &scales,
+                    &lut,
+                    [&xin[0], &xin[1], &xin[2]],
+                );
+                let got1 = nvfp4_row_dot_tokens::<1>(isa, &packed, &scales, &lut, [&xin[3]]);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got4), bits(&alone), "{isa:?}, {blocks} blocks");
+                assert_eq!(bits(&got3), bits(&alone[..3]), "{isa:?}, {blocks} blocks");
+                assert_eq!(bits(&got1), bits(&alone[3..]), "{isa:?}, {blocks} blocks");
+            }
         }
     }
 

@@ -1,11 +1,13 @@
 //! `y = x · Wᵀ` on the CPU for every stored weight encoding, dequantizing inside the loop.
 //!
-//! One token (decode, GEMV): output rows are split across threads (several weights on the same
-//! input in one parallel region); each task streams its rows of `W` once, one row after the
-//! other, against the shared `x` (NVFP4: 16-element blocks decoded in registers, scaled by the
-//! block's `fp8 / g` from a 256-entry table). Several tokens (prefill, GEMM): each task decodes
-//! 16 rows of `W` to f32 once into a scratch and meets the tokens in blocks of 48 with 4-row ×
-//! 3-token register tiles, so the decode cost is shared by the whole chunk.
+//! Up to [`GEMV_MAX_TOKENS`] tokens (decode, also a batched step of a few sequences; GEMV):
+//! output rows are split across threads (several weights on the same input in one parallel
+//! region); each task streams its rows of `W` once, one row after the other, against the shared
+//! `x` rows (NVFP4: 16-element blocks decoded in registers once for up to 4 tokens, scaled by the
+//! block's `fp8 / g` from a 256-entry table), each token's result bit for bit what it gets alone.
+//! More tokens (prefill, GEMM): each task decodes 16 rows of `W` to f32 once into a scratch and
+//! meets the tokens in blocks of 48 with 4-row × 3-token register tiles, so the decode cost is
+//! shared by the whole chunk.
 
 use std::borrow::Cow;
 
@@ -24,6 +26,13 @@ const TOKEN_BLOCK: usize = 48;
 const SERIAL_BELOW: usize = 1 << 15;
 /// Below this many weight elements a matmul splits into one task per thread.
 const ONE_TASK_PER_THREAD_BELOW: usize = 1 << 21;
+/// Most tokens a linear runs as a GEMV ([`gemv_many`]: every weight row read once, NVFP4 rows
+/// decoded once, each token's result the single-token one, bit for bit); more take the tiled
+/// GEMM. SmolLM2 NVFP4 + lm_head, 2 threads, `batch_decode_speed` ms a step (2026-12-03,
+/// 3 alternating runs, GEMV / GEMM): 2 rows 11.1–14.4 / 19.0–21.1, 3 rows 15.9–22.3 /
+/// 19.2–22.2, 4 rows 19.5–27.1 / 20.9–25.8, 6 rows 31.5–37.6 / 25.9–29.5 (two decodes a row
+/// from 5 tokens).
+pub(crate) const GEMV_MAX_TOKENS: usize = 4;
 
 /// A weight as the CPU backend keeps it: the stored encoding, plus for NVFP4 the block scales by
 /// fp8 code (`fp8(code) / g`, two 256-entry tables: 2 KiB whatever the matrix size).
@@ -148,8 +157,8 @@ impl CpuLinear {
     pub(crate) fn matmul(&self, isa: Isa, x: &[f32], t: usize) -> Vec<f32> {
         let (rows, cols) = (self.rows(), self.cols());
         assert_eq!(x.len(), t * cols, "matmul input shape for `{}`", self.name);
-        if t == 1 {
-            return gemv_many(isa, x, &[self]).pop().unwrap_or_default();
+        if t <= GEMV_MAX_TOKENS {
+            return gemv_many(isa, x, t, &[self]).pop().unwrap_or_default();
         }
         let quantized;
         let x = match self.act_global_scale {
@@ -227,49 +236,86 @@ impl CpuLinear {
         task_rows(self.rows(), self.rows() * self.cols())
     }
 
-    /// `out[i] = W[r0 + i] · x` for `i < out.len()`, one row after the other: each thread then
-    /// reads one sequential stream of weight bytes, which the hardware prefetcher follows at full
-    /// memory bandwidth; several rows interleaved (sharing the loads of `x`, which sits in L1
-    /// anyway) measured 1.2–2.5x slower on AMD EPYC (docs/performance.md).
-    fn gemv_rows(&self, isa: Isa, r0: usize, out: &mut [f32], x: &[f32]) {
+    /// `out[i * t + k] = W[r0 + i] · x[k]` for the `t` rows of `x` and `i < out.len() / t`, one
+    /// weight row after the other: each thread then reads one sequential stream of weight bytes,
+    /// which the hardware prefetcher follows at full memory bandwidth; several rows interleaved
+    /// (sharing the loads of `x`, which sits in L1 anyway) measured 1.2–2.5x slower on AMD EPYC
+    /// (docs/performance.md). A row meets every token while it is in L1 (NVFP4: decoded once
+    /// per 4 tokens); each token's result is the single-token kernel's.
+    fn gemv_rows(&self, isa: Isa, r0: usize, out: &mut [f32], x: &[f32], t: usize) {
         let cols = self.cols();
+        let t = t.max(1);
+        let xrow = |k: usize| &x[k * cols..(k + 1) * cols];
         match &self.weight {
             LinearWeight::Bf16 { data, .. } => {
                 let b = data.as_slice();
-                let xin = kernels::bf16_input(isa, x);
-                for (i, o) in out.iter_mut().enumerate() {
-                    let r = r0 + i;
-                    *o = kernels::bf16_rows_dot::<1>(
-                        isa,
-                        [&b[r * cols * 2..(r + 1) * cols * 2]],
-                        &xin,
-                    )[0];
+                let xin: Vec<_> = (0..t).map(|k| kernels::bf16_input(isa, xrow(k))).collect();
+                for (i, o) in out.chunks_exact_mut(t).enumerate() {
+                    let row = &b[(r0 + i) * cols * 2..(r0 + i + 1) * cols * 2];
+                    for (ok, xk) in o.iter_mut().zip(&xin) {
+                        *ok = kernels::bf16_rows_dot::<1>(isa, [row], xk)[0];
+                    }
                 }
             }
             LinearWeight::F16 { data, .. } => {
                 let b = data.as_slice();
-                for (i, o) in out.iter_mut().enumerate() {
-                    let r = r0 + i;
-                    *o = kernels::f16_rows_dot::<1>(isa, [&b[r * cols * 2..(r + 1) * cols * 2]], x)
-                        [0];
+                for (i, o) in out.chunks_exact_mut(t).enumerate() {
+                    let row = &b[(r0 + i) * cols * 2..(r0 + i + 1) * cols * 2];
+                    for (k, ok) in o.iter_mut().enumerate() {
+                        *ok = kernels::f16_rows_dot::<1>(isa, [row], xrow(k))[0];
+                    }
                 }
             }
             LinearWeight::F32 { .. } => {
                 let mut scratch = vec![0f32; cols];
-                for (i, o) in out.iter_mut().enumerate() {
+                for (i, o) in out.chunks_exact_mut(t).enumerate() {
                     self.decode_row(isa, r0 + i, &mut scratch);
-                    *o = kernels::dot(isa, &scratch, x);
+                    for (k, ok) in o.iter_mut().enumerate() {
+                        *ok = kernels::dot(isa, &scratch, xrow(k));
+                    }
                 }
             }
             LinearWeight::Nvfp4 { packed, scales, .. } => {
                 let (p, s) = (packed.as_slice(), scales.as_slice());
                 let lut = self.luts();
-                let xin = kernels::nvfp4_input(isa, x);
-                for (i, o) in out.iter_mut().enumerate() {
+                let xin: Vec<_> = (0..t).map(|k| kernels::nvfp4_input(isa, xrow(k))).collect();
+                for (i, o) in out.chunks_exact_mut(t).enumerate() {
                     let r = r0 + i;
                     let packed = &p[r * cols / 2..(r + 1) * cols / 2];
                     let scales = &s[r * cols / 16..(r + 1) * cols / 16];
-                    *o = kernels::nvfp4_rows_dot::<1>(isa, [packed], [scales], lut, &xin)[0];
+                    let dots = |k: usize, o: &mut [f32]| match o.len() {
+                        4 => o.copy_from_slice(&kernels::nvfp4_row_dot_tokens::<4>(
+                            isa,
+                            packed,
+                            scales,
+                            lut,
+                            [&xin[k], &xin[k + 1], &xin[k + 2], &xin[k + 3]],
+                        )),
+                        3 => o.copy_from_slice(&kernels::nvfp4_row_dot_tokens::<3>(
+                            isa,
+                            packed,
+                            scales,
+                            lut,
+                            [&xin[k], &xin[k + 1], &xin[k + 2]],
+                        )),
+                        2 => o.copy_from_slice(&kernels::nvfp4_row_dot_tokens::<2>(
+                            isa,
+                            packed,
+                            scales,
+                            lut,
+                            [&xin[k], &xin[k + 1]],
+                        )),
+                        _ => o.copy_from_slice(&kernels::nvfp4_row_dot_tokens::<1>(
+                            isa,
+                            packed,
+                            scales,
+                            lut,
+                            [&xin[k]],
+                        )),
+                    };
+                    for (g, og) in o.chunks_mut(4).enumerate() {
+                        dots(4 * g, og);
+                    }
                 }
             }
         }
@@ -293,10 +339,11 @@ fn task_rows(rows: usize, elements: usize) -> usize {
     (rows.div_ceil(tasks).div_ceil(4) * 4).max(16)
 }
 
-/// `x [1, cols] · Wᵀ` for every weight of `ws` (all of `x.len()` columns), in one parallel
-/// region: the output rows of all weights are split into tasks together, so q/k/v or gate/up
-/// cost one fork-join instead of one each.
-pub(crate) fn gemv_many(isa: Isa, x: &[f32], ws: &[&CpuLinear]) -> Vec<Vec<f32>> {
+/// `x [t, cols] · Wᵀ → [t, rows]` for every weight of `ws` (all of `cols` columns, `t` at most
+/// [`GEMV_MAX_TOKENS`]), in one parallel region: the output rows of all weights are split into
+/// tasks together, so q/k/v or gate/up cost one fork-join instead of one each.
+pub(crate) fn gemv_many(isa: Isa, x: &[f32], t: usize, ws: &[&CpuLinear]) -> Vec<Vec<f32>> {
+    let t = t.max(1);
     // Each weight's input: W4A4 weights see their own NVFP4-quantized copy.
     let inputs: Vec<Cow<'_, [f32]>> = ws
         .iter()
@@ -305,21 +352,38 @@ pub(crate) fn gemv_many(isa: Isa, x: &[f32], ws: &[&CpuLinear]) -> Vec<Vec<f32>>
             None => Cow::Borrowed(x),
         })
         .collect();
-    let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![0f32; w.rows()]).collect();
+    // (row-major by weight row: `[rows, t]`; the tasks own contiguous rows)
+    let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![0f32; w.rows() * t]).collect();
     let rows: usize = ws.iter().map(|w| w.rows()).sum();
     let elements: usize = ws.iter().map(|w| w.rows() * w.cols()).sum();
     let chunk = task_rows(rows, elements).max(1);
     let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
     for (wi, out) in outs.iter_mut().enumerate() {
-        for (ci, o) in out.chunks_mut(chunk).enumerate() {
+        for (ci, o) in out.chunks_mut(chunk * t).enumerate() {
             tasks.push((wi, ci * chunk, o));
         }
     }
-    let run = |(wi, r0, o): (usize, usize, &mut [f32])| ws[wi].gemv_rows(isa, r0, o, &inputs[wi]);
+    let run =
+        |(wi, r0, o): (usize, usize, &mut [f32])| ws[wi].gemv_rows(isa, r0, o, &inputs[wi], t);
     if tasks.len() <= 1 || elements < SERIAL_BELOW {
         tasks.into_iter().for_each(run);
     } else {
         tasks.into_par_iter().for_each(run);
     }
-    outs
+    if t == 1 {
+        return outs;
+    }
+    outs.into_iter()
+        .zip(ws)
+        .map(|(o, w)| {
+            let rows = w.rows();
+            let mut y = vec![0f32; t * rows];
+            for (r, or) in o.chunks_exact(t).enumerate() {
+                for (k, v) in or.iter().enumerate() {
+                    y[k * rows + r] = *v;
+                }
+            }
+            y
+        })
+        .collect()
 }

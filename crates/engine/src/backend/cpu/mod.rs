@@ -185,6 +185,27 @@ impl CpuBackend {
         }
     }
 
+    /// `y` (`rows` rows of `w`'s outputs) plus `bias` on every row, as a tensor.
+    fn with_bias(
+        &self,
+        rows: usize,
+        w: &CpuLinear,
+        mut y: Vec<f32>,
+        bias: Option<&CpuTensor>,
+    ) -> Result<CpuTensor> {
+        if let Some(b) = bias {
+            self.check(b.data().len() == w.rows(), || {
+                format!("bias of {} for `{}`", b.data().len(), w.name())
+            })?;
+            for row in y.chunks_exact_mut(w.rows().max(1)) {
+                for (v, bi) in row.iter_mut().zip(b.data()) {
+                    *v += bi;
+                }
+            }
+        }
+        Ok(CpuTensor::new(rows, w.rows(), y))
+    }
+
     fn check(&self, ok: bool, what: impl FnOnce() -> String) -> Result<()> {
         if ok {
             Ok(())
@@ -314,18 +335,31 @@ impl Backend for CpuBackend {
         self.check(x.cols() == w.cols(), || {
             format!("`{}` takes {} inputs, got {}", w.name(), w.cols(), x.cols())
         })?;
-        let mut y = self.run(|| w.matmul(self.isa, x.data(), x.rows()));
-        if let Some(b) = bias {
-            self.check(b.data().len() == w.rows(), || {
-                format!("bias of {} for `{}`", b.data().len(), w.name())
+        let y = self.run(|| w.matmul(self.isa, x.data(), x.rows()));
+        self.with_bias(x.rows(), w, y, bias)
+    }
+
+    /// Up to [`linear::GEMV_MAX_TOKENS`] rows: every weight's GEMV in one parallel region
+    /// (`gemv_many`); more rows: one tiled GEMM each.
+    fn linears(
+        &self,
+        x: &CpuTensor,
+        ws: &[(&CpuLinear, Option<&CpuTensor>)],
+    ) -> Result<Vec<CpuTensor>> {
+        for (w, _) in ws {
+            self.check(x.cols() == w.cols(), || {
+                format!("`{}` takes {} inputs, got {}", w.name(), w.cols(), x.cols())
             })?;
-            for row in y.chunks_exact_mut(w.rows().max(1)) {
-                for (v, bi) in row.iter_mut().zip(b.data()) {
-                    *v += bi;
-                }
-            }
         }
-        Ok(CpuTensor::new(x.rows(), w.rows(), y))
+        if x.rows() > linear::GEMV_MAX_TOKENS {
+            return ws.iter().map(|&(w, b)| self.linear(x, w, b)).collect();
+        }
+        let weights: Vec<&CpuLinear> = ws.iter().map(|&(w, _)| w).collect();
+        let ys = self.run(|| linear::gemv_many(self.isa, x.data(), x.rows(), &weights));
+        ys.into_iter()
+            .zip(ws)
+            .map(|(y, &(w, b))| self.with_bias(x.rows(), w, y, b))
+            .collect()
     }
 
     fn rope(&self, x: &mut CpuTensor, rope: &CpuRope, head_dim: usize, pos0: usize) -> Result<()> {
@@ -446,6 +480,75 @@ impl Backend for CpuBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A linear of 2–4 rows (a batched decode step) gives each row exactly what it gets alone,
+    /// bit for bit, for NVFP4 and bf16 weights and through `linears` (several weights in one
+    /// region) too; 5+ rows (the tiled GEMM) agree to f32 summation order.
+    #[test]
+    fn a_few_rows_get_their_single_row_results_bit_for_bit() {
+        let (rows, cols) = (40, 96);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i as u32).wrapping_mul(2_654_435_761) % 2000) as f32 / 1000.0 - 1.0)
+            .collect();
+        let bits: Vec<u16> = w
+            .iter()
+            .map(|v| half::bf16::from_f32(*v).to_bits())
+            .collect();
+        let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+        let q = fp4forge_format::quantize(
+            &fp4forge_format::WeightView::new(
+                "w",
+                fp4forge_format::SourceDtype::Bf16,
+                rows,
+                cols,
+                &bytes,
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        for isa in [CpuIsa::Auto, CpuIsa::Avx2, CpuIsa::Portable] {
+            let Ok(b) = CpuBackend::new().with_isa(isa) else {
+                continue;
+            };
+            let weights = [
+                b.load_linear("nvfp4", LinearWeight::from_nvfp4(&q, None))
+                    .unwrap(),
+                b.load_linear("bf16", LinearWeight::from_bf16_bits(rows, cols, &bits))
+                    .unwrap(),
+            ];
+            for t in [2usize, 3, 4, 5, 9] {
+                let x: Vec<f32> = (0..t * cols)
+                    .map(|i| ((i * 7919) % 1000) as f32 / 250.0 - 2.0)
+                    .collect();
+                let xt = CpuTensor::new(t, cols, x.clone());
+                let together = b
+                    .linears(&xt, &[(&weights[0], None), (&weights[1], None)])
+                    .unwrap();
+                for (w, y) in weights.iter().zip(&together) {
+                    let one = b.linear(&xt, w, None).unwrap();
+                    for k in 0..t {
+                        let xk = CpuTensor::new(1, cols, x[k * cols..(k + 1) * cols].to_vec());
+                        let alone = b.linear(&xk, w, None).unwrap();
+                        for (r, &a) in alone.data().iter().enumerate() {
+                            for (label, got) in [("linear", one.data()), ("linears", y.data())] {
+                                let g = got[k * rows + r];
+                                if t <= linear::GEMV_MAX_TOKENS {
+                                    assert_eq!(
+                                        g.to_bits(),
+                                        a.to_bits(),
+                                        "{} {label} {isa:?} t {t} [{k}, {r}]",
+                                        w.name()
+                                    );
+                                } else {
+                                    assert!((g - a).abs() <= 1e-4 * a.abs().max(1.0));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn cpu_isa_names_parse_and_select_kernels() {

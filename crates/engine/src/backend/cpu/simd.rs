@@ -380,6 +380,71 @@ pub(crate) unsafe fn nvfp4_rows_dot<const R: usize>(
     out
 }
 
+/// Dot products of one NVFP4 row with `T` vectors (each as for [`nvfp4_rows_dot`]): the row's
+/// codes are decoded once for all of them, and each product is formed and summed in exactly the
+/// order of [`nvfp4_rows_dot`] with one row, so every result is that kernel's, bit for bit.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn nvfp4_row_dot_tokens<const T: usize>(
+    packed: &[u8],
+    scales: &[u8],
+    lut: &[f32; 256],
+    xs: [&[f32]; T],
+) -> [f32; T] {
+    let blocks = xs
+        .iter()
+        .map(|x| x.len() / 16)
+        .min()
+        .unwrap_or(0)
+        .min(packed.len() / 8)
+        .min(scales.len());
+    let (hi_t, lo_t) = e2m1_bf16_tables();
+    let px = xs.map(|x| x.as_ptr());
+    let (pp, ps) = (packed.as_ptr(), scales.as_ptr());
+    let mut acc = [_mm256_setzero_ps(); T];
+    let mut acc_odd = [_mm256_setzero_ps(); T];
+    let mut b = 0;
+    while b + 2 <= blocks {
+        let bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128(pp.add(8 * b) as *const __m128i));
+        let codes = split_nibbles(bytes);
+        let hi = _mm256_shuffle_epi8(hi_t, codes);
+        let lo = _mm256_shuffle_epi8(lo_t, codes);
+        let (w0, w1) = bf16_halves(_mm256_unpacklo_epi8(lo, hi)); // block b
+        let (w2, w3) = bf16_halves(_mm256_unpackhi_epi8(lo, hi)); // block b + 1
+        let s0 = _mm256_set1_ps(lut[*ps.add(b) as usize]);
+        let s1 = _mm256_set1_ps(lut[*ps.add(b + 1) as usize]);
+        for k in 0..T {
+            let x0 = _mm256_loadu_ps(px[k].add(16 * b));
+            let x1 = _mm256_loadu_ps(px[k].add(16 * b + 8));
+            let x2 = _mm256_loadu_ps(px[k].add(16 * b + 16));
+            let x3 = _mm256_loadu_ps(px[k].add(16 * b + 24));
+            let p0 = _mm256_fmadd_ps(w1, x1, _mm256_mul_ps(w0, x0));
+            let p1 = _mm256_fmadd_ps(w3, x3, _mm256_mul_ps(w2, x2));
+            acc[k] = _mm256_fmadd_ps(p0, s0, acc[k]);
+            acc_odd[k] = _mm256_fmadd_ps(p1, s1, acc_odd[k]);
+        }
+        b += 2;
+    }
+    if b < blocks {
+        let bytes = _mm256_broadcastsi128_si256(_mm_loadl_epi64(pp.add(8 * b) as *const __m128i));
+        let codes = split_nibbles(bytes);
+        let hi = _mm256_shuffle_epi8(hi_t, codes);
+        let lo = _mm256_shuffle_epi8(lo_t, codes);
+        let (w0, w1) = bf16_halves(_mm256_unpacklo_epi8(lo, hi));
+        let s = _mm256_set1_ps(lut[*ps.add(b) as usize]);
+        for k in 0..T {
+            let x0 = _mm256_loadu_ps(px[k].add(16 * b));
+            let x1 = _mm256_loadu_ps(px[k].add(16 * b + 8));
+            let p = _mm256_fmadd_ps(w1, x1, _mm256_mul_ps(w0, x0));
+            acc[k] = _mm256_fmadd_ps(p, s, acc[k]);
+        }
+    }
+    let mut out = [0f32; T];
+    for k in 0..T {
+        out[k] = hsum(_mm256_add_ps(acc[k], acc_odd[k]));
+    }
+    out
+}
+
 /// One NVFP4 row decoded to f32: `out[16b + i] = e2m1(code) · (fp8(scale_b) / g)` exactly.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn nvfp4_decode(

@@ -99,6 +99,56 @@ pub(crate) unsafe fn nvfp4_rows_dot<const R: usize>(
     })
 }
 
+/// Dot products of one NVFP4 row with `T` vectors: the row's codes are decoded once for all of
+/// them, and each product is formed and summed in exactly the order of [`nvfp4_rows_dot`] with
+/// one row, so every result is that kernel's, bit for bit.
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(crate) unsafe fn nvfp4_row_dot_tokens<const T: usize>(
+    packed: &[u8],
+    scales: &[u8],
+    lut: &[f32; 256],
+    xs: [&[f32]; T],
+) -> [f32; T] {
+    let blocks = xs
+        .iter()
+        .map(|x| x.len() / 16)
+        .min()
+        .unwrap_or(0)
+        .min(packed.len() / 8)
+        .min(scales.len());
+    let table = e2m1_table();
+    let px = xs.map(|x| x.as_ptr());
+    let (pp, ps) = (packed.as_ptr(), scales.as_ptr());
+    let mut acc = [[_mm512_setzero_ps(); 4]; T];
+    let scale = |b: usize| _mm512_set1_ps(lut[*ps.add(b) as usize]);
+    let mut b = 0;
+    while b + 4 <= blocks {
+        let c = codes64(pp.add(8 * b));
+        let w = c.map(|cj| decode16(table, cj));
+        for j in 0..4 {
+            let s = scale(b + j);
+            for k in 0..T {
+                let p = _mm512_mul_ps(w[j], _mm512_loadu_ps(px[k].add(16 * (b + j))));
+                acc[k][j] = _mm512_fmadd_ps(p, s, acc[k][j]);
+            }
+        }
+        b += 4;
+    }
+    while b < blocks {
+        let w = decode16(table, codes16(pp.add(8 * b)));
+        let s = scale(b);
+        for k in 0..T {
+            let p = _mm512_mul_ps(w, _mm512_loadu_ps(px[k].add(16 * b)));
+            acc[k][0] = _mm512_fmadd_ps(p, s, acc[k][0]);
+        }
+        b += 1;
+    }
+    acc.map(|a| {
+        let s = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
+        _mm512_reduce_add_ps(s)
+    })
+}
+
 /// One NVFP4 row decoded to f32, exactly `e2m1(code) · (fp8 / g)`.
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub(crate) unsafe fn nvfp4_decode(packed: &[u8], scales: &[u8], lut: &[f32; 256], out: &mut [f32]) {
