@@ -244,7 +244,9 @@ impl CpuLinear {
     /// per 4 tokens); each token's result is the single-token kernel's.
     fn gemv_rows(&self, isa: Isa, r0: usize, out: &mut [f32], x: &[f32], t: usize) {
         let cols = self.cols();
-        let t = t.max(1);
+        if t == 0 {
+            return;
+        }
         let xrow = |k: usize| &x[k * cols..(k + 1) * cols];
         match &self.weight {
             LinearWeight::Bf16 { data, .. } => {
@@ -343,7 +345,9 @@ fn task_rows(rows: usize, elements: usize) -> usize {
 /// [`GEMV_MAX_TOKENS`]), in one parallel region: the output rows of all weights are split into
 /// tasks together, so q/k/v or gate/up cost one fork-join instead of one each.
 pub(crate) fn gemv_many(isa: Isa, x: &[f32], t: usize, ws: &[&CpuLinear]) -> Vec<Vec<f32>> {
-    let t = t.max(1);
+    if t == 0 {
+        return vec![Vec::new(); ws.len()];
+    }
     // Each weight's input: W4A4 weights see their own NVFP4-quantized copy.
     let inputs: Vec<Cow<'_, [f32]>> = ws
         .iter()

@@ -516,6 +516,16 @@ mod tests {
                 b.load_linear("bf16", LinearWeight::from_bf16_bits(rows, cols, &bits))
                     .unwrap(),
             ];
+            // (no rows: no outputs, as from the GEMM)
+            let empty = CpuTensor::new(0, cols, Vec::new());
+            let ys = b.linears(&empty, &[(&weights[0], None)]).unwrap();
+            assert!(
+                ys[0].data().is_empty()
+                    && b.linear(&empty, &weights[1], None)
+                        .unwrap()
+                        .data()
+                        .is_empty()
+            );
             for t in [2usize, 3, 4, 5, 9] {
                 let x: Vec<f32> = (0..t * cols)
                     .map(|i| ((i * 7919) % 1000) as f32 / 250.0 - 2.0)
