@@ -268,7 +268,7 @@ unsafe fn widen16(v: __m128i) -> (__m256, __m256) {
 }
 
 /// Where element `i` of a 16-element NVFP4 block lands in the AVX2 kernel's lane order (see
-/// [`nvfp4_rows_dot`]): lanes 0..8 of the first vector, then 8..16 of the second.
+/// [`nvfp4_row_dot_tokens`]): lanes 0..8 of the first vector, then 8..16 of the second.
 pub(crate) const NVFP4_LANE_ORDER: [usize; 16] =
     [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15];
 
@@ -310,79 +310,11 @@ unsafe fn bf16_halves(v: __m256i) -> (__m256, __m256) {
     )
 }
 
-/// Dot products of `R` NVFP4 rows with `x`. Each row: `packed` (`n/2` bytes), `scales` (`n/16`
-/// fp8 codes); `lut[code] = fp8(code) / g`. `x` (`n` values, a multiple of 16) is in
-/// [`NVFP4_LANE_ORDER`] within each block.
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn nvfp4_rows_dot<const R: usize>(
-    packed: [&[u8]; R],
-    scales: [&[u8]; R],
-    lut: &[f32; 256],
-    x: &[f32],
-) -> [f32; R] {
-    let blocks = packed
-        .iter()
-        .map(|p| p.len() / 8)
-        .chain(scales.iter().map(|s| s.len()))
-        .min()
-        .unwrap_or(0)
-        .min(x.len() / 16);
-    let (hi_t, lo_t) = e2m1_bf16_tables();
-    let px = x.as_ptr();
-    let pp = packed.map(|p| p.as_ptr());
-    let ps = scales.map(|s| s.as_ptr());
-    // Two accumulators per row: the FMA chains of even and odd blocks run side by side (one
-    // chain would bound an iteration by two FMA latencies).
-    let mut acc = [_mm256_setzero_ps(); R];
-    let mut acc_odd = [_mm256_setzero_ps(); R];
-    let mut b = 0;
-    // Two blocks (16 packed bytes) per row per iteration.
-    while b + 2 <= blocks {
-        let x0 = _mm256_loadu_ps(px.add(16 * b));
-        let x1 = _mm256_loadu_ps(px.add(16 * b + 8));
-        let x2 = _mm256_loadu_ps(px.add(16 * b + 16));
-        let x3 = _mm256_loadu_ps(px.add(16 * b + 24));
-        for k in 0..R {
-            let bytes =
-                _mm256_broadcastsi128_si256(_mm_loadu_si128(pp[k].add(8 * b) as *const __m128i));
-            let codes = split_nibbles(bytes);
-            let hi = _mm256_shuffle_epi8(hi_t, codes);
-            let lo = _mm256_shuffle_epi8(lo_t, codes);
-            let (w0, w1) = bf16_halves(_mm256_unpacklo_epi8(lo, hi)); // block b
-            let (w2, w3) = bf16_halves(_mm256_unpackhi_epi8(lo, hi)); // block b + 1
-            let p0 = _mm256_fmadd_ps(w1, x1, _mm256_mul_ps(w0, x0));
-            let p1 = _mm256_fmadd_ps(w3, x3, _mm256_mul_ps(w2, x2));
-            let s0 = _mm256_set1_ps(lut[*ps[k].add(b) as usize]);
-            let s1 = _mm256_set1_ps(lut[*ps[k].add(b + 1) as usize]);
-            acc[k] = _mm256_fmadd_ps(p0, s0, acc[k]);
-            acc_odd[k] = _mm256_fmadd_ps(p1, s1, acc_odd[k]);
-        }
-        b += 2;
-    }
-    if b < blocks {
-        let x0 = _mm256_loadu_ps(px.add(16 * b));
-        let x1 = _mm256_loadu_ps(px.add(16 * b + 8));
-        for k in 0..R {
-            let bytes =
-                _mm256_broadcastsi128_si256(_mm_loadl_epi64(pp[k].add(8 * b) as *const __m128i));
-            let codes = split_nibbles(bytes);
-            let hi = _mm256_shuffle_epi8(hi_t, codes);
-            let lo = _mm256_shuffle_epi8(lo_t, codes);
-            let (w0, w1) = bf16_halves(_mm256_unpacklo_epi8(lo, hi));
-            let p = _mm256_fmadd_ps(w1, x1, _mm256_mul_ps(w0, x0));
-            acc[k] = _mm256_fmadd_ps(p, _mm256_set1_ps(lut[*ps[k].add(b) as usize]), acc[k]);
-        }
-    }
-    let mut out = [0f32; R];
-    for k in 0..R {
-        out[k] = hsum(_mm256_add_ps(acc[k], acc_odd[k]));
-    }
-    out
-}
-
-/// Dot products of one NVFP4 row with `T` vectors (each as for [`nvfp4_rows_dot`]): the row's
-/// codes are decoded once for all of them, and each product is formed and summed in exactly the
-/// order of [`nvfp4_rows_dot`] with one row, so every result is that kernel's, bit for bit.
+/// Dot products of one NVFP4 row with `T` vectors. The row: `packed` (`n/2` bytes), `scales`
+/// (`n/16` fp8 codes); `lut[code] = fp8(code) / g`. Each vector (`n` values, a multiple of 16) is
+/// in [`NVFP4_LANE_ORDER`] within each block. The row's codes are decoded once for all vectors,
+/// and each vector's products are formed and summed in the same order whatever `T` is, so every
+/// result is bit for bit the one it gets with `T = 1`.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn nvfp4_row_dot_tokens<const T: usize>(
     packed: &[u8],

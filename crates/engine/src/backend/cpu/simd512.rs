@@ -50,58 +50,10 @@ unsafe fn decode16(table: __m512, codes: __m128i) -> __m512 {
     _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(codes), table)
 }
 
-/// Dot products of `R` NVFP4 rows with `x`; `lut[code] = fp8(code) / g`.
-#[target_feature(enable = "avx512f,avx2,fma")]
-pub(crate) unsafe fn nvfp4_rows_dot<const R: usize>(
-    packed: [&[u8]; R],
-    scales: [&[u8]; R],
-    lut: &[f32; 256],
-    x: &[f32],
-) -> [f32; R] {
-    let blocks = packed
-        .iter()
-        .map(|p| p.len() / 8)
-        .chain(scales.iter().map(|s| s.len()))
-        .min()
-        .unwrap_or(0)
-        .min(x.len() / 16);
-    let table = e2m1_table();
-    let px = x.as_ptr();
-    let pp = packed.map(|p| p.as_ptr());
-    // Four accumulators per row, one per block of an iteration: independent FMA chains (one
-    // chain would bound an iteration by four FMA latencies).
-    let mut acc = [[_mm512_setzero_ps(); 4]; R];
-    let ps = scales.map(|s| s.as_ptr());
-    let scale = |k: usize, b: usize| _mm512_set1_ps(lut[*ps[k].add(b) as usize]);
-    let mut b = 0;
-    while b + 4 <= blocks {
-        let xs = [0, 1, 2, 3].map(|j| _mm512_loadu_ps(px.add(16 * (b + j))));
-        for k in 0..R {
-            let c = codes64(pp[k].add(8 * b));
-            for j in 0..4 {
-                let p = _mm512_mul_ps(decode16(table, c[j]), xs[j]);
-                acc[k][j] = _mm512_fmadd_ps(p, scale(k, b + j), acc[k][j]);
-            }
-        }
-        b += 4;
-    }
-    while b < blocks {
-        let xv = _mm512_loadu_ps(px.add(16 * b));
-        for k in 0..R {
-            let p = _mm512_mul_ps(decode16(table, codes16(pp[k].add(8 * b))), xv);
-            acc[k][0] = _mm512_fmadd_ps(p, scale(k, b), acc[k][0]);
-        }
-        b += 1;
-    }
-    acc.map(|a| {
-        let s = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
-        _mm512_reduce_add_ps(s)
-    })
-}
-
-/// Dot products of one NVFP4 row with `T` vectors: the row's codes are decoded once for all of
-/// them, and each product is formed and summed in exactly the order of [`nvfp4_rows_dot`] with
-/// one row, so every result is that kernel's, bit for bit.
+/// Dot products of one NVFP4 row with `T` vectors; `lut[code] = fp8(code) / g`. The row's codes
+/// are decoded once for all vectors, and each vector's products are formed and summed in the same
+/// order whatever `T` is (four accumulators, one per block of an iteration: independent FMA
+/// chains), so every result is bit for bit the one it gets with `T = 1`.
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub(crate) unsafe fn nvfp4_row_dot_tokens<const T: usize>(
     packed: &[u8],
