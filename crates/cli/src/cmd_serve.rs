@@ -89,11 +89,12 @@ pub struct ServeArgs {
     /// /metrics stay open.
     #[arg(long, value_name = "KEY")]
     api_key: Option<String>,
-    /// Refused: vLLM's fraction of GPU memory reserved up front has no counterpart here (fp4forge
-    /// reserves nothing; KV caches grow per sequence). Bound memory with --max-num-seqs,
-    /// --max-model-len and --prefix-cache-mib.
-    #[arg(long, value_name = "FRACTION")]
-    gpu_memory_utilization: Option<String>,
+    /// On a GPU (as vLLM's flag): the fraction of its memory the server uses (default 0.9).
+    /// What the weights and an activation reserve leave of it caps the paged KV caches;
+    /// requests wait for room and running ones are preempted (recomputed later) when it runs
+    /// out. Refused with --device cpu.
+    #[arg(long, value_name = "FRACTION", value_parser = parse_fraction)]
+    gpu_memory_utilization: Option<f64>,
     /// How weight files are held: `mmap` (default; a file truncated while serving crashes the
     /// server with SIGBUS) or `copy` (read into memory: the file's size in RAM, immune to
     /// changes of the file).
@@ -185,6 +186,16 @@ fn parse_reasoning_format(name: &str) -> Result<ReasoningFormat, String> {
     })
 }
 
+/// A `--gpu-memory-utilization` value: a fraction in (0, 1].
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(f) if f > 0.0 && f <= 1.0 => Ok(f),
+        _ => Err(format!(
+            "{s:?}: a fraction of the GPU's memory in (0, 1], e.g. 0.9"
+        )),
+    }
+}
+
 /// The KV storage a `--kv-dtype` / `--kv-cache-dtype` value names (vLLM's spellings of the same
 /// storage accepted; its others refused by name).
 fn parse_kv_dtype(s: &str) -> Result<KvDtype, String> {
@@ -209,12 +220,11 @@ fn api_key(flag: Option<String>, env: impl Fn(&str) -> Option<String>) -> Option
 impl ServeArgs {
     /// The server configuration these arguments ask for (`env` looks up environment variables).
     fn config(self, env: impl Fn(&str) -> Option<String>) -> anyhow::Result<ServerConfig> {
-        if let Some(f) = self.gpu_memory_utilization {
+        if let (Some(f), Device::Cpu) = (self.gpu_memory_utilization, self.device) {
             anyhow::bail!(
-                "--gpu-memory-utilization {f}: not supported: fp4forge does not reserve a fraction \
-                 of GPU memory up front as vLLM does (weights are loaded, KV caches grow with each \
-                 sequence); bound memory with --max-num-seqs, --max-model-len and \
-                 --prefix-cache-mib instead"
+                "--gpu-memory-utilization {f}: applies to --device cuda (the CPU's KV caches are \
+                 host memory of each sequence; bound it with --max-num-seqs, --max-model-len and \
+                 --prefix-cache-mib)"
             );
         }
         Ok(ServerConfig::new(&self.dir)
@@ -235,6 +245,7 @@ impl ServeArgs {
             .threads(self.threads)
             .cpu_isa(self.cpu_isa)
             .kv_dtype(self.kv_dtype)
+            .gpu_memory_utilization(self.gpu_memory_utilization)
             .prefix_cache_bytes(self.prefix_cache_mib.saturating_mul(1 << 20))
             .drain_timeout(Duration::from_secs(self.drain_timeout))
             .api_key(api_key(self.api_key, env))
@@ -409,15 +420,32 @@ mod tests {
     }
 
     #[test]
-    fn gpu_memory_utilization_is_refused_by_name() {
+    fn gpu_memory_utilization_is_a_fraction_for_a_gpu_and_refused_on_the_cpu() {
+        let c = config_of(
+            &["m", "--device", "cuda", "--gpu-memory-utilization", "0.5"],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.gpu_memory_utilization, Some(0.5));
+        let c = config_of(&["m", "--device", "cuda"], &[]).unwrap();
+        assert_eq!(c.gpu_memory_utilization, None);
         let err = config_of(&["m", "--gpu-memory-utilization", "0.9"], &[])
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("--gpu-memory-utilization 0.9: not supported"),
+            err.contains("--gpu-memory-utilization 0.9: applies to --device cuda"),
             "{err}"
         );
-        assert!(err.contains("--max-num-seqs"), "{err}");
+        for bad in ["0", "1.5", "-0.2", "most"] {
+            assert!(
+                config_of(
+                    &["m", "--device", "cuda", "--gpu-memory-utilization", bad],
+                    &[]
+                )
+                .is_err(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

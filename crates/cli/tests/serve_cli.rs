@@ -206,8 +206,9 @@ fn a_vllm_command_line_ports_by_renaming_the_binary() {
         .unwrap();
     assert!(!refused.status.success());
     let err = String::from_utf8_lossy(&refused.stderr);
+    // (a GPU's flag: on the CPU, the default device, it is refused by name)
     assert!(
-        err.contains("--gpu-memory-utilization 0.9: not supported"),
+        err.contains("--gpu-memory-utilization 0.9: applies to --device cuda"),
         "{err}"
     );
 

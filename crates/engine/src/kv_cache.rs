@@ -53,6 +53,14 @@ impl<B: Backend> KvCache<B> {
         self.layers.get(i).map_or(0, |l| backend.kv_layer_bytes(l))
     }
 
+    /// Bytes the stores take on top of what they hold to hold `positions` positions.
+    pub fn growth_bytes(&self, backend: &B, positions: usize) -> usize {
+        self.layers
+            .iter()
+            .map(|l| backend.kv_growth_bytes(l, positions))
+            .sum()
+    }
+
     /// Bytes held by all stores.
     pub fn bytes(&self, backend: &B) -> usize {
         self.layers.iter().map(|l| backend.kv_layer_bytes(l)).sum()

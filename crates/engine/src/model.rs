@@ -46,6 +46,11 @@ pub struct ModelOptions {
     /// How the weight files are held: memory-mapped (default) or read into memory, which a
     /// file truncated or rewritten while serving cannot affect.
     pub load_format: LoadFormat,
+    /// A GPU device's memory that this model may use, as a fraction of all of it (vLLM's
+    /// `--gpu-memory-utilization`): what is left of it once the weights are loaded (less a
+    /// reserve for activations) caps the KV caches, which are paged; `None` (the default): no
+    /// cap. Refused on the CPU.
+    pub gpu_memory_utilization: Option<f64>,
 }
 
 impl Default for ModelOptions {
@@ -66,7 +71,14 @@ impl ModelOptions {
             threads: 0,
             cpu_isa: CpuIsa::Auto,
             load_format: LoadFormat::Mmap,
+            gpu_memory_utilization: None,
         }
+    }
+
+    /// Sets [`ModelOptions::gpu_memory_utilization`].
+    pub fn gpu_memory_utilization(mut self, fraction: Option<f64>) -> Self {
+        self.gpu_memory_utilization = fraction;
+        self
     }
 
     /// Sets [`ModelOptions::load_format`].
@@ -266,6 +278,11 @@ impl<B: Backend> Model<B> {
     /// The KV cache layout of each layer.
     pub fn kv_specs(&self) -> &[KvLayerSpec] {
         &self.kv_specs
+    }
+
+    /// The memory of the KV caches on the model's backend ([`Backend::kv_memory`]).
+    pub fn kv_memory(&self) -> crate::backend::KvMemory {
+        self.backend.kv_memory()
     }
 
     /// A new session with an empty KV cache.

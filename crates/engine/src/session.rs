@@ -70,6 +70,13 @@ impl<'m, B: Backend> Session<'m, B> {
         self.cache.bytes(self.model.backend())
     }
 
+    /// Bytes the KV cache takes on top of what it holds to hold `extra` more tokens (what the
+    /// next pass of that many tokens allocates; 0 where it has room).
+    pub fn kv_growth_bytes(&self, extra: usize) -> usize {
+        self.cache
+            .growth_bytes(self.model.backend(), self.position + extra)
+    }
+
     /// Bytes held by layer `layer`'s KV cache.
     pub fn layer_kv_bytes(&self, layer: usize) -> usize {
         self.cache.layer_bytes(self.model.backend(), layer)

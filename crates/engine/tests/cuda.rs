@@ -677,7 +677,22 @@ fn gpu_forked_sessions_continue_like_fresh_ones() {
     };
     let mut s = model.new_session().unwrap();
     s.prefill(&ids[..300]).unwrap();
+    // The paged cache shares the full layers' blocks wholly below 200 and copies the partial
+    // last block (positions 192..200) and the sliding layers' rings.
+    let before = model.kv_memory().used;
     let mut forked = s.fork(200).unwrap().unwrap();
+    let taken = model.kv_memory().used - before;
+    let block = |spec: &fp4forge_engine::KvLayerSpec| 2 * 64 * spec.row_width() * 2;
+    let copied: usize = model
+        .kv_specs()
+        .iter()
+        .map(|spec| match spec.window {
+            None => block(spec),
+            Some(w) => 200usize.min(w).div_ceil(64) * block(spec),
+        })
+        .sum();
+    assert_eq!(taken, copied, "bytes the fork took");
+    assert!(taken < s.kv_bytes(), "{taken} of {}", s.kv_bytes());
     let got = forked.prefill_all(&ids[300..340]).unwrap().data;
     let d = compare(
         "fork",
@@ -702,6 +717,57 @@ fn gpu_forked_sessions_continue_like_fresh_ones() {
     let (a, b) = (whole.step(3).unwrap(), s.step(3).unwrap());
     let d_ring = compare("wrapped copy", &a, &b, vocab, 1e-5);
     println!("fork: max |Δ| {d:.3e} (copy), {d_orig:.3e} (original), {d_ring:.3e} (wrapped ring)");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
+fn gpu_paged_kv_cache_stays_within_its_cap_and_gives_blocks_back() {
+    // A backend of its own: the cap is its pool's.
+    let backend = CudaBackend::new(0).unwrap();
+    let dir = fixtures().join("tiny-laguna-lean");
+    let f = SafetensorsFile::open(dir.join("logits.safetensors")).unwrap();
+    let ids = read_ids(&f, "input_ids");
+    let model = Model::load_with_backend(&dir, ModelOptions::new(), backend.clone()).unwrap();
+    let vocab = model.info().vocab_size;
+    let mut alone = model.new_session().unwrap();
+    let want = alone.prefill(&ids[..130]).unwrap();
+    let one = alone.kv_bytes();
+    assert_eq!(one, model.kv_memory().used);
+    assert_eq!(alone.kv_growth_bytes(0), 0);
+    drop(alone);
+    assert_eq!(
+        model.kv_memory().used,
+        0,
+        "a dropped session gives its blocks back"
+    );
+    // room for two such sequences: the third fails with an error that names the cap
+    backend.set_kv_budget(Some(2 * one));
+    let mem = model.kv_memory();
+    assert_eq!(mem.capacity, Some(2 * one));
+    let mut a = model.new_session().unwrap();
+    let mut b = model.new_session().unwrap();
+    assert_eq!(a.kv_growth_bytes(130), one);
+    let got = a.prefill(&ids[..130]).unwrap();
+    b.prefill(&ids[..130]).unwrap();
+    let d = max_abs_diff(&got, &want);
+    assert!(
+        d <= 1e-5 * max_abs(&want).max(1.0),
+        "recycled blocks: |Δ| {d}"
+    );
+    assert_eq!(model.kv_memory().available, Some(0));
+    let mut c = model.new_session().unwrap();
+    let err = c.prefill(&ids[..130]).unwrap_err().to_string();
+    assert!(err.contains("KV cache full"), "{err}");
+    drop((a, b, c));
+    assert_eq!(model.kv_memory().used, 0);
+    let mut c = model.new_session().unwrap();
+    let again = c.prefill(&ids[..130]).unwrap();
+    assert_eq!(again.len(), vocab);
+    let d = max_abs_diff(&again, &want);
+    assert!(
+        d <= 1e-5 * max_abs(&want).max(1.0),
+        "after the failure: |Δ| {d}"
+    );
 }
 
 #[test]

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use fp4forge_engine::backend::{AttentionParams, Resident, RouterParams};
+use fp4forge_engine::backend::{AttentionParams, KvMemory, Resident, RouterParams};
 use fp4forge_engine::ir::KvLayerSpec;
 use fp4forge_engine::rope::RopeSpec;
 use fp4forge_engine::sampling::SamplingParams;
@@ -128,6 +128,14 @@ impl<B: Backend> Backend for Profiled<B> {
 
     fn kv_fork(&self, layer: &Self::KvLayer, len: usize) -> Result<Self::KvLayer> {
         self.inner.kv_fork(layer, len)
+    }
+
+    fn kv_growth_bytes(&self, layer: &Self::KvLayer, positions: usize) -> usize {
+        self.inner.kv_growth_bytes(layer, positions)
+    }
+
+    fn kv_memory(&self) -> KvMemory {
+        self.inner.kv_memory()
     }
 
     fn upload(&self, rows: usize, cols: usize, data: &[f32]) -> Result<Self::Tensor> {

@@ -34,6 +34,9 @@ pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_STATS_INTERVAL: Duration = Duration::from_secs(10);
 /// Default budget of the prefix cache: KV storage of finished sequences kept for reuse, bytes.
 pub const DEFAULT_PREFIX_CACHE_BYTES: usize = 1 << 30;
+/// The fraction of a GPU's memory a server on it uses, weights and KV caches together, when
+/// none is given (vLLM's default).
+pub const DEFAULT_GPU_MEMORY_UTILIZATION: f64 = 0.9;
 
 /// How the server runs: plain data (every field public) with builder-style setters of the same
 /// names, e.g. `ServerConfig::new("model").port(0).max_batch(8)`.
@@ -72,6 +75,10 @@ pub struct ServerConfig {
     pub cpu_isa: CpuIsa,
     /// KV cache storage.
     pub kv_dtype: KvDtype,
+    /// On a GPU: the fraction of its memory the server uses; what the weights leave of it
+    /// caps the paged KV caches, and sequences are admitted (and preempted) by the room left.
+    /// `None`: [`DEFAULT_GPU_MEMORY_UTILIZATION`] on a GPU. Must be `None` on the CPU.
+    pub gpu_memory_utilization: Option<f64>,
     /// Caps the model's context (default: the checkpoint's).
     pub max_context: Option<usize>,
     /// KV storage of finished sequences kept so that later requests sharing a prompt prefix
@@ -136,6 +143,7 @@ impl ServerConfig {
             threads: 0,
             cpu_isa: CpuIsa::Auto,
             kv_dtype: KvDtype::Bf16,
+            gpu_memory_utilization: None,
             max_context: None,
             prefix_cache_bytes: DEFAULT_PREFIX_CACHE_BYTES,
             drain_timeout: Duration::from_secs(60),
@@ -292,6 +300,12 @@ impl ServerConfig {
     /// Sets [`ServerConfig::kv_dtype`].
     pub fn kv_dtype(mut self, dtype: KvDtype) -> Self {
         self.kv_dtype = dtype;
+        self
+    }
+
+    /// Sets [`ServerConfig::gpu_memory_utilization`].
+    pub fn gpu_memory_utilization(mut self, fraction: Option<f64>) -> Self {
+        self.gpu_memory_utilization = fraction;
         self
     }
 

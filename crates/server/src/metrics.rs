@@ -104,6 +104,13 @@ pub(crate) struct Metrics {
     pub kv_tokens: AtomicUsize,
     /// Tokens the running batch can hold at most (most sequences × the context).
     pub kv_capacity: AtomicUsize,
+    /// Bytes the KV caches hold (running sequences and prefix-cache entries), where the
+    /// backend pools them (a GPU).
+    pub kv_used_bytes: AtomicUsize,
+    /// Bytes the KV caches may hold in all (0: no cap).
+    pub kv_capacity_bytes: AtomicUsize,
+    /// Running sequences preempted (their KV cache given back, recomputed later).
+    pub preemptions: AtomicU64,
     /// Time from a request's arrival to its first generated token.
     pub ttft: Histogram,
     /// Time between consecutive generated tokens of a sequence.
@@ -130,6 +137,9 @@ impl Metrics {
             prefix_queried_tokens: AtomicU64::new(0),
             kv_tokens: AtomicUsize::new(0),
             kv_capacity: AtomicUsize::new(0),
+            kv_used_bytes: AtomicUsize::new(0),
+            kv_capacity_bytes: AtomicUsize::new(0),
+            preemptions: AtomicU64::new(0),
             prefix_hits: AtomicU64::new(0),
             prefix_reused_tokens: AtomicU64::new(0),
             prefix_cache_bytes: AtomicUsize::new(0),
@@ -153,8 +163,13 @@ impl Metrics {
         }
     }
 
-    /// The fraction (0 to 1) of the running batch's KV capacity in use.
+    /// The fraction (0 to 1) of the KV capacity in use: bytes of the capped KV memory where
+    /// there is one (a GPU), else tokens of the running batch over its most.
     pub fn kv_usage(&self) -> f64 {
+        let cap = self.kv_capacity_bytes.load(Ordering::Relaxed);
+        if cap > 0 {
+            return self.kv_used_bytes.load(Ordering::Relaxed) as f64 / cap as f64;
+        }
         let cap = self.kv_capacity.load(Ordering::Relaxed);
         if cap == 0 {
             return 0.0;
@@ -229,9 +244,9 @@ impl Metrics {
             ),
             (
                 "fp4forge_num_preemptions_total",
-                "Running sequences preempted (always 0: this scheduler never preempts; a \
-                 sequence keeps its KV cache until it ends).",
-                0,
+                "Running sequences preempted: their KV cache given back when a step needed more \
+                 KV memory than was left (a GPU's capped KV memory), recomputed once resumed.",
+                self.preemptions.load(Ordering::Relaxed),
             ),
         ];
         for (name, help, v) in counters {
@@ -256,8 +271,10 @@ impl Metrics {
         let name = "fp4forge_kv_cache_usage_perc";
         let _ = writeln!(
             out,
-            "# HELP {name} Fraction (0 to 1) of the running batch's KV capacity in use: tokens \
-             in the running sequences' caches over the most sequences times the context."
+            "# HELP {name} Fraction (0 to 1) of the KV capacity in use: on a GPU bytes of its \
+             paged KV memory (running sequences and prefix-cache entries) over the cap; on the \
+             CPU tokens in the running sequences' caches over the most sequences times the \
+             context."
         );
         let _ = writeln!(out, "# TYPE {name} gauge");
         let _ = writeln!(out, "{name}{{model_name=\"{model}\"}} {}", self.kv_usage());
@@ -281,6 +298,18 @@ impl Metrics {
                 "fp4forge_prefix_cache_entries",
                 "Finished sequences held by the prefix cache.",
                 self.prefix_cache_entries.load(Ordering::Relaxed),
+            ),
+            (
+                "fp4forge_kv_cache_used_bytes",
+                "Device memory held by the paged KV caches (running sequences and prefix-cache \
+                 entries; blocks shared by forks once), bytes (0 on the CPU).",
+                self.kv_used_bytes.load(Ordering::Relaxed),
+            ),
+            (
+                "fp4forge_kv_cache_capacity_bytes",
+                "The KV caches' memory cap (what --gpu-memory-utilization leaves after the \
+                 weights), bytes (0: no cap).",
+                self.kv_capacity_bytes.load(Ordering::Relaxed),
             ),
         ];
         for (name, help, v) in gauges {

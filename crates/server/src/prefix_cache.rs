@@ -17,7 +17,9 @@
 //! is always recomputed: its logits start the generation.
 //!
 //! Memory is bounded: entries are evicted least recently used first to stay within the
-//! capacity in bytes of KV storage; capacity 0 disables the cache.
+//! capacity in bytes of KV storage; capacity 0 disables the cache. On a GPU a fork shares the
+//! entry's full KV blocks (the paged cache copies only the partial last block and the sliding
+//! layers' rings), and entries are also evicted when running sequences need the memory.
 
 use fp4forge_engine::{Backend, Session};
 
@@ -170,14 +172,7 @@ impl<'m, B: Backend> PrefixCache<'m, B> {
                 i += 1;
             }
         }
-        while self.bytes + bytes > self.capacity {
-            let Some(oldest) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used)
-            else {
-                break;
-            };
-            let e = self.entries.swap_remove(oldest);
-            self.bytes -= e.bytes;
-        }
+        while self.bytes + bytes > self.capacity && self.evict_oldest() {}
         self.clock += 1;
         self.bytes += bytes;
         self.entries.push(Entry {
@@ -188,6 +183,20 @@ impl<'m, B: Backend> PrefixCache<'m, B> {
             bytes,
             last_used: self.clock,
         });
+    }
+}
+
+impl<B: Backend> PrefixCache<'_, B> {
+    /// Drops the least recently used entry (its KV memory goes back to the device's pool,
+    /// less blocks that sessions forked from it still share); false when there is none.
+    pub fn evict_oldest(&mut self) -> bool {
+        let Some(oldest) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used)
+        else {
+            return false;
+        };
+        let e = self.entries.swap_remove(oldest);
+        self.bytes -= e.bytes;
+        true
     }
 }
 

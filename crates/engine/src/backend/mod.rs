@@ -30,6 +30,18 @@ pub use cpu::CpuBackend;
 #[cfg(feature = "cuda")]
 pub use cuda::CudaBackend;
 
+/// The memory of a backend's KV caches, bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KvMemory {
+    /// Held by caches (blocks shared between forked caches counted once).
+    pub used: usize,
+    /// What caches may take in all (`None`: no cap).
+    pub capacity: Option<usize>,
+    /// Of `capacity - used`, what caches can still take (less than the difference where free
+    /// memory is kept in blocks of another size than a cache needs); `None` without a cap.
+    pub available: Option<usize>,
+}
+
 /// Ops and resident objects of one device (CPU, CUDA, ...). See the module docs.
 pub trait Backend: Resident {
     /// A short name for messages (`cpu`, `cpu-avx2`, `cuda:0`).
@@ -60,6 +72,12 @@ pub trait Backend: Resident {
     /// most the stored length and, for a sliding layer whose length is past its window, equal to
     /// it (a ring has overwritten older slots); otherwise an error.
     fn kv_fork(&self, layer: &Self::KvLayer, len: usize) -> Result<Self::KvLayer>;
+    /// Bytes that `layer` takes on top of what it holds to hold `positions` positions (0 where
+    /// it already has room; a sliding layer never holds more than its window).
+    fn kv_growth_bytes(&self, layer: &Self::KvLayer, positions: usize) -> usize;
+    /// The memory of all KV caches of this backend: what they hold and, where the backend caps
+    /// it, the cap.
+    fn kv_memory(&self) -> KvMemory;
 
     // ---- data in and out ---------------------------------------------------------------
 

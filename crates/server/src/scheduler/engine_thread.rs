@@ -114,7 +114,15 @@ pub(crate) fn start(
         .kv_dtype(config.kv_dtype)
         .threads(config.threads)
         .cpu_isa(config.cpu_isa)
-        .load_format(config.load_format);
+        .load_format(config.load_format)
+        .gpu_memory_utilization(match config.device {
+            Device::Cpu => config.gpu_memory_utilization,
+            _ => Some(
+                config
+                    .gpu_memory_utilization
+                    .unwrap_or(crate::config::DEFAULT_GPU_MEMORY_UTILIZATION),
+            ),
+        });
     if let Some(c) = config.max_context {
         options = options.max_context(c);
     }

@@ -1,6 +1,9 @@
-//! The scheduling policy: which sequences run (admission up to `max_batch`, the prefix cache
-//! on the way in and out, cancelled ones dropped) and what each feeds the next forward pass
-//! (one token per decoding sequence, prompt chunks within `prefill_budget`).
+//! The scheduling policy: which sequences run (admission up to `max_batch` and, where the
+//! backend caps its KV memory, by the room left; the prefix cache on the way in and out;
+//! cancelled ones dropped), what each feeds the next forward pass (one token per decoding
+//! sequence, prompt chunks within `prefill_budget`), and preemption when a pass would need more
+//! KV memory than is left: the most recently admitted sequence gives its cache back and waits,
+//! then recomputes it (its prompt and the tokens it generated, in prefill chunks) and goes on.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -52,9 +55,34 @@ pub(super) struct Seq<'m, B: Backend> {
     /// A copy of the prompt logprobs for the prefix cache.
     pub(super) cached_prompt_logprobs: Option<Vec<Option<TokenLogprob>>>,
     pub(super) last_token_at: Option<Instant>,
+    /// Preempted: its KV cache was given back; it waits for room to recompute it.
+    pub(super) parked: bool,
+    /// After a preemption of a decoding sequence: the tokens whose KV it recomputes (its prompt,
+    /// then `fed`) before it decodes `next`; `prefilled` counts through these.
+    pub(super) recompute: Option<Vec<u32>>,
     pub(super) done: bool,
     /// Ended normally: its session may serve a later request's prefix.
     pub(super) reusable: bool,
+}
+
+impl<B: Backend> Seq<'_, B> {
+    /// The tokens this sequence prefills: its prompt, or what it recomputes after a preemption.
+    pub(super) fn prefill_tokens(&self) -> &[u32] {
+        self.recompute.as_deref().unwrap_or(&self.job.req.prompt)
+    }
+}
+
+/// The share of a capped KV memory that admission keeps free for the running sequences' next
+/// blocks (vLLM's watermark), so that admitting one does not force a preemption at once.
+pub(super) const KV_WATERMARK: f64 = 0.01;
+
+/// Whether a sequence's KV cache fits.
+enum Room {
+    Yes,
+    /// Not with the memory in use now.
+    NotNow,
+    /// Not even alone: the capacity, bytes.
+    Never(usize),
 }
 
 pub(super) struct Scheduler<'m, B: Backend> {
@@ -189,54 +217,193 @@ impl<'m, B: Backend> Scheduler<'m, B> {
     }
 
     fn admit(&mut self) {
-        while self.active.len() < self.limits.max_batch {
+        self.resume_parked();
+        // the preempted go first
+        while self.active.len() < self.limits.max_batch && !self.active.iter().any(|s| s.parked) {
             let Some(job) = self.waiting.pop_front() else {
                 break;
             };
+            let reuse = self
+                .prefix_cache
+                .take(&job.req.prompt, job.req.prompt_logprobs);
+            let reused = reuse.as_ref().map_or(0, |r| r.len);
+            let start = match reuse {
+                Some(r) => Ok((r.session, r.len, r.prompt_logprobs)),
+                None => self.model.new_session().map(|s| (s, 0, Vec::new())),
+            };
+            let (session, prefilled, prompt_logprobs) = match start {
+                Ok(s) => s,
+                Err(e) => {
+                    self.metrics.waiting.fetch_sub(1, Ordering::SeqCst);
+                    job.send(Event::Failed(e.to_string()));
+                    continue;
+                }
+            };
+            let need = session.kv_growth_bytes(job.req.prompt.len() - prefilled);
+            match self.room_for(need) {
+                Room::Yes => {}
+                Room::NotNow => {
+                    self.waiting.push_front(job);
+                    break;
+                }
+                Room::Never(cap) => {
+                    self.metrics.waiting.fetch_sub(1, Ordering::SeqCst);
+                    job.send(Event::Failed(format!(
+                        "the prompt's KV cache needs {need} bytes; the KV memory holds {cap} \
+                         (--gpu-memory-utilization)"
+                    )));
+                    continue;
+                }
+            }
             self.metrics.waiting.fetch_sub(1, Ordering::SeqCst);
             if self.prefix_cache.enabled() {
                 self.metrics.prefix_queries.fetch_add(1, Ordering::Relaxed);
                 self.metrics
                     .prefix_queried_tokens
                     .fetch_add(job.req.prompt.len() as u64, Ordering::Relaxed);
-            }
-            let reuse = self
-                .prefix_cache
-                .take(&job.req.prompt, job.req.prompt_logprobs);
-            let start = match reuse {
-                Some(r) => {
+                if reused > 0 {
                     self.metrics.prefix_hits.fetch_add(1, Ordering::Relaxed);
                     self.metrics
                         .prefix_reused_tokens
-                        .fetch_add(r.len as u64, Ordering::Relaxed);
-                    Ok((r.session, r.len, r.prompt_logprobs))
-                }
-                None => self.model.new_session().map(|s| (s, 0, Vec::new())),
-            };
-            match start {
-                Ok((session, prefilled, prompt_logprobs)) => self.active.push(Seq {
-                    sampler: Sampler::new(job.req.sampling),
-                    constraint: job.req.grammar.as_ref().map(|g| g.start(&job.req.stop_ids)),
-                    cached_prompt_logprobs: None,
-                    job,
-                    session,
-                    prefilled,
-                    reused: prefilled,
-                    generated: 0,
-                    next: 0,
-                    fed: Vec::new(),
-                    decoding: false,
-                    prompt_logprobs,
-                    last_token_at: None,
-                    done: false,
-                    reusable: false,
-                }),
-                Err(e) => {
-                    job.send(Event::Failed(e.to_string()));
+                        .fetch_add(reused as u64, Ordering::Relaxed);
                 }
             }
+            self.active.push(Seq {
+                sampler: Sampler::new(job.req.sampling),
+                constraint: job.req.grammar.as_ref().map(|g| g.start(&job.req.stop_ids)),
+                cached_prompt_logprobs: None,
+                job,
+                session,
+                prefilled,
+                reused: prefilled,
+                generated: 0,
+                next: 0,
+                fed: Vec::new(),
+                decoding: false,
+                prompt_logprobs,
+                last_token_at: None,
+                parked: false,
+                recompute: None,
+                done: false,
+                reusable: false,
+            });
         }
         self.publish_cache_size();
+    }
+
+    /// Whether KV caches may take `need` more bytes now, keeping a watermark of
+    /// [`KV_WATERMARK`] of the capacity for the running sequences' next blocks; entries of
+    /// the prefix cache are evicted to make room. Always yes without a cap.
+    fn room_for(&mut self, need: usize) -> Room {
+        loop {
+            let mem = self.model.kv_memory();
+            let (Some(cap), Some(avail)) = (mem.capacity, mem.available) else {
+                return Room::Yes;
+            };
+            if need > cap.saturating_sub((cap as f64 * KV_WATERMARK) as usize) {
+                return Room::Never(cap);
+            }
+            let running = self.active.iter().any(|s| !s.parked && !s.done);
+            let watermark = if running {
+                (cap as f64 * KV_WATERMARK) as usize
+            } else {
+                0
+            };
+            if need + watermark <= avail {
+                return Room::Yes;
+            }
+            if !self.prefix_cache.evict_oldest() {
+                // with nothing running, no memory will come back to wait for
+                return if running {
+                    Room::NotNow
+                } else {
+                    Room::Never(cap)
+                };
+            }
+        }
+    }
+
+    /// Un-parks preempted sequences, oldest first, while their recomputation fits.
+    fn resume_parked(&mut self) {
+        for i in 0..self.active.len() {
+            let s = &self.active[i];
+            if !s.parked || s.done {
+                continue;
+            }
+            let tokens = s
+                .recompute
+                .as_ref()
+                .map_or(s.job.req.prompt.len(), Vec::len);
+            let need = s.session.kv_growth_bytes(tokens);
+            match self.room_for(need) {
+                Room::Yes => self.active[i].parked = false,
+                Room::NotNow => break,
+                Room::Never(cap) => self.fail_one(
+                    i,
+                    &format!(
+                        "recomputing the sequence's KV cache needs {need} bytes; the KV memory \
+                         holds {cap} (--gpu-memory-utilization)"
+                    ),
+                ),
+            }
+        }
+    }
+
+    /// The plan of the next pass, after preempting sequences (most recently admitted first)
+    /// until what it adds to the KV caches fits the room left, evicting prefix-cache entries
+    /// before any.
+    pub(super) fn plan_within_memory(&mut self) -> Vec<(usize, usize, Want)> {
+        loop {
+            let plan = self.plan();
+            let Some(avail) = self.model.kv_memory().available else {
+                return plan;
+            };
+            let need: usize = plan
+                .iter()
+                .map(|&(i, n, _)| self.active[i].session.kv_growth_bytes(n))
+                .sum();
+            if need <= avail {
+                return plan;
+            }
+            if self.prefix_cache.evict_oldest() {
+                continue;
+            }
+            let holding = |s: &Seq<'m, B>| !s.parked && !s.done;
+            let Some(victim) = self.active.iter().rposition(holding) else {
+                return plan;
+            };
+            if self.active.iter().filter(|s| holding(s)).count() > 1 {
+                self.preempt(victim);
+            } else {
+                // alone and still too big: nothing else can give memory back
+                self.fail_one(
+                    victim,
+                    "the sequence's KV cache outgrew the KV memory (--gpu-memory-utilization)",
+                );
+            }
+        }
+    }
+
+    /// Gives sequence `i`'s KV cache back and parks it; it recomputes the cache once resumed.
+    fn preempt(&mut self, i: usize) {
+        let s = &mut self.active[i];
+        if let Err(e) = s.session.reset() {
+            return self.fail_one(i, &format!("preempting the sequence: {e}"));
+        }
+        if s.decoding || s.recompute.is_some() {
+            let mut tokens = Vec::with_capacity(s.job.req.prompt.len() + s.fed.len());
+            tokens.extend_from_slice(&s.job.req.prompt);
+            tokens.extend_from_slice(&s.fed);
+            s.recompute = Some(tokens);
+        } else {
+            // still in its prompt: prefill it again (its prompt logprobs with it)
+            s.prompt_logprobs.clear();
+            s.reused = 0;
+        }
+        s.decoding = false;
+        s.prefilled = 0;
+        s.parked = true;
+        self.metrics.preemptions.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Removes ended sequences; those that ended normally leave their session to the prefix
@@ -258,6 +425,13 @@ impl<'m, B: Backend> Scheduler<'m, B> {
     }
 
     pub(super) fn publish_cache_size(&self) {
+        let mem = self.model.kv_memory();
+        self.metrics
+            .kv_used_bytes
+            .store(mem.used, Ordering::Relaxed);
+        self.metrics
+            .kv_capacity_bytes
+            .store(mem.capacity.unwrap_or(0), Ordering::Relaxed);
         self.metrics
             .prefix_cache_bytes
             .store(self.prefix_cache.bytes(), Ordering::Relaxed);
@@ -271,6 +445,9 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         let mut plan = Vec::new();
         let mut budget = self.limits.prefill_budget;
         for (i, s) in self.active.iter().enumerate() {
+            if s.parked || s.done {
+                continue;
+            }
             if s.decoding {
                 plan.push((i, 1, Want::Last));
                 continue;
@@ -278,9 +455,12 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             if budget == 0 {
                 continue;
             }
-            let remaining = s.job.req.prompt.len() - s.prefilled;
+            let remaining = s.prefill_tokens().len() - s.prefilled;
             let mut n = remaining.min(budget);
-            let want = if s.job.req.prompt_logprobs.is_some() {
+            let want = if s.recompute.is_some() {
+                // the next token is known: the cache is all it rebuilds
+                Want::None
+            } else if s.job.req.prompt_logprobs.is_some() {
                 n = n.min(PROMPT_LOGPROB_ROWS);
                 Want::All
             } else if n == remaining {

@@ -15,7 +15,7 @@ use crate::logprobs::{rows_logprobs, token_logprob, TokenLogprob};
 impl<B: Backend> Scheduler<'_, B> {
     /// Runs one step: the planned pass, then every sequence in it advanced.
     pub(super) fn step(&mut self) {
-        let plan = self.plan();
+        let plan = self.plan_within_memory();
         if plan.is_empty() {
             return;
         }
@@ -47,12 +47,14 @@ impl<B: Backend> Scheduler<'_, B> {
                     next: token,
                     prefilled,
                     decoding,
+                    recompute,
                     ..
                 } = s;
                 tokens.push(if *decoding {
                     std::slice::from_ref(token)
                 } else {
-                    &job.req.prompt[*prefilled..*prefilled + n]
+                    let all = recompute.as_deref().unwrap_or(&job.req.prompt);
+                    &all[*prefilled..*prefilled + n]
                 });
                 sessions.push(session);
                 wanted.push(w);
@@ -88,6 +90,15 @@ impl<B: Backend> Scheduler<'_, B> {
                 match logits {
                     Some(mut l) => self.emit(i, &mut l.data),
                     None => self.fail_one(i, "no logits for a decode step"),
+                }
+                continue;
+            }
+            if let Some(tokens) = &s.recompute {
+                // a preempted sequence rebuilding its cache: then it decodes `next`
+                s.prefilled += n;
+                if s.prefilled == tokens.len() {
+                    s.recompute = None;
+                    s.decoding = true;
                 }
                 continue;
             }
@@ -153,7 +164,7 @@ impl<B: Backend> Scheduler<'_, B> {
         }
     }
 
-    fn fail_one(&mut self, i: usize, message: &str) {
+    pub(super) fn fail_one(&mut self, i: usize, message: &str) {
         self.active[i].done = true;
         self.publish_running();
         self.active[i].job.send(Event::Failed(message.to_string()));
@@ -162,7 +173,7 @@ impl<B: Backend> Scheduler<'_, B> {
     /// Publishes the sequences still running, before an ended one's last event goes out (a
     /// client that reads `/metrics` after its answer sees its sequence gone).
     pub(super) fn publish_running(&self) {
-        let running = self.active.iter().filter(|s| !s.done);
+        let running = self.active.iter().filter(|s| !s.done && !s.parked);
         let kv_tokens = running.clone().map(|s| s.session.position()).sum();
         self.metrics.kv_tokens.store(kv_tokens, Ordering::Relaxed);
         self.metrics

@@ -274,6 +274,18 @@ impl Backend for CpuBackend {
         layer.bytes()
     }
 
+    fn kv_growth_bytes(&self, layer: &HostKvLayer, positions: usize) -> usize {
+        let spec = layer.spec();
+        let rows = spec.window.map_or(positions, |w| positions.min(w));
+        let row_bytes = 2 * spec.row_width() * spec.dtype.size();
+        rows.saturating_sub(layer.stored_rows()) * row_bytes
+    }
+
+    fn kv_memory(&self) -> crate::backend::KvMemory {
+        // host caches are vectors of their sessions: no pool, no cap
+        crate::backend::KvMemory::default()
+    }
+
     fn kv_fork(&self, layer: &HostKvLayer, len: usize) -> Result<HostKvLayer> {
         layer.fork(len).ok_or_else(|| {
             self.error(format!(

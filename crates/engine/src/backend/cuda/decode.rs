@@ -488,9 +488,7 @@ impl CudaBackend {
         (bufs, gate): (&DecodeBuffers, DevPtr<f32>),
     ) -> Result<()> {
         let p = |s: &CudaSlice<f32>| self.ptr(s);
-        if cache.spec.window.is_none() || cache.cap == 0 {
-            self.kv_grow(cache, pos0 + 1)?;
-        }
+        self.kv_grow(cache, pos0 + 1)?;
         let slot = cache.spec.window.map_or(pos0, |w| pos0 % w);
         let rope = rope.dev(self);
         let prep = Self::dec_attention_applies(cache, ap.head_dim, 1)

@@ -32,11 +32,13 @@
 
 mod compile;
 mod decode;
+mod kv_pool;
 mod ops;
 mod options;
 
 use compile::*;
 pub use compile::{compile_kernels, kernel_entries, KERNELS_CU};
+use kv_pool::{KvBlock, KvPool, KV_BLOCK};
 pub use ops::attention::{CudaKvLayer, CudaRope};
 pub use ops::moe::{CudaExperts, CudaRouting, ExpertArena};
 use ops::prefill::{GEMM_MMA_ROWS, GEMM_MMA_TOKENS};
@@ -56,6 +58,11 @@ use crate::ir::{Decoder, KvDtype, KvLayerSpec, SeqChunk};
 use crate::rope::RopeSpec;
 use crate::sampling::SamplingParams;
 use crate::weights::{ExpertWeights, LinearWeight};
+
+/// Device memory [`CudaBackend::limit_kv_memory`] keeps out of the KV caches' cap for the
+/// activations and scratch of the forward passes (prefill chunks of a few thousand tokens, the
+/// MoE's grouped buffers, attention split partials).
+pub const ACTIVATION_RESERVE: usize = 2 << 30;
 
 pub(crate) struct Inner {
     pub ctx: Arc<CudaContext>,
@@ -86,6 +93,8 @@ pub(crate) struct Inner {
     decode: Mutex<Option<decode::DecodeBuffers>>,
     /// Tokens decoded on the fused step so far.
     fused_steps: std::sync::atomic::AtomicUsize,
+    /// The blocks of every KV cache.
+    kv_pool: KvPool,
 }
 
 /// The CUDA backend on one device. Cheap to clone.
@@ -151,6 +160,7 @@ impl CudaBackend {
                 counters,
                 decode: Mutex::new(None),
                 fused_steps: std::sync::atomic::AtomicUsize::new(0),
+                kv_pool: KvPool::default(),
                 ctx,
                 stream,
                 f,
@@ -277,18 +287,54 @@ impl CudaBackend {
     /// position `len`. What attention then reads is those values, not any token's keys.
     pub fn kv_assume_filled(&self, layer: &mut CudaKvLayer, len: usize) -> Result<()> {
         self.kv_grow(layer, len + 1)?;
-        let n = layer.cap * layer.spec.row_width();
         // bf16 values, fp8 bytes that are never NaN, f32 values (see `fill` in sampling.cu)
-        let mode = match layer.kv_t {
-            2 => 1,
-            1 => 2,
-            _ => 3,
+        let (mode, elem) = match layer.kv_t {
+            2 => (1, 2),
+            1 => (2, 1),
+            _ => (3, 4),
         };
-        for (i, buf) in [&layer.k, &layer.v].into_iter().enumerate() {
-            self.fill(self.ptr(buf), n, 0x6b76 + i as u64, mode, 1.0)?;
+        let n = layer.block_bytes() / elem;
+        for (i, b) in layer.blocks.iter().enumerate() {
+            self.fill(DevPtr::<u8>::new(b.addr), n, 0x6b76 + i as u64, mode, 1.0)?;
         }
         layer.len = len;
         Ok(())
+    }
+
+    /// Caps the device memory of all KV caches at `bytes` (`None`: no cap; memory already
+    /// taken stays). A cache that would grow past it fails with an error that says so.
+    pub fn set_kv_budget(&self, bytes: Option<usize>) {
+        self.inner.kv_pool.set_budget(bytes);
+    }
+
+    /// Caps the KV caches at what is left of `fraction` of the device's memory after what is in
+    /// use now (the weights, the runtime; by any process) and [`ACTIVATION_RESERVE`] for the
+    /// passes' activations; returns the cap. Errors when nothing is left.
+    pub fn limit_kv_memory(&self, fraction: f64) -> Result<usize> {
+        let (free, total) = self.memory_info()?;
+        let allowed = (total as f64 * fraction) as usize;
+        let in_use = total - free;
+        let cap = allowed
+            .saturating_sub(in_use)
+            .saturating_sub(ACTIVATION_RESERVE);
+        self.check(cap > 0, || {
+            format!(
+                "gpu_memory_utilization {fraction}: {allowed} of {total} bytes allowed, {in_use} \
+                 in use after loading and {ACTIVATION_RESERVE} kept for activations leave nothing \
+                 for the KV cache"
+            )
+        })?;
+        self.set_kv_budget(Some(cap));
+        Ok(cap)
+    }
+
+    /// The device's free and total memory, bytes.
+    pub fn memory_info(&self) -> Result<(usize, usize)> {
+        self.inner
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| self.err(format!("{e:?}")))?;
+        cudarc::driver::result::mem_get_info().map_err(|e| self.err(format!("{e:?}")))
     }
 
     /// The device address of `s`.
@@ -503,9 +549,8 @@ impl Backend for CudaBackend {
         Ok(CudaKvLayer {
             spec: spec.clone(),
             len: 0,
-            cap: 0,
-            k: self.alloc(1)?,
-            v: self.alloc(1)?,
+            blocks: Vec::new(),
+            table: self.alloc(1)?,
             kv_t,
             k_scale: scale(spec.k_scale),
             v_scale: scale(spec.v_scale),
@@ -513,7 +558,26 @@ impl Backend for CudaBackend {
     }
 
     fn kv_layer_bytes(&self, layer: &CudaKvLayer) -> usize {
-        2 * layer.cap * layer.spec.row_width() * layer.elem()
+        layer.blocks.len() * layer.block_bytes()
+    }
+
+    fn kv_growth_bytes(&self, layer: &CudaKvLayer, positions: usize) -> usize {
+        layer
+            .blocks_for(positions)
+            .saturating_sub(layer.blocks.len())
+            * layer.block_bytes()
+    }
+
+    fn kv_memory(&self) -> super::KvMemory {
+        let u = self.inner.kv_pool.usage();
+        super::KvMemory {
+            used: u.used,
+            capacity: u.budget,
+            available: u.budget.map(|cap| {
+                cap.saturating_sub(u.used)
+                    .min(cap.saturating_sub(u.held) + u.free)
+            }),
+        }
     }
 
     fn kv_fork(&self, layer: &CudaKvLayer, len: usize) -> Result<CudaKvLayer> {
@@ -524,18 +588,42 @@ impl Backend for CudaBackend {
             )
         })?;
         let mut out = self.new_kv_layer(&layer.spec)?;
-        // unwrapped: rows 0..len are positions 0..len; wrapped (len is the whole sequence): the ring
-        let rows = len.min(layer.cap);
-        self.kv_grow(&mut out, rows)?;
-        let bytes = rows * layer.spec.row_width() * layer.elem();
-        if bytes > 0 {
-            for (src, dst) in [(&layer.k, &mut out.k), (&layer.v, &mut out.v)] {
-                self.inner
-                    .stream
-                    .memcpy_dtod(&src.slice(0..bytes), &mut dst.slice_mut(0..bytes))
-                    .map_err(|e| self.err(format!("{e:?}")))?;
+        // Full layers share the blocks wholly below `len` (never written again: appends go to
+        // later positions); the partial last block, and a sliding layer's ring (written again
+        // as the sequence wraps), are copied.
+        let need = out.blocks_for(len);
+        let shared = if layer.spec.window.is_none() {
+            len / KV_BLOCK
+        } else {
+            0
+        };
+        let bytes = layer.block_bytes();
+        let copied = layer.blocks.get(shared..need).ok_or_else(|| {
+            self.err(format!(
+                "KV copy of {len} positions of a layer of {} blocks",
+                layer.blocks.len()
+            ))
+        })?;
+        let mut blocks: Vec<Arc<KvBlock>> = layer.blocks[..shared].to_vec();
+        self.inner
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| self.err(format!("{e:?}")))?;
+        for src in copied {
+            let b = self.inner.kv_pool.take(self, bytes)?;
+            // SAFETY: both are blocks of `bytes` bytes of the pool, on this stream.
+            unsafe {
+                cudarc::driver::result::memcpy_dtod_async(
+                    b.addr,
+                    src.addr,
+                    bytes,
+                    self.inner.stream.cu_stream(),
+                )
             }
+            .map_err(|e| self.err(format!("{e:?}")))?;
+            blocks.push(b);
         }
+        self.kv_table_extend(&mut out, blocks)?;
         out.len = len;
         Ok(out)
     }
@@ -758,9 +846,7 @@ impl Backend for CudaBackend {
             return Ok(out);
         }
         let pos0 = cache.len;
-        if spec.window.is_none() || cache.cap == 0 {
-            self.kv_grow(cache, pos0 + t)?;
-        }
+        self.kv_grow(cache, pos0 + t)?;
         let keys = match spec.window {
             Some(w) => w.min(pos0 + 1),
             None => pos0 + 1,

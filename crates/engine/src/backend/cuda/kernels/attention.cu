@@ -1,27 +1,59 @@
 // ---- KV cache and attention -------------------------------------------------------------------
 
-// Writes the chunk's rows into the cache (the last `window` rows for a ring). kv_t: 0 = f32,
-// 1 = fp8 e4m3 of x / scale (ks for keys, vs for values), 2 = bf16.
-extern "C" __global__ void kv_append(void* kc, void* vc, const float* __restrict__ k, const float* __restrict__ v,
-                                    int T, int pos0, int window, int width, int kv_t, float ks, float vs) {
+// One row of keys and one of values into kd / vd. kv_t: 0 = f32, 1 = fp8 e4m3 of x / scale (ks for
+// keys, vs for values), 2 = bf16.
+__device__ __forceinline__ void kv_put_row(void* kd, void* vd, const float* __restrict__ k,
+                                           const float* __restrict__ v, int width, int kv_t, float ks, float vs) {
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        const float kk = k[i], vv = v[i];
+        if (kv_t == 2) {
+            ((u16*)kd)[i] = f32_to_bf16(kk);
+            ((u16*)vd)[i] = f32_to_bf16(vv);
+        } else if (kv_t == 1) {
+            ((u8*)kd)[i] = (u8)f32_to_e4m3_sat(kk / ks);
+            ((u8*)vd)[i] = (u8)f32_to_e4m3_sat(vv / vs);
+        } else {
+            ((float*)kd)[i] = kk;
+            ((float*)vd)[i] = vv;
+        }
+    }
+}
+
+// Writes the chunk's rows into the paged cache `tab` (the last `window` rows for a ring), one
+// block per row.
+extern "C" __global__ void kv_append(const u64* __restrict__ tab, const float* __restrict__ k,
+                                    const float* __restrict__ v, int T, int pos0, int window, int width, int kv_t,
+                                    float ks, float vs) {
     pdl_enter();
     const int r = blockIdx.x;
     if (window > 0 && r < T - window) return;
     const long pos = pos0 + r;
     const long slot = window > 0 ? pos % window : pos;
-    for (int i = threadIdx.x; i < width; i += blockDim.x) {
-        float kk = k[(long)r * width + i], vv = v[(long)r * width + i];
-        if (kv_t == 2) {
-            ((u16*)kc)[slot * width + i] = f32_to_bf16(kk);
-            ((u16*)vc)[slot * width + i] = f32_to_bf16(vv);
-        } else if (kv_t == 1) {
-            ((u8*)kc)[slot * width + i] = (u8)f32_to_e4m3_sat(kk / ks);
-            ((u8*)vc)[slot * width + i] = (u8)f32_to_e4m3_sat(vv / vs);
-        } else {
-            ((float*)kc)[slot * width + i] = kk;
-            ((float*)vc)[slot * width + i] = vv;
-        }
-    }
+    const long rb = (long)width * (kv_t == 2 ? 2 : kv_t == 1 ? 1 : 4);
+    kv_put_row(kv_row<u8>(tab, slot, rb, 0), kv_row<u8>(tab, slot, rb, 1), k + (long)r * width,
+               v + (long)r * width, width, kv_t, ks, vs);
+}
+
+// The chunk's T rows in the storage type into the contiguous kc / vc (row r at row r), one block
+// per row: the prefill attention's view of the chunk.
+extern "C" __global__ void kv_stage(void* kc, void* vc, const float* __restrict__ k, const float* __restrict__ v,
+                                   int width, int kv_t, float ks, float vs) {
+    pdl_enter();
+    const long r = blockIdx.x;
+    const long e = kv_t == 2 ? 2 : kv_t == 1 ? 1 : 4;
+    kv_put_row((u8*)kc + r * width * e, (u8*)vc + r * width * e, k + r * width, v + r * width, width, kv_t, ks,
+               vs);
+}
+
+// Up to KV_PUT_MAX entries of a block table, passed by value (no upload): tab[at + i] = e[i].
+#define KV_PUT_MAX 16
+struct KvTablePut {
+    u64 e[KV_PUT_MAX];
+};
+extern "C" __global__ void kv_table_put(u64* tab, int at, int n, KvTablePut put) {
+    pdl_enter();
+    const int i = threadIdx.x;
+    if (i < n) tab[at + i] = put.e[i];
 }
 
 #define GMAX 4
@@ -75,7 +107,7 @@ struct KvIo<u8> {
 // d % 8 == 0, d <= 128. DPL = ceil(d / 32).
 template <typename KT, int DPL>
 __device__ void attn_impl(const float* __restrict__ q, const float* __restrict__ kch, const float* __restrict__ vch,
-                          const KT* __restrict__ kc, const KT* __restrict__ vc, float* __restrict__ out,
+                          const u64* __restrict__ kt, float* __restrict__ out,
                           float* __restrict__ part_o, float* __restrict__ part_ml, int T, int heads, int kvh, int d,
                           float scale, int pos0, int window, int splits, int ngroups, float ks, float vs) {
     __shared__ float qs[GMAX][128];
@@ -120,7 +152,8 @@ __device__ void attn_impl(const float* __restrict__ q, const float* __restrict__
         if (valid) {
             // All of the key's loads first (one latency), then the dot products.
             const bool cached = j < pos0;
-            const KT* kr = kc + (cached ? (window > 0 ? (long)(j % window) : (long)j) : 0) * rw + (long)kv * d;
+            const KT* kr =
+                cached ? kv_row<const KT>(kt, window > 0 ? (long)(j % window) : (long)j, rw, 0) + (long)kv * d : nullptr;
             const float* kf = kch + (long)(cached ? 0 : j - pos0) * rw + (long)kv * d;
             float kk[4 * DPL][8];
 #pragma unroll
@@ -170,7 +203,7 @@ __device__ void attn_impl(const float* __restrict__ q, const float* __restrict__
             float vv[DPL];
             if (jj < pos0) {
                 const long slot = window > 0 ? (long)(jj % window) : (long)jj;
-                const KT* vr = vc + slot * rw + (long)kv * d;
+                const KT* vr = kv_row<const KT>(kt, slot, rw, 1) + (long)kv * d;
 #pragma unroll
                 for (int c = 0; c < DPL; c++) {
                     int dd = lane + 32 * c;
@@ -262,8 +295,7 @@ struct Prep {
     const float* qn;        // q norm weight [D] (null: none)
     const float* kn;        // k norm weight [D] (null: none)
     const float* inv_freq;  // rope frequencies [rdim / 2]
-    u16* kc;                // the cache (the same rows the kernel reads): slot `slot` is written
-    u16* vc;
+    const u64* kt;          // the cache's block table (the rows the kernel reads): slot `slot` is written
     long slot;
     float eps;
     float attn_factor;
@@ -320,8 +352,8 @@ __device__ __forceinline__ void head_norm_rope(float* v, const float* __restrict
 
 template <int D>
 __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restrict__ kch,
-                              const float* __restrict__ vch, const u16* __restrict__ kc, const u16* __restrict__ vc,
-                              float* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml,
+                              const float* __restrict__ vch, const u64* __restrict__ kt, float* __restrict__ out,
+                              float* __restrict__ part_o, float* __restrict__ part_ml,
                               int heads, int kvh, float scale, int pos0, int window, int splits, int ngroups,
                               const Prep& pp) {
     constexpr int KC = D / 8;   // 16-byte chunks of a key row
@@ -360,8 +392,8 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
     __syncthreads();
     if (own_new && grp == 0) {
         for (int i = threadIdx.x; i < D; i += blockDim.x) {
-            pp.kc[pp.slot * rw + (long)kv * D + i] = f32_to_bf16(knew[i]);
-            pp.vc[pp.slot * rw + (long)kv * D + i] = f32_to_bf16(vch[(long)kv * D + i]);
+            kv_row<u16>(pp.kt, pp.slot, rw, 0)[(long)kv * D + i] = f32_to_bf16(knew[i]);
+            kv_row<u16>(pp.kt, pp.slot, rw, 1)[(long)kv * D + i] = f32_to_bf16(vch[(long)kv * D + i]);
         }
     }
 
@@ -384,7 +416,7 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
         if (valid) {
             if (j < pos0) {
                 const long slot = window > 0 ? (long)(j % window) : (long)j;
-                const uint4* src = (const uint4*)(kc + slot * rw + (long)kv * D) + half * (KC / 2);
+                const uint4* src = (const uint4*)(kv_row<const u16>(kt, slot, rw, 0) + (long)kv * D) + half * (KC / 2);
 #pragma unroll
                 for (int c = 0; c < KC / 2; c++) kr[c] = __ldg(src + c);
             } else {
@@ -408,7 +440,7 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
                 if (jj < pos0) {
                     int slot = slotb + kk;
                     if (window > 0 && slot >= window) slot -= window;
-                    const u16* src = vc + (long)slot * rw + (long)kv * D + lane * VL;
+                    const u16* src = kv_row<const u16>(kt, slot, rw, 1) + (long)kv * D + lane * VL;
                     if (VL == 4) {
                         const uint2 t = __ldg((const uint2*)src);
                         vr[kk][0] = t.x;
@@ -523,11 +555,11 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
 
 #define ATTN_KERNEL(NAME, KT, DPL)                                                                                     \
     extern "C" __global__ void __launch_bounds__(AW * 32) NAME(                                                       \
-        const float* q, const float* kch, const float* vch, const KT* kc, const KT* vc, float* out, float* part_o,   \
+        const float* q, const float* kch, const float* vch, const u64* kt, float* out, float* part_o,                 \
         float* part_ml, int T, int heads, int kvh, int d, float scale, int pos0, int window, int splits,             \
         int ngroups, float ks, float vs) {                                                                             \
         pdl_enter();                                                                                                   \
-        attn_impl<KT, DPL>(q, kch, vch, kc, vc, out, part_o, part_ml, T, heads, kvh, d, scale, pos0, window, splits, \
+        attn_impl<KT, DPL>(q, kch, vch, kt, out, part_o, part_ml, T, heads, kvh, d, scale, pos0, window, splits,     \
                            ngroups, ks, vs);                                                                          \
     }
 // Decode steps (T == 1) over bf16 caches with d = 64 / 128 (the host picks these when
@@ -536,10 +568,10 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
 // spans: sliding layers and short contexts).
 #define ATTN_KERNEL_DEC(NAME, D, MINB)                                                                                 \
     extern "C" __global__ void __launch_bounds__(AW * 32, MINB) NAME(                                                 \
-        const float* q, const float* kch, const float* vch, const u16* kc, const u16* vc, float* out, float* part_o,   \
+        const float* q, const float* kch, const float* vch, const u64* kt, float* out, float* part_o,                 \
         float* part_ml, int heads, int kvh, float scale, int pos0, int window, int splits, int ngroups, Prep pp) {      \
         pdl_enter();                                                                                                   \
-        attn_dec_impl<D>(q, kch, vch, kc, vc, out, part_o, part_ml, heads, kvh, scale, pos0, window, splits, ngroups, \
+        attn_dec_impl<D>(q, kch, vch, kt, out, part_o, part_ml, heads, kvh, scale, pos0, window, splits, ngroups,     \
                          pp);                                                                                          \
     }
 ATTN_KERNEL_DEC(attn_dec_bf16_64, 64, 4)
@@ -554,8 +586,7 @@ ATTN_KERNEL_DEC(attn_dec_bf16_128_short, 128, 2)
 // kernel parameter (no upload).
 #define ATTN_BATCH_MAX 32
 struct AttnSeq {
-    u16* kc;
-    u16* vc;
+    const u64* kt;  // the sequence's block table
     long slot;
     int pos0;
     int pad;
@@ -571,11 +602,10 @@ struct AttnSeqs {
         const int b = blockIdx.y;                                                                                      \
         const AttnSeq sq = seqs.s[b];                                                                                  \
         Prep ps = pp;                                                                                                  \
-        ps.kc = sq.kc;                                                                                                 \
-        ps.vc = sq.vc;                                                                                                 \
+        ps.kt = sq.kt;                                                                                                 \
         ps.slot = sq.slot;                                                                                             \
         const long qw = (long)heads * D, kw = (long)kvh * D;                                                           \
-        attn_dec_impl<D>(q + b * qw, kch + b * kw, vch + b * kw, sq.kc, sq.vc, out + b * qw,                           \
+        attn_dec_impl<D>(q + b * qw, kch + b * kw, vch + b * kw, sq.kt, out + b * qw,                                  \
                          part_o ? part_o + b * qw * splits : part_o,                                                   \
                          part_ml ? part_ml + 2l * b * heads * splits : part_ml, heads, kvh, scale, sq.pos0, window,   \
                          splits, ngroups, ps);                                                                         \
@@ -598,10 +628,9 @@ ATTN_KERNEL(attn_fp8_4, u8, 4)
 // Causal attention of a chunk of T query rows (the host takes this path for T >= ATTN_FLASH_MIN_T
 // over bf16 or fp8 caches with head_dim D = 64 or 128) with bf16 mma.m16n8k16 and f32
 // accumulation. Same semantics as attn_impl: key j of position j < pos0 is cache row j (ring slot
-// j % window on sliding layers), one of position j >= pos0 is row j - pos0 of the chunk. The
-// chunk's rows arrive already in the storage type (kx / vx: the host converts them with kv_append,
-// into the cache itself where that overwrites nothing a query still needs, else into scratch),
-// rounded exactly as attn_impl rounds them on the fly.
+// j % window on sliding layers, through the block table), one of position j >= pos0 is row
+// j - pos0 of the chunk. The chunk's rows arrive already in the storage type (kx / vx, contiguous:
+// the host converts them with kv_stage), rounded exactly as attn_impl rounds them on the fly.
 //
 // Block: FA_WARPS warps of 16 query rows each, hb (1, 2 or 4) heads of one kv head's group times
 // 64 / hb tokens: warp w takes head h0 + w % hb at tokens t0 + 16 (w / hb) .. + 15 (hb > 1 fills
@@ -675,12 +704,14 @@ struct FaSmem {
 };
 
 // Issues the copies of one K or V tile (keys kb .. kb + 63 of kv head kv) into `dst` (bf16) or
-// `raw` (fp8): key j < pos0 from `cache` (ring slot j % window where window > 0), j >= pos0 from
+// `raw` (fp8): key j < pos0 from the cache's keys (isv = 0) or values (isv = 1) through its block
+// table kt (ring slot j % window where window > 0), j >= pos0 from
 // `chunk` row j - pos0, j > kend zero. Thread tid copies 16-byte piece `tid % CPR` of rows
 // tid / CPR + i * (128 / CPR) (the same pieces for K and V: fa_convert relies on it).
 template <int D, bool FP8>
-__device__ __forceinline__ void fa_stage(u16* dst, u8* raw, const u8* __restrict__ cache, const u8* __restrict__ chunk,
-                                         int kb, int kend, int pos0, int window, int kvh, int kv) {
+__device__ __forceinline__ void fa_stage(u16* dst, u8* raw, const u64* __restrict__ kt, int isv,
+                                         const u8* __restrict__ chunk, int kb, int kend, int pos0, int window, int kvh,
+                                         int kv) {
     constexpr int E = FP8 ? 1 : 2;         // bytes per value
     constexpr int CPR = D * E / 16;        // 16-byte pieces per row
     constexpr int RPP = FA_WARPS * 32 / CPR;  // rows per pass of the block
@@ -697,8 +728,10 @@ __device__ __forceinline__ void fa_stage(u16* dst, u8* raw, const u8* __restrict
     if (kb + FA_BN - 1 <= kend) {
         if (kb >= pos0) {
             lin = chunk + (long)(kb - pos0) * rwb;
-        } else if (kb + FA_BN <= pos0 && (window == 0 || (window >= FA_BN && slotb + FA_BN <= window))) {
-            lin = cache + (long)(window > 0 ? slotb : kb) * rwb;
+        } else if (kb + FA_BN <= pos0 &&
+                   (window == 0 || (window >= FA_BN && slotb % FA_BN == 0 && slotb + FA_BN <= window))) {
+            // (an aligned tile of 64 slots is one cache block)
+            lin = kv_row<const u8>(kt, window > 0 ? slotb : kb, rwb, isv);
         }
     }
     if (lin) {
@@ -713,7 +746,7 @@ __device__ __forceinline__ void fa_stage(u16* dst, u8* raw, const u8* __restrict
         const int r = tid / CPR + i * RPP;
         const int j = kb + r;
         const bool ok = j <= kend;
-        const u8* src = cache;
+        const u8* src = chunk;
         if (ok) {
             if (j < pos0) {
                 long s = j;
@@ -725,7 +758,7 @@ __device__ __forceinline__ void fa_stage(u16* dst, u8* raw, const u8* __restrict
                         s = j % window;
                     }
                 }
-                src = cache + s * rwb + off;
+                src = kv_row<const u8>(kt, s, rwb, isv) + off;
             } else {
                 src = chunk + (long)(j - pos0) * rwb + off;
             }
@@ -758,7 +791,7 @@ __device__ __forceinline__ void fa_convert(u16* dst, const u8* raw) {
 }
 
 template <int D, bool FP8>
-__device__ void attn_flash_impl(const float* __restrict__ q, const u8* __restrict__ kc, const u8* __restrict__ vc,
+__device__ void attn_flash_impl(const float* __restrict__ q, const u64* __restrict__ kt,
                                 const u8* __restrict__ kx, const u8* __restrict__ vx, float* __restrict__ out,
                                 float* __restrict__ part_o, float* __restrict__ part_ml, int T, int heads, int kvh,
                                 float scale, int pos0, int window, int splits, int hb, float ks, float vs) {
@@ -823,7 +856,7 @@ __device__ void attn_flash_impl(const float* __restrict__ q, const u8* __restric
     const u32 v_lane = vs_base + (((lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 8 * (lane >> 4)) * 2;
 
     if (i0 < i1) {
-        fa_stage<D, FP8>(sm.k, sm.raw, kc, kx, kb0 + i0 * FA_BN, kend, pos0, window, kvh, kv);
+        fa_stage<D, FP8>(sm.k, sm.raw, kt, 0, kx, kb0 + i0 * FA_BN, kend, pos0, window, kvh, kv);
         cp_async_commit();
         if (FP8) {
             cp_async_wait<0>();
@@ -836,7 +869,7 @@ __device__ void attn_flash_impl(const float* __restrict__ q, const u8* __restric
         // Warps whose rows see no key of this tile only stage.
         const bool act = live && kb <= pw1 && (window == 0 || kb + FA_BN - 1 > pw0 - window);
         if (FP8) __syncthreads();  // K tile converted; every warp done with the last V tile
-        fa_stage<D, FP8>(sm.v, sm.raw, vc, vx, kb, kend, pos0, window, kvh, kv);
+        fa_stage<D, FP8>(sm.v, sm.raw, kt, 1, vx, kb, kend, pos0, window, kvh, kv);
         cp_async_commit();
         if (!FP8) {
             cp_async_wait<1>();  // this tile's K (its V may still be in flight)
@@ -865,11 +898,11 @@ __device__ void attn_flash_impl(const float* __restrict__ q, const u8* __restric
             cp_async_wait<0>();  // this tile's V codes (the V tile is free since the loop's top)
             fa_convert<D>(sm.v, sm.raw);
             __syncthreads();  // V tile complete; every warp done with the K tile
-            if (more) fa_stage<D, FP8>(sm.k, sm.raw, kc, kx, kb + FA_BN, kend, pos0, window, kvh, kv);
+            if (more) fa_stage<D, FP8>(sm.k, sm.raw, kt, 0, kx, kb + FA_BN, kend, pos0, window, kvh, kv);
             cp_async_commit();
         } else {
             __syncthreads();  // every warp done with the K tile
-            if (more) fa_stage<D, FP8>(sm.k, sm.raw, kc, kx, kb + FA_BN, kend, pos0, window, kvh, kv);
+            if (more) fa_stage<D, FP8>(sm.k, sm.raw, kt, 0, kx, kb + FA_BN, kend, pos0, window, kvh, kv);
             cp_async_commit();
         }
 
@@ -998,11 +1031,11 @@ __device__ void attn_flash_impl(const float* __restrict__ q, const u8* __restric
 // per SM (registers: q's three parts and O stay in them).
 #define ATTN_FLASH(NAME, D, FP8)                                                                                       \
     extern "C" __global__ void __launch_bounds__(FA_WARPS * 32, 2)                                                    \
-        NAME(const float* q, const u8* kc, const u8* vc, const u8* kx, const u8* vx, float* out, float* part_o,       \
+        NAME(const float* q, const u64* kt, const u8* kx, const u8* vx, float* out, float* part_o,                    \
              float* part_ml, int T, int heads, int kvh, float scale, int pos0, int window, int splits, int hb,        \
              float ks, float vs) {                                                                                     \
         pdl_enter();                                                                                                   \
-        attn_flash_impl<D, FP8>(q, kc, vc, kx, vx, out, part_o, part_ml, T, heads, kvh, scale, pos0, window, splits,  \
+        attn_flash_impl<D, FP8>(q, kt, kx, vx, out, part_o, part_ml, T, heads, kvh, scale, pos0, window, splits,      \
                                 hb, ks, vs);                                                                           \
     }
 ATTN_FLASH(attn_flash_bf16_64, 64, false)

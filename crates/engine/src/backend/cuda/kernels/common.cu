@@ -17,6 +17,20 @@ typedef unsigned long long u64;
 
 #define INF_F __int_as_float(0x7f800000)
 
+// ---- paged KV cache ------------------------------------------------------------------------------
+//
+// A layer's cache is blocks of KV_BLOCK positions, each KV_BLOCK rows of keys then KV_BLOCK rows of
+// values (a row: kv_heads * head_dim values of the storage type), wherever the pool put them; the
+// layer's block table holds their addresses. Slot s (the position, or its ring slot on a sliding
+// layer) is row s % KV_BLOCK of block table[s / KV_BLOCK]. Blocks of KV_BLOCK = 64 rows keep every
+// 64-aligned tile of the prefill attention inside one block.
+#define KV_BLOCK 64
+// Row `slot` of the keys (v = 0) or values (v = 1) of a paged cache whose rows are `rw` values of T.
+template <typename T>
+__device__ __forceinline__ T* kv_row(const u64* __restrict__ tab, long slot, long rw, int v) {
+    return (T*)tab[slot >> 6] + ((long)v * KV_BLOCK + (slot & (KV_BLOCK - 1))) * rw;
+}
+
 // ---- programmatic dependent launch --------------------------------------------------------------
 //
 // The host launches every kernel with programmatic stream serialization (sm_90+): its blocks may

@@ -142,17 +142,20 @@ __device__ __forceinline__ void kv_store(void* c, long i, float x, int kv_t, flo
 
 // Per-head RMSNorm then rope, for q (heads) and k (kv_heads) of one token, in place.
 // grid (heads + kv_heads [+ kv_heads]), block = hd rounded up to whole warps (hd <= 256).
-// With `kc` (the KV append fused in): the k heads' blocks also write their rotated row into
-// cache slot `slot` (row width kv_heads * hd), and kv_heads more blocks write v's.
+// With `kt` (a paged cache's block table: the KV append fused in): the k heads' blocks also write
+// their rotated row into cache slot `slot` (row width kv_heads * hd), and kv_heads more blocks
+// write v's.
 extern "C" __global__ void qk_norm_rope(float* q, float* k, const float* __restrict__ qn, const float* __restrict__ kn,
                                        int heads, int hd, float eps, const float* __restrict__ inv_freq, int rdim,
-                                       float attn_factor, int pos, void* kc, void* vc, const float* __restrict__ v,
-                                       long slot, int kv_heads, int kv_t, float ks, float vs) {
+                                       float attn_factor, int pos, const u64* __restrict__ kt,
+                                       const float* __restrict__ v, long slot, int kv_heads, int kv_t, float ks,
+                                       float vs) {
     pdl_enter();
     const int i = threadIdx.x;
+    const long rb = (long)kv_heads * hd * (kv_t == 2 ? 2 : kv_t == 1 ? 1 : 4);  // bytes per cache row
     if ((int)blockIdx.x >= heads + kv_heads) {
         const int hv = blockIdx.x - heads - kv_heads;
-        if (i < hd) kv_store(vc, slot * kv_heads * hd + (long)hv * hd + i, v[(long)hv * hd + i], kv_t, vs);
+        if (i < hd) kv_store(kv_row<u8>(kt, slot, rb, 1), (long)hv * hd + i, v[(long)hv * hd + i], kv_t, vs);
         return;
     }
     const bool isq = (int)blockIdx.x < heads;
@@ -180,7 +183,7 @@ extern "C" __global__ void qk_norm_rope(float* q, float* k, const float* __restr
     }
     if (i < hd) {
         h[i] = out;
-        if (kc && !isq) kv_store(kc, slot * kv_heads * hd + (long)(blockIdx.x - heads) * hd + i, out, kv_t, ks);
+        if (kt && !isq) kv_store(kv_row<u8>(kt, slot, rb, 0), (long)(blockIdx.x - heads) * hd + i, out, kv_t, ks);
     }
 }
 

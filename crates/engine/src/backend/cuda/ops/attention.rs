@@ -9,11 +9,20 @@ use crate::backend::cuda::*;
 kernels! {
     group attention;
 
-    /// Rows `k`, `v` of `t` tokens (`width` values each) into the cache from position `pos0`.
+    /// Rows `k`, `v` of `t` tokens (`width` values each) into the paged cache of block table
+    /// `tab` from position `pos0` (one block per row).
     kv_append => KvAppendArgs {
-        kc: DevPtr<u8>, vc: DevPtr<u8>, k: DevPtr<f32>, v: DevPtr<f32>, t: i32, pos0: i32,
+        tab: DevPtr<u64>, k: DevPtr<f32>, v: DevPtr<f32>, t: i32, pos0: i32,
         window: i32, width: i32, kv_t: i32, ks: f32, vs: f32,
     }
+    /// Rows `k`, `v` (`width` values each) in the storage type into the contiguous `kc`, `vc`
+    /// (one block per row).
+    kv_stage => KvStageArgs {
+        kc: DevPtr<u8>, vc: DevPtr<u8>, k: DevPtr<f32>, v: DevPtr<f32>, width: i32, kv_t: i32,
+        ks: f32, vs: f32,
+    }
+    /// `tab[at + i] = put.e[i]` for `i < n` (≤ [`KV_PUT_MAX`]; one block of that many threads).
+    kv_table_put => KvTablePutArgs { tab: DevPtr<u64>, at: i32, n: i32, put: KvTablePut }
     /// Attention of `t` query rows over a cache of f32, fp8 or bf16 values (`3 · kv_t +
     /// head-dim class`: d ≤ 32, 64, 128).
     attn [
@@ -21,13 +30,13 @@ kernels! {
         "attn_fp8_1", "attn_fp8_2", "attn_fp8_4",
         "attn_bf16_1", "attn_bf16_2", "attn_bf16_4",
     ] => AttnArgs {
-        q: DevPtr<f32>, kch: DevPtr<f32>, vch: DevPtr<f32>, kc: DevPtr<u8>, vc: DevPtr<u8>,
+        q: DevPtr<f32>, kch: DevPtr<f32>, vch: DevPtr<f32>, kt: DevPtr<u64>,
         out: DevPtr<f32>, part_o: DevPtr<f32>, part_ml: DevPtr<f32>, t: i32, heads: i32, kvh: i32,
         d: i32, scale: f32, pos0: i32, window: i32, splits: i32, ngroups: i32, ks: f32, vs: f32,
     }
     /// One token's attention over a bf16 cache: head_dim 64, 128, and 128 for short spans.
     attn_dec ["attn_dec_bf16_64", "attn_dec_bf16_128", "attn_dec_bf16_128_short"] => AttnDecArgs {
-        q: DevPtr<f32>, kch: DevPtr<f32>, vch: DevPtr<f32>, kc: DevPtr<u16>, vc: DevPtr<u16>,
+        q: DevPtr<f32>, kch: DevPtr<f32>, vch: DevPtr<f32>, kt: DevPtr<u64>,
         out: DevPtr<f32>, part_o: DevPtr<f32>, part_ml: DevPtr<f32>, heads: i32, kvh: i32,
         scale: f32, pos0: i32, window: i32, splits: i32, ngroups: i32, pp: AttnPrep,
     }
@@ -46,7 +55,7 @@ kernels! {
     attn_flash [
         "attn_flash_bf16_64", "attn_flash_bf16_128", "attn_flash_fp8_64", "attn_flash_fp8_128",
     ] => AttnFlashArgs {
-        q: DevPtr<f32>, kc: DevPtr<u8>, vc: DevPtr<u8>, kx: DevPtr<u8>, vx: DevPtr<u8>,
+        q: DevPtr<f32>, kt: DevPtr<u64>, kx: DevPtr<u8>, vx: DevPtr<u8>,
         out: DevPtr<f32>, part_o: DevPtr<f32>, part_ml: DevPtr<f32>, t: i32, heads: i32,
         kvh: i32, scale: f32, pos0: i32, window: i32, splits: i32, hb: i32, ks: f32, vs: f32,
     }
@@ -61,12 +70,11 @@ kernels! {
 pub(crate) const ATTN_BATCH_MAX: usize = 32;
 
 /// One sequence of an `attn_dec_batch` launch (`AttnSeq` in kernels/attention.cu; layout
-/// identical): its cache, the slot its new row goes to, its position.
+/// identical): its cache's block table, the slot its new row goes to, its position.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub(crate) struct AttnSeq {
-    kc: DevPtr<u16>,
-    vc: DevPtr<u16>,
+    kt: DevPtr<u64>,
     slot: i64,
     pos0: i32,
     _pad: i32,
@@ -81,6 +89,19 @@ pub(crate) struct AttnSeqs {
 
 // SAFETY: plain old data matching the C struct's layout.
 unsafe impl DeviceRepr for AttnSeqs {}
+
+/// Most block-table entries one `kv_table_put` launch writes (`KV_PUT_MAX`).
+pub(crate) const KV_PUT_MAX: usize = 16;
+
+/// The entries of a `kv_table_put` launch (`KvTablePut`; layout identical), passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct KvTablePut {
+    e: [u64; KV_PUT_MAX],
+}
+
+// SAFETY: plain old data matching the C struct's layout.
+unsafe impl DeviceRepr for KvTablePut {}
 
 /// Query heads of one KV head handled by one attention block (`GMAX`).
 pub(crate) const ATTN_GMAX: usize = 4;
@@ -124,8 +145,7 @@ pub(crate) struct AttnPrep {
     qn: DevPtr<f32>,
     kn: DevPtr<f32>,
     inv_freq: DevPtr<f32>,
-    kc: DevPtr<u16>,
-    vc: DevPtr<u16>,
+    kt: DevPtr<u64>,
     slot: i64,
     eps: f32,
     attn_factor: f32,
@@ -150,8 +170,7 @@ impl AttnPrep {
             qn: norms.q,
             kn: norms.k,
             inv_freq: rope.inv_freq,
-            kc: b.ptr(&cache.k).cast(),
-            vc: b.ptr(&cache.v).cast(),
+            kt: b.ptr(&cache.table),
             slot: slot as i64,
             eps: norms.eps,
             attn_factor: rope.attn_factor,
@@ -250,14 +269,16 @@ pub struct CudaRope {
     pub(crate) attention_factor: f32,
 }
 
-/// One layer's KV cache on the device: `[slot, kv_heads, head_dim]`, a ring of `window` slots
-/// for sliding layers, growing (doubling) for full ones.
+/// One layer's KV cache on the device: paged (kv_pool.rs), slot `s` (the position; on a sliding
+/// layer its ring slot `p % window`) is row `s % KV_BLOCK` of block `s / KV_BLOCK`, a row being
+/// `[kv_heads, head_dim]` values of the storage type.
 pub struct CudaKvLayer {
     pub(crate) spec: KvLayerSpec,
     pub(crate) len: usize,
-    pub(crate) cap: usize,
-    pub(crate) k: CudaSlice<u8>,
-    pub(crate) v: CudaSlice<u8>,
+    /// The blocks, slot order (shared with forks of this cache where they are full).
+    pub(crate) blocks: Vec<Arc<KvBlock>>,
+    /// The block table on the device: `blocks`' addresses, room for at least one entry.
+    pub(crate) table: CudaSlice<u64>,
     /// 0 = f32, 1 = fp8 e4m3, 2 = bf16.
     pub(crate) kv_t: i32,
     /// fp8: stored values are e4m3(x / scale) (1 for the other types).
@@ -272,6 +293,24 @@ impl CudaKvLayer {
             1 => 1,
             _ => 4,
         }
+    }
+
+    /// Bytes of one cached row (one position's keys, or its values).
+    pub(crate) fn row_bytes(&self) -> usize {
+        self.spec.row_width() * self.elem()
+    }
+
+    /// Bytes of one block: [`KV_BLOCK`] rows of keys and as many of values.
+    pub(crate) fn block_bytes(&self) -> usize {
+        2 * KV_BLOCK * self.row_bytes()
+    }
+
+    /// Blocks that holding `positions` positions takes (a sliding layer: its window at most).
+    pub(crate) fn blocks_for(&self, positions: usize) -> usize {
+        self.spec
+            .window
+            .map_or(positions, |w| positions.min(w))
+            .div_ceil(KV_BLOCK)
     }
 }
 
@@ -315,8 +354,7 @@ impl CudaBackend {
             rdim: a.rope.rdim as i32,
             attn_factor: a.rope.attn_factor,
             pos: a.pos as i32,
-            kc: self.ptr(&cache.k),
-            vc: self.ptr(&cache.v),
+            kt: self.ptr(&cache.table),
             v: a.v,
             slot: a.slot as i64,
             kv_heads: kvh as i32,
@@ -332,31 +370,50 @@ impl CudaBackend {
     }
 
     pub(crate) fn kv_grow(&self, c: &mut CudaKvLayer, need: usize) -> Result<()> {
-        let row_bytes = c.spec.row_width() * c.elem();
-        let target = match c.spec.window {
-            Some(w) => w,
-            None if need <= c.cap => return Ok(()),
-            None => need.max(c.cap * 2).max(256),
-        };
-        if target <= c.cap {
+        let want = c.blocks_for(need);
+        if want <= c.blocks.len() {
             return Ok(());
         }
-        let mut k = self.alloc::<u8>(target * row_bytes)?;
-        let mut v = self.alloc::<u8>(target * row_bytes)?;
-        let used = c.cap.min(c.len) * row_bytes;
-        if used > 0 {
-            self.inner
-                .stream
-                .memcpy_dtod(&c.k.slice(0..used), &mut k.slice_mut(0..used))
-                .map_err(|e| self.err(format!("{e:?}")))?;
-            self.inner
-                .stream
-                .memcpy_dtod(&c.v.slice(0..used), &mut v.slice_mut(0..used))
-                .map_err(|e| self.err(format!("{e:?}")))?;
+        let bytes = c.block_bytes();
+        let fresh = (c.blocks.len()..want)
+            .map(|_| self.inner.kv_pool.take(self, bytes))
+            .collect::<Result<Vec<_>>>()?;
+        self.kv_table_extend(c, fresh)
+    }
+
+    /// Appends `fresh` to `c`'s blocks and their addresses to its table on the device (a larger
+    /// table when it is full: the old entries copied over), `KV_PUT_MAX` entries per launch.
+    pub(crate) fn kv_table_extend(
+        &self,
+        c: &mut CudaKvLayer,
+        fresh: Vec<Arc<KvBlock>>,
+    ) -> Result<()> {
+        let at = c.blocks.len();
+        let n = at + fresh.len();
+        if n > c.table.len() {
+            let mut table = self.alloc_unset::<u64>(n.max(2 * c.table.len()).max(16))?;
+            if at > 0 {
+                self.inner
+                    .stream
+                    .memcpy_dtod(&c.table.slice(0..at), &mut table.slice_mut(0..at))
+                    .map_err(|e| self.err(format!("{e:?}")))?;
+            }
+            c.table = table;
         }
-        c.k = k;
-        c.v = v;
-        c.cap = target;
+        for (i, group) in fresh.chunks(KV_PUT_MAX).enumerate() {
+            let mut put = KvTablePut::default();
+            for (e, b) in put.e.iter_mut().zip(group) {
+                *e = b.addr;
+            }
+            ops::attention::KvTablePutArgs {
+                tab: self.ptr(&c.table),
+                at: (at + i * KV_PUT_MAX) as i32,
+                n: group.len() as i32,
+                put,
+            }
+            .launch(self, (1, 1, 1), (KV_PUT_MAX as u32, 1, 1))?;
+        }
+        c.blocks.extend(fresh);
         Ok(())
     }
 
@@ -429,8 +486,7 @@ impl CudaBackend {
                 q,
                 kch: k,
                 vch: v,
-                kc: self.ptr(&cache.k).cast(),
-                vc: self.ptr(&cache.v).cast(),
+                kt: self.ptr(&cache.table),
                 out,
                 part_o: po,
                 part_ml: pml,
@@ -450,8 +506,7 @@ impl CudaBackend {
                 q,
                 kch: k,
                 vch: v,
-                kc: self.ptr(&cache.k),
-                vc: self.ptr(&cache.v),
+                kt: self.ptr(&cache.table),
                 out,
                 part_o: po,
                 part_ml: pml,
@@ -532,36 +587,25 @@ impl CudaBackend {
         let (pos0, d) = (cache.len, p.head_dim);
         let row_bytes = cache.spec.row_width() * cache.elem();
         let window = cache.spec.window;
-        let in_place = window.is_none_or(|w| pos0 + t <= w);
-        let scratch = if in_place {
-            self.kv_append_raw(cache, k, v, t)?;
-            None
-        } else {
-            let ks = self.alloc::<u8>(t * row_bytes)?;
-            let vs = self.alloc::<u8>(t * row_bytes)?;
-            ops::attention::KvAppendArgs {
-                kc: self.ptr(&ks),
-                vc: self.ptr(&vs),
-                k,
-                v,
-                t: t as i32,
-                pos0: 0,
-                window: 0,
-                width: cache.spec.row_width() as i32,
-                kv_t: cache.kv_t,
-                ks: cache.k_scale,
-                vs: cache.v_scale,
-            }
-            .launch(self, (t as u32, 1, 1), (128, 1, 1))?;
-            Some((ks, vs))
-        };
-        let (kx, vx) = match &scratch {
-            Some((ks, vs)) => (self.ptr(ks), self.ptr(vs)),
-            None => (
-                self.ptr(&cache.k).add(pos0 * row_bytes),
-                self.ptr(&cache.v).add(pos0 * row_bytes),
-            ),
-        };
+        // The chunk's rows in the storage type, contiguous (what the kernel reads for keys at
+        // positions >= pos0); they go into the cache after the kernel (a ring may overwrite
+        // slots that the chunk's first queries still read).
+        let (ks, vs) = (
+            self.alloc_unset::<u8>(t * row_bytes)?,
+            self.alloc_unset::<u8>(t * row_bytes)?,
+        );
+        ops::attention::KvStageArgs {
+            kc: self.ptr(&ks),
+            vc: self.ptr(&vs),
+            k,
+            v,
+            width: cache.spec.row_width() as i32,
+            kv_t: cache.kv_t,
+            ks: cache.k_scale,
+            vs: cache.v_scale,
+        }
+        .launch(self, (t as u32, 1, 1), (128, 1, 1))?;
+        let (kx, vx) = (self.ptr(&ks), self.ptr(&vs));
         // blocks: hb heads of a group times 64 / hb tokens; key splits fill about one wave
         let g = p.heads / p.kv_heads;
         let hb = [4, 2, 1]
@@ -588,8 +632,7 @@ impl CudaBackend {
         let variant = 2 * usize::from(cache.kv_t == 1) + usize::from(d == 128);
         ops::attention::AttnFlashArgs {
             q,
-            kc: self.ptr(&cache.k),
-            vc: self.ptr(&cache.v),
+            kt: self.ptr(&cache.table),
             kx,
             vx,
             out,
@@ -619,10 +662,8 @@ impl CudaBackend {
         if splits > 1 {
             self.attn_combine_raw((po, pml), out, DevPtr::NULL, p, t, splits)?;
         }
-        if !in_place {
-            self.kv_append_raw(cache, k, v, t)?;
-        }
-        drop((scratch, parts));
+        self.kv_append_raw(cache, k, v, t)?;
+        drop((ks, vs, parts));
         Ok(())
     }
 
@@ -695,9 +736,7 @@ impl CudaBackend {
                     c.kv.len, c.pos0
                 )
             })?;
-            if window.is_none() || c.kv.cap == 0 {
-                self.kv_grow(c.kv, c.pos0 + 1)?;
-            }
+            self.kv_grow(c.kv, c.pos0 + 1)?;
             keys = keys.max(window.map_or(c.pos0 + 1, |w| w.min(c.pos0 + 1)));
         }
         let d = p.head_dim;
@@ -725,8 +764,7 @@ impl CudaBackend {
             let mut seqs = AttnSeqs::default();
             for (s, c) in seqs.s.iter_mut().zip(group) {
                 *s = AttnSeq {
-                    kc: self.ptr(&c.kv.k).cast(),
-                    vc: self.ptr(&c.kv.v).cast(),
+                    kt: self.ptr(&c.kv.table),
                     slot: window.map_or(c.pos0, |w| c.pos0 % w) as i64,
                     pos0: c.pos0 as i32,
                     _pad: 0,
@@ -824,9 +862,9 @@ impl CudaBackend {
     ) -> Result<()> {
         let width = cache.spec.row_width();
         let window = cache.spec.window.unwrap_or(0) as i32;
+        self.kv_grow(cache, cache.len + t)?;
         ops::attention::KvAppendArgs {
-            kc: self.ptr(&cache.k),
-            vc: self.ptr(&cache.v),
+            tab: self.ptr(&cache.table),
             k,
             v,
             t: t as i32,

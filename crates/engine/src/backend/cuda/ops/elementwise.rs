@@ -22,8 +22,8 @@ kernels! {
     /// One token's per-head q/k norms and rope, and its k and v rows written into cache `slot`.
     qk_norm_rope => QkNormRopeArgs {
         q: DevPtr<f32>, k: DevPtr<f32>, qn: DevPtr<f32>, kn: DevPtr<f32>, heads: i32, hd: i32,
-        eps: f32, inv_freq: DevPtr<f32>, rdim: i32, attn_factor: f32, pos: i32, kc: DevPtr<u8>,
-        vc: DevPtr<u8>, v: DevPtr<f32>, slot: i64, kv_heads: i32, kv_t: i32, ks: f32, vs: f32,
+        eps: f32, inv_freq: DevPtr<f32>, rdim: i32, attn_factor: f32, pos: i32, kt: DevPtr<u64>,
+        v: DevPtr<f32>, slot: i64, kv_heads: i32, kv_t: i32, ks: f32, vs: f32,
     }
     /// `x *= softplus(gate[i / group])` over `n` values.
     softplus_gate => SoftplusGateArgs { x: DevPtr<f32>, gate: DevPtr<f32>, n: i64, group: i32 }

@@ -366,6 +366,7 @@ mod tests {
                 // (uint2: a pair of u32, the tensor-core B entries of kernels/gemv.cu)
                 "u32" | "uint2" => "u32",
                 "u16" => "u16",
+                "u64" => "u64",
                 "u8" | "void" => "u8",
                 _ => return None,
             };
@@ -381,6 +382,7 @@ mod tests {
                 "Segs" => "Segs",
                 "Prep" => "AttnPrep",
                 "AttnSeqs" => "AttnSeqs",
+                "KvTablePut" => "KvTablePut",
                 "Route" => "Route",
                 "ExpertProj" => "ExpertProj",
                 "Epi" => "Epi",
