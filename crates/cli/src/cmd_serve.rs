@@ -95,6 +95,11 @@ pub struct ServeArgs {
     /// out. Refused with --device cpu.
     #[arg(long, value_name = "FRACTION", value_parser = parse_fraction)]
     gpu_memory_utilization: Option<f64>,
+    /// The KV caches' memory in bytes (as vLLM's flag; suffixes K, M, G, KiB, MiB, GiB), on a
+    /// GPU instead of --gpu-memory-utilization's share, on the CPU a cap on host memory. As
+    /// there, requests wait for room and running ones are preempted when it runs out.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    kv_cache_memory_bytes: Option<usize>,
     /// How weight files are held: `mmap` (default; a file truncated while serving crashes the
     /// server with SIGBUS) or `copy` (read into memory: the file's size in RAM, immune to
     /// changes of the file).
@@ -196,6 +201,30 @@ fn parse_fraction(s: &str) -> Result<f64, String> {
     }
 }
 
+/// A `--kv-cache-memory-bytes` value: a byte count, with an optional K / M / G (powers of
+/// 1000) or KiB / MiB / GiB (powers of 1024) suffix.
+fn parse_bytes(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let scale: usize = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1_000,
+        "m" | "mb" => 1_000_000,
+        "g" | "gb" => 1_000_000_000,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        _ => return Err(format!("{s:?}: bytes, e.g. 8000000000, 8G or 8GiB")),
+    };
+    digits
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("{s:?}: bytes, e.g. 8000000000, 8G or 8GiB"))
+}
+
 /// The KV storage a `--kv-dtype` / `--kv-cache-dtype` value names (vLLM's spellings of the same
 /// storage accepted; its others refused by name).
 fn parse_kv_dtype(s: &str) -> Result<KvDtype, String> {
@@ -246,6 +275,7 @@ impl ServeArgs {
             .cpu_isa(self.cpu_isa)
             .kv_dtype(self.kv_dtype)
             .gpu_memory_utilization(self.gpu_memory_utilization)
+            .kv_cache_memory(self.kv_cache_memory_bytes)
             .prefix_cache_bytes(self.prefix_cache_mib.saturating_mul(1 << 20))
             .drain_timeout(Duration::from_secs(self.drain_timeout))
             .api_key(api_key(self.api_key, env))
@@ -305,6 +335,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 mod tests {
     use super::*;
     use clap::Parser;
+    use fp4forge_engine::KvLimit;
 
     #[derive(Parser)]
     struct Cmd {
@@ -436,6 +467,16 @@ mod tests {
             err.contains("--gpu-memory-utilization 0.9: applies to --device cuda"),
             "{err}"
         );
+        let c = config_of(&["m", "--kv-cache-memory-bytes", "3GiB"], &[]).unwrap();
+        assert_eq!(c.kv_cache_memory, Some(3 << 30));
+        assert_eq!(c.kv_limit(), Some(KvLimit::Bytes(3 << 30)));
+        let c = config_of(&["m", "--kv-cache-memory-bytes", "1500M"], &[]).unwrap();
+        assert_eq!(c.kv_cache_memory, Some(1_500_000_000));
+        assert!(config_of(&["m", "--kv-cache-memory-bytes", "lots"], &[]).is_err());
+        assert!(config_of(&["m", "--kv-cache-memory-bytes", "0"], &[]).is_err());
+        let c = config_of(&["m", "--device", "cuda"], &[]).unwrap();
+        assert_eq!(c.kv_limit(), Some(KvLimit::DeviceFraction(0.9)));
+        assert_eq!(config_of(&["m"], &[]).unwrap().kv_limit(), None);
         for bad in ["0", "1.5", "-0.2", "most"] {
             assert!(
                 config_of(

@@ -95,23 +95,8 @@ pub fn open<W: WithModel>(
     options: ModelOptions,
     user: W,
 ) -> Result<W::Output> {
-    if let Some(f) = options.gpu_memory_utilization {
-        if !(f > 0.0 && f <= 1.0) {
-            return Err(EngineError::InvalidInput(format!(
-                "gpu_memory_utilization {f}: a fraction in (0, 1]"
-            )));
-        }
-    }
     match device {
-        Device::Cpu => {
-            if let Some(f) = options.gpu_memory_utilization {
-                return Err(EngineError::InvalidInput(format!(
-                    "gpu_memory_utilization {f}: applies to a GPU device; the CPU's KV caches \
-                     are host memory of each sequence"
-                )));
-            }
-            Ok(user.with(Model::load(dir, options)?))
-        }
+        Device::Cpu => Ok(user.with(Model::load(dir, options)?)),
         #[cfg(feature = "cuda")]
         Device::Cuda(ordinal) => {
             let backend = crate::backend::CudaBackend::new(ordinal).map_err(|e| {
@@ -120,12 +105,7 @@ pub fn open<W: WithModel>(
                     source: Box::new(e),
                 }
             })?;
-            let fraction = options.gpu_memory_utilization;
-            let model = Model::load_with_backend(dir, options, backend.clone())?;
-            if let Some(f) = fraction {
-                backend.limit_kv_memory(f)?;
-            }
-            Ok(user.with(model))
+            Ok(user.with(Model::load_with_backend(dir, options, backend)?))
         }
         #[cfg(not(feature = "cuda"))]
         Device::Cuda(_) => Err(EngineError::DeviceNotBuilt { device }),

@@ -56,7 +56,7 @@ pub mod weights;
 pub use backend::cpu::{CpuIsa, ParseCpuIsaError};
 #[cfg(feature = "cuda")]
 pub use backend::CudaBackend;
-pub use backend::{Backend, CpuBackend};
+pub use backend::{Backend, CpuBackend, KvLimit, KvMemory};
 pub use constraint::Constraint;
 pub use device::{open, Device, ParseDeviceError, WithModel};
 pub use error::{EngineError, Result};

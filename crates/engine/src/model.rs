@@ -7,11 +7,11 @@ use std::sync::Arc;
 use fp4forge_format::{Checkpoint, LoadFormat};
 
 use crate::backend::cpu::CpuIsa;
-use crate::backend::{Backend, CpuBackend};
+use crate::backend::{Backend, CpuBackend, KvLimit};
 use fp4forge_arch::ArchSpec;
 
 use crate::config::ConfigJson;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::ir::Decoder;
 use crate::ir::{KvDtype, KvLayerSpec};
 use crate::models::load_ctx::LoadCtx;
@@ -46,11 +46,9 @@ pub struct ModelOptions {
     /// How the weight files are held: memory-mapped (default) or read into memory, which a
     /// file truncated or rewritten while serving cannot affect.
     pub load_format: LoadFormat,
-    /// A GPU device's memory that this model may use, as a fraction of all of it (vLLM's
-    /// `--gpu-memory-utilization`): what is left of it once the weights are loaded (less a
-    /// reserve for activations) caps the KV caches, which are paged; `None` (the default): no
-    /// cap. Refused on the CPU.
-    pub gpu_memory_utilization: Option<f64>,
+    /// The cap on the KV caches' memory, applied once the weights are loaded
+    /// ([`Backend::limit_kv_memory`]); `None` (the default): no cap.
+    pub kv_limit: Option<KvLimit>,
 }
 
 impl Default for ModelOptions {
@@ -71,13 +69,13 @@ impl ModelOptions {
             threads: 0,
             cpu_isa: CpuIsa::Auto,
             load_format: LoadFormat::Mmap,
-            gpu_memory_utilization: None,
+            kv_limit: None,
         }
     }
 
-    /// Sets [`ModelOptions::gpu_memory_utilization`].
-    pub fn gpu_memory_utilization(mut self, fraction: Option<f64>) -> Self {
-        self.gpu_memory_utilization = fraction;
+    /// Sets [`ModelOptions::kv_limit`].
+    pub fn kv_limit(mut self, limit: Option<KvLimit>) -> Self {
+        self.kv_limit = limit;
         self
     }
 
@@ -209,6 +207,16 @@ impl<B: Backend> Model<B> {
             emulate_w4a4: options.emulate_w4a4,
         };
         let decoder = models::loader::load(&spec, &ctx, options.kv_dtype)?;
+        if let Some(limit) = options.kv_limit {
+            if let KvLimit::DeviceFraction(f) = limit {
+                if !(f > 0.0 && f <= 1.0) {
+                    return Err(EngineError::InvalidInput(format!(
+                        "gpu_memory_utilization {f}: a fraction in (0, 1]"
+                    )));
+                }
+            }
+            backend.limit_kv_memory(limit)?;
+        }
         let kv_specs = decoder.layers.iter().map(|l| l.attn.kv.clone()).collect();
 
         let config_max = spec.max_position_embeddings;

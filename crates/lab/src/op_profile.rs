@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use fp4forge_engine::backend::{AttentionParams, KvMemory, Resident, RouterParams};
+use fp4forge_engine::backend::{AttentionParams, KvLimit, KvMemory, Resident, RouterParams};
 use fp4forge_engine::ir::KvLayerSpec;
 use fp4forge_engine::rope::RopeSpec;
 use fp4forge_engine::sampling::SamplingParams;
@@ -136,6 +136,10 @@ impl<B: Backend> Backend for Profiled<B> {
 
     fn kv_memory(&self) -> KvMemory {
         self.inner.kv_memory()
+    }
+
+    fn limit_kv_memory(&self, limit: KvLimit) -> Result<usize> {
+        self.inner.limit_kv_memory(limit)
     }
 
     fn upload(&self, rows: usize, cols: usize, data: &[f32]) -> Result<Self::Tensor> {

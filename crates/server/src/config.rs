@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use fp4forge_engine::{CpuIsa, Device, KvDtype, LoadFormat};
+use fp4forge_engine::{CpuIsa, Device, KvDtype, KvLimit, LoadFormat};
 
 use crate::parsers::{ReasoningFormat, ToolFormat};
 
@@ -79,6 +79,8 @@ pub struct ServerConfig {
     /// caps the paged KV caches, and sequences are admitted (and preempted) by the room left.
     /// `None`: [`DEFAULT_GPU_MEMORY_UTILIZATION`] on a GPU. Must be `None` on the CPU.
     pub gpu_memory_utilization: Option<f64>,
+    /// The KV caches' memory cap in bytes (GPU or CPU), instead of the GPU fraction.
+    pub kv_cache_memory: Option<usize>,
     /// Caps the model's context (default: the checkpoint's).
     pub max_context: Option<usize>,
     /// KV storage of finished sequences kept so that later requests sharing a prompt prefix
@@ -144,6 +146,7 @@ impl ServerConfig {
             cpu_isa: CpuIsa::Auto,
             kv_dtype: KvDtype::Bf16,
             gpu_memory_utilization: None,
+            kv_cache_memory: None,
             max_context: None,
             prefix_cache_bytes: DEFAULT_PREFIX_CACHE_BYTES,
             drain_timeout: Duration::from_secs(60),
@@ -307,6 +310,28 @@ impl ServerConfig {
     pub fn gpu_memory_utilization(mut self, fraction: Option<f64>) -> Self {
         self.gpu_memory_utilization = fraction;
         self
+    }
+
+    /// Sets [`ServerConfig::kv_cache_memory`].
+    pub fn kv_cache_memory(mut self, bytes: Option<usize>) -> Self {
+        self.kv_cache_memory = bytes;
+        self
+    }
+
+    /// The cap on the KV caches these settings ask for: the bytes given, else on a GPU the
+    /// fraction given or [`DEFAULT_GPU_MEMORY_UTILIZATION`]; on the CPU without bytes none (a
+    /// fraction there is passed on, and refused by the engine by name).
+    pub fn kv_limit(&self) -> Option<KvLimit> {
+        if let Some(b) = self.kv_cache_memory {
+            return Some(KvLimit::Bytes(b));
+        }
+        match self.device {
+            Device::Cpu => self.gpu_memory_utilization.map(KvLimit::DeviceFraction),
+            _ => Some(KvLimit::DeviceFraction(
+                self.gpu_memory_utilization
+                    .unwrap_or(DEFAULT_GPU_MEMORY_UTILIZATION),
+            )),
+        }
     }
 
     /// Sets [`ServerConfig::max_context`].

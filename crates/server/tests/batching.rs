@@ -47,6 +47,82 @@ async fn wait_until(what: &str, mut ok: impl AsyncFnMut() -> bool) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_kv_memory_cap_preempts_and_every_client_still_gets_its_single_client_answer() {
+    // Eight clients whose KV caches together need about three times the cap: the scheduler
+    // admits what fits, preempts the latest admitted when a step needs more than is left,
+    // and recomputes their caches later; every answer is the one the client gets alone.
+    let tokens = 40;
+    let prompts = &PROMPTS[..8];
+    let free = TestServer::start(|c| c.max_batch(8).prefix_cache_bytes(0)).await;
+    let mut alone = Vec::new();
+    for p in prompts {
+        let (st, v) = free
+            .post("/v1/completions", &request(p, tokens, false))
+            .await;
+        assert_eq!(st, 200);
+        alone.push(v["choices"][0]["text"].as_str().unwrap().to_string());
+    }
+    free.stop().await;
+    // one sequence's KV bytes: what a finished one leaves in the prefix cache
+    let probe = TestServer::start(|c| c.max_batch(8)).await;
+    let longest = prompts.iter().max_by_key(|p| p.len()).unwrap();
+    let (st, _) = probe
+        .post("/v1/completions", &request(longest, tokens, false))
+        .await;
+    assert_eq!(st, 200);
+    let one = probe.metric("fp4forge_kv_cache_used_bytes{").await as usize;
+    assert!(one > 0, "the prefix cache holds the finished sequence's KV");
+    probe.stop().await;
+
+    let cap = one * 5 / 2;
+    let s = TestServer::start(|c| {
+        c.max_batch(8)
+            .prefix_cache_bytes(0)
+            .kv_cache_memory(Some(cap))
+    })
+    .await;
+    assert_eq!(
+        s.metric("fp4forge_kv_cache_capacity_bytes{").await as usize,
+        cap
+    );
+    let calls = prompts.iter().enumerate().map(|(i, p)| {
+        let body = request(p, tokens, i % 2 == 0);
+        let url = s.url("/v1/completions");
+        async move {
+            let r = client()
+                .post(url)
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+            let text = r.text().await.unwrap();
+            if i % 2 == 0 {
+                parse_sse(&text)
+                    .iter()
+                    .filter_map(|e| e.get("choices"))
+                    .flat_map(|c| c.as_array().unwrap().iter())
+                    .map(|c| c["text"].as_str().unwrap().to_string())
+                    .collect::<String>()
+            } else {
+                let v: Value = serde_json::from_str(&text).unwrap();
+                v["choices"][0]["text"].as_str().unwrap().to_string()
+            }
+        }
+    });
+    let together = futures_util::future::join_all(calls).await;
+    for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(a, b, "prompt {i} {:?}", prompts[i]);
+    }
+    let preempted = s.metric("fp4forge_num_preemptions_total{").await;
+    println!("{preempted} preemptions under a cap of {cap} bytes ({one} per sequence)");
+    assert!(preempted > 0.0, "the cap never made the scheduler preempt");
+    assert_eq!(s.metric("fp4forge_kv_cache_used_bytes{").await, 0.0);
+    assert_eq!(s.metric("fp4forge_requests_running{").await, 0.0);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixteen_clients_at_once_get_their_single_client_answers() {
     let s = TestServer::start(|c| c.max_batch(16)).await;
     let tokens = 24;

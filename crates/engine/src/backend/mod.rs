@@ -42,6 +42,16 @@ pub struct KvMemory {
     pub available: Option<usize>,
 }
 
+/// A cap on a backend's KV memory ([`Backend::limit_kv_memory`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KvLimit {
+    /// At most this many bytes (vLLM's `--kv-cache-memory-bytes`).
+    Bytes(usize),
+    /// What is left of this fraction (0, 1] of a GPU's memory after what is in use once the
+    /// weights are loaded, less a reserve for activations (vLLM's `--gpu-memory-utilization`).
+    DeviceFraction(f64),
+}
+
 /// Ops and resident objects of one device (CPU, CUDA, ...). See the module docs.
 pub trait Backend: Resident {
     /// A short name for messages (`cpu`, `cpu-avx2`, `cuda:0`).
@@ -78,6 +88,10 @@ pub trait Backend: Resident {
     /// The memory of all KV caches of this backend: what they hold and, where the backend caps
     /// it, the cap.
     fn kv_memory(&self) -> KvMemory;
+    /// Caps the memory of all KV caches of this backend (a cache that would grow past it fails
+    /// with an error that says so) and returns the cap, bytes. Errors where the backend cannot
+    /// honour `limit` (a device fraction on the CPU) or nothing is left for the caches.
+    fn limit_kv_memory(&self, limit: KvLimit) -> Result<usize>;
 
     // ---- data in and out ---------------------------------------------------------------
 

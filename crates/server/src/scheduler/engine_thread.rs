@@ -115,14 +115,7 @@ pub(crate) fn start(
         .threads(config.threads)
         .cpu_isa(config.cpu_isa)
         .load_format(config.load_format)
-        .gpu_memory_utilization(match config.device {
-            Device::Cpu => config.gpu_memory_utilization,
-            _ => Some(
-                config
-                    .gpu_memory_utilization
-                    .unwrap_or(crate::config::DEFAULT_GPU_MEMORY_UTILIZATION),
-            ),
-        });
+        .kv_limit(config.kv_limit());
     if let Some(c) = config.max_context {
         options = options.max_context(c);
     }

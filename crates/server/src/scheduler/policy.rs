@@ -106,7 +106,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             limits.max_batch.saturating_mul(model.info().max_context),
             Ordering::Relaxed,
         );
-        Self {
+        let s = Self {
             max_context: model.info().max_context,
             model,
             limits,
@@ -120,7 +120,9 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                 .build()
                 .ok(),
             shutting_down: false,
-        }
+        };
+        s.publish_cache_size();
+        s
     }
 
     /// Schedules until shut down and drained, or aborted.

@@ -5,6 +5,9 @@
 use fp4forge_format::float::{bf16_bits_to_f32, f32_to_bf16_bits};
 use fp4forge_format::fp8::{f32_to_e4m3_saturating, E4M3_TO_F32};
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
 use crate::ir::{KvDtype, KvLayerSpec};
 
 /// Rows of cached keys or values in one storage type.
@@ -155,14 +158,44 @@ impl KvRows {
     }
 }
 
+/// The host memory of all KV stores of one backend: the bytes their rows take, and the cap
+/// (0: none), which a store growing past fails on.
+#[derive(Debug, Default)]
+pub(crate) struct HostKvAccount {
+    used: AtomicUsize,
+    cap: AtomicUsize,
+}
+
+impl HostKvAccount {
+    /// Caps the stores at `bytes` (`None`: no cap).
+    pub(crate) fn set_cap(&self, bytes: Option<usize>) {
+        self.cap.store(bytes.unwrap_or(0), Ordering::Relaxed);
+    }
+
+    /// Bytes held, and the cap.
+    pub(crate) fn usage(&self) -> (usize, Option<usize>) {
+        let cap = self.cap.load(Ordering::Relaxed);
+        (self.used.load(Ordering::Relaxed), (cap > 0).then_some(cap))
+    }
+}
+
 /// The host-memory store of one layer (the CPU backend's `KvLayer`).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct HostKvLayer {
     spec: KvLayerSpec,
     /// Positions written so far (the sequence length).
     len: usize,
     k: KvRows,
     v: KvRows,
+    /// The account its rows are charged to, and what they were charged (bytes).
+    account: Arc<HostKvAccount>,
+    charged: usize,
+}
+
+impl Drop for HostKvLayer {
+    fn drop(&mut self) {
+        self.account.used.fetch_sub(self.charged, Ordering::Relaxed);
+    }
 }
 
 /// The keys and values one attention call may read: the stored rows of earlier positions and the
@@ -175,8 +208,8 @@ pub(crate) struct KvChunk {
 }
 
 impl HostKvLayer {
-    /// An empty store.
-    pub fn new(spec: &KvLayerSpec) -> Self {
+    /// An empty store, charging its rows to `account`.
+    pub(crate) fn new(spec: &KvLayerSpec, account: Arc<HostKvAccount>) -> Self {
         let scale_ok = |s: f32| if s.is_finite() && s > 0.0 { s } else { 1.0 };
         let mut spec = spec.clone();
         if spec.dtype != KvDtype::Fp8E4m3 {
@@ -190,7 +223,52 @@ impl HostKvLayer {
             v: KvRows::new(spec.dtype),
             spec,
             len: 0,
+            account,
+            charged: 0,
         }
+    }
+
+    /// Bytes the rows of `positions` positions take (a sliding layer: its window at most).
+    pub fn bytes_for(&self, positions: usize) -> usize {
+        let rows = self.spec.window.map_or(positions, |w| positions.min(w));
+        2 * rows * self.spec.row_width() * self.spec.dtype.size()
+    }
+
+    /// Bytes charged to the account for this store.
+    pub fn charged(&self) -> usize {
+        self.charged
+    }
+
+    /// Charges the account for holding `positions` positions (nothing when already charged
+    /// for as many); an error, and nothing charged, past the cap.
+    pub(crate) fn charge(&mut self, positions: usize) -> Result<(), String> {
+        let bytes = self.bytes_for(positions);
+        let more = bytes.saturating_sub(self.charged);
+        if more == 0 {
+            return Ok(());
+        }
+        let a = &self.account;
+        let cap = a.cap.load(Ordering::Relaxed);
+        let mut used = a.used.load(Ordering::Relaxed);
+        loop {
+            if cap > 0 && used + more > cap {
+                return Err(format!(
+                    "KV cache full: {used} of {cap} bytes of KV rows in use, no room for {more} \
+                     more (raise --kv-cache-memory-bytes, or serve fewer or shorter sequences)"
+                ));
+            }
+            match a.used.compare_exchange_weak(
+                used,
+                used + more,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(now) => used = now,
+            }
+        }
+        self.charged = bytes;
+        Ok(())
     }
 
     /// The layer's spec.
@@ -215,7 +293,8 @@ impl HostKvLayer {
     }
 
     /// A new store holding a copy of the first `len` positions (see [`Self::can_fork`]); `None`
-    /// when that is not possible. `self` is unchanged.
+    /// when that is not possible. `self` is unchanged. The copy is not charged yet
+    /// ([`Self::charge`]).
     pub fn fork(&self, len: usize) -> Option<Self> {
         if !self.can_fork(len) {
             return None;
@@ -227,6 +306,8 @@ impl HostKvLayer {
             len,
             k: self.k.prefix(elements),
             v: self.v.prefix(elements),
+            account: self.account.clone(),
+            charged: 0,
         })
     }
 
@@ -363,7 +444,7 @@ mod tests {
 
     #[test]
     fn ring_keeps_the_last_window_and_memory_is_flat() {
-        let mut l = HostKvLayer::new(&spec(Some(4), KvDtype::F32));
+        let mut l = HostKvLayer::new(&spec(Some(4), KvDtype::F32), Arc::default());
         let mut bytes_after_window = 0;
         for p in 0..20 {
             let r = row(p);
@@ -386,7 +467,7 @@ mod tests {
 
     #[test]
     fn a_chunk_longer_than_the_window_commits_its_tail() {
-        let mut l = HostKvLayer::new(&spec(Some(4), KvDtype::Bf16));
+        let mut l = HostKvLayer::new(&spec(Some(4), KvDtype::Bf16), Arc::default());
         let rows: Vec<f32> = (0..10).flat_map(row).collect();
         let c = l.stage(&rows, &rows, 10);
         let mut out = [0f32; 4];
@@ -402,7 +483,7 @@ mod tests {
 
     #[test]
     fn fp8_uses_the_scales() {
-        let mut l = HostKvLayer::new(&spec(None, KvDtype::Fp8E4m3));
+        let mut l = HostKvLayer::new(&spec(None, KvDtype::Fp8E4m3), Arc::default());
         let r = vec![1.0f32, -2.0, 3.0, 0.5, 100.0, 7.0, -8.0, 0.0];
         let c = l.stage(&r, &r, 1);
         l.commit(c);

@@ -83,6 +83,8 @@ impl FromStr for CpuIsa {
 pub struct CpuBackend {
     isa: Isa,
     pool: Option<Arc<rayon::ThreadPool>>,
+    /// The host memory of its KV caches (shared by clones).
+    kv: Arc<kv::HostKvAccount>,
 }
 
 impl Default for CpuBackend {
@@ -97,6 +99,7 @@ impl CpuBackend {
         Self {
             isa: Isa::detect(),
             pool: None,
+            kv: Arc::default(),
         }
     }
 
@@ -132,7 +135,8 @@ impl CpuBackend {
                     "--cpu-isa {isa}: this CPU lacks some of {needs} (best available: {})",
                     Self {
                         isa: best,
-                        pool: None
+                        pool: None,
+                        kv: Arc::default(),
                     }
                     .name()
                 )));
@@ -267,7 +271,7 @@ impl Backend for CpuBackend {
     }
 
     fn new_kv_layer(&self, spec: &KvLayerSpec) -> Result<HostKvLayer> {
-        Ok(HostKvLayer::new(spec))
+        Ok(HostKvLayer::new(spec, self.kv.clone()))
     }
 
     fn kv_layer_bytes(&self, layer: &HostKvLayer) -> usize {
@@ -275,24 +279,40 @@ impl Backend for CpuBackend {
     }
 
     fn kv_growth_bytes(&self, layer: &HostKvLayer, positions: usize) -> usize {
-        let spec = layer.spec();
-        let rows = spec.window.map_or(positions, |w| positions.min(w));
-        let row_bytes = 2 * spec.row_width() * spec.dtype.size();
-        rows.saturating_sub(layer.stored_rows()) * row_bytes
+        layer.bytes_for(positions).saturating_sub(layer.charged())
     }
 
     fn kv_memory(&self) -> crate::backend::KvMemory {
-        // host caches are vectors of their sessions: no pool, no cap
-        crate::backend::KvMemory::default()
+        let (used, capacity) = self.kv.usage();
+        crate::backend::KvMemory {
+            used,
+            capacity,
+            available: capacity.map(|cap| cap.saturating_sub(used)),
+        }
+    }
+
+    fn limit_kv_memory(&self, limit: crate::backend::KvLimit) -> Result<usize> {
+        match limit {
+            crate::backend::KvLimit::Bytes(b) => {
+                self.kv.set_cap(Some(b));
+                Ok(b)
+            }
+            crate::backend::KvLimit::DeviceFraction(f) => Err(self.error(format!(
+                "gpu_memory_utilization {f}: applies to a GPU; cap the CPU's KV caches in bytes \
+                 (--kv-cache-memory-bytes)"
+            ))),
+        }
     }
 
     fn kv_fork(&self, layer: &HostKvLayer, len: usize) -> Result<HostKvLayer> {
-        layer.fork(len).ok_or_else(|| {
+        let mut out = layer.fork(len).ok_or_else(|| {
             self.error(format!(
                 "KV copy of {len} positions of a layer holding {}",
                 layer.len()
             ))
-        })
+        })?;
+        out.charge(len).map_err(|reason| self.error(reason))?;
+        Ok(out)
     }
 
     fn upload(&self, rows: usize, cols: usize, data: &[f32]) -> Result<CpuTensor> {
@@ -411,6 +431,10 @@ impl Backend for CpuBackend {
                 )
             },
         )?;
+        let positions = cache.len() + q.rows();
+        cache
+            .charge(positions)
+            .map_err(|reason| self.error(reason))?;
         Ok(self.run(|| attention::attention(self.isa, q, k, v, cache, p)))
     }
 

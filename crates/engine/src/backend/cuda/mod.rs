@@ -310,7 +310,7 @@ impl CudaBackend {
     /// Caps the KV caches at what is left of `fraction` of the device's memory after what is in
     /// use now (the weights, the runtime; by any process) and [`ACTIVATION_RESERVE`] for the
     /// passes' activations; returns the cap. Errors when nothing is left.
-    pub fn limit_kv_memory(&self, fraction: f64) -> Result<usize> {
+    fn limit_kv_to_fraction(&self, fraction: f64) -> Result<usize> {
         let (free, total) = self.memory_info()?;
         let allowed = (total as f64 * fraction) as usize;
         let in_use = total - free;
@@ -577,6 +577,16 @@ impl Backend for CudaBackend {
                 cap.saturating_sub(u.used)
                     .min(cap.saturating_sub(u.held) + u.free)
             }),
+        }
+    }
+
+    fn limit_kv_memory(&self, limit: super::KvLimit) -> Result<usize> {
+        match limit {
+            super::KvLimit::Bytes(b) => {
+                self.set_kv_budget(Some(b));
+                Ok(b)
+            }
+            super::KvLimit::DeviceFraction(f) => self.limit_kv_to_fraction(f),
         }
     }
 
