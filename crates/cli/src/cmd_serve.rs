@@ -25,9 +25,10 @@ pub struct ServeArgs {
     /// Model name clients put in requests (default: the directory's name).
     #[arg(long)]
     served_model_name: Option<String>,
-    /// Most sequences advanced together per engine step.
-    #[arg(long, visible_alias = "max-num-seqs", default_value_t = fp4forge_server::DEFAULT_MAX_BATCH)]
-    max_batch: usize,
+    /// Most sequences advanced together per engine step. Default: 32 on the CPU; 256 on a GPU,
+    /// where the KV memory left decides how many run (docs/serving.md, "KV memory").
+    #[arg(long, visible_alias = "max-num-seqs")]
+    max_batch: Option<usize>,
     /// Ceiling on a request's max_tokens.
     #[arg(long, default_value_t = fp4forge_server::DEFAULT_MAX_TOKENS_LIMIT)]
     max_tokens_limit: usize,
@@ -260,7 +261,10 @@ impl ServeArgs {
             .host(self.host)
             .port(self.port)
             .served_model_name(self.served_model_name)
-            .max_batch(self.max_batch)
+            .max_batch(self.max_batch.unwrap_or(match self.device {
+                Device::Cpu => fp4forge_server::DEFAULT_MAX_BATCH,
+                Device::Cuda(_) => fp4forge_server::DEFAULT_MAX_BATCH_GPU,
+            }))
             .max_tokens_limit(self.max_tokens_limit)
             .max_prompt_tokens(self.max_prompt_tokens)
             .max_context(self.max_context)
@@ -476,6 +480,11 @@ mod tests {
         assert!(config_of(&["m", "--kv-cache-memory-bytes", "0"], &[]).is_err());
         let c = config_of(&["m", "--device", "cuda"], &[]).unwrap();
         assert_eq!(c.kv_limit(), Some(KvLimit::DeviceFraction(0.9)));
+        assert_eq!(c.max_batch, fp4forge_server::DEFAULT_MAX_BATCH_GPU);
+        assert_eq!(
+            config_of(&["m"], &[]).unwrap().max_batch,
+            fp4forge_server::DEFAULT_MAX_BATCH
+        );
         assert_eq!(config_of(&["m"], &[]).unwrap().kv_limit(), None);
         for bad in ["0", "1.5", "-0.2", "most"] {
             assert!(

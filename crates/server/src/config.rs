@@ -9,6 +9,9 @@ use crate::parsers::{ReasoningFormat, ToolFormat};
 
 /// Default most sequences advanced together per engine step.
 pub const DEFAULT_MAX_BATCH: usize = 32;
+/// [`DEFAULT_MAX_BATCH`] on a GPU (vLLM's default `--max-num-seqs`): there the paged KV
+/// memory admits sequences, the count only bounds a step.
+pub const DEFAULT_MAX_BATCH_GPU: usize = 256;
 /// Default ceiling on `max_tokens`.
 pub const DEFAULT_MAX_TOKENS_LIMIT: usize = 8192;
 /// Default most requests waiting for a batch slot.
