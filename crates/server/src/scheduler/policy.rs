@@ -76,6 +76,9 @@ impl<B: Backend> Seq<'_, B> {
 /// blocks (vLLM's watermark), so that admitting one does not force a preemption at once.
 pub(super) const KV_WATERMARK: f64 = 0.01;
 
+/// The flags that size the KV memory, for messages.
+const KV_FLAGS: &str = "--gpu-memory-utilization or --kv-cache-memory-bytes";
+
 /// Whether a sequence's KV cache fits.
 enum Room {
     Yes,
@@ -93,6 +96,10 @@ pub(super) struct Scheduler<'m, B: Backend> {
     pub(super) waiting: VecDeque<Job>,
     pub(super) active: Vec<Seq<'m, B>>,
     pub(super) prefix_cache: PrefixCache<'m, B>,
+    /// The KV bytes in use when the first waiting request last did not fit: admission tries it
+    /// again only once less is in use or the prefix cache holds something to evict (not every
+    /// step: each try forks its cached prefix).
+    pub(super) blocked_at: Option<usize>,
     /// Threads for prompt logprobs (a vocabulary-wide log-softmax per position); `None` if it
     /// could not be started (computed on the engine thread then).
     pub(super) logprob_pool: Option<rayon::ThreadPool>,
@@ -114,6 +121,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             waiting: VecDeque::new(),
             active: Vec::new(),
             prefix_cache: PrefixCache::new(limits.prefix_cache_bytes),
+            blocked_at: None,
             logprob_pool: rayon::ThreadPoolBuilder::new()
                 .num_threads(limits.threads)
                 .thread_name(|i| format!("fp4forge-logprobs-{i}"))
@@ -220,6 +228,15 @@ impl<'m, B: Backend> Scheduler<'m, B> {
 
     fn admit(&mut self) {
         self.resume_parked();
+        if let Some(at) = self.blocked_at {
+            // (it did not fit with the prefix cache emptied; a sequence that ended since went
+            // there, and is memory to evict)
+            let running = self.active.iter().any(|s| !s.parked && !s.done);
+            if running && self.prefix_cache.len() == 0 && self.model.kv_memory().used >= at {
+                return self.publish_cache_size();
+            }
+            self.blocked_at = None;
+        }
         // the preempted go first
         while self.active.len() < self.limits.max_batch && !self.active.iter().any(|s| s.parked) {
             let Some(job) = self.waiting.pop_front() else {
@@ -245,6 +262,8 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             match self.room_for(need) {
                 Room::Yes => {}
                 Room::NotNow => {
+                    drop(session);
+                    self.blocked_at = Some(self.model.kv_memory().used);
                     self.waiting.push_front(job);
                     break;
                 }
@@ -252,7 +271,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                     self.metrics.waiting.fetch_sub(1, Ordering::SeqCst);
                     job.send(Event::Failed(format!(
                         "the prompt's KV cache needs {need} bytes; the KV memory holds {cap} \
-                         (--gpu-memory-utilization)"
+                         ({KV_FLAGS})"
                     )));
                     continue;
                 }
@@ -344,7 +363,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                     i,
                     &format!(
                         "recomputing the sequence's KV cache needs {need} bytes; the KV memory \
-                         holds {cap} (--gpu-memory-utilization)"
+                         holds {cap} ({KV_FLAGS})"
                     ),
                 ),
             }
@@ -380,7 +399,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                 // alone and still too big: nothing else can give memory back
                 self.fail_one(
                     victim,
-                    "the sequence's KV cache outgrew the KV memory (--gpu-memory-utilization)",
+                    &format!("the sequence's KV cache outgrew the KV memory ({KV_FLAGS})"),
                 );
             }
         }

@@ -443,6 +443,44 @@ mod tests {
     }
 
     #[test]
+    fn stores_charge_their_rows_to_the_account_within_its_cap_and_give_them_back() {
+        let account = Arc::new(HostKvAccount::default());
+        // f32 rows of 8 values, keys and values: 64 bytes a position
+        let mut full = HostKvLayer::new(&spec(None, KvDtype::F32), account.clone());
+        let mut ring = HostKvLayer::new(&spec(Some(4), KvDtype::F32), account.clone());
+        assert_eq!(full.bytes_for(10), 640);
+        assert_eq!(ring.bytes_for(10), 256, "a ring holds its window");
+        full.charge(10).unwrap();
+        ring.charge(10).unwrap();
+        assert_eq!(account.usage(), (896, None));
+        full.charge(6).unwrap();
+        assert_eq!(
+            full.charged(),
+            640,
+            "charging fewer positions takes nothing back"
+        );
+        account.set_cap(Some(1000));
+        let err = full.charge(12).unwrap_err();
+        assert!(
+            err.contains("KV cache full") && err.contains("1000"),
+            "{err}"
+        );
+        assert_eq!(
+            account.usage(),
+            (896, Some(1000)),
+            "a refused charge takes nothing"
+        );
+        full.charge(11).unwrap();
+        let forked = full.fork(0).unwrap();
+        assert_eq!(forked.charged(), 0, "the caller charges a copy");
+        drop(forked);
+        drop(ring);
+        assert_eq!(account.usage(), (704, Some(1000)));
+        drop(full);
+        assert_eq!(account.usage(), (0, Some(1000)));
+    }
+
+    #[test]
     fn ring_keeps_the_last_window_and_memory_is_flat() {
         let mut l = HostKvLayer::new(&spec(Some(4), KvDtype::F32), Arc::default());
         let mut bytes_after_window = 0;
