@@ -8,7 +8,8 @@
 //! full blocks instead of copying them (`kv_fork`: only the partial last block, and the ring of a
 //! sliding layer, which is written again as the sequence goes on, are copied).
 //!
-//! The pool may be capped (`CudaBackend::set_kv_budget`, `serve --gpu-memory-utilization`):
+//! The pool may be capped (`Backend::limit_kv_memory`: `serve --gpu-memory-utilization` or
+//! `--kv-cache-memory-bytes`):
 //! taking a block past the cap fails with an error that says so; the server admits and preempts
 //! sequences by the room left ([`Backend::kv_memory`](crate::backend::Backend::kv_memory)).
 //!

@@ -1,6 +1,8 @@
 //! The CUDA backend (feature `cuda`): weights resident in GPU memory exactly as stored (packed
 //! NVFP4 stays packed: 4-bit codes, fp8 block scales, one f32 global scale per tensor, dequantized
-//! in registers inside the GEMV), f32 activations, a bf16 (or f32) KV cache.
+//! in registers inside the GEMV), f32 activations, a paged bf16 (or fp8, f32) KV cache: blocks
+//! of 64 positions from one device pool behind a block table per layer (`kv_pool`), capped by
+//! [`Backend::limit_kv_memory`], shared between forked sessions.
 //!
 //! The CUDA driver and NVRTC are loaded at run time (`cudarc` with dynamic loading), so a binary
 //! built without CUDA runs unchanged on a GPU machine; the kernels (`kernels/*.cu`, one source) are compiled by
@@ -22,13 +24,14 @@
 //!
 //! Modules: `options` (every knob: [`CudaOptions`], the `FP4FORGE_*` variables), `compile` (the
 //! kernel source, NVRTC), `ops` (one `kernels!` table per `.cu` file: the function tables, the
-//! kernel names and a typed launcher per kernel over `DevPtr`s), `linear` (GEMVs, several
-//! linears in one launch, fused epilogues), `attention` (KV cache, decode and prefill attention),
+//! kernel names and a typed launcher per kernel over `DevPtr`s), `kv_pool` (the KV blocks' device
+//! memory), `linear` (GEMVs, several linears in one launch, fused epilogues), `attention` (the KV
+//! cache's block tables, decode and prefill attention),
 //! `moe` (expert arenas, routing, the expert kernels), `decode` (the fused decode step).
 //!
 //! Not yet: CUDA-graph capture of the model path's step (it launches eagerly; in the former
 //! graph-replay benchmark eager was 1-2% slower: 4.45 vs 4.39 ms at Laguna-S lean 2K), sampling
-//! all sequences of a batched step in one launch (one launch and one sync each), a paged KV cache.
+//! all sequences of a batched step in one launch (one launch and one sync each).
 
 mod compile;
 mod decode;
