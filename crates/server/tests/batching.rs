@@ -35,6 +35,38 @@ fn request(prompt: &str, tokens: usize, stream: bool) -> Value {
            "stream": stream})
 }
 
+/// The completions of `prompts` (`tokens` each, greedy) requested all at once, half streamed
+/// and half plain, each answered 200.
+async fn all_at_once(s: &TestServer, prompts: &[&str], tokens: usize) -> Vec<String> {
+    let calls = prompts.iter().enumerate().map(|(i, p)| {
+        let body = request(p, tokens, i % 2 == 0);
+        let url = s.url("/v1/completions");
+        async move {
+            let r = client()
+                .post(url)
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+            let text = r.text().await.unwrap();
+            if i % 2 == 0 {
+                parse_sse(&text)
+                    .iter()
+                    .filter_map(|e| e.get("choices"))
+                    .flat_map(|c| c.as_array().unwrap().iter())
+                    .map(|c| c["text"].as_str().unwrap().to_string())
+                    .collect::<String>()
+            } else {
+                let v: Value = serde_json::from_str(&text).unwrap();
+                v["choices"][0]["text"].as_str().unwrap().to_string()
+            }
+        }
+    });
+    let together = futures_util::future::join_all(calls).await;
+    together
+}
+
 async fn wait_until(what: &str, mut ok: impl AsyncFnMut() -> bool) {
     let start = Instant::now();
     while !ok().await {
@@ -85,32 +117,7 @@ async fn a_kv_memory_cap_preempts_and_every_client_still_gets_its_single_client_
         s.metric("fp4forge_kv_cache_capacity_bytes{").await as usize,
         cap
     );
-    let calls = prompts.iter().enumerate().map(|(i, p)| {
-        let body = request(p, tokens, i % 2 == 0);
-        let url = s.url("/v1/completions");
-        async move {
-            let r = client()
-                .post(url)
-                .body(body.to_string())
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(r.status().as_u16(), 200);
-            let text = r.text().await.unwrap();
-            if i % 2 == 0 {
-                parse_sse(&text)
-                    .iter()
-                    .filter_map(|e| e.get("choices"))
-                    .flat_map(|c| c.as_array().unwrap().iter())
-                    .map(|c| c["text"].as_str().unwrap().to_string())
-                    .collect::<String>()
-            } else {
-                let v: Value = serde_json::from_str(&text).unwrap();
-                v["choices"][0]["text"].as_str().unwrap().to_string()
-            }
-        }
-    });
-    let together = futures_util::future::join_all(calls).await;
+    let together = all_at_once(&s, prompts, tokens).await;
     for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
         assert_eq!(a, b, "prompt {i} {:?}", prompts[i]);
     }
@@ -134,33 +141,7 @@ async fn sixteen_clients_at_once_get_their_single_client_answers() {
     }
     let steps_before = s.metric("fp4forge_engine_steps_total{").await;
 
-    // All at once: half streamed, half plain.
-    let calls = PROMPTS.iter().enumerate().map(|(i, p)| {
-        let body = request(p, tokens, i % 2 == 0);
-        let url = s.url("/v1/completions");
-        async move {
-            let r = client()
-                .post(url)
-                .body(body.to_string())
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(r.status().as_u16(), 200);
-            let text = r.text().await.unwrap();
-            if i % 2 == 0 {
-                parse_sse(&text)
-                    .iter()
-                    .filter_map(|e| e.get("choices"))
-                    .flat_map(|c| c.as_array().unwrap().iter())
-                    .map(|c| c["text"].as_str().unwrap().to_string())
-                    .collect::<String>()
-            } else {
-                let v: Value = serde_json::from_str(&text).unwrap();
-                v["choices"][0]["text"].as_str().unwrap().to_string()
-            }
-        }
-    });
-    let together = futures_util::future::join_all(calls).await;
+    let together = all_at_once(&s, &PROMPTS, tokens).await;
     for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
         assert_eq!(a, b, "prompt {i} {:?}", PROMPTS[i]);
     }
