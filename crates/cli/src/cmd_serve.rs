@@ -322,8 +322,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     runtime.block_on(async {
         let server = Server::bind(config).await?;
+        let kv = server.kv_capacity_bytes().map_or(String::new(), |b| {
+            format!(", KV cache {:.2} GiB", b as f64 / (1u64 << 30) as f64)
+        });
         eprintln!(
-            "fp4forge serve: model `{}` (context {} tokens, backend {}) on http://{}/v1 ({auth})",
+            "fp4forge serve: model `{}` (context {} tokens, backend {}{kv}) on http://{}/v1 ({auth})",
             server.model_name(),
             server.max_context(),
             server.backend(),

@@ -176,6 +176,20 @@ impl Server {
         &self.state.info.backend
     }
 
+    /// The KV caches' memory cap, bytes (`None`: no cap: the CPU without
+    /// `--kv-cache-memory-bytes`).
+    pub fn kv_capacity_bytes(&self) -> Option<usize> {
+        match self
+            .state
+            .metrics
+            .kv_capacity_bytes
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            0 => None,
+            b => Some(b),
+        }
+    }
+
     /// The longest sequence (prompt + generated tokens) served.
     pub fn max_context(&self) -> usize {
         self.state.info.max_context

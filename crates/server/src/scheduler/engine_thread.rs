@@ -180,6 +180,10 @@ impl WithModel for Serve {
 
     /// Reports the model's info, then schedules until shut down.
     fn with<B: Backend>(self, model: Model<B>) {
+        // (before `ready`: the server's start-up line reports the cap)
+        self.metrics
+            .kv_capacity_bytes
+            .store(model.kv_memory().capacity.unwrap_or(0), Ordering::Relaxed);
         let _ = self.ready.send(Ok(model.info().clone()));
         Scheduler::new(&model, self.limits, self.metrics).run(self.rx);
     }
