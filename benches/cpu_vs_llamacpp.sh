@@ -17,6 +17,10 @@
 #                nvfp4-lmhead  quantize --targets Linear --untie-lm-head (the same, plus an untied
 #                              NVFP4 lm_head: 16 MB read per token instead of 56.6 MB; the
 #                              embedding stays bf16)
+#                nvfp4-lmhead-int8  the nvfp4-lmhead build run with `--cpu-activations int8`: decode
+#                              steps multiply the NVFP4 weights with activations rounded to int8
+#                              per 16 values (W4A8, as llama.cpp multiplies Q4_1 with its Q8_1
+#                              copies of the activations); prefill is unchanged (f32)
 #              pp512: `fp4forge run DIR --prompt-ids IDS --max-tokens 1 --json` (IDS: 512 fixed
 #                     pseudo-random token ids; its prefill_tokens_per_second)
 #              tg128: `fp4forge run DIR --prompt-ids 1 --max-tokens 129 --ignore-eos --json` (1-token
@@ -338,11 +342,12 @@ for t in tests:
         print(f"llama.cpp\tQ4_1\t{name}\t{rnd}\t{i}\t{ts}\t{contended}")
 EOF
   done
-  for weights in bf16 nvfp4 nvfp4-lmhead; do
+  for weights in bf16 nvfp4 nvfp4-lmhead nvfp4-lmhead-int8; do
     case $weights in bf16) dir=$BF16 ;; nvfp4) dir=$NVFP4 ;; *) dir=$NVFP4_HEAD ;; esac
     for test in "pp$PP" "tg$TG"; do
       if [[ $test == pp* ]]; then cmd=("${FF_PP[@]}"); else cmd=("${FF_TG[@]}"); fi
       cmd[2]=$dir
+      [[ $weights == *-int8 ]] && cmd+=(--cpu-activations int8)
       for ((rep = 1; rep <= FF_REPS; rep++)); do
         logf="$WORK/logs/fp4forge-$weights-$test-r$round.$rep.log"
         timed fp4forge "$weights" "$test" "$round" "$rep" "$logf" -- "${cmd[@]}"
@@ -391,7 +396,7 @@ machine = open(os.path.join(work, "machine.txt")).read()
 def weights_mb(engine, w):
     if engine == "llama.cpp":
         return os.path.getsize(gguf) / 1e6
-    d = {"bf16": bf16, "nvfp4": nvfp4, "nvfp4-lmhead": nvfp4_head}[w]
+    d = {"bf16": bf16, "nvfp4": nvfp4, "nvfp4-lmhead": nvfp4_head, "nvfp4-lmhead-int8": nvfp4_head}[w]
     return sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if f.endswith(".safetensors")) / 1e6
 
 def stats(xs):
@@ -401,7 +406,7 @@ def stats(xs):
 
 cells = []
 for engine, w in [("llama.cpp", "Q4_1"), ("fp4forge", "bf16"), ("fp4forge", "nvfp4"),
-                  ("fp4forge", "nvfp4-lmhead")]:
+                  ("fp4forge", "nvfp4-lmhead"), ("fp4forge", "nvfp4-lmhead-int8")]:
     c = {"engine": engine, "weights": w, "threads": int(threads), "weights_file_mb": round(weights_mb(engine, w), 1)}
     for test in (pp_name, tg_name):
         mine = [s for s in samples if s["engine"] == engine and s["weights"] == w and s["test"] == test]
@@ -474,7 +479,8 @@ print(f"Commands (each under `/usr/bin/time -v {commands['pinning']}`):")
 print(f"- llama.cpp {pp_name}: `{commands['llama.cpp_pp']}`")
 print(f"- llama.cpp {tg_name}: `{commands['llama.cpp_tg']}`")
 print(f"- fp4forge {pp_name}: `{commands['fp4forge_pp']}`;  {tg_name}: `{commands['fp4forge_tg']}`")
-print(f"  (DIR = {bf16}, {nvfp4} or {nvfp4_head}; the binary is a copy of target/release/fp4forge)")
+print(f"  (DIR = {bf16}, {nvfp4} or {nvfp4_head}; nvfp4-lmhead-int8 adds `--cpu-activations int8`;")
+print("  the binary is a copy of target/release/fp4forge)")
 print()
 print("Notes: llama.cpp's Q4_1 GGUF has Q8_0 token_embd, which is also its (tied) output matrix; fp4forge's")
 print("nvfp4 build quantizes every Linear layer, but the tied lm_head is the bf16 embedding (56.6 MB read")

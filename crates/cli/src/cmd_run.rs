@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use fp4forge_engine::{
-    Backend, ChatMessage, CpuIsa, Device, GenerateOptions, KvDtype, Model, ModelOptions,
-    SamplingParams, StopReason, TextCodec, WithModel,
+    Backend, ChatMessage, CpuActivations, CpuIsa, Device, GenerateOptions, KvDtype, Model,
+    ModelOptions, SamplingParams, StopReason, TextCodec, WithModel,
 };
 
 /// Arguments of `fp4forge run`.
@@ -67,6 +67,11 @@ pub struct RunArgs {
     /// portable (ignored with --device cuda).
     #[arg(long, default_value = "auto")]
     cpu_isa: CpuIsa,
+    /// What a decode step's NVFP4 weights multiply on the CPU: f32 activations, or a copy
+    /// rounded to int8 per 16 values (W4A8, fewer instructions; see docs/performance.md for its
+    /// speed and quality). Ignored with --device cuda.
+    #[arg(long, default_value = "f32")]
+    cpu_activations: CpuActivations,
 }
 
 /// Runs the subcommand.
@@ -81,6 +86,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         .emulate_w4a4(args.emulate_w4a4)
         .threads(args.threads)
         .cpu_isa(args.cpu_isa)
+        .cpu_activations(args.cpu_activations)
         .prefill_chunk(args.device.default_prefill_chunk());
     let started = Instant::now();
     fp4forge_engine::open(args.device, &args.dir, options, Generate(&args, started))?

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use fp4forge_engine::{CpuIsa, Device};
+use fp4forge_engine::{CpuActivations, CpuIsa, Device};
 use fp4forge_engine::{KvDtype, LoadFormat};
 use fp4forge_server::{ReasoningFormat, Server, ServerConfig, ToolFormat};
 
@@ -60,6 +60,11 @@ pub struct ServeArgs {
     /// portable (ignored with --device cuda).
     #[arg(long, default_value = "auto")]
     cpu_isa: CpuIsa,
+    /// What a decode step's NVFP4 weights multiply on the CPU: f32 activations, or a copy
+    /// rounded to int8 per 16 values (W4A8, fewer instructions; see docs/performance.md for its
+    /// speed and quality). Ignored with --device cuda.
+    #[arg(long, default_value = "f32")]
+    cpu_activations: CpuActivations,
     /// KV cache storage: bf16 (vLLM: auto, bfloat16), fp8 (e4m3; vLLM: fp8_e4m3) or f32.
     #[arg(long, visible_alias = "kv-cache-dtype", default_value = "bf16", value_parser = parse_kv_dtype)]
     kv_dtype: KvDtype,
@@ -277,6 +282,7 @@ impl ServeArgs {
             .device(self.device)
             .threads(self.threads)
             .cpu_isa(self.cpu_isa)
+            .cpu_activations(self.cpu_activations)
             .kv_dtype(self.kv_dtype)
             .gpu_memory_utilization(self.gpu_memory_utilization)
             .kv_cache_memory(self.kv_cache_memory_bytes)

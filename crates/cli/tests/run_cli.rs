@@ -1,6 +1,7 @@
 //! `fp4forge run` through the binary on the tiny Laguna fixture: `--json` gives one object with
 //! the speeds the CPU benchmark reads, `--ignore-eos` generates exactly `--max-tokens`, and
-//! `--cpu-isa` selects the kernels (or is refused by name).
+//! `--cpu-isa` selects the kernels (or is refused by name), `--cpu-activations int8` the W4A8
+//! decode (named in the backend).
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -75,4 +76,24 @@ fn cpu_isa_selects_the_kernels_or_is_refused() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("sse9") && err.contains("avx2"), "{err}");
+}
+
+/// `--cpu-activations int8` runs (the backend says so) on every kernel set, and the same prompt
+/// gives the same tokens with the portable and the SIMD kernels' int8 path on this tiny model;
+/// an unknown type is refused by name.
+#[test]
+fn cpu_activations_int8_runs_and_is_named() {
+    let int8 = report(&run(&["--cpu-activations", "int8"]));
+    let backend = int8["backend"].as_str().unwrap_or_default();
+    assert!(backend.starts_with("cpu") && backend.ends_with("-int8"), "{backend}");
+    assert_eq!(int8["tokens"].as_array().map(Vec::len), Some(6));
+    let portable = report(&run(&["--cpu-activations", "int8", "--cpu-isa", "portable"]));
+    assert_eq!(portable["backend"], "cpu-int8");
+    assert_eq!(portable["tokens"], int8["tokens"]);
+    let f32 = report(&run(&[]));
+    assert!(!f32["backend"].as_str().unwrap_or("-int8").ends_with("-int8"));
+    let out = run(&["--cpu-activations", "fp4"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("fp4") && err.contains("int8"), "{err}");
 }

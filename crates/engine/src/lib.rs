@@ -53,7 +53,7 @@ mod session;
 pub mod text;
 pub mod weights;
 
-pub use backend::cpu::{CpuIsa, ParseCpuIsaError};
+pub use backend::cpu::{CpuActivations, CpuIsa, ParseCpuActivationsError, ParseCpuIsaError};
 #[cfg(feature = "cuda")]
 pub use backend::CudaBackend;
 pub use backend::{Backend, CpuBackend, KvLimit, KvMemory};

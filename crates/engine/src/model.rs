@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use fp4forge_format::{Checkpoint, LoadFormat};
 
-use crate::backend::cpu::CpuIsa;
+use crate::backend::cpu::{CpuActivations, CpuIsa};
 use crate::backend::{Backend, CpuBackend, KvLimit};
 use fp4forge_arch::ArchSpec;
 
@@ -43,6 +43,9 @@ pub struct ModelOptions {
     pub threads: usize,
     /// The CPU kernels' instruction set for [`Model::load`] (default: the best the CPU has).
     pub cpu_isa: CpuIsa,
+    /// What a decode step's NVFP4 weights multiply on the CPU for [`Model::load`] (default f32;
+    /// see [`CpuActivations`]).
+    pub cpu_activations: CpuActivations,
     /// How the weight files are held: memory-mapped (default) or read into memory, which a
     /// file truncated or rewritten while serving cannot affect.
     pub load_format: LoadFormat,
@@ -68,6 +71,7 @@ impl ModelOptions {
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
             threads: 0,
             cpu_isa: CpuIsa::Auto,
+            cpu_activations: CpuActivations::F32,
             load_format: LoadFormat::Mmap,
             kv_limit: None,
         }
@@ -118,6 +122,12 @@ impl ModelOptions {
     /// Sets [`ModelOptions::cpu_isa`].
     pub fn cpu_isa(mut self, isa: CpuIsa) -> Self {
         self.cpu_isa = isa;
+        self
+    }
+
+    /// Sets [`ModelOptions::cpu_activations`].
+    pub fn cpu_activations(mut self, act: CpuActivations) -> Self {
+        self.cpu_activations = act;
         self
     }
 }
@@ -182,6 +192,7 @@ impl Model<CpuBackend> {
     pub fn load(dir: impl AsRef<Path>, options: ModelOptions) -> Result<Self> {
         let backend = CpuBackend::new()
             .with_isa(options.cpu_isa)?
+            .with_activations(options.cpu_activations)
             .with_threads(options.threads)?;
         Self::load_with_backend(dir, options, backend)
     }

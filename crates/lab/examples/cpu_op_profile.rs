@@ -1,7 +1,7 @@
 //! Where a CPU decode step's time goes, op by op, through the production forward pass.
 //!
 //! `cargo run --release -p fp4forge-lab --example cpu_op_profile -- DIR [--threads N]
-//! [--isa auto|avx512|avx2|portable] [--context N] [--steps N] [--copy] [--prefill]`
+//! [--isa auto|avx512|avx2|portable] [--activations f32|int8] [--context N] [--steps N] [--copy] [--prefill]`
 //!
 //! Loads `DIR` on the CPU backend wrapped in [`fp4forge_lab::op_profile::Profiled`], prefills a
 //! `--context`-token pseudo-random prompt (default 1), then times `--steps` greedy decode steps
@@ -13,7 +13,9 @@
 
 use std::time::Instant;
 
-use fp4forge_engine::{CpuBackend, CpuIsa, GenerateOptions, LoadFormat, Model, ModelOptions};
+use fp4forge_engine::{
+    CpuActivations, CpuBackend, CpuIsa, GenerateOptions, LoadFormat, Model, ModelOptions,
+};
 use fp4forge_lab::op_profile::Profiled;
 
 fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> Result<T, String> {
@@ -64,6 +66,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ok_or("usage: cpu_op_profile DIR [--threads N] [--isa I] [--context N] [--steps N]")?;
     let threads: usize = arg(&args, "--threads", 0)?;
     let isa: CpuIsa = arg(&args, "--isa", CpuIsa::Auto)?;
+    let act: CpuActivations = arg(&args, "--activations", CpuActivations::F32)?;
     let context: usize = arg(&args, "--context", 1)?;
     let steps: usize = arg(&args, "--steps", 128)?;
     let load_format = if args.iter().any(|a| a == "--copy") {
@@ -72,7 +75,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         LoadFormat::Mmap
     };
 
-    let backend = Profiled::new(CpuBackend::new().with_isa(isa)?.with_threads(threads)?);
+    let backend = Profiled::new(
+        CpuBackend::new()
+            .with_isa(isa)?
+            .with_activations(act)
+            .with_threads(threads)?,
+    );
     let model = Model::load_with_backend(
         dir,
         ModelOptions::new()

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use fp4forge_engine::{CpuIsa, Device, KvDtype, KvLimit, LoadFormat};
+use fp4forge_engine::{CpuActivations, CpuIsa, Device, KvDtype, KvLimit, LoadFormat};
 
 use crate::parsers::{ReasoningFormat, ToolFormat};
 
@@ -76,6 +76,8 @@ pub struct ServerConfig {
     pub threads: usize,
     /// The CPU kernels' instruction set (default: the best the CPU has; ignored on CUDA).
     pub cpu_isa: CpuIsa,
+    /// What the CPU's decode steps multiply NVFP4 weights with (default f32; ignored on CUDA).
+    pub cpu_activations: CpuActivations,
     /// KV cache storage.
     pub kv_dtype: KvDtype,
     /// On a GPU: the fraction of its memory the server uses; what the weights leave of it
@@ -147,6 +149,7 @@ impl ServerConfig {
             device: Device::Cpu,
             threads: 0,
             cpu_isa: CpuIsa::Auto,
+            cpu_activations: CpuActivations::F32,
             kv_dtype: KvDtype::Bf16,
             gpu_memory_utilization: None,
             kv_cache_memory: None,
@@ -300,6 +303,12 @@ impl ServerConfig {
     /// Sets [`ServerConfig::cpu_isa`].
     pub fn cpu_isa(mut self, isa: CpuIsa) -> Self {
         self.cpu_isa = isa;
+        self
+    }
+
+    /// Sets [`ServerConfig::cpu_activations`].
+    pub fn cpu_activations(mut self, act: CpuActivations) -> Self {
+        self.cpu_activations = act;
         self
     }
 

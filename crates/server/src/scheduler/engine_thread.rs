@@ -114,6 +114,7 @@ pub(crate) fn start(
         .kv_dtype(config.kv_dtype)
         .threads(config.threads)
         .cpu_isa(config.cpu_isa)
+        .cpu_activations(config.cpu_activations)
         .load_format(config.load_format)
         .kv_limit(config.kv_limit());
     if let Some(c) = config.max_context {

@@ -335,6 +335,107 @@ pub(crate) fn nvfp4_row_dot_tokens<const T: usize>(
     })
 }
 
+/// An activation row quantized to int8 per 16-element block for [`nvfp4_row_dot_q8`]:
+/// `x[16b + i] ≈ q · d[b]` with `d[b] = amax_b / 127` (round half to even), zero-padded to a
+/// multiple of 8 blocks; each 64 values' `q` stored as the even elements, then the odd ones
+/// ([`q8_slot`]: the order in which the NVFP4 kernel splits packed bytes into nibbles). A block holding a NaN or an infinity gets `d = NaN`, so every dot
+/// product that reads it is NaN, as in f32.
+pub(crate) struct Q8Input {
+    q: Vec<i8>,
+    d: Vec<f32>,
+}
+
+/// `x` (a multiple of 16 values) quantized for [`nvfp4_row_dot_q8`] (the same values with
+/// every `isa`).
+pub(crate) fn q8_input(isa: Isa, x: &[f32]) -> Q8Input {
+    let blocks = x.len() / 16;
+    let padded = blocks.div_ceil(8) * 8;
+    let mut q = vec![0i8; 16 * padded];
+    let mut d = vec![0f32; padded];
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: AVX2/FMA detected (see `dot`).
+        unsafe { super::simd::q8_quantize(x, &mut q, &mut d) };
+        return Q8Input { q: q8_split(q), d };
+    }
+    let _ = isa;
+    for ((qb, db), xb) in q.chunks_exact_mut(16).zip(&mut d).zip(x.chunks_exact(16)) {
+        if xb.iter().any(|v| !v.is_finite()) {
+            *db = f32::NAN;
+            continue;
+        }
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        if amax == 0.0 {
+            continue;
+        }
+        *db = amax / 127.0;
+        let inv = 127.0 / amax;
+        for (o, &v) in qb.iter_mut().zip(xb) {
+            *o = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+        }
+    }
+    Q8Input { q: q8_split(q), d }
+}
+
+/// Where element `i` of a row lives in a [`Q8Input`]'s `q`.
+#[inline(always)]
+fn q8_slot(i: usize) -> usize {
+    let (group, e) = (i / 64, i % 64);
+    64 * group + if e % 2 == 0 { e / 2 } else { 32 + e / 2 }
+}
+
+/// `q` (a multiple of 64 values, in element order) rearranged as [`q8_slot`] says.
+fn q8_split(q: Vec<i8>) -> Vec<i8> {
+    let mut out = vec![0i8; q.len()];
+    for (i, &v) in q.iter().enumerate() {
+        out[q8_slot(i)] = v;
+    }
+    out
+}
+
+/// Dot products of one NVFP4 row with `T` int8-quantized vectors ([`q8_input`]; W4A8): each
+/// block's product of codes and int8 values summed exactly in integers, scaled by
+/// `fp8 / g · d`; each result bit for bit the one its vector gets alone (`T = 1`).
+#[inline]
+pub(crate) fn nvfp4_row_dot_q8<const T: usize>(
+    isa: Isa,
+    packed: &[u8],
+    scales: &[u8],
+    luts: &ScaleLuts,
+    xs: [&Q8Input; T],
+) -> [f32; T] {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: AVX2/FMA detected (see `dot`).
+        return unsafe {
+            super::simd::nvfp4_row_dot_q8(
+                packed,
+                scales,
+                &luts.half,
+                xs.map(|x| &x.q[..]),
+                xs.map(|x| &x.d[..]),
+            )
+        };
+    }
+    let _ = isa;
+    xs.map(|x| {
+        let mut total = 0f32;
+        for (b, ((pb, &sc), &d)) in packed.chunks_exact(8).zip(scales).zip(&x.d).enumerate() {
+            let mut block = 0i32;
+            for (i, &byte) in pb.iter().enumerate() {
+                let e = 16 * b + 2 * i;
+                block += i32::from(E2M1_X2[(byte & 0xF) as usize]) * i32::from(x.q[q8_slot(e)]);
+                block += i32::from(E2M1_X2[(byte >> 4) as usize]) * i32::from(x.q[q8_slot(e + 1)]);
+            }
+            total += block as f32 * (luts.half[sc as usize] * d);
+        }
+        total
+    })
+}
+
+/// `2 · e2m1(code)` by code (every E2M1 value doubled is an integer).
+const E2M1_X2: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
 /// One NVFP4 row decoded to f32, exactly `e2m1(code) · (fp8 / g)`.
 #[inline]
 pub(crate) fn nvfp4_decode(
@@ -437,6 +538,75 @@ mod tests {
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&got4), bits(&alone), "{isa:?}, {blocks} blocks");
                 assert_eq!(bits(&got3), bits(&alone[..3]), "{isa:?}, {blocks} blocks");
+            }
+        }
+    }
+
+    /// The int8-activation NVFP4 dot (W4A8): the SIMD kernel agrees with the scalar one, 2–4
+    /// vectors give each exactly what it gets alone, the result is within the int8 rounding of
+    /// the f32 one, and a non-finite input makes it NaN.
+    #[test]
+    fn nvfp4_q8_dot_matches_scalar_and_f32() {
+        for isa in [Isa::detect(), Isa::Scalar] {
+            for blocks in [1usize, 7, 8, 9, 36, 96] {
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                let n = 16 * blocks;
+                let packed: Vec<u8> = (0..n / 2).map(|i| (i * 53 % 251) as u8).collect();
+                let scales: Vec<u8> = (0..blocks).map(|i| (0x28 + i * 5 % 40) as u8).collect();
+                let lut = ScaleLuts::new(448.0);
+                let xs: Vec<Vec<f32>> = (0..4).map(|k| data(n, 60 + k)).collect();
+                let q: Vec<Q8Input> = xs.iter().map(|x| q8_input(isa, x)).collect();
+                for x in &xs {
+                    let (a, b) = (q8_input(isa, x), q8_input(Isa::Scalar, x));
+                    assert_eq!((a.q, bits(&a.d)), (b.q, bits(&b.d)), "{isa:?}: int8 copies");
+                }
+                let alone: Vec<f32> = q
+                    .iter()
+                    .map(|x| nvfp4_row_dot_q8::<1>(isa, &packed, &scales, &lut, [x])[0])
+                    .collect();
+                let got4 = nvfp4_row_dot_q8::<4>(
+                    isa,
+                    &packed,
+                    &scales,
+                    &lut,
+                    [&q[0], &q[1], &q[2], &q[3]],
+                );
+                assert_eq!(bits(&got4), bits(&alone), "{isa:?}, {blocks} blocks");
+                for (k, x) in xs.iter().enumerate() {
+                    let scalar =
+                        nvfp4_row_dot_q8::<1>(Isa::Scalar, &packed, &scales, &lut, [&q[k]])[0];
+                    let exact = nvfp4_row_dot_tokens::<1>(
+                        Isa::Scalar,
+                        &packed,
+                        &scales,
+                        &lut,
+                        [&nvfp4_input(Isa::Scalar, x)],
+                    )[0];
+                    // Σ|w·x| bounds both errors: f32 summation (≪ 1e-5 of it) and int8 rounding
+                    // (≤ 1/254 of each block's amax per element).
+                    let mut decoded = vec![0f32; n];
+                    nvfp4_decode(Isa::Scalar, &packed, &scales, &lut, &mut decoded);
+                    let mag: f32 = decoded.iter().zip(x).map(|(w, v)| (w * v).abs()).sum();
+                    assert!(
+                        (alone[k] - scalar).abs() <= 1e-5 * mag,
+                        "{isa:?} {blocks}: {} vs {scalar}",
+                        alone[k]
+                    );
+                    assert!(
+                        (alone[k] - exact).abs() <= 0.02 * mag,
+                        "{blocks}: {} vs f32 {exact}",
+                        alone[k]
+                    );
+                    assert!(
+                        (alone[k] - exact).abs() > 0.0 || blocks == 1,
+                        "int8 rounding changed nothing"
+                    );
+                }
+                let mut bad = xs[0].clone();
+                bad[n - 1] = f32::INFINITY;
+                let nan =
+                    nvfp4_row_dot_q8::<1>(isa, &packed, &scales, &lut, [&q8_input(isa, &bad)])[0];
+                assert!(nan.is_nan(), "{isa:?}: {nan}");
             }
         }
     }

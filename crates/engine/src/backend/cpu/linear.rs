@@ -15,6 +15,7 @@ use rayon::prelude::*;
 
 use super::kernels::{self, Isa, ScaleLuts};
 use super::w4a4;
+use super::CpuActivations;
 use crate::error::{EngineError, Result};
 use crate::weights::LinearWeight;
 
@@ -154,11 +155,11 @@ impl CpuLinear {
     }
 
     /// `x [t, cols] · Wᵀ → [t, rows]`.
-    pub(crate) fn matmul(&self, isa: Isa, x: &[f32], t: usize) -> Vec<f32> {
+    pub(crate) fn matmul(&self, isa: Isa, act: CpuActivations, x: &[f32], t: usize) -> Vec<f32> {
         let (rows, cols) = (self.rows(), self.cols());
         assert_eq!(x.len(), t * cols, "matmul input shape for `{}`", self.name);
         if t <= GEMV_MAX_TOKENS {
-            return gemv_many(isa, x, t, &[self]).pop().unwrap_or_default();
+            return gemv_many(isa, act, x, t, &[self]).pop().unwrap_or_default();
         }
         let quantized;
         let x = match self.act_global_scale {
@@ -242,7 +243,18 @@ impl CpuLinear {
     /// (sharing the loads of `x`, which sits in L1 anyway) measured 1.2–2.5x slower on AMD EPYC
     /// (docs/performance.md). A row meets every token while it is in L1 (NVFP4: decoded once
     /// per 4 tokens); each token's result is the single-token kernel's.
-    fn gemv_rows(&self, isa: Isa, r0: usize, out: &mut [f32], x: &[f32], t: usize) {
+    ///
+    /// `xq`: the tokens quantized to int8 ([`kernels::q8_input`]), which an NVFP4 weight then
+    /// multiplies instead of `x` (W4A8).
+    fn gemv_rows(
+        &self,
+        isa: Isa,
+        r0: usize,
+        out: &mut [f32],
+        x: &[f32],
+        xq: Option<&[kernels::Q8Input]>,
+        t: usize,
+    ) {
         let cols = self.cols();
         if t == 0 {
             return;
@@ -280,43 +292,87 @@ impl CpuLinear {
             LinearWeight::Nvfp4 { packed, scales, .. } => {
                 let (p, s) = (packed.as_slice(), scales.as_slice());
                 let lut = self.luts();
+                let row = |r: usize| {
+                    (
+                        &p[r * cols / 2..(r + 1) * cols / 2],
+                        &s[r * cols / 16..(r + 1) * cols / 16],
+                    )
+                };
+                // Each row meets the tokens four at a time (decoded once per four).
+                if let Some(xin) = xq {
+                    for (i, o) in out.chunks_exact_mut(t).enumerate() {
+                        let (pr, sr) = row(r0 + i);
+                        for (og, xg) in o.chunks_mut(4).zip(xin.chunks(4)) {
+                            match xg {
+                                [a, b, c, d] => og.copy_from_slice(&kernels::nvfp4_row_dot_q8(
+                                    isa,
+                                    pr,
+                                    sr,
+                                    lut,
+                                    [a, b, c, d],
+                                )),
+                                [a, b, c] => og.copy_from_slice(&kernels::nvfp4_row_dot_q8(
+                                    isa,
+                                    pr,
+                                    sr,
+                                    lut,
+                                    [a, b, c],
+                                )),
+                                [a, b] => og.copy_from_slice(&kernels::nvfp4_row_dot_q8(
+                                    isa,
+                                    pr,
+                                    sr,
+                                    lut,
+                                    [a, b],
+                                )),
+                                [a, ..] => og.copy_from_slice(&kernels::nvfp4_row_dot_q8(
+                                    isa,
+                                    pr,
+                                    sr,
+                                    lut,
+                                    [a],
+                                )),
+                                [] => {}
+                            }
+                        }
+                    }
+                    return;
+                }
                 let xin: Vec<_> = (0..t).map(|k| kernels::nvfp4_input(isa, xrow(k))).collect();
                 for (i, o) in out.chunks_exact_mut(t).enumerate() {
-                    let r = r0 + i;
-                    let packed = &p[r * cols / 2..(r + 1) * cols / 2];
-                    let scales = &s[r * cols / 16..(r + 1) * cols / 16];
-                    let dots = |k: usize, o: &mut [f32]| match o.len() {
-                        4 => o.copy_from_slice(&kernels::nvfp4_row_dot_tokens::<4>(
-                            isa,
-                            packed,
-                            scales,
-                            lut,
-                            [&xin[k], &xin[k + 1], &xin[k + 2], &xin[k + 3]],
-                        )),
-                        3 => o.copy_from_slice(&kernels::nvfp4_row_dot_tokens::<3>(
-                            isa,
-                            packed,
-                            scales,
-                            lut,
-                            [&xin[k], &xin[k + 1], &xin[k + 2]],
-                        )),
-                        2 => o.copy_from_slice(&kernels::nvfp4_row_dot_tokens::<2>(
-                            isa,
-                            packed,
-                            scales,
-                            lut,
-                            [&xin[k], &xin[k + 1]],
-                        )),
-                        _ => o.copy_from_slice(&kernels::nvfp4_row_dot_tokens::<1>(
-                            isa,
-                            packed,
-                            scales,
-                            lut,
-                            [&xin[k]],
-                        )),
-                    };
-                    for (g, og) in o.chunks_mut(4).enumerate() {
-                        dots(4 * g, og);
+                    let (pr, sr) = row(r0 + i);
+                    for (og, xg) in o.chunks_mut(4).zip(xin.chunks(4)) {
+                        match xg {
+                            [a, b, c, d] => og.copy_from_slice(&kernels::nvfp4_row_dot_tokens(
+                                isa,
+                                pr,
+                                sr,
+                                lut,
+                                [a, b, c, d],
+                            )),
+                            [a, b, c] => og.copy_from_slice(&kernels::nvfp4_row_dot_tokens(
+                                isa,
+                                pr,
+                                sr,
+                                lut,
+                                [a, b, c],
+                            )),
+                            [a, b] => og.copy_from_slice(&kernels::nvfp4_row_dot_tokens(
+                                isa,
+                                pr,
+                                sr,
+                                lut,
+                                [a, b],
+                            )),
+                            [a, ..] => og.copy_from_slice(&kernels::nvfp4_row_dot_tokens(
+                                isa,
+                                pr,
+                                sr,
+                                lut,
+                                [a],
+                            )),
+                            [] => {}
+                        }
                     }
                 }
             }
@@ -344,7 +400,13 @@ fn task_rows(rows: usize, elements: usize) -> usize {
 /// `x [t, cols] · Wᵀ → [t, rows]` for every weight of `ws` (all of `cols` columns, `t` at most
 /// [`GEMV_MAX_TOKENS`]), in one parallel region: the output rows of all weights are split into
 /// tasks together, so q/k/v or gate/up cost one fork-join instead of one each.
-pub(crate) fn gemv_many(isa: Isa, x: &[f32], t: usize, ws: &[&CpuLinear]) -> Vec<Vec<f32>> {
+pub(crate) fn gemv_many(
+    isa: Isa,
+    act: CpuActivations,
+    x: &[f32],
+    t: usize,
+    ws: &[&CpuLinear],
+) -> Vec<Vec<f32>> {
     if t == 0 {
         return vec![Vec::new(); ws.len()];
     }
@@ -356,6 +418,18 @@ pub(crate) fn gemv_many(isa: Isa, x: &[f32], t: usize, ws: &[&CpuLinear]) -> Vec
             None => Cow::Borrowed(x),
         })
         .collect();
+    // W4A8: the int8 copy of `x`, made once for every NVFP4 weight that reads `x` itself.
+    let wants_q8 = |w: &CpuLinear| {
+        act == CpuActivations::Int8
+            && w.act_global_scale.is_none()
+            && matches!(w.weight, LinearWeight::Nvfp4 { .. })
+    };
+    let cols = ws.first().map_or(0, |w| w.cols());
+    let xq: Option<Vec<kernels::Q8Input>> = ws.iter().any(|w| wants_q8(w)).then(|| {
+        x.chunks_exact(cols.max(1))
+            .map(|row| kernels::q8_input(isa, row))
+            .collect()
+    });
     // (row-major by weight row: `[rows, t]`; the tasks own contiguous rows)
     let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![0f32; w.rows() * t]).collect();
     let rows: usize = ws.iter().map(|w| w.rows()).sum();
@@ -367,8 +441,10 @@ pub(crate) fn gemv_many(isa: Isa, x: &[f32], t: usize, ws: &[&CpuLinear]) -> Vec
             tasks.push((wi, ci * chunk, o));
         }
     }
-    let run =
-        |(wi, r0, o): (usize, usize, &mut [f32])| ws[wi].gemv_rows(isa, r0, o, &inputs[wi], t);
+    let run = |(wi, r0, o): (usize, usize, &mut [f32])| {
+        let q = xq.as_deref().filter(|_| wants_q8(ws[wi]));
+        ws[wi].gemv_rows(isa, r0, o, &inputs[wi], q, t)
+    };
     if tasks.len() <= 1 || elements < SERIAL_BELOW {
         tasks.into_iter().for_each(run);
     } else {

@@ -78,10 +78,52 @@ impl FromStr for CpuIsa {
     }
 }
 
+/// What the NVFP4 weights of a decode step (at most [`linear::GEMV_MAX_TOKENS`] tokens per
+/// matmul) multiply on the CPU (`--cpu-activations`): the f32 activations themselves, or a copy
+/// quantized to int8 per 16 values (W4A8, as llama.cpp's CPU kernels do with its `Q8` copies):
+/// integer products, roughly half the instructions per weight. Prefill (the GEMM), bf16 weights
+/// and W4A4 modules always take f32 activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CpuActivations {
+    /// f32 activations: each product `e2m1 · x` exact, only the summation order differs from
+    /// the reference.
+    #[default]
+    F32,
+    /// Activations rounded to int8 per 16-value block (`amax / 127` scales).
+    Int8,
+}
+
+impl fmt::Display for CpuActivations {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CpuActivations::F32 => "f32",
+            CpuActivations::Int8 => "int8",
+        })
+    }
+}
+
+/// A name that is not `f32` or `int8`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown CPU activation type '{0}': expected f32 or int8")]
+pub struct ParseCpuActivationsError(pub String);
+
+impl FromStr for CpuActivations {
+    type Err = ParseCpuActivationsError;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "f32" => Ok(CpuActivations::F32),
+            "int8" | "i8" => Ok(CpuActivations::Int8),
+            _ => Err(ParseCpuActivationsError(s.to_string())),
+        }
+    }
+}
+
 /// The CPU backend. Cheap to clone (the optional thread pool is shared).
 #[derive(Debug, Clone)]
 pub struct CpuBackend {
     isa: Isa,
+    act: CpuActivations,
     pool: Option<Arc<rayon::ThreadPool>>,
     /// The host memory of its KV caches (shared by clones).
     kv: Arc<kv::HostKvAccount>,
@@ -98,9 +140,16 @@ impl CpuBackend {
     pub fn new() -> Self {
         Self {
             isa: Isa::detect(),
+            act: CpuActivations::default(),
             pool: None,
             kv: Arc::default(),
         }
+    }
+
+    /// Multiplies decode steps' NVFP4 weights with `act` activations (see [`CpuActivations`]).
+    pub fn with_activations(mut self, act: CpuActivations) -> Self {
+        self.act = act;
+        self
     }
 
     /// Runs every op on a dedicated pool of `threads` threads (0 = rayon's global pool).
@@ -133,12 +182,7 @@ impl CpuBackend {
                 };
                 return Err(self.error(format!(
                     "--cpu-isa {isa}: this CPU lacks some of {needs} (best available: {})",
-                    Self {
-                        isa: best,
-                        pool: None,
-                        kv: Arc::default(),
-                    }
-                    .name()
+                    Self::new().name()
                 )));
             }
         };
@@ -229,11 +273,17 @@ impl Resident for CpuBackend {
 }
 
 impl Backend for CpuBackend {
+    /// `cpu`, `cpu-avx2` or `cpu-avx512` (the kernels), with `-int8` when decode steps multiply
+    /// int8 activations ([`CpuActivations::Int8`]).
     fn name(&self) -> String {
-        match self.isa {
-            Isa::Avx512 => "cpu-avx512".into(),
-            Isa::Avx2 => "cpu-avx2".into(),
-            Isa::Scalar => "cpu".into(),
+        let isa = match self.isa {
+            Isa::Avx512 => "cpu-avx512",
+            Isa::Avx2 => "cpu-avx2",
+            Isa::Scalar => "cpu",
+        };
+        match self.act {
+            CpuActivations::F32 => isa.into(),
+            CpuActivations::Int8 => format!("{isa}-int8"),
         }
     }
 
@@ -367,7 +417,7 @@ impl Backend for CpuBackend {
         self.check(x.cols() == w.cols(), || {
             format!("`{}` takes {} inputs, got {}", w.name(), w.cols(), x.cols())
         })?;
-        let y = self.run(|| w.matmul(self.isa, x.data(), x.rows()));
+        let y = self.run(|| w.matmul(self.isa, self.act, x.data(), x.rows()));
         self.with_bias(x.rows(), w, y, bias)
     }
 
@@ -387,7 +437,7 @@ impl Backend for CpuBackend {
             return ws.iter().map(|&(w, b)| self.linear(x, w, b)).collect();
         }
         let weights: Vec<&CpuLinear> = ws.iter().map(|&(w, _)| w).collect();
-        let ys = self.run(|| linear::gemv_many(self.isa, x.data(), x.rows(), &weights));
+        let ys = self.run(|| linear::gemv_many(self.isa, self.act, x.data(), x.rows(), &weights));
         ys.into_iter()
             .zip(ws)
             .map(|(y, &(w, b))| self.with_bias(x.rows(), w, y, b))
@@ -509,7 +559,7 @@ impl Backend for CpuBackend {
                     .all(|&i| (i as usize) < e.experts.len()),
             || "routing does not match the tokens or experts".into(),
         )?;
-        Ok(self.run(|| moe::experts(self.isa, x, routing, e)))
+        Ok(self.run(|| moe::experts(self.isa, self.act, x, routing, e)))
     }
 }
 

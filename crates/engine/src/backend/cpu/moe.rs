@@ -3,6 +3,7 @@
 use super::kernels::{self, Isa};
 use super::linear::CpuLinear;
 use super::tensor::CpuTensor;
+use super::CpuActivations;
 use crate::ir::{RouterParams, RouterScoring};
 
 /// One MoE layer's routed experts.
@@ -99,7 +100,13 @@ pub(crate) fn route(
 
 /// `Σ_j w_j · Expert_{e_j}(x_t)` per token; experts run in ascending id order over the tokens
 /// routed to them (as transformers' loop does), each as one matmul over those tokens.
-pub(crate) fn experts(isa: Isa, x: &CpuTensor, routing: &CpuRouting, e: &CpuExperts) -> CpuTensor {
+pub(crate) fn experts(
+    isa: Isa,
+    act: CpuActivations,
+    x: &CpuTensor,
+    routing: &CpuRouting,
+    e: &CpuExperts,
+) -> CpuTensor {
     let (t, h) = (x.rows(), x.cols());
     let mut out = vec![0f32; t * h];
     let n = e.experts.len();
@@ -122,10 +129,10 @@ pub(crate) fn experts(isa: Isa, x: &CpuTensor, routing: &CpuRouting, e: &CpuExpe
         for &(tok, _) in list {
             xs.extend_from_slice(x.row(tok));
         }
-        let g = ex.gate.matmul(isa, &xs, m);
-        let u = ex.up.matmul(isa, &xs, m);
+        let g = ex.gate.matmul(isa, act, &xs, m);
+        let u = ex.up.matmul(isa, act, &xs, m);
         let a = kernels::silu_mul(isa, &g, &u);
-        let y = ex.down.matmul(isa, &a, m);
+        let y = ex.down.matmul(isa, act, &a, m);
         for (i, &(tok, w)) in list.iter().enumerate() {
             kernels::axpy(
                 isa,

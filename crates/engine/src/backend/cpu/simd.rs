@@ -553,3 +553,157 @@ pub(crate) unsafe fn bf16_bits_dot(row: &[u16], x: &[f32]) -> f32 {
     let bytes = std::slice::from_raw_parts(row.as_ptr() as *const u8, row.len() * 2);
     bf16_rows_dot::<1>([bytes], x)[0]
 }
+
+/// `|2·e2m1(code)|` (as u8) and `2·e2m1(code)` (as i8) by code, in both 128-bit lanes.
+#[inline(always)]
+unsafe fn e2m1_x2_int_tables() -> (__m256i, __m256i) {
+    let abs = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, 1, 2, 3, 4, 6, 8, 12);
+    (
+        _mm256_broadcastsi128_si256(abs),
+        _mm256_broadcastsi128_si256(e2m1_x2_table()),
+    )
+}
+
+/// Eight blocks (128 weights) of one NVFP4 row against `T` int8 vectors: `pp` the 64 packed
+/// bytes, `sw` the blocks' scales (`fp8 / g`, halved: the codes decode to `2·e2m1`), `xq[k]` the
+/// 128 int8 values of vector `k` (per 64: the even elements, then the odd ones) and `xd[k]` its
+/// 8 block scales; adds into `acc[k]`.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // `h` and `k` index pointers and accumulators alike
+unsafe fn nvfp4_q8_group<const T: usize>(
+    pp: *const u8,
+    sw: __m256,
+    xq: &[*const i8; T],
+    xd: &[*const f32; T],
+    acc: &mut [[__m256; 2]; T],
+) {
+    let (abs_t, sgn_t) = e2m1_x2_int_tables();
+    let mask = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    let sd: [__m256; T] = std::array::from_fn(|k| _mm256_mul_ps(sw, _mm256_loadu_ps(xd[k])));
+    for h in 0..2 {
+        // 32 bytes = 4 blocks: the low nibbles are the even elements, the high ones the odd.
+        let bytes = _mm256_loadu_si256(pp.add(32 * h) as *const __m256i);
+        let even = _mm256_and_si256(bytes, mask);
+        let odd = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
+        let (ae, se) = (
+            _mm256_shuffle_epi8(abs_t, even),
+            _mm256_shuffle_epi8(sgn_t, even),
+        );
+        let (ao, so) = (
+            _mm256_shuffle_epi8(abs_t, odd),
+            _mm256_shuffle_epi8(sgn_t, odd),
+        );
+        // Block `i` of the four: i32 lanes 2i and 2i + 1.
+        let a = 4 * h as i32;
+        let idx = _mm256_setr_epi32(a, a, a + 1, a + 1, a + 2, a + 2, a + 3, a + 3);
+        for k in 0..T {
+            let xe = _mm256_loadu_si256(xq[k].add(64 * h) as *const __m256i);
+            let xo = _mm256_loadu_si256(xq[k].add(64 * h + 32) as *const __m256i);
+            // |w| · (x with w's sign), in i16 pairs (|·| ≤ 2·12·127), even + odd (≤ 6096),
+            // then i32 per 8 elements: all exact.
+            let pe = _mm256_maddubs_epi16(ae, _mm256_sign_epi8(xe, se));
+            let po = _mm256_maddubs_epi16(ao, _mm256_sign_epi8(xo, so));
+            let p = _mm256_madd_epi16(_mm256_add_epi16(pe, po), ones);
+            let s = _mm256_permutevar8x32_ps(sd[k], idx);
+            acc[k][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[k][h]);
+        }
+    }
+}
+
+/// Dot products of one NVFP4 row with `T` vectors quantized to int8 per 16-element block
+/// (`x ≈ xq · xd`; each vector padded with zeros to a multiple of 8 blocks, each 64 values stored
+/// as their even elements, then their odd ones): `packed` (`n/2`
+/// bytes), `scales` (`n/16` fp8 codes), `half_lut[code] = fp8(code) / g / 2`. Each block's
+/// integer dot product is exact; the blocks' scaled sums are added in the same order whatever
+/// `T` is, so every result is bit for bit the one its vector gets alone.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn nvfp4_row_dot_q8<const T: usize>(
+    packed: &[u8],
+    scales: &[u8],
+    half_lut: &[f32; 256],
+    xq: [&[i8]; T],
+    xd: [&[f32]; T],
+) -> [f32; T] {
+    let blocks = (packed.len() / 8).min(scales.len());
+    let padded = blocks.div_ceil(8) * 8;
+    assert!(
+        xq.iter().all(|q| q.len() >= 16 * padded) && xd.iter().all(|d| d.len() >= padded),
+        "nvfp4_row_dot_q8: vectors shorter than the row's padded blocks"
+    );
+    let mut acc = [[_mm256_setzero_ps(); 2]; T];
+    let lut = half_lut.as_ptr();
+    let mut b = 0;
+    while b + 8 <= blocks {
+        let codes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(scales.as_ptr().add(b) as *const __m128i));
+        let sw = _mm256_i32gather_ps::<4>(lut, codes);
+        let q = xq.map(|q| q.as_ptr().add(16 * b));
+        let d = xd.map(|d| d.as_ptr().add(b));
+        nvfp4_q8_group(packed.as_ptr().add(8 * b), sw, &q, &d, &mut acc);
+        b += 8;
+    }
+    if b < blocks {
+        // The last blocks, padded with zero codes (weight 0, scale 0).
+        let rest = blocks - b;
+        let mut pad = [0u8; 64];
+        pad[..8 * rest].copy_from_slice(&packed[8 * b..8 * blocks]);
+        let mut sw = [0f32; 8];
+        for (s, &c) in sw.iter_mut().zip(&scales[b..blocks]) {
+            *s = half_lut[c as usize];
+        }
+        let q = xq.map(|q| q.as_ptr().add(16 * b));
+        let d = xd.map(|d| d.as_ptr().add(b));
+        nvfp4_q8_group(pad.as_ptr(), _mm256_loadu_ps(sw.as_ptr()), &q, &d, &mut acc);
+    }
+    let mut out = [0f32; T];
+    for k in 0..T {
+        out[k] = hsum(_mm256_add_ps(acc[k][0], acc[k][1]));
+    }
+    out
+}
+
+/// Each 16-value block `b` of `x` quantized to int8: `d[b] = amax / 127`, `q = round(x · 127 /
+/// amax)` (round half to even; the scalar version's values exactly). A block with a NaN or an
+/// infinity gets `d = NaN` (and zeros); an all-zero block `d = 0`.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn q8_quantize(x: &[f32], q: &mut [i8], d: &mut [f32]) {
+    let blocks = (x.len() / 16).min(q.len() / 16).min(d.len());
+    let sign = _mm256_set1_ps(-0.0);
+    let inf = _mm256_set1_ps(f32::INFINITY);
+    for (b, db) in d.iter_mut().enumerate().take(blocks) {
+        let v0 = _mm256_loadu_ps(x.as_ptr().add(16 * b));
+        let v1 = _mm256_loadu_ps(x.as_ptr().add(16 * b + 8));
+        let a0 = _mm256_andnot_ps(sign, v0);
+        let a1 = _mm256_andnot_ps(sign, v1);
+        let bad = _mm256_or_ps(
+            _mm256_cmp_ps::<_CMP_NLT_UQ>(a0, inf),
+            _mm256_cmp_ps::<_CMP_NLT_UQ>(a1, inf),
+        );
+        let out = q.as_mut_ptr().add(16 * b) as *mut __m128i;
+        if _mm256_movemask_ps(bad) != 0 {
+            *db = f32::NAN;
+            _mm_storeu_si128(out, _mm_setzero_si128());
+            continue;
+        }
+        let m = _mm256_max_ps(a0, a1);
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 0x55)));
+        if amax == 0.0 {
+            *db = 0.0;
+            _mm_storeu_si128(out, _mm_setzero_si128());
+            continue;
+        }
+        *db = amax / 127.0;
+        let inv = _mm256_set1_ps(127.0 / amax);
+        let i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, inv));
+        let i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, inv));
+        // packs works per 128-bit lane: [i0 0..4, i1 0..4 | i0 4..8, i1 4..8] → element order.
+        let p16 = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(i0, i1));
+        let p8 = _mm_packs_epi16(
+            _mm256_castsi256_si128(p16),
+            _mm256_extracti128_si256::<1>(p16),
+        );
+        _mm_storeu_si128(out, p8);
+    }
+}
