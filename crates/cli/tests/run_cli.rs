@@ -85,13 +85,24 @@ fn cpu_isa_selects_the_kernels_or_is_refused() {
 fn cpu_activations_int8_runs_and_is_named() {
     let int8 = report(&run(&["--cpu-activations", "int8"]));
     let backend = int8["backend"].as_str().unwrap_or_default();
-    assert!(backend.starts_with("cpu") && backend.ends_with("-int8"), "{backend}");
+    assert!(
+        backend.starts_with("cpu") && backend.ends_with("-int8"),
+        "{backend}"
+    );
     assert_eq!(int8["tokens"].as_array().map(Vec::len), Some(6));
-    let portable = report(&run(&["--cpu-activations", "int8", "--cpu-isa", "portable"]));
+    let portable = report(&run(&[
+        "--cpu-activations",
+        "int8",
+        "--cpu-isa",
+        "portable",
+    ]));
     assert_eq!(portable["backend"], "cpu-int8");
     assert_eq!(portable["tokens"], int8["tokens"]);
     let f32 = report(&run(&[]));
-    assert!(!f32["backend"].as_str().unwrap_or("-int8").ends_with("-int8"));
+    assert!(!f32["backend"]
+        .as_str()
+        .unwrap_or("-int8")
+        .ends_with("-int8"));
     let out = run(&["--cpu-activations", "fp4"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);

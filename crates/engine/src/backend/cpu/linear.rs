@@ -467,3 +467,71 @@ pub(crate) fn gemv_many(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weights::Bytes;
+
+    fn nvfp4(rows: usize, cols: usize, input_global_scale: Option<f32>) -> CpuLinear {
+        let packed = (0..rows * cols / 2).map(|i| (i * 97 % 253) as u8).collect();
+        let scales = (0..rows * cols / 16)
+            .map(|i| (0x30 + i % 24) as u8)
+            .collect();
+        let weight = LinearWeight::Nvfp4 {
+            packed: Bytes::from_vec(packed),
+            scales: Bytes::from_vec(scales),
+            global_scale: 448.0,
+            input_global_scale,
+            rows,
+            cols,
+        };
+        CpuLinear::new("w", weight).expect("consistent NVFP4 buffers")
+    }
+
+    /// `--cpu-activations int8` changes what NVFP4 decode rows compute (close to f32), and only
+    /// that: bf16 weights, W4A4 modules and prefill-sized inputs give the f32 results bit for bit.
+    #[test]
+    fn int8_activations_touch_only_nvfp4_decode_rows() {
+        let (rows, cols) = (24, 96);
+        let x: Vec<f32> = (0..8 * cols).map(|i| (i as f32 * 0.731).sin()).collect();
+        let w = nvfp4(rows, cols, None);
+        let bf16 = CpuLinear::new(
+            "b",
+            LinearWeight::Bf16 {
+                data: Bytes::from_vec(
+                    (0..rows * cols)
+                        .flat_map(|i| half::bf16::from_f32((i as f32).cos()).to_le_bytes())
+                        .collect(),
+                ),
+                rows,
+                cols,
+            },
+        )
+        .expect("bf16 buffer");
+        let w4a4 = nvfp4(rows, cols, Some(100.0));
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        let isa = Isa::detect();
+        for t in [1, 3] {
+            let xs = &x[..t * cols];
+            let f = w.matmul(isa, CpuActivations::F32, xs, t);
+            let q = w.matmul(isa, CpuActivations::Int8, xs, t);
+            assert_ne!(bits(&f), bits(&q), "{t} rows: int8 not taken");
+            let scale = f.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for (a, b) in f.iter().zip(&q) {
+                assert!((a - b).abs() <= 0.02 * scale, "{t} rows: {a} vs {b}");
+            }
+            for other in [&bf16, &w4a4] {
+                assert_eq!(
+                    bits(&other.matmul(isa, CpuActivations::F32, xs, t)),
+                    bits(&other.matmul(isa, CpuActivations::Int8, xs, t))
+                );
+            }
+        }
+        // A prefill-sized input takes the f32 GEMM either way.
+        assert_eq!(
+            bits(&w.matmul(isa, CpuActivations::F32, &x, 8)),
+            bits(&w.matmul(isa, CpuActivations::Int8, &x, 8))
+        );
+    }
+}
