@@ -272,6 +272,63 @@ impl Resident for CpuBackend {
     type Routing = CpuRouting;
 }
 
+/// How long a worker polls for work without finding any before it goes back to rayon's own
+/// idling ([`with_polling_workers`]): far longer than the serial gaps between a decode step's
+/// parallel regions (tens of µs), short enough that a poller stacked on a waiting join costs
+/// little.
+const POLL_IDLE_LIMIT: std::time::Duration = std::time::Duration::from_micros(500);
+
+/// Runs `f` (a forward pass, on a worker of the current pool) while every other worker of the
+/// pool polls for work (`rayon::yield_now` in a loop) instead of going to sleep between the
+/// pass's parallel regions. A decode step has ~180 regions separated by short serial ops
+/// (attention on one thread, norms); a worker that fell asleep in such a gap costs a futex
+/// wake-up at the next region, which under a hypervisor measured tens of µs (docs/performance.md).
+/// The pollers burn their cores for the pass's duration only (as llama.cpp's threads do) and end
+/// when it returns or unwinds. A poller that the passing thread itself picks up (waiting inside
+/// a join) returns at once, and one that found no work for [`POLL_IDLE_LIMIT`] returns too (a
+/// safeguard: a poller that some worker picked up while waiting inside a join sits on top of that
+/// join, which would otherwise resume only at the pass's end; pollers are queued before the
+/// pass's own jobs and stolen oldest first, so this should not arise).
+fn with_polling_workers<R>(f: impl FnOnce() -> R) -> R {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// Sets the flag when the pass ends, also by unwinding.
+    struct Done(Arc<AtomicBool>);
+    impl Drop for Done {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Release);
+        }
+    }
+
+    let Some(me) = rayon::current_thread_index() else {
+        return f();
+    };
+    let done = Done(Arc::new(AtomicBool::new(false)));
+    for _ in 1..rayon::current_num_threads() {
+        let flag = Arc::clone(&done.0);
+        rayon::spawn(move || {
+            if rayon::current_thread_index() == Some(me) {
+                return;
+            }
+            let mut idle_since = None;
+            while !flag.load(Ordering::Acquire) {
+                if rayon::yield_now() == Some(rayon::Yield::Executed) {
+                    idle_since = None;
+                    continue;
+                }
+                let since = *idle_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() > POLL_IDLE_LIMIT {
+                    return;
+                }
+                std::hint::spin_loop();
+            }
+        });
+    }
+    let result = f();
+    drop(done);
+    result
+}
+
 impl Backend for CpuBackend {
     /// `cpu`, `cpu-avx2` or `cpu-avx512` (the kernels), with `-int8` when decode steps multiply
     /// int8 activations ([`CpuActivations::Int8`]).
@@ -287,13 +344,15 @@ impl Backend for CpuBackend {
         }
     }
 
+    /// The whole pass on one worker of the pool (the caller blocks once per pass, not once per
+    /// op), with the pool's other workers polling for work until it ends ([`with_polling_workers`]);
+    /// a pass started on a worker of the pool already (nested) runs there as it is.
     fn execute<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         match &self.pool {
-            Some(p) => p.install(f),
-            // On a worker of the global pool already: run here. Otherwise hand the whole pass to
-            // one (the caller blocks once per pass, not once per op).
+            Some(p) if p.current_thread_index().is_some() => f(),
+            Some(p) => p.install(|| with_polling_workers(f)),
             None if rayon::current_thread_index().is_some() => f(),
-            None => rayon::scope(|_| f()),
+            None => rayon::scope(|_| with_polling_workers(f)),
         }
     }
 
@@ -566,6 +625,48 @@ impl Backend for CpuBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Passes with polling workers: nested parallel work inside them completes with the right
+    /// result, four passes sharing one 2-thread pool at once all finish, and after a pass that
+    /// panics the pool still runs the next one.
+    #[test]
+    fn polling_workers_never_hold_a_pass_up() {
+        use rayon::prelude::*;
+        let backend = CpuBackend::new().with_threads(2).expect("a 2-thread pool");
+        let work = |seed: u64| {
+            (0..64u64)
+                .into_par_iter()
+                .map(|i| {
+                    (0..2000u64)
+                        .into_par_iter()
+                        .map(|j| (i * 31 + j + seed) % 7)
+                        .sum::<u64>()
+                })
+                .sum::<u64>()
+        };
+        let want = work(0);
+        assert_eq!(backend.execute(|| work(0)), want);
+        let (tx, rx) = std::sync::mpsc::channel();
+        for t in 0..4u64 {
+            let (b, tx) = (backend.clone(), tx.clone());
+            std::thread::spawn(move || {
+                let got: Vec<u64> = (0..20).map(|_| b.execute(|| work(t))).collect();
+                let _ = tx.send((t, got));
+            });
+        }
+        drop(tx);
+        for _ in 0..4 {
+            let (t, got) = rx
+                .recv_timeout(std::time::Duration::from_secs(60))
+                .expect("every concurrent pass finishes");
+            assert!(got.iter().all(|&g| g == work(t)));
+        }
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            backend.execute(|| -> u64 { panic!("a failing pass") })
+        }));
+        assert!(panicked.is_err());
+        assert_eq!(backend.execute(|| work(0)), want);
+    }
 
     /// A linear of 2–4 rows (a batched decode step) gives each row exactly what it gets alone,
     /// bit for bit, for NVFP4 and bf16 weights and through `linears` (several weights in one
