@@ -617,6 +617,11 @@ unsafe fn nvfp4_q8_group<const T: usize>(
 /// bytes), `scales` (`n/16` fp8 codes), `half_lut[code] = fp8(code) / g / 2`. Each block's
 /// integer dot product is exact; the blocks' scaled sums are added in the same order whatever
 /// `T` is, so every result is bit for bit the one its vector gets alone.
+/// How far ahead of the 64 packed bytes in use [`nvfp4_row_dot_q8`] prefetches (into the next
+/// row at a row's end): on a 2-vCPU Xeon VM (260 MiB L3), a decode step's op-profile time went
+/// from 11.9–20.4 to 8.8–16.8 ms in alternating runs (512 and 2048 bytes measured alike).
+const Q8_PREFETCH_BYTES: usize = 1024;
+
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn nvfp4_row_dot_q8<const T: usize>(
     packed: &[u8],
@@ -639,6 +644,9 @@ pub(crate) unsafe fn nvfp4_row_dot_q8<const T: usize>(
         let sw = _mm256_i32gather_ps::<4>(lut, codes);
         let q = xq.map(|q| q.as_ptr().add(16 * b));
         let d = xd.map(|d| d.as_ptr().add(b));
+        _mm_prefetch::<_MM_HINT_T0>(
+            packed.as_ptr().wrapping_add(8 * b + Q8_PREFETCH_BYTES) as *const i8
+        );
         nvfp4_q8_group(packed.as_ptr().add(8 * b), sw, &q, &d, &mut acc);
         b += 8;
     }
