@@ -564,13 +564,13 @@ unsafe fn e2m1_x2_int_tables() -> (__m256i, __m256i) {
     )
 }
 
-/// Eight blocks (128 weights) of one NVFP4 row against `T` int8 vectors: `pp` the 64 packed
-/// bytes, `sw` the blocks' scales (`fp8 / g`, halved: the codes decode to `2·e2m1`), `xq[k]` the
-/// 128 int8 values of vector `k` (per 64: the even elements, then the odd ones) and `xd[k]` its
-/// 8 block scales; adds into `acc[k]`.
+/// `4 · HALVES` blocks (64 or 128 weights) of one NVFP4 row against `T` int8 vectors: `pp` the
+/// `32 · HALVES` packed bytes, `sw` the blocks' scales (`fp8 / g`, halved: the codes decode to
+/// `2·e2m1`; lanes past the blocks are ignored), `xq[k]` the int8 values of vector `k` (per 64:
+/// the even elements, then the odd ones) and `xd[k]` its block scales; adds into `acc[k]`.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // `h` and `k` index pointers and accumulators alike
-unsafe fn nvfp4_q8_group<const T: usize>(
+unsafe fn nvfp4_q8_group<const T: usize, const HALVES: usize>(
     pp: *const u8,
     sw: __m256,
     xq: &[*const i8; T],
@@ -580,8 +580,15 @@ unsafe fn nvfp4_q8_group<const T: usize>(
     let (abs_t, sgn_t) = e2m1_x2_int_tables();
     let mask = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
-    let sd: [__m256; T] = std::array::from_fn(|k| _mm256_mul_ps(sw, _mm256_loadu_ps(xd[k])));
-    for h in 0..2 {
+    let sd: [__m256; T] = std::array::from_fn(|k| {
+        let d = if HALVES == 2 {
+            _mm256_loadu_ps(xd[k])
+        } else {
+            _mm256_insertf128_ps::<0>(_mm256_setzero_ps(), _mm_loadu_ps(xd[k]))
+        };
+        _mm256_mul_ps(sw, d)
+    });
+    for h in 0..HALVES {
         // 32 bytes = 4 blocks: the low nibbles are the even elements, the high ones the odd.
         let bytes = _mm256_loadu_si256(pp.add(32 * h) as *const __m256i);
         let even = _mm256_and_si256(bytes, mask);
@@ -647,13 +654,24 @@ pub(crate) unsafe fn nvfp4_row_dot_q8<const T: usize>(
         _mm_prefetch::<_MM_HINT_T0>(
             packed.as_ptr().wrapping_add(8 * b + Q8_PREFETCH_BYTES) as *const i8
         );
-        nvfp4_q8_group(packed.as_ptr().add(8 * b), sw, &q, &d, &mut acc);
+        nvfp4_q8_group::<T, 2>(packed.as_ptr().add(8 * b), sw, &q, &d, &mut acc);
         b += 8;
     }
+    if b + 4 <= blocks {
+        // Four blocks (rows of 64 · odd columns, e.g. 576): half a group, straight from the row.
+        let four = std::ptr::read_unaligned(scales.as_ptr().add(b) as *const i32);
+        let codes = _mm256_cvtepu8_epi32(_mm_cvtsi32_si128(four));
+        let first4 = _mm256_castsi256_ps(_mm256_setr_epi32(-1, -1, -1, -1, 0, 0, 0, 0));
+        let sw = _mm256_mask_i32gather_ps::<4>(_mm256_setzero_ps(), lut, codes, first4);
+        let q = xq.map(|q| q.as_ptr().add(16 * b));
+        let d = xd.map(|d| d.as_ptr().add(b));
+        nvfp4_q8_group::<T, 1>(packed.as_ptr().add(8 * b), sw, &q, &d, &mut acc);
+        b += 4;
+    }
     if b < blocks {
-        // The last blocks, padded with zero codes (weight 0, scale 0).
+        // The last 1–3 blocks, padded with zero codes (weight 0, scale 0).
         let rest = blocks - b;
-        let mut pad = [0u8; 64];
+        let mut pad = [0u8; 32];
         pad[..8 * rest].copy_from_slice(&packed[8 * b..8 * blocks]);
         let mut sw = [0f32; 8];
         for (s, &c) in sw.iter_mut().zip(&scales[b..blocks]) {
@@ -661,7 +679,7 @@ pub(crate) unsafe fn nvfp4_row_dot_q8<const T: usize>(
         }
         let q = xq.map(|q| q.as_ptr().add(16 * b));
         let d = xd.map(|d| d.as_ptr().add(b));
-        nvfp4_q8_group(pad.as_ptr(), _mm256_loadu_ps(sw.as_ptr()), &q, &d, &mut acc);
+        nvfp4_q8_group::<T, 1>(pad.as_ptr(), _mm256_loadu_ps(sw.as_ptr()), &q, &d, &mut acc);
     }
     let mut out = [0f32; T];
     for k in 0..T {
