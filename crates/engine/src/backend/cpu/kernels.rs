@@ -433,6 +433,42 @@ pub(crate) fn nvfp4_row_dot_q8<const T: usize>(
     })
 }
 
+/// [`nvfp4_row_dot_q8`] of every row of a matrix slice (`packed`, `scales`: whole rows of `cols`
+/// columns) into `out[r · T + k]`, each result exactly the single-row one.
+#[inline]
+pub(crate) fn nvfp4_rows_dot_q8<const T: usize>(
+    isa: Isa,
+    packed: &[u8],
+    scales: &[u8],
+    cols: usize,
+    luts: &ScaleLuts,
+    xs: [&Q8Input; T],
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: AVX2/FMA detected (see `dot`).
+        return unsafe {
+            super::simd::nvfp4_rows_dot_q8(
+                packed,
+                scales,
+                cols,
+                &luts.half,
+                xs.map(|x| &x.q[..]),
+                xs.map(|x| &x.d[..]),
+                out,
+            )
+        };
+    }
+    for ((o, p), s) in out
+        .chunks_exact_mut(T)
+        .zip(packed.chunks_exact(cols / 2))
+        .zip(scales.chunks_exact(cols / 16))
+    {
+        o.copy_from_slice(&nvfp4_row_dot_q8(isa, p, s, luts, xs));
+    }
+}
+
 /// `2 · e2m1(code)` by code (every E2M1 value doubled is an integer).
 const E2M1_X2: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
@@ -572,6 +608,22 @@ mod tests {
                     [&q[0], &q[1], &q[2], &q[3]],
                 );
                 assert_eq!(bits(&got4), bits(&alone), "{isa:?}, {blocks} blocks");
+                // Three rows in one call: each row's results are its single-row ones.
+                let rows3: Vec<u8> = packed
+                    .iter()
+                    .chain(&packed)
+                    .chain(&packed)
+                    .copied()
+                    .collect();
+                let sc3: Vec<u8> = scales
+                    .iter()
+                    .chain(&scales)
+                    .chain(&scales)
+                    .copied()
+                    .collect();
+                let mut out = vec![0f32; 3 * 2];
+                nvfp4_rows_dot_q8::<2>(isa, &rows3, &sc3, n, &lut, [&q[0], &q[1]], &mut out);
+                assert_eq!(bits(&out), bits(&[alone[0], alone[1]].repeat(3)), "{isa:?}");
                 for (k, x) in xs.iter().enumerate() {
                     let scalar =
                         nvfp4_row_dot_q8::<1>(Isa::Scalar, &packed, &scales, &lut, [&q[k]])[0];

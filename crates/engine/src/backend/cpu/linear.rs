@@ -300,41 +300,22 @@ impl CpuLinear {
                 };
                 // Each row meets the tokens four at a time (decoded once per four).
                 if let Some(xin) = xq {
-                    for (i, o) in out.chunks_exact_mut(t).enumerate() {
-                        let (pr, sr) = row(r0 + i);
-                        for (og, xg) in o.chunks_mut(4).zip(xin.chunks(4)) {
-                            match xg {
-                                [a, b, c, d] => og.copy_from_slice(&kernels::nvfp4_row_dot_q8(
-                                    isa,
-                                    pr,
-                                    sr,
-                                    lut,
-                                    [a, b, c, d],
-                                )),
-                                [a, b, c] => og.copy_from_slice(&kernels::nvfp4_row_dot_q8(
-                                    isa,
-                                    pr,
-                                    sr,
-                                    lut,
-                                    [a, b, c],
-                                )),
-                                [a, b] => og.copy_from_slice(&kernels::nvfp4_row_dot_q8(
-                                    isa,
-                                    pr,
-                                    sr,
-                                    lut,
-                                    [a, b],
-                                )),
-                                [a, ..] => og.copy_from_slice(&kernels::nvfp4_row_dot_q8(
-                                    isa,
-                                    pr,
-                                    sr,
-                                    lut,
-                                    [a],
-                                )),
-                                [] => {}
-                            }
+                    // Every row of the task in one kernel call (at most 4 tokens: one group).
+                    let rows = out.len() / t;
+                    let (pr, sr) = (
+                        &p[r0 * cols / 2..(r0 + rows) * cols / 2],
+                        &s[r0 * cols / 16..(r0 + rows) * cols / 16],
+                    );
+                    match xin {
+                        [a, b, c, d] => {
+                            kernels::nvfp4_rows_dot_q8(isa, pr, sr, cols, lut, [a, b, c, d], out)
                         }
+                        [a, b, c] => {
+                            kernels::nvfp4_rows_dot_q8(isa, pr, sr, cols, lut, [a, b, c], out)
+                        }
+                        [a, b] => kernels::nvfp4_rows_dot_q8(isa, pr, sr, cols, lut, [a, b], out),
+                        [a] => kernels::nvfp4_rows_dot_q8(isa, pr, sr, cols, lut, [a], out),
+                        _ => unreachable!("gemv_rows runs at most GEMV_MAX_TOKENS = 4 tokens"),
                     }
                     return;
                 }

@@ -637,6 +637,40 @@ pub(crate) unsafe fn nvfp4_row_dot_q8<const T: usize>(
     xq: [&[i8]; T],
     xd: [&[f32]; T],
 ) -> [f32; T] {
+    row_dot_q8(packed, scales, half_lut, xq, xd)
+}
+
+/// [`nvfp4_row_dot_q8`] of every row of a matrix slice (`packed` and `scales` hold whole rows of
+/// `cols` columns): `out[r · T + k]` = row `r` · vector `k`, each exactly the single-row result.
+/// One call for all of a task's rows (no per-row call, tables and masks kept in registers).
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn nvfp4_rows_dot_q8<const T: usize>(
+    packed: &[u8],
+    scales: &[u8],
+    cols: usize,
+    half_lut: &[f32; 256],
+    xq: [&[i8]; T],
+    xd: [&[f32]; T],
+    out: &mut [f32],
+) {
+    for ((o, p), s) in out
+        .chunks_exact_mut(T)
+        .zip(packed.chunks_exact(cols / 2))
+        .zip(scales.chunks_exact(cols / 16))
+    {
+        o.copy_from_slice(&row_dot_q8(p, s, half_lut, xq, xd));
+    }
+}
+
+/// The body of [`nvfp4_row_dot_q8`], inlined into both callers.
+#[inline(always)]
+unsafe fn row_dot_q8<const T: usize>(
+    packed: &[u8],
+    scales: &[u8],
+    half_lut: &[f32; 256],
+    xq: [&[i8]; T],
+    xd: [&[f32]; T],
+) -> [f32; T] {
     let blocks = (packed.len() / 8).min(scales.len());
     let padded = blocks.div_ceil(8) * 8;
     assert!(
