@@ -618,17 +618,17 @@ unsafe fn nvfp4_q8_group<const T: usize, const HALVES: usize>(
     }
 }
 
-/// Dot products of one NVFP4 row with `T` vectors quantized to int8 per 16-element block
-/// (`x ≈ xq · xd`; each vector padded with zeros to a multiple of 8 blocks, each 64 values stored
-/// as their even elements, then their odd ones): `packed` (`n/2`
-/// bytes), `scales` (`n/16` fp8 codes), `half_lut[code] = fp8(code) / g / 2`. Each block's
-/// integer dot product is exact; the blocks' scaled sums are added in the same order whatever
-/// `T` is, so every result is bit for bit the one its vector gets alone.
 /// How far ahead of the 64 packed bytes in use [`nvfp4_row_dot_q8`] prefetches (into the next
 /// row at a row's end): on a 2-vCPU Xeon VM (260 MiB L3), a decode step's op-profile time went
 /// from 11.9–20.4 to 8.8–16.8 ms in alternating runs (512 and 2048 bytes measured alike).
 const Q8_PREFETCH_BYTES: usize = 1024;
 
+/// Dot products of one NVFP4 row with `T` vectors quantized to int8 per 16-element block
+/// (`x ≈ xq · xd`; each vector padded with zeros to a multiple of 8 blocks, each 64 values stored
+/// as their even elements, then their odd ones): `packed` (`n/2` bytes), `scales` (`n/16` fp8
+/// codes), `half_lut[code] = fp8(code) / g / 2`. Each block's integer dot product is exact; the
+/// blocks' scaled sums are added in the same order whatever `T` is, so every result is bit for
+/// bit the one its vector gets alone.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn nvfp4_row_dot_q8<const T: usize>(
     packed: &[u8],
