@@ -338,8 +338,9 @@ pub(crate) fn nvfp4_row_dot_tokens<const T: usize>(
 /// An activation row quantized to int8 per 16-element block for [`nvfp4_row_dot_q8`]:
 /// `x[16b + i] ≈ q · d[b]` with `d[b] = amax_b / 127` (round half to even), zero-padded to a
 /// multiple of 8 blocks; each 64 values' `q` stored as the even elements, then the odd ones
-/// ([`q8_slot`]: the order in which the NVFP4 kernel splits packed bytes into nibbles). A block holding a NaN or an infinity gets `d = NaN`, so every dot
-/// product that reads it is NaN, as in f32.
+/// ([`q8_slot`]: the order in which the NVFP4 kernel splits packed bytes into nibbles). A block
+/// holding a NaN or an infinity gets `d = NaN`, so every dot product that reads it is NaN, as in
+/// f32.
 pub(crate) struct Q8Input {
     q: Vec<i8>,
     d: Vec<f32>,
