@@ -357,10 +357,10 @@ pub(crate) fn q8_input(isa: Isa, x: &[f32]) -> Q8Input {
     if isa.avx2() {
         // SAFETY: AVX2/FMA detected (see `dot`).
         unsafe { super::simd::q8_quantize(x, &mut q, &mut d) };
-        return Q8Input { q: q8_split(q), d };
+        return Q8Input { q, d };
     }
     let _ = isa;
-    for ((qb, db), xb) in q.chunks_exact_mut(16).zip(&mut d).zip(x.chunks_exact(16)) {
+    for (b, (db, xb)) in d.iter_mut().zip(x.chunks_exact(16)).enumerate() {
         if xb.iter().any(|v| !v.is_finite()) {
             *db = f32::NAN;
             continue;
@@ -371,11 +371,11 @@ pub(crate) fn q8_input(isa: Isa, x: &[f32]) -> Q8Input {
         }
         *db = amax / 127.0;
         let inv = 127.0 / amax;
-        for (o, &v) in qb.iter_mut().zip(xb) {
-            *o = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+        for (i, &v) in xb.iter().enumerate() {
+            q[q8_slot(16 * b + i)] = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
         }
     }
-    Q8Input { q: q8_split(q), d }
+    Q8Input { q, d }
 }
 
 /// Where element `i` of a row lives in a [`Q8Input`]'s `q`.
@@ -383,15 +383,6 @@ pub(crate) fn q8_input(isa: Isa, x: &[f32]) -> Q8Input {
 fn q8_slot(i: usize) -> usize {
     let (group, e) = (i / 64, i % 64);
     64 * group + if e % 2 == 0 { e / 2 } else { 32 + e / 2 }
-}
-
-/// `q` (a multiple of 64 values, in element order) rearranged as [`q8_slot`] says.
-fn q8_split(q: Vec<i8>) -> Vec<i8> {
-    let mut out = vec![0i8; q.len()];
-    for (i, &v) in q.iter().enumerate() {
-        out[q8_slot(i)] = v;
-    }
-    out
 }
 
 /// Dot products of one NVFP4 row with `T` int8-quantized vectors ([`q8_input`]; W4A8): each

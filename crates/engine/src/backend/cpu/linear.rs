@@ -298,7 +298,6 @@ impl CpuLinear {
                         &s[r * cols / 16..(r + 1) * cols / 16],
                     )
                 };
-                // Each row meets the tokens four at a time (decoded once per four).
                 if let Some(xin) = xq {
                     // Every row of the task in one kernel call (at most 4 tokens: one group).
                     let rows = out.len() / t;
@@ -319,6 +318,7 @@ impl CpuLinear {
                     }
                     return;
                 }
+                // Each row meets the tokens four at a time (decoded once per four).
                 let xin: Vec<_> = (0..t).map(|k| kernels::nvfp4_input(isa, xrow(k))).collect();
                 for (i, o) in out.chunks_exact_mut(t).enumerate() {
                     let (pr, sr) = row(r0 + i);

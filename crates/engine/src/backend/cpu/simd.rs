@@ -723,11 +723,18 @@ unsafe fn row_dot_q8<const T: usize>(
 }
 
 /// Each 16-value block `b` of `x` quantized to int8: `d[b] = amax / 127`, `q = round(x · 127 /
-/// amax)` (round half to even; the scalar version's values exactly). A block with a NaN or an
-/// infinity gets `d = NaN` (and zeros); an all-zero block `d = 0`.
+/// amax)` (round half to even; the scalar version's values exactly), written straight into the
+/// kernel's layout (per 64 values the even elements, then the odd ones; `q.len()` a multiple of
+/// 64). A block with a NaN or an infinity gets `d = NaN` (and zeros); an all-zero block `d = 0`.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn q8_quantize(x: &[f32], q: &mut [i8], d: &mut [f32]) {
+    assert!(
+        q.len().is_multiple_of(64),
+        "q8_quantize: q not whole 64-value groups"
+    );
     let blocks = (x.len() / 16).min(q.len() / 16).min(d.len());
+    // A block's 16 values → its 8 even ones, then its 8 odd ones.
+    let split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
     let sign = _mm256_set1_ps(-0.0);
     let inf = _mm256_set1_ps(f32::INFINITY);
     for (b, db) in d.iter_mut().enumerate().take(blocks) {
@@ -739,10 +746,13 @@ pub(crate) unsafe fn q8_quantize(x: &[f32], q: &mut [i8], d: &mut [f32]) {
             _mm256_cmp_ps::<_CMP_NLT_UQ>(a0, inf),
             _mm256_cmp_ps::<_CMP_NLT_UQ>(a1, inf),
         );
-        let out = q.as_mut_ptr().add(16 * b) as *mut __m128i;
+        // Block `b` is the `b % 4`-th of its 64-value group: 8 evens and 8 odds there.
+        let group = q.as_mut_ptr().add(64 * (b / 4) + 8 * (b % 4));
+        let (evens, odds) = (group as *mut __m128i, group.add(32) as *mut __m128i);
         if _mm256_movemask_ps(bad) != 0 {
             *db = f32::NAN;
-            _mm_storeu_si128(out, _mm_setzero_si128());
+            _mm_storel_epi64(evens, _mm_setzero_si128());
+            _mm_storel_epi64(odds, _mm_setzero_si128());
             continue;
         }
         let m = _mm256_max_ps(a0, a1);
@@ -751,7 +761,8 @@ pub(crate) unsafe fn q8_quantize(x: &[f32], q: &mut [i8], d: &mut [f32]) {
         let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 0x55)));
         if amax == 0.0 {
             *db = 0.0;
-            _mm_storeu_si128(out, _mm_setzero_si128());
+            _mm_storel_epi64(evens, _mm_setzero_si128());
+            _mm_storel_epi64(odds, _mm_setzero_si128());
             continue;
         }
         *db = amax / 127.0;
@@ -764,6 +775,8 @@ pub(crate) unsafe fn q8_quantize(x: &[f32], q: &mut [i8], d: &mut [f32]) {
             _mm256_castsi256_si128(p16),
             _mm256_extracti128_si256::<1>(p16),
         );
-        _mm_storeu_si128(out, p8);
+        let p8 = _mm_shuffle_epi8(p8, split);
+        _mm_storel_epi64(evens, p8);
+        _mm_storel_epi64(odds, _mm_srli_si128::<8>(p8));
     }
 }
