@@ -7,7 +7,7 @@
 //! step however many sequences are running. A [`Session`]'s own prefill and steps are the same
 //! pass with a batch of one.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, SampleRequest};
 use crate::error::{EngineError, Result};
 use crate::forward::forward;
 use crate::ir::{SeqChunk, Want};
@@ -157,14 +157,34 @@ impl<B: Backend> Model<B> {
         let b = self.backend();
         let vocab = self.info().vocab_size;
         let tensors = self.pass(sessions, tokens, wants)?;
+        // every sampled session's draw, in session order, then all of them picked at once
+        let draws: Vec<Option<f64>> = samplers
+            .iter_mut()
+            .zip(&tensors)
+            .map(|(s, t)| s.as_mut().filter(|_| t.is_some()).and_then(|s| s.draw()))
+            .collect();
+        let requests: Vec<SampleRequest<'_, B::Tensor>> = tensors
+            .iter()
+            .zip(samplers.iter())
+            .zip(&draws)
+            .filter_map(|((t, s), &u)| {
+                Some(SampleRequest {
+                    logits: t.as_ref()?,
+                    params: s.as_ref()?.params(),
+                    u,
+                })
+            })
+            .collect();
+        let mut picked = b.sample(&requests)?.into_iter();
+        drop(requests);
         tensors
             .into_iter()
             .zip(samplers.iter_mut())
-            .map(|(t, sampler)| {
+            .zip(draws)
+            .map(|((t, sampler), u)| {
                 let Some(t) = t else { return Ok(Output::None) };
                 if let Some(sampler) = sampler {
-                    let u = sampler.draw();
-                    return Ok(Output::Token(match b.sample(&t, sampler.params(), u)? {
+                    return Ok(Output::Token(match picked.next().flatten() {
                         Some(next) => next,
                         None => sampler.pick(&b.download(&t)?, u),
                     }));

@@ -56,7 +56,7 @@ pub mod weights;
 pub use backend::cpu::{CpuActivations, CpuIsa, ParseCpuActivationsError, ParseCpuIsaError};
 #[cfg(feature = "cuda")]
 pub use backend::CudaBackend;
-pub use backend::{Backend, CpuBackend, KvLimit, KvMemory};
+pub use backend::{Backend, CpuBackend, KvLimit, KvMemory, SampleRequest};
 pub use constraint::Constraint;
 pub use device::{open, Device, ParseDeviceError, WithModel};
 pub use error::{EngineError, Result};

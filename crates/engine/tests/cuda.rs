@@ -1057,14 +1057,17 @@ fn decode_steps<B: Backend>(m: &Model<B>, prompt: usize, steps: usize) -> Vec<f3
 
 /// Sampling on the device (`sample_logits`) picks exactly the host `Sampler`'s token for the same
 /// draw: greedy, and temperature with top-k (2..256) and top-p, over a 100,352-entry vocabulary
-/// and a small one, with ties (repeated values: the lower index first), NaN (never picked) and
-/// -inf entries; top-k beyond 256 is left to the host.
+/// and two small ones, with ties (repeated values: the lower index first), NaN (never picked) and
+/// -inf entries; all rows of all vocabularies and parameters in one call (one launch), so each
+/// block reads its own row's logits and parameters; top-k beyond 256 is left to the host (`None`
+/// for that row alone).
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
 fn gpu_sampling_picks_the_host_samplers_token() {
-    use fp4forge_engine::{Sampler, SamplingParams};
+    use fp4forge_engine::{SampleRequest, Sampler, SamplingParams};
     let b = gpu();
-    let mut checked = 0;
+    let mut tensors = Vec::new();
+    let mut hosts = Vec::new();
     for (n, seed) in [(100_352usize, 1u64), (300, 2), (40, 3)] {
         let mut logits = values(n, seed, 6.0);
         // ties: every 7th value repeats its predecessor; a few NaN and -inf entries
@@ -1077,42 +1080,59 @@ fn gpu_sampling_picks_the_host_samplers_token() {
         for i in (11..n).step_by(89) {
             logits[i] = f32::NEG_INFINITY;
         }
-        let t = b.upload(1, n, &logits).unwrap();
-        for (temperature, top_k, top_p) in [
-            (0.0, 0, 1.0),
-            (0.7, 1, 1.0),
-            (0.7, 20, 1.0),
-            (1.0, 256, 0.9),
-            (1.3, 2, 0.5),
-            (1.0, 50, 1.0),
-            (0.05, 8, 0.95),
-        ] {
-            let params = SamplingParams {
-                temperature,
-                top_k,
-                top_p,
-                seed: 9,
-            };
-            let mut sampler = Sampler::new(params);
+        tensors.push(b.upload(1, n, &logits).unwrap());
+        hosts.push(logits);
+    }
+    let params: Vec<SamplingParams> = [
+        (0.0, 0, 1.0),
+        (0.7, 1, 1.0),
+        (0.7, 20, 1.0),
+        (1.0, 256, 0.9),
+        (1.3, 2, 0.5),
+        (1.0, 50, 1.0),
+        (0.05, 8, 0.95),
+        (1.0, 257, 1.0),
+    ]
+    .into_iter()
+    .map(|(temperature, top_k, top_p)| SamplingParams {
+        temperature,
+        top_k,
+        top_p,
+        seed: 9,
+    })
+    .collect();
+    // (vocabulary, parameters, draw, host pick) of every row, interleaved
+    let mut rows = Vec::new();
+    for (v, logits) in hosts.iter().enumerate() {
+        for (p, params) in params.iter().enumerate() {
+            let mut sampler = Sampler::new(*params);
             for _ in 0..200 {
                 let u = sampler.draw();
-                let host = sampler.pick(&logits, u);
-                let dev = b.sample(&t, &params, u).unwrap();
-                assert_eq!(
-                    dev,
-                    Some(host),
-                    "n {n} t {temperature} k {top_k} p {top_p} u {u:?}"
-                );
-                checked += 1;
+                rows.push((v, p, u, sampler.pick(logits, u)));
             }
         }
-        let wide = SamplingParams {
-            temperature: 1.0,
-            top_k: 257,
-            top_p: 1.0,
-            seed: 0,
-        };
-        assert_eq!(b.sample(&t, &wide, Some(0.5)).unwrap(), None);
     }
-    println!("device sampling: {checked} picks equal the host sampler's");
+    rows.sort_by_key(|&(v, p, _, host)| (host % 5, v, p));
+    let requests: Vec<SampleRequest<'_, _>> = rows
+        .iter()
+        .map(|&(v, p, u, _)| SampleRequest {
+            logits: &tensors[v],
+            params: &params[p],
+            u,
+        })
+        .collect();
+    let dev = b.sample(&requests).unwrap();
+    assert_eq!(dev.len(), rows.len());
+    let mut checked = 0;
+    for (&(v, p, u, host), dev) in rows.iter().zip(dev) {
+        let what = format!("n {} {:?} u {u:?}", hosts[v].len(), params[p]);
+        if params[p].top_k > 256 && u.is_some() {
+            assert_eq!(dev, None, "{what}: top-k past the device's");
+        } else {
+            assert_eq!(dev, Some(host), "{what}");
+            checked += 1;
+        }
+    }
+    assert!(b.sample(&[]).unwrap().is_empty());
+    println!("device sampling: {checked} picks in one call equal the host sampler's");
 }

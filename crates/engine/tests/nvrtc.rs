@@ -16,7 +16,11 @@ fn kernels_compile_for_every_supported_architecture() {
     // sm_80: no fp8 conversions or PDL (those paths compile to nothing); sm_89: fp8 + tensor-core
     // NVFP4 GEMVs; sm_90: everything (the H200).
     for arch in ["sm_80", "sm_89", "sm_90"] {
-        let ptx = compile_kernels(arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
+        let compiled = compile_kernels(arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
+        // the device code the backend loads (and caches) instead of the PTX
+        let cubin = compiled.cubin.unwrap_or_else(|| panic!("{arch}: no CUBIN"));
+        assert_eq!(&cubin[..4], b"\x7fELF", "{arch}: the CUBIN is no ELF image");
+        let ptx = compiled.ptx;
         let names = kernel_entries();
         for name in &names {
             assert!(

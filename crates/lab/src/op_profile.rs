@@ -14,9 +14,8 @@ use std::time::{Duration, Instant};
 use fp4forge_engine::backend::{AttentionParams, KvLimit, KvMemory, Resident, RouterParams};
 use fp4forge_engine::ir::KvLayerSpec;
 use fp4forge_engine::rope::RopeSpec;
-use fp4forge_engine::sampling::SamplingParams;
 use fp4forge_engine::weights::{ExpertWeights, LinearWeight};
-use fp4forge_engine::{Backend, Result};
+use fp4forge_engine::{Backend, Result, SampleRequest};
 
 /// Time and bytes of one kind of op.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -260,12 +259,7 @@ impl<B: Backend> Backend for Profiled<B> {
         })
     }
 
-    fn sample(
-        &self,
-        logits: &Self::Tensor,
-        params: &SamplingParams,
-        u: Option<f64>,
-    ) -> Result<Option<u32>> {
-        self.timed("sample", 0, || self.inner.sample(logits, params, u))
+    fn sample(&self, rows: &[SampleRequest<'_, Self::Tensor>]) -> Result<Vec<Option<u32>>> {
+        self.timed("sample", 0, || self.inner.sample(rows))
     }
 }

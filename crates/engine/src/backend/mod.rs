@@ -30,6 +30,17 @@ pub use cpu::CpuBackend;
 #[cfg(feature = "cuda")]
 pub use cuda::CudaBackend;
 
+/// One row for [`Backend::sample`]: a sequence's last logits (`[1, vocab]`), its sampler's
+/// parameters and the sampler's uniform draw for this token (`None`: the sampler is greedy).
+pub struct SampleRequest<'a, T> {
+    /// The logits to pick from.
+    pub logits: &'a T,
+    /// How to pick.
+    pub params: &'a SamplingParams,
+    /// The draw [`Sampler::pick`](crate::Sampler::pick) would use.
+    pub u: Option<f64>,
+}
+
 /// The memory of a backend's KV caches, bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KvMemory {
@@ -221,18 +232,13 @@ pub trait Backend: Resident {
         experts: &Self::Experts,
     ) -> Result<Self::Tensor>;
 
-    /// The token [`Sampler::pick`](crate::Sampler::pick) chooses from `logits` (`[1, vocab]`)
-    /// with `params` and draw `u`, picked where the logits are (only the token id comes back).
-    /// `Ok(None)` (the default) where the backend does not sample these parameters itself: the
-    /// caller downloads the logits and picks on the host.
-    fn sample(
-        &self,
-        logits: &Self::Tensor,
-        params: &SamplingParams,
-        u: Option<f64>,
-    ) -> Result<Option<u32>> {
-        let _ = (logits, params, u);
-        Ok(None)
+    /// For each of `rows`, the token [`Sampler::pick`](crate::Sampler::pick) chooses from its
+    /// logits (`[1, vocab]`) with its parameters and draw, picked where the logits are, all rows
+    /// at once (only the token ids come back, in one transfer). `None` for a row (the default:
+    /// every row) where the backend does not sample those parameters itself: the caller
+    /// downloads that row's logits and picks on the host.
+    fn sample(&self, rows: &[SampleRequest<'_, Self::Tensor>]) -> Result<Vec<Option<u32>>> {
+        Ok(vec![None; rows.len()])
     }
 
     // ---- whole passes -----------------------------------------------------------------------

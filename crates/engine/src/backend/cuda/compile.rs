@@ -27,43 +27,241 @@ pub fn kernel_entries() -> Vec<&'static str> {
 }
 
 /// Compiles the kernel source for `arch` (e.g. `sm_90`) with NVRTC, as the backend does at
-/// start-up, and returns the PTX. Needs only NVRTC (no GPU, no driver): a build check. The source
-/// is the built-in one unless `FP4FORGE_CUDA_KERNELS` names another ([`CudaOptions::from_env`]).
-pub fn compile_kernels(arch: &'static str) -> std::result::Result<String, String> {
+/// start-up: the PTX and the CUBIN. Needs only NVRTC (no GPU, no driver): a build check. The
+/// source is the built-in one unless `FP4FORGE_CUDA_KERNELS` names another
+/// ([`CudaOptions::from_env`]); the kernel cache is neither read nor written.
+pub fn compile_kernels(arch: &'static str) -> std::result::Result<CompiledKernels, String> {
     let options = CudaOptions::from_env();
-    ptx_for(arch, options.kernels_source.as_deref()).map(|p| p.to_src())
+    let text = kernel_text(options.kernels_source.as_deref())?;
+    nvrtc_compile(&text, arch)
 }
 
-/// PTX per architecture and source (`source`: a file compiled instead of [`KERNELS_CU`], the
-/// development hook `CudaOptions::kernels_source`), compiled once per process.
-pub(super) fn ptx_for(
+/// What NVRTC made of the kernel source for one architecture.
+pub struct CompiledKernels {
+    /// The PTX (the source of the build check).
+    pub ptx: String,
+    /// The device code for the architecture (CUBIN), where NVRTC made one (it does for a real
+    /// architecture such as `sm_90`): loading it skips the driver's PTX compilation.
+    pub cubin: Option<Vec<u8>>,
+}
+
+/// The NVRTC options of every compilation (the architecture's comes first).
+const NVRTC_OPTIONS: [&str; 2] = ["-std=c++17", "-default-device"];
+
+/// Compiles `text` for `arch` with NVRTC: the PTX and, where NVRTC made one, the CUBIN.
+fn nvrtc_compile(text: &str, arch: &str) -> std::result::Result<CompiledKernels, String> {
+    use cudarc::nvrtc::{result, sys};
+    let src = std::ffi::CString::new(text).map_err(|_| "a NUL byte in the kernel source")?;
+    let prog = result::create_program(&src, None).map_err(|e| format!("NVRTC: {e:?}"))?;
+    let mut options = vec![format!("--gpu-architecture={arch}")];
+    options.extend(NVRTC_OPTIONS.iter().map(|o| o.to_string()));
+    // SAFETY: `prog` was created above and is destroyed once, below, after its last use.
+    let out = unsafe {
+        let compiled = result::compile_program(prog, &options);
+        let out = match compiled {
+            Err(e) => {
+                let log = result::get_program_log(prog)
+                    .map(|l| {
+                        let bytes: Vec<u8> = l
+                            .iter()
+                            .take_while(|&&c| c != 0)
+                            .map(|&c| c as u8)
+                            .collect();
+                        String::from_utf8_lossy(&bytes).into_owned()
+                    })
+                    .unwrap_or_default();
+                Err(format!("NVRTC ({options:?}): {e:?}\n{log}"))
+            }
+            Ok(()) => result::get_ptx(prog)
+                .map_err(|e| format!("NVRTC PTX: {e:?}"))
+                .map(|p| {
+                    let bytes: Vec<u8> = p
+                        .iter()
+                        .take_while(|&&c| c != 0)
+                        .map(|&c| c as u8)
+                        .collect();
+                    let mut size = 0usize;
+                    let cubin = (sys::nvrtcGetCUBINSize(prog, &mut size).result().is_ok()
+                        && size > 0)
+                        .then(|| {
+                            let mut bin = vec![0u8; size];
+                            sys::nvrtcGetCUBIN(prog, bin.as_mut_ptr().cast())
+                                .result()
+                                .ok()
+                                .map(|_| bin)
+                        })
+                        .flatten();
+                    CompiledKernels {
+                        ptx: String::from_utf8_lossy(&bytes).into_owned(),
+                        cubin,
+                    }
+                }),
+        };
+        let _ = result::destroy_program(prog);
+        out
+    };
+    out
+}
+
+/// The kernel source: [`KERNELS_CU`], or the file `source` names (the development hook
+/// `CudaOptions::kernels_source`: the same kernel names and signatures, the `kernels/` files
+/// concatenated in `KERNELS_CU`'s order with a newline between them, so kernels can be tuned on
+/// a GPU machine without rebuilding the binary).
+fn kernel_text(source: Option<&std::path::Path>) -> std::result::Result<String, String> {
+    match source {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| format!("FP4FORGE_CUDA_KERNELS={}: {e}", path.display())),
+        None => Ok(KERNELS_CU.to_string()),
+    }
+}
+
+/// The file of the kernel cache that holds the CUBIN of `text` for `arch` made by this NVRTC
+/// version with [`NVRTC_OPTIONS`]: named by a 64-bit FNV-1a hash of all of them.
+fn kernel_cache_file(dir: &std::path::Path, text: &str, arch: &str) -> std::path::PathBuf {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: two plain out-parameters.
+    let _ = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    let key = format!("{arch}\0{major}.{minor}\0{}\0", NVRTC_OPTIONS.join(" "));
+    let h = fnv1a(key.bytes().chain(text.bytes()));
+    dir.join(format!("kernels-{arch}-{h:016x}.cubin"))
+}
+
+/// 64-bit FNV-1a of `bytes`.
+fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
+    bytes.into_iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The CUBIN of a kernel cache file: its bytes after the 8-byte FNV-1a of them, `None` where the
+/// file is missing, unreadable, empty or does not match its hash (then it is compiled anew and
+/// rewritten).
+fn read_cached(file: &std::path::Path) -> Option<Vec<u8>> {
+    let bytes = std::fs::read(file).ok()?;
+    let (head, bin) = bytes.split_at_checked(8)?;
+    let want = u64::from_le_bytes(head.try_into().ok()?);
+    (!bin.is_empty() && fnv1a(bin.iter().copied()) == want).then(|| bin.to_vec())
+}
+
+/// The loadable kernels for `arch`, once per process and source: the CUBIN from the kernel cache
+/// `cache` (a directory; `None`: none) where it holds one for this source, architecture and NVRTC
+/// version; else compiled by NVRTC (the CUBIN written to the cache, atomically; a cache that
+/// cannot be written is skipped with a warning), or its PTX where NVRTC made no CUBIN.
+pub(super) fn module_for(
     arch: &'static str,
     source: Option<&std::path::Path>,
+    cache: Option<&std::path::Path>,
 ) -> std::result::Result<Ptx, String> {
-    type Cache = Vec<(&'static str, Option<std::path::PathBuf>, Ptx)>;
-    static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
-    let cache = CACHE.get_or_init(|| Mutex::new(Vec::new()));
-    let mut c = cache.lock().map_err(|_| "ptx cache poisoned".to_string())?;
+    type Loaded = Vec<(&'static str, Option<std::path::PathBuf>, Ptx)>;
+    static LOADED: OnceLock<Mutex<Loaded>> = OnceLock::new();
+    let loaded = LOADED.get_or_init(|| Mutex::new(Vec::new()));
+    let mut c = loaded
+        .lock()
+        .map_err(|_| "kernel module cache poisoned".to_string())?;
     if let Some((_, _, p)) = c
         .iter()
         .find(|(a, s, _)| *a == arch && s.as_deref() == source)
     {
         return Ok(p.clone());
     }
-    let opts = CompileOptions {
-        arch: Some(arch),
-        options: vec!["-std=c++17".into(), "-default-device".into()],
-        ..Default::default()
+    let text = kernel_text(source)?;
+    let file = cache.map(|dir| kernel_cache_file(dir, &text, arch));
+    let module = match cached_or_compiled(file.as_deref(), || nvrtc_compile(&text, arch))? {
+        Module::Cubin(bin) => Ptx::from_binary(bin),
+        Module::Ptx(ptx) => Ptx::from_src(ptx),
     };
-    // The development hook compiles another source (same kernel names and signatures; the
-    // kernels/ files concatenated in `KERNELS_CU`'s order with a newline between them), so
-    // kernels can be tuned on a GPU machine without rebuilding the binary.
-    let text = match source {
-        Some(path) => std::fs::read_to_string(path)
-            .map_err(|e| format!("FP4FORGE_CUDA_KERNELS={}: {e}", path.display()))?,
-        None => KERNELS_CU.to_string(),
+    c.push((arch, source.map(|p| p.to_path_buf()), module.clone()));
+    Ok(module)
+}
+
+/// Loadable kernels: device code, or PTX for the driver to compile.
+#[derive(Debug, PartialEq)]
+enum Module {
+    Cubin(Vec<u8>),
+    Ptx(String),
+}
+
+/// The CUBIN the kernel cache `file` holds (`None`: no cache), else what `compile` makes, its
+/// CUBIN stored in `file` (atomically, behind its hash; a cache that cannot be written is
+/// skipped with a warning), or its PTX where it made no CUBIN.
+fn cached_or_compiled(
+    file: Option<&std::path::Path>,
+    compile: impl FnOnce() -> std::result::Result<CompiledKernels, String>,
+) -> std::result::Result<Module, String> {
+    if let Some(bin) = file.and_then(read_cached) {
+        return Ok(Module::Cubin(bin));
+    }
+    let compiled = compile()?;
+    let Some(bin) = compiled.cubin else {
+        return Ok(Module::Ptx(compiled.ptx));
     };
-    let ptx = compile_ptx_with_opts(text, opts).map_err(|e| format!("NVRTC: {e}"))?;
-    c.push((arch, source.map(|p| p.to_path_buf()), ptx.clone()));
-    Ok(ptx)
+    if let Some(file) = file {
+        let mut stored = fnv1a(bin.iter().copied()).to_le_bytes().to_vec();
+        stored.extend_from_slice(&bin);
+        if let Err(e) = write_atomically(file, &stored) {
+            eprintln!(
+                "warning: kernel cache {} not written: {e} (FP4FORGE_KERNEL_CACHE=off: no cache)",
+                file.display()
+            );
+        }
+    }
+    Ok(Module::Cubin(bin))
+}
+
+/// Writes `bytes` to `file` through a temporary file beside it and a rename (creating the
+/// directory), so a reader never sees a partial file.
+fn write_atomically(file: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = file.parent().unwrap_or(std::path::Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        file.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("kernels"),
+        std::process::id()
+    ));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, file).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn compiled(cubin: Option<&[u8]>) -> CompiledKernels {
+        CompiledKernels {
+            ptx: "// ptx".into(),
+            cubin: cubin.map(<[u8]>::to_vec),
+        }
+    }
+
+    /// The first start compiles and stores the CUBIN; the next loads it without compiling; a
+    /// damaged file is compiled anew and rewritten; PTX (no CUBIN) is never stored.
+    #[test]
+    fn kernel_cache_stores_and_loads_the_cubin() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("sub").join("kernels-sm_90-0.cubin");
+        let first = cached_or_compiled(Some(&file), || Ok(compiled(Some(b"cubin")))).unwrap();
+        assert_eq!(first, Module::Cubin(b"cubin".to_vec()));
+        let again = cached_or_compiled(Some(&file), || Err("compiled again".into())).unwrap();
+        assert_eq!(again, Module::Cubin(b"cubin".to_vec()));
+        let mut bytes = std::fs::read(&file).unwrap();
+        *bytes.last_mut().unwrap() ^= 1;
+        std::fs::write(&file, &bytes).unwrap();
+        let fresh = cached_or_compiled(Some(&file), || Ok(compiled(Some(b"other")))).unwrap();
+        assert_eq!(fresh, Module::Cubin(b"other".to_vec()));
+        assert_eq!(read_cached(&file), Some(b"other".to_vec()));
+        let ptx_file = dir.path().join("ptx.cubin");
+        let ptx = cached_or_compiled(Some(&ptx_file), || Ok(compiled(None))).unwrap();
+        assert_eq!(ptx, Module::Ptx("// ptx".into()));
+        assert!(!ptx_file.exists());
+        let none = cached_or_compiled(None, || Ok(compiled(Some(b"x")))).unwrap();
+        assert_eq!(none, Module::Cubin(b"x".to_vec()));
+        // the cache file's name changes with the source and the architecture
+        let a = kernel_cache_file(dir.path(), "a", "sm_90");
+        assert_ne!(a, kernel_cache_file(dir.path(), "b", "sm_90"));
+        assert_ne!(a, kernel_cache_file(dir.path(), "a", "sm_89"));
+    }
 }

@@ -450,8 +450,10 @@ impl CudaBackend {
     }
 
     /// `y_i = x · W_iᵀ` for the `n` rows of `x` (`h` values each) and each `(W_i, y_i)` of
-    /// `parts`: one launch where it applies (one row: `linear_multi2`; a few rows of one format:
-    /// `gemv_mt`, the rows staged once), else one multi-token linear each.
+    /// `parts`: one launch where it applies (one row: `linear_multi2`), else a few rows: one
+    /// `gemv_mt` per weight format over the parts it takes (the rows staged once per format:
+    /// NVFP4 q/k/v in one launch beside a bf16 gate's), and one multi-token linear for each
+    /// other part.
     pub(crate) fn linears_of_one_input(
         &self,
         parts: &[(&CudaLinear, DevPtr<f32>)],
@@ -462,14 +464,24 @@ impl CudaBackend {
         if n == 1 {
             return self.linear_multi_raw(&MultiLinear::new(self, parts, h)?, x);
         }
-        let fmt = parts.first().map(|(w, _)| w.fmt);
-        if parts
+        let mut formats: Vec<i32> = parts
             .iter()
-            .all(|(w, _)| Some(w.fmt) == fmt && self.gemv_mt_applies(w, n))
-        {
-            return self.gemv_mt(parts, x, n, DevPtr::NULL, DevPtr::NULL);
+            .filter(|(w, _)| self.gemv_mt_applies(w, n))
+            .map(|(w, _)| w.fmt)
+            .collect();
+        formats.sort_unstable();
+        formats.dedup();
+        for fmt in formats {
+            let group: Vec<(&CudaLinear, DevPtr<f32>)> = parts
+                .iter()
+                .filter(|(w, _)| w.fmt == fmt && self.gemv_mt_applies(w, n))
+                .copied()
+                .collect();
+            for chunk in group.chunks(MultiLinear::MAX) {
+                self.gemv_mt(chunk, x, n, DevPtr::NULL, DevPtr::NULL)?;
+            }
         }
-        for &(w, y) in parts {
+        for &(w, y) in parts.iter().filter(|(w, _)| !self.gemv_mt_applies(w, n)) {
             self.gemv_raw(w, Gemv::rows(x, y, DevPtr::NULL, n))?;
         }
         Ok(())

@@ -40,7 +40,7 @@ mod ops;
 mod options;
 
 use compile::*;
-pub use compile::{compile_kernels, kernel_entries, KERNELS_CU};
+pub use compile::{compile_kernels, kernel_entries, CompiledKernels, KERNELS_CU};
 use kv_pool::{KvBlock, KvPool, KV_BLOCK};
 pub use ops::attention::{CudaKvLayer, CudaRope};
 pub use ops::moe::{CudaExperts, CudaRouting, ExpertArena};
@@ -53,13 +53,14 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
 };
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
+use cudarc::nvrtc::Ptx;
 
-use super::{AttentionParams, AttnChunk, Backend, Resident, RouterParams, RouterScoring};
+use super::{
+    AttentionParams, AttnChunk, Backend, Resident, RouterParams, RouterScoring, SampleRequest,
+};
 use crate::error::{EngineError, Result};
 use crate::ir::{Decoder, KvDtype, KvLayerSpec, SeqChunk};
 use crate::rope::RopeSpec;
-use crate::sampling::SamplingParams;
 use crate::weights::{ExpertWeights, LinearWeight};
 
 /// Device memory [`CudaBackend::limit_kv_memory`] keeps out of the KV caches' cap for the
@@ -137,7 +138,12 @@ impl CudaBackend {
             .compute_capability()
             .map_err(|e| backend_err(format!("{e:?}")))?;
         let arch: &'static str = Box::leak(format!("sm_{maj}{min}").into_boxed_str());
-        let ptx = ptx_for(arch, options.kernels_source.as_deref()).map_err(backend_err)?;
+        let ptx = module_for(
+            arch,
+            options.kernels_source.as_deref(),
+            options.kernel_cache.as_deref(),
+        )
+        .map_err(backend_err)?;
         let module = ctx
             .load_module(ptx)
             .map_err(|e| backend_err(format!("load module: {e:?}")))?;
@@ -1111,38 +1117,53 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
-    fn sample(
-        &self,
-        logits: &CudaTensor,
-        params: &SamplingParams,
-        u: Option<f64>,
-    ) -> Result<Option<u32>> {
-        let greedy = params.is_greedy() || u.is_none();
-        if logits.rows != 1 || !(greedy || (2..=SAMPLE_K_MAX).contains(&params.top_k)) {
-            return Ok(None);
+    fn sample(&self, rows: &[SampleRequest<'_, CudaTensor>]) -> Result<Vec<Option<u32>>> {
+        let mut picked = vec![None; rows.len()];
+        let mut table = Vec::with_capacity(rows.len());
+        let mut at = Vec::with_capacity(rows.len());
+        for (i, r) in rows.iter().enumerate() {
+            let greedy = r.params.is_greedy() || r.u.is_none();
+            if r.logits.rows != 1 || !(greedy || (2..=SAMPLE_K_MAX).contains(&r.params.top_k)) {
+                continue;
+            }
+            let (temperature, top_k) = if greedy {
+                (0.0, 1)
+            } else {
+                (r.params.temperature, r.params.top_k as i32)
+            };
+            table.push(ops::sampling::SampleRow {
+                logits: self.ptr(&r.logits.buf),
+                n: r.logits.cols as i32,
+                temperature,
+                top_k,
+                top_p: r.params.top_p,
+                u: r.u.unwrap_or(0.0),
+            });
+            at.push(i);
         }
-        let out = self.alloc::<u32>(1)?;
-        let (temperature, top_k) = if greedy {
-            (0.0, 1)
-        } else {
-            (params.temperature, params.top_k as i32)
-        };
+        if table.is_empty() {
+            return Ok(picked);
+        }
+        let table = self
+            .inner
+            .stream
+            .clone_htod(&table)
+            .map_err(|e| self.err(format!("upload: {e:?}")))?;
+        let out = self.alloc_unset::<u32>(at.len())?;
         ops::sampling::SampleLogitsArgs {
-            logits: self.ptr(&logits.buf),
-            n: logits.cols as i32,
-            temperature,
-            top_k,
-            top_p: params.top_p,
-            u: u.unwrap_or(0.0),
+            rows: self.ptr(&table),
             out: self.ptr(&out),
         }
-        .launch(self, (1, 1, 1), (1024, 1, 1))?;
-        let id = self
+        .launch(self, (at.len() as u32, 1, 1), (1024, 1, 1))?;
+        let ids = self
             .inner
             .stream
             .clone_dtoh(&out)
             .map_err(|e| self.err(format!("download: {e:?}")))?;
-        Ok(id.first().copied())
+        for (i, id) in at.into_iter().zip(ids) {
+            picked[i] = Some(id);
+        }
+        Ok(picked)
     }
 
     /// A decode step (one token of each sequence, its last logits wanted) runs the fused

@@ -5,6 +5,7 @@
 //! | variable | field | meaning | default |
 //! |---|---|---|---|
 //! | `FP4FORGE_CUDA_KERNELS` | `kernels_source` | compile this CUDA file instead of the built-in kernels (same names and signatures; `kernels/` concatenated in `KERNELS_CU`'s order) | the built-in source |
+//! | `FP4FORGE_KERNEL_CACHE` | `kernel_cache` | directory of compiled kernels (one CUBIN per source, architecture and NVRTC version; a later start loads it instead of compiling for a minute); `off` or `0`: none | `$XDG_CACHE_HOME/fp4forge/kernels`, else `$HOME/.cache/fp4forge/kernels` |
 //! | `FP4FORGE_CUDA_PDL` | `pdl` | `0`: no programmatic dependent launch (sm_90+ only anyway) | on |
 //! | `FP4FORGE_CUDA_MMA` | `mma` | `0`: no tensor-core NVFP4 decode GEMVs (sm_89+ only anyway) | on |
 //! | `FP4FORGE_CUDA_PERSIST` | `persistent_moe` | `0`: one token's experts on the per-item kernels, not the persistent ones | on |
@@ -42,6 +43,8 @@ use super::ops::moe::FEW_MOE_MIN_TOKENS;
 pub struct CudaOptions {
     /// `FP4FORGE_CUDA_KERNELS`: a CUDA source file compiled instead of the built-in kernels.
     pub kernels_source: Option<PathBuf>,
+    /// `FP4FORGE_KERNEL_CACHE`: the directory of compiled kernels (`None`: compile every time).
+    pub kernel_cache: Option<PathBuf>,
     /// `FP4FORGE_CUDA_PDL`: programmatic dependent launch where the device has it (sm_90+).
     pub pdl: bool,
     /// `FP4FORGE_CUDA_MMA`: NVFP4 decode GEMVs on tensor cores where the device has them (sm_89+).
@@ -93,6 +96,7 @@ impl Default for CudaOptions {
     fn default() -> Self {
         Self {
             kernels_source: None,
+            kernel_cache: None,
             pdl: true,
             mma: true,
             persistent_moe: true,
@@ -142,6 +146,19 @@ impl CudaOptions {
         };
         Self {
             kernels_source: var("FP4FORGE_CUDA_KERNELS").map(PathBuf::from),
+            kernel_cache: match var("FP4FORGE_KERNEL_CACHE") {
+                Some(v) if v == "off" || v == "0" || v.is_empty() => None,
+                Some(v) => Some(PathBuf::from(v)),
+                None => var("XDG_CACHE_HOME")
+                    .filter(|v| !v.is_empty())
+                    .map(PathBuf::from)
+                    .or_else(|| {
+                        var("HOME")
+                            .filter(|v| !v.is_empty())
+                            .map(|h| PathBuf::from(h).join(".cache"))
+                    })
+                    .map(|d| d.join("fp4forge").join("kernels")),
+            },
             pdl: on("FP4FORGE_CUDA_PDL"),
             mma: on("FP4FORGE_CUDA_MMA"),
             persistent_moe: on("FP4FORGE_CUDA_PERSIST"),
@@ -211,5 +228,29 @@ mod tests {
         assert_eq!(o.kernels_source, Some(PathBuf::from("/tmp/k.cu")));
         let o = with(&[("FP4FORGE_NV_MINB", "5"), ("FP4FORGE_NV_GRID", "0")]);
         assert_eq!((o.nv_blocks_per_sm, o.nv_grid_per_sm), (2, 0));
+    }
+
+    /// The kernel cache: the variable's directory, `off`/`0` for none, else under
+    /// `XDG_CACHE_HOME` or `HOME`.
+    #[test]
+    fn kernel_cache_directory() {
+        let dir = |vars: &[(&str, &str)]| with(vars).kernel_cache;
+        assert_eq!(
+            dir(&[("FP4FORGE_KERNEL_CACHE", "/k"), ("HOME", "/h")]),
+            Some(PathBuf::from("/k"))
+        );
+        assert_eq!(
+            dir(&[("FP4FORGE_KERNEL_CACHE", "off"), ("HOME", "/h")]),
+            None
+        );
+        assert_eq!(dir(&[("FP4FORGE_KERNEL_CACHE", "0")]), None);
+        assert_eq!(
+            dir(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")]),
+            Some(PathBuf::from("/x/fp4forge/kernels"))
+        );
+        assert_eq!(
+            dir(&[("HOME", "/h")]),
+            Some(PathBuf::from("/h/.cache/fp4forge/kernels"))
+        );
     }
 }

@@ -301,6 +301,7 @@ struct Prep {
     float attn_factor;
     int rdim;
     int on;
+    const float* gate;      // per-head softplus gate [heads] applied to a single split's output (null: none)
 };
 
 // The rope's cos and sin at position pos for the rdim / 2 frequencies (qk_norm_rope's
@@ -542,7 +543,8 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
         }
         const long hh = h0 + g;
         if (splits == 1) {
-            out[hh * D + c] = L > 0.f ? O / L : 0.f;
+            const float o = L > 0.f ? O / L : 0.f;
+            out[hh * D + c] = pp.gate ? o * softplus(pp.gate[hh]) : o;
         } else {
             part_o[(hh * splits + z) * D + c] = O;
             if (c == 0) {
@@ -604,6 +606,7 @@ struct AttnSeqs {
         Prep ps = pp;                                                                                                  \
         ps.kt = sq.kt;                                                                                                 \
         ps.slot = sq.slot;                                                                                             \
+        ps.gate = pp.gate ? pp.gate + b * heads : pp.gate;                                                             \
         const long qw = (long)heads * D, kw = (long)kvh * D;                                                           \
         attn_dec_impl<D>(q + b * qw, kch + b * kw, vch + b * kw, sq.kt, out + b * qw,                                  \
                          part_o ? part_o + b * qw * splits : part_o,                                                   \

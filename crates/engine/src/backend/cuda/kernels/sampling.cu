@@ -61,16 +61,33 @@ __device__ int block_exclusive_scan(int v, int* total) {
     return before + incl - v;
 }
 
-// The next token from logits[0, n) exactly as the host `Sampler` picks it with uniform draw `u`:
-// greedy (temperature <= 0 or top_k == 1): the first index of the largest value; otherwise the
-// top_k (2..SAMPLE_K_MAX) of the keys logit / temperature (f32) by (key desc, index asc), the
-// softmax of (key - max) in f64 over them, cut to the shortest prefix whose sum reaches top_p,
-// renormalised, and the first candidate whose cumulative probability exceeds u. NaN logits are
-// never picked. One block of SAMPLE_THREADS threads; *out = the token.
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_logits(const float* __restrict__ logits, int n,
-                                                                     float temperature, int top_k, float top_p,
-                                                                     double u, u32* out) {
+// One row to sample: its logits and the sampler's parameters and draw (`SampleRow` in
+// ops/sampling.rs; same layout).
+struct SampleRow {
+    const float* logits;
+    int n;
+    float temperature;
+    int top_k;
+    float top_p;
+    double u;
+};
+
+// The next token of every row of `rows` (one block each), exactly as the host `Sampler` picks it
+// from logits[0, n) with uniform draw `u`: greedy (temperature <= 0 or top_k == 1): the first
+// index of the largest value; otherwise the top_k (2..SAMPLE_K_MAX) of the keys
+// logit / temperature (f32) by (key desc, index asc), the softmax of (key - max) in f64 over
+// them, cut to the shortest prefix whose sum reaches top_p, renormalised, and the first candidate
+// whose cumulative probability exceeds u. NaN logits are never picked. Blocks of SAMPLE_THREADS
+// threads; out[row] = the row's token.
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_logits(const SampleRow* __restrict__ rows,
+                                                                     u32* out_all) {
     pdl_enter();
+    const SampleRow row = rows[blockIdx.x];
+    const float* __restrict__ logits = row.logits;
+    const int n = row.n, top_k = row.top_k;
+    const float temperature = row.temperature, top_p = row.top_p;
+    const double u = row.u;
+    u32* out = out_all + blockIdx.x;
     const int tid = threadIdx.x;
     __shared__ u32 hist[256];
     __shared__ u32 s_prefix, s_mask;

@@ -151,6 +151,7 @@ pub(crate) struct AttnPrep {
     attn_factor: f32,
     rdim: i32,
     on: i32,
+    gate: DevPtr<f32>,
 }
 
 // SAFETY: plain old data matching the C struct's layout.
@@ -176,7 +177,14 @@ impl AttnPrep {
             attn_factor: rope.attn_factor,
             rdim: rope.rdim as i32,
             on: 1,
+            gate: DevPtr::NULL,
         }
+    }
+
+    /// These preparations (or none: `on` clear) with the per-head softplus `gate` applied to the
+    /// output by the kernel itself (only where it writes the output: one key split).
+    pub(crate) fn with_gate(self, gate: DevPtr<f32>) -> Self {
+        Self { gate, ..self }
     }
 }
 
@@ -497,9 +505,17 @@ impl CudaBackend {
                 window,
                 splits: splits as i32,
                 ngroups: ngroups as i32,
-                pp: prep.unwrap_or_default(),
+                // (one split: the kernel writes the output, the gate applied on the way)
+                pp: prep.unwrap_or_default().with_gate(if splits == 1 {
+                    gate
+                } else {
+                    DevPtr::NULL
+                }),
             }
             .launch(self, variant, grid, (128, 1, 1))?;
+            if splits == 1 {
+                return Ok(());
+            }
         } else {
             let variant = self.attn_variant(cache.kv_t, p.head_dim)?;
             ops::attention::AttnArgs {
@@ -756,7 +772,10 @@ impl CudaBackend {
         } else {
             None
         };
-        let prep = AttnPrep::new(self, chunks[0].kv, 0, io.norms, rope.dev(self));
+        // (one split: the kernel writes the output, the gate applied on the way)
+        let gate_inside = if splits == 1 { io.gate } else { DevPtr::NULL };
+        let prep =
+            AttnPrep::new(self, chunks[0].kv, 0, io.norms, rope.dev(self)).with_gate(gate_inside);
         let qw = p.heads * d;
         let kw = p.kv_heads * d;
         for (gi, group) in chunks.chunks(ATTN_BATCH_MAX).enumerate() {
@@ -810,7 +829,9 @@ impl CudaBackend {
             .map_or((DevPtr::NULL, DevPtr::NULL), |(a, b)| {
                 (self.ptr(a), self.ptr(b))
             });
-        self.attn_finish(part, io.out, io.gate, p, n, splits)?;
+        if splits > 1 {
+            self.attn_finish(part, io.out, io.gate, p, n, splits)?;
+        }
         for c in chunks.iter_mut() {
             c.kv.len += 1;
         }

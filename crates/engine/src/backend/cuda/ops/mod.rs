@@ -368,6 +368,7 @@ mod tests {
                 "u16" => "u16",
                 "u64" => "u64",
                 "u8" | "void" => "u8",
+                "SampleRow" => "SampleRow",
                 _ => return None,
             };
             return Some(format!("DevPtr<{e}>"));

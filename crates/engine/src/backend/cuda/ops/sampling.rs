@@ -8,9 +8,23 @@ kernels! {
     /// `n` seeded synthetic values at `p` (`mode`: 0 random bytes, 1 bf16 in ±`amp`, 2 fp8
     /// e4m3 scales, 3 f32 in ±`amp`).
     fill => FillArgs { p: DevPtr<u8>, n: i64, seed: u64, mode: i32, amp: f32 }
-    /// The next token from one row of `n` logits, as the host `Sampler` picks it.
-    sample_logits => SampleLogitsArgs {
-        logits: DevPtr<f32>, n: i32, temperature: f32, top_k: i32, top_p: f32, u: f64,
-        out: DevPtr<u32>,
-    }
+    /// The next token of each of `rows` (one block per row) into `out`, as the host `Sampler`
+    /// picks it.
+    sample_logits => SampleLogitsArgs { rows: DevPtr<SampleRow>, out: DevPtr<u32> }
 }
+
+/// One row for `sample_logits` (`SampleRow` in kernels/sampling.cu; same layout): `n` logits
+/// at `logits`, the sampler's parameters (temperature 0 or top-k 1: greedy) and its draw `u`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct SampleRow {
+    pub logits: DevPtr<f32>,
+    pub n: i32,
+    pub temperature: f32,
+    pub top_k: i32,
+    pub top_p: f32,
+    pub u: f64,
+}
+
+// SAFETY: plain old data matching the C struct's layout (8 + 4 * 4 + 8 bytes, no padding).
+unsafe impl cudarc::driver::DeviceRepr for SampleRow {}
