@@ -23,6 +23,7 @@
 //! | `FP4FORGE_CUDA_MT_TOKENS` | `few_token_max` | most tokens of a bf16/NVFP4 linear on the few-token tensor-core GEMV (`gemv_mt`; more: `gemm_mma`); `0`: never | `GEMV_MT_MAX_TOKENS` |
 //! | `FP4FORGE_CUDA_FEW_MOE` | `few_moe_min_tokens` | fewest tokens whose routed experts run grouped a few items per tile (`experts_grouped_few`); `0`: never | `FEW_MOE_MIN_TOKENS` |
 //! | `FP4FORGE_MMA_KS` | `mma_k_split` | `1`, `2`, `4`, `8`: fixed K split (warps per tile) of `gemv_mma` | per shape (`mma_split`) |
+//! | `FP4FORGE_CUDA_MT_KS` | `mt_k_split` | `1`, `2`, `4`, `8`: fixed K split (warps per tile) of `gemv_mt` | per shape (`mma_split`) |
 //!
 //! The fields below the table's are not read from the environment: the decode attention split
 //! heuristic, the short-span attention threshold and the persistent MoE grid cap, which the
@@ -79,6 +80,8 @@ pub struct CudaOptions {
     pub few_moe_min_tokens: usize,
     /// `FP4FORGE_MMA_KS`: a fixed K split of `gemv_mma` (1, 2, 4 or 8 warps per tile).
     pub mma_k_split: Option<usize>,
+    /// `FP4FORGE_CUDA_MT_KS`: a fixed K split of `gemv_mt` (1, 2, 4 or 8 warps per tile).
+    pub mt_k_split: Option<usize>,
     /// Fewest keys per split of decode attention (`ATTN_SPLIT_MIN_KEYS`).
     pub attn_split_min_keys: u32,
     /// Decode attention blocks per SM the split heuristic aims at (`ATTN_SPLIT_BLOCKS_PER_SM`;
@@ -112,6 +115,7 @@ impl Default for CudaOptions {
             nv_grid_per_sm: NV_BLOCKS_PER_SM,
             nv_k_split: None,
             mma_k_split: None,
+            mt_k_split: None,
             few_token_max: GEMV_MT_MAX_TOKENS,
             few_moe_min_tokens: FEW_MOE_MIN_TOKENS,
             attn_split_min_keys: ATTN_SPLIT_MIN_KEYS,
@@ -174,6 +178,7 @@ impl CudaOptions {
             nv_grid_per_sm: num("FP4FORGE_NV_GRID").unwrap_or(nv_blocks_per_sm),
             nv_k_split: split("FP4FORGE_NV_KS"),
             mma_k_split: split("FP4FORGE_MMA_KS"),
+            mt_k_split: split("FP4FORGE_CUDA_MT_KS"),
             few_token_max: num("FP4FORGE_CUDA_MT_TOKENS").unwrap_or(d.few_token_max),
             few_moe_min_tokens: num("FP4FORGE_CUDA_FEW_MOE").unwrap_or(d.few_moe_min_tokens),
             ..d
@@ -214,6 +219,7 @@ mod tests {
             ("FP4FORGE_NV_MINB", "3"),
             ("FP4FORGE_NV_KS", "3"),
             ("FP4FORGE_MMA_KS", "4"),
+            ("FP4FORGE_CUDA_MT_KS", "8"),
             ("FP4FORGE_CUDA_KERNELS", "/tmp/k.cu"),
             ("FP4FORGE_CUDA_MT_TOKENS", "0"),
             ("FP4FORGE_CUDA_FEW_MOE", "x"),
@@ -225,6 +231,7 @@ mod tests {
         assert!(!o.fused_batch);
         assert_eq!((o.nv_blocks_per_sm, o.nv_grid_per_sm), (3, 3));
         assert_eq!((o.nv_k_split, o.mma_k_split), (None, Some(4)));
+        assert_eq!(o.mt_k_split, Some(8));
         assert_eq!(o.kernels_source, Some(PathBuf::from("/tmp/k.cu")));
         let o = with(&[("FP4FORGE_NV_MINB", "5"), ("FP4FORGE_NV_GRID", "0")]);
         assert_eq!((o.nv_blocks_per_sm, o.nv_grid_per_sm), (2, 0));

@@ -623,7 +623,10 @@ impl CudaBackend {
         }
         .launch(self, (t as u32, 1, 1), (256, 1, 1))?;
         let rows: usize = parts.iter().map(|(w, _)| w.rows).sum();
-        let ks = mma_split(rows, cols, self.inner.sms);
+        let ks = self
+            .opts()
+            .mt_k_split
+            .unwrap_or_else(|| mma_split(rows, cols, self.inner.sms));
         let tile_rows = 16 * (NV_WARPS as usize / ks);
         let mut segs = Segs::default();
         let mut block0 = 0usize;
