@@ -67,8 +67,9 @@ RUN apt-get update \
 COPY --from=nvrtc /src/target/nvrtc/nvidia/cu13/lib/ /opt/nvrtc/lib/
 COPY --from=build /usr/local/bin/fp4forge /usr/local/bin/fp4forge
 COPY --from=build /THIRD-PARTY-NOTICES /src/LICENSE /usr/share/doc/fp4forge/
-# The engine compiles its kernels to PTX with this NVRTC (13.5) at start-up, so the host driver
-# must support CUDA 13.5 or later; the toolkit checks NVIDIA_REQUIRE_CUDA before starting.
+# The engine compiles its kernels with this NVRTC (13.5) at its first start on a GPU (cached in
+# ~/.cache/fp4forge/kernels: mount a volume there to keep them), so the host driver must support
+# CUDA 13.5 or later; the toolkit checks NVIDIA_REQUIRE_CUDA before starting.
 ENV LD_LIBRARY_PATH=/opt/nvrtc/lib \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \

@@ -1,5 +1,6 @@
-//! The kernel source and its compilation: NVRTC at start-up for the device's architecture,
-//! once per process, and the names of the kernels the backend loads.
+//! The kernel source and its compilation: NVRTC for the device's architecture, once per process
+//! and, through the kernel cache (a directory of CUBINs), once per machine; and the names of the
+//! kernels the backend loads.
 
 use super::*;
 

@@ -5,8 +5,9 @@
 //! [`Backend::limit_kv_memory`], shared between forked sessions.
 //!
 //! The CUDA driver and NVRTC are loaded at run time (`cudarc` with dynamic loading), so a binary
-//! built without CUDA runs unchanged on a GPU machine; the kernels (`kernels/*.cu`, one source) are compiled by
-//! NVRTC at start-up for the device's architecture, once per process.
+//! built without CUDA runs unchanged on a GPU machine; the kernels (`kernels/*.cu`, one source) are
+//! compiled by NVRTC for the device's architecture to device code (CUBIN), once per machine: kept
+//! in the kernel cache (`CudaOptions::kernel_cache`) for later starts.
 //!
 //! Every op is one to three kernel launches on one stream; nothing synchronises with the host
 //! except [`Backend::download`] and [`Backend::sample`]. Decode GEMVs (one token) run NVFP4 on
@@ -19,8 +20,8 @@
 //! sequence: q/k/v/gate in one launch, norms fused into neighbouring kernels, persistent MoE;
 //! several: one launch per linear over all rows, every sequence's attention in one
 //! `attn_dec_batch` launch), norms/rope/append inside attention; each sequence's next token is
-//! sampled on the device (`sample_logits`). The decode benchmark and the stream probe live in
-//! the `fp4forge-lab` crate.
+//! sampled on the device (`sample_logits`, all sequences of a step in one launch and one
+//! download). The decode benchmark and the stream probe live in the `fp4forge-lab` crate.
 //!
 //! Modules: `options` (every knob: [`CudaOptions`], the `FP4FORGE_*` variables), `compile` (the
 //! kernel source, NVRTC), `ops` (one `kernels!` table per `.cu` file: the function tables, the
@@ -30,8 +31,7 @@
 //! `moe` (expert arenas, routing, the expert kernels), `decode` (the fused decode step).
 //!
 //! Not yet: CUDA-graph capture of the model path's step (it launches eagerly; in the former
-//! graph-replay benchmark eager was 1-2% slower: 4.45 vs 4.39 ms at Laguna-S lean 2K), sampling
-//! all sequences of a batched step in one launch (one launch and one sync each).
+//! graph-replay benchmark eager was 1-2% slower: 4.45 vs 4.39 ms at Laguna-S lean 2K).
 
 mod compile;
 mod decode;
