@@ -52,6 +52,14 @@ const NVRTC_OPTIONS: [&str; 2] = ["-std=c++17", "-default-device"];
 /// Compiles `text` for `arch` with NVRTC: the PTX and, where NVRTC made one, the CUBIN.
 fn nvrtc_compile(text: &str, arch: &str) -> std::result::Result<CompiledKernels, String> {
     use cudarc::nvrtc::{result, sys};
+    if nvrtc_version().is_none() {
+        return Err(
+            "the NVRTC library (libnvrtc.so.13) cannot be loaded: install CUDA's NVRTC \
+                    (e.g. the nvidia-cuda-nvrtc wheel, scripts/fetch-nvrtc.sh) and put its \
+                    directory on LD_LIBRARY_PATH"
+                .into(),
+        );
+    }
     let src = std::ffi::CString::new(text).map_err(|_| "a NUL byte in the kernel source")?;
     let prog = result::create_program(&src, None).map_err(|e| format!("NVRTC: {e:?}"))?;
     let mut options = vec![format!("--gpu-architecture={arch}")];
@@ -119,12 +127,25 @@ fn kernel_text(source: Option<&std::path::Path>) -> std::result::Result<String, 
 /// The file of the kernel cache that holds the CUBIN of `text` for `arch` made by this NVRTC
 /// version with [`NVRTC_OPTIONS`]: named by a 64-bit FNV-1a hash of all of them.
 fn kernel_cache_file(dir: &std::path::Path, text: &str, arch: &str) -> std::path::PathBuf {
-    let (mut major, mut minor) = (0, 0);
-    // SAFETY: two plain out-parameters.
-    let _ = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
-    let key = format!("{arch}\0{major}.{minor}\0{}\0", NVRTC_OPTIONS.join(" "));
+    let version = nvrtc_version().map_or("none".to_string(), |(a, b)| format!("{a}.{b}"));
+    let key = format!("{arch}\0{version}\0{}\0", NVRTC_OPTIONS.join(" "));
     let h = fnv1a(key.bytes().chain(text.bytes()));
     dir.join(format!("kernels-{arch}-{h:016x}.cubin"))
+}
+
+/// The NVRTC library's version, `None` where none can be loaded.
+fn nvrtc_version() -> Option<(i32, i32)> {
+    // SAFETY: loading probes only; then two plain out-parameters.
+    unsafe {
+        if !cudarc::nvrtc::sys::is_culib_present() {
+            return None;
+        }
+        let (mut major, mut minor) = (0, 0);
+        cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor)
+            .result()
+            .ok()?;
+        Some((major, minor))
+    }
 }
 
 /// 64-bit FNV-1a of `bytes`.
