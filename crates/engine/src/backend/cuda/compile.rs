@@ -70,25 +70,13 @@ fn nvrtc_compile(text: &str, arch: &str) -> std::result::Result<CompiledKernels,
         let out = match compiled {
             Err(e) => {
                 let log = result::get_program_log(prog)
-                    .map(|l| {
-                        let bytes: Vec<u8> = l
-                            .iter()
-                            .take_while(|&&c| c != 0)
-                            .map(|&c| c as u8)
-                            .collect();
-                        String::from_utf8_lossy(&bytes).into_owned()
-                    })
+                    .map(|l| c_text(&l))
                     .unwrap_or_default();
                 Err(format!("NVRTC ({options:?}): {e:?}\n{log}"))
             }
             Ok(()) => result::get_ptx(prog)
                 .map_err(|e| format!("NVRTC PTX: {e:?}"))
                 .map(|p| {
-                    let bytes: Vec<u8> = p
-                        .iter()
-                        .take_while(|&&c| c != 0)
-                        .map(|&c| c as u8)
-                        .collect();
                     let mut size = 0usize;
                     let cubin = (sys::nvrtcGetCUBINSize(prog, &mut size).result().is_ok()
                         && size > 0)
@@ -101,7 +89,7 @@ fn nvrtc_compile(text: &str, arch: &str) -> std::result::Result<CompiledKernels,
                         })
                         .flatten();
                     CompiledKernels {
-                        ptx: String::from_utf8_lossy(&bytes).into_owned(),
+                        ptx: c_text(&p),
                         cubin,
                     }
                 }),
@@ -110,6 +98,16 @@ fn nvrtc_compile(text: &str, arch: &str) -> std::result::Result<CompiledKernels,
         out
     };
     out
+}
+
+/// The text of a NUL-terminated C string NVRTC returned (a log, the PTX).
+fn c_text(chars: &[std::ffi::c_char]) -> String {
+    let bytes: Vec<u8> = chars
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// The kernel source: [`KERNELS_CU`], or the file `source` names (the development hook
@@ -204,8 +202,8 @@ enum Module {
 }
 
 /// The CUBIN the kernel cache `file` holds (`None`: no cache), else what `compile` makes, its
-/// CUBIN stored in `file` (atomically, behind its hash; a cache that cannot be written is
-/// skipped with a warning), or its PTX where it made no CUBIN.
+/// CUBIN stored in `file` (atomically, behind its hash, the directory created; a cache that
+/// cannot be written is skipped with a warning), or its PTX where it made no CUBIN.
 fn cached_or_compiled(
     file: Option<&std::path::Path>,
     compile: impl FnOnce() -> std::result::Result<CompiledKernels, String>,
@@ -220,7 +218,14 @@ fn cached_or_compiled(
     if let Some(file) = file {
         let mut stored = fnv1a(bin.iter().copied()).to_le_bytes().to_vec();
         stored.extend_from_slice(&bin);
-        if let Err(e) = write_atomically(file, &stored) {
+        let written = file
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                fp4forge_format::write_file_atomic(file, &stored).map_err(|e| e.to_string())
+            });
+        if let Err(e) = written {
             eprintln!(
                 "warning: kernel cache {} not written: {e} (FP4FORGE_KERNEL_CACHE=off: no cache)",
                 file.display()
@@ -228,24 +233,6 @@ fn cached_or_compiled(
         }
     }
     Ok(Module::Cubin(bin))
-}
-
-/// Writes `bytes` to `file` through a temporary file beside it and a rename (creating the
-/// directory), so a reader never sees a partial file.
-fn write_atomically(file: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = file.parent().unwrap_or(std::path::Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        file.file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("kernels"),
-        std::process::id()
-    ));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, file).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
 }
 
 #[cfg(test)]
