@@ -161,6 +161,9 @@ impl CpuLinear {
         if t <= GEMV_MAX_TOKENS {
             return gemv_many(isa, act, x, t, &[self]).pop().unwrap_or_default();
         }
+        if self.takes_q8(act) {
+            return self.matmul_q8(isa, x, t);
+        }
         let quantized;
         let x = match self.act_global_scale {
             Some(g) => {
@@ -216,6 +219,69 @@ impl CpuLinear {
                     }
                 }
                 r += m;
+            }
+        };
+        if chunk >= rows {
+            task((0, &mut out_t));
+        } else {
+            out_t.par_chunks_mut(chunk * t).enumerate().for_each(task);
+        }
+        let mut out = vec![0f32; t * rows];
+        for r in 0..rows {
+            for tok in 0..t {
+                out[tok * rows + r] = out_t[r * t + tok];
+            }
+        }
+        out
+    }
+
+    /// Whether this weight multiplies int8 copies of its inputs under `act` (W4A8): an NVFP4
+    /// weight that does not quantize its inputs itself (W4A4), with `--cpu-activations int8`.
+    fn takes_q8(&self, act: CpuActivations) -> bool {
+        act == CpuActivations::Int8
+            && self.act_global_scale.is_none()
+            && matches!(self.weight, LinearWeight::Nvfp4 { .. })
+    }
+
+    /// The W4A8 GEMM: every token quantized to int8 as a decode step quantizes it, then each
+    /// task meets its rows in blocks that stay in L1 ([`Q8_BLOCK_BYTES`]) with the tokens four at
+    /// a time on the decode kernel, so every token's result is bit for bit the one it gets in a
+    /// decode step (a prompt and a step agree, whatever the batch around them).
+    fn matmul_q8(&self, isa: Isa, x: &[f32], t: usize) -> Vec<f32> {
+        let (rows, cols) = (self.rows(), self.cols());
+        let LinearWeight::Nvfp4 { packed, scales, .. } = &self.weight else {
+            unreachable!("matmul_q8 runs NVFP4 weights only (takes_q8)");
+        };
+        let (p, s) = (packed.as_slice(), scales.as_slice());
+        let xq: Vec<kernels::Q8Input> = x
+            .chunks_exact(cols)
+            .map(|row| kernels::q8_input(isa, row))
+            .collect();
+        let lut = self.luts();
+        let block = (Q8_BLOCK_BYTES / (cols / 2 + cols / 16)).clamp(4, 256) / 4 * 4;
+        // Output transposed ([rows, t]) so each task owns contiguous memory.
+        let mut out_t = vec![0f32; rows * t];
+        let chunk = self.chunk_rows().max(block);
+        let task = |(i, o): (usize, &mut [f32])| {
+            let first = i * chunk;
+            let n = o.len() / t;
+            let mut part = vec![0f32; block * GEMV_MAX_TOKENS];
+            for rb in (0..n).step_by(block) {
+                let m = block.min(n - rb);
+                let (r0, r1) = (first + rb, first + rb + m);
+                let (pr, sr) = (
+                    &p[r0 * cols / 2..r1 * cols / 2],
+                    &s[r0 * cols / 16..r1 * cols / 16],
+                );
+                for (g, group) in xq.chunks(GEMV_MAX_TOKENS).enumerate() {
+                    let tg = group.len();
+                    let part = &mut part[..m * tg];
+                    rows_dot_q8(isa, pr, sr, cols, lut, group, part);
+                    for (r, pr) in part.chunks_exact(tg).enumerate() {
+                        let at = (rb + r) * t + g * GEMV_MAX_TOKENS;
+                        o[at..at + tg].copy_from_slice(pr);
+                    }
+                }
             }
         };
         if chunk >= rows {
@@ -305,17 +371,7 @@ impl CpuLinear {
                         &p[r0 * cols / 2..(r0 + rows) * cols / 2],
                         &s[r0 * cols / 16..(r0 + rows) * cols / 16],
                     );
-                    match xin {
-                        [a, b, c, d] => {
-                            kernels::nvfp4_rows_dot_q8(isa, pr, sr, cols, lut, [a, b, c, d], out)
-                        }
-                        [a, b, c] => {
-                            kernels::nvfp4_rows_dot_q8(isa, pr, sr, cols, lut, [a, b, c], out)
-                        }
-                        [a, b] => kernels::nvfp4_rows_dot_q8(isa, pr, sr, cols, lut, [a, b], out),
-                        [a] => kernels::nvfp4_rows_dot_q8(isa, pr, sr, cols, lut, [a], out),
-                        _ => unreachable!("gemv_rows runs at most GEMV_MAX_TOKENS = 4 tokens"),
-                    }
+                    rows_dot_q8(isa, pr, sr, cols, lut, xin, out);
                     return;
                 }
                 // Each row meets the tokens four at a time (decoded once per four).
@@ -361,6 +417,32 @@ impl CpuLinear {
     }
 }
 
+/// Packed NVFP4 bytes (codes and scales) of the row block the W4A8 GEMM meets all tokens with
+/// before moving on (in L1 with the tokens' int8 copies streaming past).
+const Q8_BLOCK_BYTES: usize = 16 << 10;
+
+/// [`kernels::nvfp4_rows_dot_q8`] of the rows `packed`, `scales` with the one to
+/// [`GEMV_MAX_TOKENS`] int8 inputs of `group`: `out[r · group.len() + k]`.
+fn rows_dot_q8(
+    isa: Isa,
+    packed: &[u8],
+    scales: &[u8],
+    cols: usize,
+    lut: &ScaleLuts,
+    group: &[kernels::Q8Input],
+    out: &mut [f32],
+) {
+    match group {
+        [a, b, c, d] => {
+            kernels::nvfp4_rows_dot_q8(isa, packed, scales, cols, lut, [a, b, c, d], out)
+        }
+        [a, b, c] => kernels::nvfp4_rows_dot_q8(isa, packed, scales, cols, lut, [a, b, c], out),
+        [a, b] => kernels::nvfp4_rows_dot_q8(isa, packed, scales, cols, lut, [a, b], out),
+        [a] => kernels::nvfp4_rows_dot_q8(isa, packed, scales, cols, lut, [a], out),
+        _ => unreachable!("int8 inputs go in groups of 1 to GEMV_MAX_TOKENS = 4"),
+    }
+}
+
 /// Rows per parallel task when `rows` rows of `elements` weight elements in all are split: a
 /// multiple of 4; everything in one task for small matrices, one task per thread for mid-sized
 /// ones (each extra task is a steal), about four per thread for large ones (balance against a
@@ -400,11 +482,7 @@ pub(crate) fn gemv_many(
         })
         .collect();
     // W4A8: the int8 copy of `x`, made once for every NVFP4 weight that reads `x` itself.
-    let wants_q8 = |w: &CpuLinear| {
-        act == CpuActivations::Int8
-            && w.act_global_scale.is_none()
-            && matches!(w.weight, LinearWeight::Nvfp4 { .. })
-    };
+    let wants_q8 = |w: &CpuLinear| w.takes_q8(act);
     let cols = ws.first().map_or(0, |w| w.cols());
     let xq: Option<Vec<kernels::Q8Input>> = ws.iter().any(|w| wants_q8(w)).then(|| {
         x.chunks_exact(cols.max(1))
@@ -470,10 +548,10 @@ mod tests {
         CpuLinear::new("w", weight).expect("consistent NVFP4 buffers")
     }
 
-    /// `--cpu-activations int8` changes what NVFP4 decode rows compute (close to f32), and only
-    /// that: bf16 weights, W4A4 modules and prefill-sized inputs give the f32 results bit for bit.
+    /// `--cpu-activations int8` changes what NVFP4 weights compute (close to f32), and only
+    /// that: bf16 weights and W4A4 modules give the f32 results bit for bit.
     #[test]
-    fn int8_activations_touch_only_nvfp4_decode_rows() {
+    fn int8_activations_touch_only_nvfp4_weights() {
         let (rows, cols) = (24, 96);
         let x: Vec<f32> = (0..8 * cols).map(|i| (i as f32 * 0.731).sin()).collect();
         let w = nvfp4(rows, cols, None);
@@ -509,10 +587,51 @@ mod tests {
                 );
             }
         }
-        // A prefill-sized input takes the f32 GEMM either way.
-        assert_eq!(
-            bits(&w.matmul(isa, CpuActivations::F32, &x, 8)),
-            bits(&w.matmul(isa, CpuActivations::Int8, &x, 8))
+        // A prefill-sized input: int8 too, each token's result bit for bit its decode-step one
+        // (alone and in a group of four); bf16 and W4A4 the f32 GEMM's.
+        let t = 7;
+        let q = w.matmul(isa, CpuActivations::Int8, &x[..t * cols], t);
+        assert_ne!(
+            bits(&q),
+            bits(&w.matmul(isa, CpuActivations::F32, &x[..t * cols], t))
         );
+        for k in 0..t {
+            let alone = w.matmul(isa, CpuActivations::Int8, &x[k * cols..(k + 1) * cols], 1);
+            assert_eq!(
+                bits(&q[k * rows..(k + 1) * rows]),
+                bits(&alone),
+                "token {k}"
+            );
+        }
+        let four = w.matmul(isa, CpuActivations::Int8, &x[..4 * cols], 4);
+        assert_eq!(bits(&q[..4 * rows]), bits(&four));
+        for other in [&bf16, &w4a4] {
+            assert_eq!(
+                bits(&other.matmul(isa, CpuActivations::F32, &x[..t * cols], t)),
+                bits(&other.matmul(isa, CpuActivations::Int8, &x[..t * cols], t))
+            );
+        }
+    }
+
+    /// The W4A8 GEMM over more rows than one L1 block and more tokens than one group of four,
+    /// split into parallel tasks: every entry bit for bit its single-token decode result.
+    #[test]
+    fn int8_gemm_equals_the_decode_rows_across_blocks_and_tasks() {
+        let (rows, cols) = (600, 1024);
+        let w = nvfp4(rows, cols, None);
+        let t = 11;
+        let x: Vec<f32> = (0..t * cols).map(|i| (i as f32 * 0.377).cos()).collect();
+        let isa = Isa::detect();
+        let q = w.matmul(isa, CpuActivations::Int8, &x, t);
+        for k in [0, 5, 10] {
+            let alone = w.matmul(isa, CpuActivations::Int8, &x[k * cols..(k + 1) * cols], 1);
+            assert!(
+                q[k * rows..(k + 1) * rows]
+                    .iter()
+                    .zip(&alone)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "token {k}"
+            );
+        }
     }
 }

@@ -336,6 +336,7 @@ pub(crate) unsafe fn nvfp4_row_dot_tokens<const T: usize>(
     let mut acc_odd = [_mm256_setzero_ps(); T];
     let mut b = 0;
     while b + 2 <= blocks {
+        _mm_prefetch::<_MM_HINT_T0>(pp.wrapping_add(8 * b + NVFP4_PREFETCH_BYTES) as *const i8);
         let bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128(pp.add(8 * b) as *const __m128i));
         let codes = split_nibbles(bytes);
         let hi = _mm256_shuffle_epi8(hi_t, codes);
@@ -618,10 +619,11 @@ unsafe fn nvfp4_q8_group<const T: usize, const HALVES: usize>(
     }
 }
 
-/// How far ahead of the 64 packed bytes in use [`nvfp4_row_dot_q8`] prefetches (into the next
-/// row at a row's end): on a 2-vCPU Xeon VM (260 MiB L3), a decode step's op-profile time went
-/// from 11.9–20.4 to 8.8–16.8 ms in alternating runs (512 and 2048 bytes measured alike).
-const Q8_PREFETCH_BYTES: usize = 1024;
+/// How far ahead of the packed bytes in use the NVFP4 decode kernels ([`nvfp4_row_dot_q8`],
+/// [`nvfp4_row_dot_tokens`], the AVX-512 one) prefetch (into the next row at a row's end): on a
+/// 2-vCPU Xeon VM (260 MiB L3), the int8 kernel's decode step (op profile) went from 11.9–20.4
+/// to 8.8–16.8 ms in alternating runs (512 and 2048 bytes measured alike).
+pub(crate) const NVFP4_PREFETCH_BYTES: usize = 1024;
 
 /// Dot products of one NVFP4 row with `T` vectors quantized to int8 per 16-element block
 /// (`x ≈ xq · xd`; each vector padded with zeros to a multiple of 8 blocks, each 64 values stored
@@ -686,7 +688,7 @@ unsafe fn row_dot_q8<const T: usize>(
         let q = xq.map(|q| q.as_ptr().add(16 * b));
         let d = xd.map(|d| d.as_ptr().add(b));
         _mm_prefetch::<_MM_HINT_T0>(
-            packed.as_ptr().wrapping_add(8 * b + Q8_PREFETCH_BYTES) as *const i8
+            packed.as_ptr().wrapping_add(8 * b + NVFP4_PREFETCH_BYTES) as *const i8
         );
         nvfp4_q8_group::<T, 2>(packed.as_ptr().add(8 * b), sw, &q, &d, &mut acc);
         b += 8;

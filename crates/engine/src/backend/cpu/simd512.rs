@@ -75,6 +75,9 @@ pub(crate) unsafe fn nvfp4_row_dot_tokens<const T: usize>(
     let scale = |b: usize| _mm512_set1_ps(lut[*ps.add(b) as usize]);
     let mut b = 0;
     while b + 4 <= blocks {
+        _mm_prefetch::<_MM_HINT_T0>(
+            pp.wrapping_add(8 * b + super::simd::NVFP4_PREFETCH_BYTES) as *const i8
+        );
         let c = codes64(pp.add(8 * b));
         let w = c.map(|cj| decode16(table, cj));
         for j in 0..4 {
