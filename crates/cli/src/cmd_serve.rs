@@ -60,9 +60,9 @@ pub struct ServeArgs {
     /// portable (ignored with --device cuda).
     #[arg(long, default_value = "auto")]
     cpu_isa: CpuIsa,
-    /// What a decode step's NVFP4 weights multiply on the CPU: f32 activations, or a copy
-    /// rounded to int8 per 16 values (W4A8, fewer instructions; see docs/performance.md for its
-    /// speed and quality). Ignored with --device cuda.
+    /// What NVFP4 weights multiply on the CPU (prompts and decode steps): f32 activations, or a
+    /// copy rounded to int8 per 16 values (W4A8, fewer instructions; see docs/performance.md and
+    /// docs/quality.md for its speed and quality). Ignored with --device cuda.
     #[arg(long, default_value = "f32")]
     cpu_activations: CpuActivations,
     /// KV cache storage: bf16 (vLLM: auto, bfloat16), fp8 (e4m3; vLLM: fp8_e4m3) or f32.

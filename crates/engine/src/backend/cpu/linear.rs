@@ -7,7 +7,8 @@
 //! block's `fp8 / g` from a 256-entry table), each token's result bit for bit what it gets alone.
 //! More tokens (prefill, GEMM): each task decodes 16 rows of `W` to f32 once into a scratch and
 //! meets the tokens in blocks of 48 with 4-row × 3-token register tiles, so the decode cost is
-//! shared by the whole chunk.
+//! shared by the whole chunk; with int8 activations (W4A8) an NVFP4 weight's rows meet the
+//! tokens four at a time on the decode kernel instead, in row blocks that stay in L1.
 
 use std::borrow::Cow;
 
@@ -172,8 +173,6 @@ impl CpuLinear {
             }
             None => x,
         };
-        // Output transposed ([rows, t]) so each task owns contiguous memory.
-        let mut out_t = vec![0f32; rows * t];
         let chunk = self.chunk_rows().max(TILE);
         let task = |(i, o): (usize, &mut [f32])| {
             let mut scratch = vec![0f32; TILE * cols];
@@ -221,18 +220,7 @@ impl CpuLinear {
                 r += m;
             }
         };
-        if chunk >= rows {
-            task((0, &mut out_t));
-        } else {
-            out_t.par_chunks_mut(chunk * t).enumerate().for_each(task);
-        }
-        let mut out = vec![0f32; t * rows];
-        for r in 0..rows {
-            for tok in 0..t {
-                out[tok * rows + r] = out_t[r * t + tok];
-            }
-        }
-        out
+        row_tasks(rows, t, chunk, task)
     }
 
     /// Whether this weight multiplies int8 copies of its inputs under `act` (W4A8): an NVFP4
@@ -259,8 +247,6 @@ impl CpuLinear {
             .collect();
         let lut = self.luts();
         let block = (Q8_BLOCK_BYTES / (cols / 2 + cols / 16)).clamp(4, 256) / 4 * 4;
-        // Output transposed ([rows, t]) so each task owns contiguous memory.
-        let mut out_t = vec![0f32; rows * t];
         let chunk = self.chunk_rows().max(block);
         let task = |(i, o): (usize, &mut [f32])| {
             let first = i * chunk;
@@ -284,18 +270,7 @@ impl CpuLinear {
                 }
             }
         };
-        if chunk >= rows {
-            task((0, &mut out_t));
-        } else {
-            out_t.par_chunks_mut(chunk * t).enumerate().for_each(task);
-        }
-        let mut out = vec![0f32; t * rows];
-        for r in 0..rows {
-            for tok in 0..t {
-                out[tok * rows + r] = out_t[r * t + tok];
-            }
-        }
-        out
+        row_tasks(rows, t, chunk, task)
     }
 
     /// Rows per parallel task of the prefill GEMM: see [`task_rows`].
@@ -415,6 +390,30 @@ impl CpuLinear {
             }
         }
     }
+}
+
+/// Runs `task` over a GEMM's output transposed (`[rows, t]`, so each task owns contiguous
+/// memory) in tasks of `chunk` rows (task `i`: rows from `i · chunk`), in parallel where there
+/// are several; returns the output as `[t, rows]`.
+fn row_tasks(
+    rows: usize,
+    t: usize,
+    chunk: usize,
+    task: impl Fn((usize, &mut [f32])) + Send + Sync,
+) -> Vec<f32> {
+    let mut out_t = vec![0f32; rows * t];
+    if chunk >= rows {
+        task((0, &mut out_t));
+    } else {
+        out_t.par_chunks_mut(chunk * t).enumerate().for_each(task);
+    }
+    let mut out = vec![0f32; t * rows];
+    for r in 0..rows {
+        for tok in 0..t {
+            out[tok * rows + r] = out_t[r * t + tok];
+        }
+    }
+    out
 }
 
 /// Packed NVFP4 bytes (codes and scales) of the row block the W4A8 GEMM meets all tokens with

@@ -78,11 +78,11 @@ impl FromStr for CpuIsa {
     }
 }
 
-/// What the NVFP4 weights of a decode step (at most [`linear::GEMV_MAX_TOKENS`] tokens per
-/// matmul) multiply on the CPU (`--cpu-activations`): the f32 activations themselves, or a copy
-/// quantized to int8 per 16 values (W4A8, as llama.cpp's CPU kernels do with its `Q8` copies):
-/// integer products, roughly half the instructions per weight. Prefill (the GEMM), bf16 weights
-/// and W4A4 modules always take f32 activations.
+/// What NVFP4 weights multiply on the CPU (`--cpu-activations`): the f32 activations
+/// themselves, or a copy quantized to int8 per 16 values (W4A8, as llama.cpp's CPU kernels do
+/// with its `Q8` copies): integer products, roughly half the instructions per weight. Int8 holds
+/// for every pass (prompt chunks and decode steps take the same kernel, so a token's result does
+/// not depend on the pass it is in); bf16 weights and W4A4 modules always take f32 activations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CpuActivations {
     /// f32 activations: each product `e2m1 · x` exact, only the summation order differs from
