@@ -63,7 +63,8 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends curl \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 fp4forge \
-    && useradd --system --uid 10001 --gid 10001 --create-home --shell /usr/sbin/nologin fp4forge
+    && useradd --system --uid 10001 --gid 10001 --create-home --shell /usr/sbin/nologin fp4forge \
+    && install -d -o 10001 -g 10001 /home/fp4forge/.cache /home/fp4forge/.cache/fp4forge
 COPY --from=nvrtc /src/target/nvrtc/nvidia/cu13/lib/ /opt/nvrtc/lib/
 COPY --from=build /usr/local/bin/fp4forge /usr/local/bin/fp4forge
 COPY --from=build /THIRD-PARTY-NOTICES /src/LICENSE /usr/share/doc/fp4forge/
