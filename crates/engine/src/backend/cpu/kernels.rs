@@ -335,7 +335,7 @@ pub(crate) fn nvfp4_row_dot_tokens<const T: usize>(
     })
 }
 
-/// An activation row quantized to int8 per 16-element block for [`nvfp4_row_dot_q8`]:
+/// An activation row quantized to int8 per 16-element block for [`nvfp4_rows_dot_q8`]:
 /// `x[16b + i] ≈ q · d[b]` with `d[b] = amax_b / 127` (round half to even), zero-padded to a
 /// multiple of 8 blocks; each 64 values' `q` stored as the even elements, then the odd ones
 /// ([`q8_slot`]: the order in which the NVFP4 kernel splits packed bytes into nibbles). A block
@@ -346,7 +346,7 @@ pub(crate) struct Q8Input {
     d: Vec<f32>,
 }
 
-/// `x` (a multiple of 16 values) quantized for [`nvfp4_row_dot_q8`] (the same values with
+/// `x` (a multiple of 16 values) quantized for [`nvfp4_rows_dot_q8`] (the same values with
 /// every `isa`).
 pub(crate) fn q8_input(isa: Isa, x: &[f32]) -> Q8Input {
     let blocks = x.len() / 16;
@@ -385,31 +385,15 @@ fn q8_slot(i: usize) -> usize {
     64 * group + if e % 2 == 0 { e / 2 } else { 32 + e / 2 }
 }
 
-/// Dot products of one NVFP4 row with `T` int8-quantized vectors ([`q8_input`]; W4A8): each
-/// block's product of codes and int8 values summed exactly in integers, scaled by
-/// `fp8 / g · d`; each result bit for bit the one its vector gets alone (`T = 1`).
-#[inline]
-pub(crate) fn nvfp4_row_dot_q8<const T: usize>(
-    isa: Isa,
+/// Dot products of one NVFP4 row with `T` int8-quantized vectors ([`q8_input`]; W4A8), the
+/// portable way: each block's product of codes and int8 values summed exactly in integers, scaled
+/// by `fp8 / g · d`; each result bit for bit the one its vector gets alone (`T = 1`).
+fn row_dot_q8_scalar<const T: usize>(
     packed: &[u8],
     scales: &[u8],
     luts: &ScaleLuts,
     xs: [&Q8Input; T],
 ) -> [f32; T] {
-    #[cfg(target_arch = "x86_64")]
-    if isa.avx2() {
-        // SAFETY: AVX2/FMA detected (see `dot`).
-        return unsafe {
-            super::simd::nvfp4_row_dot_q8(
-                packed,
-                scales,
-                &luts.half,
-                xs.map(|x| &x.q[..]),
-                xs.map(|x| &x.d[..]),
-            )
-        };
-    }
-    let _ = isa;
     xs.map(|x| {
         let mut total = 0f32;
         for (b, ((pb, &sc), &d)) in packed.chunks_exact(8).zip(scales).zip(&x.d).enumerate() {
@@ -425,8 +409,10 @@ pub(crate) fn nvfp4_row_dot_q8<const T: usize>(
     })
 }
 
-/// [`nvfp4_row_dot_q8`] of every row of a matrix slice (`packed`, `scales`: whole rows of `cols`
-/// columns) into `out[r · T + k]`, each result exactly the single-row one.
+/// Dot products of every NVFP4 row of a matrix slice (`packed`, `scales`: whole rows of `cols`
+/// columns) with `T` int8-quantized vectors ([`q8_input`]; W4A8) into `out[r · T + k]`: each
+/// block's product of codes and int8 values summed exactly in integers, scaled by `fp8 / g · d`;
+/// each result bit for bit the one its row and vector get alone (one row, `T = 1`).
 #[inline]
 pub(crate) fn nvfp4_rows_dot_q8<const T: usize>(
     isa: Isa,
@@ -457,7 +443,7 @@ pub(crate) fn nvfp4_rows_dot_q8<const T: usize>(
         .zip(packed.chunks_exact(cols / 2))
         .zip(scales.chunks_exact(cols / 16))
     {
-        o.copy_from_slice(&nvfp4_row_dot_q8(isa, p, s, luts, xs));
+        o.copy_from_slice(&row_dot_q8_scalar(p, s, luts, xs));
     }
 }
 
@@ -568,6 +554,19 @@ mod tests {
                 assert_eq!(bits(&got3), bits(&alone[..3]), "{isa:?}, {blocks} blocks");
             }
         }
+    }
+
+    /// One row's [`nvfp4_rows_dot_q8`].
+    fn nvfp4_row_dot_q8<const T: usize>(
+        isa: Isa,
+        packed: &[u8],
+        scales: &[u8],
+        luts: &ScaleLuts,
+        xs: [&Q8Input; T],
+    ) -> [f32; T] {
+        let mut out = [0f32; T];
+        nvfp4_rows_dot_q8(isa, packed, scales, 2 * packed.len(), luts, xs, &mut out);
+        out
     }
 
     /// The int8-activation NVFP4 dot (W4A8): the SIMD kernel agrees with the scalar one, 2–4

@@ -619,32 +619,19 @@ unsafe fn nvfp4_q8_group<const T: usize, const HALVES: usize>(
     }
 }
 
-/// How far ahead of the packed bytes in use the NVFP4 decode kernels ([`nvfp4_row_dot_q8`],
+/// How far ahead of the packed bytes in use the NVFP4 decode kernels ([`nvfp4_rows_dot_q8`],
 /// [`nvfp4_row_dot_tokens`], the AVX-512 one) prefetch (into the next row at a row's end): on a
 /// 2-vCPU Xeon VM (260 MiB L3), the int8 kernel's decode step (op profile) went from 11.9–20.4
 /// to 8.8–16.8 ms in alternating runs (512 and 2048 bytes measured alike).
 pub(crate) const NVFP4_PREFETCH_BYTES: usize = 1024;
 
-/// Dot products of one NVFP4 row with `T` vectors quantized to int8 per 16-element block
-/// (`x ≈ xq · xd`; each vector padded with zeros to a multiple of 8 blocks, each 64 values stored
-/// as their even elements, then their odd ones): `packed` (`n/2` bytes), `scales` (`n/16` fp8
-/// codes), `half_lut[code] = fp8(code) / g / 2`. Each block's integer dot product is exact; the
-/// blocks' scaled sums are added in the same order whatever `T` is, so every result is bit for
-/// bit the one its vector gets alone.
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn nvfp4_row_dot_q8<const T: usize>(
-    packed: &[u8],
-    scales: &[u8],
-    half_lut: &[f32; 256],
-    xq: [&[i8]; T],
-    xd: [&[f32]; T],
-) -> [f32; T] {
-    row_dot_q8(packed, scales, half_lut, xq, xd)
-}
-
-/// [`nvfp4_row_dot_q8`] of every row of a matrix slice (`packed` and `scales` hold whole rows of
-/// `cols` columns): `out[r · T + k]` = row `r` · vector `k`, each exactly the single-row result.
-/// One call for all of a task's rows (no per-row call, tables and masks kept in registers).
+/// Dot products of every NVFP4 row of a matrix slice (`packed` and `scales` hold whole rows of
+/// `cols` columns) with `T` vectors quantized to int8 per 16-element block (`x ≈ xq · xd`; each
+/// vector padded with zeros to a multiple of 8 blocks, each 64 values stored as their even
+/// elements, then their odd ones): `out[r · T + k]` = row `r` · vector `k`, `half_lut[code] =
+/// fp8(code) / g / 2`. Each block's integer dot product is exact; the blocks' scaled sums are
+/// added in the same order whatever `T` is, so every result is bit for bit the one its row and
+/// vector get alone. One call for all of a task's rows (tables and masks kept in registers).
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn nvfp4_rows_dot_q8<const T: usize>(
     packed: &[u8],
@@ -664,7 +651,7 @@ pub(crate) unsafe fn nvfp4_rows_dot_q8<const T: usize>(
     }
 }
 
-/// The body of [`nvfp4_row_dot_q8`], inlined into both callers.
+/// One row of [`nvfp4_rows_dot_q8`].
 #[inline(always)]
 unsafe fn row_dot_q8<const T: usize>(
     packed: &[u8],
@@ -677,7 +664,7 @@ unsafe fn row_dot_q8<const T: usize>(
     let padded = blocks.div_ceil(8) * 8;
     assert!(
         xq.iter().all(|q| q.len() >= 16 * padded) && xd.iter().all(|d| d.len() >= padded),
-        "nvfp4_row_dot_q8: vectors shorter than the row's padded blocks"
+        "nvfp4_rows_dot_q8: vectors shorter than the row's padded blocks"
     );
     let mut acc = [[_mm256_setzero_ps(); 2]; T];
     let lut = half_lut.as_ptr();
