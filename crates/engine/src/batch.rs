@@ -7,10 +7,11 @@
 //! step however many sequences are running. A [`Session`]'s own prefill and steps are the same
 //! pass with a batch of one.
 
-use crate::backend::{Backend, SampleRequest};
+use crate::backend::{Backend, LogprobRequest, SampleRequest};
 use crate::error::{EngineError, Result};
 use crate::forward::forward;
 use crate::ir::{SeqChunk, Want};
+use crate::logprobs::{token_logprob, LogprobSpec, TokenLogprob};
 use crate::model::Model;
 use crate::sampling::Sampler;
 use crate::session::{Logits, Output, Session};
@@ -121,7 +122,7 @@ impl<B: Backend> Model<B> {
             .into_iter()
             .map(|o| match o {
                 Output::Logits(l) => Some(l),
-                Output::None | Output::Token(_) => None,
+                Output::None | Output::Token(_) | Output::Scored { .. } => None,
             })
             .collect())
     }
@@ -139,11 +140,30 @@ impl<B: Backend> Model<B> {
         wants: &[Want],
         samplers: &mut [Option<&mut Sampler>],
     ) -> Result<Vec<Output>> {
-        if samplers.len() != wants.len() {
+        let none = vec![None; wants.len()];
+        self.forward_batch_scored(sessions, tokens, wants, samplers, &none)
+    }
+
+    /// [`Self::forward_batch_sampled`] where a session may also want log-probabilities
+    /// (`logprobs[i]`): it gets [`Output::Scored`], the scores computed by the backend where it
+    /// scores them itself (all sessions' in one call: only the scores leave the device, never a
+    /// scored row's logits), else on the host from the downloaded logits. With a sampler the
+    /// picked token is scored; without, row `r` scores `targets[r]` and the rows past the
+    /// targets come back as logits (a prompt's last row, whose next token is not known yet).
+    pub fn forward_batch_scored(
+        &self,
+        sessions: &mut [&mut Session<'_, B>],
+        tokens: &[&[u32]],
+        wants: &[Want],
+        samplers: &mut [Option<&mut Sampler>],
+        logprobs: &[Option<LogprobSpec<'_>>],
+    ) -> Result<Vec<Output>> {
+        if samplers.len() != wants.len() || logprobs.len() != wants.len() {
             return Err(EngineError::InvalidInput(format!(
-                "a pass of {} logit requests and {} samplers",
+                "a pass of {} logit requests, {} samplers and {} logprob requests",
                 wants.len(),
-                samplers.len()
+                samplers.len(),
+                logprobs.len()
             )));
         }
         if let Some(i) = (0..wants.len()).find(|&i| samplers[i].is_some() && wants[i] != Want::Last)
@@ -157,6 +177,7 @@ impl<B: Backend> Model<B> {
         let b = self.backend();
         let vocab = self.info().vocab_size;
         let tensors = self.pass(sessions, tokens, wants)?;
+        let n = tensors.len();
         // every sampled session's draw, in session order, then all of them picked at once
         let draws: Vec<Option<f64>> = samplers
             .iter_mut()
@@ -177,26 +198,117 @@ impl<B: Backend> Model<B> {
             .collect();
         let mut picked = b.sample(&requests)?.into_iter();
         drop(requests);
-        tensors
-            .into_iter()
+        // the picks the backend left to the host, from downloaded logits (kept for their scores)
+        let mut host: Vec<Option<Vec<f32>>> = vec![None; n];
+        let mut chosen: Vec<Option<u32>> = vec![None; n];
+        for (i, ((t, sampler), &u)) in tensors
+            .iter()
             .zip(samplers.iter_mut())
-            .zip(draws)
-            .map(|((t, sampler), u)| {
-                let Some(t) = t else { return Ok(Output::None) };
-                if let Some(sampler) = sampler {
-                    return Ok(Output::Token(match picked.next().flatten() {
-                        Some(next) => next,
-                        None => sampler.pick(&b.download(&t)?, u),
-                    }));
+            .zip(&draws)
+            .enumerate()
+        {
+            let (Some(t), Some(sampler)) = (t, sampler) else {
+                continue;
+            };
+            chosen[i] = Some(match picked.next().flatten() {
+                Some(next) => next,
+                None => {
+                    let data = b.download(t)?;
+                    let next = sampler.pick(&data, u);
+                    host[i] = Some(data);
+                    next
                 }
-                let data = b.download(&t)?;
-                Ok(Output::Logits(Logits {
-                    rows: data.len() / vocab.max(1),
-                    vocab,
-                    data,
-                }))
+            });
+        }
+        // the scored rows' targets: a sampled session's pick, else its spec's targets
+        let picks: Vec<[u32; 1]> = chosen.iter().map(|c| [c.unwrap_or(0)]).collect();
+        let targets: Vec<&[u32]> = (0..n)
+            .map(|i| match (&tensors[i], logprobs[i]) {
+                (Some(_), Some(_)) if chosen[i].is_some() => &picks[i][..],
+                (Some(t), Some(spec)) => &spec.targets[..spec.targets.len().min(b.dims(t).0)],
+                _ => &[][..],
             })
-            .collect()
+            .collect();
+        let mut scores: Vec<Option<Vec<TokenLogprob>>> = vec![None; n];
+        {
+            let (mut asks, mut of) = (Vec::new(), Vec::new());
+            for i in 0..n {
+                if let (Some(t), Some(spec)) = (&tensors[i], logprobs[i]) {
+                    if host[i].is_none() && !targets[i].is_empty() {
+                        asks.push(LogprobRequest {
+                            logits: t,
+                            targets: targets[i],
+                            top: spec.top,
+                        });
+                        of.push(i);
+                    }
+                }
+            }
+            if !asks.is_empty() {
+                for (i, s) in of.into_iter().zip(b.logprobs(&asks)?) {
+                    scores[i] = s;
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(n);
+        for (i, t) in tensors.into_iter().enumerate() {
+            let Some(t) = t else {
+                out.push(Output::None);
+                continue;
+            };
+            let rows = b.dims(&t).0;
+            let Some(spec) = logprobs[i] else {
+                out.push(match chosen[i] {
+                    Some(next) => Output::Token(next),
+                    None => {
+                        let data = b.download(&t)?;
+                        Output::Logits(Logits {
+                            rows: data.len() / vocab.max(1),
+                            vocab,
+                            data,
+                        })
+                    }
+                });
+                continue;
+            };
+            let scored = targets[i].len();
+            let (lps, mut kept) = match scores[i].take() {
+                Some(lps) => (lps, None),
+                None => {
+                    // (downloaded already where the host picked the token)
+                    let d = match host[i].take() {
+                        Some(d) => d,
+                        None => b.download(&t)?,
+                    };
+                    let lps = (0..scored)
+                        .map(|r| {
+                            let row = &d[r * vocab..(r + 1) * vocab];
+                            token_logprob(row, targets[i][r], spec.top)
+                        })
+                        .collect();
+                    (lps, Some(d))
+                }
+            };
+            let logits = if chosen[i].is_none() && scored < rows {
+                let d = match kept.take() {
+                    Some(d) => d[scored * vocab..].to_vec(),
+                    None => b.download(&b.rows(&t, scored, rows - scored)?)?,
+                };
+                Some(Logits {
+                    rows: rows - scored,
+                    vocab,
+                    data: d,
+                })
+            } else {
+                None
+            };
+            out.push(Output::Scored {
+                token: chosen[i],
+                logprobs: lps,
+                logits,
+            });
+        }
+        Ok(out)
     }
 
     /// One decode step for several sessions in one pass: session `i` appends `tokens[i]`;

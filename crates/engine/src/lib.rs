@@ -45,6 +45,7 @@ mod generate;
 pub mod ir;
 pub mod kv_cache;
 pub mod logits;
+pub mod logprobs;
 mod model;
 pub mod models;
 pub mod rope;
@@ -56,7 +57,7 @@ pub mod weights;
 pub use backend::cpu::{CpuActivations, CpuIsa, ParseCpuActivationsError, ParseCpuIsaError};
 #[cfg(feature = "cuda")]
 pub use backend::CudaBackend;
-pub use backend::{Backend, CpuBackend, KvLimit, KvMemory, SampleRequest};
+pub use backend::{Backend, CpuBackend, KvLimit, KvMemory, LogprobRequest, SampleRequest};
 pub use constraint::Constraint;
 pub use device::{open, Device, ParseDeviceError, WithModel};
 pub use error::{EngineError, Result};
@@ -67,6 +68,7 @@ pub use ir::{
     AttentionParams, KvDtype, KvLayerSpec, Resident, RouterParams, RouterScoring, SeqChunk, Want,
 };
 pub use logits::LogitsAdjust;
+pub use logprobs::{token_logprob, LogprobSpec, TokenLogprob};
 pub use model::{
     GenerationDefaults, Model, ModelInfo, ModelOptions, DEFAULT_PREFILL_CHUNK,
     DEFAULT_PREFILL_CHUNK_GPU,

@@ -4,6 +4,7 @@ use crate::backend::{Backend, CpuBackend};
 use crate::error::{EngineError, Result};
 use crate::ir::Want;
 use crate::kv_cache::KvCache;
+use crate::logprobs::TokenLogprob;
 use crate::model::Model;
 use crate::sampling::Sampler;
 
@@ -27,6 +28,17 @@ pub enum Output {
     Logits(Logits),
     /// Its next token, picked by its sampler.
     Token(u32),
+    /// The log-probabilities it wanted ([`LogprobSpec`](crate::LogprobSpec)), computed where
+    /// the logits are: with a sampler, the picked `token` and its one score; without, one score
+    /// per target and the `logits` of the rows past the targets (`None`: no such rows).
+    Scored {
+        /// The picked token (with a sampler).
+        token: Option<u32>,
+        /// One per scored row, in row order.
+        logprobs: Vec<TokenLogprob>,
+        /// The rows that were not scored.
+        logits: Option<Logits>,
+    },
 }
 
 impl Logits {

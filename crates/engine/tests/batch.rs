@@ -235,3 +235,88 @@ fn forward_batch_sampled_picks_what_each_sampler_picks_alone() {
         .unwrap_err();
     assert!(err.to_string().contains("sampler"), "{err}");
 }
+
+/// Log-probabilities wanted from a pass (`forward_batch_scored`) are those the host computes
+/// from the same logits: a prompt chunk's rows score its next tokens and the row past the
+/// targets comes back as logits; a sampled session gets its pick and the pick's score; a
+/// session without a spec gets its logits as before.
+#[test]
+fn forward_batch_scored_scores_what_the_host_scores() {
+    use fp4forge_engine::{token_logprob, LogprobSpec, Output, Sampler, SamplingParams};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tiny_laguna(tmp.path(), "bf16", false);
+    let model = Model::load(&dir, ModelOptions::new().kv_dtype(KvDtype::F32)).unwrap();
+    let vocab = model.info().vocab_size;
+    let prompt = token_ids(9, vocab as u32, 400);
+    let params = SamplingParams {
+        temperature: 0.7,
+        top_k: 0,
+        top_p: 1.0,
+        seed: 5,
+    };
+    // the reference: the same passes, logits downloaded and scored on the host
+    let mut ref_prompt = model.new_session().unwrap();
+    let all = ref_prompt.prefill_all(&prompt).unwrap();
+    let mut ref_dec = model.new_session().unwrap();
+    ref_dec.prefill(&prompt[..4]).unwrap();
+    let mut ref_sampler = Sampler::new(params);
+    let dec_logits = ref_dec.step(prompt[4]).unwrap();
+
+    let mut a = model.new_session().unwrap();
+    let mut b = model.new_session().unwrap();
+    b.prefill(&prompt[..4]).unwrap();
+    let mut sampler = Sampler::new(params);
+    let mut refs = [&mut a, &mut b];
+    let out = model
+        .forward_batch_scored(
+            &mut refs,
+            &[&prompt[..], &prompt[4..5]],
+            &[Want::All, Want::Last],
+            &mut [None, Some(&mut sampler)],
+            &[
+                Some(LogprobSpec {
+                    targets: &prompt[1..],
+                    top: 5,
+                }),
+                Some(LogprobSpec {
+                    targets: &[],
+                    top: 3,
+                }),
+            ],
+        )
+        .unwrap();
+    let Output::Scored {
+        token: None,
+        logprobs,
+        logits: Some(last),
+    } = &out[0]
+    else {
+        panic!("the prompt's scores and last logits: {:?}", out[0]);
+    };
+    assert_eq!(logprobs.len(), prompt.len() - 1);
+    assert_eq!(last.rows, 1);
+    assert!(rel_diff(&last.data, all.row(prompt.len() - 1)) <= TOL);
+    for (r, lp) in logprobs.iter().enumerate() {
+        let want = token_logprob(all.row(r), prompt[r + 1], 5);
+        assert_eq!(lp.top.len(), 5);
+        assert_eq!(lp.rank, want.rank, "row {r}");
+        assert!((lp.logprob - want.logprob).abs() <= 1e-4, "row {r}");
+        let ids = |t: &[(u32, f32)]| t.iter().map(|p| p.0).collect::<Vec<_>>();
+        assert_eq!(ids(&lp.top), ids(&want.top), "row {r}");
+    }
+    let picked = ref_sampler.sample(&dec_logits);
+    let want = token_logprob(&dec_logits, picked, 3);
+    match &out[1] {
+        Output::Scored {
+            token: Some(t),
+            logprobs,
+            logits: None,
+        } => {
+            assert_eq!(*t, picked);
+            assert_eq!(logprobs.len(), 1);
+            assert_eq!(logprobs[0].rank, want.rank);
+            assert!((logprobs[0].logprob - want.logprob).abs() <= 1e-4);
+        }
+        o => panic!("the pick and its score: {o:?}"),
+    }
+}

@@ -1136,3 +1136,166 @@ fn gpu_sampling_picks_the_host_samplers_token() {
     assert!(b.sample(&[]).unwrap().is_empty());
     println!("device sampling: {checked} picks in one call equal the host sampler's");
 }
+
+/// Log-probabilities scored on the device (`Backend::logprobs`, one `row_logprobs` launch for
+/// every row of every request) equal the host's `token_logprob` of the same logits: the
+/// target's log-probability (the same f32 but for f64 summation order: 2e-6 here), its rank
+/// and the top places' ids exactly, with ties (the lower id first), NaN (counted as -inf) and
+/// -inf logits, targets outside the vocabulary, rows not scored (targets shorter than the
+/// rows), a row of all -inf and top beyond the vocabulary; more than 64 alternatives are left
+/// to the host (`None` for that request alone).
+#[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
+fn gpu_logprobs_equal_the_hosts() {
+    use fp4forge_engine::{token_logprob, LogprobRequest};
+    let b = gpu();
+    let mut tensors = Vec::new();
+    let mut hosts = Vec::new();
+    for (rows, n, seed) in [
+        (3usize, 100_352usize, 1u64),
+        (5, 300, 2),
+        (2, 40, 3),
+        (1, 8, 4),
+    ] {
+        let mut logits = values(rows * n, seed, 6.0);
+        for i in (7..rows * n).step_by(7) {
+            logits[i] = logits[i - 1];
+        }
+        for i in (5..rows * n).step_by(97) {
+            logits[i] = f32::NAN;
+        }
+        for i in (11..rows * n).step_by(89) {
+            logits[i] = f32::NEG_INFINITY;
+        }
+        if n == 8 {
+            logits.fill(f32::NEG_INFINITY);
+        }
+        tensors.push(b.upload(rows, n, &logits).unwrap());
+        hosts.push((rows, n, logits));
+    }
+    // (tensor, targets, top)
+    let asks: Vec<(usize, Vec<u32>, usize)> = vec![
+        (0, vec![6, 7, 99_999], 20),
+        (1, vec![0, 5, 7, 299, 300], 5),
+        (1, vec![14], 0),
+        (2, vec![1], 64),
+        (2, vec![], 3),
+        (3, vec![2], 10),
+        (0, vec![3], 65),
+    ];
+    let requests: Vec<LogprobRequest<'_, _>> = asks
+        .iter()
+        .map(|(t, targets, top)| LogprobRequest {
+            logits: &tensors[*t],
+            targets,
+            top: *top,
+        })
+        .collect();
+    let dev = b.logprobs(&requests).unwrap();
+    assert_eq!(dev.len(), asks.len());
+    let mut rows_checked = 0;
+    for ((t, targets, top), dev) in asks.iter().zip(dev) {
+        let (_, n, logits) = &hosts[*t];
+        if *top > 64 {
+            assert_eq!(dev, None, "top {top}: the host's");
+            continue;
+        }
+        let dev = dev.expect("scored on the device");
+        assert_eq!(dev.len(), targets.len());
+        for (r, (&target, got)) in targets.iter().zip(&dev).enumerate() {
+            let want = token_logprob(&logits[r * n..(r + 1) * n], target, *top);
+            let what = format!("n {n} row {r} target {target} top {top}");
+            assert_eq!(got.rank, want.rank, "{what}");
+            let close =
+                |a: f32, b: f32| a == b || (a - b).abs() <= 2e-6 || (a.is_nan() && b.is_nan());
+            assert!(
+                close(got.logprob, want.logprob),
+                "{what}: {} vs {}",
+                got.logprob,
+                want.logprob
+            );
+            assert_eq!(got.top.len(), want.top.len(), "{what}");
+            for (g, w) in got.top.iter().zip(&want.top) {
+                assert_eq!(g.0, w.0, "{what}: {:?} vs {:?}", got.top, want.top);
+                assert!(close(g.1, w.1), "{what}: {:?} vs {:?}", got.top, want.top);
+            }
+            rows_checked += 1;
+        }
+    }
+    assert!(b.logprobs(&[]).unwrap().is_empty());
+    println!("device logprobs: {rows_checked} rows in one call equal the host's");
+}
+
+/// A pass of the tiny Laguna on the GPU that scores a prompt chunk and a sampled decode step
+/// on the device gives the scores the host computes from the same pass's downloaded logits.
+#[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
+fn gpu_model_scores_prompts_and_picks_on_the_device() {
+    use fp4forge_engine::{token_logprob, LogprobSpec, Output, Sampler, SamplingParams};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = common::tiny_laguna(tmp.path(), "tiny-lean", true);
+    let model =
+        Model::load_with_backend(&dir, ModelOptions::new().kv_dtype(KvDtype::F32), gpu()).unwrap();
+    let vocab = model.info().vocab_size;
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 37 % vocab) as u32).collect();
+    let params = SamplingParams {
+        temperature: 0.8,
+        top_k: 0,
+        top_p: 1.0,
+        seed: 3,
+    };
+    let mut a = model.new_session().unwrap();
+    let mut a2 = model.new_session().unwrap();
+    let all = a2.prefill_all(&prompt).unwrap();
+    let mut s = model.new_session().unwrap();
+    s.prefill(&prompt[..10]).unwrap();
+    let mut s2 = model.new_session().unwrap();
+    s2.prefill(&prompt[..10]).unwrap();
+    let dec = s2.step(prompt[10]).unwrap();
+    let mut sampler = Sampler::new(params);
+    let mut ref_sampler = Sampler::new(params);
+    let out = model
+        .forward_batch_scored(
+            &mut [&mut a, &mut s],
+            &[&prompt[..], &prompt[10..11]],
+            &[Want::All, Want::Last],
+            &mut [None, Some(&mut sampler)],
+            &[
+                Some(LogprobSpec {
+                    targets: &prompt[1..],
+                    top: 4,
+                }),
+                Some(LogprobSpec {
+                    targets: &[],
+                    top: 2,
+                }),
+            ],
+        )
+        .unwrap();
+    let Output::Scored {
+        logprobs,
+        logits: Some(last),
+        ..
+    } = &out[0]
+    else {
+        panic!("{:?}", out[0]);
+    };
+    assert_eq!(logprobs.len(), prompt.len() - 1);
+    assert_eq!(last.rows, 1);
+    for (r, lp) in logprobs.iter().enumerate() {
+        let want = token_logprob(all.row(r), prompt[r + 1], 4);
+        assert!((lp.logprob - want.logprob).abs() <= 1e-4, "row {r}");
+    }
+    let picked = ref_sampler.sample(&dec);
+    let Output::Scored {
+        token: Some(t),
+        logprobs,
+        ..
+    } = &out[1]
+    else {
+        panic!("{:?}", out[1]);
+    };
+    assert_eq!(*t, picked);
+    let want = token_logprob(&dec, picked, 2);
+    assert!((logprobs[0].logprob - want.logprob).abs() <= 1e-4);
+}

@@ -23,7 +23,7 @@
 
 use fp4forge_engine::{Backend, Session};
 
-use crate::logprobs::TokenLogprob;
+use fp4forge_engine::TokenLogprob;
 
 /// A finished sequence's session and what its cache holds.
 struct Entry<'m, B: Backend> {

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use fp4forge_engine::{EngineError, TextCodec};
 
-use crate::logprobs::TokenLogprob;
+use fp4forge_engine::TokenLogprob;
 
 /// Tokens of prompt context a generation's detokenizer starts from.
 const CONTEXT_TOKENS: usize = 4;

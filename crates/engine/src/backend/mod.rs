@@ -21,6 +21,7 @@ pub mod cuda;
 
 use crate::error::Result;
 use crate::ir::{Decoder, KvLayerSpec, SeqChunk};
+use crate::logprobs::TokenLogprob;
 use crate::rope::RopeSpec;
 use crate::sampling::SamplingParams;
 use crate::weights::{ExpertWeights, LinearWeight};
@@ -39,6 +40,18 @@ pub struct SampleRequest<'a, T> {
     pub params: &'a SamplingParams,
     /// The draw [`Sampler::pick`](crate::Sampler::pick) would use.
     pub u: Option<f64>,
+}
+
+/// One tensor of logits for [`Backend::logprobs`] (`[rows, vocab]`): row `r` scores
+/// `targets[r]` with its `top` most likely alternatives (`targets` may be shorter than the rows:
+/// the others are not scored).
+pub struct LogprobRequest<'a, T> {
+    /// The logits.
+    pub logits: &'a T,
+    /// The token each row scores.
+    pub targets: &'a [u32],
+    /// Alternatives per row.
+    pub top: usize,
 }
 
 /// The memory of a backend's KV caches, bytes.
@@ -239,6 +252,18 @@ pub trait Backend: Resident {
     /// downloads that row's logits and picks on the host.
     fn sample(&self, rows: &[SampleRequest<'_, Self::Tensor>]) -> Result<Vec<Option<u32>>> {
         Ok(vec![None; rows.len()])
+    }
+
+    /// For each of `requests`, the log-probabilities of its rows' targets
+    /// ([`token_logprob`](crate::logprobs::token_logprob) of each row), computed where the
+    /// logits are, all requests at once: only the scores come back, never the vocabulary's
+    /// logits. `None` for a request (the default: every request) that the backend does not score
+    /// itself: the caller downloads its logits and scores them on the host.
+    fn logprobs(
+        &self,
+        requests: &[LogprobRequest<'_, Self::Tensor>],
+    ) -> Result<Vec<Option<Vec<TokenLogprob>>>> {
+        Ok(vec![None; requests.len()])
     }
 
     // ---- whole passes -----------------------------------------------------------------------

@@ -126,7 +126,6 @@ pub(crate) fn start(
         max_batch: config.max_batch,
         prefill_budget: config.prefill_budget,
         prefix_cache_bytes: config.prefix_cache_bytes,
-        threads: config.threads,
     };
     let thread_metrics = metrics.clone();
     let alive = Arc::new(AtomicBool::new(true));

@@ -9,8 +9,8 @@ use std::time::Instant;
 use fp4forge_engine::{LogitsAdjust, SamplingParams};
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::logprobs::TokenLogprob;
 use crate::structured::Grammar;
+use fp4forge_engine::TokenLogprob;
 
 /// What to generate for one sequence (validated by the handler).
 #[derive(Debug, Clone)]

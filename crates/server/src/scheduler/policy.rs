@@ -14,13 +14,14 @@ use std::time::Instant;
 use fp4forge_engine::{Backend, Constraint, Model, Sampler, Session, Want};
 
 use super::job::{Event, Finish, Job, Msg};
-use crate::logprobs::TokenLogprob;
 use crate::metrics::Metrics;
 use crate::prefix_cache::PrefixCache;
+use fp4forge_engine::TokenLogprob;
 
-/// Prompt rows per step for a sequence that wants every prompt position's logprobs (bounds the
-/// `[rows, vocab]` logits held at once).
-pub(super) const PROMPT_LOGPROB_ROWS: usize = 128;
+/// The logits of one step's prompt rows whose logprobs are wanted, bytes at most: the
+/// `[rows, vocab]` f32 logits a pass leaves on the backend until they are scored there (a
+/// 2,048-token step of a 100K vocabulary: 0.8 GB, within a GPU's activation reserve).
+pub(super) const PROMPT_LOGPROB_LOGITS_BYTES: usize = 1 << 30;
 
 /// The scheduler's limits.
 #[derive(Debug, Clone, Copy)]
@@ -31,8 +32,6 @@ pub(super) struct Limits {
     pub(super) prefill_budget: usize,
     /// The prefix cache's size, bytes.
     pub(super) prefix_cache_bytes: usize,
-    /// Worker threads (0: one per core), also for prompt logprobs.
-    pub(super) threads: usize,
 }
 
 /// A running sequence.
@@ -100,9 +99,6 @@ pub(super) struct Scheduler<'m, B: Backend> {
     /// again only once less is in use or the prefix cache holds something to evict (not every
     /// step: each try forks its cached prefix).
     pub(super) blocked_at: Option<usize>,
-    /// Threads for prompt logprobs (a vocabulary-wide log-softmax per position); `None` if it
-    /// could not be started (computed on the engine thread then).
-    pub(super) logprob_pool: Option<rayon::ThreadPool>,
     pub(super) shutting_down: bool,
 }
 
@@ -122,11 +118,6 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             active: Vec::new(),
             prefix_cache: PrefixCache::new(limits.prefix_cache_bytes),
             blocked_at: None,
-            logprob_pool: rayon::ThreadPoolBuilder::new()
-                .num_threads(limits.threads)
-                .thread_name(|i| format!("fp4forge-logprobs-{i}"))
-                .build()
-                .ok(),
             shutting_down: false,
         };
         s.publish_cache_size();
@@ -465,6 +456,8 @@ impl<'m, B: Backend> Scheduler<'m, B> {
     pub(super) fn plan(&self) -> Vec<(usize, usize, Want)> {
         let mut plan = Vec::new();
         let mut budget = self.limits.prefill_budget;
+        let vocab = self.model.info().vocab_size.max(1);
+        let mut logprob_rows = (PROMPT_LOGPROB_LOGITS_BYTES / (4 * vocab)).max(1);
         for (i, s) in self.active.iter().enumerate() {
             if s.parked || s.done {
                 continue;
@@ -482,7 +475,11 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                 // the next token is known: the cache is all it rebuilds
                 Want::None
             } else if s.job.req.prompt_logprobs.is_some() {
-                n = n.min(PROMPT_LOGPROB_ROWS);
+                if logprob_rows == 0 {
+                    continue;
+                }
+                n = n.min(logprob_rows);
+                logprob_rows -= n;
                 Want::All
             } else if n == remaining {
                 Want::Last

@@ -6,11 +6,10 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use fp4forge_engine::{Backend, Output, Want};
+use fp4forge_engine::{token_logprob, Backend, LogprobSpec, Output, TokenLogprob, Want};
 
 use super::job::{Event, Finish};
 use super::policy::{Scheduler, Seq};
-use crate::logprobs::{rows_logprobs, token_logprob, TokenLogprob};
 
 impl<B: Backend> Scheduler<'_, B> {
     /// Runs one step: the planned pass, then every sequence in it advanced.
@@ -31,6 +30,7 @@ impl<B: Backend> Scheduler<'_, B> {
             let mut tokens: Vec<&[u32]> = Vec::with_capacity(plan.len());
             let mut wanted = Vec::with_capacity(plan.len());
             let mut samplers = Vec::with_capacity(plan.len());
+            let mut scores = Vec::with_capacity(plan.len());
             let mut next = plan.iter().zip(&picks).peekable();
             for (i, s) in self.active.iter_mut().enumerate() {
                 let Some(&(&(pi, n, w), &pick)) = next.peek() else {
@@ -50,11 +50,24 @@ impl<B: Backend> Scheduler<'_, B> {
                     recompute,
                     ..
                 } = s;
+                let req = &job.req;
                 tokens.push(if *decoding {
                     std::slice::from_ref(token)
                 } else {
-                    let all = recompute.as_deref().unwrap_or(&job.req.prompt);
+                    let all = recompute.as_deref().unwrap_or(&req.prompt);
                     &all[*prefilled..*prefilled + n]
+                });
+                // logprobs scored where the logits are: a picked token's, or the prompt's
+                // next tokens' (row r predicts position prefilled + r + 1)
+                scores.push(if pick {
+                    req.logprobs.map(|top| LogprobSpec { targets: &[], top })
+                } else if w == Want::All && recompute.is_none() {
+                    req.prompt_logprobs.map(|top| LogprobSpec {
+                        targets: &req.prompt[(*prefilled + 1).min(req.prompt.len())..],
+                        top,
+                    })
+                } else {
+                    None
                 });
                 sessions.push(session);
                 wanted.push(w);
@@ -62,7 +75,7 @@ impl<B: Backend> Scheduler<'_, B> {
             }
             let model = self.model;
             std::panic::catch_unwind(AssertUnwindSafe(|| {
-                model.forward_batch_sampled(&mut sessions, &tokens, &wanted, &mut samplers)
+                model.forward_batch_scored(&mut sessions, &tokens, &wanted, &mut samplers, &scores)
             }))
         };
         self.metrics.steps.fetch_add(1, Ordering::Relaxed);
@@ -76,14 +89,28 @@ impl<B: Backend> Scheduler<'_, B> {
         };
         for (&(i, n, _), output) in plan.iter().zip(outputs) {
             let s = &mut self.active[i];
-            let logits = match output {
+            let (logits, scored) = match output {
                 Output::Token(next) => {
                     s.fed.push(s.next);
                     self.deliver(i, next, None);
                     continue;
                 }
-                Output::Logits(l) => Some(l),
-                Output::None => None,
+                Output::Scored {
+                    token: Some(next),
+                    mut logprobs,
+                    ..
+                } => {
+                    s.fed.push(s.next);
+                    self.deliver(i, next, logprobs.pop());
+                    continue;
+                }
+                Output::Scored {
+                    token: None,
+                    logprobs,
+                    logits,
+                } => (logits, Some(logprobs)),
+                Output::Logits(l) => (Some(l), None),
+                Output::None => (None, None),
             };
             if s.decoding {
                 s.fed.push(s.next);
@@ -102,23 +129,20 @@ impl<B: Backend> Scheduler<'_, B> {
                 }
                 continue;
             }
-            let prompt = s.job.req.prompt.clone();
-            if let (Some(top), Some(l)) = (s.job.req.prompt_logprobs, &logits) {
+            if let Some(lps) = scored {
                 if s.prefilled == 0 {
                     s.prompt_logprobs.push(None);
                 }
-                // row r predicts prompt position prefilled + r + 1
-                let targets = &prompt[(s.prefilled + 1).min(prompt.len())..];
-                let lps = rows_logprobs(self.logprob_pool.as_ref(), l, targets, top);
                 s.prompt_logprobs.extend(lps.into_iter().map(Some));
             }
             s.prefilled += n;
-            if s.prefilled < prompt.len() {
+            let prompt_len = s.job.req.prompt.len();
+            if s.prefilled < prompt_len {
                 continue;
             }
             self.metrics
                 .prompt_tokens
-                .fetch_add(prompt.len() as u64, Ordering::Relaxed);
+                .fetch_add(prompt_len as u64, Ordering::Relaxed);
             let lps = std::mem::take(&mut s.prompt_logprobs);
             if self.prefix_cache.enabled() && s.job.req.prompt_logprobs.is_some() {
                 s.cached_prompt_logprobs = Some(lps.clone());
@@ -146,13 +170,12 @@ impl<B: Backend> Scheduler<'_, B> {
     }
 
     /// Whether sequence `i`'s next token needs no logits on the host: it is decoding, asks for
-    /// no logprobs, no logit adjustments, no structured-output constraint and may already
-    /// sample its stop tokens (nothing to mask).
+    /// no logit adjustments, no structured-output constraint and may already sample its stop
+    /// tokens (nothing to mask). Its logprobs, if asked for, are scored where the logits are.
     fn picks_without_logits(&self, i: usize) -> bool {
         let s = &self.active[i];
         let req = &s.job.req;
         s.decoding
-            && req.logprobs.is_none()
             && req.adjust.is_none()
             && s.constraint.is_none()
             && (s.generated >= req.min_tokens || req.stop_ids.is_empty())

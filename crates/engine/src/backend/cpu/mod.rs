@@ -27,9 +27,10 @@ pub use tensor::CpuTensor;
 
 use kernels::Isa;
 
-use super::{Backend, Resident};
+use super::{Backend, LogprobRequest, Resident};
 use crate::error::{EngineError, Result};
 use crate::ir::{AttentionParams, KvLayerSpec, RouterParams};
+use crate::logprobs::{token_logprob, TokenLogprob};
 use crate::rope::RopeSpec;
 use crate::weights::{ExpertWeights, LinearWeight};
 
@@ -619,6 +620,33 @@ impl Backend for CpuBackend {
             || "routing does not match the tokens or experts".into(),
         )?;
         Ok(self.run(|| moe::experts(self.isa, self.act, x, routing, e)))
+    }
+
+    /// Every scored row on the backend's threads (the logits are host memory already).
+    fn logprobs(
+        &self,
+        requests: &[LogprobRequest<'_, CpuTensor>],
+    ) -> Result<Vec<Option<Vec<TokenLogprob>>>> {
+        use rayon::prelude::*;
+        self.check(
+            requests.iter().all(|r| r.targets.len() <= r.logits.rows()),
+            || "more logprob targets than logit rows".into(),
+        )?;
+        Ok(self.run(|| {
+            requests
+                .par_iter()
+                .map(|r| {
+                    let (data, vocab) = (r.logits.data(), r.logits.cols());
+                    let rows = (0..r.targets.len()).into_par_iter();
+                    Some(
+                        rows.map(|i| {
+                            token_logprob(&data[i * vocab..(i + 1) * vocab], r.targets[i], r.top)
+                        })
+                        .collect(),
+                    )
+                })
+                .collect()
+        }))
     }
 }
 

@@ -56,10 +56,12 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::{
-    AttentionParams, AttnChunk, Backend, Resident, RouterParams, RouterScoring, SampleRequest,
+    AttentionParams, AttnChunk, Backend, LogprobRequest, Resident, RouterParams, RouterScoring,
+    SampleRequest,
 };
 use crate::error::{EngineError, Result};
 use crate::ir::{Decoder, KvDtype, KvLayerSpec, SeqChunk};
+use crate::logprobs::TokenLogprob;
 use crate::rope::RopeSpec;
 use crate::weights::{ExpertWeights, LinearWeight};
 
@@ -416,6 +418,10 @@ impl CudaBackend {
 
 /// Largest top-k the device samples (`SAMPLE_K_MAX`); beyond it the host sorts.
 const SAMPLE_K_MAX: usize = 256;
+
+/// Most alternatives per row the device scores (one pass over the row each); beyond it the host
+/// does (OpenAI and vLLM allow 20).
+const LOGPROB_TOP_MAX: usize = 64;
 
 /// An activation matrix `[rows, cols]` of f32 in device memory.
 pub struct CudaTensor {
@@ -1164,6 +1170,81 @@ impl Backend for CudaBackend {
             picked[i] = Some(id);
         }
         Ok(picked)
+    }
+
+    /// Every row of every request in one `row_logprobs` launch (a block per row) and one
+    /// download of the scores; a request of more than [`LOGPROB_TOP_MAX`] alternatives is left
+    /// to the host.
+    fn logprobs(
+        &self,
+        requests: &[LogprobRequest<'_, CudaTensor>],
+    ) -> Result<Vec<Option<Vec<TokenLogprob>>>> {
+        let mut out = vec![None; requests.len()];
+        let mut table = Vec::new();
+        let mut slots = 0usize;
+        let mut at = Vec::new();
+        for (i, r) in requests.iter().enumerate() {
+            let (rows, vocab) = (r.logits.rows, r.logits.cols);
+            self.check(r.targets.len() <= rows, || {
+                format!("{} logprob targets for {rows} rows", r.targets.len())
+            })?;
+            if r.top > LOGPROB_TOP_MAX || vocab > i32::MAX as usize {
+                continue;
+            }
+            let top = r.top.min(vocab);
+            for (row, &target) in r.targets.iter().enumerate() {
+                table.push(ops::sampling::LogprobRow {
+                    logits: self.ptr(&r.logits.buf).add(row * vocab),
+                    n: vocab as i32,
+                    target: i32::try_from(target).unwrap_or(-1),
+                    top: top as i32,
+                    out: slots as i32,
+                });
+                slots += top;
+            }
+            at.push((i, r.targets.len(), top));
+        }
+        if table.is_empty() {
+            return Ok(out);
+        }
+        let rows = table.len();
+        let table = self
+            .inner
+            .stream
+            .clone_htod(&table)
+            .map_err(|e| self.err(format!("upload: {e:?}")))?;
+        let lp = self.alloc_unset::<f32>(rows)?;
+        let rank = self.alloc_unset::<u32>(rows)?;
+        let top_id = self.alloc_unset::<u32>(slots.max(1))?;
+        let top_lp = self.alloc_unset::<f32>(slots.max(1))?;
+        ops::sampling::RowLogprobsArgs {
+            rows: self.ptr(&table),
+            lp: self.ptr(&lp),
+            rank: self.ptr(&rank),
+            top_id: self.ptr(&top_id),
+            top_lp: self.ptr(&top_lp),
+        }
+        .launch(self, (rows as u32, 1, 1), (1024, 1, 1))?;
+        let get = |e| self.err(format!("download: {e:?}"));
+        let lp = self.inner.stream.clone_dtoh(&lp).map_err(get)?;
+        let rank = self.inner.stream.clone_dtoh(&rank).map_err(get)?;
+        let top_id = self.inner.stream.clone_dtoh(&top_id).map_err(get)?;
+        let top_lp = self.inner.stream.clone_dtoh(&top_lp).map_err(get)?;
+        let (mut row, mut slot) = (0usize, 0usize);
+        for (i, n, top) in at {
+            let mut scores = Vec::with_capacity(n);
+            for _ in 0..n {
+                scores.push(TokenLogprob {
+                    logprob: lp[row],
+                    rank: rank[row],
+                    top: (slot..slot + top).map(|s| (top_id[s], top_lp[s])).collect(),
+                });
+                row += 1;
+                slot += top;
+            }
+            out[i] = Some(scores);
+        }
+        Ok(out)
     }
 
     /// A decode step (one token of each sequence, its last logits wanted) runs the fused

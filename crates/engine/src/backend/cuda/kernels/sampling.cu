@@ -233,3 +233,115 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_logits(const
         *out = (u32)sorted_idx[pick];
     }
 }
+
+// ---- log-probabilities -----------------------------------------------------------------------
+
+#define LOGPROB_THREADS 1024
+
+// One row to score (`LogprobRow` in ops/sampling.rs; same layout): its n logits, the token it
+// scores (any value; outside [0, n): scored -inf, ranked n), how many of the most likely tokens
+// and the first of their slots in top_id / top_lp.
+struct LogprobRow {
+    const float* logits;
+    int n;
+    int target;
+    int top;
+    int out;
+};
+
+// The block's (key, index) pair first in the order (key desc, index asc), in every thread.
+__device__ void block_best(float& key, int& idx) {
+    __shared__ float bk[LOGPROB_THREADS / 32];
+    __shared__ int bi[LOGPROB_THREADS / 32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ok = __shfl_xor_sync(0xffffffffu, key, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (ok > key || (ok == key && oi < idx)) { key = ok; idx = oi; }
+    }
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) { bk[threadIdx.x >> 5] = key; bi[threadIdx.x >> 5] = idx; }
+    __syncthreads();
+    for (int w = 0; w < LOGPROB_THREADS / 32; w++)
+        if (bk[w] > key || (bk[w] == key && bi[w] < idx)) { key = bk[w]; idx = bi[w]; }
+}
+
+// The block's sum of one double per thread (fixed order: lanes, then warps), in every thread.
+__device__ double block_sum_f64(double v) {
+    __shared__ double part[LOGPROB_THREADS / 32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double s = 0.0;
+    for (int w = 0; w < LOGPROB_THREADS / 32; w++) s += part[w];
+    return s;
+}
+
+// The log-probabilities of each row of `rows` (one block each) as the host's token_logprob
+// computes them: lse = max + log(sum exp(x - max)) over the non-NaN logits in f64 (lse = max
+// where max is not finite), lp[b] = x[target] - lse, rank[b] = 1 + the count of logits above
+// x[target], and the `top` most likely tokens by (logit desc, index asc) with NaN as -inf, one
+// pass per place, into top_id / top_lp from slot `out`. Blocks of LOGPROB_THREADS threads.
+extern "C" __global__ void __launch_bounds__(LOGPROB_THREADS) row_logprobs(const LogprobRow* __restrict__ rows,
+                                                                          float* __restrict__ lp,
+                                                                          u32* __restrict__ rank,
+                                                                          u32* __restrict__ top_id,
+                                                                          float* __restrict__ top_lp) {
+    pdl_enter();
+    const LogprobRow row = rows[blockIdx.x];
+    const float* __restrict__ x = row.logits;
+    const int n = row.n, tid = threadIdx.x;
+    const float neg_inf = __int_as_float(0xff800000);
+    float m = neg_inf;
+    for (int i = tid; i < n; i += LOGPROB_THREADS) {
+        const float v = x[i];
+        if (!isnan(v)) m = fmaxf(m, v);
+    }
+    {
+        int unused = 0;
+        block_best(m, unused);
+    }
+    double lse = (double)m;
+    if (isfinite(m)) {
+        double s = 0.0;
+        for (int i = tid; i < n; i += LOGPROB_THREADS) {
+            const float v = x[i];
+            if (!isnan(v)) s += exp((double)v - (double)m);
+        }
+        lse = (double)m + log(block_sum_f64(s));
+    }
+    const int t = row.target;
+    const bool known = t >= 0 && t < n;
+    const float xt = known ? x[t] : 0.f;
+    double above = 0.0;  // (a count, summed exactly in f64)
+    if (known)
+        for (int i = tid; i < n; i += LOGPROB_THREADS) above += x[i] > xt ? 1.0 : 0.0;
+    above = block_sum_f64(above);
+    if (tid == 0) {
+        lp[blockIdx.x] = known ? (float)((double)xt - lse) : neg_inf;
+        rank[blockIdx.x] = known ? 1u + (u32)above : (u32)n;
+    }
+    // the top places, one pass each: the best (key, index) after the previous place's
+    const int k = min(row.top, n);
+    float pk = __int_as_float(0x7f800000);  // +inf
+    int pi = -1;
+    for (int j = 0; j < k; j++) {
+        float bk = neg_inf;
+        int bi = 0x7fffffff;
+        for (int i = tid; i < n; i += LOGPROB_THREADS) {
+            const float v = x[i];
+            const float key = isnan(v) ? neg_inf : v;
+            const bool after = key < pk || (key == pk && i > pi);
+            if (after && (key > bk || (key == bk && i < bi))) { bk = key; bi = i; }
+        }
+        block_best(bk, bi);
+        if (tid == 0) {
+            top_id[row.out + j] = (u32)bi;
+            top_lp[row.out + j] = (float)((double)x[bi] - lse);
+        }
+        pk = bk;
+        pi = bi;
+    }
+}

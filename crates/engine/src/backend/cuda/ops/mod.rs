@@ -369,6 +369,7 @@ mod tests {
                 "u64" => "u64",
                 "u8" | "void" => "u8",
                 "SampleRow" => "SampleRow",
+                "LogprobRow" => "LogprobRow",
                 _ => return None,
             };
             return Some(format!("DevPtr<{e}>"));

@@ -1,4 +1,5 @@
-//! The entry points of kernels/sampling.cu: synthetic fills and the next token from logits.
+//! The entry points of kernels/sampling.cu: synthetic fills, the next token from logits and
+//! log-probabilities.
 
 use super::DevPtr;
 
@@ -11,6 +12,16 @@ kernels! {
     /// The next token of each of `rows` (one block per row) into `out`, as the host `Sampler`
     /// picks it.
     sample_logits => SampleLogitsArgs { rows: DevPtr<SampleRow>, out: DevPtr<u32> }
+    /// The log-probabilities of each of `rows` (one block per row) as the host's
+    /// `token_logprob` computes them: the target's into `lp` and `rank`, the top places into
+    /// `top_id` / `top_lp`.
+    row_logprobs => RowLogprobsArgs {
+        rows: DevPtr<LogprobRow>,
+        lp: DevPtr<f32>,
+        rank: DevPtr<u32>,
+        top_id: DevPtr<u32>,
+        top_lp: DevPtr<f32>,
+    }
 }
 
 /// One row for `sample_logits` (`SampleRow` in kernels/sampling.cu; same layout): `n` logits
@@ -28,3 +39,19 @@ pub(crate) struct SampleRow {
 
 // SAFETY: plain old data matching the C struct's layout (8 + 4 * 4 + 8 bytes, no padding).
 unsafe impl cudarc::driver::DeviceRepr for SampleRow {}
+
+/// One row for `row_logprobs` (`LogprobRow` in kernels/sampling.cu; same layout): `n` logits at
+/// `logits`, the token it scores, how many of the most likely tokens and the first of their
+/// slots in the outputs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct LogprobRow {
+    pub logits: DevPtr<f32>,
+    pub n: i32,
+    pub target: i32,
+    pub top: i32,
+    pub out: i32,
+}
+
+// SAFETY: plain old data matching the C struct's layout (8 + 4 * 4 bytes, no padding).
+unsafe impl cudarc::driver::DeviceRepr for LogprobRow {}
