@@ -12,6 +12,9 @@
 //! * attention: decode and prefill over bf16 / fp8 caches against the CPU backend (`1e-4`), the
 //!   prefill attention on tensor cores (`attn_flash_*`) also against the CUDA-core kernels.
 //! * greedy generation: 256 tokens, GPU vs CPU, token for token (bf16 KV on both).
+//! * sampling and log-probabilities on the device vs the host's (`Backend::sample`,
+//!   `Backend::logprobs`), and a pass that scores a prompt chunk and a picked token
+//!   (`Model::forward_batch_scored`).
 //! * SmolLM2 (`assets/smollm2-hf` or `assets/smollm2-nvfp4`, if present): logits vs CPU and
 //!   256 greedy tokens.
 #![cfg(feature = "cuda")]
