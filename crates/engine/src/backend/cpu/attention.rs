@@ -63,39 +63,20 @@ pub(crate) fn attention(
     CpuTensor::new(t, cols, out)
 }
 
-/// `x · row` for a stored row (`xb` is `x` prepared for the bf16 kernel).
-#[inline]
-fn row_dot(
-    isa: Isa,
-    row: KvRow<'_>,
-    x: &[f32],
-    xb: &kernels::Bf16Input<'_>,
-    tmp: &mut [f32],
-) -> f32 {
-    match row {
-        KvRow::F32(r) => kernels::dot(isa, r, x),
-        KvRow::Bf16(r) => kernels::bf16_bits_dot(isa, r, xb),
-        KvRow::Fp8(..) => {
-            row.decode(tmp);
-            kernels::dot(isa, tmp, x)
-        }
-    }
+/// The rows as bf16 bits, if all of them are stored as bf16.
+fn bf16_rows<'a>(rows: &[KvRow<'a>]) -> Option<Vec<&'a [u16]>> {
+    rows.iter()
+        .map(|r| match *r {
+            KvRow::Bf16(b) => Some(b),
+            _ => None,
+        })
+        .collect()
 }
 
-/// `y += alpha · row` for a stored row.
-#[inline]
-fn row_axpy(isa: Isa, y: &mut [f32], alpha: f32, row: KvRow<'_>, tmp: &mut [f32]) {
-    match row {
-        KvRow::F32(r) => kernels::axpy(isa, y, alpha, r),
-        KvRow::Bf16(r) => kernels::bf16_axpy(isa, y, alpha, r),
-        KvRow::Fp8(..) => {
-            row.decode(tmp);
-            kernels::axpy(isa, y, alpha, tmp)
-        }
-    }
-}
-
-/// One query's attention for the heads of KV head `kh`: `[group · d]`.
+/// One query's attention for the heads of KV head `kh`: `[group · d]`. The visible keys and
+/// values are read where they are stored: bf16 rows widened in registers, each key once for all
+/// query heads of the group, the values summed in registers 64 columns at a time; f32 and fp8
+/// rows (other cache types) through f32.
 fn decode_head(
     isa: Isa,
     q: &[f32],
@@ -109,29 +90,52 @@ fn decode_head(
     let pos = chunk.pos0;
     let first = cache.first_visible(pos);
     let n = pos + 1 - first;
+    let qs: Vec<&[f32]> = (kh * group..(kh + 1) * group)
+        .map(|h| &q[h * d..(h + 1) * d])
+        .collect();
+    let keys: Vec<KvRow<'_>> = (first..=pos)
+        .map(|j| cache.row(chunk, j, kh, false))
+        .collect();
+    let values: Vec<KvRow<'_>> = (first..=pos)
+        .map(|j| cache.row(chunk, j, kh, true))
+        .collect();
+    let mut scores = vec![0f32; group * n];
+    match bf16_rows(&keys) {
+        Some(rows) => kernels::bf16_rows_scores(isa, &rows, &qs, &mut scores),
+        None => {
+            let mut tmp = vec![0f32; d];
+            for (j, key) in keys.iter().enumerate() {
+                let row = match *key {
+                    KvRow::F32(r) => r,
+                    other => {
+                        other.decode(&mut tmp);
+                        &tmp[..]
+                    }
+                };
+                for (g, x) in qs.iter().enumerate() {
+                    scores[g * n + j] = kernels::dot(isa, row, x);
+                }
+            }
+        }
+    }
+    for s in scores.chunks_mut(n.max(1)) {
+        kernels::softmax_scaled(isa, s, p.scale);
+    }
     let mut out = vec![0f32; group * d];
-    let mut scores = vec![0f32; n];
-    let mut tmp = vec![0f32; d];
-    for g in 0..group {
-        let h = kh * group + g;
-        let qv = &q[h * d..(h + 1) * d];
-        let qb = kernels::bf16_input(isa, qv);
-        let mut max = f32::NEG_INFINITY;
-        for (j, sj) in scores.iter_mut().enumerate() {
-            let key = cache.row(chunk, first + j, kh, false);
-            *sj = row_dot(isa, key, qv, &qb, &mut tmp) * p.scale;
-            max = max.max(*sj);
+    match bf16_rows(&values) {
+        Some(rows) => {
+            for (o, s) in out.chunks_mut(d).zip(scores.chunks(n.max(1))) {
+                kernels::bf16_rows_weighted_sum(isa, o, s, &rows);
+            }
         }
-        let mut sum = 0f32;
-        for sj in scores.iter_mut() {
-            *sj = (*sj - max).exp();
-            sum += *sj;
-        }
-        let inv = 1.0 / sum;
-        let oh = &mut out[g * d..(g + 1) * d];
-        for (j, &sj) in scores.iter().enumerate() {
-            let value = cache.row(chunk, first + j, kh, true);
-            row_axpy(isa, oh, sj * inv, value, &mut tmp);
+        None => {
+            let mut rows = vec![0f32; n * d];
+            for (value, r) in values.iter().zip(rows.chunks_mut(d)) {
+                value.decode(r);
+            }
+            for (o, s) in out.chunks_mut(d).zip(scores.chunks(n.max(1))) {
+                kernels::weighted_sum(isa, o, s, &rows, d);
+            }
         }
     }
     out
@@ -205,20 +209,7 @@ fn prefill_head(
             let pos = pos0 + tq;
             let (a, b) = (cache.first_visible(pos) - first - lo, pos - first + 1 - lo);
             let s = &mut scores[i * width + a..i * width + b];
-            let mut max = f32::NEG_INFINITY;
-            for sj in s.iter_mut() {
-                *sj *= p.scale;
-                max = max.max(*sj);
-            }
-            let mut sum = 0f32;
-            for sj in s.iter_mut() {
-                *sj = (*sj - max).exp();
-                sum += *sj;
-            }
-            let inv = 1.0 / sum;
-            for sj in s.iter_mut() {
-                *sj *= inv;
-            }
+            kernels::softmax_scaled(isa, s, p.scale);
             let (r, g) = (tq - tq0, i % group);
             let oh = &mut o[(r * group + g) * d..(r * group + g + 1) * d];
             kernels::weighted_sum(isa, oh, s, &vals[(lo + a) * d..], d);

@@ -530,6 +530,137 @@ pub(crate) unsafe fn weighted_sum(out: &mut [f32], p: &[f32], rows: &[f32], stri
     }
 }
 
+/// `scores[g · n + j] = rows[j] · q[g]` for the `n` bf16 rows (as bits, `d` values each, `d` a
+/// multiple of 8) and the `G` queries (`d` values each, in order): each row is loaded and widened
+/// once for all `G` queries (a decode step's query heads of one KV head).
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn bf16_rows_scores<const G: usize>(
+    rows: &[&[u16]],
+    q: [&[f32]; G],
+    scores: &mut [f32],
+) {
+    let n = rows.len();
+    let d = q.iter().map(|x| x.len()).min().unwrap_or(0);
+    assert!(
+        d % 8 == 0 && scores.len() >= G * n,
+        "bf16_rows_scores shapes"
+    );
+    assert!(rows.iter().all(|r| r.len() >= d), "bf16_rows_scores rows");
+    let pq = q.map(|x| x.as_ptr());
+    for (j, row) in rows.iter().enumerate() {
+        let pr = row.as_ptr() as *const u8;
+        // two accumulators per query: two independent FMA chains
+        let mut acc = [[_mm256_setzero_ps(); 2]; G];
+        let mut i = 0;
+        while i + 16 <= d {
+            let k0 = load_bf16(pr.add(2 * i));
+            let k1 = load_bf16(pr.add(2 * i + 16));
+            for g in 0..G {
+                acc[g][0] = _mm256_fmadd_ps(k0, _mm256_loadu_ps(pq[g].add(i)), acc[g][0]);
+                acc[g][1] = _mm256_fmadd_ps(k1, _mm256_loadu_ps(pq[g].add(i + 8)), acc[g][1]);
+            }
+            i += 16;
+        }
+        if i < d {
+            let k0 = load_bf16(pr.add(2 * i));
+            for g in 0..G {
+                acc[g][0] = _mm256_fmadd_ps(k0, _mm256_loadu_ps(pq[g].add(i)), acc[g][0]);
+            }
+        }
+        for g in 0..G {
+            scores[g * n + j] = hsum(_mm256_add_ps(acc[g][0], acc[g][1]));
+        }
+    }
+}
+
+/// `out[c] += Σ_j p[j] · rows[j][c]` for bf16 rows (as bits, at least `out.len()` values each;
+/// `out.len()` a multiple of 8): 64 columns at a time stay in registers while every row streams
+/// past (a decode step's values, read where they are stored).
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn bf16_rows_weighted_sum(out: &mut [f32], p: &[f32], rows: &[&[u16]]) {
+    let d = out.len();
+    assert!(
+        d.is_multiple_of(8) && p.len() == rows.len(),
+        "bf16_rows_weighted_sum shapes"
+    );
+    assert!(
+        rows.iter().all(|r| r.len() >= d),
+        "bf16_rows_weighted_sum rows"
+    );
+    let po = out.as_mut_ptr();
+    let mut c = 0;
+    while c < d {
+        let width = (d - c).min(64) / 8;
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for (row, &pj) in rows.iter().zip(p) {
+            let w = _mm256_set1_ps(pj);
+            let r = row.as_ptr().add(c) as *const u8;
+            for (u, a) in acc.iter_mut().enumerate().take(width) {
+                *a = _mm256_fmadd_ps(w, load_bf16(r.add(16 * u)), *a);
+            }
+        }
+        for (u, a) in acc.iter().enumerate().take(width) {
+            let o = po.add(c + 8 * u);
+            _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), *a));
+        }
+        c += 8 * width;
+    }
+}
+
+/// `s[j] = e^(scale·s[j] − m) / Σ_i e^(scale·s[i] − m)` with `m = max_i scale·s[i]` (the softmax
+/// of attention scores), `e^x` by [`exp8`] (lanes past the end take no part in the sum).
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn softmax_scaled(s: &mut [f32], scale: f32) {
+    let n = s.len();
+    let ps = s.as_mut_ptr();
+    let sc = _mm256_set1_ps(scale);
+    let mut mv = _mm256_set1_ps(f32::NEG_INFINITY);
+    let mut i = 0;
+    while i + 8 <= n {
+        let v = _mm256_mul_ps(_mm256_loadu_ps(ps.add(i)), sc);
+        _mm256_storeu_ps(ps.add(i), v);
+        mv = _mm256_max_ps(mv, v);
+        i += 8;
+    }
+    let mut lanes = [0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), mv);
+    let mut max = lanes.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    for v in &mut s[i..] {
+        *v *= scale;
+        max = max.max(*v);
+    }
+    let m = _mm256_set1_ps(max);
+    let mut sum = _mm256_setzero_ps();
+    let mut i = 0;
+    while i + 8 <= n {
+        let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(ps.add(i)), m));
+        _mm256_storeu_ps(ps.add(i), e);
+        sum = _mm256_add_ps(sum, e);
+        i += 8;
+    }
+    let mut total = hsum(sum);
+    if i < n {
+        let mut tail = [0f32; 8];
+        tail[..n - i].copy_from_slice(&s[i..]);
+        let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(tail.as_ptr()), m));
+        _mm256_storeu_ps(tail.as_mut_ptr(), e);
+        for (v, &t) in s[i..].iter_mut().zip(&tail) {
+            *v = t;
+            total += t;
+        }
+    }
+    let inv = _mm256_set1_ps(1.0 / total);
+    let mut i = 0;
+    while i + 8 <= n {
+        _mm256_storeu_ps(ps.add(i), _mm256_mul_ps(_mm256_loadu_ps(ps.add(i)), inv));
+        i += 8;
+    }
+    let inv = 1.0 / total;
+    for v in &mut s[i..] {
+        *v *= inv;
+    }
+}
+
 /// `y[i] += alpha · bf16(x[i])` (`x` as bf16 bits).
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn bf16_axpy(y: &mut [f32], alpha: f32, x: &[u16]) {
@@ -545,14 +676,6 @@ pub(crate) unsafe fn bf16_axpy(y: &mut [f32], alpha: f32, x: &[u16]) {
     for j in i..n {
         y[j] += alpha * f32::from_bits(u32::from(x[j]) << 16);
     }
-}
-
-/// [`bf16_rows_dot`] of one row given as bf16 bits (x86 is little-endian: the bits' bytes are
-/// the row's bytes).
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn bf16_bits_dot(row: &[u16], x: &[f32]) -> f32 {
-    let bytes = std::slice::from_raw_parts(row.as_ptr() as *const u8, row.len() * 2);
-    bf16_rows_dot::<1>([bytes], x)[0]
 }
 
 /// `|2·e2m1(code)|` (as u8) and `2·e2m1(code)` (as i8) by code, in both 128-bit lanes.
