@@ -21,9 +21,7 @@
 //! entry's full KV blocks (the paged cache copies only the partial last block and the sliding
 //! layers' rings), and entries are also evicted when running sequences need the memory.
 
-use fp4forge_engine::{Backend, Session};
-
-use fp4forge_engine::TokenLogprob;
+use fp4forge_engine::{Backend, Session, TokenLogprob};
 
 /// A finished sequence's session and what its cache holds.
 struct Entry<'m, B: Backend> {

@@ -15,9 +15,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use fp4forge_engine::{EngineError, TextCodec};
-
-use fp4forge_engine::TokenLogprob;
+use fp4forge_engine::{EngineError, TextCodec, TokenLogprob};
 
 /// Tokens of prompt context a generation's detokenizer starts from.
 const CONTEXT_TOKENS: usize = 4;

@@ -6,11 +6,10 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use fp4forge_engine::{LogitsAdjust, SamplingParams};
+use fp4forge_engine::{LogitsAdjust, SamplingParams, TokenLogprob};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::structured::Grammar;
-use fp4forge_engine::TokenLogprob;
 
 /// What to generate for one sequence (validated by the handler).
 #[derive(Debug, Clone)]

@@ -11,12 +11,11 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
 
-use fp4forge_engine::{Backend, Constraint, Model, Sampler, Session, Want};
+use fp4forge_engine::{Backend, Constraint, Model, Sampler, Session, TokenLogprob, Want};
 
 use super::job::{Event, Finish, Job, Msg};
 use crate::metrics::Metrics;
 use crate::prefix_cache::PrefixCache;
-use fp4forge_engine::TokenLogprob;
 
 /// The logits of one step's prompt rows whose logprobs are wanted, bytes at most: the
 /// `[rows, vocab]` f32 logits a pass leaves on the backend until they are scored there (a
