@@ -7,7 +7,9 @@
 //! `window` rows).
 //!
 //! One query (decode): each key and value is read where it is stored (bf16 rows widened in
-//! registers), never copied: the cache is not converted to f32 per step. Several queries
+//! registers, each key once for all query heads of its group, the values summed in registers),
+//! never copied: the cache is not converted to f32 per step; the softmax takes a vector `e^x`
+//! ([`kernels::softmax_scaled`], also for prefill). Several queries
 //! (prefill): per KV head the visible keys and values are decoded to f32 once and shared by the
 //! query heads of its group and every query of the chunk; scores come from 4-key × 3-query
 //! register tiles and each output row is summed in registers while the values stream past.
