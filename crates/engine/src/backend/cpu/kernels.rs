@@ -201,7 +201,9 @@ pub(crate) fn bf16_rows_weighted_sum(isa: Isa, out: &mut [f32], p: &[f32], rows:
         return unsafe { super::simd::bf16_rows_weighted_sum(out, p, rows) };
     }
     for (&pj, row) in p.iter().zip(rows) {
-        bf16_axpy(Isa::Scalar, out, pj, row);
+        for (o, &b) in out.iter_mut().zip(row.iter()) {
+            *o += pj * f32::from_bits(u32::from(b) << 16);
+        }
     }
 }
 
@@ -226,19 +228,6 @@ pub(crate) fn softmax_scaled(isa: Isa, s: &mut [f32], scale: f32) {
     let inv = 1.0 / sum;
     for v in s.iter_mut() {
         *v *= inv;
-    }
-}
-
-/// `y += alpha · x` with `x` as bf16 bits.
-#[inline]
-pub(crate) fn bf16_axpy(isa: Isa, y: &mut [f32], alpha: f32, x: &[u16]) {
-    #[cfg(target_arch = "x86_64")]
-    if isa.avx2() {
-        // SAFETY: AVX2/FMA detected (see `dot`).
-        return unsafe { super::simd::bf16_axpy(y, alpha, x) };
-    }
-    for (a, &b) in y.iter_mut().zip(x) {
-        *a += alpha * f32::from_bits(u32::from(b) << 16);
     }
 }
 
@@ -802,15 +791,6 @@ mod tests {
         );
         let vb = bf16_rows_dot::<1>(isa, [&bf[..2 * m]], &bf16_input(isa, &x[..m]));
         assert!((sb[0] - vb[0]).abs() < 1e-4, "{sb:?} {vb:?}");
-        let bits: Vec<u16> = a
-            .iter()
-            .map(|v| half::bf16::from_f32(*v).to_bits())
-            .collect();
-        let mut y1 = x.clone();
-        let mut y2 = x.clone();
-        bf16_axpy(isa, &mut y1[..m], 0.5, &bits[..m]);
-        bf16_axpy(Isa::Scalar, &mut y2[..m], 0.5, &bits[..m]);
-        assert_eq!(y1, y2);
 
         // The GEMM tile: 4 rows × 3 tokens.
         let w4: Vec<Vec<f32>> = (0..4).map(|k| data(n, 10 + k)).collect();

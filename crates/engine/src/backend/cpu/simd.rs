@@ -661,23 +661,6 @@ pub(crate) unsafe fn softmax_scaled(s: &mut [f32], scale: f32) {
     }
 }
 
-/// `y[i] += alpha · bf16(x[i])` (`x` as bf16 bits).
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn bf16_axpy(y: &mut [f32], alpha: f32, x: &[u16]) {
-    let n = y.len().min(x.len());
-    let a = _mm256_set1_ps(alpha);
-    let mut i = 0;
-    while i + 8 <= n {
-        let v = load_bf16(x.as_ptr().add(i) as *const u8);
-        let yv = _mm256_loadu_ps(y.as_ptr().add(i));
-        _mm256_storeu_ps(y.as_mut_ptr().add(i), _mm256_fmadd_ps(v, a, yv));
-        i += 8;
-    }
-    for j in i..n {
-        y[j] += alpha * f32::from_bits(u32::from(x[j]) << 16);
-    }
-}
-
 /// `|2·e2m1(code)|` (as u8) and `2·e2m1(code)` (as i8) by code, in both 128-bit lanes.
 #[inline(always)]
 unsafe fn e2m1_x2_int_tables() -> (__m256i, __m256i) {
