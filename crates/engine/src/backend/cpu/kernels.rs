@@ -207,13 +207,15 @@ pub(crate) fn bf16_rows_weighted_sum(isa: Isa, out: &mut [f32], p: &[f32], rows:
     }
 }
 
-/// The softmax of `scale · s` in place (the max subtracted first), `e^x` vectorized where the
-/// ISA allows (within 2 ulp of the scalar `exp`).
-pub(crate) fn softmax_scaled(isa: Isa, s: &mut [f32], scale: f32) {
+/// `s[j] = e^(scale·s[j] − m)` in place with `m = max_j scale·s[j]`; returns `(m, Σ_j s[j])`:
+/// the softmax of `scale · s` before its division by the sum (a part of a row's softmax, merged
+/// with the other parts by their maxima), `e^x` vectorized where the ISA allows (within 2 ulp of
+/// the scalar `exp`).
+pub(crate) fn exp_scaled(isa: Isa, s: &mut [f32], scale: f32) -> (f32, f32) {
     #[cfg(target_arch = "x86_64")]
     if isa.avx2() {
         // SAFETY: AVX2/FMA detected (see `dot`).
-        return unsafe { super::simd::softmax_scaled(s, scale) };
+        return unsafe { super::simd::exp_scaled(s, scale) };
     }
     let mut max = f32::NEG_INFINITY;
     for v in s.iter_mut() {
@@ -225,6 +227,18 @@ pub(crate) fn softmax_scaled(isa: Isa, s: &mut [f32], scale: f32) {
         *v = (*v - max).exp();
         sum += *v;
     }
+    (max, sum)
+}
+
+/// The softmax of `scale · s` in place (the max subtracted first), `e^x` vectorized where the
+/// ISA allows (within 2 ulp of the scalar `exp`).
+pub(crate) fn softmax_scaled(isa: Isa, s: &mut [f32], scale: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: AVX2/FMA detected (see `dot`).
+        return unsafe { super::simd::softmax_scaled(s, scale) };
+    }
+    let (_, sum) = exp_scaled(isa, s, scale);
     let inv = 1.0 / sum;
     for v in s.iter_mut() {
         *v *= inv;

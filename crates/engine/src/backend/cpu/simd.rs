@@ -607,10 +607,11 @@ pub(crate) unsafe fn bf16_rows_weighted_sum(out: &mut [f32], p: &[f32], rows: &[
     }
 }
 
-/// `s[j] = e^(scale·s[j] − m) / Σ_i e^(scale·s[i] − m)` with `m = max_i scale·s[i]` (the softmax
-/// of attention scores), `e^x` by [`exp8`] (lanes past the end take no part in the sum).
+/// `s[j] = e^(scale·s[j] − m)` with `m = max_i scale·s[i]`; returns `(m, Σ_j s[j])` (the
+/// unnormalized softmax of attention scores), `e^x` by [`exp8`] (lanes past the end take no part
+/// in the sum).
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn softmax_scaled(s: &mut [f32], scale: f32) {
+pub(crate) unsafe fn exp_scaled(s: &mut [f32], scale: f32) -> (f32, f32) {
     let n = s.len();
     let ps = s.as_mut_ptr();
     let sc = _mm256_set1_ps(scale);
@@ -649,6 +650,16 @@ pub(crate) unsafe fn softmax_scaled(s: &mut [f32], scale: f32) {
             total += t;
         }
     }
+    (max, total)
+}
+
+/// `s[j] = e^(scale·s[j] − m) / Σ_i e^(scale·s[i] − m)` with `m = max_i scale·s[i]` (the softmax
+/// of attention scores): [`exp_scaled`], then one multiply by the sum's inverse.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn softmax_scaled(s: &mut [f32], scale: f32) {
+    let n = s.len();
+    let ps = s.as_mut_ptr();
+    let (_, total) = exp_scaled(s, scale);
     let inv = _mm256_set1_ps(1.0 / total);
     let mut i = 0;
     while i + 8 <= n {
