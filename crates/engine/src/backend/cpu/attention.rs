@@ -177,11 +177,7 @@ fn decode_part(
     }
     let mut out = vec![0f32; group * d];
     match bf16_rows(&values) {
-        Some(rows) => {
-            for (o, s) in out.chunks_mut(d).zip(scores.chunks(n.max(1))) {
-                kernels::bf16_rows_weighted_sum(isa, o, s, &rows);
-            }
-        }
+        Some(rows) => kernels::bf16_rows_weighted_sum(isa, &mut out, d, &scores, &rows),
         None => {
             let mut rows = vec![0f32; n * d];
             for (value, r) in values.iter().zip(rows.chunks_mut(d)) {

@@ -193,16 +193,63 @@ pub(crate) fn bf16_rows_scores(isa: Isa, rows: &[&[u16]], q: &[&[f32]], scores: 
     }
 }
 
-/// `out[c] += Σ_j p[j] · rows[j][c]` for bf16 rows (as bits, at least `out.len()` values each).
-pub(crate) fn bf16_rows_weighted_sum(isa: Isa, out: &mut [f32], p: &[f32], rows: &[&[u16]]) {
+/// `out[g·d + c] += Σ_j p[g·n + j] · rows[j][c]` for the `n` bf16 rows (as bits, at least `d`
+/// values each) and every weight vector of `p` (`out.len() / d` of them): each row widened once
+/// for up to four vectors where the kernel allows (AVX2, `d` a multiple of 8).
+pub(crate) fn bf16_rows_weighted_sum(
+    isa: Isa,
+    out: &mut [f32],
+    d: usize,
+    p: &[f32],
+    rows: &[&[u16]],
+) {
+    let n = rows.len();
     #[cfg(target_arch = "x86_64")]
-    if isa.avx2() && out.len().is_multiple_of(8) {
-        // SAFETY: AVX2/FMA detected (see `dot`); shapes are asserted by the kernel.
-        return unsafe { super::simd::bf16_rows_weighted_sum(out, p, rows) };
+    if isa.avx2() && d.is_multiple_of(8) && d > 0 {
+        // Vectors four at a time, as many columns as the registers hold beside them.
+        for (os, ps) in out.chunks_mut(4 * d).zip(p.chunks(4 * n.max(1))) {
+            let count = os.len() / d;
+            let mut o = os.chunks_mut(d);
+            let mut w = ps.chunks(n.max(1));
+            let mut next = || (o.next().unwrap_or_default(), w.next().unwrap_or_default());
+            // SAFETY: AVX2/FMA detected (see `dot`); shapes are asserted by the kernel.
+            unsafe {
+                match count {
+                    1 => {
+                        let a = next();
+                        super::simd::bf16_rows_weighted_sums::<1, 8>([a.0], [a.1], rows)
+                    }
+                    2 => {
+                        let (a, b) = (next(), next());
+                        super::simd::bf16_rows_weighted_sums::<2, 6>([a.0, b.0], [a.1, b.1], rows)
+                    }
+                    3 => {
+                        let (a, b, c) = (next(), next(), next());
+                        super::simd::bf16_rows_weighted_sums::<3, 4>(
+                            [a.0, b.0, c.0],
+                            [a.1, b.1, c.1],
+                            rows,
+                        )
+                    }
+                    _ => {
+                        let (a, b, c, e) = (next(), next(), next(), next());
+                        super::simd::bf16_rows_weighted_sums::<4, 2>(
+                            [a.0, b.0, c.0, e.0],
+                            [a.1, b.1, c.1, e.1],
+                            rows,
+                        )
+                    }
+                }
+            }
+        }
+        return;
     }
-    for (&pj, row) in p.iter().zip(rows) {
-        for (o, &b) in out.iter_mut().zip(row.iter()) {
-            *o += pj * f32::from_bits(u32::from(b) << 16);
+    let _ = isa;
+    for (o, w) in out.chunks_mut(d.max(1)).zip(p.chunks(n.max(1))) {
+        for (&pj, row) in w.iter().zip(rows) {
+            for (x, &b) in o.iter_mut().zip(row.iter()) {
+                *x += pj * f32::from_bits(u32::from(b) << 16);
+            }
         }
     }
 }
@@ -729,7 +776,7 @@ mod tests {
                 let n = 37;
                 let rows: Vec<Vec<u16>> = (0..n).map(|j| bits(&data(d, 100 + j as u32))).collect();
                 let refs: Vec<&[u16]> = rows.iter().map(|r| &r[..]).collect();
-                for g in [1usize, 3, 5, 8] {
+                for g in [1usize, 2, 3, 5, 6, 8] {
                     let qs: Vec<Vec<f32>> = (0..g).map(|i| data(d, 7 + i as u32)).collect();
                     let qr: Vec<&[f32]> = qs.iter().map(|q| &q[..]).collect();
                     let mut got = vec![0f32; g * n];
@@ -745,11 +792,16 @@ mod tests {
                     for (a, b) in p1.iter().zip(&p2) {
                         assert!((a - b).abs() <= 8.0 * f32::EPSILON * b, "{a} vs {b}");
                     }
-                    let (mut o1, mut o2) = (vec![0.5f32; d], vec![0.5f32; d]);
-                    bf16_rows_weighted_sum(isa, &mut o1, &p1, &refs);
-                    bf16_rows_weighted_sum(Isa::Scalar, &mut o2, &p1, &refs);
+                    // every query's weights: its scores' softmax
+                    let mut p = want.clone();
+                    for s in p.chunks_mut(n) {
+                        softmax_scaled(Isa::Scalar, s, 0.125);
+                    }
+                    let (mut o1, mut o2) = (vec![0.5f32; g * d], vec![0.5f32; g * d]);
+                    bf16_rows_weighted_sum(isa, &mut o1, d, &p, &refs);
+                    bf16_rows_weighted_sum(Isa::Scalar, &mut o2, d, &p, &refs);
                     for (a, b) in o1.iter().zip(&o2) {
-                        assert!((a - b).abs() < 1e-5, "{isa:?} d {d}: {a} vs {b}");
+                        assert!((a - b).abs() < 1e-5, "{isa:?} d {d} g {g}: {a} vs {b}");
                     }
                 }
             }

@@ -530,6 +530,20 @@ pub(crate) unsafe fn weighted_sum(out: &mut [f32], p: &[f32], rows: &[f32], stri
     }
 }
 
+/// Rows ahead of the one being read that the attention kernels prefetch (their rows are a KV
+/// head's slice of each position: a strided stream).
+const ROW_PREFETCH: usize = 6;
+
+/// Prefetches the `bytes` bytes at `p` into the cache, one request per 64-byte line.
+#[inline(always)]
+unsafe fn prefetch_row(p: *const u8, bytes: usize) {
+    let mut off = 0;
+    while off < bytes {
+        _mm_prefetch::<_MM_HINT_T0>(p.add(off) as *const i8);
+        off += 64;
+    }
+}
+
 /// `scores[g · n + j] = rows[j] · q[g]` for the `n` bf16 rows (as bits, `d` values each, `d` a
 /// multiple of 8) and the `G` queries (`d` values each, in order): each row is loaded and widened
 /// once for all `G` queries (a decode step's query heads of one KV head).
@@ -548,6 +562,9 @@ pub(crate) unsafe fn bf16_rows_scores<const G: usize>(
     assert!(rows.iter().all(|r| r.len() >= d), "bf16_rows_scores rows");
     let pq = q.map(|x| x.as_ptr());
     for (j, row) in rows.iter().enumerate() {
+        if let Some(ahead) = rows.get(j + ROW_PREFETCH) {
+            prefetch_row(ahead.as_ptr() as *const u8, 2 * d);
+        }
         let pr = row.as_ptr() as *const u8;
         // two accumulators per query: two independent FMA chains
         let mut acc = [[_mm256_setzero_ps(); 2]; G];
@@ -573,35 +590,50 @@ pub(crate) unsafe fn bf16_rows_scores<const G: usize>(
     }
 }
 
-/// `out[c] += Σ_j p[j] · rows[j][c]` for bf16 rows (as bits, at least `out.len()` values each;
-/// `out.len()` a multiple of 8): 64 columns at a time stay in registers while every row streams
-/// past (a decode step's values, read where they are stored).
+/// `out[g][c] += Σ_j p[g][j] · rows[j][c]` for `G` weight vectors over the same bf16 rows (as
+/// bits, at least `d = out[g].len()` values each; `d` a multiple of 8): `8 U` columns of every
+/// output at a time stay in registers while the rows stream past, each row widened once for all
+/// `G` (a decode step's query heads of one KV head over its values). `G · U + G + 1` must fit the
+/// 16 vector registers.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn bf16_rows_weighted_sum(out: &mut [f32], p: &[f32], rows: &[&[u16]]) {
-    let d = out.len();
+pub(crate) unsafe fn bf16_rows_weighted_sums<const G: usize, const U: usize>(
+    out: [&mut [f32]; G],
+    p: [&[f32]; G],
+    rows: &[&[u16]],
+) {
+    let d = out.iter().map(|o| o.len()).min().unwrap_or(0);
     assert!(
-        d.is_multiple_of(8) && p.len() == rows.len(),
-        "bf16_rows_weighted_sum shapes"
+        d.is_multiple_of(8) && p.iter().all(|x| x.len() == rows.len()),
+        "bf16_rows_weighted_sums shapes"
     );
     assert!(
         rows.iter().all(|r| r.len() >= d),
-        "bf16_rows_weighted_sum rows"
+        "bf16_rows_weighted_sums rows"
     );
-    let po = out.as_mut_ptr();
+    let po = out.map(|o| o.as_mut_ptr());
     let mut c = 0;
     while c < d {
-        let width = (d - c).min(64) / 8;
-        let mut acc = [_mm256_setzero_ps(); 8];
-        for (row, &pj) in rows.iter().zip(p) {
-            let w = _mm256_set1_ps(pj);
+        let width = (d - c).min(8 * U) / 8;
+        let mut acc = [[_mm256_setzero_ps(); U]; G];
+        for (j, row) in rows.iter().enumerate() {
+            if let Some(ahead) = rows.get(j + ROW_PREFETCH) {
+                prefetch_row(ahead.as_ptr().add(c) as *const u8, 16 * width);
+            }
+            let w: [__m256; G] = std::array::from_fn(|g| _mm256_set1_ps(*p[g].get_unchecked(j)));
             let r = row.as_ptr().add(c) as *const u8;
-            for (u, a) in acc.iter_mut().enumerate().take(width) {
-                *a = _mm256_fmadd_ps(w, load_bf16(r.add(16 * u)), *a);
+            #[allow(clippy::needless_range_loop)] // u indexes every query's accumulators
+            for u in 0..width {
+                let v = load_bf16(r.add(16 * u));
+                for g in 0..G {
+                    acc[g][u] = _mm256_fmadd_ps(w[g], v, acc[g][u]);
+                }
             }
         }
-        for (u, a) in acc.iter().enumerate().take(width) {
-            let o = po.add(c + 8 * u);
-            _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), *a));
+        for g in 0..G {
+            for (u, a) in acc[g].iter().enumerate().take(width) {
+                let o = po[g].add(c + 8 * u);
+                _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), *a));
+            }
         }
         c += 8 * width;
     }
