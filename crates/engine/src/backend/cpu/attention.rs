@@ -82,16 +82,6 @@ pub(crate) fn attention(
     CpuTensor::new(t, cols, out)
 }
 
-/// The rows as bf16 bits, if all of them are stored as bf16.
-fn bf16_rows<'a>(rows: &[KvRow<'a>]) -> Option<Vec<&'a [u16]>> {
-    rows.iter()
-        .map(|r| match *r {
-            KvRow::Bf16(b) => Some(b),
-            _ => None,
-        })
-        .collect()
-}
-
 /// One query's attention for the heads of one KV head over a range of its keys, before the
 /// division by the softmax's sum: per query head of the group the range's largest scaled score,
 /// the sum of `e^(score − max)` and `Σ e^(score − max) · value` (`[group · d]`).
@@ -147,18 +137,23 @@ fn decode_part(
     let qs: Vec<&[f32]> = (kh * group..(kh + 1) * group)
         .map(|h| &q[h * d..(h + 1) * d])
         .collect();
-    let values: Vec<KvRow<'_>> = keys
-        .clone()
-        .map(|j| cache.row(chunk, j, kh, true))
-        .collect();
-    let keys: Vec<KvRow<'_>> = keys.map(|j| cache.row(chunk, j, kh, false)).collect();
+    let row = |j: usize, value: bool| cache.row(chunk, j, kh, value);
+    // the keys' or values' rows as bf16 bits, if they are stored as bf16
+    let bf16 = |value: bool| -> Option<Vec<&[u16]>> {
+        keys.clone()
+            .map(|j| match row(j, value) {
+                KvRow::Bf16(b) => Some(b),
+                _ => None,
+            })
+            .collect()
+    };
     let mut scores = vec![0f32; group * n];
-    match bf16_rows(&keys) {
+    match bf16(false) {
         Some(rows) => kernels::bf16_rows_scores(isa, &rows, &qs, &mut scores),
         None => {
             let mut tmp = vec![0f32; d];
-            for (j, key) in keys.iter().enumerate() {
-                let row = match *key {
+            for (j, pos) in keys.clone().enumerate() {
+                let row = match row(pos, false) {
                     KvRow::F32(r) => r,
                     other => {
                         other.decode(&mut tmp);
@@ -176,12 +171,12 @@ fn decode_part(
         (max[g], sum[g]) = kernels::exp_scaled(isa, s, p.scale);
     }
     let mut out = vec![0f32; group * d];
-    match bf16_rows(&values) {
+    match bf16(true) {
         Some(rows) => kernels::bf16_rows_weighted_sum(isa, &mut out, d, &scores, &rows),
         None => {
             let mut rows = vec![0f32; n * d];
-            for (value, r) in values.iter().zip(rows.chunks_mut(d)) {
-                value.decode(r);
+            for (pos, r) in keys.zip(rows.chunks_mut(d)) {
+                row(pos, true).decode(r);
             }
             for (o, s) in out.chunks_mut(d).zip(scores.chunks(n.max(1))) {
                 kernels::weighted_sum(isa, o, s, &rows, d);
