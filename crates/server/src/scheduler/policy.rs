@@ -61,6 +61,9 @@ pub(super) struct Seq<'m, B: Backend> {
     pub(super) done: bool,
     /// Ended normally: its session may serve a later request's prefix.
     pub(super) reusable: bool,
+    /// Its last event (`Done`), sent once its KV cache is given back or in the prefix cache, so
+    /// that a client reading `/metrics` after its answer sees the memory accounted for.
+    pub(super) last_event: Option<Event>,
 }
 
 impl<B: Backend> Seq<'_, B> {
@@ -297,6 +300,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                 recompute: None,
                 done: false,
                 reusable: false,
+                last_event: None,
             });
         }
         self.publish_cache_size();
@@ -418,21 +422,29 @@ impl<'m, B: Backend> Scheduler<'m, B> {
     }
 
     /// Removes ended sequences; those that ended normally leave their session to the prefix
-    /// cache.
+    /// cache. Their last events go out after the KV memory they held is published.
     fn retire(&mut self) {
         let ended: Vec<Seq<'m, B>> = self.active.extract_if(.., |s| s.done).collect();
-        for s in ended {
-            if !s.reusable || !self.prefix_cache.enabled() {
-                continue;
+        let mut last = Vec::new();
+        for mut s in ended {
+            let event = s.last_event.take();
+            if s.reusable && self.prefix_cache.enabled() {
+                let mut tokens = Vec::with_capacity(s.job.req.prompt.len() + s.fed.len());
+                tokens.extend_from_slice(&s.job.req.prompt);
+                tokens.extend_from_slice(&s.fed);
+                let logprobs = s.job.req.prompt_logprobs.zip(s.cached_prompt_logprobs);
+                self.prefix_cache
+                    .put(s.session, tokens, s.job.req.prompt.len(), logprobs);
             }
-            let mut tokens = Vec::with_capacity(s.job.req.prompt.len() + s.fed.len());
-            tokens.extend_from_slice(&s.job.req.prompt);
-            tokens.extend_from_slice(&s.fed);
-            let logprobs = s.job.req.prompt_logprobs.zip(s.cached_prompt_logprobs);
-            self.prefix_cache
-                .put(s.session, tokens, s.job.req.prompt.len(), logprobs);
+            // (the session, unless cached, is dropped here: its KV blocks go back)
+            if let Some(e) = event {
+                last.push((s.job, e));
+            }
         }
         self.publish_cache_size();
+        for (job, e) in last {
+            job.send(e);
+        }
     }
 
     pub(super) fn publish_cache_size(&self) {

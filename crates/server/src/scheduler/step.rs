@@ -216,7 +216,8 @@ impl<B: Backend> Scheduler<'_, B> {
         self.metrics.e2e.observe(s.job.arrived.elapsed());
         self.metrics.success(reason.name());
         self.publish_running();
-        self.active[i].job.send(Event::Done { reason, stop_token });
+        // (sent by `retire` at the end of the step, after the sequence's KV memory is released)
+        self.active[i].last_event = Some(Event::Done { reason, stop_token });
     }
 
     /// Samples sequence `i`'s next token from `logits` and sends it.
