@@ -61,8 +61,9 @@ pub(super) struct Seq<'m, B: Backend> {
     pub(super) done: bool,
     /// Ended normally: its session may serve a later request's prefix.
     pub(super) reusable: bool,
-    /// Its last event (`Done`), sent once its KV cache is given back or in the prefix cache, so
-    /// that a client reading `/metrics` after its answer sees the memory accounted for.
+    /// Its last event (`Done` or `Failed`), sent by `retire` once its KV cache is given back or
+    /// in the prefix cache, so that a client reading `/metrics` after its answer sees the memory
+    /// accounted for.
     pub(super) last_event: Option<Event>,
 }
 

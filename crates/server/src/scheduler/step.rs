@@ -190,7 +190,7 @@ impl<B: Backend> Scheduler<'_, B> {
     pub(super) fn fail_one(&mut self, i: usize, message: &str) {
         self.active[i].done = true;
         self.publish_running();
-        self.active[i].job.send(Event::Failed(message.to_string()));
+        self.active[i].last_event = Some(Event::Failed(message.to_string()));
     }
 
     /// Publishes the sequences still running, before an ended one's last event goes out (a
@@ -216,7 +216,6 @@ impl<B: Backend> Scheduler<'_, B> {
         self.metrics.e2e.observe(s.job.arrived.elapsed());
         self.metrics.success(reason.name());
         self.publish_running();
-        // (sent by `retire` at the end of the step, after the sequence's KV memory is released)
         self.active[i].last_event = Some(Event::Done { reason, stop_token });
     }
 
