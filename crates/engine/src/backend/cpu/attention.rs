@@ -100,11 +100,7 @@ fn merge_parts(parts: &[DecodePart], d: usize) -> Vec<f32> {
         let m = parts.iter().fold(f32::NEG_INFINITY, |m, p| m.max(p.max[g]));
         let mut total = 0f32;
         for part in parts {
-            let w = if parts.len() == 1 {
-                1.0
-            } else {
-                (part.max[g] - m).exp()
-            };
+            let w = (part.max[g] - m).exp();
             total += w * part.sum[g];
             for (x, &y) in o.iter_mut().zip(&part.out[g * d..(g + 1) * d]) {
                 *x += w * y;
