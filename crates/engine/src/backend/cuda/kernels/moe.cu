@@ -614,56 +614,72 @@ __device__ __forceinline__ void gt_expert_row(GtSrc& s, const ExpertProj& P, lon
 
 // h[item, o] = silu(gate_e . x[t]) * (up_e . x[t]) for the items of tile blockIdx.y (token
 // t = item / k), rows o of [64 * blockIdx.x, + 64): the block's 128 weight rows are 64 gate rows
-// and the same 64 up rows, combined through shared memory. Grid (ceil(inter / 64), tiles bound).
+// and the same 64 up rows, combined through shared memory. xds: null, or (gate and up NVFP4,
+// sm_89+) the token rows' row_pow2 scales for gt_mainloop's f16 path. Grid (ceil(inter / 64),
+// tiles bound).
 extern "C" __global__ void __launch_bounds__(256) experts_gate_up_mma(ExpertProj gate, ExpertProj up,
                                                                       const int* __restrict__ tiles,
                                                                       const int* __restrict__ ntiles,
                                                                       const int* __restrict__ order, int k,
                                                                       const float* __restrict__ x,
-                                                                      float* __restrict__ h, int inter, int K) {
+                                                                      float* __restrict__ h, int inter, int K,
+                                                                      const float* __restrict__ xds) {
     __shared__ __align__(16) GtStage smem[2];
     __shared__ int items[GT_BN];
+    __shared__ float ids[GT_BN];  // the f16 path: each item's 2^-e
     const int tid = threadIdx.x;
+    const bool h16 = gate.fmt == 3 && up.fmt == 3 && xds != nullptr;
     pdl_enter();  // (the tiles are moe_align's output)
     if ((int)blockIdx.y >= *ntiles) return;
     const int4 tile = ((const int4*)tiles)[blockIdx.y];
     const long e = tile.x;
     const int cnt = tile.z;
-    if (tid < GT_BN) items[tid] = tid < cnt ? order[tile.y + tid] : 0;
+    if (tid < GT_BN) {
+        items[tid] = tid < cnt ? order[tile.y + tid] : 0;
+        ids[tid] = h16 && tid < cnt ? __ldg(xds + order[tile.y + tid] / k) : 1.f;
+    }
     const long o0 = (long)blockIdx.x * 64;
     const int wr = tid >> 1, xr = tid >> 2;
     GtSrc s;
     s.half = tid & 1;
     s.part = tid & 3;
     gt_expert_row(s, wr >= 64 ? up : gate, e, o0 + (wr & 63), inter, K);
-    s.xrow = xr < cnt ? x + (long)(order[tile.y + xr] / k) * K : nullptr;
+    s.xrow = nullptr;
+    s.xs = 1.f;
+    if (xr < cnt) {
+        const long t = order[tile.y + xr] / k;
+        s.xrow = x + t * K;
+        if (h16) s.xs = gt_row_xs(xds, t);
+    }
     float acc[2][4][4];
-    gt_mainloop<1>(s, K, cnt, smem, acc);
+    gt_mainloop<1>(s, h16, K, cnt, smem, acc);
     float(*C)[GT_BN + 1] = (float(*)[GT_BN + 1])(void*)smem;
     gt_each(acc, [&](int r, int j, float v) { C[r][j] = v; });
     __syncthreads();
-    const float gg = nv_gscale(gate.fmt, gate.fmt == 3 ? gate.inv_g[e] : 1.f);
-    const float gu = nv_gscale(up.fmt, up.fmt == 3 ? up.inv_g[e] : 1.f);
+    const float gg = gt_gscale(gate.fmt, gate.fmt == 3 ? gate.inv_g[e] : 1.f, h16);
+    const float gu = gt_gscale(up.fmt, up.fmt == 3 ? up.inv_g[e] : 1.f, h16);
     for (int idx = tid; idx < 64 * GT_BN; idx += blockDim.x) {
         const int o = idx & 63, j = idx >> 6;
         if (j < cnt && o0 + o < inter) {
-            const float gv = C[o][j] * gg, uv = C[64 + o][j] * gu;
+            const float gv = C[o][j] * (gg * ids[j]), uv = C[64 + o][j] * (gu * ids[j]);
             h[(long)items[j] * inter + o0 + o] = gv / (1.0f + expf(-gv)) * uv;
         }
     }
 }
 
 // part[item, o] = wts[item] * (down_e . h[item]) for the items of tile blockIdx.y, rows o of
-// [GT_BM * blockIdx.x, + GT_BM). Grid (ceil(H / GT_BM), tiles bound).
+// [GT_BM * blockIdx.x, + GT_BM). hds: null, or (NVFP4, sm_89+) the item rows' row_pow2 scales
+// for gt_mainloop's f16 path. Grid (ceil(H / GT_BM), tiles bound).
 extern "C" __global__ void __launch_bounds__(256) experts_down_mma(ExpertProj down, const int* __restrict__ tiles,
                                                                    const int* __restrict__ ntiles,
                                                                    const int* __restrict__ order,
                                                                    const float* __restrict__ wts,
                                                                    const float* __restrict__ h, float* __restrict__ part,
-                                                                   int inter, int H) {
+                                                                   int inter, int H, const float* __restrict__ hds) {
     __shared__ __align__(16) GtStage smem[2];
     __shared__ int items[GT_BN];
     const int tid = threadIdx.x;
+    const bool h16 = down.fmt == 3 && hds != nullptr;
     pdl_enter();
     if ((int)blockIdx.y >= *ntiles) return;
     const int4 tile = ((const int4*)tiles)[blockIdx.y];
@@ -676,15 +692,21 @@ extern "C" __global__ void __launch_bounds__(256) experts_down_mma(ExpertProj do
     s.half = tid & 1;
     s.part = tid & 3;
     gt_expert_row(s, down, e, o0 + (tid >> 1), H, inter);
-    s.xrow = xr < cnt ? h + (long)order[tile.y + xr] * inter : nullptr;
+    s.xrow = nullptr;
+    s.xs = 1.f;
+    if (xr < cnt) {
+        const long item = order[tile.y + xr];
+        s.xrow = h + item * inter;
+        if (h16) s.xs = gt_row_xs(hds, item);
+    }
     float acc[2][4][4];
-    gt_mainloop<1>(s, inter, cnt, smem, acc);
-    const float gs = nv_gscale(down.fmt, down.fmt == 3 ? down.inv_g[e] : 1.f);
+    gt_mainloop<1>(s, h16, inter, cnt, smem, acc);
+    const float gs = gt_gscale(down.fmt, down.fmt == 3 ? down.inv_g[e] : 1.f, h16);
     gt_each(acc, [&](int r, int t, float v) {
         const long o = o0 + r;
         if (o < H && t < cnt) {
             const int item = items[t];
-            part[(long)item * H + o] = v * (gs * wts[item]);
+            part[(long)item * H + o] = v * (gs * (h16 ? wts[item] * hds[item] : wts[item]));
         }
     });
 }

@@ -138,13 +138,24 @@ extern "C" __global__ void embed(int fmt, const void* __restrict__ w, const u8* 
 
 // ---- multi-token linear on tensor cores (prefill, batched steps) -----------------------------
 //
-// C = W · Xᵀ with mma.m16n8k16 (bf16 operands, f32 accumulation): the weights are A (output rows
-// = M), the tokens' activations are B (tokens = N). Weights enter as bf16 exactly: a bf16 weight
-// is itself, an NVFP4 weight is e2m1 * e4m3 (at most 6 significant bits; the decodes of common.cu
-// give it times 2^-22, which the epilogue's nv_gscale restores with the global scale). The f32
-// activations enter as three bf16 parts, x = hi + mid + lo (each the bf16 of what the previous
-// ones leave: 24 significant bits, as many as f32 has), each multiplied into the same
-// accumulators, so a product differs from f32's only by the accumulation order.
+// C = W · Xᵀ with mma.m16n8k16 (f32 accumulation): the weights are A (output rows = M), the
+// tokens' activations are B (tokens = N). Two number formats, chosen per launch:
+// - bf16 weights (and NVFP4 ones where the f16 path is not taken): A in bf16 exactly (an NVFP4
+//   weight is e2m1 * e4m3, at most 6 significant bits; the decodes of common.cu give it times
+//   2^-22, which the epilogue's nv_gscale restores with the global scale); the f32 activations as
+//   three bf16 parts, x = hi + mid + lo (each the bf16 of what the previous ones leave: 24
+//   significant bits, as many as f32 has), each multiplied into the same accumulators.
+// - NVFP4 weights on sm_89+ with the rows' scales given (`xds`, row_pow2): the arithmetic of the
+//   one-token tensor-core GEMV (gemv_mma): A in f16 as e2m1 * e4m3 * 2^-6 (exact, nv_word_h2:
+//   a few integer instructions and one f16 multiply per pair instead of the f32 decode), x scaled
+//   by the power of two 2^e that puts its row's max|x| in [2^14, 2^15) and entered as two f16
+//   parts, hi + lo (~22 significant bits); the epilogue multiplies by 2^6 * 2^-e and the global
+//   scale. Within each 8 columns the k order is 0, 2, 4, 6, 1, 3, 5, 7 for both operands
+//   (nv_word_h2's pairs), which a dot product does not see. Two parts instead of three and the
+//   cheap decode: a 2,048-token prefill of lean Laguna-XS ran in 130-140 ms instead of 210
+//   (the H200, 2026-12-04; docs/performance.md).
+// Either way a product differs from f32's only by the accumulation order (and, on the f16 path,
+// x's last two bits).
 //
 // A block computes GT_BM weight rows x GT_BN tokens, 8 warps as 4 (rows) x 2 (tokens), each
 // 32 x 32 (2 x 4 mma tiles). Per K step of GT_BK = 32 (one NVFP4 row chunk: 16 bytes, 2 scales)
@@ -162,7 +173,7 @@ extern "C" __global__ void embed(int fmt, const void* __restrict__ w, const u8* 
 
 struct GtStage {
     u16 w[GT_BM][GT_BK];
-    u16 x[3][GT_BN][GT_BK];  // hi, mid, lo parts
+    u16 x[3][GT_BN][GT_BK];  // hi, mid, lo parts (the f16 path: hi, lo)
 };
 
 // The swizzled offset (in bf16) of 16-byte chunk c of shared row r.
@@ -194,9 +205,20 @@ struct GtSrc {
     const u8* wrow;      // the row's bytes (NVFP4 packed codes, or bf16 values)
     const u8* srow;      // NVFP4: the row's block scales
     const float* xrow;   // the token's activations (null: past the block's tokens, zeros)
+    float xs;            // the f16 path: 2^e of the token's row (1 past the block's tokens)
     int fmt;
     int half, part;
 };
+
+// The f16 path's factor 2^e of a row whose row_pow2 scale is ds = 2^-e (exact: powers of two).
+__device__ __forceinline__ float gt_row_xs(const float* __restrict__ xds, long row) { return 1.f / __ldg(xds + row); }
+
+// The f16 pair (x, y), round to nearest even, x in the low half.
+__device__ __forceinline__ u32 f16x2_rn(float x, float y) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(y), "f"(x));
+    return r;
+}
 
 __device__ __forceinline__ void gt_load_w(const GtSrc& s, int k0, GtW& l) {
     if (s.wrow) {
@@ -226,7 +248,29 @@ __device__ __forceinline__ void gt_load_x(const GtSrc& s, int k0, GtX& l) {
     }
 }
 
+template <bool H16>
 __device__ __forceinline__ void gt_store(const GtSrc& s, const GtW& lw, const GtX& l, GtStage& st, int wr, int xr) {
+    if (H16) {  // NVFP4 on f16 tensor cores: see the section's head
+        u32 p[4], q[4];
+        const u32 s2 = __byte_perm(e4m3x2_h2(lw.w0.z), 0, 0x1010);
+        nv_word_h2(lw.w0.x, s2, p);
+        nv_word_h2(lw.w0.y, s2, q);
+        *(uint4*)&st.w[wr][gt_at(wr, 2 * s.half)] = make_uint4(p[0], p[1], p[2], p[3]);
+        *(uint4*)&st.w[wr][gt_at(wr, 2 * s.half + 1)] = make_uint4(q[0], q[1], q[2], q[3]);
+        // x * 2^e in the pairs (0, 2), (4, 6), (1, 3), (5, 7), high parts and remainders
+        const float v[8] = {l.xa.x * s.xs, l.xa.z * s.xs, l.xb.x * s.xs, l.xb.z * s.xs,
+                            l.xa.y * s.xs, l.xa.w * s.xs, l.xb.y * s.xs, l.xb.w * s.xs};
+        u32 hi[4], lo[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            hi[i] = f16x2_rn(v[2 * i], v[2 * i + 1]);
+            const float2 h = h2_to_f2(hi[i]);
+            lo[i] = f16x2_rn(v[2 * i] - h.x, v[2 * i + 1] - h.y);
+        }
+        *(uint4*)&st.x[0][xr][gt_at(xr, s.part)] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+        *(uint4*)&st.x[1][xr][gt_at(xr, s.part)] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+        return;
+    }
     uint4 a, b;
     if (s.fmt == 3) {
         float f[8], g[8];
@@ -256,6 +300,7 @@ __device__ __forceinline__ void gt_store(const GtSrc& s, const GtW& lw, const Gt
 // The tensor-core work of one K step on stage `st`: the warp's 32 rows times its tokens, in
 // 8-token column groups; groups at or past `tn` (the tile's tokens) are skipped (warp-uniform:
 // a decode step's few tokens, or an expert's few items, cost only the groups they fill).
+template <bool H16>
 __device__ __forceinline__ void gt_step(const GtStage& st, int tn, float acc[2][4][4]) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wm = warp & 3, wn = warp >> 2;
@@ -276,13 +321,18 @@ __device__ __forceinline__ void gt_step(const GtStage& st, int tn, float acc[2][
             const int tok = t0 + (lane & 7) + ((lane >> 4) << 3);
             const int at = gt_at(tok, kc + ((lane >> 3) & 1));
 #pragma unroll
-            for (int part = 0; part < 3; part++) {
+            for (int part = 0; part < (H16 ? 2 : 3); part++) {
                 u32 b[4];
                 ldsm_x4(b, smem_u32(&st.x[part][tok][at]));
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
-                    mma_bf16(acc[i][2 * jj], a[i], b[0], b[1]);
-                    if (both) mma_bf16(acc[i][2 * jj + 1], a[i], b[2], b[3]);
+                    if (H16) {
+                        mma16816(acc[i][2 * jj], a[i][0], a[i][1], a[i][2], a[i][3], b[0], b[1]);
+                        if (both) mma16816(acc[i][2 * jj + 1], a[i][0], a[i][1], a[i][2], a[i][3], b[2], b[3]);
+                    } else {
+                        mma_bf16(acc[i][2 * jj], a[i], b[0], b[1]);
+                        if (both) mma_bf16(acc[i][2 * jj + 1], a[i], b[2], b[3]);
+                    }
                 }
             }
         }
@@ -293,9 +343,10 @@ __device__ __forceinline__ void gt_step(const GtStage& st, int tn, float acc[2][
 // 32 * (warp & 3) + 16 i + (g, g + 8), tokens 32 * (warp >> 2) + 8 j + 2 t + (0, 1)); only the
 // first `tn` tokens are computed (the others' accumulators stay 0). `s` is this thread's source
 // (weight row tid / 2, token row tid / 4); `smem` holds two stages. Ends with a barrier (the
-// stages may then be reused). PF: K steps of weights in flight.
-template <int PF>
-__device__ __forceinline__ void gt_mainloop(const GtSrc& s, int K, int tn, GtStage* smem, float acc[2][4][4]) {
+// stages may then be reused). PF: K steps of weights in flight; H16: the f16 path (NVFP4 weights,
+// s.xs set; block-uniform).
+template <int PF, bool H16>
+__device__ __forceinline__ void gt_mainloop_t(const GtSrc& s, int K, int tn, GtStage* smem, float acc[2][4][4]) {
     const int tid = threadIdx.x;
     const int wr = tid >> 1, xr = tid >> 2;
 #pragma unroll
@@ -311,7 +362,7 @@ __device__ __forceinline__ void gt_mainloop(const GtSrc& s, int K, int tn, GtSta
         if (d * GT_BK < K) gt_load_w(s, d * GT_BK, wq[d]);
     GtX xq;
     gt_load_x(s, 0, xq);
-    gt_store(s, wq[0], xq, smem[0], wr, xr);
+    gt_store<H16>(s, wq[0], xq, smem[0], wr, xr);
     if (PF * GT_BK < K) gt_load_w(s, PF * GT_BK, wq[0]);
     __syncthreads();
     int stage = 0;
@@ -322,10 +373,10 @@ __device__ __forceinline__ void gt_mainloop(const GtSrc& s, int K, int tn, GtSta
             if (kk >= K) break;
             const bool more = kk + GT_BK < K;
             if (more) gt_load_x(s, kk + GT_BK, xq);
-            gt_step(smem[stage], tn, acc);
+            gt_step<H16>(smem[stage], tn, acc);
             if (more) {
                 GtW& w = wq[(d + 1) % PF];
-                gt_store(s, w, xq, smem[stage ^ 1], wr, xr);
+                gt_store<H16>(s, w, xq, smem[stage ^ 1], wr, xr);
                 const int kn = kk + GT_BK + PF * GT_BK;
                 if (kn < K) gt_load_w(s, kn, w);
             }
@@ -334,6 +385,19 @@ __device__ __forceinline__ void gt_mainloop(const GtSrc& s, int K, int tn, GtSta
         }
     }
 }
+
+template <int PF>
+__device__ __forceinline__ void gt_mainloop(const GtSrc& s, bool h16, int K, int tn, GtStage* smem, float acc[2][4][4]) {
+    if (h16)
+        gt_mainloop_t<PF, true>(s, K, tn, smem, acc);
+    else
+        gt_mainloop_t<PF, false>(s, K, tn, smem, acc);
+}
+
+// The factor of a row sum of gt_mainloop's accumulators: the global scale of `fmt`'s weights
+// (`inv_g`) with the decodes' power of two: on the f16 path 2^6 (and the row's 2^-e, applied
+// separately).
+__device__ __forceinline__ float gt_gscale(int fmt, float inv_g, bool h16) { return h16 ? 64.f * inv_g : nv_gscale(fmt, inv_g); }
 
 // f(row, token, value) for each of this thread's accumulators after gt_mainloop (row and token
 // within the block's GT_BM x GT_BN tile).
@@ -351,15 +415,17 @@ __device__ __forceinline__ void gt_each(const float acc[2][4][4], F f) {
 }
 
 // y[t, o] = resid[t, o] + bias[o] + gscale * W[o, :] . x[t, :] for T tokens on tensor cores;
-// W bf16 (fmt 2) or NVFP4 (fmt 3), K % 32 == 0. Grid (ceil(N / GT_BM), ceil(T / GT_BN), splits),
-// 256 threads. With splits > 1 (few tiles: a batched decode step's handful of tokens), block z
-// takes K chunks [z kc, (z + 1) kc) of GT_BK and writes its raw sums to part[z][t][o]; then
-// gemm_splitk_reduce adds the splits in order and applies the epilogue.
+// W bf16 (fmt 2) or NVFP4 (fmt 3), K % 32 == 0; xds: null, or (NVFP4, sm_89+) the rows' scales
+// by row_pow2 for the f16 path. Grid (ceil(N / GT_BM), ceil(T / GT_BN), splits), 256 threads.
+// With splits > 1 (few tiles: a batched decode step's handful of tokens), block z takes K chunks
+// [z kc, (z + 1) kc) of GT_BK and writes its raw sums to part[z][t][o]; then gemm_splitk_reduce
+// adds the splits in order and applies the epilogue.
 template <int PF>
 __device__ __forceinline__ void gemm_mma_impl(int fmt, const void* __restrict__ w, const u8* __restrict__ scales,
                                               float inv_g, const float* __restrict__ x, float* y,
                                               const float* __restrict__ bias, const float* resid, int N, int K,
-                                              int T, int kc, float* __restrict__ part) {
+                                              int T, int kc, float* __restrict__ part,
+                                              const float* __restrict__ xds) {
     __shared__ __align__(16) GtStage smem[2];
     const int tid = threadIdx.x;
     const long r0 = (long)blockIdx.x * GT_BM, t0 = (long)blockIdx.y * GT_BN;
@@ -373,10 +439,15 @@ __device__ __forceinline__ void gemm_mma_impl(int fmt, const void* __restrict__ 
     s.wrow = wrow < N ? (const u8*)w + wrow * (fmt == 3 ? K / 2 : 2 * (long)K) + (fmt == 3 ? k0 / 2 : 2 * k0) : nullptr;
     s.srow = (fmt == 3 && wrow < N) ? scales + wrow * (K / 16) + k0 / 16 : nullptr;
     s.xrow = nullptr;
+    s.xs = 1.f;
+    const bool h16 = fmt == 3 && xds != nullptr;
     pdl_enter();
-    if (xrow < T) s.xrow = x + xrow * K + k0;
+    if (xrow < T) {
+        s.xrow = x + xrow * K + k0;
+        if (h16) s.xs = gt_row_xs(xds, xrow);
+    }
     float acc[2][4][4];
-    gt_mainloop<PF>(s, kn, (int)min((long)GT_BN, (long)T - t0), smem, acc);
+    gt_mainloop<PF>(s, h16, kn, (int)min((long)GT_BN, (long)T - t0), smem, acc);
     if (gridDim.z > 1) {
         float* pz = part + (long)blockIdx.z * T * N;
         gt_each(acc, [&](int r, int j, float v) {
@@ -385,12 +456,12 @@ __device__ __forceinline__ void gemm_mma_impl(int fmt, const void* __restrict__ 
         });
         return;
     }
-    const float gs = nv_gscale(fmt, inv_g);
+    const float gs = gt_gscale(fmt, inv_g, h16);
     gt_each(acc, [&](int r, int j, float v) {
         const long o = r0 + r, t = t0 + j;
         if (o < N && t < T) {
             const long idx = t * N + o;
-            v *= gs;
+            v *= h16 ? gs * xds[t] : gs;
             if (bias) v += bias[o];
             if (resid) v += resid[idx];
             y[idx] = v;
@@ -402,28 +473,49 @@ __device__ __forceinline__ void gemm_mma_impl(int fmt, const void* __restrict__ 
     extern "C" __global__ void __launch_bounds__(256)                                                          \
         NAME(int fmt, const void* __restrict__ w, const u8* __restrict__ scales, float inv_g,                  \
              const float* __restrict__ x, float* y, const float* __restrict__ bias, const float* resid, int N, \
-             int K, int T, int kc, float* __restrict__ part) {                                                 \
-        gemm_mma_impl<PF>(fmt, w, scales, inv_g, x, y, bias, resid, N, K, T, kc, part);                        \
+             int K, int T, int kc, float* __restrict__ part, const float* __restrict__ xds) {                 \
+        gemm_mma_impl<PF>(fmt, w, scales, inv_g, x, y, bias, resid, N, K, T, kc, part, xds);                   \
     }
 // gemm_mma: prefill-sized grids; gemm_mma_deep: one tile of tokens (a decode step's rows)
 GEMM_MMA_KERNEL(gemm_mma, 1)
 GEMM_MMA_KERNEL(gemm_mma_deep, GT_PF_DEEP)
 
 // y[t, o] = resid + bias + gscale * (part[0][t][o] + part[1][t][o] + ...) over `splits` split-K
-// partial sums of gemm_mma (weights of format `fmt`, 1 / global scale `inv_g`), in split order
-// (deterministic).
+// partial sums of gemm_mma (weights of format `fmt`, 1 / global scale `inv_g`, `xds` as given to
+// gemm_mma), in split order (deterministic).
 extern "C" __global__ void gemm_splitk_reduce(const float* __restrict__ part, int splits, float* y,
                                               const float* __restrict__ bias, const float* resid, int fmt,
-                                              float inv_g, int N, int T) {
+                                              float inv_g, int N, int T, const float* __restrict__ xds) {
     pdl_enter();
-    const float gs = nv_gscale(fmt, inv_g);
+    const bool h16 = fmt == 3 && xds != nullptr;
+    const float gs = gt_gscale(fmt, inv_g, h16);
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     const long n = (long)N * T;
     if (i >= n) return;
     float v = 0.f;
     for (int z = 0; z < splits; z++) v += part[z * n + i];
-    v *= gs;
+    v *= h16 ? gs * xds[i / N] : gs;
     if (bias) v += bias[i % N];
     if (resid) v += resid[i];
     y[i] = v;
+}
+
+// ds[r] = 2^-e for each of `rows` rows of x (K values, K % 4 == 0), 2^e the power of two that puts
+// the row's max|x| in [2^14, 2^15) (xb_exp: 1 for a zero or non-finite row): the f16 path's
+// scales of gemm_mma and the grouped experts. One warp per row, 8 rows per block of 256.
+extern "C" __global__ void __launch_bounds__(256) row_pow2(const float* __restrict__ x, int rows, int K,
+                                                           float* __restrict__ ds) {
+    pdl_enter();
+    const long r = (long)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    const int lane = threadIdx.x & 31;
+    const float4* row = (const float4*)(x + r * K);
+    float m = 0.f;
+#pragma unroll 4
+    for (int i = lane; i < K / 4; i += 32) {
+        const float4 v = __ldg(row + i);
+        m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    }
+    m = warp_max(m);
+    if (lane == 0) ds[r] = pow2f(-xb_exp(m));
 }

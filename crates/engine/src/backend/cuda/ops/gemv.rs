@@ -488,6 +488,8 @@ impl CudaBackend {
             } else {
                 None
             };
+            let xds = self.row_scales_for_f16_mma(w.fmt, x, t, w.cols)?;
+            let xds_ptr = xds.as_ref().map_or(DevPtr::NULL, |d| self.ptr(d));
             ops::prefill::GemmMmaArgs {
                 fmt: w.fmt,
                 w: self.ptr(&w.data),
@@ -502,6 +504,7 @@ impl CudaBackend {
                 t: t as i32,
                 kc: kc as i32,
                 part: part.as_ref().map_or(DevPtr::NULL, |p| self.ptr(p)),
+                xds: xds_ptr,
             }
             .launch(
                 self,
@@ -521,6 +524,7 @@ impl CudaBackend {
                     inv_g: w.inv_g,
                     n: w.rows as i32,
                     t: t as i32,
+                    xds: xds_ptr,
                 }
                 .launch(self, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1))?;
             }
@@ -566,6 +570,30 @@ impl CudaBackend {
             t: t as i32,
         }
         .launch(self, grid, (32 * GEMV_WARPS, 1, 1))
+    }
+
+    /// The `row_pow2` scales of the `rows` rows of `x` (`cols` values each) where the tensor-core
+    /// GEMMs (`gemm_mma`, the grouped experts) take their f16 path: NVFP4 weights (`fmt` 3) on
+    /// sm_89+ (f16 weights from fp8 conversions); `None` otherwise (the bf16 path, three parts).
+    pub(crate) fn row_scales_for_f16_mma(
+        &self,
+        fmt: i32,
+        x: DevPtr<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Option<CudaSlice<f32>>> {
+        if fmt != 3 || !self.inner.mma || rows == 0 || !cols.is_multiple_of(4) {
+            return Ok(None);
+        }
+        let ds = self.alloc_unset::<f32>(rows)?;
+        ops::prefill::RowPow2Args {
+            x,
+            rows: rows as i32,
+            k: cols as i32,
+            ds: self.ptr(&ds),
+        }
+        .launch(self, ((rows as u32).div_ceil(8), 1, 1), (256, 1, 1))?;
+        Ok(Some(ds))
     }
 
     /// Whether `t` tokens of `w` run on the few-token tensor-core GEMV (`gemv_mt`): 2 to

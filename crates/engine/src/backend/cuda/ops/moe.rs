@@ -57,16 +57,19 @@ kernels! {
         hidden: i32,
     }
     /// Gate/up (SiLU · up into `h`) of every tile of items on tensor cores: grid
-    /// (⌈inter / 64⌉, tiles bound).
+    /// (⌈inter / 64⌉, tiles bound); `xds`: null, or the token rows' `row_pow2` scales (the f16
+    /// path of NVFP4 weights).
     experts_gate_up_mma => ExpertsGateUpMmaArgs {
         gate: ExpertProj, up: ExpertProj, tiles: DevPtr<i32>, ntiles: DevPtr<i32>,
         order: DevPtr<i32>, k: i32, x: DevPtr<f32>, h: DevPtr<f32>, inter: i32, hidden: i32,
+        xds: DevPtr<f32>,
     }
     /// Down (weighted, into each item's row of `part`) of every tile of items on tensor cores:
-    /// grid (⌈hidden / 128⌉, tiles bound).
+    /// grid (⌈hidden / 128⌉, tiles bound); `hds`: null, or the item rows' `row_pow2` scales.
     experts_down_mma => ExpertsDownMmaArgs {
         down: ExpertProj, tiles: DevPtr<i32>, ntiles: DevPtr<i32>, order: DevPtr<i32>,
         wts: DevPtr<f32>, h: DevPtr<f32>, part: DevPtr<f32>, inter: i32, hidden: i32,
+        hds: DevPtr<f32>,
     }
     /// `out = resid + Σ part` in item order, then the epilogue `epi` in the last block.
     experts_reduce => ExpertsReduceArgs {
@@ -531,6 +534,11 @@ impl CudaBackend {
             ntiles,
             max_tiles,
         } = self.expert_tiles(sel, items, e.n, GEMM_MMA_TOKENS as usize)?;
+        let xds = if e.gate.fmt == e.up.fmt {
+            self.row_scales_for_f16_mma(e.gate.fmt, x, t, e.hidden)?
+        } else {
+            None
+        };
         ops::moe::ExpertsGateUpMmaArgs {
             gate: e.gate.proj(self),
             up: e.up.proj(self),
@@ -542,12 +550,14 @@ impl CudaBackend {
             h,
             inter: e.inter as i32,
             hidden: e.hidden as i32,
+            xds: xds.as_ref().map_or(DevPtr::NULL, |d| self.ptr(d)),
         }
         .launch(
             self,
             ((e.inter as u32).div_ceil(64), max_tiles as u32, 1),
             (256, 1, 1),
         )?;
+        let hds = self.row_scales_for_f16_mma(e.down.fmt, h, items, e.inter)?;
         ops::moe::ExpertsDownMmaArgs {
             down: e.down.proj(self),
             tiles: self.ptr(&tiles),
@@ -558,6 +568,7 @@ impl CudaBackend {
             part,
             inter: e.inter as i32,
             hidden: e.hidden as i32,
+            hds: hds.as_ref().map_or(DevPtr::NULL, |d| self.ptr(d)),
         }
         .launch(
             self,

@@ -1,0 +1,81 @@
+//! Prefill throughput of one session on any device: a prompt of N synthetic token ids appended
+//! through `Session::prefill` (the model's prefill chunk: 2,048 tokens on a GPU), timed per
+//! repetition on a fresh session after one warm-up; prints each repetition and the median.
+//!
+//! `cargo run --release -p fp4forge-lab [--features cuda] --example prefill_speed -- DIR
+//! [--device cuda] [TOKENS] [REPS]` (defaults: cpu, 2048 tokens, 5 repetitions).
+
+use std::path::Path;
+use std::time::Instant;
+
+use fp4forge_engine::{Backend, Device, Model, ModelOptions, WithModel};
+
+/// The measurement, for whatever backend the device loads.
+struct Measure {
+    tokens: usize,
+    reps: usize,
+}
+
+impl WithModel for Measure {
+    type Output = Result<(), Box<dyn std::error::Error>>;
+
+    fn with<B: Backend>(self, model: Model<B>) -> Self::Output {
+        let vocab = model.info().vocab_size as u64;
+        println!("backend {}", model.info().backend);
+        // a fixed pseudo-random prompt (an LCG), so MoE routing spreads as on real text
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        let ids: Vec<u32> = (0..self.tokens)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                ((state >> 33) % vocab) as u32
+            })
+            .collect();
+        let mut times = Vec::with_capacity(self.reps);
+        for rep in 0..=self.reps {
+            let mut session = model.new_session()?;
+            let start = Instant::now();
+            session.prefill(&ids)?;
+            let s = start.elapsed().as_secs_f64();
+            if rep == 0 {
+                println!("warm-up {:>10.1} ms", 1e3 * s);
+                continue;
+            }
+            println!(
+                "rep {rep:>3} {:>10.1} ms {:>10.0} tok/s",
+                1e3 * s,
+                self.tokens as f64 / s
+            );
+            times.push(s);
+        }
+        times.sort_by(f64::total_cmp);
+        if let Some(&median) = times.get(times.len() / 2) {
+            println!(
+                "prefill {} tokens: median {:.1} ms, {:.0} tok/s",
+                self.tokens,
+                1e3 * median,
+                self.tokens as f64 / median
+            );
+        }
+        Ok(())
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let mut device = Device::Cpu;
+    if let Some(i) = args.iter().position(|a| a == "--device") {
+        let name = args.get(i + 1).ok_or("--device needs a value")?.clone();
+        device = name.parse()?;
+        args.drain(i..i + 2);
+    }
+    let dir = args
+        .first()
+        .ok_or("usage: prefill_speed DIR [--device D] [TOKENS] [REPS]")?;
+    let tokens: usize = args.get(1).map_or(Ok(2048), |s| s.parse())?;
+    let reps: usize = args.get(2).map_or(Ok(5), |s| s.parse())?;
+    println!("{dir} on {device}");
+    let options = ModelOptions::new().prefill_chunk(device.default_prefill_chunk());
+    fp4forge_engine::open(device, Path::new(dir), options, Measure { tokens, reps })?
+}
