@@ -615,8 +615,8 @@ __device__ __forceinline__ void gt_expert_row(GtSrc& s, const ExpertProj& P, lon
 // h[item, o] = silu(gate_e . x[t]) * (up_e . x[t]) for the items of tile blockIdx.y (token
 // t = item / k), rows o of [64 * blockIdx.x, + 64): the block's 128 weight rows are 64 gate rows
 // and the same 64 up rows, combined through shared memory. xds: null, or (gate and up NVFP4,
-// sm_89+) gt_mainloop's f16 path: x is row_split_f16's split of the token rows, xds their
-// scales. Grid (ceil(inter / 64), tiles bound).
+// sm_89+) the token rows' row_pow2 scales for gt_mainloop's f16 path. Grid (ceil(inter / 64),
+// tiles bound).
 extern "C" __global__ void __launch_bounds__(256) experts_gate_up_mma(ExpertProj gate, ExpertProj up,
                                                                       const int* __restrict__ tiles,
                                                                       const int* __restrict__ ntiles,
@@ -644,7 +644,13 @@ extern "C" __global__ void __launch_bounds__(256) experts_gate_up_mma(ExpertProj
     s.half = tid & 1;
     s.part = tid & 3;
     gt_expert_row(s, wr >= 64 ? up : gate, e, o0 + (wr & 63), inter, K);
-    s.xrow = xr < cnt ? x + (long)(order[tile.y + xr] / k) * K : nullptr;
+    s.xrow = nullptr;
+    s.xs = 1.f;
+    if (xr < cnt) {
+        const long t = order[tile.y + xr] / k;
+        s.xrow = x + t * K;
+        if (h16) s.xs = gt_row_xs(xds, t);
+    }
     float acc[2][4][4];
     gt_mainloop<1>(s, h16, K, cnt, smem, acc);
     float(*C)[GT_BN + 1] = (float(*)[GT_BN + 1])(void*)smem;
@@ -662,8 +668,8 @@ extern "C" __global__ void __launch_bounds__(256) experts_gate_up_mma(ExpertProj
 }
 
 // part[item, o] = wts[item] * (down_e . h[item]) for the items of tile blockIdx.y, rows o of
-// [GT_BM * blockIdx.x, + GT_BM). hds: null, or (NVFP4, sm_89+) gt_mainloop's f16 path: h is
-// row_split_f16's split of the item rows, hds their scales. Grid (ceil(H / GT_BM), tiles bound).
+// [GT_BM * blockIdx.x, + GT_BM). hds: null, or (NVFP4, sm_89+) the item rows' row_pow2 scales
+// for gt_mainloop's f16 path. Grid (ceil(H / GT_BM), tiles bound).
 extern "C" __global__ void __launch_bounds__(256) experts_down_mma(ExpertProj down, const int* __restrict__ tiles,
                                                                    const int* __restrict__ ntiles,
                                                                    const int* __restrict__ order,
@@ -686,7 +692,13 @@ extern "C" __global__ void __launch_bounds__(256) experts_down_mma(ExpertProj do
     s.half = tid & 1;
     s.part = tid & 3;
     gt_expert_row(s, down, e, o0 + (tid >> 1), H, inter);
-    s.xrow = xr < cnt ? h + (long)order[tile.y + xr] * inter : nullptr;
+    s.xrow = nullptr;
+    s.xs = 1.f;
+    if (xr < cnt) {
+        const long item = order[tile.y + xr];
+        s.xrow = h + item * inter;
+        if (h16) s.xs = gt_row_xs(hds, item);
+    }
     float acc[2][4][4];
     gt_mainloop<1>(s, h16, inter, cnt, smem, acc);
     const float gs = gt_gscale(down.fmt, down.fmt == 3 ? down.inv_g[e] : 1.f, h16);

@@ -145,15 +145,15 @@ extern "C" __global__ void embed(int fmt, const void* __restrict__ w, const u8* 
 //   2^-22, which the epilogue's nv_gscale restores with the global scale); the f32 activations as
 //   three bf16 parts, x = hi + mid + lo (each the bf16 of what the previous ones leave: 24
 //   significant bits, as many as f32 has), each multiplied into the same accumulators.
-// - NVFP4 weights on sm_89+ with x split beforehand (row_split_f16: the rows' scales `xds`): the
-//   arithmetic of the one-token tensor-core GEMV (gemv_mma): A in f16 as e2m1 * e4m3 * 2^-6
-//   (exact, nv_word_h2: a few integer instructions and one f16 multiply per pair instead of the
-//   f32 decode), x scaled by the power of two 2^e that puts its row's max|x| in [2^14, 2^15) and
-//   entered as two f16 parts, hi + lo (~22 significant bits), split once per row instead of in
-//   every block that reads it; the epilogue multiplies by 2^6 * 2^-e and the global scale.
-//   Within each 8 columns the k order is 0, 2, 4, 6, 1, 3, 5, 7 for both operands (nv_word_h2's
-//   pairs), which a dot product does not see. Two parts instead of three, the cheap decode and
-//   no split in the main loop: docs/performance.md (2026-12-04) has the H200's timings.
+// - NVFP4 weights on sm_89+ with the rows' scales given (`xds`, row_pow2): the arithmetic of the
+//   one-token tensor-core GEMV (gemv_mma): A in f16 as e2m1 * e4m3 * 2^-6 (exact, nv_word_h2:
+//   a few integer instructions and one f16 multiply per pair instead of the f32 decode), x scaled
+//   by the power of two 2^e that puts its row's max|x| in [2^14, 2^15) and entered as two f16
+//   parts, hi + lo (~22 significant bits); the epilogue multiplies by 2^6 * 2^-e and the global
+//   scale. Within each 8 columns the k order is 0, 2, 4, 6, 1, 3, 5, 7 for both operands
+//   (nv_word_h2's pairs), which a dot product does not see. Two parts instead of three and the
+//   cheap decode: a 2,048-token prefill of lean Laguna-XS ran in 130-140 ms instead of 210
+//   (the H200, 2026-12-04; docs/performance.md).
 // Either way a product differs from f32's only by the accumulation order (and, on the f16 path,
 // x's last two bits).
 //
@@ -204,11 +204,14 @@ struct GtX {
 struct GtSrc {
     const u8* wrow;      // the row's bytes (NVFP4 packed codes, or bf16 values)
     const u8* srow;      // NVFP4: the row's block scales
-    const float* xrow;   // the token's activations (null: past the block's tokens, zeros); the f16
-                         // path: its row_split_f16 row (the same bytes per 8 columns)
+    const float* xrow;   // the token's activations (null: past the block's tokens, zeros)
+    float xs;            // the f16 path: 2^e of the token's row (1 past the block's tokens)
     int fmt;
     int half, part;
 };
+
+// The f16 path's factor 2^e of a row whose row_pow2 scale is ds = 2^-e (exact: powers of two).
+__device__ __forceinline__ float gt_row_xs(const float* __restrict__ xds, long row) { return 1.f / __ldg(xds + row); }
 
 // The f16 pair (x, y), round to nearest even, x in the low half.
 __device__ __forceinline__ u32 f16x2_rn(float x, float y) {
@@ -254,9 +257,18 @@ __device__ __forceinline__ void gt_store(const GtSrc& s, const GtW& lw, const Gt
         nv_word_h2(lw.w0.y, s2, q);
         *(uint4*)&st.w[wr][gt_at(wr, 2 * s.half)] = make_uint4(p[0], p[1], p[2], p[3]);
         *(uint4*)&st.w[wr][gt_at(wr, 2 * s.half + 1)] = make_uint4(q[0], q[1], q[2], q[3]);
-        // x already split (row_split_f16): 16 bytes of high parts, 16 of remainders
-        *(float4*)&st.x[0][xr][gt_at(xr, s.part)] = l.xa;
-        *(float4*)&st.x[1][xr][gt_at(xr, s.part)] = l.xb;
+        // x * 2^e in the pairs (0, 2), (4, 6), (1, 3), (5, 7), high parts and remainders
+        const float v[8] = {l.xa.x * s.xs, l.xa.z * s.xs, l.xb.x * s.xs, l.xb.z * s.xs,
+                            l.xa.y * s.xs, l.xa.w * s.xs, l.xb.y * s.xs, l.xb.w * s.xs};
+        u32 hi[4], lo[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            hi[i] = f16x2_rn(v[2 * i], v[2 * i + 1]);
+            const float2 h = h2_to_f2(hi[i]);
+            lo[i] = f16x2_rn(v[2 * i] - h.x, v[2 * i + 1] - h.y);
+        }
+        *(uint4*)&st.x[0][xr][gt_at(xr, s.part)] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+        *(uint4*)&st.x[1][xr][gt_at(xr, s.part)] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
         return;
     }
     uint4 a, b;
@@ -332,7 +344,7 @@ __device__ __forceinline__ void gt_step(const GtStage& st, int tn, float acc[2][
 // first `tn` tokens are computed (the others' accumulators stay 0). `s` is this thread's source
 // (weight row tid / 2, token row tid / 4); `smem` holds two stages. Ends with a barrier (the
 // stages may then be reused). PF: K steps of weights in flight; H16: the f16 path (NVFP4 weights,
-// x rows split by row_split_f16; block-uniform).
+// s.xs set; block-uniform).
 template <int PF, bool H16>
 __device__ __forceinline__ void gt_mainloop_t(const GtSrc& s, int K, int tn, GtStage* smem, float acc[2][4][4]) {
     const int tid = threadIdx.x;
@@ -403,9 +415,8 @@ __device__ __forceinline__ void gt_each(const float acc[2][4][4], F f) {
 }
 
 // y[t, o] = resid[t, o] + bias[o] + gscale * W[o, :] . x[t, :] for T tokens on tensor cores;
-// W bf16 (fmt 2) or NVFP4 (fmt 3), K % 32 == 0; xds: null, or (NVFP4, sm_89+) the f16 path: x is
-// row_split_f16's split and xds its scales. Grid (ceil(N / GT_BM), ceil(T / GT_BN), splits), 256
-// threads.
+// W bf16 (fmt 2) or NVFP4 (fmt 3), K % 32 == 0; xds: null, or (NVFP4, sm_89+) the rows' scales
+// by row_pow2 for the f16 path. Grid (ceil(N / GT_BM), ceil(T / GT_BN), splits), 256 threads.
 // With splits > 1 (few tiles: a batched decode step's handful of tokens), block z takes K chunks
 // [z kc, (z + 1) kc) of GT_BK and writes its raw sums to part[z][t][o]; then gemm_splitk_reduce
 // adds the splits in order and applies the epilogue.
@@ -428,9 +439,13 @@ __device__ __forceinline__ void gemm_mma_impl(int fmt, const void* __restrict__ 
     s.wrow = wrow < N ? (const u8*)w + wrow * (fmt == 3 ? K / 2 : 2 * (long)K) + (fmt == 3 ? k0 / 2 : 2 * k0) : nullptr;
     s.srow = (fmt == 3 && wrow < N) ? scales + wrow * (K / 16) + k0 / 16 : nullptr;
     s.xrow = nullptr;
+    s.xs = 1.f;
     const bool h16 = fmt == 3 && xds != nullptr;
     pdl_enter();
-    if (xrow < T) s.xrow = x + xrow * K + k0;
+    if (xrow < T) {
+        s.xrow = x + xrow * K + k0;
+        if (h16) s.xs = gt_row_xs(xds, xrow);
+    }
     float acc[2][4][4];
     gt_mainloop<PF>(s, h16, kn, (int)min((long)GT_BN, (long)T - t0), smem, acc);
     if (gridDim.z > 1) {
@@ -485,14 +500,11 @@ extern "C" __global__ void gemm_splitk_reduce(const float* __restrict__ part, in
     y[i] = v;
 }
 
-// The f16 path's x: for each of `rows` rows of x (K values, K % 8 == 0), 2^e the power of two
-// that puts the row's max|x| in [2^14, 2^15) (xb_exp: 1 for a zero or non-finite row), ds[r] =
-// 2^-e, and xh's row r (the bytes of x's) per 8 columns x[8c .. 8c + 7] * 2^e as 16 bytes of f16
-// high parts then 16 of remainders, each as the pairs (0, 2), (4, 6), (1, 3), (5, 7) (gt_store's
-// order): what gemm_mma and the grouped experts read on their f16 path. One warp per row, 8 rows
-// per block of 256.
-extern "C" __global__ void __launch_bounds__(256) row_split_f16(const float* __restrict__ x, int rows, int K,
-                                                                float* __restrict__ xh, float* __restrict__ ds) {
+// ds[r] = 2^-e for each of `rows` rows of x (K values, K % 4 == 0), 2^e the power of two that puts
+// the row's max|x| in [2^14, 2^15) (xb_exp: 1 for a zero or non-finite row): the f16 path's
+// scales of gemm_mma and the grouped experts. One warp per row, 8 rows per block of 256.
+extern "C" __global__ void __launch_bounds__(256) row_pow2(const float* __restrict__ x, int rows, int K,
+                                                           float* __restrict__ ds) {
     pdl_enter();
     const long r = (long)blockIdx.x * 8 + (threadIdx.x >> 5);
     if (r >= rows) return;
@@ -504,21 +516,6 @@ extern "C" __global__ void __launch_bounds__(256) row_split_f16(const float* __r
         const float4 v = __ldg(row + i);
         m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
     }
-    const int e = xb_exp(warp_max(m));
-    const float sc = pow2f(e);
-    uint4* out = (uint4*)(xh + r * K);
-    for (int c = lane; c < K / 8; c += 32) {  // (the reloads hit L1)
-        const float4 a = __ldg(row + 2 * c), b = __ldg(row + 2 * c + 1);
-        const float v[8] = {a.x * sc, a.z * sc, b.x * sc, b.z * sc, a.y * sc, a.w * sc, b.y * sc, b.w * sc};
-        u32 hi[4], lo[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            hi[i] = f16x2_rn(v[2 * i], v[2 * i + 1]);
-            const float2 h = h2_to_f2(hi[i]);
-            lo[i] = f16x2_rn(v[2 * i] - h.x, v[2 * i + 1] - h.y);
-        }
-        out[2 * c] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-        out[2 * c + 1] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-    }
-    if (lane == 0) ds[r] = pow2f(-e);
+    m = warp_max(m);
+    if (lane == 0) ds[r] = pow2f(-xb_exp(m));
 }

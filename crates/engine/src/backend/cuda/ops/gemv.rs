@@ -109,14 +109,6 @@ pub(crate) const NV_MAX_K: usize = 9216;
 /// Resident blocks per SM of the NVFP4 decode GEMV (`__launch_bounds__`).
 pub(crate) const NV_BLOCKS_PER_SM: usize = 2;
 
-/// Rows of activations as the tensor-core GEMMs' f16 path reads them (`row_split_f16`).
-pub(crate) struct F16Split {
-    /// Per 8 values of a row: their f16 high parts, then their remainders (x's size in bytes).
-    pub(crate) xh: CudaSlice<f32>,
-    /// Per row: `2^-e`, the inverse of the power of two the row was scaled by.
-    pub(crate) ds: CudaSlice<f32>,
-}
-
 /// One linear of a `linear_multi2` launch (`Seg` in kernels/gemv.cu; layout identical).
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -496,17 +488,14 @@ impl CudaBackend {
             } else {
                 None
             };
-            let split = self.split_for_f16_mma(w.fmt, x, t, w.cols)?;
-            let (xin, xds_ptr) = match &split {
-                Some(s) => (self.ptr(&s.xh), self.ptr(&s.ds)),
-                None => (x, DevPtr::NULL),
-            };
+            let xds = self.row_scales_for_f16_mma(w.fmt, x, t, w.cols)?;
+            let xds_ptr = xds.as_ref().map_or(DevPtr::NULL, |d| self.ptr(d));
             ops::prefill::GemmMmaArgs {
                 fmt: w.fmt,
                 w: self.ptr(&w.data),
                 scales: w.scales_ptr(self),
                 inv_g: w.inv_g,
-                x: xin,
+                x,
                 y,
                 bias,
                 resid,
@@ -583,33 +572,28 @@ impl CudaBackend {
         .launch(self, grid, (32 * GEMV_WARPS, 1, 1))
     }
 
-    /// The `rows` rows of `x` (`cols` values each) split for the f16 path of the tensor-core
-    /// GEMMs (`gemm_mma`, the grouped experts), taken by NVFP4 weights (`fmt` 3) on sm_89+ (f16
-    /// weights from fp8 conversions; `row_split_f16`); `None` where the bf16 path (three parts,
-    /// split in the kernel) applies instead.
-    pub(crate) fn split_for_f16_mma(
+    /// The `row_pow2` scales of the `rows` rows of `x` (`cols` values each) where the tensor-core
+    /// GEMMs (`gemm_mma`, the grouped experts) take their f16 path: NVFP4 weights (`fmt` 3) on
+    /// sm_89+ (f16 weights from fp8 conversions); `None` otherwise (the bf16 path, three parts).
+    pub(crate) fn row_scales_for_f16_mma(
         &self,
         fmt: i32,
         x: DevPtr<f32>,
         rows: usize,
         cols: usize,
-    ) -> Result<Option<F16Split>> {
-        if fmt != 3 || !self.inner.mma || rows == 0 || !cols.is_multiple_of(8) {
+    ) -> Result<Option<CudaSlice<f32>>> {
+        if fmt != 3 || !self.inner.mma || rows == 0 || !cols.is_multiple_of(4) {
             return Ok(None);
         }
-        let split = F16Split {
-            xh: self.alloc_unset::<f32>(rows * cols)?,
-            ds: self.alloc_unset::<f32>(rows)?,
-        };
-        ops::prefill::RowSplitF16Args {
+        let ds = self.alloc_unset::<f32>(rows)?;
+        ops::prefill::RowPow2Args {
             x,
             rows: rows as i32,
             k: cols as i32,
-            xh: self.ptr(&split.xh),
-            ds: self.ptr(&split.ds),
+            ds: self.ptr(&ds),
         }
         .launch(self, ((rows as u32).div_ceil(8), 1, 1), (256, 1, 1))?;
-        Ok(Some(split))
+        Ok(Some(ds))
     }
 
     /// Whether `t` tokens of `w` run on the few-token tensor-core GEMV (`gemv_mt`): 2 to

@@ -534,8 +534,8 @@ impl CudaBackend {
             ntiles,
             max_tiles,
         } = self.expert_tiles(sel, items, e.n, GEMM_MMA_TOKENS as usize)?;
-        let xsplit = if e.gate.fmt == e.up.fmt {
-            self.split_for_f16_mma(e.gate.fmt, x, t, e.hidden)?
+        let xds = if e.gate.fmt == e.up.fmt {
+            self.row_scales_for_f16_mma(e.gate.fmt, x, t, e.hidden)?
         } else {
             None
         };
@@ -546,29 +546,29 @@ impl CudaBackend {
             ntiles: self.ptr(&ntiles),
             order: self.ptr(&order),
             k: k as i32,
-            x: xsplit.as_ref().map_or(x, |s| self.ptr(&s.xh)),
+            x,
             h,
             inter: e.inter as i32,
             hidden: e.hidden as i32,
-            xds: xsplit.as_ref().map_or(DevPtr::NULL, |s| self.ptr(&s.ds)),
+            xds: xds.as_ref().map_or(DevPtr::NULL, |d| self.ptr(d)),
         }
         .launch(
             self,
             ((e.inter as u32).div_ceil(64), max_tiles as u32, 1),
             (256, 1, 1),
         )?;
-        let hsplit = self.split_for_f16_mma(e.down.fmt, h, items, e.inter)?;
+        let hds = self.row_scales_for_f16_mma(e.down.fmt, h, items, e.inter)?;
         ops::moe::ExpertsDownMmaArgs {
             down: e.down.proj(self),
             tiles: self.ptr(&tiles),
             ntiles: self.ptr(&ntiles),
             order: self.ptr(&order),
             wts: self.ptr(wts),
-            h: hsplit.as_ref().map_or(h, |s| self.ptr(&s.xh)),
+            h,
             part,
             inter: e.inter as i32,
             hidden: e.hidden as i32,
-            hds: hsplit.as_ref().map_or(DevPtr::NULL, |s| self.ptr(&s.ds)),
+            hds: hds.as_ref().map_or(DevPtr::NULL, |d| self.ptr(d)),
         }
         .launch(
             self,
