@@ -152,8 +152,9 @@ extern "C" __global__ void embed(int fmt, const void* __restrict__ w, const u8* 
 //   parts, hi + lo (~22 significant bits); the epilogue multiplies by 2^6 * 2^-e and the global
 //   scale. Within each 8 columns the k order is 0, 2, 4, 6, 1, 3, 5, 7 for both operands
 //   (nv_word_h2's pairs), which a dot product does not see. Two parts instead of three and the
-//   cheap decode: a 2,048-token prefill of lean Laguna-XS ran in 130-140 ms instead of 210
-//   (the H200, 2026-12-04; docs/performance.md).
+//   cheap decode: a 2,048-token prefill of lean Laguna-XS in 176 ms instead of 210 (the H200,
+//   2026-12-04; docs/performance.md). Splitting x once per row beforehand instead of in every
+//   block measured no faster there (176.7 vs 175.5 ms) and was not kept.
 // Either way a product differs from f32's only by the accumulation order (and, on the f16 path,
 // x's last two bits).
 //
