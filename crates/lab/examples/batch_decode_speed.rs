@@ -10,9 +10,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use fp4forge_engine::ir::Want;
-use fp4forge_engine::{
-    Backend, Device, Model, ModelOptions, Output, Sampler, SamplingParams, WithModel,
-};
+use fp4forge_engine::{Backend, Model, ModelOptions, Output, Sampler, SamplingParams, WithModel};
 
 /// The measurement, for whatever backend the device loads.
 struct Measure {
@@ -72,12 +70,7 @@ impl WithModel for Measure {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
-    let mut device = Device::Cpu;
-    if let Some(i) = args.iter().position(|a| a == "--device") {
-        let name = args.get(i + 1).ok_or("--device needs a value")?.clone();
-        device = name.parse()?;
-        args.drain(i..i + 2);
-    }
+    let device = fp4forge_lab::take_device(&mut args)?;
     let dir = args
         .first()
         .ok_or("usage: batch_decode_speed DIR [--device D] [STEPS] [BATCHES...]")?;

@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use fp4forge_engine::{Backend, Device, Model, ModelOptions, WithModel};
+use fp4forge_engine::{Backend, Model, ModelOptions, WithModel};
 
 /// The measurement, for whatever backend the device loads.
 struct Measure {
@@ -20,18 +20,9 @@ impl WithModel for Measure {
     type Output = Result<(), Box<dyn std::error::Error>>;
 
     fn with<B: Backend>(self, model: Model<B>) -> Self::Output {
-        let vocab = model.info().vocab_size as u64;
         println!("backend {}", model.info().backend);
-        // a fixed pseudo-random prompt (an LCG), so MoE routing spreads as on real text
-        let mut state = 0x2545_f491_4f6c_dd1d_u64;
-        let ids: Vec<u32> = (0..self.tokens)
-            .map(|_| {
-                state = state
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1_442_695_040_888_963_407);
-                ((state >> 33) % vocab) as u32
-            })
-            .collect();
+        // a fixed pseudo-random prompt, so MoE routing spreads as on real text
+        let ids = fp4forge_lab::synthetic_prompt(self.tokens, model.info().vocab_size);
         let mut times = Vec::with_capacity(self.reps);
         for rep in 0..=self.reps {
             let mut session = model.new_session()?;
@@ -64,12 +55,7 @@ impl WithModel for Measure {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
-    let mut device = Device::Cpu;
-    if let Some(i) = args.iter().position(|a| a == "--device") {
-        let name = args.get(i + 1).ok_or("--device needs a value")?.clone();
-        device = name.parse()?;
-        args.drain(i..i + 2);
-    }
+    let device = fp4forge_lab::take_device(&mut args)?;
     let dir = args
         .first()
         .ok_or("usage: prefill_speed DIR [--device D] [TOKENS] [REPS]")?;

@@ -8,8 +8,8 @@
 //! - [`geometry`]: the shapes both read from a Laguna `config.json`;
 //! - [`op_profile`]: any backend with every op timed (the `cpu_op_profile` example).
 //!
-//! Binaries: `cuda_decode_bench` (feature `cuda`). Examples: `decode_speed`,
-//! `batch_decode_speed` and `cpu_op_profile` (the CPU backend on a checkpoint).
+//! Binaries: `cuda_decode_bench` (feature `cuda`). Examples: `decode_speed` and `cpu_op_profile`
+//! (the CPU backend on a checkpoint), `batch_decode_speed` and `prefill_speed` (any device).
 
 #[cfg(feature = "cuda")]
 pub mod decode_bench;
@@ -32,4 +32,15 @@ pub fn synthetic_prompt(len: usize, vocab: usize) -> Vec<u32> {
             (s % vocab.max(1) as u64) as u32
         })
         .collect()
+}
+
+/// Removes `--device D` from `args` and parses D (`cpu`, `cuda`, `cuda:N`); the CPU where it is
+/// not given.
+pub fn take_device(args: &mut Vec<String>) -> Result<fp4forge_engine::Device, String> {
+    let Some(i) = args.iter().position(|a| a == "--device") else {
+        return Ok(fp4forge_engine::Device::Cpu);
+    };
+    let name = args.get(i + 1).ok_or("--device needs a value")?.clone();
+    args.drain(i..i + 2);
+    name.parse().map_err(|e| format!("--device {name}: {e}"))
 }
