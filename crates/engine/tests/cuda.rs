@@ -171,6 +171,180 @@ fn gpu_linear_kernels_match_f64_matmul() {
     }
 }
 
+/// A prefill's element-wise ops and residual adds, GPU vs CPU, at the shapes each kernel variant
+/// takes: RMSNorm of narrow groups (per-head q/k norms: a warp each) and wide ones (hidden
+/// states: a block each, also widths not a multiple of 4), rope (full and partial rotary slices,
+/// the widest one the kernel takes), the softplus gate and `add_scaled` (four values a thread as
+/// a float4 and element by element), `linear_add` (the add in the GEMM's epilogue; also against
+/// `linear` + `add_scaled` on the GPU), and `linears` of three NVFP4 weights sharing their rows'
+/// scales (bit for bit against `linear` of each).
+#[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
+fn gpu_elementwise_ops_and_residual_adds_match_cpu() {
+    let gpu = gpu();
+    let cpu = CpuBackend::new();
+    let close = |label: &str, g: &[f32], c: &[f32], tol: f32| {
+        let worst = max_abs_diff(g, c);
+        println!("{label}: max |gpu - cpu| {worst:.3e}");
+        assert!(worst <= tol * (1.0 + max_abs(c)), "{label}: {worst}");
+    };
+    for (rows, cols, width) in [
+        (37usize, 64 * 128, 128usize),
+        (9, 48, 16),
+        (3, 1024, 512),
+        (5, 2048, 2048),
+        (4, 60, 6),
+        (3, 1000, 1000),
+    ] {
+        let x = values(rows * cols, (rows * cols + width) as u64, 6.0);
+        let w = values(width, width as u64, 2.0);
+        let g = gpu
+            .rms_norm(
+                &gpu.upload(rows, cols, &x).unwrap(),
+                &gpu.upload(1, width, &w).unwrap(),
+                1e-6,
+                width,
+            )
+            .unwrap();
+        let c = cpu
+            .rms_norm(
+                &cpu.upload(rows, cols, &x).unwrap(),
+                &cpu.upload(1, width, &w).unwrap(),
+                1e-6,
+                width,
+            )
+            .unwrap();
+        let label = format!("rms_norm {rows}x{cols} width {width}");
+        close(
+            &label,
+            &gpu.download(&g).unwrap(),
+            &cpu.download(&c).unwrap(),
+            1e-6,
+        );
+    }
+    for (t, heads, hd, rdim, pos0) in [
+        (7usize, 64usize, 128usize, 128usize, 0usize),
+        (5, 48, 128, 64, 9000),
+        (4, 3, 16, 8, 3),
+        (3, 2, 512, 512, 100_000),
+    ] {
+        let spec = fp4forge_engine::rope::RopeSpec {
+            inv_freq: fp4forge_engine::rope::default_inv_freq(10_000.0, rdim),
+            rotary_dim: rdim,
+            attention_factor: 1.25,
+        };
+        let x = values(t * heads * hd, (t * heads + rdim) as u64, 4.0);
+        let mut g = gpu.upload(t, heads * hd, &x).unwrap();
+        gpu.rope(&mut g, &gpu.load_rope(&spec).unwrap(), hd, pos0)
+            .unwrap();
+        let mut c = cpu.upload(t, heads * hd, &x).unwrap();
+        cpu.rope(&mut c, &cpu.load_rope(&spec).unwrap(), hd, pos0)
+            .unwrap();
+        let label = format!("rope {t} rows, {heads} heads of {hd}, rotary {rdim}, from {pos0}");
+        close(
+            &label,
+            &gpu.download(&g).unwrap(),
+            &cpu.download(&c).unwrap(),
+            1e-6,
+        );
+    }
+    for (rows, heads, group) in [(6usize, 64usize, 128usize), (5, 3, 6), (3, 7, 4)] {
+        let x = values(rows * heads * group, (heads * group) as u64, 4.0);
+        // (gates from -30 to 30: both sides of softplus' threshold of 20)
+        let gate = values(rows * heads, group as u64, 60.0);
+        let mut g = gpu.upload(rows, heads * group, &x).unwrap();
+        gpu.softplus_gate(&mut g, &gpu.upload(rows, heads, &gate).unwrap())
+            .unwrap();
+        let mut c = cpu.upload(rows, heads * group, &x).unwrap();
+        cpu.softplus_gate(&mut c, &cpu.upload(rows, heads, &gate).unwrap())
+            .unwrap();
+        let label = format!("softplus_gate {rows}x{heads} groups of {group}");
+        close(
+            &label,
+            &gpu.download(&g).unwrap(),
+            &cpu.download(&c).unwrap(),
+            1e-6,
+        );
+    }
+    for (rows, cols) in [(3usize, 5usize), (4, 64), (1, 7)] {
+        let y = values(rows * cols, cols as u64, 3.0);
+        let x = values(rows * cols, rows as u64 + 99, 3.0);
+        let mut g = gpu.upload(rows, cols, &y).unwrap();
+        gpu.add_scaled(&mut g, 0.5, &gpu.upload(rows, cols, &x).unwrap())
+            .unwrap();
+        let mut c = cpu.upload(rows, cols, &y).unwrap();
+        cpu.add_scaled(&mut c, 0.5, &cpu.upload(rows, cols, &x).unwrap())
+            .unwrap();
+        let label = format!("add_scaled {rows}x{cols}");
+        close(
+            &label,
+            &gpu.download(&g).unwrap(),
+            &cpu.download(&c).unwrap(),
+            1e-7,
+        );
+    }
+    // q/k/v-like NVFP4 weights at the row counts of a few-token step and of a prefill (gemm_mma)
+    let (k, outs) = (256usize, [384usize, 128, 128]);
+    let ws: Vec<LinearWeight> = outs
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let bits: Vec<u16> = values(n * k, 500 + i as u64, 0.2)
+                .iter()
+                .map(|x| half::bf16::from_f32(*x).to_bits())
+                .collect();
+            let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+            let view = WeightView::new("w", SourceDtype::Bf16, n, k, &bytes).unwrap();
+            LinearWeight::from_nvfp4(&quantize(&view).unwrap(), None)
+        })
+        .collect();
+    let gl: Vec<_> = ws
+        .iter()
+        .map(|w| gpu.load_linear("w", w.clone()).unwrap())
+        .collect();
+    let cl: Vec<_> = ws
+        .iter()
+        .map(|w| cpu.load_linear("w", w.clone()).unwrap())
+        .collect();
+    for t in [3usize, 40, 300] {
+        let x = values(t * k, t as u64, 8.0);
+        let (gx, cx) = (gpu.upload(t, k, &x).unwrap(), cpu.upload(t, k, &x).unwrap());
+        let parts: Vec<_> = gl.iter().map(|w| (w, None)).collect();
+        let together = gpu.linears(&gx, &parts).unwrap();
+        for (i, (w, c)) in gl.iter().zip(&cl).enumerate() {
+            let alone = gpu.download(&gpu.linear(&gx, w, None).unwrap()).unwrap();
+            let both = gpu.download(&together[i]).unwrap();
+            assert_eq!(alone, both, "linears vs linear, {t} rows, weight {i}");
+            let want = cpu.download(&cpu.linear(&cx, c, None).unwrap()).unwrap();
+            close(&format!("linears {t} rows, weight {i}"), &both, &want, 1e-5);
+        }
+        let n = outs[0];
+        let y = values(t * n, t as u64 + 7, 5.0);
+        let mut fused = gpu.upload(t, n, &y).unwrap();
+        gpu.linear_add(&mut fused, &gx, &gl[0], None).unwrap();
+        let mut apart = gpu.upload(t, n, &y).unwrap();
+        let h = gpu.linear(&gx, &gl[0], None).unwrap();
+        gpu.add_scaled(&mut apart, 1.0, &h).unwrap();
+        let fused = gpu.download(&fused).unwrap();
+        // (the epilogue may fuse the scale and the add: one rounding instead of two)
+        let apart = gpu.download(&apart).unwrap();
+        close(
+            &format!("linear_add vs linear + add, {t} rows"),
+            &fused,
+            &apart,
+            1e-6,
+        );
+        let mut c = cpu.upload(t, n, &y).unwrap();
+        cpu.linear_add(&mut c, &cx, &cl[0], None).unwrap();
+        close(
+            &format!("linear_add {t} rows"),
+            &fused,
+            &cpu.download(&c).unwrap(),
+            1e-5,
+        );
+    }
+}
+
 /// NVFP4 routed experts (gate/up, down, weighted sum) through the `Backend` trait, GPU vs CPU, at a
 /// shape where K % 128 == 0 (hidden 256, inter 128: the tensor-core decode path) and one where it
 /// is not (hidden 96): one token and three tokens, top-3 of 8 sigmoid-scored experts.
@@ -1025,7 +1199,14 @@ fn gpu_model_fused_decode_matches_generic_ops_and_cpu() {
                 set_persistent_grid(&backend, 0);
                 assert_eq!(used, steps, "{label}: steps on the fused path");
                 println!("{label} grid {grid}: fused vs generic ops {d:.2e} of the logit range");
-                if d.is_nan() || d > 1e-4 {
+                // Both paths append the step's own k and v to the cache they then attend over:
+                // where their f32 values differ in the last bits (summation order, a residual
+                // added in an epilogue or apart) and lie on a rounding boundary of the cache's
+                // type, the entry rounds the other way. On e4m3 (3 mantissa bits) that moves it
+                // 16x as far as on bf16 (7), so fp8 caches get 16x the bound (a flip on the tiny
+                // stock model measured 1.57e-4 on the H200, 2026-12-04).
+                let bound = if kv == KvDtype::Fp8E4m3 { 1.6e-3 } else { 1e-4 };
+                if d.is_nan() || d > bound {
                     failures.push(format!("{label} grid {grid}: fused vs generic {d:.2e}"));
                 }
             }

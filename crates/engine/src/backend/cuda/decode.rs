@@ -453,7 +453,7 @@ impl CudaBackend {
     /// `parts`: one launch where it applies (one row: `linear_multi2`), else a few rows: one
     /// `gemv_mt` per weight format over the parts it takes (the rows staged once per format:
     /// NVFP4 q/k/v in one launch beside a bf16 gate's), and one multi-token linear for each
-    /// other part.
+    /// other part (their rows' f16 scales computed once).
     pub(crate) fn linears_of_one_input(
         &self,
         parts: &[(&CudaLinear, DevPtr<f32>)],
@@ -481,8 +481,17 @@ impl CudaBackend {
                 self.gemv_mt(chunk, x, n, DevPtr::NULL, DevPtr::NULL)?;
             }
         }
-        for &(w, y) in parts.iter().filter(|(w, _)| !self.gemv_mt_applies(w, n)) {
-            self.gemv_raw(w, Gemv::rows(x, y, DevPtr::NULL, n))?;
+        let rest: Vec<(&CudaLinear, DevPtr<f32>)> = parts
+            .iter()
+            .filter(|(w, _)| !self.gemv_mt_applies(w, n))
+            .copied()
+            .collect();
+        let weights: Vec<&CudaLinear> = rest.iter().map(|&(w, _)| w).collect();
+        let xds = self.shared_row_scales(&weights, x, n)?;
+        for (w, y) in rest {
+            let mut g = Gemv::rows(x, y, DevPtr::NULL, n);
+            g.xds = xds.as_ref().map_or(DevPtr::NULL, |d| self.ptr(d));
+            self.gemv_raw(w, g)?;
         }
         Ok(())
     }

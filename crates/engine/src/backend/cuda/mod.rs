@@ -762,17 +762,12 @@ impl Backend for CudaBackend {
         )?;
         let out = self.tensor(x.rows, x.cols)?;
         let groups = x.rows * x.cols / width;
-        if groups > 0 {
-            let threads = if width >= 1024 { 512 } else { 128 };
-            ops::elementwise::RmsNormArgs {
-                x: self.ptr(&x.buf),
-                w: self.ptr(&w.buf),
-                y: self.ptr(&out.buf),
-                width: width as i32,
-                eps,
-            }
-            .launch(self, (groups as u32, 1, 1), (threads, 1, 1))?;
-        }
+        self.rms_norm_raw(
+            (self.ptr(&x.buf), self.ptr(&w.buf), self.ptr(&out.buf)),
+            width,
+            groups,
+            eps,
+        )?;
         Ok(out)
     }
 
@@ -782,28 +777,31 @@ impl Backend for CudaBackend {
         w: &CudaLinear,
         bias: Option<&CudaTensor>,
     ) -> Result<CudaTensor> {
-        self.check(x.cols == w.cols, || {
-            format!("`{}` takes {} inputs, got {}", w.name, w.cols, x.cols)
-        })?;
-        if let Some(b) = bias {
-            self.check(b.rows * b.cols == w.rows, || {
-                format!("bias for `{}`", w.name)
-            })?;
-        }
-        let y = self.tensor(x.rows, w.rows)?;
-        if x.rows > 0 {
-            self.gemv_raw(
-                w,
-                Gemv {
-                    x: self.ptr(&x.buf),
-                    y: self.ptr(&y.buf),
-                    bias: bias.map_or(DevPtr::NULL, |b| self.ptr(&b.buf)),
-                    resid: DevPtr::NULL,
-                    t: x.rows,
-                },
-            )?;
-        }
-        Ok(y)
+        self.linear_rows(x, w, bias, DevPtr::NULL)
+    }
+
+    fn linear_add(
+        &self,
+        y: &mut CudaTensor,
+        x: &CudaTensor,
+        w: &CudaLinear,
+        bias: Option<&CudaTensor>,
+    ) -> Result<()> {
+        self.linear_add_rows(y, x, w, bias)
+    }
+
+    fn linears(
+        &self,
+        x: &CudaTensor,
+        ws: &[(&CudaLinear, Option<&CudaTensor>)],
+    ) -> Result<Vec<CudaTensor>> {
+        // the rows' f16 scales once for every weight that needs them (q/k/v)
+        let weights: Vec<&CudaLinear> = ws.iter().map(|&(w, _)| w).collect();
+        let xds = self.shared_row_scales(&weights, self.ptr(&x.buf), x.rows)?;
+        let xds = xds.as_ref().map_or(DevPtr::NULL, |d| self.ptr(d));
+        ws.iter()
+            .map(|&(w, bias)| self.linear_rows(x, w, bias, xds))
+            .collect()
     }
 
     fn rope(
@@ -820,22 +818,26 @@ impl Backend for CudaBackend {
         if x.rows == 0 || rope.rotary_dim < 2 {
             return Ok(());
         }
-        let heads = x.cols / head_dim;
-        let threads = (rope.rotary_dim / 2).div_ceil(32) * 32;
+        self.check(
+            rope.rotary_dim / 2 <= ops::elementwise::ROPE_HALF_MAX,
+            || {
+                format!(
+                    "rope of {} rotary dims (at most {})",
+                    rope.rotary_dim,
+                    2 * ops::elementwise::ROPE_HALF_MAX
+                )
+            },
+        )?;
         ops::elementwise::RopeArgs {
             x: self.ptr(&x.buf),
             inv_freq: self.ptr(&rope.inv_freq),
-            heads: heads as i32,
+            heads: (x.cols / head_dim) as i32,
             hd: head_dim as i32,
             rdim: rope.rotary_dim as i32,
             attn_factor: rope.attention_factor,
             pos0: pos0 as i32,
         }
-        .launch(
-            self,
-            (heads as u32, x.rows as u32, 1),
-            (threads as u32, 1, 1),
-        )
+        .launch(self, (x.rows as u32, 1, 1), (256, 1, 1))
     }
 
     fn attention(
@@ -1001,17 +1003,12 @@ impl Backend for CudaBackend {
                 )
             },
         )?;
-        let n = x.rows * x.cols;
-        if n == 0 {
-            return Ok(());
-        }
-        ops::elementwise::SoftplusGateArgs {
-            x: self.ptr(&x.buf),
-            gate: self.ptr(&gate.buf),
-            n: n as i64,
-            group: (x.cols / gate.cols) as i32,
-        }
-        .launch(self, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1))
+        self.softplus_gate_raw(
+            self.ptr(&x.buf),
+            self.ptr(&gate.buf),
+            x.rows * x.cols,
+            x.cols / gate.cols,
+        )
     }
 
     fn silu_mul(&self, gate: &CudaTensor, up: &CudaTensor) -> Result<CudaTensor> {
@@ -1035,17 +1032,7 @@ impl Backend for CudaBackend {
         self.check(y.rows == x.rows && y.cols == x.cols, || {
             "add of different shapes".into()
         })?;
-        let n = y.rows * y.cols;
-        if n == 0 {
-            return Ok(());
-        }
-        ops::elementwise::AddScaledArgs {
-            y: self.ptr(&y.buf),
-            alpha,
-            x: self.ptr(&x.buf),
-            n: n as i64,
-        }
-        .launch(self, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1))
+        self.add_scaled_raw(self.ptr(&y.buf), alpha, self.ptr(&x.buf), y.rows * y.cols)
     }
 
     fn route(

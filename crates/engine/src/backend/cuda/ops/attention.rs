@@ -558,14 +558,7 @@ impl CudaBackend {
         if splits > 1 {
             self.attn_combine_raw(part, out, gate, p, t, splits)?;
         } else if !gate.is_null() {
-            let n = t * p.heads * p.head_dim;
-            ops::elementwise::SoftplusGateArgs {
-                x: out,
-                gate,
-                n: n as i64,
-                group: p.head_dim as i32,
-            }
-            .launch(self, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1))?;
+            self.softplus_gate_raw(out, gate, t * p.heads * p.head_dim, p.head_dim)?;
         }
         Ok(())
     }

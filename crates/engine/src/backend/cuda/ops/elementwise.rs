@@ -9,12 +9,18 @@ kernels! {
 
     /// `y = w · rmsnorm(x)` per group of `width` values (one block per group).
     rms_norm => RmsNormArgs { x: DevPtr<f32>, w: DevPtr<f32>, y: DevPtr<f32>, width: i32, eps: f32 }
+    /// [`RmsNormArgs`]' norm of `groups` narrow groups (`width % 4 == 0`, at most
+    /// `RMS_NORM_WARP_MAX`), one warp per group, 8 groups per block.
+    rms_norm_warp => RmsNormWarpArgs {
+        x: DevPtr<f32>, w: DevPtr<f32>, y: DevPtr<f32>, width: i32, eps: f32, groups: i64,
+    }
     /// One token: `xn = nw · rmsnorm(x)` and `y = xn · Wᵀ` (BF16 `w`, `N` rows of `K`).
     norm_gemv_bf16 => NormGemvBf16Args {
         w: DevPtr<u16>, x: DevPtr<f32>, nw: DevPtr<f32>, eps: f32, xn: DevPtr<f32>,
         y: DevPtr<f32>, n: i32, k: i32,
     }
-    /// Rope over the first `rdim` dims of each head, in place, positions from `pos0`.
+    /// Rope over the first `rdim` dims of each head, in place, positions from `pos0` (one block
+    /// per row; `rdim / 2 <= ROPE_HALF_MAX`).
     rope => RopeArgs {
         x: DevPtr<f32>, inv_freq: DevPtr<f32>, heads: i32, hd: i32, rdim: i32, attn_factor: f32,
         pos0: i32,
@@ -25,15 +31,105 @@ kernels! {
         eps: f32, inv_freq: DevPtr<f32>, rdim: i32, attn_factor: f32, pos: i32, kt: DevPtr<u64>,
         v: DevPtr<f32>, slot: i64, kv_heads: i32, kv_t: i32, ks: f32, vs: f32,
     }
-    /// `x *= softplus(gate[i / group])` over `n` values.
+    /// `x *= softplus(gate[i / group])` over `n` values, four per thread.
     softplus_gate => SoftplusGateArgs { x: DevPtr<f32>, gate: DevPtr<f32>, n: i64, group: i32 }
     /// `y = silu(g) · u` over `n` values.
     silu_mul => SiluMulArgs { g: DevPtr<f32>, u: DevPtr<f32>, y: DevPtr<f32>, n: i64 }
-    /// `y += alpha · x` over `n` values.
+    /// `y += alpha · x` over `n` values, four per thread.
     add_scaled => AddScaledArgs { y: DevPtr<f32>, alpha: f32, x: DevPtr<f32>, n: i64 }
 }
 
+/// Widest group `rms_norm_warp` takes (`128 * RNW_V` in kernels/elementwise.cu).
+const RMS_NORM_WARP_MAX: usize = 512;
+
+/// Most rotated pairs per head the `rope` kernel takes (`ROPE_HALF_MAX`).
+pub(crate) const ROPE_HALF_MAX: usize = 256;
+
+/// Threads per block of the element-wise kernels that take four values a thread.
+const QUAD_THREADS: u32 = 256;
+
+/// Blocks of `QUAD_THREADS` covering `n` values four per thread.
+fn quad_blocks(n: usize) -> u32 {
+    (n.div_ceil(4) as u32).div_ceil(QUAD_THREADS)
+}
+
 impl CudaBackend {
+    /// `y = w · rmsnorm(x)` over each of `groups` consecutive groups of `width` values of `x`
+    /// (`y` may not be `x`): narrow groups (per-head norms) one warp each, wide ones (hidden
+    /// states) one block each.
+    pub(crate) fn rms_norm_raw(
+        &self,
+        (x, w, y): (DevPtr<f32>, DevPtr<f32>, DevPtr<f32>),
+        width: usize,
+        groups: usize,
+        eps: f32,
+    ) -> Result<()> {
+        if groups == 0 {
+            return Ok(());
+        }
+        if width.is_multiple_of(4) && width <= RMS_NORM_WARP_MAX {
+            return RmsNormWarpArgs {
+                x,
+                w,
+                y,
+                width: width as i32,
+                eps,
+                groups: groups as i64,
+            }
+            .launch(self, (groups.div_ceil(8) as u32, 1, 1), (256, 1, 1));
+        }
+        let threads = if width >= 1024 { 512 } else { 128 };
+        RmsNormArgs {
+            x,
+            w,
+            y,
+            width: width as i32,
+            eps,
+        }
+        .launch(self, (groups as u32, 1, 1), (threads, 1, 1))
+    }
+
+    /// `x[i] *= softplus(gate[i / group])` over `len` values of `x` (a per-head output gate:
+    /// `group = head_dim`).
+    pub(crate) fn softplus_gate_raw(
+        &self,
+        x: DevPtr<f32>,
+        gate: DevPtr<f32>,
+        len: usize,
+        group: usize,
+    ) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        SoftplusGateArgs {
+            x,
+            gate,
+            n: len as i64,
+            group: group as i32,
+        }
+        .launch(self, (quad_blocks(len), 1, 1), (QUAD_THREADS, 1, 1))
+    }
+
+    /// `y += alpha · x` over `len` values.
+    pub(crate) fn add_scaled_raw(
+        &self,
+        y: DevPtr<f32>,
+        alpha: f32,
+        x: DevPtr<f32>,
+        len: usize,
+    ) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        AddScaledArgs {
+            y,
+            alpha,
+            x,
+            n: len as i64,
+        }
+        .launch(self, (quad_blocks(len), 1, 1), (QUAD_THREADS, 1, 1))
+    }
+
     /// `y = silu(g) ⊙ u` over `len` values (`y` may be `g`), one `silu_mul` launch.
     pub(crate) fn silu_mul_raw(
         &self,

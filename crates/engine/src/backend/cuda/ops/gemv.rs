@@ -283,6 +283,9 @@ pub(crate) struct Gemv {
     pub bias: DevPtr<f32>,
     pub resid: DevPtr<f32>,
     pub t: usize,
+    /// The `row_pow2` scales of x's rows where the caller computed them once for several
+    /// weights ([`CudaBackend::shared_row_scales`]); null: computed here where needed.
+    pub xds: DevPtr<f32>,
 }
 
 impl Gemv {
@@ -294,6 +297,7 @@ impl Gemv {
             bias: DevPtr::NULL,
             resid,
             t,
+            xds: DevPtr::NULL,
         }
     }
 }
@@ -315,14 +319,7 @@ impl CudaBackend {
         if epi.kind == 0 {
             return Ok(());
         }
-        ops::elementwise::RmsNormArgs {
-            x: epi.x,
-            w: epi.w,
-            y: epi.out,
-            width: epi.n,
-            eps: epi.eps,
-        }
-        .launch(self, (rows as u32, 1, 1), (512, 1, 1))
+        self.rms_norm_raw((epi.x, epi.w, epi.out), epi.n as usize, rows, epi.eps)
     }
 
     /// Whether `norm_gemv_raw` takes `w`: BF16, `cols` a multiple of 256 and at most 4,096.
@@ -357,6 +354,73 @@ impl CudaBackend {
         )
     }
 
+    /// [`Backend::linear`](crate::Backend::linear) with x's `row_pow2` scales given where they were computed once for
+    /// several weights (`xds`; null: computed where needed).
+    pub(crate) fn linear_rows(
+        &self,
+        x: &CudaTensor,
+        w: &CudaLinear,
+        bias: Option<&CudaTensor>,
+        xds: DevPtr<f32>,
+    ) -> Result<CudaTensor> {
+        let y = self.tensor(x.rows, w.rows)?;
+        self.linear_to(x, w, bias, (self.ptr(&y.buf), DevPtr::NULL), xds)?;
+        Ok(y)
+    }
+
+    /// [`Backend::linear_add`](crate::Backend::linear_add): `y += x · Wᵀ (+ bias)`, the add in
+    /// the linear's epilogue.
+    pub(crate) fn linear_add_rows(
+        &self,
+        y: &mut CudaTensor,
+        x: &CudaTensor,
+        w: &CudaLinear,
+        bias: Option<&CudaTensor>,
+    ) -> Result<()> {
+        self.check(y.rows == x.rows && y.cols == w.rows, || {
+            format!(
+                "`{}` ({} outputs) added into {} x {} for {} rows",
+                w.name, w.rows, y.rows, y.cols, x.rows
+            )
+        })?;
+        let y = self.ptr(&y.buf);
+        self.linear_to(x, w, bias, (y, y), DevPtr::NULL)
+    }
+
+    /// `y = resid + x · Wᵀ (+ bias)` for the rows of `x` into `(y, resid)` (resid null: none; it
+    /// may be `y`), after checking the shapes.
+    fn linear_to(
+        &self,
+        x: &CudaTensor,
+        w: &CudaLinear,
+        bias: Option<&CudaTensor>,
+        (y, resid): (DevPtr<f32>, DevPtr<f32>),
+        xds: DevPtr<f32>,
+    ) -> Result<()> {
+        self.check(x.cols == w.cols, || {
+            format!("`{}` takes {} inputs, got {}", w.name, w.cols, x.cols)
+        })?;
+        if let Some(b) = bias {
+            self.check(b.rows * b.cols == w.rows, || {
+                format!("bias for `{}`", w.name)
+            })?;
+        }
+        if x.rows == 0 {
+            return Ok(());
+        }
+        self.gemv_raw(
+            w,
+            Gemv {
+                x: self.ptr(&x.buf),
+                y,
+                bias: bias.map_or(DevPtr::NULL, |b| self.ptr(&b.buf)),
+                resid,
+                t: x.rows,
+                xds,
+            },
+        )
+    }
+
     /// `y = resid + x · Wᵀ + bias` over the operands of `g` (see [`Gemv`]).
     pub(crate) fn gemv_raw(&self, w: &CudaLinear, g: Gemv) -> Result<()> {
         let Gemv {
@@ -365,6 +429,7 @@ impl CudaBackend {
             bias,
             resid,
             t,
+            xds: given_xds,
         } = g;
         let fast =
             (w.fmt == 3 && w.cols.is_multiple_of(32)) || (w.fmt == 2 && w.cols.is_multiple_of(8));
@@ -474,6 +539,7 @@ impl CudaBackend {
             && self.inner.sm80
             && (w.fmt == 2 || w.fmt == 3)
         {
+            // (keep in step with `gemm_mma_f16_applies`)
             let tiles = (
                 (w.rows as u32).div_ceil(GEMM_MMA_ROWS),
                 (t as u32).div_ceil(GEMM_MMA_TOKENS),
@@ -488,8 +554,16 @@ impl CudaBackend {
             } else {
                 None
             };
-            let xds = self.row_scales_for_f16_mma(w.fmt, x, t, w.cols)?;
-            let xds_ptr = xds.as_ref().map_or(DevPtr::NULL, |d| self.ptr(d));
+            let own = if given_xds.is_null() {
+                self.row_scales_for_f16_mma(w.fmt, x, t, w.cols)?
+            } else {
+                None
+            };
+            let xds_ptr = match &own {
+                Some(d) => self.ptr(d),
+                None if self.f16_mma_applies(w.fmt, w.cols) => given_xds,
+                None => DevPtr::NULL,
+            };
             ops::prefill::GemmMmaArgs {
                 fmt: w.fmt,
                 w: self.ptr(&w.data),
@@ -582,7 +656,7 @@ impl CudaBackend {
         rows: usize,
         cols: usize,
     ) -> Result<Option<CudaSlice<f32>>> {
-        if fmt != 3 || !self.inner.mma || rows == 0 || !cols.is_multiple_of(4) {
+        if rows == 0 || !self.f16_mma_applies(fmt, cols) {
             return Ok(None);
         }
         let ds = self.alloc_unset::<f32>(rows)?;
@@ -594,6 +668,47 @@ impl CudaBackend {
         }
         .launch(self, ((rows as u32).div_ceil(8), 1, 1), (256, 1, 1))?;
         Ok(Some(ds))
+    }
+
+    /// Whether the tensor-core GEMMs take their f16 path for weights of format `fmt` with `cols`
+    /// inputs: NVFP4 on sm_89+ (tensor cores on), `cols % 4 == 0` (`row_pow2`'s rows).
+    fn f16_mma_applies(&self, fmt: i32, cols: usize) -> bool {
+        fmt == 3 && self.inner.mma && cols.is_multiple_of(4)
+    }
+
+    /// Whether `gemv_raw` runs `t` tokens of `w` on `gemm_mma`'s f16 path (so needs the rows'
+    /// `row_pow2` scales).
+    fn gemm_mma_f16_applies(&self, w: &CudaLinear, t: usize) -> bool {
+        let (tiled, mma_gemm) = {
+            let o = self.opts();
+            (o.tiled_prefill, o.mma_gemm)
+        };
+        t >= GEMM_MMA_MIN_TOKENS
+            && !self.gemv_mt_applies(w, t)
+            && w.cols.is_multiple_of(32)
+            && tiled
+            && mma_gemm
+            && self.inner.sm80
+            && self.f16_mma_applies(w.fmt, w.cols)
+    }
+
+    /// The `row_pow2` scales of the `t` rows of `x` where two or more of `ws` run on
+    /// `gemm_mma`'s f16 path (q/k/v of one input): computed once for all of them, to be handed
+    /// to each through [`Gemv::xds`]. `None` where fewer do (each computes its own, if any).
+    pub(crate) fn shared_row_scales(
+        &self,
+        ws: &[&CudaLinear],
+        x: DevPtr<f32>,
+        t: usize,
+    ) -> Result<Option<CudaSlice<f32>>> {
+        let takers: Vec<&&CudaLinear> = ws
+            .iter()
+            .filter(|w| self.gemm_mma_f16_applies(w, t))
+            .collect();
+        match takers.as_slice() {
+            [first, _, ..] => self.row_scales_for_f16_mma(first.fmt, x, t, first.cols),
+            _ => Ok(None),
+        }
     }
 
     /// Whether `t` tokens of `w` run on the few-token tensor-core GEMV (`gemv_mt`): 2 to
