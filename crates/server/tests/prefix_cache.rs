@@ -61,7 +61,7 @@ fn assert_same(what: &str, a: &Value, b: &Value, tol: f64) {
                 assert_eq!(
                     x.keys().collect::<Vec<_>>(),
                     y.keys().collect::<Vec<_>>(),
-                    "{what}: top tokens at {i}"
+                    "{what}: top tokens at {i}: {x:?} vs {y:?}"
                 );
                 for (k, v) in x {
                     assert!(close(v, &y[k]), "{what}: top {k} at {i}: {v} vs {}", y[k]);

@@ -780,16 +780,6 @@ impl Backend for CudaBackend {
         self.linear_rows(x, w, bias, DevPtr::NULL)
     }
 
-    fn linear_add(
-        &self,
-        y: &mut CudaTensor,
-        x: &CudaTensor,
-        w: &CudaLinear,
-        bias: Option<&CudaTensor>,
-    ) -> Result<()> {
-        self.linear_add_rows(y, x, w, bias)
-    }
-
     fn linears(
         &self,
         x: &CudaTensor,

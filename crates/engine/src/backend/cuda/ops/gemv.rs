@@ -363,40 +363,6 @@ impl CudaBackend {
         bias: Option<&CudaTensor>,
         xds: DevPtr<f32>,
     ) -> Result<CudaTensor> {
-        let y = self.tensor(x.rows, w.rows)?;
-        self.linear_to(x, w, bias, (self.ptr(&y.buf), DevPtr::NULL), xds)?;
-        Ok(y)
-    }
-
-    /// [`Backend::linear_add`](crate::Backend::linear_add): `y += x · Wᵀ (+ bias)`, the add in
-    /// the linear's epilogue.
-    pub(crate) fn linear_add_rows(
-        &self,
-        y: &mut CudaTensor,
-        x: &CudaTensor,
-        w: &CudaLinear,
-        bias: Option<&CudaTensor>,
-    ) -> Result<()> {
-        self.check(y.rows == x.rows && y.cols == w.rows, || {
-            format!(
-                "`{}` ({} outputs) added into {} x {} for {} rows",
-                w.name, w.rows, y.rows, y.cols, x.rows
-            )
-        })?;
-        let y = self.ptr(&y.buf);
-        self.linear_to(x, w, bias, (y, y), DevPtr::NULL)
-    }
-
-    /// `y = resid + x · Wᵀ (+ bias)` for the rows of `x` into `(y, resid)` (resid null: none; it
-    /// may be `y`), after checking the shapes.
-    fn linear_to(
-        &self,
-        x: &CudaTensor,
-        w: &CudaLinear,
-        bias: Option<&CudaTensor>,
-        (y, resid): (DevPtr<f32>, DevPtr<f32>),
-        xds: DevPtr<f32>,
-    ) -> Result<()> {
         self.check(x.cols == w.cols, || {
             format!("`{}` takes {} inputs, got {}", w.name, w.cols, x.cols)
         })?;
@@ -405,20 +371,21 @@ impl CudaBackend {
                 format!("bias for `{}`", w.name)
             })?;
         }
-        if x.rows == 0 {
-            return Ok(());
+        let y = self.tensor(x.rows, w.rows)?;
+        if x.rows > 0 {
+            self.gemv_raw(
+                w,
+                Gemv {
+                    x: self.ptr(&x.buf),
+                    y: self.ptr(&y.buf),
+                    bias: bias.map_or(DevPtr::NULL, |b| self.ptr(&b.buf)),
+                    resid: DevPtr::NULL,
+                    t: x.rows,
+                    xds,
+                },
+            )?;
         }
-        self.gemv_raw(
-            w,
-            Gemv {
-                x: self.ptr(&x.buf),
-                y,
-                bias: bias.map_or(DevPtr::NULL, |b| self.ptr(&b.buf)),
-                resid,
-                t: x.rows,
-                xds,
-            },
-        )
+        Ok(y)
     }
 
     /// `y = resid + x · Wᵀ + bias` over the operands of `g` (see [`Gemv`]).
