@@ -787,7 +787,7 @@ impl Backend for CudaBackend {
     ) -> Result<Vec<CudaTensor>> {
         // the rows' f16 scales once for every weight that needs them (q/k/v)
         let weights: Vec<&CudaLinear> = ws.iter().map(|&(w, _)| w).collect();
-        let xds = self.shared_row_scales(&weights, self.ptr(&x.buf), x.rows)?;
+        let xds = self.shared_row_scales(&weights, (self.ptr(&x.buf), x.rows, x.cols))?;
         let xds = xds.as_ref().map_or(DevPtr::NULL, |d| self.ptr(d));
         ws.iter()
             .map(|&(w, bias)| self.linear_rows(x, w, bias, xds))

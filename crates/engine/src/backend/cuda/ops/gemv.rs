@@ -354,8 +354,8 @@ impl CudaBackend {
         )
     }
 
-    /// [`Backend::linear`](crate::Backend::linear) with x's `row_pow2` scales given where they were computed once for
-    /// several weights (`xds`; null: computed where needed).
+    /// [`Backend::linear`](crate::Backend::linear) with x's `row_pow2` scales given where they
+    /// were computed once for several weights (`xds`; null: computed where needed).
     pub(crate) fn linear_rows(
         &self,
         x: &CudaTensor,
@@ -659,21 +659,20 @@ impl CudaBackend {
             && self.f16_mma_applies(w.fmt, w.cols)
     }
 
-    /// The `row_pow2` scales of the `t` rows of `x` where two or more of `ws` run on
-    /// `gemm_mma`'s f16 path (q/k/v of one input): computed once for all of them, to be handed
-    /// to each through [`Gemv::xds`]. `None` where fewer do (each computes its own, if any).
+    /// The `row_pow2` scales of the `t` rows of `x` (`cols` values each) where two or more of
+    /// `ws` (of `cols` inputs) run on `gemm_mma`'s f16 path (q/k/v of one input): computed once
+    /// for all of them, to be handed to each through [`Gemv::xds`]. `None` where fewer do (each
+    /// computes its own, if any).
     pub(crate) fn shared_row_scales(
         &self,
         ws: &[&CudaLinear],
-        x: DevPtr<f32>,
-        t: usize,
+        (x, t, cols): (DevPtr<f32>, usize, usize),
     ) -> Result<Option<CudaSlice<f32>>> {
-        let takers: Vec<&&CudaLinear> = ws
+        let mut takers = ws
             .iter()
-            .filter(|w| self.gemm_mma_f16_applies(w, t))
-            .collect();
-        match takers.as_slice() {
-            [first, _, ..] => self.row_scales_for_f16_mma(first.fmt, x, t, first.cols),
+            .filter(|w| w.cols == cols && self.gemm_mma_f16_applies(w, t));
+        match (takers.next(), takers.next()) {
+            (Some(w), Some(_)) => self.row_scales_for_f16_mma(w.fmt, x, t, cols),
             _ => Ok(None),
         }
     }
