@@ -171,6 +171,91 @@ fn gpu_linear_kernels_match_f64_matmul() {
     }
 }
 
+/// The element-wise ops of [`Backend`] on host data, for comparing backends op by op: each
+/// uploads its operands, runs the op and downloads the result.
+trait ElementwiseOn {
+    fn rms_norm_of(&self, rows: usize, cols: usize, x: &[f32], w: &[f32], width: usize)
+        -> Vec<f32>;
+    fn rope_of(
+        &self,
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+        spec: &fp4forge_engine::rope::RopeSpec,
+        head_dim: usize,
+        pos0: usize,
+    ) -> Vec<f32>;
+    fn softplus_gate_of(
+        &self,
+        rows: usize,
+        heads: usize,
+        group: usize,
+        x: &[f32],
+        gate: &[f32],
+    ) -> Vec<f32>;
+    fn add_scaled_of(&self, rows: usize, cols: usize, y: &[f32], alpha: f32, x: &[f32])
+        -> Vec<f32>;
+}
+
+impl<B: Backend> ElementwiseOn for B {
+    fn rms_norm_of(
+        &self,
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+        w: &[f32],
+        width: usize,
+    ) -> Vec<f32> {
+        let x = self.upload(rows, cols, x).unwrap();
+        let w = self.upload(1, width, w).unwrap();
+        self.download(&self.rms_norm(&x, &w, 1e-6, width).unwrap())
+            .unwrap()
+    }
+
+    fn rope_of(
+        &self,
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+        spec: &fp4forge_engine::rope::RopeSpec,
+        head_dim: usize,
+        pos0: usize,
+    ) -> Vec<f32> {
+        let mut x = self.upload(rows, cols, x).unwrap();
+        self.rope(&mut x, &self.load_rope(spec).unwrap(), head_dim, pos0)
+            .unwrap();
+        self.download(&x).unwrap()
+    }
+
+    fn softplus_gate_of(
+        &self,
+        rows: usize,
+        heads: usize,
+        group: usize,
+        x: &[f32],
+        gate: &[f32],
+    ) -> Vec<f32> {
+        let mut x = self.upload(rows, heads * group, x).unwrap();
+        self.softplus_gate(&mut x, &self.upload(rows, heads, gate).unwrap())
+            .unwrap();
+        self.download(&x).unwrap()
+    }
+
+    fn add_scaled_of(
+        &self,
+        rows: usize,
+        cols: usize,
+        y: &[f32],
+        alpha: f32,
+        x: &[f32],
+    ) -> Vec<f32> {
+        let mut y = self.upload(rows, cols, y).unwrap();
+        self.add_scaled(&mut y, alpha, &self.upload(rows, cols, x).unwrap())
+            .unwrap();
+        self.download(&y).unwrap()
+    }
+}
+
 /// A prefill's element-wise ops, GPU vs CPU, at the shapes each kernel variant
 /// takes: RMSNorm of narrow groups (per-head q/k norms: a warp each) and wide ones (hidden
 /// states: a block each, also widths not a multiple of 4), rope (full and partial rotary slices,
@@ -197,29 +282,9 @@ fn gpu_elementwise_ops_and_shared_row_scales_match_cpu() {
     ] {
         let x = values(rows * cols, (rows * cols + width) as u64, 6.0);
         let w = values(width, width as u64, 2.0);
-        let g = gpu
-            .rms_norm(
-                &gpu.upload(rows, cols, &x).unwrap(),
-                &gpu.upload(1, width, &w).unwrap(),
-                1e-6,
-                width,
-            )
-            .unwrap();
-        let c = cpu
-            .rms_norm(
-                &cpu.upload(rows, cols, &x).unwrap(),
-                &cpu.upload(1, width, &w).unwrap(),
-                1e-6,
-                width,
-            )
-            .unwrap();
+        let norm = |b: &dyn ElementwiseOn| b.rms_norm_of(rows, cols, &x, &w, width);
         let label = format!("rms_norm {rows}x{cols} width {width}");
-        close(
-            &label,
-            &gpu.download(&g).unwrap(),
-            &cpu.download(&c).unwrap(),
-            1e-6,
-        );
+        close(&label, &norm(&gpu), &norm(&cpu), 1e-6);
     }
     for (t, heads, hd, rdim, pos0) in [
         (7usize, 64usize, 128usize, 128usize, 0usize),
@@ -233,52 +298,26 @@ fn gpu_elementwise_ops_and_shared_row_scales_match_cpu() {
             attention_factor: 1.25,
         };
         let x = values(t * heads * hd, (t * heads + rdim) as u64, 4.0);
-        let mut g = gpu.upload(t, heads * hd, &x).unwrap();
-        gpu.rope(&mut g, &gpu.load_rope(&spec).unwrap(), hd, pos0)
-            .unwrap();
-        let mut c = cpu.upload(t, heads * hd, &x).unwrap();
-        cpu.rope(&mut c, &cpu.load_rope(&spec).unwrap(), hd, pos0)
-            .unwrap();
+        let rope = |b: &dyn ElementwiseOn| b.rope_of(t, heads * hd, &x, &spec, hd, pos0);
         let label = format!("rope {t} rows, {heads} heads of {hd}, rotary {rdim}, from {pos0}");
-        close(
-            &label,
-            &gpu.download(&g).unwrap(),
-            &cpu.download(&c).unwrap(),
-            1e-6,
-        );
+        close(&label, &rope(&gpu), &rope(&cpu), 1e-6);
     }
     for (rows, heads, group) in [(6usize, 64usize, 128usize), (5, 3, 6), (3, 7, 4)] {
         let x = values(rows * heads * group, (heads * group) as u64, 4.0);
         // (gates from -30 to 30: both sides of softplus' threshold of 20)
         let gate = values(rows * heads, group as u64, 60.0);
-        let mut g = gpu.upload(rows, heads * group, &x).unwrap();
-        gpu.softplus_gate(&mut g, &gpu.upload(rows, heads, &gate).unwrap())
-            .unwrap();
-        let mut c = cpu.upload(rows, heads * group, &x).unwrap();
-        cpu.softplus_gate(&mut c, &cpu.upload(rows, heads, &gate).unwrap())
-            .unwrap();
+        let gated = |b: &dyn ElementwiseOn| b.softplus_gate_of(rows, heads, group, &x, &gate);
         let label = format!("softplus_gate {rows}x{heads} groups of {group}");
-        close(
-            &label,
-            &gpu.download(&g).unwrap(),
-            &cpu.download(&c).unwrap(),
-            1e-6,
-        );
+        close(&label, &gated(&gpu), &gated(&cpu), 1e-6);
     }
     for (rows, cols) in [(3usize, 5usize), (4, 64), (1, 7)] {
         let y = values(rows * cols, cols as u64, 3.0);
         let x = values(rows * cols, rows as u64 + 99, 3.0);
-        let mut g = gpu.upload(rows, cols, &y).unwrap();
-        gpu.add_scaled(&mut g, 0.5, &gpu.upload(rows, cols, &x).unwrap())
-            .unwrap();
-        let mut c = cpu.upload(rows, cols, &y).unwrap();
-        cpu.add_scaled(&mut c, 0.5, &cpu.upload(rows, cols, &x).unwrap())
-            .unwrap();
-        let label = format!("add_scaled {rows}x{cols}");
+        let add = |b: &dyn ElementwiseOn| b.add_scaled_of(rows, cols, &y, 0.5, &x);
         close(
-            &label,
-            &gpu.download(&g).unwrap(),
-            &cpu.download(&c).unwrap(),
+            &format!("add_scaled {rows}x{cols}"),
+            &add(&gpu),
+            &add(&cpu),
             1e-7,
         );
     }
