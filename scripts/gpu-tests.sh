@@ -18,9 +18,10 @@
 # backend and transformers; 256 greedy tokens GPU vs CPU; the model path's fused decode step
 # (fused epilogues, persistent MoE) vs the generic ops and the CPU on synthetic Laguna
 # checkpoints; device sampling vs the host sampler; SmolLM2 if assets/smollm2-* are present), the
-# server's batching tests (crates/server/tests/batching.rs) with FP4FORGE_TEST_DEVICE=cuda, and
-# then the Laguna-S decode benchmark of crates/lab (a real Decoder with synthetic weights, the
-# production step; table on stdout, JSON in OUTDIR/bench.json). With compute-sanitizer on the
+# server's batching and prefix-cache tests (crates/server/tests/{batching,prefix_cache}.rs) with
+# FP4FORGE_TEST_DEVICE=cuda, and then the Laguna-S decode benchmark of crates/lab (a real
+# Decoder with synthetic weights, the production step; table on stdout, JSON in
+# OUTDIR/bench.json). With compute-sanitizer on the
 # machine, the NVFP4 experts test also runs under racecheck and memcheck.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,13 +30,15 @@ out=${2:-target/gpu/out}
 
 if [ "$mode" = build ]; then
     cargo test --release --features cuda -p fp4forge-engine --test cuda --no-run
-    cargo test --release --features cuda -p fp4forge-server --test batching --no-run
+    cargo test --release --features cuda -p fp4forge-server --test batching --test prefix_cache --no-run
     cargo build --release --features cuda -p fp4forge-lab --bin cuda_decode_bench
     mkdir -p target/gpu
     bin=$(ls -t target/release/deps/cuda-* | grep -v '\.d$' | head -1)
     objcopy --strip-debug "$bin" target/gpu/cuda-tests
     bin=$(ls -t target/release/deps/batching-* | grep -v '\.d$' | head -1)
     objcopy --strip-debug "$bin" target/gpu/server-batching
+    bin=$(ls -t target/release/deps/prefix_cache-* | grep -v '\.d$' | head -1)
+    objcopy --strip-debug "$bin" target/gpu/server-prefix-cache
     objcopy --strip-debug target/release/cuda_decode_bench target/gpu/cuda_decode_bench
     ls -la target/gpu
     exit 0
@@ -60,6 +63,10 @@ if [ "$mode" = run ]; then
     # their single-client greedy answers, cancellation, 429, draining).
     FP4FORGE_TEST_DEVICE=cuda target/gpu/server-batching --test-threads 1 2>&1 |
         tee "$out/server-batching.log" || status=1
+    # Prefix caching on the GPU: requests that reuse cached KV blocks answer what a server
+    # without the cache answers, prompt logprobs and their top tokens included.
+    FP4FORGE_TEST_DEVICE=cuda target/gpu/server-prefix-cache --test-threads 1 2>&1 |
+        tee "$out/server-prefix-cache.log" || status=1
     # The persistent MoE kernels (shared-memory staging, several groups per block) and the
     # prefill attention on tensor cores (cp.async tiles) under compute-sanitizer's race and memory
     # checkers, where the machine has it.
