@@ -499,14 +499,7 @@ impl CudaBackend {
         if self.gemv_mt_applies(w, t) {
             return self.gemv_mt(&[(w, y)], x, t, bias, resid);
         }
-        if t >= GEMM_MMA_MIN_TOKENS
-            && w.cols.is_multiple_of(32)
-            && tiled
-            && mma_gemm
-            && self.inner.sm80
-            && (w.fmt == 2 || w.fmt == 3)
-        {
-            // (keep in step with `gemm_mma_f16_applies`)
+        if Self::gemm_mma_takes(w, t, tiled && mma_gemm && self.inner.sm80) {
             let tiles = (
                 (w.rows as u32).div_ceil(GEMM_MMA_ROWS),
                 (t as u32).div_ceil(GEMM_MMA_TOKENS),
@@ -643,19 +636,22 @@ impl CudaBackend {
         fmt == 3 && self.inner.mma && cols.is_multiple_of(4)
     }
 
+    /// Whether `gemm_mma` takes `t` tokens of `w` (bf16 or NVFP4, K % 32 == 0) where the
+    /// tensor-core GEMM is `on` (switched on, sm_80+); `gemv_raw` asks it after the one-token
+    /// and few-token paths declined.
+    fn gemm_mma_takes(w: &CudaLinear, t: usize, on: bool) -> bool {
+        on && t >= GEMM_MMA_MIN_TOKENS && w.cols.is_multiple_of(32) && (w.fmt == 2 || w.fmt == 3)
+    }
+
     /// Whether `gemv_raw` runs `t` tokens of `w` on `gemm_mma`'s f16 path (so needs the rows'
     /// `row_pow2` scales).
     fn gemm_mma_f16_applies(&self, w: &CudaLinear, t: usize) -> bool {
-        let (tiled, mma_gemm) = {
+        let on = {
             let o = self.opts();
-            (o.tiled_prefill, o.mma_gemm)
+            o.tiled_prefill && o.mma_gemm && self.inner.sm80
         };
-        t >= GEMM_MMA_MIN_TOKENS
-            && !self.gemv_mt_applies(w, t)
-            && w.cols.is_multiple_of(32)
-            && tiled
-            && mma_gemm
-            && self.inner.sm80
+        !self.gemv_mt_applies(w, t)
+            && Self::gemm_mma_takes(w, t, on)
             && self.f16_mma_applies(w.fmt, w.cols)
     }
 
