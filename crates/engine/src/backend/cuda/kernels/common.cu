@@ -233,6 +233,22 @@ __device__ __forceinline__ u32 bf16x2_split(float& x, float& y) {
     return h;
 }
 
+// (x, y) rounded to f16, x in the low half.
+__device__ __forceinline__ u32 f16x2_rn(float x, float y) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(y), "f"(x));
+    return r;
+}
+
+// The f16 pair nearest (x, y); x and y become what it leaves (exact in f32 within f16's range).
+__device__ __forceinline__ u32 f16x2_split(float& x, float& y) {
+    const u32 h = f16x2_rn(x, y);
+    const float2 f = h2_to_f2(h);
+    x -= f.x;
+    y -= f.y;
+    return h;
+}
+
 // ---- fused epilogue ----------------------------------------------------------------------------
 //
 // Epi: work a decode kernel does once its outputs are complete, in the last of its blocks to finish

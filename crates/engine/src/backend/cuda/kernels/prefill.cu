@@ -214,13 +214,6 @@ struct GtSrc {
 // The f16 path's factor 2^e of a row whose row_pow2 scale is ds = 2^-e (exact: powers of two).
 __device__ __forceinline__ float gt_row_xs(const float* __restrict__ xds, long row) { return 1.f / __ldg(xds + row); }
 
-// The f16 pair (x, y), round to nearest even, x in the low half.
-__device__ __forceinline__ u32 f16x2_rn(float x, float y) {
-    u32 r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(y), "f"(x));
-    return r;
-}
-
 __device__ __forceinline__ void gt_load_w(const GtSrc& s, int k0, GtW& l) {
     if (s.wrow) {
         const int k = k0 + 16 * s.half;
@@ -259,14 +252,13 @@ __device__ __forceinline__ void gt_store(const GtSrc& s, const GtW& lw, const Gt
         *(uint4*)&st.w[wr][gt_at(wr, 2 * s.half)] = make_uint4(p[0], p[1], p[2], p[3]);
         *(uint4*)&st.w[wr][gt_at(wr, 2 * s.half + 1)] = make_uint4(q[0], q[1], q[2], q[3]);
         // x * 2^e in the pairs (0, 2), (4, 6), (1, 3), (5, 7), high parts and remainders
-        const float v[8] = {l.xa.x * s.xs, l.xa.z * s.xs, l.xb.x * s.xs, l.xb.z * s.xs,
-                            l.xa.y * s.xs, l.xa.w * s.xs, l.xb.y * s.xs, l.xb.w * s.xs};
+        float v[8] = {l.xa.x * s.xs, l.xa.z * s.xs, l.xb.x * s.xs, l.xb.z * s.xs,
+                      l.xa.y * s.xs, l.xa.w * s.xs, l.xb.y * s.xs, l.xb.w * s.xs};
         u32 hi[4], lo[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            hi[i] = f16x2_rn(v[2 * i], v[2 * i + 1]);
-            const float2 h = h2_to_f2(hi[i]);
-            lo[i] = f16x2_rn(v[2 * i] - h.x, v[2 * i + 1] - h.y);
+            hi[i] = f16x2_split(v[2 * i], v[2 * i + 1]);
+            lo[i] = f16x2_rn(v[2 * i], v[2 * i + 1]);
         }
         *(uint4*)&st.x[0][xr][gt_at(xr, s.part)] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
         *(uint4*)&st.x[1][xr][gt_at(xr, s.part)] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
