@@ -73,26 +73,31 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
     // 1: decode GEMV; 3, 9, 16 (bf16 and NVFP4 with K % 128 == 0): the few-token tensor-core
     // GEMV `gemv_mt` (9, 16: two token blocks, the second partial at 9), then 3, 9 with it off:
     // `gemm_mma` for bf16 and NVFP4 with K % 32 == 0 (column groups skipped), as at 70, 130
-    // (partial token tiles); else the `linear` kernel below 16 tokens and `gemm_tiled` from 16;
-    // 3, 9 and 70 again with both tensor-core paths off (`linear`, `gemm_tiled`)
+    // (partial token tiles; NVFP4 with K % 64 == 0 on an sm_90 device: `gemm_h16`, also at 300,
+    // and at 130 with it off: `gemm_mma`'s f16 path); else the `linear` kernel below 16 tokens
+    // and `gemm_tiled` from 16; 3, 9 and 70 again with both tensor-core paths off (`linear`,
+    // `gemm_tiled`)
     let mma_on = b.options();
     let few = mma_on.few_token_max;
-    for (t, mma_gemm, few_token_max) in [
-        (1usize, true, few),
-        (3, true, few),
-        (9, true, few),
-        (16, true, few),
-        (3, true, 0),
-        (9, true, 0),
-        (70, true, few),
-        (130, true, few),
-        (3, false, 0),
-        (9, false, 0),
-        (70, false, few),
+    for (t, mma_gemm, few_token_max, h16_gemm) in [
+        (1usize, true, few, true),
+        (3, true, few, true),
+        (9, true, few, true),
+        (16, true, few, true),
+        (3, true, 0, true),
+        (9, true, 0, true),
+        (70, true, few, true),
+        (130, true, few, true),
+        (300, true, few, true),
+        (130, true, few, false),
+        (3, false, 0, true),
+        (9, false, 0, true),
+        (70, false, few, true),
     ] {
         b.set_options(CudaOptions {
             mma_gemm,
             few_token_max,
+            h16_gemm,
             ..mma_on.clone()
         });
         let x = values(t * cols, 7 + t as u64, 4.0);
@@ -139,6 +144,7 @@ fn gpu_linear_kernels_match_f64_matmul() {
         (300, 1040),
         (5, 16),
         (40, 1152),
+        (256, 256),
     ] {
         let w = values(rows * cols, rows as u64 * 31 + cols as u64, 0.2);
         let bits: Vec<u16> = w

@@ -44,7 +44,7 @@ pub use compile::{compile_kernels, kernel_entries, CompiledKernels, KERNELS_CU};
 use kv_pool::{KvBlock, KvPool, KV_BLOCK};
 pub use ops::attention::{CudaKvLayer, CudaRope};
 pub use ops::moe::{CudaExperts, CudaRouting, ExpertArena};
-use ops::prefill::{GEMM_MMA_ROWS, GEMM_MMA_TOKENS};
+use ops::prefill::{GEMM_H16_ROWS, GEMM_H16_SMEM, GEMM_H16_TOKENS, GEMM_MMA_ROWS, GEMM_MMA_TOKENS};
 use ops::{attention::*, gemv::*, moe::*, DevPtr, Funcs};
 pub use options::CudaOptions;
 
@@ -90,6 +90,10 @@ pub(crate) struct Inner {
     /// (`gemm_mma`, the grouped experts, the prefill attention `attn_flash_*`; each also behind
     /// its own `CudaOptions` knob).
     pub sm80: bool,
+    /// `gemm_h16` (prompts' NVFP4 linears, several K steps in flight) can run here: tensor cores
+    /// on (`mma`) and its dynamic shared memory ([`GEMM_H16_SMEM`]) granted (sm_90: 227 KiB a
+    /// block; not sm_89's 99 KiB).
+    pub h16_gemm: bool,
     /// Completion counter of the fused epilogues (`Epi` in kernels/common.cu).
     counters: CudaSlice<u32>,
     /// The knobs (`CudaOptions::from_env` unless opened `with_options`); `pdl` and `mma` above
@@ -163,6 +167,15 @@ impl CudaBackend {
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             )
             .unwrap_or(100) as usize;
+        let mma = (maj, min) >= (8, 9) && options.mma;
+        // (a device that cannot give gemm_h16 its shared memory keeps gemm_mma for prompts)
+        let h16_gemm = mma
+            && f.prefill.gemm_h16[0]
+                .set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    GEMM_H16_SMEM as i32,
+                )
+                .is_ok();
         let counters = stream
             .alloc_zeros::<u32>(1)
             .map_err(|e| backend_err(format!("{e:?}")))?;
@@ -179,8 +192,9 @@ impl CudaBackend {
                 name: format!("cuda:{ordinal} ({dev_name}, {arch})"),
                 sms,
                 pdl: maj >= 9 && options.pdl,
-                mma: (maj, min) >= (8, 9) && options.mma,
+                mma,
                 sm80: maj >= 8,
+                h16_gemm,
                 options: RwLock::new(options),
             }),
         })

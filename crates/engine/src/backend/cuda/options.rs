@@ -13,6 +13,7 @@
 //! | `FP4FORGE_CUDA_FUSED_BATCH` | `fused_batch` | `0`: a decode step of several sequences on the generic ops, not the fused sequence over all of them | on |
 //! | `FP4FORGE_CUDA_GEMM` | `tiled_prefill` | `0`: multi-token linears on the `linear` GEMV kernel, not `gemm_tiled` | on |
 //! | `FP4FORGE_CUDA_MMA_GEMM` | `mma_gemm` | `0`: multi-token bf16/NVFP4 linears on `gemm_tiled` (f32 FMA), not `gemm_mma` (tensor cores, sm_80+) | on |
+//! | `FP4FORGE_CUDA_H16_GEMM` | `h16_gemm` | `0`: prompts' NVFP4 linears (more than 64 tokens, K % 64 == 0) on `gemm_mma`'s f16 path, not on `gemm_h16` (x split once, K steps in flight; sm_90) | on |
 //! | `FP4FORGE_CUDA_GROUPED_MOE` | `grouped_moe` | `0`: multi-token routed experts on the per-item kernels, not grouped by expert on tensor cores (sm_80+) | on |
 //! | `FP4FORGE_CUDA_BATCH_ATTN` | `batched_attention` | `0`: a batched decode step's attention sequence by sequence (rope, attention, append per sequence), not in one `attn_dec_batch` launch | on |
 //! | `FP4FORGE_CUDA_FLASH` | `flash_attention` | `0`: prefill attention (16+ rows) on the `attn_*` kernels, not on tensor cores (`attn_flash_*`, sm_80+ only anyway) | on |
@@ -60,6 +61,8 @@ pub struct CudaOptions {
     pub tiled_prefill: bool,
     /// `FP4FORGE_CUDA_MMA_GEMM`: multi-token bf16/NVFP4 linears on tensor cores (`gemm_mma`).
     pub mma_gemm: bool,
+    /// `FP4FORGE_CUDA_H16_GEMM`: prompts' NVFP4 linears on `gemm_h16` where it runs.
+    pub h16_gemm: bool,
     /// `FP4FORGE_CUDA_GROUPED_MOE`: multi-token routed experts grouped by expert on tensor cores.
     pub grouped_moe: bool,
     /// `FP4FORGE_CUDA_BATCH_ATTN`: a batched decode step's attention in one launch.
@@ -107,6 +110,7 @@ impl Default for CudaOptions {
             fused_batch: true,
             tiled_prefill: true,
             mma_gemm: true,
+            h16_gemm: true,
             grouped_moe: true,
             batched_attention: true,
             flash_attention: true,
@@ -170,6 +174,7 @@ impl CudaOptions {
             fused_batch: on("FP4FORGE_CUDA_FUSED_BATCH"),
             tiled_prefill: on("FP4FORGE_CUDA_GEMM"),
             mma_gemm: on("FP4FORGE_CUDA_MMA_GEMM"),
+            h16_gemm: on("FP4FORGE_CUDA_H16_GEMM"),
             grouped_moe: on("FP4FORGE_CUDA_GROUPED_MOE"),
             batched_attention: on("FP4FORGE_CUDA_BATCH_ATTN"),
             flash_attention: on("FP4FORGE_CUDA_FLASH"),
@@ -214,6 +219,7 @@ mod tests {
             ("FP4FORGE_CUDA_GEMM", "0"),
             ("FP4FORGE_CUDA_FUSED_BATCH", "0"),
             ("FP4FORGE_CUDA_GROUPED_MOE", "0"),
+            ("FP4FORGE_CUDA_H16_GEMM", "0"),
             ("FP4FORGE_CUDA_FLASH", "0"),
             ("FP4FORGE_CUDA_LEGACY_GEMV", "0"),
             ("FP4FORGE_NV_MINB", "3"),
@@ -228,7 +234,7 @@ mod tests {
         assert_eq!(o.few_moe_min_tokens, FEW_MOE_MIN_TOKENS);
         assert!(!o.pdl && o.mma && o.persistent_moe && o.fused_decode && !o.tiled_prefill);
         assert!(o.legacy_gemv && o.mma_gemm && !o.grouped_moe && !o.flash_attention);
-        assert!(!o.fused_batch);
+        assert!(!o.fused_batch && !o.h16_gemm);
         assert_eq!((o.nv_blocks_per_sm, o.nv_grid_per_sm), (3, 3));
         assert_eq!((o.nv_k_split, o.mma_k_split), (None, Some(4)));
         assert_eq!(o.mt_k_split, Some(8));

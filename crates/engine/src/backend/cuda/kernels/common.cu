@@ -174,6 +174,12 @@ __device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool ok) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
 #endif
 }
+// 4 bytes global -> shared, asynchronously (through L1); ok == false: 4 zero bytes.
+__device__ __forceinline__ void cp_async4(u32 dst, const void* src, bool ok) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
+#endif
+}
 __device__ __forceinline__ void cp_async_commit() {
 #if __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;" ::: "memory");

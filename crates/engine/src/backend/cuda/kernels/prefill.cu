@@ -473,6 +473,219 @@ __device__ __forceinline__ void gemm_mma_impl(int fmt, const void* __restrict__ 
 GEMM_MMA_KERNEL(gemm_mma, 1)
 GEMM_MMA_KERNEL(gemm_mma_deep, GT_PF_DEEP)
 
+// ---- prompts' NVFP4 linears on f16 tensor cores, several K steps in flight (gemm_h16) --------
+//
+// gemm_mma's f16 path (the same products: A = e2m1 * e4m3 * 2^-6, exact in f16; x * 2^e as f16
+// high parts and remainders; f32 accumulation; the same epilogue and split-K partial sums),
+// organised for prompts of many tokens:
+// - x is split once per linear (x_split_h16) into its two f16 parts, each row laid out per 32
+//   values in the order of the mma fragments (below): the main loop copies its tiles with
+//   cp.async and reads them with ldmatrix, no conversions;
+// - the weights' packed codes and block scales are copied raw (cp.async, 32 + 4 bytes a row per
+//   K step of 64) and each warp decodes its A fragments from shared memory straight into
+//   registers: a thread's u32 of 8 codes is, through nv_word_h2, exactly its four f16 pairs of
+//   one row in the step's two 16-wide mma chunks (no decoded tile in shared memory);
+// - GH_STAGES K steps in flight (dynamic shared memory), one barrier per step.
+// Block: GH_BM = 128 weight rows x GH_BN = 128 tokens, 8 warps as 4 (rows) x 2 (tokens), each
+// 32 rows x 64 tokens (2 x 8 mma tiles). Token groups of 8 at or past the tile's last token are
+// skipped (warp-uniform).
+//
+// Fragment order: of the 32 codes k0 .. k0 + 31 of a row, thread q of a quad holds codes
+// 8q .. 8q + 7 (bytes 4q .. 4q + 3); nv_word_h2 gives their pairs (0, 2), (4, 6), (1, 3),
+// (5, 7): the A registers {k 2q, 2q + 1} and {2q + 8, 2q + 9} of mma chunk 0, then the same of
+// chunk 1. x's row is stored in that order: position 8 c + 2 p + e (c = 2 * chunk + the upper
+// 8 of it, p a quad thread, e = 0, 1) holds x[k0 + 8 p + {0, 4, 1, 5}[c] + 2 e].
+
+#define GH_BM 128
+#define GH_BN 128
+#define GH_BK 64
+#define GH_STAGES 3
+
+struct GhStage {
+    u16 x[2][GH_BN][GH_BK];   // the parts' token rows; 16-byte chunk c of row r at c ^ (r & 7)
+    u32 w[GH_BM][GH_BK / 8];  // packed codes (32 bytes a row)
+    u32 sc[GH_BM];            // the row's 4 block scales
+};
+
+// xh[part][t][k] (part 0: the f16 high parts, 1: the remainders; T x K each) of x[t, k] * 2^e,
+// 2^e = 1 / xds[t] (row_pow2), in gemm_h16's fragment order per 32 values (K % 32 == 0). One
+// thread per 32 values.
+extern "C" __global__ void x_split_h16(const float* __restrict__ x, const float* __restrict__ xds, int T, int K,
+                                       u16* __restrict__ xh) {
+    pdl_enter();
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)T * (K / 32)) return;
+    const float xs = gt_row_xs(xds, i / (K / 32));
+    const float4* src = (const float4*)(x + i * 32);
+    float v[32];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const float4 a = __ldg(src + j);
+        v[4 * j] = a.x * xs;
+        v[4 * j + 1] = a.y * xs;
+        v[4 * j + 2] = a.z * xs;
+        v[4 * j + 3] = a.w * xs;
+    }
+    uint4* hi = (uint4*)(xh + i * 32);
+    uint4* lo = (uint4*)(xh + (long)T * K + i * 32);
+    const int first[4] = {0, 4, 1, 5};
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        u32 h[4], l[4];
+#pragma unroll
+        for (int p = 0; p < 4; p++) {
+            float a = v[8 * p + first[c]], b = v[8 * p + first[c] + 2];
+            h[p] = f16x2_split(a, b);
+            l[p] = f16x2_rn(a, b);
+        }
+        hi[c] = make_uint4(h[0], h[1], h[2], h[3]);
+        lo[c] = make_uint4(l[0], l[1], l[2], l[3]);
+    }
+}
+
+// Copies K step k (absolute) of the block's weight rows r0.. and token rows t0.. into `st`
+// (cp.async; rows outside the matrix as zeros).
+__device__ __forceinline__ void gh_load(GhStage& st, const u8* __restrict__ w, const u8* __restrict__ scales,
+                                        const u16* __restrict__ xh, long r0, long t0, int N, int K, int T,
+                                        int k) {
+    const int tid = threadIdx.x;
+    const long part_len = (long)T * K;
+#pragma unroll
+    for (int it = 0; it < 2 * GH_BN * 8 / 256; it++) {
+        const int c = tid + 256 * it;
+        const int part = c / (GH_BN * 8), r = (c / 8) % GH_BN, ch = c % 8;
+        const bool ok = t0 + r < T;
+        const u16* src = xh + part * part_len + (ok ? t0 + r : 0) * K + k + 8 * ch;
+        cp_async16(smem_u32(&st.x[part][r][8 * (ch ^ (r & 7))]), src, ok);
+    }
+    {
+        const int r = tid >> 1, ch = tid & 1;
+        const bool ok = r0 + r < N;
+        const u8* src = w + (ok ? r0 + r : 0) * (K / 2) + k / 2 + 16 * ch;
+        cp_async16(smem_u32(&st.w[r][4 * ch]), src, ok);
+    }
+    if (tid < GH_BM) {
+        const bool ok = r0 + tid < N;
+        cp_async4(smem_u32(&st.sc[tid]), scales + (ok ? r0 + tid : 0) * (K / 16) + k / 16, ok);
+    }
+}
+
+// The tensor-core work of one K step on `st` for the first `tn` tokens (see the section's head).
+__device__ __forceinline__ void gh_step(const GhStage& st, int tn, float acc[2][8][4]) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int wm = warp & 3, wn = warp >> 2, g = lane >> 2, q = lane & 3;
+    if (64 * wn >= tn) return;
+#pragma unroll
+    for (int sub = 0; sub < 2; sub++) {  // 32 values of K: one row chunk of 16 bytes, 2 scales
+        u32 wq[2][2], s2[2][2];           // [16-row tile][row g, g + 8]: the code word, the scale
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = 32 * wm + 16 * i + g + 8 * h;
+                wq[i][h] = st.w[r][4 * sub + q];
+                const u32 sb = (st.sc[r] >> (8 * (2 * sub + (q >> 1)))) & 0xffu;
+                s2[i][h] = __byte_perm(e4m3x2_h2(sb), 0, 0x1010);
+            }
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            u32 a[2][4];  // [16-row tile][register] of mma chunk c: the even codes, then the odd
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    u32 o[2];
+                    nv_half_h2(wq[i][h], s2[i][h], c == 1, o);
+                    a[i][h] = o[0];
+                    a[i][2 + h] = o[1];
+                }
+#pragma unroll
+            for (int jj = 0; jj < 4; jj++) {
+                const int n0 = 64 * wn + 16 * jj;  // the first token of this pair of 8-token groups
+                if (n0 >= tn) break;
+                const bool both = n0 + 8 < tn;
+                const int tok = n0 + (lane & 7) + ((lane >> 4) << 3);
+                const int ch = 4 * sub + 2 * c + ((lane >> 3) & 1);
+#pragma unroll
+                for (int part = 0; part < 2; part++) {
+                    u32 b[4];
+                    ldsm_x4(b, smem_u32(&st.x[part][tok][8 * (ch ^ (tok & 7))]));
+#pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        const u32* ai = a[i];
+                        mma16816(acc[i][2 * jj], ai[0], ai[1], ai[2], ai[3], b[0], b[1]);
+                        if (both) mma16816(acc[i][2 * jj + 1], ai[0], ai[1], ai[2], ai[3], b[2], b[3]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// y[t, o] = resid[t, o] + bias[o] + 64 inv_g xds[t] * W[o, :] . (x[t, :] / xds[t]) for T tokens:
+// NVFP4 W (N x K, K % 64 == 0; codes 16-byte and scales 4-byte aligned), x given as
+// x_split_h16's parts `xh`. Grid (ceil(N / GH_BM), ceil(T / GH_BN), splits), 256 threads,
+// GH_STAGES * sizeof(GhStage) bytes of dynamic shared memory. With splits > 1, block z takes
+// K chunks [z kc, (z + 1) kc) of 32 (kc even) and writes its raw sums to part[z][t][o], which
+// gemm_splitk_reduce (fmt 3, the same xds) finishes.
+extern "C" __global__ void __launch_bounds__(256, 2)
+    gemm_h16(const u8* __restrict__ w, const u8* __restrict__ scales, float inv_g, const u16* __restrict__ xh,
+             float* y, const float* __restrict__ bias, const float* resid, int N, int K, int T, int kc,
+             float* __restrict__ part, const float* __restrict__ xds) {
+    extern __shared__ __align__(16) u8 gh_smem[];
+    GhStage* st = (GhStage*)gh_smem;
+    const long r0 = (long)blockIdx.x * GH_BM, t0 = (long)blockIdx.y * GH_BN;
+    const int k0 = (int)blockIdx.z * kc * 32;
+    const int steps = min(K - k0, kc * 32) / GH_BK;
+    const int tn = (int)min((long)GH_BN, (long)T - t0);
+    float acc[2][8][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+    pdl_enter();
+#pragma unroll
+    for (int s = 0; s < GH_STAGES - 1; s++) {
+        if (s < steps) gh_load(st[s], w, scales, xh, r0, t0, N, K, T, k0 + s * GH_BK);
+        cp_async_commit();
+    }
+    for (int s = 0; s < steps; s++) {
+        cp_async_wait<GH_STAGES - 2>();
+        __syncthreads();  // step s is in; every warp is done with the stage step s - 1 used
+        const int next = s + GH_STAGES - 1;
+        if (next < steps) gh_load(st[next % GH_STAGES], w, scales, xh, r0, t0, N, K, T, k0 + next * GH_BK);
+        cp_async_commit();
+        gh_step(st[s % GH_STAGES], tn, acc);
+    }
+    cp_async_wait<0>();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3, wm = warp & 3, wn = warp >> 2;
+    const float gs = 64.f * inv_g;
+    float* pz = part + (long)blockIdx.z * T * N;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const long o = r0 + 32 * wm + 16 * i + g + 8 * (c >> 1);
+                const long t = t0 + 64 * wn + 8 * j + 2 * q + (c & 1);
+                if (o >= N || t >= T) continue;
+                const long idx = t * N + o;
+                float v = acc[i][j][c];
+                if (gridDim.z > 1) {
+                    pz[idx] = v;
+                    continue;
+                }
+                v *= gs * xds[t];
+                if (bias) v += bias[o];
+                if (resid) v += resid[idx];
+                y[idx] = v;
+            }
+}
+
 // y[t, o] = resid + bias + gscale * (part[0][t][o] + part[1][t][o] + ...) over `splits` split-K
 // partial sums of gemm_mma (weights of format `fmt`, 1 / global scale `inv_g`, `xds` as given to
 // gemm_mma), in split order (deterministic).

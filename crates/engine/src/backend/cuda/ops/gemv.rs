@@ -499,6 +499,9 @@ impl CudaBackend {
         if self.gemv_mt_applies(w, t) {
             return self.gemv_mt(&[(w, y)], x, t, bias, resid);
         }
+        if self.gemm_h16_takes(w, t) {
+            return self.gemm_h16(w, g);
+        }
         if Self::gemm_mma_takes(w, t, tiled && mma_gemm && self.inner.sm80) {
             let tiles = (
                 (w.rows as u32).div_ceil(GEMM_MMA_ROWS),
@@ -547,20 +550,7 @@ impl CudaBackend {
                 (256, 1, 1),
             )?;
             if let Some(part) = &part {
-                let n = t * w.rows;
-                ops::prefill::GemmSplitkReduceArgs {
-                    part: self.ptr(part),
-                    splits: splits as i32,
-                    y,
-                    bias,
-                    resid,
-                    fmt: w.fmt,
-                    inv_g: w.inv_g,
-                    n: w.rows as i32,
-                    t: t as i32,
-                    xds: xds_ptr,
-                }
-                .launch(self, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1))?;
+                self.gemm_splitk_reduce(w, g, self.ptr(part), splits, xds_ptr)?;
             }
             return Ok(());
         }
@@ -604,6 +594,105 @@ impl CudaBackend {
             t: t as i32,
         }
         .launch(self, grid, (32 * GEMV_WARPS, 1, 1))
+    }
+
+    /// `y = resid + bias + Σ part` of `g` over `splits` K splits of `gemm_mma` or `gemm_h16` of
+    /// `w` (`xds`: the scales the splits ran with, null on gemm_mma's bf16 path).
+    fn gemm_splitk_reduce(
+        &self,
+        w: &CudaLinear,
+        g: Gemv,
+        part: DevPtr<f32>,
+        splits: usize,
+        xds: DevPtr<f32>,
+    ) -> Result<()> {
+        let n = g.t * w.rows;
+        ops::prefill::GemmSplitkReduceArgs {
+            part,
+            splits: splits as i32,
+            y: g.y,
+            bias: g.bias,
+            resid: g.resid,
+            fmt: w.fmt,
+            inv_g: w.inv_g,
+            n: w.rows as i32,
+            t: g.t as i32,
+            xds,
+        }
+        .launch(self, ((n as u32).div_ceil(256), 1, 1), (256, 1, 1))
+    }
+
+    /// Whether `t` tokens of `w` run on `gemm_h16`: where `gemm_mma` would take its f16 path
+    /// (NVFP4, tensor cores) for more than one tile of its tokens, with K % 64 == 0, the codes
+    /// 16-byte and the scales 4-byte aligned (its `cp.async` copies), the device able
+    /// (`Inner::h16_gemm`) and `CudaOptions::h16_gemm` on.
+    fn gemm_h16_takes(&self, w: &CudaLinear, t: usize) -> bool {
+        self.inner.h16_gemm
+            && self.opts().h16_gemm
+            && t > GEMM_MMA_TOKENS as usize
+            && w.cols.is_multiple_of(64)
+            && self.ptr(&w.data).aligned(16)
+            && w.scales_ptr(self).aligned(4)
+            && self.gemm_mma_f16_applies(w, t)
+    }
+
+    /// `gemv_raw` on `gemm_h16` (where [`gemm_h16_takes`](Self::gemm_h16_takes)): x split into
+    /// its f16 parts once (`x_split_h16`), then the GEMM, K split as `gemm_mma` splits it (in
+    /// even runs of 32-wide chunks: its steps are 64 wide).
+    fn gemm_h16(&self, w: &CudaLinear, g: Gemv) -> Result<()> {
+        let (t, k) = (g.t, w.cols);
+        let own = if g.xds.is_null() {
+            self.row_scales_for_f16_mma(w.fmt, g.x, t, k)?
+        } else {
+            None
+        };
+        let xds = own.as_ref().map_or(g.xds, |d| self.ptr(d));
+        let xh = self.alloc_unset::<u16>(2 * t * k)?;
+        ops::prefill::XSplitH16Args {
+            x: g.x,
+            xds,
+            t: t as i32,
+            k: k as i32,
+            xh: self.ptr(&xh),
+        }
+        .launch(
+            self,
+            (((t * k / 32) as u32).div_ceil(256), 1, 1),
+            (256, 1, 1),
+        )?;
+        let tiles = (
+            (w.rows as u32).div_ceil(GEMM_H16_ROWS),
+            (t as u32).div_ceil(GEMM_H16_TOKENS),
+        );
+        let chunks = k / 32;
+        let splits = gemm_k_splits((tiles.0 * tiles.1) as usize, chunks, self.inner.sms);
+        let kc = chunks.div_ceil(splits).next_multiple_of(2);
+        let splits = chunks.div_ceil(kc);
+        let part = if splits > 1 {
+            Some(self.alloc_unset(splits * t * w.rows)?)
+        } else {
+            None
+        };
+        ops::prefill::GemmH16Args {
+            w: self.ptr(&w.data),
+            scales: w.scales_ptr(self),
+            inv_g: w.inv_g,
+            xh: self.ptr(&xh),
+            y: g.y,
+            bias: g.bias,
+            resid: g.resid,
+            n: w.rows as i32,
+            k: k as i32,
+            t: t as i32,
+            kc: kc as i32,
+            part: part.as_ref().map_or(DevPtr::NULL, |p| self.ptr(p)),
+            xds,
+        }
+        .launch(self, (tiles.0, tiles.1, splits as u32), (256, 1, 1))?;
+        match &part {
+            Some(part) => self.gemm_splitk_reduce(w, g, self.ptr(part), splits, xds),
+            None => Ok(()),
+        }
     }
 
     /// The `row_pow2` scales of the `rows` rows of `x` (`cols` values each) where the tensor-core

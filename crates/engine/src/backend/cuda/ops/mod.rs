@@ -51,6 +51,11 @@ impl<T> DevPtr<T> {
         Self(addr, PhantomData)
     }
 
+    /// Whether the address is a multiple of `n` bytes.
+    pub(crate) const fn aligned(self, n: u64) -> bool {
+        self.0.is_multiple_of(n)
+    }
+
     /// Whether this is the null pointer.
     pub(crate) const fn is_null(self) -> bool {
         self.0 == 0
@@ -114,6 +119,7 @@ pub(crate) fn kernel_names() -> Vec<&'static str> {
 /// /// doc
 /// name => NameArgs { param: Type, ... }                  // entry point `name`
 /// name ["variant_a", "variant_b"] => NameArgs { ... }    // variants of one signature
+/// name shared BYTES => NameArgs { ... }                  // BYTES of dynamic shared memory
 /// ```
 ///
 /// with the parameters exactly as the kernel declares them (`int` → `i32`, `long` → `i64`,
@@ -131,7 +137,20 @@ macro_rules! kernels {
             grid: (u32, u32, u32),
             block: (u32, u32, u32),
         ) -> $crate::error::Result<()> {
-            self.launch_on(b, &b.inner.f.$group.$f[0], grid, block)
+            self.launch_on(b, &b.inner.f.$group.$f[0], grid, block, 0)
+        }
+    };
+    (@launch $group:ident $f:ident; $smem:expr) => {
+        /// Launches the kernel on `b`'s stream: `grid` blocks of `block` threads, with the
+        /// dynamic shared memory its entry declares (the backend raised the kernel's limit to
+        /// it when it loaded the kernel).
+        pub(crate) fn launch(
+            self,
+            b: &$crate::backend::cuda::CudaBackend,
+            grid: (u32, u32, u32),
+            block: (u32, u32, u32),
+        ) -> $crate::error::Result<()> {
+            self.launch_on(b, &b.inner.f.$group.$f[0], grid, block, $smem)
         }
     };
     (@launch $group:ident $f:ident [$($v:literal),+]) => {
@@ -147,14 +166,14 @@ macro_rules! kernels {
             let f = b.inner.f.$group.$f.get(variant).ok_or_else(|| {
                 b.err(format!("kernel {}: no variant {variant}", stringify!($f)))
             })?;
-            self.launch_on(b, f, grid, block)
+            self.launch_on(b, f, grid, block, 0)
         }
     };
     (
         group $group:ident;
         $(
             $(#[$doc:meta])*
-            $f:ident $([$($v:literal),+ $(,)?])? => $args:ident { $($p:ident : $t:ty),* $(,)? }
+            $f:ident $([$($v:literal),+ $(,)?])? $(shared $smem:expr)? => $args:ident { $($p:ident : $t:ty),* $(,)? }
         )*
     ) => {
         /// The kernels of this file, as loaded (each entry's variants in the table's order).
@@ -194,21 +213,23 @@ macro_rules! kernels {
             }
 
             impl $args {
-                kernels!(@launch $group $f $([$($v),+])?);
+                kernels!(@launch $group $f $([$($v),+])? $(; $smem)?);
 
-                /// Launches `f` with these arguments, in the order of the kernel's parameters.
+                /// Launches `f` with these arguments, in the order of the kernel's parameters,
+                /// and `smem` bytes of dynamic shared memory.
                 fn launch_on(
                     self,
                     b: &$crate::backend::cuda::CudaBackend,
                     f: &::cudarc::driver::CudaFunction,
                     grid: (u32, u32, u32),
                     block: (u32, u32, u32),
+                    smem: u32,
                 ) -> $crate::error::Result<()> {
                     let Self { $($p),* } = self;
                     let cfg = ::cudarc::driver::LaunchConfig {
                         grid_dim: grid,
                         block_dim: block,
-                        shared_mem_bytes: 0,
+                        shared_mem_bytes: smem,
                     };
                     if b.inner.pdl {
                         // one pointer per parameter, to the value of the parameter's type
