@@ -267,7 +267,7 @@ impl<B: Backend> ElementwiseOn for B {
 /// states: a block each, also widths not a multiple of 4), rope (full and partial rotary slices,
 /// the widest one the kernel takes), the softplus gate and `add_scaled` (four values a thread as
 /// a float4 and element by element), and `linears` of three NVFP4 weights sharing their rows'
-/// scales (bit for bit against `linear` of each, and against the CPU).
+/// scales and f16 parts (bit for bit against `linear` of each, and against the CPU).
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
 fn gpu_elementwise_ops_and_shared_row_scales_match_cpu() {
@@ -327,7 +327,8 @@ fn gpu_elementwise_ops_and_shared_row_scales_match_cpu() {
             1e-7,
         );
     }
-    // q/k/v-like NVFP4 weights at the row counts of a few-token step and of a prefill (gemm_mma)
+    // q/k/v-like NVFP4 weights at the row counts of a few-token step and of prefills (40:
+    // gemm_mma; 300: gemm_h16 where the device runs it, x's f16 parts shared too)
     let (k, outs) = (256usize, [384usize, 128, 128]);
     let ws: Vec<LinearWeight> = outs
         .iter()

@@ -487,11 +487,9 @@ impl CudaBackend {
             .copied()
             .collect();
         let weights: Vec<&CudaLinear> = rest.iter().map(|&(w, _)| w).collect();
-        let xds = self.shared_row_scales(&weights, (x, n, h))?;
+        let shared = self.shared_input(&weights, (x, n, h))?;
         for (w, y) in rest {
-            let mut g = Gemv::rows(x, y, DevPtr::NULL, n);
-            g.xds = xds.as_ref().map_or(DevPtr::NULL, |d| self.ptr(d));
-            self.gemv_raw(w, g)?;
+            self.gemv_raw(w, shared.onto(self, Gemv::rows(x, y, DevPtr::NULL, n)))?;
         }
         Ok(())
     }

@@ -791,7 +791,7 @@ impl Backend for CudaBackend {
         w: &CudaLinear,
         bias: Option<&CudaTensor>,
     ) -> Result<CudaTensor> {
-        self.linear_rows(x, w, bias, DevPtr::NULL)
+        self.linear_rows(x, w, bias, &SharedInput::default())
     }
 
     fn linears(
@@ -799,12 +799,11 @@ impl Backend for CudaBackend {
         x: &CudaTensor,
         ws: &[(&CudaLinear, Option<&CudaTensor>)],
     ) -> Result<Vec<CudaTensor>> {
-        // the rows' f16 scales once for every weight that needs them (q/k/v)
+        // the rows' f16 scales and parts once for every weight that needs them (q/k/v)
         let weights: Vec<&CudaLinear> = ws.iter().map(|&(w, _)| w).collect();
-        let xds = self.shared_row_scales(&weights, (self.ptr(&x.buf), x.rows, x.cols))?;
-        let xds = xds.as_ref().map_or(DevPtr::NULL, |d| self.ptr(d));
+        let shared = self.shared_input(&weights, (self.ptr(&x.buf), x.rows, x.cols))?;
         ws.iter()
-            .map(|&(w, bias)| self.linear_rows(x, w, bias, xds))
+            .map(|&(w, bias)| self.linear_rows(x, w, bias, &shared))
             .collect()
     }
 

@@ -284,8 +284,29 @@ pub(crate) struct Gemv {
     pub resid: DevPtr<f32>,
     pub t: usize,
     /// The `row_pow2` scales of x's rows where the caller computed them once for several
-    /// weights ([`CudaBackend::shared_row_scales`]); null: computed here where needed.
+    /// weights ([`CudaBackend::shared_input`]); null: computed here where needed.
     pub xds: DevPtr<f32>,
+    /// x's f16 parts for `gemm_h16` (`x_split_h16` with `xds`) where the caller split x once
+    /// for several weights; null: split here where needed.
+    pub xh: DevPtr<u16>,
+}
+
+/// x's rows prepared once for several weights that read the same input (q/k/v of a prompt): the
+/// `row_pow2` scales where two or more of them run on a tensor-core GEMM's f16 path, x's f16
+/// parts where two or more run on `gemm_h16` ([`CudaBackend::shared_input`]).
+#[derive(Default)]
+pub(crate) struct SharedInput {
+    xds: Option<CudaSlice<f32>>,
+    xh: Option<CudaSlice<u16>>,
+}
+
+impl SharedInput {
+    /// `g` reading the shared scales and parts (where there are any).
+    pub(crate) fn onto(&self, b: &CudaBackend, mut g: Gemv) -> Gemv {
+        g.xds = self.xds.as_ref().map_or(DevPtr::NULL, |d| b.ptr(d));
+        g.xh = self.xh.as_ref().map_or(DevPtr::NULL, |d| b.ptr(d));
+        g
+    }
 }
 
 impl Gemv {
@@ -298,6 +319,7 @@ impl Gemv {
             resid,
             t,
             xds: DevPtr::NULL,
+            xh: DevPtr::NULL,
         }
     }
 }
@@ -354,14 +376,14 @@ impl CudaBackend {
         )
     }
 
-    /// [`Backend::linear`](crate::Backend::linear) with x's `row_pow2` scales given where they
-    /// were computed once for several weights (`xds`; null: computed where needed).
+    /// [`Backend::linear`](crate::Backend::linear) with x's rows prepared once for several
+    /// weights (`shared`: see [`SharedInput`]).
     pub(crate) fn linear_rows(
         &self,
         x: &CudaTensor,
         w: &CudaLinear,
         bias: Option<&CudaTensor>,
-        xds: DevPtr<f32>,
+        shared: &SharedInput,
     ) -> Result<CudaTensor> {
         self.check(x.cols == w.cols, || {
             format!("`{}` takes {} inputs, got {}", w.name, w.cols, x.cols)
@@ -373,17 +395,9 @@ impl CudaBackend {
         }
         let y = self.tensor(x.rows, w.rows)?;
         if x.rows > 0 {
-            self.gemv_raw(
-                w,
-                Gemv {
-                    x: self.ptr(&x.buf),
-                    y: self.ptr(&y.buf),
-                    bias: bias.map_or(DevPtr::NULL, |b| self.ptr(&b.buf)),
-                    resid: DevPtr::NULL,
-                    t: x.rows,
-                    xds,
-                },
-            )?;
+            let mut g = Gemv::rows(self.ptr(&x.buf), self.ptr(&y.buf), DevPtr::NULL, x.rows);
+            g.bias = bias.map_or(DevPtr::NULL, |b| self.ptr(&b.buf));
+            self.gemv_raw(w, shared.onto(self, g))?;
         }
         Ok(y)
     }
@@ -397,6 +411,7 @@ impl CudaBackend {
             resid,
             t,
             xds: given_xds,
+            xh: _,
         } = g;
         let fast =
             (w.fmt == 3 && w.cols.is_multiple_of(32)) || (w.fmt == 2 && w.cols.is_multiple_of(8));
@@ -647,19 +662,12 @@ impl CudaBackend {
             None
         };
         let xds = own.as_ref().map_or(g.xds, |d| self.ptr(d));
-        let xh = self.alloc_unset::<u16>(2 * t * k)?;
-        ops::prefill::XSplitH16Args {
-            x: g.x,
-            xds,
-            t: t as i32,
-            k: k as i32,
-            xh: self.ptr(&xh),
-        }
-        .launch(
-            self,
-            (((t * k / 32) as u32).div_ceil(256), 1, 1),
-            (256, 1, 1),
-        )?;
+        let own_xh = if g.xh.is_null() {
+            Some(self.split_h16(g.x, xds, t, k)?)
+        } else {
+            None
+        };
+        let xh = own_xh.as_ref().map_or(g.xh, |d| self.ptr(d));
         let tiles = (
             (w.rows as u32).div_ceil(GEMM_H16_ROWS),
             (t as u32).div_ceil(GEMM_H16_TOKENS),
@@ -677,7 +685,7 @@ impl CudaBackend {
             w: self.ptr(&w.data),
             scales: w.scales_ptr(self),
             inv_g: w.inv_g,
-            xh: self.ptr(&xh),
+            xh,
             y: g.y,
             bias: g.bias,
             resid: g.resid,
@@ -693,6 +701,31 @@ impl CudaBackend {
             Some(part) => self.gemm_splitk_reduce(w, g, self.ptr(part), splits, xds),
             None => Ok(()),
         }
+    }
+
+    /// x's f16 parts for `gemm_h16`: `t` rows of `k` values (`k % 32 == 0`) times their
+    /// `row_pow2` factors (`xds`), split by `x_split_h16`.
+    fn split_h16(
+        &self,
+        x: DevPtr<f32>,
+        xds: DevPtr<f32>,
+        t: usize,
+        k: usize,
+    ) -> Result<CudaSlice<u16>> {
+        let xh = self.alloc_unset::<u16>(2 * t * k)?;
+        ops::prefill::XSplitH16Args {
+            x,
+            xds,
+            t: t as i32,
+            k: k as i32,
+            xh: self.ptr(&xh),
+        }
+        .launch(
+            self,
+            (((t * k / 32) as u32).div_ceil(256), 1, 1),
+            (256, 1, 1),
+        )?;
+        Ok(xh)
     }
 
     /// The `row_pow2` scales of the `rows` rows of `x` (`cols` values each) where the tensor-core
@@ -744,22 +777,32 @@ impl CudaBackend {
             && self.f16_mma_applies(w.fmt, w.cols)
     }
 
-    /// The `row_pow2` scales of the `t` rows of `x` (`cols` values each) where two or more of
-    /// `ws` (of `cols` inputs) run on `gemm_mma`'s f16 path (q/k/v of one input): computed once
-    /// for all of them, to be handed to each through [`Gemv::xds`]. `None` where fewer do (each
-    /// computes its own, if any).
-    pub(crate) fn shared_row_scales(
+    /// The `t` rows of `x` (`cols` values each) prepared once for those of `ws` (of `cols`
+    /// inputs: q/k/v of one input) that need it, to be handed to each through
+    /// [`SharedInput::onto`]: the `row_pow2` scales where two or more run on a tensor-core
+    /// GEMM's f16 path, and x's f16 parts where two or more of those run on `gemm_h16`. Where
+    /// fewer do, each prepares its own.
+    pub(crate) fn shared_input(
         &self,
         ws: &[&CudaLinear],
         (x, t, cols): (DevPtr<f32>, usize, usize),
-    ) -> Result<Option<CudaSlice<f32>>> {
-        let mut takers = ws
+    ) -> Result<SharedInput> {
+        let takers: Vec<&CudaLinear> = ws
             .iter()
-            .filter(|w| w.cols == cols && self.gemm_mma_f16_applies(w, t));
-        match (takers.next(), takers.next()) {
-            (Some(w), Some(_)) => self.row_scales_for_f16_mma(w.fmt, x, t, cols),
-            _ => Ok(None),
-        }
+            .copied()
+            .filter(|w| w.cols == cols && self.gemm_mma_f16_applies(w, t))
+            .collect();
+        let [first, _, ..] = takers[..] else {
+            return Ok(SharedInput::default());
+        };
+        let xds = self.row_scales_for_f16_mma(first.fmt, x, t, cols)?;
+        let xh = match &xds {
+            Some(d) if takers.iter().filter(|w| self.gemm_h16_takes(w, t)).count() >= 2 => {
+                Some(self.split_h16(x, self.ptr(d), t, cols)?)
+            }
+            _ => None,
+        };
+        Ok(SharedInput { xds, xh })
     }
 
     /// Whether `t` tokens of `w` run on the few-token tensor-core GEMV (`gemv_mt`): 2 to
