@@ -617,22 +617,18 @@ __device__ __forceinline__ float f16_bits_to_f32(u16 h) {
     return f;
 }
 
-// The even (codes 0, 2, 4, 6) or odd (1, 3, 5, 7) codes of an NVFP4 word (code i in nibble i)
-// times the f16 pair `s2` (one block scale in both halves), as the f16 pairs (0, 2), (4, 6) or
-// (1, 3), (5, 7): e2m1 * scale * 2^-6 (each code moved into an e4m3 byte, then converted).
-__device__ __forceinline__ void nv_half_h2(u32 w, u32 s2, bool odd, u32 o[2]) {
-    const u32 e = odd ? ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u) : ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u);
-    u32 a, b;
-    e4m3x4_h2(e, a, b);
+// The 8 codes of an NVFP4 word (code i in nibble i) times the f16 pair `s2` (one block scale in
+// both halves), as the f16 pairs (code 0, code 2), (4, 6), (1, 3), (5, 7): e2m1 * scale * 2^-6.
+__device__ __forceinline__ void nv_word_h2(u32 w, u32 s2, u32 o[4]) {
+    const u32 even = ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u);  // codes 0, 2, 4, 6
+    const u32 odd = ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);          // codes 1, 3, 5, 7
+    u32 a, b, c, d;
+    e4m3x4_h2(even, a, b);
+    e4m3x4_h2(odd, c, d);
     o[0] = hmul2(a, s2);
     o[1] = hmul2(b, s2);
-}
-
-// The 8 codes of an NVFP4 word times `s2` as the f16 pairs (code 0, code 2), (4, 6), (1, 3),
-// (5, 7) (nv_half_h2's even, then odd pairs).
-__device__ __forceinline__ void nv_word_h2(u32 w, u32 s2, u32 o[4]) {
-    nv_half_h2(w, s2, false, o);
-    nv_half_h2(w, s2, true, o + 2);
+    o[2] = hmul2(c, s2);
+    o[3] = hmul2(d, s2);
 }
 
 __device__ __forceinline__ void mma16816(float c[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {

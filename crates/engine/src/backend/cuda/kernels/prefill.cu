@@ -577,28 +577,22 @@ __device__ __forceinline__ void gh_step(const GhStage& st, int tn, float acc[2][
     if (64 * wn >= tn) return;
 #pragma unroll
     for (int sub = 0; sub < 2; sub++) {  // 32 values of K: one row chunk of 16 bytes, 2 scales
-        u32 wq[2][2], s2[2][2];           // [16-row tile][row g, g + 8]: the code word, the scale
+        u32 a[2][2][4];                   // [16-row tile][mma chunk][register]
 #pragma unroll
         for (int i = 0; i < 2; i++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int r = 32 * wm + 16 * i + g + 8 * h;
-                wq[i][h] = st.w[r][4 * sub + q];
                 const u32 sb = (st.sc[r] >> (8 * (2 * sub + (q >> 1)))) & 0xffu;
-                s2[i][h] = __byte_perm(e4m3x2_h2(sb), 0, 0x1010);
+                u32 o[4];
+                nv_word_h2(st.w[r][4 * sub + q], __byte_perm(e4m3x2_h2(sb), 0, 0x1010), o);
+                a[i][0][h] = o[0];
+                a[i][0][2 + h] = o[1];
+                a[i][1][h] = o[2];
+                a[i][1][2 + h] = o[3];
             }
 #pragma unroll
-        for (int c = 0; c < 2; c++) {
-            u32 a[2][4];  // [16-row tile][register] of mma chunk c: the even codes, then the odd
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    u32 o[2];
-                    nv_half_h2(wq[i][h], s2[i][h], c == 1, o);
-                    a[i][h] = o[0];
-                    a[i][2 + h] = o[1];
-                }
+        for (int c = 0; c < 2; c++)
 #pragma unroll
             for (int jj = 0; jj < 4; jj++) {
                 const int n0 = 64 * wn + 16 * jj;  // the first token of this pair of 8-token groups
@@ -612,13 +606,12 @@ __device__ __forceinline__ void gh_step(const GhStage& st, int tn, float acc[2][
                     ldsm_x4(b, smem_u32(&st.x[part][tok][8 * (ch ^ (tok & 7))]));
 #pragma unroll
                     for (int i = 0; i < 2; i++) {
-                        const u32* ai = a[i];
+                        const u32* ai = a[i][c];
                         mma16816(acc[i][2 * jj], ai[0], ai[1], ai[2], ai[3], b[0], b[1]);
                         if (both) mma16816(acc[i][2 * jj + 1], ai[0], ai[1], ai[2], ai[3], b[2], b[3]);
                     }
                 }
             }
-        }
     }
 }
 
