@@ -34,7 +34,77 @@ pub fn kernel_entries() -> Vec<&'static str> {
 pub fn compile_kernels(arch: &'static str) -> std::result::Result<CompiledKernels, String> {
     let options = CudaOptions::from_env();
     let text = kernel_text(options.kernels_source.as_deref())?;
-    nvrtc_compile(&text, arch)
+    nvrtc_compile(&text, arch, &[])
+}
+
+/// What ptxas reports of one kernel's resources for one architecture (its `-v` output).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelResources {
+    /// The entry point.
+    pub name: String,
+    /// Registers per thread.
+    pub registers: u32,
+    /// Bytes of local memory per thread for the stack frame (arrays indexed at run time and
+    /// spilled registers).
+    pub stack_bytes: u32,
+    /// Bytes per thread stored to local memory because the registers ran out.
+    pub spill_store_bytes: u32,
+    /// Bytes per thread loaded back from those spills.
+    pub spill_load_bytes: u32,
+    /// Static shared memory per block (dynamic shared memory is the launch's).
+    pub shared_bytes: u32,
+}
+
+/// Compiles the kernel source (as [`compile_kernels`] does: the built-in one unless
+/// `FP4FORGE_CUDA_KERNELS` names another) for `arch` with ptxas reporting, and returns every entry
+/// point's registers, stack, spills and static shared memory, in the source's order. A tuning aid
+/// that needs no GPU: a kernel that spills under its `__launch_bounds__` shows here.
+pub fn kernel_resources(arch: &'static str) -> std::result::Result<Vec<KernelResources>, String> {
+    let options = CudaOptions::from_env();
+    let text = kernel_text(options.kernels_source.as_deref())?;
+    let compiled = nvrtc_compile(&text, arch, &["-Xptxas=-v"])?;
+    Ok(parse_ptxas_report(&compiled.log))
+}
+
+/// The kernels of a ptxas `-v` report: per entry point, the `Compiling entry function 'NAME'`
+/// line, then `N bytes stack frame, N bytes spill stores, N bytes spill loads`, then `Used N
+/// registers, ... N bytes smem` (absent parts: 0; non-inlined device functions are skipped).
+fn parse_ptxas_report(log: &str) -> Vec<KernelResources> {
+    // the number before `unit` in `line` (`"72 bytes spill stores"`), 0 where it is missing
+    let number_before = |line: &str, unit: &str| -> u32 {
+        line.find(unit)
+            .and_then(|at| line[..at].split_whitespace().last()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let mut out: Vec<KernelResources> = Vec::new();
+    let mut current: Option<KernelResources> = None;
+    for line in log.lines() {
+        if let Some(at) = line.find("Compiling entry function '") {
+            out.extend(current.take());
+            let rest = &line[at + "Compiling entry function '".len()..];
+            let name = rest.split('\'').next().unwrap_or(rest);
+            current = Some(KernelResources {
+                name: name.to_string(),
+                registers: 0,
+                stack_bytes: 0,
+                spill_store_bytes: 0,
+                spill_load_bytes: 0,
+                shared_bytes: 0,
+            });
+        } else if let Some(k) = current.as_mut() {
+            if line.contains("bytes stack frame") {
+                k.stack_bytes = number_before(line, " bytes stack frame");
+                k.spill_store_bytes = number_before(line, " bytes spill stores");
+                k.spill_load_bytes = number_before(line, " bytes spill loads");
+            } else if line.contains("registers") {
+                k.registers = number_before(line, " registers");
+                k.shared_bytes = number_before(line, " bytes smem");
+                out.extend(current.take());
+            }
+        }
+    }
+    out.extend(current);
+    out
 }
 
 /// What NVRTC made of the kernel source for one architecture.
@@ -44,13 +114,20 @@ pub struct CompiledKernels {
     /// The device code for the architecture (CUBIN), where NVRTC made one (it does for a real
     /// architecture such as `sm_90`): loading it skips the driver's PTX compilation.
     pub cubin: Option<Vec<u8>>,
+    /// NVRTC's log (warnings; ptxas's report where asked for).
+    pub log: String,
 }
 
 /// The NVRTC options of every compilation (the architecture's comes first).
 const NVRTC_OPTIONS: [&str; 2] = ["-std=c++17", "-default-device"];
 
-/// Compiles `text` for `arch` with NVRTC: the PTX and, where NVRTC made one, the CUBIN.
-fn nvrtc_compile(text: &str, arch: &str) -> std::result::Result<CompiledKernels, String> {
+/// Compiles `text` for `arch` with NVRTC ([`NVRTC_OPTIONS`] and `extra`): the PTX, the CUBIN
+/// where NVRTC made one, and the log.
+fn nvrtc_compile(
+    text: &str,
+    arch: &str,
+    extra: &[&str],
+) -> std::result::Result<CompiledKernels, String> {
     use cudarc::nvrtc::{result, sys};
     if nvrtc_version().is_none() {
         return Err(
@@ -64,6 +141,7 @@ fn nvrtc_compile(text: &str, arch: &str) -> std::result::Result<CompiledKernels,
     let prog = result::create_program(&src, None).map_err(|e| format!("NVRTC: {e:?}"))?;
     let mut options = vec![format!("--gpu-architecture={arch}")];
     options.extend(NVRTC_OPTIONS.iter().map(|o| o.to_string()));
+    options.extend(extra.iter().map(|o| o.to_string()));
     // SAFETY: `prog` was created above and is destroyed once, below, after its last use.
     let out = unsafe {
         let compiled = result::compile_program(prog, &options);
@@ -91,6 +169,9 @@ fn nvrtc_compile(text: &str, arch: &str) -> std::result::Result<CompiledKernels,
                     CompiledKernels {
                         ptx: c_text(&p),
                         cubin,
+                        log: result::get_program_log(prog)
+                            .map(|l| c_text(&l))
+                            .unwrap_or_default(),
                     }
                 }),
         };
@@ -186,7 +267,7 @@ pub(super) fn module_for(
     }
     let text = kernel_text(source)?;
     let file = cache.map(|dir| kernel_cache_file(dir, &text, arch));
-    let module = match cached_or_compiled(file.as_deref(), || nvrtc_compile(&text, arch))? {
+    let module = match cached_or_compiled(file.as_deref(), || nvrtc_compile(&text, arch, &[]))? {
         Module::Cubin(bin) => Ptx::from_binary(bin),
         Module::Ptx(ptx) => Ptx::from_src(ptx),
     };
@@ -243,7 +324,50 @@ mod tests {
         CompiledKernels {
             ptx: "// ptx".into(),
             cubin: cubin.map(<[u8]>::to_vec),
+            log: String::new(),
         }
+    }
+
+    /// ptxas's `-v` lines as NVRTC logs them: entry points with and without spills and static
+    /// shared memory; a device function's properties are not an entry.
+    #[test]
+    fn ptxas_reports_are_read_per_entry_point() {
+        let log = "\
+ptxas info    : Compiling entry function 'gemm_h16' for 'sm_90'
+ptxas info    : Function properties for gemm_h16
+ptxas         .     72 bytes stack frame, 72 bytes spill stores, 64 bytes spill loads
+ptxas info    : Used 128 registers, used 1 barriers, 72 bytes cumulative stack size
+ptxas info    : Compile time = 335.191 ms
+ptxas info    : Function properties for _Z6helperv
+ptxas         .     8 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Compiling entry function 'gemm_mma' for 'sm_90'
+ptxas info    : Function properties for gemm_mma
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 111 registers, used 1 barriers, 40960 bytes smem
+";
+        let got = parse_ptxas_report(log);
+        let k = |name: &str,
+                 registers,
+                 stack_bytes,
+                 spill_store_bytes,
+                 spill_load_bytes,
+                 shared_bytes| {
+            KernelResources {
+                name: name.into(),
+                registers,
+                stack_bytes,
+                spill_store_bytes,
+                spill_load_bytes,
+                shared_bytes,
+            }
+        };
+        assert_eq!(
+            got,
+            [
+                k("gemm_h16", 128, 72, 72, 64, 0),
+                k("gemm_mma", 111, 0, 0, 0, 40960)
+            ]
+        );
     }
 
     /// The first start compiles and stores the CUBIN; the next loads it without compiling; a

@@ -40,7 +40,9 @@ mod ops;
 mod options;
 
 use compile::*;
-pub use compile::{compile_kernels, kernel_entries, CompiledKernels, KERNELS_CU};
+pub use compile::{
+    compile_kernels, kernel_entries, kernel_resources, CompiledKernels, KernelResources, KERNELS_CU,
+};
 use kv_pool::{KvBlock, KvPool, KV_BLOCK};
 pub use ops::attention::{CudaKvLayer, CudaRope};
 pub use ops::moe::{CudaExperts, CudaRouting, ExpertArena};
