@@ -200,12 +200,9 @@ if [[ $REPORT_ONLY == 0 ]]; then
 [[ -d $TOOLS ]] || die "TOOLS=$TOOLS: no such directory (make_laguna_gguf.py, word_tokenizer.py)"
 TOOLS="$(cd "$TOOLS" && pwd)"
 for f in make_laguna_gguf.py word_tokenizer.py; do [[ -f $TOOLS/$f ]] || die "$TOOLS/$f missing"; done
-# nvcc (llama.cpp's build) and NVRTC + the driver (fp4forge's, found through the loader's path,
-# as in scripts/gpu-tests.sh).
+# nvcc (llama.cpp's build) and NVRTC + the driver (fp4forge's, found through the loader's path).
 [[ -d /usr/local/cuda/bin ]] && PATH="$PATH:/usr/local/cuda/bin"
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-  [[ -d $d ]] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
-done
+source "$ROOT/scripts/cuda-env.sh"
 NEED_LLAMA=0
 for m in $MODELS; do [[ $m == tiny ]] || NEED_LLAMA=1; done
 if [[ $SKIP_LLAMA == 1 ]]; then NEED_LLAMA=0; fi

@@ -45,14 +45,7 @@ if [ "$mode" = build ]; then
 fi
 
 # NVRTC and the driver are found through the loader's path.
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-         $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, "cu13", "lib") for p in nvidia.__path__))' 2>/dev/null || true); do
-    [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
-done
-if ! ls ${LD_LIBRARY_PATH//:/ } 2>/dev/null | grep -q libnvrtc; then
-    lib=$(find / -name 'libnvrtc.so*' -not -path '*/proc/*' 2>/dev/null | head -1 || true)
-    [ -n "$lib" ] && export LD_LIBRARY_PATH="$(dirname "$lib"):${LD_LIBRARY_PATH:-}"
-fi
+source scripts/cuda-env.sh
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$out/gpu.txt" || true
 export FP4FORGE_ENGINE_DIR="$PWD/crates/engine"

@@ -12,10 +12,8 @@ cd "$(dirname "$0")/.."
 work=${1:-/tmp/xs}
 contexts=${2:-2048 16384 65536}
 bin=${FP4FORGE_BIN:-target/release/fp4forge}
-# NVRTC and the driver are found through the loader's path (as in scripts/gpu-tests.sh).
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-    [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
-done
+# NVRTC and the driver are found through the loader's path.
+source scripts/cuda-env.sh
 stock=$work/xs-stock
 lean=$work/xs-lean
 mkdir -p "$work"

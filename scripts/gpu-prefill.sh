@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Prefill A/B of CUDA kernel variants on lean Laguna-XS-2.1 in one go (issue 20's tuning loop):
+# the production prefill (`Session::prefill`, crates/lab's `prefill_speed`) of 2,048 and 16,384
+# tokens, each variant in turn for ROUNDS rounds, then where the machine has Nsight Compute the
+# kernels of one 2,048-token prefill of the first variant summed per kernel.
+#
+#   scripts/gpu-prefill.sh build                      # here: binaries -> target/gpu-prefill/
+#   scripts/gpu-prefill.sh run OUTDIR [VARIANT ...]   # on the GPU machine, from the repo root
+#
+# A variant is `builtin` (the kernels built into the binary), a `.cu` file (compiled instead of
+# them through FP4FORGE_CUDA_KERNELS: kernels/*.cu concatenated in KERNELS_CU's order with a
+# newline between them, e.g. an edited copy) or NAME=VALUE settings joined by `,` (backend knobs,
+# e.g. FP4FORGE_CUDA_H16_GEMM=0). Default: `builtin FP4FORGE_CUDA_H16_GEMM=0`.
+# Environment: XS (default /dev/shm/xs-lean: written by `synth --preset xs --stock-nvfp4` +
+# `quantize` when missing, ~80 s, 21.7 + 20 GB), ROUNDS (2), FP4FORGE_KERNEL_CACHE (default
+# /dev/shm/fp4forge-kernels: each variant compiles once, ~80 s). Results: OUTDIR/prefill.txt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-}
+bin=target/gpu-prefill
+if [ "$mode" = build ]; then
+    cargo build --release --features cuda -p fp4forge
+    cargo build --release --features cuda -p fp4forge-lab --example prefill_speed
+    mkdir -p "$bin"
+    objcopy --strip-debug target/release/fp4forge "$bin/fp4forge"
+    objcopy --strip-debug target/release/examples/prefill_speed "$bin/prefill_speed"
+    ls -la "$bin"
+    exit 0
+fi
+[ "$mode" = run ] || { echo "usage: $0 build | run OUTDIR [VARIANT ...]" >&2; exit 2; }
+out=${2:?usage: $0 run OUTDIR [VARIANT ...]}
+shift 2
+variants=("$@")
+[ ${#variants[@]} -gt 0 ] || variants=(builtin FP4FORGE_CUDA_H16_GEMM=0)
+for v in "${variants[@]}"; do
+    case $v in builtin | *.cu | *=*) ;; *) echo "variant $v: not builtin, a .cu file or NAME=VALUE" >&2; exit 2 ;; esac
+    if [[ $v == *.cu && ! -f $v ]]; then echo "variant $v: no such file" >&2; exit 2; fi
+done
+source scripts/cuda-env.sh
+export FP4FORGE_KERNEL_CACHE=${FP4FORGE_KERNEL_CACHE:-/dev/shm/fp4forge-kernels}
+xs=${XS:-/dev/shm/xs-lean}
+rounds=${ROUNDS:-2}
+mkdir -p "$out" "$FP4FORGE_KERNEL_CACHE"
+report=$out/prefill.txt
+: > "$report"
+rm -f "$out/failed.log"
+say() { echo "$*" | tee -a "$report"; }
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$report" || true
+if [ ! -d "$xs" ]; then
+    say "writing lean XS into $xs"
+    "$bin/fp4forge" synth --preset xs --stock-nvfp4 "$xs.stock" > /dev/null
+    "$bin/fp4forge" quantize "$xs.stock" "$xs" > /dev/null
+    rm -rf "$xs.stock"
+fi
+# The environment of variant $1, as NAME=VALUE words.
+settings() {
+    case $1 in
+        builtin) ;;
+        *.cu) echo "FP4FORGE_CUDA_KERNELS=$(realpath "$1")" ;;
+        *) echo "${1//,/ }" ;;
+    esac
+}
+# The median of one prefill_speed run of variant $1 ($2 tokens, $3 repetitions) in milliseconds;
+# nothing where it failed (its output then in OUTDIR/failed.log).
+median_ms() {
+    local log
+    # shellcheck disable=SC2046
+    log=$(env $(settings "$1") "$bin/prefill_speed" "$xs" --device cuda "$2" "$3" 2>&1) ||
+        { echo "== $1 $2: $log" >> "$out/failed.log"; return 0; }
+    echo "$log" | sed -n 's/^prefill .* median \([0-9.]*\) ms.*/\1/p'
+}
+say "$(printf '%-44s %5s %12s %12s' variant round '2048 ms' '16384 ms')"
+for round in $(seq 1 "$rounds"); do
+    for v in "${variants[@]}"; do
+        a=$(median_ms "$v" 2048 3)
+        b=$(median_ms "$v" 16384 1)
+        say "$(printf '%-44s %5s %12s %12s' "$(basename "$v")" "$round" "${a:-failed}" "${b:-failed}")"
+    done
+done
+ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /usr/local/cuda-*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)
+if [ -z "$ncu" ]; then
+    say "Nsight Compute not found: no per-kernel times"
+    exit 0
+fi
+# shellcheck disable=SC2046
+env $(settings "${variants[0]}") "$ncu" --cache-control none --clock-control none \
+    --metrics gpu__time_duration.sum --csv "$bin/prefill_speed" "$xs" --device cuda 2048 1 \
+    > "$out/ncu.csv" 2> "$out/ncu.log" || true
+say "kernels of $(basename "${variants[0]}") (ncu: warm-up + one 2,048-token prefill, summed per kernel)"
+python3 - "$out/ncu.csv" <<'PY' | tee -a "$report"
+import collections, csv, sys
+total, count, header = collections.Counter(), collections.Counter(), None
+for row in csv.reader(open(sys.argv[1])):
+    if "Kernel Name" in row and "Metric Value" in row:
+        header = row
+        continue
+    if header is None or len(row) != len(header):
+        continue
+    d = dict(zip(header, row))
+    if d.get("Metric Name") != "gpu__time_duration.sum":
+        continue
+    try:
+        ns = float(d["Metric Value"].replace(",", ""))
+    except ValueError:
+        continue
+    name = d["Kernel Name"].split("(")[0]
+    total[name] += ns
+    count[name] += 1
+print(f"{'kernel':<32} {'ms':>9} {'launches':>9}")
+for name, ns in total.most_common(25):
+    print(f"{name:<32} {ns / 1e6:>9.2f} {count[name]:>9}")
+print(f"{'total':<32} {sum(total.values()) / 1e6:>9.2f}")
+PY
