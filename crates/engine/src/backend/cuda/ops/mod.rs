@@ -129,21 +129,11 @@ pub(crate) fn kernel_names() -> Vec<&'static str> {
 macro_rules! kernels {
     (@names $f:ident) => { &[stringify!($f)] };
     (@names $f:ident [$($v:literal),+]) => { &[$($v),+] };
-    (@launch $group:ident $f:ident) => {
-        /// Launches the kernel on `b`'s stream: `grid` blocks of `block` threads.
-        pub(crate) fn launch(
-            self,
-            b: &$crate::backend::cuda::CudaBackend,
-            grid: (u32, u32, u32),
-            block: (u32, u32, u32),
-        ) -> $crate::error::Result<()> {
-            self.launch_on(b, &b.inner.f.$group.$f[0], grid, block, 0)
-        }
-    };
+    (@launch $group:ident $f:ident) => { kernels!(@launch $group $f; 0); };
     (@launch $group:ident $f:ident; $smem:expr) => {
         /// Launches the kernel on `b`'s stream: `grid` blocks of `block` threads, with the
-        /// dynamic shared memory its entry declares (the backend raised the kernel's limit to
-        /// it when it loaded the kernel).
+        /// dynamic shared memory its table entry declares, if any (above 48 KiB the backend
+        /// raised the kernel's limit when it loaded it).
         pub(crate) fn launch(
             self,
             b: &$crate::backend::cuda::CudaBackend,
