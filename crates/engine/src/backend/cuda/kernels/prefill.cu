@@ -478,9 +478,9 @@ GEMM_MMA_KERNEL(gemm_mma_deep, GT_PF_DEEP)
 // gemm_mma's f16 path (the same products: A = e2m1 * e4m3 * 2^-6, exact in f16; x * 2^e as f16
 // high parts and remainders; f32 accumulation; the same epilogue and split-K partial sums),
 // organised for prompts of many tokens:
-// - x is split once per input (x_split_h16; q/k/v share it) into its two f16 parts, each row laid out per 32
-//   values in the order of the mma fragments (below): the main loop copies its tiles with
-//   cp.async and reads them with ldmatrix, no conversions;
+// - x is split once per input (x_split_h16; q/k/v share it) into its two f16 parts, each row
+//   laid out per 32 values in the order of the mma fragments (below): the main loop copies its
+//   tiles with cp.async and reads them with ldmatrix, no conversions;
 // - the weights' packed codes and block scales are copied raw (cp.async, 32 + 4 bytes a row per
 //   K step of 64) and each warp decodes its A fragments from shared memory straight into
 //   registers: a thread's u32 of 8 codes is, through nv_word_h2, exactly its four f16 pairs of
