@@ -138,6 +138,14 @@ impl CudaBackend {
     /// Opens device `ordinal` with `options` (the environment is not read), compiles the kernels
     /// for it (NVRTC) and creates a stream.
     pub fn with_options(ordinal: usize, options: CudaOptions) -> Result<Self> {
+        // (cudarc panics on the first driver call where the library cannot be loaded)
+        // SAFETY: loading the library is the whole check.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(backend_err(
+                "the CUDA driver library (libcuda.so.1) cannot be loaded: this machine has no \
+                 NVIDIA driver, or its directory is not on LD_LIBRARY_PATH",
+            ));
+        }
         let ctx = CudaContext::new(ordinal).map_err(|e| backend_err(format!("{e:?}")))?;
         // One stream, ordered: no per-buffer events needed.
         // SAFETY: every op runs on `stream`; buffers are never shared across streams.
@@ -1250,5 +1258,24 @@ impl Backend for CudaBackend {
         Ok(self
             .decode_fused(net, seqs)?
             .map(|ts| ts.into_iter().map(Some).collect()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where no CUDA driver can be loaded (CI, a CPU machine), opening a device is an error that
+    /// says so, not a panic inside the driver bindings; where one can, there is nothing to check.
+    #[test]
+    fn a_machine_without_a_driver_gets_an_error() {
+        // SAFETY: loading the library is the whole check.
+        if unsafe { cudarc::driver::sys::is_culib_present() } {
+            println!("a CUDA driver is present: nothing to check");
+            return;
+        }
+        let err = CudaBackend::new(0).expect_err("no driver, yet a device opened");
+        let text = err.to_string();
+        assert!(text.contains("CUDA driver library"), "{text}");
     }
 }
