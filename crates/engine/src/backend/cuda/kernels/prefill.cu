@@ -625,7 +625,7 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     gemm_h16(const u8* __restrict__ w, const u8* __restrict__ scales, float inv_g, const u16* __restrict__ xh,
              float* y, const float* __restrict__ bias, const float* resid, int N, int K, int T, int kc,
              float* __restrict__ part, const float* __restrict__ xds) {
-    extern __shared__ __align__(16) u8 gh_smem[];
+    DYNAMIC_SMEM(u8, gh_smem);
     GhStage* st = (GhStage*)gh_smem;
     const long r0 = (long)blockIdx.x * GH_BM, t0 = (long)blockIdx.y * GH_BN;
     const int k0 = (int)blockIdx.z * kc * 32;
