@@ -340,11 +340,13 @@ inline bool run_block(const Launch& l, uint3 idx) {
     }
     if (l.smem > 0) memset(dynamic_smem_buffer, 0xff, l.smem);  // NaN bytes: unwritten reads show
     unsigned done = 0;
-    while (done < n) {
+    // rounds alternate between ascending and descending thread order, so that a read a missing
+    // barrier leaves unordered runs before the write in some round
+    for (unsigned round = 0; done < n; round++) {
         bool progress = false;
         done = 0;
-        for (unsigned t = 0; t < n; t++) {
-            Fiber& f = r.fibers[t];
+        for (unsigned i = 0; i < n; i++) {
+            Fiber& f = r.fibers[round % 2 ? n - 1 - i : i];
             if (f.done) {
                 done++;
                 continue;

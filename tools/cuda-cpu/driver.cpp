@@ -447,7 +447,7 @@ API int nvrtcCompileProgram(Program* p, int n, const char* const* options) {
     const char* flags = getenv("FP4FORGE_CUDA_CPU_CXXFLAGS");
     const std::string cxx = std::string(cxx_env && *cxx_env ? cxx_env : "g++") +
                             " -std=c++17 -w -D__CUDA_ARCH__=" + std::to_string(arch * 10) +
-                            " -include " CUDA_CPU_DIR "/cuda_cpu.h";
+                            " -include '" CUDA_CPU_DIR "/cuda_cpu.h'";
     auto write = [](const std::string& path, const std::string& text) {
         FILE* f = fopen(path.c_str(), "w");
         if (!f) return false;
