@@ -624,15 +624,6 @@ __device__ __forceinline__ u16 f32_to_f16_rn(float f) {
     return h;
 #endif
 }
-__device__ __forceinline__ float f16_bits_to_f32(u16 h) {
-#ifdef FP4FORGE_CPU_EMU
-    return emu_f16_to_f32(h);
-#else
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-#endif
-}
 
 // The 8 codes of an NVFP4 word (code i in nibble i) times the f16 pair `s2` (one block scale in
 // both halves), as the f16 pairs (code 0, code 2), (4, 6), (1, 3), (5, 7): e2m1 * scale * 2^-6.
@@ -679,7 +670,7 @@ __device__ __forceinline__ void xb_octet(uint2* xb, int o, float4 a, float4 b, f
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             hi[q] = f32_to_f16_rn(v[q]);
-            lo[q] = f32_to_f16_rn(v[q] - f16_bits_to_f32(hi[q]));
+            lo[q] = f32_to_f16_rn(v[q] - f16_to_f32(hi[q]));
         }
         dst[8 * h] = make_uint2((u32)hi[0] | ((u32)hi[1] << 16), (u32)hi[2] | ((u32)hi[3] << 16));
         dst[8 * h + 4] = make_uint2((u32)lo[0] | ((u32)lo[1] << 16), (u32)lo[2] | ((u32)lo[3] << 16));
