@@ -408,8 +408,9 @@ fn gpu_nvfp4_experts_match_cpu() {
         // shapes; 5: each block walks several groups and items, as at full size)
         // (3, 10 tokens at hidden 256: grouped a few items per tile, 10 x 3 items = several
         // tiles for some experts; 40, 200 tokens: grouped by expert on the tiled GEMM, 200 x 3
-        // items = several tiles per expert, the last partial; each also compared with the
-        // per-item kernels)
+        // items = several tiles per expert, the last partial, at hidden 256 on sm_90 on
+        // gemm_h16's core; each also compared with the per-item kernels, and 40, 200 with the
+        // grouped kernels of gemm_mma's core)
         // (the few-items path from 2 tokens here, whatever its default threshold)
         gpu.set_options(CudaOptions {
             few_moe_min_tokens: 2,
@@ -447,6 +448,21 @@ fn gpu_nvfp4_experts_match_cpu() {
                     // a few items per tile: the per-item tensor-core arithmetic, bit for bit
                     assert_eq!(d, 0.0, "few items per tile vs per-item t {t}");
                 }
+            }
+            if t >= 40 {
+                // grouped on gemm_h16's core (hidden 256 on sm_90) vs on gemm_mma's
+                gpu.set_options(CudaOptions {
+                    h16_gemm: false,
+                    ..gpu.options()
+                });
+                let mma = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
+                gpu.set_options(CudaOptions {
+                    h16_gemm: true,
+                    ..gpu.options()
+                });
+                let d = max_abs_diff(&got, &mma);
+                println!("  grouped, h16 core vs mma kernels: max |Δ| {d:.3e}");
+                assert!(d <= 1e-4 * scale.max(1.0), "h16 vs mma grouped t {t}: {d}");
             }
         }
         set_persistent_grid(&gpu, 0);

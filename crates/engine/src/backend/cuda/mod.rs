@@ -46,7 +46,10 @@ pub use compile::{
 use kv_pool::{KvBlock, KvPool, KV_BLOCK};
 pub use ops::attention::{CudaKvLayer, CudaRope};
 pub use ops::moe::{CudaExperts, CudaRouting, ExpertArena};
-use ops::prefill::{GEMM_H16_ROWS, GEMM_H16_SMEM, GEMM_H16_TOKENS, GEMM_MMA_ROWS, GEMM_MMA_TOKENS};
+use ops::prefill::{
+    EXPERTS_H16_ITEMS, EXPERTS_H16_SMEM, GEMM_H16_ROWS, GEMM_H16_SMEM, GEMM_H16_TOKENS,
+    GEMM_MMA_ROWS, GEMM_MMA_TOKENS,
+};
 use ops::{attention::*, gemv::*, moe::*, DevPtr, Funcs};
 pub use options::CudaOptions;
 
@@ -92,9 +95,9 @@ pub(crate) struct Inner {
     /// (`gemm_mma`, the grouped experts, the prefill attention `attn_flash_*`; each also behind
     /// its own `CudaOptions` knob).
     pub sm80: bool,
-    /// `gemm_h16` (prompts' NVFP4 linears, several K steps in flight) can run here: tensor cores
-    /// on (`mma`) and its dynamic shared memory ([`GEMM_H16_SMEM`]) granted (sm_90: 227 KiB a
-    /// block; not sm_89's 99 KiB).
+    /// `gemm_h16` and the grouped experts on its core (`experts_*_h16`) can run here: tensor
+    /// cores on (`mma`) and their dynamic shared memory ([`GEMM_H16_SMEM`],
+    /// [`EXPERTS_H16_SMEM`]) granted (sm_90: 227 KiB a block; not sm_89's 99 KiB).
     pub h16_gemm: bool,
     /// Completion counter of the fused epilogues (`Epi` in kernels/common.cu).
     counters: CudaSlice<u32>,
@@ -178,14 +181,22 @@ impl CudaBackend {
             )
             .unwrap_or(100) as usize;
         let mma = (maj, min) >= (8, 9) && options.mma;
-        // (a device that cannot give gemm_h16 its shared memory keeps gemm_mma for prompts)
+        // (a device that cannot give them their shared memory keeps gemm_mma and the grouped
+        // experts' mma kernels for prompts)
         let h16_gemm = mma
-            && f.prefill.gemm_h16[0]
-                .set_attribute(
+            && [
+                (&f.prefill.gemm_h16[0], GEMM_H16_SMEM),
+                (&f.moe.experts_gate_up_h16[0], EXPERTS_H16_SMEM),
+                (&f.moe.experts_down_h16[0], EXPERTS_H16_SMEM),
+            ]
+            .iter()
+            .all(|(k, bytes)| {
+                k.set_attribute(
                     cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    GEMM_H16_SMEM as i32,
+                    *bytes as i32,
                 )
-                .is_ok();
+                .is_ok()
+            });
         let counters = stream
             .alloc_zeros::<u32>(1)
             .map_err(|e| backend_err(format!("{e:?}")))?;

@@ -13,7 +13,7 @@
 //! | `FP4FORGE_CUDA_FUSED_BATCH` | `fused_batch` | `0`: a decode step of several sequences on the generic ops, not the fused sequence over all of them | on |
 //! | `FP4FORGE_CUDA_GEMM` | `tiled_prefill` | `0`: multi-token linears on the `linear` GEMV kernel, not `gemm_tiled` | on |
 //! | `FP4FORGE_CUDA_MMA_GEMM` | `mma_gemm` | `0`: multi-token bf16/NVFP4 linears on `gemm_tiled` (f32 FMA), not `gemm_mma` (tensor cores, sm_80+) | on |
-//! | `FP4FORGE_CUDA_H16_GEMM` | `h16_gemm` | `0`: prompts' NVFP4 linears (more than 64 tokens, K % 64 == 0) on `gemm_mma`'s f16 path, not on `gemm_h16` (x split once, K steps in flight; sm_90) | on |
+//! | `FP4FORGE_CUDA_H16_GEMM` | `h16_gemm` | `0`: prompts' NVFP4 linears (more than 64 tokens, K % 64 == 0) and grouped NVFP4 experts on `gemm_mma`'s core (f16 path), not on `gemm_h16`'s (x split once, K steps in flight; sm_90) | on |
 //! | `FP4FORGE_CUDA_GROUPED_MOE` | `grouped_moe` | `0`: multi-token routed experts on the per-item kernels, not grouped by expert on tensor cores (sm_80+) | on |
 //! | `FP4FORGE_CUDA_BATCH_ATTN` | `batched_attention` | `0`: a batched decode step's attention sequence by sequence (rope, attention, append per sequence), not in one `attn_dec_batch` launch | on |
 //! | `FP4FORGE_CUDA_FLASH` | `flash_attention` | `0`: prefill attention (16+ rows) on the `attn_*` kernels, not on tensor cores (`attn_flash_*`, sm_80+ only anyway) | on |
@@ -61,7 +61,8 @@ pub struct CudaOptions {
     pub tiled_prefill: bool,
     /// `FP4FORGE_CUDA_MMA_GEMM`: multi-token bf16/NVFP4 linears on tensor cores (`gemm_mma`).
     pub mma_gemm: bool,
-    /// `FP4FORGE_CUDA_H16_GEMM`: prompts' NVFP4 linears on `gemm_h16` where it runs.
+    /// `FP4FORGE_CUDA_H16_GEMM`: prompts' NVFP4 linears and grouped experts on `gemm_h16`'s core
+    /// where it runs.
     pub h16_gemm: bool,
     /// `FP4FORGE_CUDA_GROUPED_MOE`: multi-token routed experts grouped by expert on tensor cores.
     pub grouped_moe: bool,

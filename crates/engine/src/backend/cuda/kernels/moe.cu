@@ -711,6 +711,99 @@ extern "C" __global__ void __launch_bounds__(256) experts_down_mma(ExpertProj do
     });
 }
 
+// The same two products on gemm_h16's core (NVFP4 gate/up/down, sm_90): x and h split once into
+// their f16 parts (x_split_h16), each tile's rows gathered by cp.async, tiles of 64 items,
+// GH_STAGES * sizeof(GhStage<64>) bytes of dynamic shared memory. The arithmetic of the f16 path
+// above (same products, same scales; f32 sums in another order).
+
+// h[item, o] as experts_gate_up_mma, from x's parts `xh` (T token rows of K) and their scales.
+extern "C" __global__ void __launch_bounds__(256, 2)
+    experts_gate_up_h16(ExpertProj gate, ExpertProj up, const int* __restrict__ tiles, const int* __restrict__ ntiles,
+                        const int* __restrict__ order, int k, const u16* __restrict__ xh, int T,
+                        float* __restrict__ h, int inter, int K, const float* __restrict__ xds) {
+    constexpr int BN = 64;
+    extern __shared__ __align__(16) u8 gh_smem[];
+    __shared__ int xrow[BN], items[BN];
+    __shared__ float ids[BN];
+    const int tid = threadIdx.x;
+    pdl_enter();  // (the tiles are moe_align's output)
+    if ((int)blockIdx.y >= *ntiles) return;
+    const int4 tile = ((const int4*)tiles)[blockIdx.y];
+    const long e = tile.x;
+    const int cnt = tile.z;
+    if (tid < BN) {
+        const int item = tid < cnt ? order[tile.y + tid] : 0;
+        items[tid] = item;
+        xrow[tid] = tid < cnt ? item / k : -1;
+        ids[tid] = tid < cnt ? __ldg(xds + item / k) : 1.f;
+    }
+    // weight rows: 64 gate rows, then the same 64 up rows
+    const long o0 = (long)blockIdx.x * 64;
+    const int wr = tid >> 1;
+    const long wo = o0 + (wr & 63), so = o0 + (tid & 63);
+    const ExpertProj& wp = wr >= 64 ? up : gate;
+    const ExpertProj& sp = tid >= 64 ? up : gate;
+    GhSrc s;
+    s.wrow = wo < inter ? (const u8*)wp.w + (e * inter + wo) * (K / 2) : nullptr;
+    s.srow = tid < GH_BM && so < inter ? sp.scales + (e * inter + so) * (K / 16) : nullptr;
+    s.xh = xh;
+    s.part_len = (long)T * K;
+    s.xrow = xrow;
+    s.K = K;
+    __syncthreads();
+    float acc[2][BN / 16][4];
+    gh_mainloop<BN>(s, 0, K, cnt, (GhStage<BN>*)gh_smem, acc);
+    float(*C)[BN + 1] = (float(*)[BN + 1])(void*)gh_smem;  // (the stages are free again)
+    gh_each<BN>(acc, [&](int r, int j, float v) { C[r][j] = v; });
+    __syncthreads();
+    const float gg = 64.f * gate.inv_g[e], gu = 64.f * up.inv_g[e];
+    for (int idx = tid; idx < 64 * BN; idx += blockDim.x) {
+        const int o = idx & 63, j = idx >> 6;
+        if (j < cnt && o0 + o < inter) {
+            const float gv = C[o][j] * (gg * ids[j]), uv = C[64 + o][j] * (gu * ids[j]);
+            h[(long)items[j] * inter + o0 + o] = gv / (1.0f + expf(-gv)) * uv;
+        }
+    }
+}
+
+// part[item, o] as experts_down_mma, from h's parts `hh` (one row of `inter` per item, `items`
+// rows) and their scales `hds`.
+extern "C" __global__ void __launch_bounds__(256, 2)
+    experts_down_h16(ExpertProj down, const int* __restrict__ tiles, const int* __restrict__ ntiles,
+                     const int* __restrict__ order, const float* __restrict__ wts, const u16* __restrict__ hh,
+                     int items_total, float* __restrict__ part, int inter, int H, const float* __restrict__ hds) {
+    constexpr int BN = 64;
+    extern __shared__ __align__(16) u8 gh_smem[];
+    __shared__ int xrow[BN];
+    const int tid = threadIdx.x;
+    pdl_enter();
+    if ((int)blockIdx.y >= *ntiles) return;
+    const int4 tile = ((const int4*)tiles)[blockIdx.y];
+    const long e = tile.x;
+    const int cnt = tile.z;
+    if (tid < BN) xrow[tid] = tid < cnt ? order[tile.y + tid] : -1;
+    const long o0 = (long)blockIdx.x * GH_BM;
+    const long wo = o0 + (tid >> 1), so = o0 + tid;
+    GhSrc s;
+    s.wrow = wo < H ? (const u8*)down.w + (e * H + wo) * (inter / 2) : nullptr;
+    s.srow = tid < GH_BM && so < H ? down.scales + (e * H + so) * (inter / 16) : nullptr;
+    s.xh = hh;
+    s.part_len = (long)items_total * inter;
+    s.xrow = xrow;
+    s.K = inter;
+    __syncthreads();
+    float acc[2][BN / 16][4];
+    gh_mainloop<BN>(s, 0, inter, cnt, (GhStage<BN>*)gh_smem, acc);
+    const float gs = 64.f * down.inv_g[e];
+    gh_each<BN>(acc, [&](int r, int t, float v) {
+        const long o = o0 + r;
+        if (o < H && t < cnt) {
+            const int item = xrow[t];
+            part[(long)item * H + o] = v * (gs * (wts[item] * hds[item]));
+        }
+    });
+}
+
 // ---- grouped MoE of a few items per expert (batched decode steps) ----------------------------
 //
 // A batched decode step's routed items spread over many experts, one or a few each: tiles of up

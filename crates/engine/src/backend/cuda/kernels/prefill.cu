@@ -486,9 +486,10 @@ GEMM_MMA_KERNEL(gemm_mma_deep, GT_PF_DEEP)
 //   registers: a thread's u32 of 8 codes is, through nv_word_h2, exactly its four f16 pairs of
 //   one row in the step's two 16-wide mma chunks (no decoded tile in shared memory);
 // - GH_STAGES K steps in flight (dynamic shared memory), one barrier per step.
-// Block: GH_BM = 128 weight rows x GH_BN = 128 tokens, 8 warps as 4 (rows) x 2 (tokens), each
-// 32 rows x 64 tokens (2 x 8 mma tiles). Token groups of 8 at or past the tile's last token are
-// skipped (warp-uniform).
+// Block: GH_BM = 128 weight rows x BN tokens (gemm_h16: 128; the grouped experts: 64 items of
+// one expert), 8 warps as 4 (rows) x 2 (tokens), each 32 rows x BN / 2 tokens. Token groups of
+// 8 at or past the tile's last token are skipped (warp-uniform). The token rows are gathered
+// (each block lists its rows of x: an expert's items).
 //
 // Fragment order: of the 32 codes k0 .. k0 + 31 of a row, thread q of a quad holds codes
 // 8q .. 8q + 7 (bytes 4q .. 4q + 3); nv_word_h2 gives their pairs (0, 2), (4, 6), (1, 3),
@@ -497,12 +498,13 @@ GEMM_MMA_KERNEL(gemm_mma_deep, GT_PF_DEEP)
 // 8 of it, p a quad thread, e = 0, 1) holds x[k0 + 8 p + {0, 4, 1, 5}[c] + 2 e].
 
 #define GH_BM 128
-#define GH_BN 128
 #define GH_BK 64
 #define GH_STAGES 3
 
+// One K step of a block's tiles: BN tokens (128 for gemm_h16, 64 items for the experts).
+template <int BN>
 struct GhStage {
-    u16 x[2][GH_BN][GH_BK];   // the parts' token rows; 16-byte chunk c of row r at c ^ (r & 7)
+    u16 x[2][BN][GH_BK];      // the parts' token rows; 16-byte chunk c of row r at c ^ (r & 7)
     u32 w[GH_BM][GH_BK / 8];  // packed codes (32 bytes a row)
     u32 sc[GH_BM];            // the row's 4 block scales
 };
@@ -543,38 +545,49 @@ extern "C" __global__ void x_split_h16(const float* __restrict__ x, const float*
     }
 }
 
-// Copies K step k (absolute) of the block's weight rows r0.. and token rows t0.. into `st`
-// (cp.async; rows outside the matrix as zeros).
-__device__ __forceinline__ void gh_load(GhStage& st, const u8* __restrict__ w, const u8* __restrict__ scales,
-                                        const u16* __restrict__ xh, long r0, long t0, int N, int K, int T,
-                                        int k) {
+// Where a block's gh_load copies from: this thread's weight row (tid / 2; null: zeros) and,
+// for tid < GH_BM, row tid's block scales (null: zeros), both at K = 0; x's parts (part p of row
+// t at xh + p * part_len + t * K) and the tile's token rows `xrow` (shared memory, -1: zeros).
+struct GhSrc {
+    const u8* wrow;
+    const u8* srow;
+    const u16* xh;
+    long part_len;
+    const int* xrow;
+    int K;
+};
+
+// Copies K step k (absolute) into `st` (cp.async).
+template <int BN>
+__device__ __forceinline__ void gh_load(GhStage<BN>& st, const GhSrc& s, int k) {
     const int tid = threadIdx.x;
-    const long part_len = (long)T * K;
 #pragma unroll
-    for (int it = 0; it < 2 * GH_BN * 8 / 256; it++) {
+    for (int it = 0; it < 2 * BN * 8 / 256; it++) {
         const int c = tid + 256 * it;
-        const int part = c / (GH_BN * 8), r = (c / 8) % GH_BN, ch = c % 8;
-        const bool ok = t0 + r < T;
-        const u16* src = xh + part * part_len + (ok ? t0 + r : 0) * K + k + 8 * ch;
+        const int part = c / (BN * 8), r = (c / 8) % BN, ch = c % 8;
+        const int row = s.xrow[r];
+        const bool ok = row >= 0;
+        const u16* src = s.xh + part * s.part_len + (long)(ok ? row : 0) * s.K + k + 8 * ch;
         cp_async16(smem_u32(&st.x[part][r][8 * (ch ^ (r & 7))]), src, ok);
     }
-    {
-        const int r = tid >> 1, ch = tid & 1;
-        const bool ok = r0 + r < N;
-        const u8* src = w + (ok ? r0 + r : 0) * (K / 2) + k / 2 + 16 * ch;
-        cp_async16(smem_u32(&st.w[r][4 * ch]), src, ok);
-    }
+    // (a row outside the matrix: zeros, its source not read; x's parts stand in as an address)
+    const int ch = tid & 1;
+    const void* wsrc = s.wrow ? (const void*)(s.wrow + k / 2 + 16 * ch) : (const void*)s.xh;
+    cp_async16(smem_u32(&st.w[tid >> 1][4 * ch]), wsrc, s.wrow != nullptr);
     if (tid < GH_BM) {
-        const bool ok = r0 + tid < N;
-        cp_async4(smem_u32(&st.sc[tid]), scales + (ok ? r0 + tid : 0) * (K / 16) + k / 16, ok);
+        const void* ssrc = s.srow ? (const void*)(s.srow + k / 16) : (const void*)s.xh;
+        cp_async4(smem_u32(&st.sc[tid]), ssrc, s.srow != nullptr);
     }
 }
 
-// The tensor-core work of one K step on `st` for the first `tn` tokens (see the section's head).
-__device__ __forceinline__ void gh_step(const GhStage& st, int tn, float acc[2][8][4]) {
+// The tensor-core work of one K step on `st` for the first `tn` tokens (see the section's head):
+// warp (wm, wn) takes rows 32 wm .. + 32 and tokens BN / 2 * wn .. + BN / 2.
+template <int BN>
+__device__ __forceinline__ void gh_step(const GhStage<BN>& st, int tn, float acc[2][BN / 16][4]) {
+    constexpr int WN = BN / 2;  // tokens per warp
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wm = warp & 3, wn = warp >> 2, g = lane >> 2, q = lane & 3;
-    if (64 * wn >= tn) return;
+    if (WN * wn >= tn) return;
 #pragma unroll
     for (int sub = 0; sub < 2; sub++) {  // 32 values of K: one row chunk of 16 bytes, 2 scales
         u32 a[2][2][4];                   // [16-row tile][mma chunk][register]
@@ -594,8 +607,8 @@ __device__ __forceinline__ void gh_step(const GhStage& st, int tn, float acc[2][
 #pragma unroll
         for (int c = 0; c < 2; c++)
 #pragma unroll
-            for (int jj = 0; jj < 4; jj++) {
-                const int n0 = 64 * wn + 16 * jj;  // the first token of this pair of 8-token groups
+            for (int jj = 0; jj < WN / 16; jj++) {
+                const int n0 = WN * wn + 16 * jj;  // the first token of this pair of 8-token groups
                 if (n0 >= tn) break;
                 const bool both = n0 + 8 < tn;
                 const int tok = n0 + (lane & 7) + ((lane >> 4) << 3);
@@ -615,68 +628,95 @@ __device__ __forceinline__ void gh_step(const GhStage& st, int tn, float acc[2][
     }
 }
 
+// The block's GH_BM x BN product over K range [k0, k0 + kn) (kn % 64 == 0) into acc, the first
+// `tn` tokens; GH_STAGES stages at `st`. Ends with no copies in flight and a barrier (the stages
+// may then be reused). The caller has written s.xrow and synchronised.
+template <int BN>
+__device__ __forceinline__ void gh_mainloop(const GhSrc& s, int k0, int kn, int tn, GhStage<BN>* st,
+                                            float acc[2][BN / 16][4]) {
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < BN / 16; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+    const int steps = kn / GH_BK;
+#pragma unroll
+    for (int p = 0; p < GH_STAGES - 1; p++) {
+        if (p < steps) gh_load<BN>(st[p], s, k0 + p * GH_BK);
+        cp_async_commit();
+    }
+    for (int p = 0; p < steps; p++) {
+        cp_async_wait<GH_STAGES - 2>();
+        __syncthreads();  // step p is in; every warp is done with the stage step p - 1 used
+        const int next = p + GH_STAGES - 1;
+        if (next < steps) gh_load<BN>(st[next % GH_STAGES], s, k0 + next * GH_BK);
+        cp_async_commit();
+        gh_step<BN>(st[p % GH_STAGES], tn, acc);
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+}
+
+// f(row, token, value) for each of this thread's accumulators after gh_mainloop (row and token
+// within the block's GH_BM x BN tile).
+template <int BN, class F>
+__device__ __forceinline__ void gh_each(const float acc[2][BN / 16][4], F f) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3, wm = warp & 3, wn = warp >> 2;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < BN / 16; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                f(32 * wm + 16 * i + g + 8 * (c >> 1), BN / 2 * wn + 8 * j + 2 * q + (c & 1), acc[i][j][c]);
+}
+
 // y[t, o] = resid[t, o] + bias[o] + 64 inv_g xds[t] * W[o, :] . (x[t, :] / xds[t]) for T tokens:
 // NVFP4 W (N x K, K % 64 == 0; codes 16-byte and scales 4-byte aligned), x given as
-// x_split_h16's parts `xh`. Grid (ceil(N / GH_BM), ceil(T / GH_BN), splits), 256 threads,
-// GH_STAGES * sizeof(GhStage) bytes of dynamic shared memory. With splits > 1, block z takes
-// K chunks [z kc, (z + 1) kc) of 32 (kc even) and writes its raw sums to part[z][t][o], which
-// gemm_splitk_reduce (fmt 3, the same xds) finishes.
+// x_split_h16's parts `xh`. Grid (ceil(N / GH_BM), ceil(T / 128), splits), 256 threads,
+// GH_STAGES * sizeof(GhStage<128>) bytes of dynamic shared memory. With splits > 1, block z
+// takes K chunks [z kc, (z + 1) kc) of 32 (kc even) and writes its raw sums to part[z][t][o],
+// which gemm_splitk_reduce (fmt 3, the same xds) finishes.
 extern "C" __global__ void __launch_bounds__(256, 2)
     gemm_h16(const u8* __restrict__ w, const u8* __restrict__ scales, float inv_g, const u16* __restrict__ xh,
              float* y, const float* __restrict__ bias, const float* resid, int N, int K, int T, int kc,
              float* __restrict__ part, const float* __restrict__ xds) {
+    constexpr int BN = 128;
     extern __shared__ __align__(16) u8 gh_smem[];
-    GhStage* st = (GhStage*)gh_smem;
-    const long r0 = (long)blockIdx.x * GH_BM, t0 = (long)blockIdx.y * GH_BN;
+    __shared__ int xrow[BN];
+    const int tid = threadIdx.x;
+    const long r0 = (long)blockIdx.x * GH_BM, t0 = (long)blockIdx.y * BN;
     const int k0 = (int)blockIdx.z * kc * 32;
-    const int steps = min(K - k0, kc * 32) / GH_BK;
-    const int tn = (int)min((long)GH_BN, (long)T - t0);
-    float acc[2][8][4];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+    const long wr = r0 + (tid >> 1), sr = r0 + tid;
+    GhSrc s;
+    s.wrow = wr < N ? w + wr * (K / 2) : nullptr;
+    s.srow = tid < GH_BM && sr < N ? scales + sr * (K / 16) : nullptr;
+    s.xh = xh;
+    s.part_len = (long)T * K;
+    s.xrow = xrow;
+    s.K = K;
+    if (tid < BN) xrow[tid] = t0 + tid < T ? (int)(t0 + tid) : -1;
+    __syncthreads();
     pdl_enter();
-#pragma unroll
-    for (int s = 0; s < GH_STAGES - 1; s++) {
-        if (s < steps) gh_load(st[s], w, scales, xh, r0, t0, N, K, T, k0 + s * GH_BK);
-        cp_async_commit();
-    }
-    for (int s = 0; s < steps; s++) {
-        cp_async_wait<GH_STAGES - 2>();
-        __syncthreads();  // step s is in; every warp is done with the stage step s - 1 used
-        const int next = s + GH_STAGES - 1;
-        if (next < steps) gh_load(st[next % GH_STAGES], w, scales, xh, r0, t0, N, K, T, k0 + next * GH_BK);
-        cp_async_commit();
-        gh_step(st[s % GH_STAGES], tn, acc);
-    }
-    cp_async_wait<0>();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, q = lane & 3, wm = warp & 3, wn = warp >> 2;
+    float acc[2][BN / 16][4];
+    gh_mainloop<BN>(s, k0, min(K - k0, kc * 32), (int)min((long)BN, (long)T - t0), (GhStage<BN>*)gh_smem, acc);
     const float gs = 64.f * inv_g;
     float* pz = part + (long)blockIdx.z * T * N;
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const long o = r0 + 32 * wm + 16 * i + g + 8 * (c >> 1);
-                const long t = t0 + 64 * wn + 8 * j + 2 * q + (c & 1);
-                if (o >= N || t >= T) continue;
-                const long idx = t * N + o;
-                float v = acc[i][j][c];
-                if (gridDim.z > 1) {
-                    pz[idx] = v;
-                    continue;
-                }
-                v *= gs * xds[t];
-                if (bias) v += bias[o];
-                if (resid) v += resid[idx];
-                y[idx] = v;
-            }
+    gh_each<BN>(acc, [&](int r, int j, float v) {
+        const long o = r0 + r, t = t0 + j;
+        if (o >= N || t >= T) return;
+        const long idx = t * N + o;
+        if (gridDim.z > 1) {
+            pz[idx] = v;
+            return;
+        }
+        v *= gs * xds[t];
+        if (bias) v += bias[o];
+        if (resid) v += resid[idx];
+        y[idx] = v;
+    });
 }
 
 // y[t, o] = resid + bias + gscale * (part[0][t][o] + part[1][t][o] + ...) over `splits` split-K

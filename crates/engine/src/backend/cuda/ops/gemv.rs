@@ -705,7 +705,7 @@ impl CudaBackend {
 
     /// x's f16 parts for `gemm_h16`: `t` rows of `k` values (`k % 32 == 0`) times their
     /// `row_pow2` factors (`xds`), split by `x_split_h16`.
-    fn split_h16(
+    pub(crate) fn split_h16(
         &self,
         x: DevPtr<f32>,
         xds: DevPtr<f32>,
@@ -754,7 +754,7 @@ impl CudaBackend {
 
     /// Whether the tensor-core GEMMs take their f16 path for weights of format `fmt` with `cols`
     /// inputs: NVFP4 on sm_89+ (tensor cores on), `cols % 4 == 0` (`row_pow2`'s rows).
-    fn f16_mma_applies(&self, fmt: i32, cols: usize) -> bool {
+    pub(crate) fn f16_mma_applies(&self, fmt: i32, cols: usize) -> bool {
         fmt == 3 && self.inner.mma && cols.is_multiple_of(4)
     }
 

@@ -71,6 +71,21 @@ kernels! {
         wts: DevPtr<f32>, h: DevPtr<f32>, part: DevPtr<f32>, inter: i32, hidden: i32,
         hds: DevPtr<f32>,
     }
+    /// [`experts_gate_up_mma`](ExpertsGateUpMmaArgs)'s product on `gemm_h16`'s core (NVFP4, sm_90):
+    /// x given as `x_split_h16`'s parts `xh` (`t` token rows) with their scales `xds`; tiles of
+    /// [`EXPERTS_H16_ITEMS`] items, grid (⌈inter / 64⌉, tiles bound), 256 threads.
+    experts_gate_up_h16 shared EXPERTS_H16_SMEM => ExpertsGateUpH16Args {
+        gate: ExpertProj, up: ExpertProj, tiles: DevPtr<i32>, ntiles: DevPtr<i32>,
+        order: DevPtr<i32>, k: i32, xh: DevPtr<u16>, t: i32, h: DevPtr<f32>, inter: i32,
+        hidden: i32, xds: DevPtr<f32>,
+    }
+    /// [`experts_down_mma`](ExpertsDownMmaArgs)'s product on `gemm_h16`'s core: h given as its
+    /// parts `hh` (`items` rows) with their scales `hds`; grid (⌈hidden / 128⌉, tiles bound).
+    experts_down_h16 shared EXPERTS_H16_SMEM => ExpertsDownH16Args {
+        down: ExpertProj, tiles: DevPtr<i32>, ntiles: DevPtr<i32>, order: DevPtr<i32>,
+        wts: DevPtr<f32>, hh: DevPtr<u16>, items: i32, part: DevPtr<f32>, inter: i32,
+        hidden: i32, hds: DevPtr<f32>,
+    }
     /// `out = resid + Σ part` in item order, then the epilogue `epi` in the last block.
     experts_reduce => ExpertsReduceArgs {
         part: DevPtr<f32>, k: i32, t: i32, has_shared: i32, out: DevPtr<f32>, resid: DevPtr<f32>,
@@ -539,6 +554,55 @@ impl CudaBackend {
         } else {
             None
         };
+        if let Some(xds) = xds.as_ref().filter(|_| self.experts_h16_applies(e)) {
+            // x and then h split once into their f16 parts, the tiles' rows gathered from them
+            let xds = self.ptr(xds);
+            let xh = self.split_h16(x, xds, t, e.hidden)?;
+            ops::moe::ExpertsGateUpH16Args {
+                gate: e.gate.proj(self),
+                up: e.up.proj(self),
+                tiles: self.ptr(&tiles),
+                ntiles: self.ptr(&ntiles),
+                order: self.ptr(&order),
+                k: k as i32,
+                xh: self.ptr(&xh),
+                t: t as i32,
+                h,
+                inter: e.inter as i32,
+                hidden: e.hidden as i32,
+                xds,
+            }
+            .launch(
+                self,
+                ((e.inter as u32).div_ceil(64), max_tiles as u32, 1),
+                (256, 1, 1),
+            )?;
+            let hds = self.row_scales_for_f16_mma(e.down.fmt, h, items, e.inter)?;
+            let hds = hds.as_ref().map_or(DevPtr::NULL, |d| self.ptr(d));
+            let hh = self.split_h16(h, hds, items, e.inter)?;
+            return ops::moe::ExpertsDownH16Args {
+                down: e.down.proj(self),
+                tiles: self.ptr(&tiles),
+                ntiles: self.ptr(&ntiles),
+                order: self.ptr(&order),
+                wts: self.ptr(wts),
+                hh: self.ptr(&hh),
+                items: items as i32,
+                part,
+                inter: e.inter as i32,
+                hidden: e.hidden as i32,
+                hds,
+            }
+            .launch(
+                self,
+                (
+                    (e.hidden as u32).div_ceil(GEMM_MMA_ROWS),
+                    max_tiles as u32,
+                    1,
+                ),
+                (256, 1, 1),
+            );
+        }
         ops::moe::ExpertsGateUpMmaArgs {
             gate: e.gate.proj(self),
             up: e.up.proj(self),
@@ -579,6 +643,20 @@ impl CudaBackend {
             ),
             (256, 1, 1),
         )
+    }
+
+    /// Whether the grouped experts (tiles of [`GEMM_MMA_TOKENS`] items; the tiles of
+    /// `gemm_h16`'s core hold as many: [`EXPERTS_H16_ITEMS`]) run on `experts_*_h16`: gate, up and
+    /// down NVFP4 on the f16 path, `hidden` and `inter` multiples of 64, the device able
+    /// (`Inner::h16_gemm`) and `CudaOptions::h16_gemm` on.
+    fn experts_h16_applies(&self, e: &CudaExperts) -> bool {
+        const _: () = assert!(EXPERTS_H16_ITEMS == GEMM_MMA_TOKENS);
+        self.inner.h16_gemm
+            && self.opts().h16_gemm
+            && [e.gate.fmt, e.up.fmt, e.down.fmt].iter().all(|&f| f == 3)
+            && e.hidden.is_multiple_of(64)
+            && e.inter.is_multiple_of(64)
+            && self.f16_mma_applies(3, e.hidden)
     }
 
     /// Whether `t` tokens with `k` routed experts each run grouped a few items per tile

@@ -70,7 +70,19 @@ pub(crate) const GEMM_H16_TOKENS: u32 = 128;
 /// K steps of `gemm_h16` in flight (`GH_STAGES`).
 pub(crate) const GEMM_H16_STAGES: u32 = 3;
 
-/// Dynamic shared memory of one `gemm_h16` block: `GH_STAGES` stages of x's two parts (128
-/// tokens × 64 f16 each), the packed codes (128 rows × 32 bytes) and block scales (128 × 4).
-pub(crate) const GEMM_H16_SMEM: u32 =
-    GEMM_H16_STAGES * (2 * GEMM_H16_TOKENS * 64 * 2 + GEMM_H16_ROWS * 32 + GEMM_H16_ROWS * 4);
+/// Dynamic shared memory of a block of `gemm_h16`'s core with tiles of `tokens` rows of x:
+/// `GH_STAGES` stages of x's two parts (`tokens` × 64 f16 each), the packed codes (128 rows × 32
+/// bytes) and block scales (128 × 4).
+pub(crate) const fn gh_smem(tokens: u32) -> u32 {
+    GEMM_H16_STAGES * (2 * tokens * 64 * 2 + GEMM_H16_ROWS * 32 + GEMM_H16_ROWS * 4)
+}
+
+/// Dynamic shared memory of one `gemm_h16` block.
+pub(crate) const GEMM_H16_SMEM: u32 = gh_smem(GEMM_H16_TOKENS);
+
+/// Items of one tile of the grouped experts on `gemm_h16`'s core (`BN` of
+/// `experts_*_h16`).
+pub(crate) const EXPERTS_H16_ITEMS: u32 = 64;
+
+/// Dynamic shared memory of one `experts_*_h16` block.
+pub(crate) const EXPERTS_H16_SMEM: u32 = gh_smem(EXPERTS_H16_ITEMS);
