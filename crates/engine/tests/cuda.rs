@@ -74,30 +74,32 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
     // GEMV `gemv_mt` (9, 16: two token blocks, the second partial at 9), then 3, 9 with it off:
     // `gemm_mma` for bf16 and NVFP4 with K % 32 == 0 (column groups skipped), as at 70, 130
     // (partial token tiles; NVFP4 with K % 64 == 0 on an sm_90 device: `gemm_h16`, also at 300,
-    // and at 130 with it off: `gemm_mma`'s f16 path); else the `linear` kernel below 16 tokens
+    // there also its one-block variant, and at 130 with it off: `gemm_mma`'s f16 path); else the `linear` kernel below 16 tokens
     // and `gemm_tiled` from 16; 3, 9 and 70 again with both tensor-core paths off (`linear`,
     // `gemm_tiled`)
     let mma_on = b.options();
     let few = mma_on.few_token_max;
-    for (t, mma_gemm, few_token_max, h16_gemm) in [
-        (1usize, true, few, true),
-        (3, true, few, true),
-        (9, true, few, true),
-        (16, true, few, true),
-        (3, true, 0, true),
-        (9, true, 0, true),
-        (70, true, few, true),
-        (130, true, few, true),
-        (300, true, few, true),
-        (130, true, few, false),
-        (3, false, 0, true),
-        (9, false, 0, true),
-        (70, false, few, true),
+    for (t, mma_gemm, few_token_max, h16_gemm, h16_one_block) in [
+        (1usize, true, few, true, false),
+        (3, true, few, true, false),
+        (9, true, few, true, false),
+        (16, true, few, true, false),
+        (3, true, 0, true, false),
+        (9, true, 0, true, false),
+        (70, true, few, true, false),
+        (130, true, few, true, false),
+        (300, true, few, true, false),
+        (300, true, few, true, true),
+        (130, true, few, false, false),
+        (3, false, 0, true, false),
+        (9, false, 0, true, false),
+        (70, false, few, true, false),
     ] {
         b.set_options(CudaOptions {
             mma_gemm,
             few_token_max,
             h16_gemm,
+            h16_one_block,
             ..mma_on.clone()
         });
         let x = values(t * cols, 7 + t as u64, 4.0);

@@ -186,6 +186,7 @@ impl CudaBackend {
         let h16_gemm = mma
             && [
                 (&f.prefill.gemm_h16[0], GEMM_H16_SMEM),
+                (&f.prefill.gemm_h16[1], GEMM_H16_SMEM),
                 (&f.moe.experts_gate_up_h16[0], EXPERTS_H16_SMEM),
                 (&f.moe.experts_down_h16[0], EXPERTS_H16_SMEM),
             ]

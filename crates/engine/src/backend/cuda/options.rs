@@ -14,6 +14,7 @@
 //! | `FP4FORGE_CUDA_GEMM` | `tiled_prefill` | `0`: multi-token linears on the `linear` GEMV kernel, not `gemm_tiled` | on |
 //! | `FP4FORGE_CUDA_MMA_GEMM` | `mma_gemm` | `0`: multi-token bf16/NVFP4 linears on `gemm_tiled` (f32 FMA), not `gemm_mma` (tensor cores, sm_80+) | on |
 //! | `FP4FORGE_CUDA_H16_GEMM` | `h16_gemm` | `0`: prompts' NVFP4 linears (more than 64 tokens, K % 64 == 0) and grouped NVFP4 experts on `gemm_mma`'s core (f16 path), not on `gemm_h16`'s (x split once, K steps in flight; sm_90) | on |
+//! | `FP4FORGE_CUDA_H16_B1` | `h16_one_block` | `1`: `gemm_h16` as its variant of one block a SM with more registers, each chunk's B fragments loaded ahead | off |
 //! | `FP4FORGE_CUDA_GROUPED_MOE` | `grouped_moe` | `0`: multi-token routed experts on the per-item kernels, not grouped by expert on tensor cores (sm_80+) | on |
 //! | `FP4FORGE_CUDA_BATCH_ATTN` | `batched_attention` | `0`: a batched decode step's attention sequence by sequence (rope, attention, append per sequence), not in one `attn_dec_batch` launch | on |
 //! | `FP4FORGE_CUDA_FLASH` | `flash_attention` | `0`: prefill attention (16+ rows) on the `attn_*` kernels, not on tensor cores (`attn_flash_*`, sm_80+ only anyway) | on |
@@ -64,6 +65,8 @@ pub struct CudaOptions {
     /// `FP4FORGE_CUDA_H16_GEMM`: prompts' NVFP4 linears and grouped experts on `gemm_h16`'s core
     /// where it runs.
     pub h16_gemm: bool,
+    /// `FP4FORGE_CUDA_H16_B1`: `gemm_h16`'s variant of one block a SM (`gemm_h16_b1`).
+    pub h16_one_block: bool,
     /// `FP4FORGE_CUDA_GROUPED_MOE`: multi-token routed experts grouped by expert on tensor cores.
     pub grouped_moe: bool,
     /// `FP4FORGE_CUDA_BATCH_ATTN`: a batched decode step's attention in one launch.
@@ -112,6 +115,7 @@ impl Default for CudaOptions {
             tiled_prefill: true,
             mma_gemm: true,
             h16_gemm: true,
+            h16_one_block: false,
             grouped_moe: true,
             batched_attention: true,
             flash_attention: true,
@@ -176,6 +180,7 @@ impl CudaOptions {
             tiled_prefill: on("FP4FORGE_CUDA_GEMM"),
             mma_gemm: on("FP4FORGE_CUDA_MMA_GEMM"),
             h16_gemm: on("FP4FORGE_CUDA_H16_GEMM"),
+            h16_one_block: var("FP4FORGE_CUDA_H16_B1").as_deref() == Some(OsStr::new("1")),
             grouped_moe: on("FP4FORGE_CUDA_GROUPED_MOE"),
             batched_attention: on("FP4FORGE_CUDA_BATCH_ATTN"),
             flash_attention: on("FP4FORGE_CUDA_FLASH"),
@@ -221,6 +226,7 @@ mod tests {
             ("FP4FORGE_CUDA_FUSED_BATCH", "0"),
             ("FP4FORGE_CUDA_GROUPED_MOE", "0"),
             ("FP4FORGE_CUDA_H16_GEMM", "0"),
+            ("FP4FORGE_CUDA_H16_B1", "1"),
             ("FP4FORGE_CUDA_FLASH", "0"),
             ("FP4FORGE_CUDA_LEGACY_GEMV", "0"),
             ("FP4FORGE_NV_MINB", "3"),
@@ -235,7 +241,7 @@ mod tests {
         assert_eq!(o.few_moe_min_tokens, FEW_MOE_MIN_TOKENS);
         assert!(!o.pdl && o.mma && o.persistent_moe && o.fused_decode && !o.tiled_prefill);
         assert!(o.legacy_gemv && o.mma_gemm && !o.grouped_moe && !o.flash_attention);
-        assert!(!o.fused_batch && !o.h16_gemm);
+        assert!(!o.fused_batch && !o.h16_gemm && o.h16_one_block);
         assert_eq!((o.nv_blocks_per_sm, o.nv_grid_per_sm), (3, 3));
         assert_eq!((o.nv_k_split, o.mma_k_split), (None, Some(4)));
         assert_eq!(o.mt_k_split, Some(8));

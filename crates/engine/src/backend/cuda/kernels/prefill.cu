@@ -581,8 +581,10 @@ __device__ __forceinline__ void gh_load(GhStage<BN>& st, const GhSrc& s, int k) 
 }
 
 // The tensor-core work of one K step on `st` for the first `tn` tokens (see the section's head):
-// warp (wm, wn) takes rows 32 wm .. + 32 and tokens BN / 2 * wn .. + BN / 2.
-template <int BN>
+// warp (wm, wn) takes rows 32 wm .. + 32 and tokens BN / 2 * wn .. + BN / 2. AHEAD: each part's
+// B fragments of an mma chunk are loaded before its mma (their loads overlap; more registers:
+// the variant for one block of 8 warps a SM).
+template <int BN, bool AHEAD = false>
 __device__ __forceinline__ void gh_step(const GhStage<BN>& st, int tn, float acc[2][BN / 16][4]) {
     constexpr int WN = BN / 2;  // tokens per warp
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -605,14 +607,38 @@ __device__ __forceinline__ void gh_step(const GhStage<BN>& st, int tn, float acc
                 a[i][1][2 + h] = o[3];
             }
 #pragma unroll
-        for (int c = 0; c < 2; c++)
+        for (int c = 0; c < 2; c++) {
+            const int ch = 4 * sub + 2 * c + ((lane >> 3) & 1);
+            if (AHEAD) {
+#pragma unroll
+                for (int part = 0; part < 2; part++) {
+                    u32 b[WN / 16][4];  // (tokens past the tile's are zeros in shared memory)
+#pragma unroll
+                    for (int jj = 0; jj < WN / 16; jj++) {
+                        const int tok = WN * wn + 16 * jj + (lane & 7) + ((lane >> 4) << 3);
+                        ldsm_x4(b[jj], smem_u32(&st.x[part][tok][8 * (ch ^ (tok & 7))]));
+                    }
+#pragma unroll
+                    for (int jj = 0; jj < WN / 16; jj++) {
+                        const int n0 = WN * wn + 16 * jj;
+                        if (n0 >= tn) break;
+#pragma unroll
+                        for (int i = 0; i < 2; i++) {
+                            const u32* ai = a[i][c];
+                            mma16816(acc[i][2 * jj], ai[0], ai[1], ai[2], ai[3], b[jj][0], b[jj][1]);
+                            if (n0 + 8 < tn)
+                                mma16816(acc[i][2 * jj + 1], ai[0], ai[1], ai[2], ai[3], b[jj][2], b[jj][3]);
+                        }
+                    }
+                }
+                continue;
+            }
 #pragma unroll
             for (int jj = 0; jj < WN / 16; jj++) {
                 const int n0 = WN * wn + 16 * jj;  // the first token of this pair of 8-token groups
                 if (n0 >= tn) break;
                 const bool both = n0 + 8 < tn;
                 const int tok = n0 + (lane & 7) + ((lane >> 4) << 3);
-                const int ch = 4 * sub + 2 * c + ((lane >> 3) & 1);
 #pragma unroll
                 for (int part = 0; part < 2; part++) {
                     u32 b[4];
@@ -625,13 +651,14 @@ __device__ __forceinline__ void gh_step(const GhStage<BN>& st, int tn, float acc
                     }
                 }
             }
+        }
     }
 }
 
 // The block's GH_BM x BN product over K range [k0, k0 + kn) (kn % 64 == 0) into acc, the first
 // `tn` tokens; GH_STAGES stages at `st`. Ends with no copies in flight and a barrier (the stages
 // may then be reused). The caller has written s.xrow and synchronised.
-template <int BN>
+template <int BN, bool AHEAD = false>
 __device__ __forceinline__ void gh_mainloop(const GhSrc& s, int k0, int kn, int tn, GhStage<BN>* st,
                                             float acc[2][BN / 16][4]) {
 #pragma unroll
@@ -652,7 +679,7 @@ __device__ __forceinline__ void gh_mainloop(const GhSrc& s, int k0, int kn, int 
         const int next = p + GH_STAGES - 1;
         if (next < steps) gh_load<BN>(st[next % GH_STAGES], s, k0 + next * GH_BK);
         cp_async_commit();
-        gh_step<BN>(st[p % GH_STAGES], tn, acc);
+        gh_step<BN, AHEAD>(st[p % GH_STAGES], tn, acc);
     }
     cp_async_wait<0>();
     __syncthreads();
@@ -679,10 +706,11 @@ __device__ __forceinline__ void gh_each(const float acc[2][BN / 16][4], F f) {
 // GH_STAGES * sizeof(GhStage<128>) bytes of dynamic shared memory. With splits > 1, block z
 // takes K chunks [z kc, (z + 1) kc) of 32 (kc even) and writes its raw sums to part[z][t][o],
 // which gemm_splitk_reduce (fmt 3, the same xds) finishes.
-extern "C" __global__ void __launch_bounds__(256, 2)
-    gemm_h16(const u8* __restrict__ w, const u8* __restrict__ scales, float inv_g, const u16* __restrict__ xh,
-             float* y, const float* __restrict__ bias, const float* resid, int N, int K, int T, int kc,
-             float* __restrict__ part, const float* __restrict__ xds) {
+template <bool AHEAD>
+__device__ __forceinline__ void gemm_h16_impl(const u8* __restrict__ w, const u8* __restrict__ scales, float inv_g,
+                                              const u16* __restrict__ xh, float* y, const float* __restrict__ bias,
+                                              const float* resid, int N, int K, int T, int kc,
+                                              float* __restrict__ part, const float* __restrict__ xds) {
     constexpr int BN = 128;
     extern __shared__ __align__(16) u8 gh_smem[];
     __shared__ int xrow[BN];
@@ -701,7 +729,8 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     __syncthreads();
     pdl_enter();
     float acc[2][BN / 16][4];
-    gh_mainloop<BN>(s, k0, min(K - k0, kc * 32), (int)min((long)BN, (long)T - t0), (GhStage<BN>*)gh_smem, acc);
+    gh_mainloop<BN, AHEAD>(s, k0, min(K - k0, kc * 32), (int)min((long)BN, (long)T - t0), (GhStage<BN>*)gh_smem,
+                           acc);
     const float gs = 64.f * inv_g;
     float* pz = part + (long)blockIdx.z * T * N;
     gh_each<BN>(acc, [&](int r, int j, float v) {
@@ -718,6 +747,18 @@ extern "C" __global__ void __launch_bounds__(256, 2)
         y[idx] = v;
     });
 }
+
+#define GEMM_H16_KERNEL(NAME, BLOCKS, AHEAD)                                                                  \
+    extern "C" __global__ void __launch_bounds__(256, BLOCKS)                                                 \
+        NAME(const u8* __restrict__ w, const u8* __restrict__ scales, float inv_g, const u16* __restrict__ xh, \
+             float* y, const float* __restrict__ bias, const float* resid, int N, int K, int T, int kc,       \
+             float* __restrict__ part, const float* __restrict__ xds) {                                       \
+        gemm_h16_impl<AHEAD>(w, scales, inv_g, xh, y, bias, resid, N, K, T, kc, part, xds);                   \
+    }
+// gemm_h16: two blocks a SM (128 registers); gemm_h16_b1: one block of more registers, each
+// chunk's B fragments loaded ahead (CudaOptions::h16_one_block)
+GEMM_H16_KERNEL(gemm_h16, 2, false)
+GEMM_H16_KERNEL(gemm_h16_b1, 1, true)
 
 // y[t, o] = resid + bias + gscale * (part[0][t][o] + part[1][t][o] + ...) over `splits` split-K
 // partial sums of gemm_mma (weights of format `fmt`, 1 / global scale `inv_g`, `xds` as given to

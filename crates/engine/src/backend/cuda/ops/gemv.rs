@@ -696,7 +696,12 @@ impl CudaBackend {
             part: part.as_ref().map_or(DevPtr::NULL, |p| self.ptr(p)),
             xds,
         }
-        .launch(self, (tiles.0, tiles.1, splits as u32), (256, 1, 1))?;
+        .launch(
+            self,
+            usize::from(self.opts().h16_one_block),
+            (tiles.0, tiles.1, splits as u32),
+            (256, 1, 1),
+        )?;
         match &part {
             Some(part) => self.gemm_splitk_reduce(w, g, self.ptr(part), splits, xds),
             None => Ok(()),

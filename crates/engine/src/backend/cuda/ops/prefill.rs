@@ -33,8 +33,9 @@ kernels! {
     /// cores with [`GEMM_H16_STAGES`] K steps in flight, x given as `x_split_h16`'s parts `xh`
     /// and `xds` its rows' scales: [`GEMM_H16_ROWS`] × [`GEMM_H16_TOKENS`] tiles, 256 threads,
     /// [`GEMM_H16_SMEM`] bytes of dynamic shared memory; grid z:
-    /// K split in runs of `kc` (even) 32-wide chunks into `part`, as `gemm_mma`.
-    gemm_h16 shared GEMM_H16_SMEM => GemmH16Args {
+    /// K split in runs of `kc` (even) 32-wide chunks into `part`, as `gemm_mma`. `gemm_h16_b1`:
+    /// one block a SM with more registers (`CudaOptions::h16_one_block`).
+    gemm_h16 ["gemm_h16", "gemm_h16_b1"] shared GEMM_H16_SMEM => GemmH16Args {
         w: DevPtr<u8>, scales: DevPtr<u8>, inv_g: f32, xh: DevPtr<u16>, y: DevPtr<f32>,
         bias: DevPtr<f32>, resid: DevPtr<f32>, n: i32, k: i32, t: i32, kc: i32,
         part: DevPtr<f32>, xds: DevPtr<f32>,
