@@ -264,15 +264,16 @@ impl<B: Backend> ElementwiseOn for B {
     }
 }
 
-/// A prefill's element-wise ops, GPU vs CPU, at the shapes each kernel variant
+/// A prefill's element-wise ops and residual adds, GPU vs CPU, at the shapes each kernel variant
 /// takes: RMSNorm of narrow groups (per-head q/k norms: a warp each) and wide ones (hidden
 /// states: a block each, also widths not a multiple of 4), rope (full and partial rotary slices,
 /// the widest one the kernel takes), the softplus gate and `add_scaled` (four values a thread as
-/// a float4 and element by element), and `linears` of three NVFP4 weights sharing their rows'
-/// scales and f16 parts (bit for bit against `linear` of each, and against the CPU).
+/// a float4 and element by element), `linears` of three NVFP4 weights sharing their rows' scales
+/// and f16 parts (bit for bit against `linear` of each, and against the CPU), and `linear_add`
+/// (the add in the GEMM's epilogue; also against `linear` + `add_scaled` on the GPU).
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
-fn gpu_elementwise_ops_and_shared_row_scales_match_cpu() {
+fn gpu_elementwise_ops_and_residual_adds_match_cpu() {
     let gpu = gpu();
     let cpu = CpuBackend::new();
     let close = |label: &str, g: &[f32], c: &[f32], tol: f32| {
@@ -365,6 +366,30 @@ fn gpu_elementwise_ops_and_shared_row_scales_match_cpu() {
             let want = cpu.download(&cpu.linear(&cx, c, None).unwrap()).unwrap();
             close(&format!("linears {t} rows, weight {i}"), &both, &want, 1e-5);
         }
+        let n = outs[0];
+        let y = values(t * n, t as u64 + 7, 5.0);
+        let mut fused = gpu.upload(t, n, &y).unwrap();
+        gpu.linear_add(&mut fused, &gx, &gl[0], None).unwrap();
+        let mut apart = gpu.upload(t, n, &y).unwrap();
+        let h = gpu.linear(&gx, &gl[0], None).unwrap();
+        gpu.add_scaled(&mut apart, 1.0, &h).unwrap();
+        let fused = gpu.download(&fused).unwrap();
+        // (the epilogue may fuse the scale and the add: one rounding instead of two)
+        let apart = gpu.download(&apart).unwrap();
+        close(
+            &format!("linear_add vs linear + add, {t} rows"),
+            &fused,
+            &apart,
+            1e-6,
+        );
+        let mut c = cpu.upload(t, n, &y).unwrap();
+        cpu.linear_add(&mut c, &cx, &cl[0], None).unwrap();
+        close(
+            &format!("linear_add {t} rows"),
+            &fused,
+            &cpu.download(&c).unwrap(),
+            1e-5,
+        );
     }
 }
 
@@ -1240,12 +1265,10 @@ fn gpu_model_fused_decode_matches_generic_ops_and_cpu() {
                 println!("{label} grid {grid}: fused vs generic ops {d:.2e} of the logit range");
                 // Both paths append the step's own k and v to the cache they then attend over:
                 // where their f32 values differ in the last bits (summation order, a residual
-                // added in a GEMV's epilogue on the fused path and apart on the generic one) and
-                // lie on a rounding boundary of the cache's type, the entry rounds the other way.
-                // On e4m3 (3 mantissa bits) that moves it 16x as far as on bf16 (7), so fp8
-                // caches get 16x the bound (such a flip on the tiny stock model measured 1.57e-4
-                // on the H200, 2026-12-04, with o_proj's residual added in the epilogue on both
-                // paths).
+                // added in an epilogue or apart) and lie on a rounding boundary of the cache's
+                // type, the entry rounds the other way. On e4m3 (3 mantissa bits) that moves it
+                // 16x as far as on bf16 (7), so fp8 caches get 16x the bound (a flip on the tiny
+                // stock model measured 1.57e-4 on the H200, 2026-12-04).
                 let bound = if kv == KvDtype::Fp8E4m3 { 1.6e-3 } else { 1e-4 };
                 if d.is_nan() || d > bound {
                     failures.push(format!("{label} grid {grid}: fused vs generic {d:.2e}"));

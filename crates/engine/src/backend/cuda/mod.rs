@@ -816,6 +816,16 @@ impl Backend for CudaBackend {
         self.linear_rows(x, w, bias, &SharedInput::default())
     }
 
+    fn linear_add(
+        &self,
+        y: &mut CudaTensor,
+        x: &CudaTensor,
+        w: &CudaLinear,
+        bias: Option<&CudaTensor>,
+    ) -> Result<()> {
+        self.linear_add_rows(y, x, w, bias)
+    }
+
     fn linears(
         &self,
         x: &CudaTensor,

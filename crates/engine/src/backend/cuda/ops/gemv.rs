@@ -385,6 +385,40 @@ impl CudaBackend {
         bias: Option<&CudaTensor>,
         shared: &SharedInput,
     ) -> Result<CudaTensor> {
+        let y = self.tensor(x.rows, w.rows)?;
+        self.linear_to(x, w, bias, (self.ptr(&y.buf), DevPtr::NULL), shared)?;
+        Ok(y)
+    }
+
+    /// [`Backend::linear_add`](crate::Backend::linear_add): `y += x · Wᵀ (+ bias)`, the add in
+    /// the linear's epilogue.
+    pub(crate) fn linear_add_rows(
+        &self,
+        y: &mut CudaTensor,
+        x: &CudaTensor,
+        w: &CudaLinear,
+        bias: Option<&CudaTensor>,
+    ) -> Result<()> {
+        self.check(y.rows == x.rows && y.cols == w.rows, || {
+            format!(
+                "`{}` ({} outputs) added into {} x {} for {} rows",
+                w.name, w.rows, y.rows, y.cols, x.rows
+            )
+        })?;
+        let y = self.ptr(&y.buf);
+        self.linear_to(x, w, bias, (y, y), &SharedInput::default())
+    }
+
+    /// `y = resid + x · Wᵀ (+ bias)` for the rows of `x` into `(y, resid)` (resid null: none; it
+    /// may be `y`), after checking the shapes.
+    fn linear_to(
+        &self,
+        x: &CudaTensor,
+        w: &CudaLinear,
+        bias: Option<&CudaTensor>,
+        (y, resid): (DevPtr<f32>, DevPtr<f32>),
+        shared: &SharedInput,
+    ) -> Result<()> {
         self.check(x.cols == w.cols, || {
             format!("`{}` takes {} inputs, got {}", w.name, w.cols, x.cols)
         })?;
@@ -393,13 +427,12 @@ impl CudaBackend {
                 format!("bias for `{}`", w.name)
             })?;
         }
-        let y = self.tensor(x.rows, w.rows)?;
-        if x.rows > 0 {
-            let mut g = Gemv::rows(self.ptr(&x.buf), self.ptr(&y.buf), DevPtr::NULL, x.rows);
-            g.bias = bias.map_or(DevPtr::NULL, |b| self.ptr(&b.buf));
-            self.gemv_raw(w, shared.onto(self, g))?;
+        if x.rows == 0 {
+            return Ok(());
         }
-        Ok(y)
+        let mut g = Gemv::rows(self.ptr(&x.buf), y, resid, x.rows);
+        g.bias = bias.map_or(DevPtr::NULL, |b| self.ptr(&b.buf));
+        self.gemv_raw(w, shared.onto(self, g))
     }
 
     /// `y = resid + x · Wᵀ + bias` over the operands of `g` (see [`Gemv`]).
