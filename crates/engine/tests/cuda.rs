@@ -394,8 +394,8 @@ fn gpu_elementwise_ops_and_residual_adds_match_cpu() {
 }
 
 /// NVFP4 routed experts (gate/up, down, weighted sum) through the `Backend` trait, GPU vs CPU, at a
-/// shape where K % 128 == 0 (hidden 256, inter 128: the tensor-core decode path) and one where it
-/// is not (hidden 96): one token and three tokens, top-3 of 8 sigmoid-scored experts.
+/// shape where K % 128 == 0 (hidden 256, inter 128: the tensor-core decode path), one where it
+/// is not (hidden 96) and one of 40 experts: 1 to 3,000 tokens, top-3 of sigmoid-scored experts.
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
 fn gpu_nvfp4_experts_match_cpu() {
@@ -412,8 +412,8 @@ fn gpu_nvfp4_experts_match_cpu() {
             .unwrap();
         LinearWeight::from_nvfp4(&q, None)
     };
-    for (hidden, inter) in [(256usize, 128usize), (96, 64)] {
-        let n = 8;
+    // (40 experts: moe_align's prefix sums across warps)
+    for (hidden, inter, n) in [(256usize, 128usize, 8usize), (96, 64, 8), (256, 64, 40)] {
         let make = || {
             (0..n as u64)
                 .map(|e| ExpertWeights {
@@ -438,12 +438,21 @@ fn gpu_nvfp4_experts_match_cpu() {
         // items = several tiles per expert, the last partial, at hidden 256 on sm_90 on
         // gemm_h16's core; each also compared with the per-item kernels, and 40, 200 with the
         // grouped kernels of gemm_mma's core)
+        // (3000 tokens: 9,000 items, more than moe_align's first round of loads)
         // (the few-items path from 2 tokens here, whatever its default threshold)
         gpu.set_options(CudaOptions {
             few_moe_min_tokens: 2,
             ..gpu.options()
         });
-        for (t, grid) in [(1usize, 0usize), (1, 5), (3, 0), (10, 0), (40, 0), (200, 0)] {
+        for (t, grid) in [
+            (1usize, 0usize),
+            (1, 5),
+            (3, 0),
+            (10, 0),
+            (40, 0),
+            (200, 0),
+            (3000, 0),
+        ] {
             set_persistent_grid(&gpu, grid);
             let x = values(t * hidden, 11 + t as u64, 3.0);
             let logits = values(t * n, 17 + t as u64, 2.0);

@@ -555,47 +555,87 @@ extern "C" __global__ void experts_reduce(const float* __restrict__ part, int k,
 // gathered). Outputs stay indexed by item (h [items, inter], part [items, H]), so the ordered sum
 // `experts_reduce` is unchanged and the result does not depend on the grouping.
 
-#define MA_EMAX 1024  // most experts moe_align handles (shared-memory counters)
+#define MA_EMAX 1024  // most experts moe_align handles: one a thread of its block
+#define MA_ILP 8       // loads of sel each thread has in flight
 
 // Groups `items` routed items by expert: order[] lists the items expert by expert, tiles[i] =
 // (expert, first index into order, items (<= bn), 0) for tiles 0 .. *ntiles. One block of
-// 1024 threads; `tiles` holds 4 ints per tile. Within an expert the items' order is arbitrary
-// (atomics); results do not depend on it. Items with an expert id outside [0, E) are left out.
-extern "C" __global__ void __launch_bounds__(1024) moe_align(const int* __restrict__ sel, int items, int E, int bn,
-                                                             int* __restrict__ order, int* __restrict__ tiles,
-                                                             int* __restrict__ ntiles) {
-    __shared__ int cnt[MA_EMAX], off[MA_EMAX], tile0[MA_EMAX];
-    const int tid = threadIdx.x;
+// MA_EMAX threads (thread e counts expert e; E <= MA_EMAX); `tiles` holds 4 ints per tile. Within
+// an expert the items' order is arbitrary (atomics); results do not depend on it. Items with an
+// expert id outside [0, E) are left out. The two passes over sel keep MA_ILP loads in flight a
+// thread, and the experts' offsets are block-wide prefix sums (warp scans), so that one block
+// does not serialise on memory latency.
+extern "C" __global__ void __launch_bounds__(MA_EMAX) moe_align(const int* __restrict__ sel, int items, int E, int bn,
+                                                                int* __restrict__ order, int* __restrict__ tiles,
+                                                                int* __restrict__ ntiles) {
+    __shared__ int cnt[MA_EMAX], off[MA_EMAX];
+    __shared__ int warp_items[32], warp_tiles[32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     pdl_enter();
-    for (int e = tid; e < E; e += blockDim.x) cnt[e] = 0;
+    cnt[tid] = 0;
     __syncthreads();
-    for (int i = tid; i < items; i += blockDim.x) {
-        const int e = sel[i];
-        if ((unsigned)e < (unsigned)E) atomicAdd(&cnt[e], 1);
-    }
-    __syncthreads();
-    if (tid == 0) {
-        int o = 0, tt = 0;
-        for (int e = 0; e < E; e++) {
-            off[e] = o;
-            tile0[e] = tt;
-            o += cnt[e];
-            tt += (cnt[e] + bn - 1) / bn;
+    for (int i0 = 0; i0 < items; i0 += MA_EMAX * MA_ILP) {
+        int e[MA_ILP];
+#pragma unroll
+        for (int j = 0; j < MA_ILP; j++) {
+            const int i = i0 + j * MA_EMAX + tid;
+            e[j] = i < items ? __ldg(sel + i) : -1;
         }
-        *ntiles = tt;
+#pragma unroll
+        for (int j = 0; j < MA_ILP; j++)
+            if ((unsigned)e[j] < (unsigned)E) atomicAdd(&cnt[e[j]], 1);
     }
     __syncthreads();
-    for (int e = tid; e < E; e += blockDim.x) {
-        const int c = cnt[e];
-        for (int q = 0; q * bn < c; q++)
-            ((int4*)tiles)[tile0[e] + q] = make_int4(e, off[e] + q * bn, min(bn, c - q * bn), 0);
+    // expert tid's first item and first tile: exclusive prefix sums over the experts
+    const int c = tid < E ? cnt[tid] : 0;
+    const int nt = (c + bn - 1) / bn;
+    int ci = c, ti = nt;  // inclusive scans within the warp
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const int a = __shfl_up_sync(0xffffffffu, ci, d), b = __shfl_up_sync(0xffffffffu, ti, d);
+        if (lane >= d) {
+            ci += a;
+            ti += b;
+        }
+    }
+    if (lane == 31) {
+        warp_items[warp] = ci;
+        warp_tiles[warp] = ti;
     }
     __syncthreads();
-    for (int e = tid; e < E; e += blockDim.x) cnt[e] = 0;
+    if (warp == 0) {
+        const int wi = warp_items[lane], wt = warp_tiles[lane];
+        int a = wi, b = wt;
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const int x = __shfl_up_sync(0xffffffffu, a, d), y = __shfl_up_sync(0xffffffffu, b, d);
+            if (lane >= d) {
+                a += x;
+                b += y;
+            }
+        }
+        warp_items[lane] = a - wi;
+        warp_tiles[lane] = b - wt;
+    }
     __syncthreads();
-    for (int i = tid; i < items; i += blockDim.x) {
-        const int e = sel[i];
-        if ((unsigned)e < (unsigned)E) order[off[e] + atomicAdd(&cnt[e], 1)] = i;
+    const int first = warp_items[warp] + ci - c, tile0 = warp_tiles[warp] + ti - nt;
+    if (tid < E) {
+        off[tid] = first;
+        cnt[tid] = 0;
+        for (int q = 0; q < nt; q++) ((int4*)tiles)[tile0 + q] = make_int4(tid, first + q * bn, min(bn, c - q * bn), 0);
+        if (tid == E - 1) *ntiles = tile0 + nt;
+    }
+    __syncthreads();
+    for (int i0 = 0; i0 < items; i0 += MA_EMAX * MA_ILP) {
+        int e[MA_ILP];
+#pragma unroll
+        for (int j = 0; j < MA_ILP; j++) {
+            const int i = i0 + j * MA_EMAX + tid;
+            e[j] = i < items ? __ldg(sel + i) : -1;
+        }
+#pragma unroll
+        for (int j = 0; j < MA_ILP; j++)
+            if ((unsigned)e[j] < (unsigned)E) order[off[e[j]] + atomicAdd(&cnt[e[j]], 1)] = i0 + j * MA_EMAX + tid;
     }
 }
 

@@ -510,38 +510,45 @@ struct GhStage {
 };
 
 // xh[part][t][k] (part 0: the f16 high parts, 1: the remainders; T x K each) of x[t, k] * 2^e,
-// 2^e = 1 / xds[t] (row_pow2), in gemm_h16's fragment order per 32 values (K % 32 == 0). One
-// thread per 32 values.
-extern "C" __global__ void x_split_h16(const float* __restrict__ x, const float* __restrict__ xds, int T, int K,
-                                       u16* __restrict__ xh) {
+// 2^e = 1 / xds[t], in gemm_h16's fragment order per 32 values (K % 32 == 0). xds null: the rows'
+// row_pow2 scales are computed here first (as row_pow2 computes them, so the same bits) and
+// written to xds_out. One warp per row, 8 rows a block of 256; 8 lanes per 32 values, lane j
+// reading values 4j .. 4j + 3 (coalesced), which are exactly the pairs of two words of each part:
+// (4j, 4j + 2) is word 4 (j & 1) + j / 2, (4j + 1, 4j + 3) that plus 8.
+extern "C" __global__ void __launch_bounds__(256) x_split_h16(const float* __restrict__ x,
+                                                              const float* __restrict__ xds, int T, int K,
+                                                              u16* __restrict__ xh, float* __restrict__ xds_out) {
     pdl_enter();
-    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long)T * (K / 32)) return;
-    const float xs = gt_row_xs(xds, i / (K / 32));
-    const float4* src = (const float4*)(x + i * 32);
-    float v[32];
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        const float4 a = __ldg(src + j);
-        v[4 * j] = a.x * xs;
-        v[4 * j + 1] = a.y * xs;
-        v[4 * j + 2] = a.z * xs;
-        v[4 * j + 3] = a.w * xs;
-    }
-    uint4* hi = (uint4*)(xh + i * 32);
-    uint4* lo = (uint4*)(xh + (long)T * K + i * 32);
-    const int first[4] = {0, 4, 1, 5};
-#pragma unroll
-    for (int c = 0; c < 4; c++) {
-        u32 h[4], l[4];
-#pragma unroll
-        for (int p = 0; p < 4; p++) {
-            float a = v[8 * p + first[c]], b = v[8 * p + first[c] + 2];
-            h[p] = f16x2_split(a, b);
-            l[p] = f16x2_rn(a, b);
+    const long r = (long)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (r >= T) return;
+    const int lane = threadIdx.x & 31;
+    const float4* row = (const float4*)(x + r * K);
+    float xs;
+    if (xds != nullptr) {
+        xs = gt_row_xs(xds, r);
+    } else {
+        float m = 0.f;
+#pragma unroll 4
+        for (int i = lane; i < K / 4; i += 32) {
+            const float4 v = __ldg(row + i);
+            m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
         }
-        hi[c] = make_uint4(h[0], h[1], h[2], h[3]);
-        lo[c] = make_uint4(l[0], l[1], l[2], l[3]);
+        const float ds = pow2f(-xb_exp(warp_max(m)));
+        if (lane == 0) xds_out[r] = ds;
+        xs = 1.f / ds;
+    }
+    u32* hi = (u32*)(xh + r * K);
+    u32* lo = (u32*)(xh + (long)T * K + r * K);
+    const int word = 4 * (lane & 1) + ((lane >> 1) & 3);
+#pragma unroll 4
+    for (int i = lane; i < K / 4; i += 32) {
+        const float4 v = __ldg(row + i);
+        float a0 = v.x * xs, b0 = v.z * xs, a1 = v.y * xs, b1 = v.w * xs;
+        const int w = (i >> 3) * 16 + word;
+        hi[w] = f16x2_split(a0, b0);
+        lo[w] = f16x2_rn(a0, b0);
+        hi[w + 8] = f16x2_split(a1, b1);
+        lo[w + 8] = f16x2_rn(a1, b1);
     }
 }
 

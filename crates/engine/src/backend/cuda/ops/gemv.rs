@@ -689,17 +689,16 @@ impl CudaBackend {
     /// even runs of 32-wide chunks: its steps are 64 wide).
     fn gemm_h16(&self, w: &CudaLinear, g: Gemv) -> Result<()> {
         let (t, k) = (g.t, w.cols);
-        let own = if g.xds.is_null() {
-            self.row_scales_for_f16_mma(w.fmt, g.x, t, k)?
-        } else {
-            None
+        // (where x's parts are given, so are its scales: SharedInput)
+        let (own_xds, own_xh) = match (g.xds.is_null(), g.xh.is_null()) {
+            (_, false) => (None, None),
+            (true, true) => {
+                let (xds, xh) = self.scale_split_h16(g.x, t, k)?;
+                (Some(xds), Some(xh))
+            }
+            (false, true) => (None, Some(self.split_h16(g.x, g.xds, t, k)?)),
         };
-        let xds = own.as_ref().map_or(g.xds, |d| self.ptr(d));
-        let own_xh = if g.xh.is_null() {
-            Some(self.split_h16(g.x, xds, t, k)?)
-        } else {
-            None
-        };
+        let xds = own_xds.as_ref().map_or(g.xds, |d| self.ptr(d));
         let xh = own_xh.as_ref().map_or(g.xh, |d| self.ptr(d));
         let tiles = (
             (w.rows as u32).div_ceil(GEMM_H16_ROWS),
@@ -751,19 +750,44 @@ impl CudaBackend {
         k: usize,
     ) -> Result<CudaSlice<u16>> {
         let xh = self.alloc_unset::<u16>(2 * t * k)?;
+        self.launch_split_h16(x, (xds, DevPtr::NULL), t, k, self.ptr(&xh))?;
+        Ok(xh)
+    }
+
+    /// The `row_pow2` scales of `t` rows of `k` values (`k % 32 == 0`) and the rows' f16 parts
+    /// for `gemm_h16` ([`split_h16`](Self::split_h16) with the scales computed in the same
+    /// launch: x read from memory twice instead of three times).
+    pub(crate) fn scale_split_h16(
+        &self,
+        x: DevPtr<f32>,
+        t: usize,
+        k: usize,
+    ) -> Result<(CudaSlice<f32>, CudaSlice<u16>)> {
+        let xds = self.alloc_unset::<f32>(t)?;
+        let xh = self.alloc_unset::<u16>(2 * t * k)?;
+        self.launch_split_h16(x, (DevPtr::NULL, self.ptr(&xds)), t, k, self.ptr(&xh))?;
+        Ok((xds, xh))
+    }
+
+    /// `x_split_h16` over `t` rows of `k` values into `xh`, with the scales given (`xds.0`) or
+    /// computed into `xds.1`.
+    fn launch_split_h16(
+        &self,
+        x: DevPtr<f32>,
+        (xds, xds_out): (DevPtr<f32>, DevPtr<f32>),
+        t: usize,
+        k: usize,
+        xh: DevPtr<u16>,
+    ) -> Result<()> {
         ops::prefill::XSplitH16Args {
             x,
             xds,
             t: t as i32,
             k: k as i32,
-            xh: self.ptr(&xh),
+            xh,
+            xds_out,
         }
-        .launch(
-            self,
-            (((t * k / 32) as u32).div_ceil(256), 1, 1),
-            (256, 1, 1),
-        )?;
-        Ok(xh)
+        .launch(self, ((t as u32).div_ceil(8), 1, 1), (256, 1, 1))
     }
 
     /// The `row_pow2` scales of the `rows` rows of `x` (`cols` values each) where the tensor-core
@@ -833,14 +857,15 @@ impl CudaBackend {
         let [first, _, ..] = takers[..] else {
             return Ok(SharedInput::default());
         };
+        if takers.iter().filter(|w| self.gemm_h16_takes(w, t)).count() >= 2 {
+            let (xds, xh) = self.scale_split_h16(x, t, cols)?;
+            return Ok(SharedInput {
+                xds: Some(xds),
+                xh: Some(xh),
+            });
+        }
         let xds = self.row_scales_for_f16_mma(first.fmt, x, t, cols)?;
-        let xh = match &xds {
-            Some(d) if takers.iter().filter(|w| self.gemm_h16_takes(w, t)).count() >= 2 => {
-                Some(self.split_h16(x, self.ptr(d), t, cols)?)
-            }
-            _ => None,
-        };
-        Ok(SharedInput { xds, xh })
+        Ok(SharedInput { xds, xh: None })
     }
 
     /// Whether `t` tokens of `w` run on the few-token tensor-core GEMV (`gemv_mt`): 2 to

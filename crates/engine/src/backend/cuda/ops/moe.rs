@@ -508,10 +508,11 @@ impl CudaBackend {
     ) -> Result<ExpertTiles> {
         // at most one partial tile per expert that has items
         let max_tiles = items.div_ceil(per_tile) + experts.min(items);
+        // (moe_align writes *ntiles and every tile and order entry below it; nothing reads past)
         let t = ExpertTiles {
-            order: self.alloc::<i32>(items)?,
-            tiles: self.alloc::<i32>(4 * max_tiles)?,
-            ntiles: self.alloc::<i32>(1)?,
+            order: self.alloc_unset::<i32>(items)?,
+            tiles: self.alloc_unset::<i32>(4 * max_tiles)?,
+            ntiles: self.alloc_unset::<i32>(1)?,
             max_tiles,
         };
         ops::moe::MoeAlignArgs {
@@ -523,7 +524,7 @@ impl CudaBackend {
             tiles: self.ptr(&t.tiles),
             ntiles: self.ptr(&t.ntiles),
         }
-        .launch(self, (1, 1, 1), (1024, 1, 1))?;
+        .launch(self, (1, 1, 1), (MOE_ALIGN_MAX_EXPERTS as u32, 1, 1))?;
         Ok(t)
     }
 
@@ -549,15 +550,10 @@ impl CudaBackend {
             ntiles,
             max_tiles,
         } = self.expert_tiles(sel, items, e.n, GEMM_MMA_TOKENS as usize)?;
-        let xds = if e.gate.fmt == e.up.fmt {
-            self.row_scales_for_f16_mma(e.gate.fmt, x, t, e.hidden)?
-        } else {
-            None
-        };
-        if let Some(xds) = xds.as_ref().filter(|_| self.experts_h16_applies(e)) {
-            // x and then h split once into their f16 parts, the tiles' rows gathered from them
-            let xds = self.ptr(xds);
-            let xh = self.split_h16(x, xds, t, e.hidden)?;
+        if self.experts_h16_applies(e) {
+            // x and then h split once into their f16 parts (and their rows' scales), the tiles'
+            // rows gathered from them
+            let (xds, xh) = self.scale_split_h16(x, t, e.hidden)?;
             ops::moe::ExpertsGateUpH16Args {
                 gate: e.gate.proj(self),
                 up: e.up.proj(self),
@@ -570,16 +566,14 @@ impl CudaBackend {
                 h,
                 inter: e.inter as i32,
                 hidden: e.hidden as i32,
-                xds,
+                xds: self.ptr(&xds),
             }
             .launch(
                 self,
                 ((e.inter as u32).div_ceil(64), max_tiles as u32, 1),
                 (256, 1, 1),
             )?;
-            let hds = self.row_scales_for_f16_mma(e.down.fmt, h, items, e.inter)?;
-            let hds = hds.as_ref().map_or(DevPtr::NULL, |d| self.ptr(d));
-            let hh = self.split_h16(h, hds, items, e.inter)?;
+            let (hds, hh) = self.scale_split_h16(h, items, e.inter)?;
             return ops::moe::ExpertsDownH16Args {
                 down: e.down.proj(self),
                 tiles: self.ptr(&tiles),
@@ -591,7 +585,7 @@ impl CudaBackend {
                 part,
                 inter: e.inter as i32,
                 hidden: e.hidden as i32,
-                hds,
+                hds: self.ptr(&hds),
             }
             .launch(
                 self,
@@ -603,6 +597,11 @@ impl CudaBackend {
                 (256, 1, 1),
             );
         }
+        let xds = if e.gate.fmt == e.up.fmt {
+            self.row_scales_for_f16_mma(e.gate.fmt, x, t, e.hidden)?
+        } else {
+            None
+        };
         ops::moe::ExpertsGateUpMmaArgs {
             gate: e.gate.proj(self),
             up: e.up.proj(self),
