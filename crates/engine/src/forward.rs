@@ -112,11 +112,11 @@ fn attention<B: Backend>(
             kv: &mut s.kv[layer],
         })
         .collect();
-    let mut o = b.attention_chunks(q, k, &v, rope, &mut chunks, &attn.params)?;
-    if let Some(gate) = &gate {
-        b.softplus_gate(&mut o, gate)?;
+    let o = b.attention_chunks(q, k, &v, rope, &mut chunks, &attn.params)?;
+    match &gate {
+        Some(gate) => b.gated_linear_add(x, o, gate, &attn.o, attn.o_bias.as_ref()),
+        None => b.linear_add(x, &o, &attn.o, attn.o_bias.as_ref()),
     }
-    b.linear_add(x, &o, &attn.o, attn.o_bias.as_ref())
 }
 
 /// [`Backend::attention_chunks`] chunk by chunk (its default): each chunk's rows rotated at its

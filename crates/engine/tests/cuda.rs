@@ -74,15 +74,18 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
     // GEMV `gemv_mt` (9, 16: two token blocks, the second partial at 9), then 3, 9 with it off:
     // `gemm_mma` for bf16 and NVFP4 with K % 32 == 0 (column groups skipped), as at 70, 130
     // (partial token tiles; NVFP4 with K % 64 == 0 on an sm_90 device: `gemm_h16`, also at 300,
-    // there also its one-block variant, and at 130 with it off: `gemm_mma`'s f16 path); else the `linear` kernel below 16 tokens
+    // there also its one-block variant, and at 130 with it off: `gemm_mma`'s f16 path; `gemv_mt`'s
+    // one-block variant at 3 and 9); else the `linear` kernel below 16 tokens
     // and `gemm_tiled` from 16; 3, 9 and 70 again with both tensor-core paths off (`linear`,
     // `gemm_tiled`)
     let mma_on = b.options();
     let few = mma_on.few_token_max;
-    for (t, mma_gemm, few_token_max, h16_gemm, h16_one_block) in [
+    for (t, mma_gemm, few_token_max, h16_gemm, one_block) in [
         (1usize, true, few, true, false),
         (3, true, few, true, false),
         (9, true, few, true, false),
+        (3, true, few, true, true),
+        (9, true, few, true, true),
         (16, true, few, true, false),
         (3, true, 0, true, false),
         (9, true, 0, true, false),
@@ -99,7 +102,8 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
             mma_gemm,
             few_token_max,
             h16_gemm,
-            h16_one_block,
+            h16_one_block: one_block,
+            mt_one_block: one_block,
             ..mma_on.clone()
         });
         let x = values(t * cols, 7 + t as u64, 4.0);
@@ -269,8 +273,9 @@ impl<B: Backend> ElementwiseOn for B {
 /// states: a block each, also widths not a multiple of 4), rope (full and partial rotary slices,
 /// the widest one the kernel takes), the softplus gate and `add_scaled` (four values a thread as
 /// a float4 and element by element), `linears` of three NVFP4 weights sharing their rows' scales
-/// and f16 parts (bit for bit against `linear` of each, and against the CPU), and `linear_add`
-/// (the add in the GEMM's epilogue; also against `linear` + `add_scaled` on the GPU).
+/// and f16 parts (bit for bit against `linear` of each, and against the CPU), `linear_add` (the
+/// add in the GEMM's epilogue; also against `linear` + `add_scaled` on the GPU) and
+/// `gated_linear_add` (bit for bit against `softplus_gate` + `linear_add` on the GPU).
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
 fn gpu_elementwise_ops_and_residual_adds_match_cpu() {
@@ -386,6 +391,42 @@ fn gpu_elementwise_ops_and_residual_adds_match_cpu() {
         cpu.linear_add(&mut c, &cx, &cl[0], None).unwrap();
         close(
             &format!("linear_add {t} rows"),
+            &fused,
+            &cpu.download(&c).unwrap(),
+            1e-5,
+        );
+        // the gated projection (4 gate values a row, each over 64 columns; at 300 rows the gate
+        // applied inside x's split on gemm_h16): the same bits as softplus_gate + linear_add
+        let g = values(t * 4, t as u64 + 9, 3.0);
+        let gated = |b: &CudaBackend| {
+            let mut out = b.upload(t, n, &y).unwrap();
+            let gate = b.upload(t, 4, &g).unwrap();
+            b.gated_linear_add(&mut out, b.upload(t, k, &x).unwrap(), &gate, &gl[0], None)
+                .unwrap();
+            b.download(&out).unwrap()
+        };
+        let fused = gated(&gpu);
+        let mut apart = gpu.upload(t, n, &y).unwrap();
+        let mut gx2 = gpu.upload(t, k, &x).unwrap();
+        gpu.softplus_gate(&mut gx2, &gpu.upload(t, 4, &g).unwrap())
+            .unwrap();
+        gpu.linear_add(&mut apart, &gx2, &gl[0], None).unwrap();
+        assert_eq!(
+            fused,
+            gpu.download(&apart).unwrap(),
+            "gated_linear_add vs softplus_gate + linear_add, {t} rows"
+        );
+        let mut c = cpu.upload(t, n, &y).unwrap();
+        cpu.gated_linear_add(
+            &mut c,
+            cx.clone(),
+            &cpu.upload(t, 4, &g).unwrap(),
+            &cl[0],
+            None,
+        )
+        .unwrap();
+        close(
+            &format!("gated_linear_add {t} rows"),
             &fused,
             &cpu.download(&c).unwrap(),
             1e-5,

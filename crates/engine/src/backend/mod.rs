@@ -183,6 +183,21 @@ pub trait Backend: Resident {
         let h = self.linear(x, w, bias)?;
         self.add_scaled(y, 1.0, &h)
     }
+    /// `y += (x ⊙ softplus(gate)) · Wᵀ (+ bias)`, each value of `gate` gating
+    /// `x.cols / gate.cols` columns of its row (the attention output's per-head gate, then
+    /// `o_proj` added to the residual stream). A backend may apply the gate where the linear
+    /// reads x; the default is [`Backend::softplus_gate`] then [`Backend::linear_add`].
+    fn gated_linear_add(
+        &self,
+        y: &mut Self::Tensor,
+        mut x: Self::Tensor,
+        gate: &Self::Tensor,
+        w: &Self::Linear,
+        bias: Option<&Self::Tensor>,
+    ) -> Result<()> {
+        self.softplus_gate(&mut x, gate)?;
+        self.linear_add(y, &x, w, bias)
+    }
     /// [`Backend::linear`] of several weights on the same input (q/k/v, gate/up), in order. A
     /// backend may run them as one parallel region or one launch; the default calls `linear`
     /// for each.

@@ -826,6 +826,17 @@ impl Backend for CudaBackend {
         self.linear_add_rows(y, x, w, bias)
     }
 
+    fn gated_linear_add(
+        &self,
+        y: &mut CudaTensor,
+        x: CudaTensor,
+        gate: &CudaTensor,
+        w: &CudaLinear,
+        bias: Option<&CudaTensor>,
+    ) -> Result<()> {
+        self.gated_linear_add_rows(y, x, gate, w, bias)
+    }
+
     fn linears(
         &self,
         x: &CudaTensor,
@@ -1028,21 +1039,12 @@ impl Backend for CudaBackend {
     }
 
     fn softplus_gate(&self, x: &mut CudaTensor, gate: &CudaTensor) -> Result<()> {
-        self.check(
-            gate.rows == x.rows && gate.cols > 0 && x.cols.is_multiple_of(gate.cols),
-            || {
-                format!(
-                    "gate {:?} for {:?}",
-                    (gate.rows, gate.cols),
-                    (x.rows, x.cols)
-                )
-            },
-        )?;
+        let group = self.gate_group(x, gate)?;
         self.softplus_gate_raw(
             self.ptr(&x.buf),
             self.ptr(&gate.buf),
             x.rows * x.cols,
-            x.cols / gate.cols,
+            group,
         )
     }
 

@@ -237,8 +237,6 @@ extern "C" __global__ void qk_norm_rope(float* q, float* k, const float* __restr
     }
 }
 
-__device__ __forceinline__ float softplus(float g) { return g > 20.f ? g : log1pf(expf(g)); }
-
 // Whether both pointers are 16-byte aligned (float4 access).
 __device__ __forceinline__ bool aligned16(const void* a, const void* b) {
     return (((unsigned long long)a | (unsigned long long)b) & 15ull) == 0;

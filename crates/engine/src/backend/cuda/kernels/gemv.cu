@@ -935,6 +935,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_mma(const u8* __restrict_
 #define MT_TOKENS 8     // tokens per grid row of gemv_mt
 #define MT_NV_GROUPS 2  // NVFP4: groups of 4 tokens
 #define MT_BF_GROUPS 4  // bf16: groups of 2 tokens
+#define MT_NV_U 2       // NVFP4: chunk slots per lane (two blocks a SM: 128 registers)
 
 // f32 to bf16, round to nearest even (NaN stays a NaN).
 __device__ __forceinline__ u16 f32_to_bf16_rn(float f) {
@@ -1070,17 +1071,20 @@ __device__ __forceinline__ void mt_stash_cols(const float acc[G][4], float (*red
 // xb_stage as xb, xds) and each linear W of `segs` (segment s: blocks [block0, next block0), its
 // own y; all of one format, NVFP4 (fmt 3, sm_89+) or bf16 (fmt 2, sm_80+), [N, K], K % 128 ==
 // 0; `bias`, `resid`: one segment only, else null): blocks of 8 warps, KS warps per 16-row tile
-// splitting its chunks into contiguous runs, 8 / KS tiles per block (gemv_mma's geometry).
-extern "C" __global__ void __launch_bounds__(256) gemv_mt(Segs segs, const uint2* __restrict__ xb,
-                                                          const float* __restrict__ xds,
-                                                          const float* __restrict__ bias, const float* resid, int K,
-                                                          int T, int ks) {
+// splitting its chunks into contiguous runs, 8 / KS tiles per block (gemv_mma's geometry). One
+// kernel per format (gemv_mt_bf16, gemv_mt_nv: FMT; U: NVFP4 chunks in flight a lane), so that
+// each gets the registers its own path needs.
+template <int FMT, int U>
+__device__ __forceinline__ void gemv_mt_impl(const Segs& segs, const uint2* __restrict__ xb,
+                                             const float* __restrict__ xds, const float* __restrict__ bias,
+                                             const float* resid, int K, int T, int ks) {
     __shared__ float red[8][4][16][8];
     int si = 0;
     for (int i = 1; i < segs.n; i++)
         if ((int)blockIdx.x >= segs.s[i].block0) si = i;
     const Seg sg = segs.s[si];
-    const int fmt = sg.fmt, N = sg.N;
+    constexpr int fmt = FMT;
+    const int N = sg.N;
     const u8* w = (const u8*)sg.w;
     const u8* scales = sg.scales;
     const float inv_g = sg.inv_g;
@@ -1091,7 +1095,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_mt(Segs segs, const uint2
     const int nc = K >> 7, part = warp % ks;
     const int c0 = part * nc / ks, c1 = (part + 1) * nc / ks;
     const int tok0 = blockIdx.y * MT_TOKENS;
-    if (fmt == 3) {
+    if constexpr (fmt == 3) {
         // lane's token in group q: tok0 + 4 q + lane / 8
         const int slot = lane >> 3;
         unsigned bx = 0;
@@ -1101,7 +1105,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_mt(Segs segs, const uint2
         const int tl = min(tok0 + slot, T - 1);
         const uint4* xl = (const uint4*)(xb + (long)tl * (K / 2)) + 4 * (lane & 7);
         float acc[MT_NV_GROUPS][4] = {};
-        MmaTile<MMA_U> m;
+        MmaTile<U> m;
         if (nrows > 0) m.start(w + row0 * (K / 2), scales + row0 * (K / 16), K / 2, K / 16, nrows, c0, c1);
         pdl_enter();
         if (nrows > 0) m.run_staged<MT_NV_GROUPS>(xl, 4l * (K / 4), bx, acc);
@@ -1129,7 +1133,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_mt(Segs segs, const uint2
         if (r >= nrows || tok >= T) continue;
         float v = 0.f;
         for (int p = 0; p < ks; p++) {
-            if (fmt == 3) {
+            if constexpr (fmt == 3) {
                 const float* cv = red[warp + p][tk >> 2][r] + 2 * (tk & 3);
                 v += cv[0] + cv[1];
             } else {
@@ -1144,6 +1148,18 @@ extern "C" __global__ void __launch_bounds__(256) gemv_mt(Segs segs, const uint2
         y[idx] = o;
     }
 }
+
+// gemv_mt_nv: two blocks a SM (128 registers: MT_NV_U chunks in flight a lane, no spills);
+// gemv_mt_nv_b1: one block a SM with MMA_U chunks in flight (the kernel before, for A/B).
+#define GEMV_MT_KERNEL(name, fmt, u, bounds)                                                                          \
+    extern "C" __global__ void bounds name(Segs segs, const uint2* __restrict__ xb, const float* __restrict__ xds,   \
+                                           const float* __restrict__ bias, const float* resid, int K, int T,          \
+                                           int ks) {                                                                  \
+        gemv_mt_impl<fmt, u>(segs, xb, xds, bias, resid, K, T, ks);                                                   \
+    }
+GEMV_MT_KERNEL(gemv_mt_bf16, 2, 0, __launch_bounds__(256))
+GEMV_MT_KERNEL(gemv_mt_nv, 3, MT_NV_U, __launch_bounds__(256, 2))
+GEMV_MT_KERNEL(gemv_mt_nv_b1, 3, MMA_U, __launch_bounds__(256))
 
 #define MULTI_R 4
 #define MULTI_U 4  // chunk slots per lane on the tensor-core path of linear_multi2

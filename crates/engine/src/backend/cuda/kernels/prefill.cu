@@ -512,17 +512,32 @@ struct GhStage {
 // xh[part][t][k] (part 0: the f16 high parts, 1: the remainders; T x K each) of x[t, k] * 2^e,
 // 2^e = 1 / xds[t], in gemm_h16's fragment order per 32 values (K % 32 == 0). xds null: the rows'
 // row_pow2 scales are computed here first (as row_pow2 computes them, so the same bits) and
-// written to xds_out. One warp per row, 8 rows a block of 256; 8 lanes per 32 values, lane j
-// reading values 4j .. 4j + 3 (coalesced), which are exactly the pairs of two words of each part:
-// (4j, 4j + 2) is word 4 (j & 1) + j / 2, (4j + 1, 4j + 3) that plus 8.
-extern "C" __global__ void __launch_bounds__(256) x_split_h16(const float* __restrict__ x,
-                                                              const float* __restrict__ xds, int T, int K,
-                                                              u16* __restrict__ xh, float* __restrict__ xds_out) {
+// written to xds_out. gate (null: none): x[t, k] taken times softplus(gate[t, k / group]) first
+// (group % 4 == 0; softplus_gate's product, so the same bits as that kernel then this one). One
+// warp per row, 8 rows a block of 256; 8 lanes per 32 values, lane j reading values 4j .. 4j + 3
+// (coalesced), which are exactly the pairs of two words of each part: (4j, 4j + 2) is word
+// 4 (j & 1) + j / 2, (4j + 1, 4j + 3) that plus 8.
+extern "C" __global__ void __launch_bounds__(256)
+    x_split_h16(const float* __restrict__ x, const float* __restrict__ xds, int T, int K, u16* __restrict__ xh,
+                float* __restrict__ xds_out, const float* __restrict__ gate, int group) {
     pdl_enter();
     const long r = (long)blockIdx.x * 8 + (threadIdx.x >> 5);
     if (r >= T) return;
     const int lane = threadIdx.x & 31;
     const float4* row = (const float4*)(x + r * K);
+    const float* grow = gate ? gate + r * (K / group) : nullptr;
+    // x's float4 i, gated where there is a gate
+    auto load = [&](int i) {
+        float4 v = __ldg(row + i);
+        if (grow) {
+            const float s = softplus(__ldg(grow + 4 * i / group));
+            v.x *= s;
+            v.y *= s;
+            v.z *= s;
+            v.w *= s;
+        }
+        return v;
+    };
     float xs;
     if (xds != nullptr) {
         xs = gt_row_xs(xds, r);
@@ -530,7 +545,7 @@ extern "C" __global__ void __launch_bounds__(256) x_split_h16(const float* __res
         float m = 0.f;
 #pragma unroll 4
         for (int i = lane; i < K / 4; i += 32) {
-            const float4 v = __ldg(row + i);
+            const float4 v = load(i);
             m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
         }
         const float ds = pow2f(-xb_exp(warp_max(m)));
@@ -542,7 +557,7 @@ extern "C" __global__ void __launch_bounds__(256) x_split_h16(const float* __res
     const int word = 4 * (lane & 1) + ((lane >> 1) & 3);
 #pragma unroll 4
     for (int i = lane; i < K / 4; i += 32) {
-        const float4 v = __ldg(row + i);
+        const float4 v = load(i);
         float a0 = v.x * xs, b0 = v.z * xs, a1 = v.y * xs, b1 = v.w * xs;
         const int w = (i >> 3) * 16 + word;
         hi[w] = f16x2_split(a0, b0);

@@ -1,7 +1,7 @@
 //! The entry points of kernels/elementwise.cu: norms, rope, gates and element-wise arithmetic.
 
 use super::DevPtr;
-use crate::backend::cuda::CudaBackend;
+use crate::backend::cuda::{CudaBackend, CudaTensor};
 use crate::error::Result;
 
 kernels! {
@@ -87,6 +87,24 @@ impl CudaBackend {
             eps,
         }
         .launch(self, (groups as u32, 1, 1), (threads, 1, 1))
+    }
+
+    /// The columns of `x` each value of `gate` gates ([`Backend::softplus_gate`]'s shapes:
+    /// one row of gate values per row of x, dividing its width), or an error naming both.
+    ///
+    /// [`Backend::softplus_gate`]: crate::Backend::softplus_gate
+    pub(crate) fn gate_group(&self, x: &CudaTensor, gate: &CudaTensor) -> Result<usize> {
+        self.check(
+            gate.rows == x.rows && gate.cols > 0 && x.cols.is_multiple_of(gate.cols),
+            || {
+                format!(
+                    "gate {:?} for {:?}",
+                    (gate.rows, gate.cols),
+                    (x.rows, x.cols)
+                )
+            },
+        )?;
+        Ok(x.cols / gate.cols)
     }
 
     /// `x[i] *= softplus(gate[i / group])` over `len` values of `x` (a per-head output gate:

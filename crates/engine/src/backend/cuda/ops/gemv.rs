@@ -41,8 +41,10 @@ kernels! {
     xb_stage => XbStageArgs { x: DevPtr<f32>, k: i32, fmt: i32, xb: DevPtr<u32>, ds: DevPtr<f32> }
     /// A few tokens' `y = resid + x · Wᵀ + bias` on tensor cores for each linear of `segs` (all
     /// bf16 or all NVFP4, K % 128 == 0, `x` staged by `xb_stage`; `bias`, `resid`: one segment
-    /// only): grid (the segments' 16-row tile blocks, ⌈t / 8⌉), `ks` warps per tile.
-    gemv_mt => GemvMtArgs {
+    /// only): grid (the segments' 16-row tile blocks, ⌈t / 8⌉), `ks` warps per tile. One
+    /// kernel per format: `gemv_mt_bf16`, `gemv_mt_nv` (two blocks a SM) and `gemv_mt_nv_b1`
+    /// (one, more loads in flight: `CudaOptions::mt_one_block`).
+    gemv_mt ["gemv_mt_bf16", "gemv_mt_nv", "gemv_mt_nv_b1"] => GemvMtArgs {
         segs: Segs, xb: DevPtr<u32>, xds: DevPtr<f32>, bias: DevPtr<f32>, resid: DevPtr<f32>,
         k: i32, t: i32, ks: i32,
     }
@@ -409,6 +411,44 @@ impl CudaBackend {
         self.linear_to(x, w, bias, (y, y), &SharedInput::default())
     }
 
+    /// [`Backend::gated_linear_add`](crate::Backend::gated_linear_add): where `w` runs on
+    /// `gemm_h16` (and the gate's groups are multiples of 4), the gate applied inside x's split
+    /// (`x_split_h16`: x read twice, never written back); elsewhere `softplus_gate`, then
+    /// [`linear_add_rows`](Self::linear_add_rows). The same bits either way.
+    pub(crate) fn gated_linear_add_rows(
+        &self,
+        y: &mut CudaTensor,
+        x: CudaTensor,
+        gate: &CudaTensor,
+        w: &CudaLinear,
+        bias: Option<&CudaTensor>,
+    ) -> Result<()> {
+        let group = self.gate_group(&x, gate)?;
+        let fused = x.rows > 0
+            && x.cols == w.cols
+            && y.rows == x.rows
+            && y.cols == w.rows
+            && group.is_multiple_of(4)
+            && self.gemm_h16_takes(w, x.rows);
+        if fused {
+            let gate = Some((self.ptr(&gate.buf), group));
+            let (xds, xh) = self.scale_split_h16(self.ptr(&x.buf), gate, x.rows, x.cols)?;
+            let shared = SharedInput {
+                xds: Some(xds),
+                xh: Some(xh),
+            };
+            let y = self.ptr(&y.buf);
+            return self.linear_to(&x, w, bias, (y, y), &shared);
+        }
+        self.softplus_gate_raw(
+            self.ptr(&x.buf),
+            self.ptr(&gate.buf),
+            x.rows * x.cols,
+            group,
+        )?;
+        self.linear_add_rows(y, &x, w, bias)
+    }
+
     /// `y = resid + x · Wᵀ (+ bias)` for the rows of `x` into `(y, resid)` (resid null: none; it
     /// may be `y`), after checking the shapes.
     fn linear_to(
@@ -693,7 +733,7 @@ impl CudaBackend {
         let (own_xds, own_xh) = match (g.xds.is_null(), g.xh.is_null()) {
             (_, false) => (None, None),
             (true, true) => {
-                let (xds, xh) = self.scale_split_h16(g.x, t, k)?;
+                let (xds, xh) = self.scale_split_h16(g.x, None, t, k)?;
                 (Some(xds), Some(xh))
             }
             (false, true) => (None, Some(self.split_h16(g.x, g.xds, t, k)?)),
@@ -750,31 +790,43 @@ impl CudaBackend {
         k: usize,
     ) -> Result<CudaSlice<u16>> {
         let xh = self.alloc_unset::<u16>(2 * t * k)?;
-        self.launch_split_h16(x, (xds, DevPtr::NULL), t, k, self.ptr(&xh))?;
+        self.launch_split_h16(
+            x,
+            (xds, DevPtr::NULL),
+            (DevPtr::NULL, 0),
+            t,
+            k,
+            self.ptr(&xh),
+        )?;
         Ok(xh)
     }
 
     /// The `row_pow2` scales of `t` rows of `k` values (`k % 32 == 0`) and the rows' f16 parts
     /// for `gemm_h16` ([`split_h16`](Self::split_h16) with the scales computed in the same
-    /// launch: x read from memory twice instead of three times).
+    /// launch: x read from memory twice instead of three times). `gate` `(g, group)`: of x times
+    /// `softplus(g[t, j / group])` (`group % 4 == 0`; `softplus_gate`'s products, never written
+    /// back).
     pub(crate) fn scale_split_h16(
         &self,
         x: DevPtr<f32>,
+        gate: Option<(DevPtr<f32>, usize)>,
         t: usize,
         k: usize,
     ) -> Result<(CudaSlice<f32>, CudaSlice<u16>)> {
         let xds = self.alloc_unset::<f32>(t)?;
         let xh = self.alloc_unset::<u16>(2 * t * k)?;
-        self.launch_split_h16(x, (DevPtr::NULL, self.ptr(&xds)), t, k, self.ptr(&xh))?;
+        let gate = gate.unwrap_or((DevPtr::NULL, 0));
+        self.launch_split_h16(x, (DevPtr::NULL, self.ptr(&xds)), gate, t, k, self.ptr(&xh))?;
         Ok((xds, xh))
     }
 
     /// `x_split_h16` over `t` rows of `k` values into `xh`, with the scales given (`xds.0`) or
-    /// computed into `xds.1`.
+    /// computed into `xds.1`, and the gate `(gate, group)` (null: none).
     fn launch_split_h16(
         &self,
         x: DevPtr<f32>,
         (xds, xds_out): (DevPtr<f32>, DevPtr<f32>),
+        (gate, group): (DevPtr<f32>, usize),
         t: usize,
         k: usize,
         xh: DevPtr<u16>,
@@ -786,6 +838,8 @@ impl CudaBackend {
             k: k as i32,
             xh,
             xds_out,
+            gate,
+            group: group as i32,
         }
         .launch(self, ((t as u32).div_ceil(8), 1, 1), (256, 1, 1))
     }
@@ -858,7 +912,7 @@ impl CudaBackend {
             return Ok(SharedInput::default());
         };
         if takers.iter().filter(|w| self.gemm_h16_takes(w, t)).count() >= 2 {
-            let (xds, xh) = self.scale_split_h16(x, t, cols)?;
+            let (xds, xh) = self.scale_split_h16(x, None, t, cols)?;
             return Ok(SharedInput {
                 xds: Some(xds),
                 xh: Some(xh),
@@ -955,6 +1009,11 @@ impl CudaBackend {
         }
         .launch(
             self,
+            match (fmt, self.opts().mt_one_block) {
+                (2, _) => 0,
+                (_, false) => 1,
+                (_, true) => 2,
+            },
             (block0 as u32, t.div_ceil(GEMV_MT_TOKENS) as u32, 1),
             (32 * NV_WARPS, 1, 1),
         )

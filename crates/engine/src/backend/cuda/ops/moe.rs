@@ -553,7 +553,7 @@ impl CudaBackend {
         if self.experts_h16_applies(e) {
             // x and then h split once into their f16 parts (and their rows' scales), the tiles'
             // rows gathered from them
-            let (xds, xh) = self.scale_split_h16(x, t, e.hidden)?;
+            let (xds, xh) = self.scale_split_h16(x, None, t, e.hidden)?;
             ops::moe::ExpertsGateUpH16Args {
                 gate: e.gate.proj(self),
                 up: e.up.proj(self),
@@ -573,7 +573,7 @@ impl CudaBackend {
                 ((e.inter as u32).div_ceil(64), max_tiles as u32, 1),
                 (256, 1, 1),
             )?;
-            let (hds, hh) = self.scale_split_h16(h, items, e.inter)?;
+            let (hds, hh) = self.scale_split_h16(h, None, items, e.inter)?;
             return ops::moe::ExpertsDownH16Args {
                 down: e.down.proj(self),
                 tiles: self.ptr(&tiles),

@@ -1,29 +1,34 @@
 #!/usr/bin/env bash
-# Prefill A/B of CUDA kernel variants on lean Laguna-XS-2.1 in one go (issue 20's tuning loop):
-# the production prefill (`Session::prefill`, crates/lab's `prefill_speed`) of 2,048 and 16,384
-# tokens, each variant in turn for ROUNDS rounds, then where the machine has Nsight Compute the
-# kernels of one 2,048-token prefill of the first variant summed per kernel.
+# A/B of CUDA kernel variants on lean Laguna-XS-2.1 in one go (issue 20's tuning loop): the
+# production prefill (`Session::prefill`, crates/lab's `prefill_speed`) of 2,048 and 16,384
+# tokens and batched decode steps (`Model::forward_batch_sampled`, the server's call:
+# `batch_decode_speed`, 64 steps) of DECODE_BATCHES sequences, each variant in turn for ROUNDS
+# rounds, then where the machine has Nsight Compute the kernels of one 2,048-token prefill of the
+# first variant summed per kernel.
 #
-#   scripts/gpu-prefill.sh build                      # here: binaries -> target/gpu-prefill/
-#   scripts/gpu-prefill.sh run OUTDIR [VARIANT ...]   # on the GPU machine, from the repo root
+#   scripts/gpu-ab.sh build                      # here: binaries -> target/gpu-ab/
+#   scripts/gpu-ab.sh run OUTDIR [VARIANT ...]   # on the GPU machine, from the repo root
 #
 # A variant is `builtin` (the kernels built into the binary), a `.cu` file (compiled instead of
 # them through FP4FORGE_CUDA_KERNELS: kernels/*.cu concatenated in KERNELS_CU's order with a
 # newline between them, e.g. an edited copy) or NAME=VALUE settings joined by `,` (backend knobs,
 # e.g. FP4FORGE_CUDA_H16_GEMM=0). Default: `builtin FP4FORGE_CUDA_H16_GEMM=0`.
 # Environment: XS (default /dev/shm/xs-lean: written by `synth --preset xs --stock-nvfp4` +
-# `quantize` when missing, ~80 s, 21.7 + 20 GB), ROUNDS (2), FP4FORGE_KERNEL_CACHE (default
-# /dev/shm/fp4forge-kernels: each variant compiles once, ~80 s). Results: OUTDIR/prefill.txt.
+# `quantize` when missing, ~80 s, 21.7 + 20 GB), ROUNDS (2), DECODE_BATCHES (default "1 4 32";
+# empty: no decode steps), FP4FORGE_KERNEL_CACHE (default /dev/shm/fp4forge-kernels: each
+# variant compiles once, ~80 s). Results: OUTDIR/ab.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
-bin=target/gpu-prefill
+bin=target/gpu-ab
 if [ "$mode" = build ]; then
     cargo build --release --features cuda -p fp4forge
-    cargo build --release --features cuda -p fp4forge-lab --example prefill_speed
+    cargo build --release --features cuda -p fp4forge-lab --example prefill_speed --example batch_decode_speed
     mkdir -p "$bin"
     objcopy --strip-debug target/release/fp4forge "$bin/fp4forge"
-    objcopy --strip-debug target/release/examples/prefill_speed "$bin/prefill_speed"
+    for e in prefill_speed batch_decode_speed; do
+        objcopy --strip-debug "target/release/examples/$e" "$bin/$e"
+    done
     ls -la "$bin"
     exit 0
 fi
@@ -40,8 +45,9 @@ source scripts/cuda-env.sh
 export FP4FORGE_KERNEL_CACHE=${FP4FORGE_KERNEL_CACHE:-/dev/shm/fp4forge-kernels}
 xs=${XS:-/dev/shm/xs-lean}
 rounds=${ROUNDS:-2}
+read -r -a batches <<< "${DECODE_BATCHES-1 4 32}"
 mkdir -p "$out" "$FP4FORGE_KERNEL_CACHE"
-report=$out/prefill.txt
+report=$out/ab.txt
 : > "$report"
 rm -f "$out/failed.log"
 say() { echo "$*" | tee -a "$report"; }
@@ -69,12 +75,31 @@ median_ms() {
         { echo "== $1 $2: $log" >> "$out/failed.log"; return 0; }
     echo "$log" | sed -n 's/^prefill .* median \([0-9.]*\) ms.*/\1/p'
 }
-say "$(printf '%-44s %5s %12s %12s' variant round '2048 ms' '16384 ms')"
+# ms per batched decode step of variant $1 for each of DECODE_BATCHES, space-separated ("failed"
+# each where the run failed: its output then in OUTDIR/failed.log).
+step_ms() {
+    local log
+    [ ${#batches[@]} -gt 0 ] || return 0
+    # shellcheck disable=SC2046
+    if ! log=$(env $(settings "$1") "$bin/batch_decode_speed" "$xs" --device cuda 64 "${batches[@]}" 2>&1); then
+        echo "== $1 decode: $log" >> "$out/failed.log"
+        printf 'failed %.0s' "${batches[@]}"
+        return 0
+    fi
+    for b in "${batches[@]}"; do
+        echo "$log" | awk -v b="$b" '$1 == b && NF == 3 { printf "%s ", $2 }'
+    done
+}
+header=$(printf '%-44s %5s %12s %12s' variant round '2048 ms' '16384 ms')
+for b in "${batches[@]}"; do header+=$(printf ' %10s' "B=$b ms"); done
+say "$header"
 for round in $(seq 1 "$rounds"); do
     for v in "${variants[@]}"; do
         a=$(median_ms "$v" 2048 3)
         b=$(median_ms "$v" 16384 1)
-        say "$(printf '%-44s %5s %12s %12s' "$(basename "$v")" "$round" "${a:-failed}" "${b:-failed}")"
+        line=$(printf '%-44s %5s %12s %12s' "$(basename "$v")" "$round" "${a:-failed}" "${b:-failed}")
+        for s in $(step_ms "$v"); do line+=$(printf ' %10s' "$s"); done
+        say "$line"
     done
 done
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /usr/local/cuda-*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)
