@@ -75,7 +75,8 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
     // `gemm_mma` for bf16 and NVFP4 with K % 32 == 0 (column groups skipped), as at 70, 130
     // (partial token tiles; NVFP4 with K % 64 == 0 on an sm_90 device: `gemm_h16`, also at 300,
     // there also its one-block variant, and at 130 with it off: `gemm_mma`'s f16 path; `gemv_mt`'s
-    // one-block variant at 3 and 9); else the `linear` kernel below 16 tokens
+    // one-block variant at 3 and 9, its 16-token grid rows at 9 and 30); else the `linear` kernel
+    // below 16 tokens
     // and `gemm_tiled` from 16; 3, 9 and 70 again with both tensor-core paths off (`linear`,
     // `gemm_tiled`)
     let mma_on = b.options();
@@ -87,6 +88,7 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
         (3, true, few, true, true),
         (9, true, few, true, true),
         (16, true, few, true, false),
+        (30, true, few, true, false),
         (3, true, 0, true, false),
         (9, true, 0, true, false),
         (70, true, few, true, false),
@@ -104,6 +106,8 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
             h16_gemm,
             h16_one_block: one_block,
             mt_one_block: one_block,
+            // (16 tokens a grid row at 9 and 30 rows of an NVFP4 weight)
+            mt_16_tokens: one_block || t == 30,
             ..mma_on.clone()
         });
         let x = values(t * cols, 7 + t as u64, 4.0);
@@ -134,6 +138,23 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
                 );
             }
         }
+    }
+    // gemv_mt's NVFP4 kernels differ in how many tokens and chunks a grid row holds, not in any
+    // token's arithmetic: the same bits
+    for t in [9usize, 16, 30] {
+        let x = values(t * cols, 70 + t as u64, 4.0);
+        let xt = b.upload(t, cols, &x).unwrap();
+        let run = |mt_one_block: bool, mt_16_tokens: bool| {
+            b.set_options(CudaOptions {
+                mt_one_block,
+                mt_16_tokens,
+                ..mma_on.clone()
+            });
+            b.download(&b.linear(&xt, &lin, None).unwrap()).unwrap()
+        };
+        let two_blocks = run(false, false);
+        assert_eq!(two_blocks, run(true, false), "{label} t={t}: gemv_mt_nv_b1");
+        assert_eq!(two_blocks, run(false, true), "{label} t={t}: gemv_mt_nv16");
     }
     b.set_options(mma_on);
     println!("{label}: ok");

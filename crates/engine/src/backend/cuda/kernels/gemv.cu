@@ -1072,9 +1072,9 @@ __device__ __forceinline__ void mt_stash_cols(const float acc[G][4], float (*red
 // own y; all of one format, NVFP4 (fmt 3, sm_89+) or bf16 (fmt 2, sm_80+), [N, K], K % 128 ==
 // 0; `bias`, `resid`: one segment only, else null): blocks of 8 warps, KS warps per 16-row tile
 // splitting its chunks into contiguous runs, 8 / KS tiles per block (gemv_mma's geometry). One
-// kernel per format (gemv_mt_bf16, gemv_mt_nv: FMT; U: NVFP4 chunks in flight a lane), so that
-// each gets the registers its own path needs.
-template <int FMT, int U>
+// kernel per format (gemv_mt_bf16, gemv_mt_nv: FMT; U: NVFP4 chunks in flight a lane, G: its
+// groups of 4 tokens), so that each gets the registers its own path needs.
+template <int FMT, int U, int G>
 __device__ __forceinline__ void gemv_mt_impl(const Segs& segs, const uint2* __restrict__ xb,
                                              const float* __restrict__ xds, const float* __restrict__ bias,
                                              const float* resid, int K, int T, int ks) {
@@ -1094,22 +1094,23 @@ __device__ __forceinline__ void gemv_mt_impl(const Segs& segs, const uint2* __re
     const int nrows = (int)max(0l, min(16l, (long)N - row0));
     const int nc = K >> 7, part = warp % ks;
     const int c0 = part * nc / ks, c1 = (part + 1) * nc / ks;
-    const int tok0 = blockIdx.y * MT_TOKENS;
+    constexpr int TOKENS = fmt == 3 ? 4 * G : MT_TOKENS;  // tokens per grid row
+    const int tok0 = blockIdx.y * TOKENS;
     if constexpr (fmt == 3) {
         // lane's token in group q: tok0 + 4 q + lane / 8
         const int slot = lane >> 3;
         unsigned bx = 0;
 #pragma unroll
-        for (int q = 0; q < MT_NV_GROUPS; q++)
+        for (int q = 0; q < G; q++)
             if (tok0 + 4 * q + slot < T) bx |= 1u << q;
         const int tl = min(tok0 + slot, T - 1);
         const uint4* xl = (const uint4*)(xb + (long)tl * (K / 2)) + 4 * (lane & 7);
-        float acc[MT_NV_GROUPS][4] = {};
+        float acc[G][4] = {};
         MmaTile<U> m;
         if (nrows > 0) m.start(w + row0 * (K / 2), scales + row0 * (K / 16), K / 2, K / 16, nrows, c0, c1);
         pdl_enter();
-        if (nrows > 0) m.run_staged<MT_NV_GROUPS>(xl, 4l * (K / 4), bx, acc);
-        mt_stash_cols<MT_NV_GROUPS>(acc, red);
+        if (nrows > 0) m.run_staged<G>(xl, 4l * (K / 4), bx, acc);
+        mt_stash_cols<G>(acc, red);
     } else {
         // lane's token in group q: tok0 + 2 q + lane / 12 (lanes 24-31: none)
         const int slot = lane / 12;
@@ -1128,7 +1129,7 @@ __device__ __forceinline__ void gemv_mt_impl(const Segs& segs, const uint2* __re
     }
     __syncthreads();
     if (part != 0 || nrows == 0) return;
-    for (int i = lane; i < 16 * MT_TOKENS; i += 32) {
+    for (int i = lane; i < 16 * TOKENS; i += 32) {
         const int r = i & 15, tk = i >> 4, tok = tok0 + tk;
         if (r >= nrows || tok >= T) continue;
         float v = 0.f;
@@ -1150,16 +1151,19 @@ __device__ __forceinline__ void gemv_mt_impl(const Segs& segs, const uint2* __re
 }
 
 // gemv_mt_nv: two blocks a SM (128 registers: MT_NV_U chunks in flight a lane, no spills);
-// gemv_mt_nv_b1: one block a SM with MMA_U chunks in flight (the kernel before, for A/B).
-#define GEMV_MT_KERNEL(name, fmt, u, bounds)                                                                          \
+// gemv_mt_nv_b1: one block a SM with MMA_U chunks in flight (the kernel before, for A/B);
+// gemv_mt_nv16: 16 tokens a grid row (4 groups: each weight fragment feeds 16 tokens, read half
+// as often past 8 tokens), one block a SM.
+#define GEMV_MT_KERNEL(name, fmt, u, groups, bounds)                                                                  \
     extern "C" __global__ void bounds name(Segs segs, const uint2* __restrict__ xb, const float* __restrict__ xds,   \
                                            const float* __restrict__ bias, const float* resid, int K, int T,          \
                                            int ks) {                                                                  \
-        gemv_mt_impl<fmt, u>(segs, xb, xds, bias, resid, K, T, ks);                                                   \
+        gemv_mt_impl<fmt, u, groups>(segs, xb, xds, bias, resid, K, T, ks);                                           \
     }
-GEMV_MT_KERNEL(gemv_mt_bf16, 2, 0, __launch_bounds__(256))
-GEMV_MT_KERNEL(gemv_mt_nv, 3, MT_NV_U, __launch_bounds__(256, 2))
-GEMV_MT_KERNEL(gemv_mt_nv_b1, 3, MMA_U, __launch_bounds__(256))
+GEMV_MT_KERNEL(gemv_mt_bf16, 2, 0, MT_BF_GROUPS, __launch_bounds__(256))
+GEMV_MT_KERNEL(gemv_mt_nv, 3, MT_NV_U, MT_NV_GROUPS, __launch_bounds__(256, 2))
+GEMV_MT_KERNEL(gemv_mt_nv_b1, 3, MMA_U, MT_NV_GROUPS, __launch_bounds__(256))
+GEMV_MT_KERNEL(gemv_mt_nv16, 3, MT_NV_U, 4, __launch_bounds__(256))
 
 #define MULTI_R 4
 #define MULTI_U 4  // chunk slots per lane on the tensor-core path of linear_multi2

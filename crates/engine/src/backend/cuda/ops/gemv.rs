@@ -41,10 +41,11 @@ kernels! {
     xb_stage => XbStageArgs { x: DevPtr<f32>, k: i32, fmt: i32, xb: DevPtr<u32>, ds: DevPtr<f32> }
     /// A few tokens' `y = resid + x · Wᵀ + bias` on tensor cores for each linear of `segs` (all
     /// bf16 or all NVFP4, K % 128 == 0, `x` staged by `xb_stage`; `bias`, `resid`: one segment
-    /// only): grid (the segments' 16-row tile blocks, ⌈t / 8⌉), `ks` warps per tile. One
-    /// kernel per format: `gemv_mt_bf16`, `gemv_mt_nv` (two blocks a SM) and `gemv_mt_nv_b1`
-    /// (one, more loads in flight: `CudaOptions::mt_one_block`).
-    gemv_mt ["gemv_mt_bf16", "gemv_mt_nv", "gemv_mt_nv_b1"] => GemvMtArgs {
+    /// only): grid (the segments' 16-row tile blocks, ⌈t / tokens a grid row⌉), `ks` warps per
+    /// tile. One kernel per format: `gemv_mt_bf16`, `gemv_mt_nv` (two blocks a SM),
+    /// `gemv_mt_nv_b1` (one, more loads in flight: `CudaOptions::mt_one_block`) and
+    /// `gemv_mt_nv16` (16 tokens a grid row instead of 8: `CudaOptions::mt_16_tokens`).
+    gemv_mt ["gemv_mt_bf16", "gemv_mt_nv", "gemv_mt_nv_b1", "gemv_mt_nv16"] => GemvMtArgs {
         segs: Segs, xb: DevPtr<u32>, xds: DevPtr<f32>, bias: DevPtr<f32>, resid: DevPtr<f32>,
         k: i32, t: i32, ks: i32,
     }
@@ -94,6 +95,10 @@ pub const GEMV_MT_MAX_TOKENS: usize = 32;
 
 /// Tokens per grid row of `gemv_mt` (`MT_TOKENS` in the source).
 const GEMV_MT_TOKENS: usize = 8;
+
+/// Tokens per grid row of `gemv_mt_nv16` (`CudaOptions::mt_16_tokens`, NVFP4 past
+/// [`GEMV_MT_TOKENS`] tokens).
+const GEMV_MT16_TOKENS: usize = 16;
 
 /// Rows per warp of `linear_multi2` (`MULTI_R`) outside its tensor-core path.
 pub(crate) const EXPERT_ROWS: u32 = 4;
@@ -997,6 +1002,16 @@ impl CudaBackend {
             block0 += w.rows.div_ceil(tile_rows);
         }
         segs.n = parts.len() as i32;
+        let (one_block, sixteen) = {
+            let o = self.opts();
+            (o.mt_one_block, o.mt_16_tokens)
+        };
+        let (variant, per_grid_row) = match fmt {
+            2 => (0, GEMV_MT_TOKENS),
+            _ if sixteen && t > GEMV_MT_TOKENS => (3, GEMV_MT16_TOKENS),
+            _ if one_block => (2, GEMV_MT_TOKENS),
+            _ => (1, GEMV_MT_TOKENS),
+        };
         ops::gemv::GemvMtArgs {
             segs,
             xb: self.ptr(&xb),
@@ -1009,12 +1024,8 @@ impl CudaBackend {
         }
         .launch(
             self,
-            match (fmt, self.opts().mt_one_block) {
-                (2, _) => 0,
-                (_, false) => 1,
-                (_, true) => 2,
-            },
-            (block0 as u32, t.div_ceil(GEMV_MT_TOKENS) as u32, 1),
+            variant,
+            (block0 as u32, t.div_ceil(per_grid_row) as u32, 1),
             (32 * NV_WARPS, 1, 1),
         )
     }
