@@ -18,8 +18,8 @@
 # backend and transformers; 256 greedy tokens GPU vs CPU; the model path's fused decode step
 # (fused epilogues, persistent MoE) vs the generic ops and the CPU on synthetic Laguna
 # checkpoints; device sampling vs the host sampler; SmolLM2 if assets/smollm2-* are present), the
-# server's batching and prefix-cache tests (crates/server/tests/{batching,prefix_cache}.rs) with
-# FP4FORGE_TEST_DEVICE=cuda, and then the Laguna-S decode benchmark of crates/lab (a real
+# server's batching, prefix-cache, API and request-field tests
+# (crates/server/tests/{batching,prefix_cache,api,request_fields}.rs) with FP4FORGE_TEST_DEVICE=cuda, and then the Laguna-S decode benchmark of crates/lab (a real
 # Decoder with synthetic weights, the production step; table on stdout, JSON in
 # OUTDIR/bench.json). With compute-sanitizer on the
 # machine, the NVFP4 experts test also runs under racecheck and memcheck.
@@ -30,15 +30,16 @@ out=${2:-target/gpu/out}
 
 if [ "$mode" = build ]; then
     cargo test --release --features cuda -p fp4forge-engine --test cuda --no-run
-    cargo test --release --features cuda -p fp4forge-server --test batching --test prefix_cache --no-run
+    cargo test --release --features cuda -p fp4forge-server --test batching --test prefix_cache \
+        --test api --test request_fields --no-run
     cargo build --release --features cuda -p fp4forge-lab --bin cuda_decode_bench
     mkdir -p target/gpu
     bin=$(ls -t target/release/deps/cuda-* | grep -v '\.d$' | head -1)
     objcopy --strip-debug "$bin" target/gpu/cuda-tests
-    bin=$(ls -t target/release/deps/batching-* | grep -v '\.d$' | head -1)
-    objcopy --strip-debug "$bin" target/gpu/server-batching
-    bin=$(ls -t target/release/deps/prefix_cache-* | grep -v '\.d$' | head -1)
-    objcopy --strip-debug "$bin" target/gpu/server-prefix-cache
+    for t in batching prefix_cache api request_fields; do
+        bin=$(ls -t target/release/deps/"$t"-* | grep -v '\.d$' | head -1)
+        objcopy --strip-debug "$bin" "target/gpu/server-${t//_/-}"
+    done
     objcopy --strip-debug target/release/cuda_decode_bench target/gpu/cuda_decode_bench
     ls -la target/gpu
     exit 0
@@ -60,15 +61,22 @@ if [ "$mode" = run ]; then
     # without the cache answers, prompt logprobs and their top tokens included.
     FP4FORGE_TEST_DEVICE=cuda target/gpu/server-prefix-cache --test-threads 1 2>&1 |
         tee "$out/server-prefix-cache.log" || status=1
-    # The persistent MoE kernels (shared-memory staging, several groups per block) and the
-    # prefill attention on tensor cores (cp.async tiles) under compute-sanitizer's race and memory
-    # checkers, where the machine has it.
+    # The OpenAI API and every request field (logprobs, sampling, stops, tools) with the engine
+    # on the GPU.
+    for t in api request-fields; do
+        FP4FORGE_TEST_DEVICE=cuda "target/gpu/server-$t" --test-threads 1 2>&1 |
+            tee "$out/server-$t.log" || status=1
+    done
+    # The persistent MoE kernels (shared-memory staging, several groups per block), the grouped
+    # experts and the prompts' GEMM on gemm_h16's core and the prefill attention on tensor cores
+    # (cp.async tiles) under compute-sanitizer's race and memory checkers, where the machine has
+    # it.
     sanitizer=$(ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer 2>/dev/null | head -1 || true)
     if [ -n "$sanitizer" ]; then
         for tool in racecheck memcheck; do
             "$sanitizer" --tool "$tool" --error-exitcode 1 --print-limit 10 \
                 target/gpu/cuda-tests --ignored --test-threads 1 gpu_nvfp4_experts \
-                gpu_flash_attention_matches_the_cuda_core_kernel 2>&1 |
+                gpu_flash_attention_matches_the_cuda_core_kernel gpu_elementwise_ops 2>&1 |
                 tee "$out/sanitizer-$tool.log" | tail -n 3 || status=1
         done
     else
