@@ -1154,16 +1154,17 @@ __device__ __forceinline__ void gemv_mt_impl(const Segs& segs, const uint2* __re
 // gemv_mt_nv_b1: one block a SM with MMA_U chunks in flight (the kernel before, for A/B);
 // gemv_mt_nv16: 16 tokens a grid row (4 groups: each weight fragment feeds 16 tokens, read half
 // as often past 8 tokens), one block a SM.
-#define GEMV_MT_KERNEL(name, fmt, u, groups, bounds)                                                                  \
-    extern "C" __global__ void bounds name(Segs segs, const uint2* __restrict__ xb, const float* __restrict__ xds,   \
-                                           const float* __restrict__ bias, const float* resid, int K, int T,          \
-                                           int ks) {                                                                  \
+// (minb: the blocks a SM the registers are sized for; 0: no minimum, ptxas's choice)
+#define GEMV_MT_KERNEL(name, fmt, u, groups, minb)                                                                    \
+    extern "C" __global__ void __launch_bounds__(256, minb)                                                           \
+        name(Segs segs, const uint2* __restrict__ xb, const float* __restrict__ xds, const float* __restrict__ bias,   \
+             const float* resid, int K, int T, int ks) {                                                               \
         gemv_mt_impl<fmt, u, groups>(segs, xb, xds, bias, resid, K, T, ks);                                           \
     }
-GEMV_MT_KERNEL(gemv_mt_bf16, 2, 0, MT_BF_GROUPS, __launch_bounds__(256))
-GEMV_MT_KERNEL(gemv_mt_nv, 3, MT_NV_U, MT_NV_GROUPS, __launch_bounds__(256, 2))
-GEMV_MT_KERNEL(gemv_mt_nv_b1, 3, MMA_U, MT_NV_GROUPS, __launch_bounds__(256))
-GEMV_MT_KERNEL(gemv_mt_nv16, 3, MT_NV_U, 4, __launch_bounds__(256))
+GEMV_MT_KERNEL(gemv_mt_bf16, 2, 0, MT_BF_GROUPS, 0)
+GEMV_MT_KERNEL(gemv_mt_nv, 3, MT_NV_U, MT_NV_GROUPS, 2)
+GEMV_MT_KERNEL(gemv_mt_nv_b1, 3, MMA_U, MT_NV_GROUPS, 0)
+GEMV_MT_KERNEL(gemv_mt_nv16, 3, MT_NV_U, 4, 0)
 
 #define MULTI_R 4
 #define MULTI_U 4  // chunk slots per lane on the tensor-core path of linear_multi2
