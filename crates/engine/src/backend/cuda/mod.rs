@@ -842,12 +842,7 @@ impl Backend for CudaBackend {
         x: &CudaTensor,
         ws: &[(&CudaLinear, Option<&CudaTensor>)],
     ) -> Result<Vec<CudaTensor>> {
-        // the rows' f16 scales and parts once for every weight that needs them (q/k/v)
-        let weights: Vec<&CudaLinear> = ws.iter().map(|&(w, _)| w).collect();
-        let shared = self.shared_input(&weights, (self.ptr(&x.buf), x.rows, x.cols))?;
-        ws.iter()
-            .map(|&(w, bias)| self.linear_rows(x, w, bias, &shared))
-            .collect()
+        self.linears_rows(x, ws)
     }
 
     fn rope(

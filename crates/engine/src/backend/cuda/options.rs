@@ -14,6 +14,7 @@
 //! | `FP4FORGE_CUDA_GEMM` | `tiled_prefill` | `0`: multi-token linears on the `linear` GEMV kernel, not `gemm_tiled` | on |
 //! | `FP4FORGE_CUDA_MMA_GEMM` | `mma_gemm` | `0`: multi-token bf16/NVFP4 linears on `gemm_tiled` (f32 FMA), not `gemm_mma` (tensor cores, sm_80+) | on |
 //! | `FP4FORGE_CUDA_H16_GEMM` | `h16_gemm` | `0`: prompts' NVFP4 linears (more than 64 tokens, K % 64 == 0) and grouped NVFP4 experts on `gemm_mma`'s core (f16 path), not on `gemm_h16`'s (x split once, K steps in flight; sm_90) | on |
+//! | `FP4FORGE_CUDA_H16_MERGE` | `h16_merged` | `0`: the weights of one input on `gemm_h16` (q/k/v of a prompt) one launch each, not in one launch where their tiles fill the device without a K split | on |
 //! | `FP4FORGE_CUDA_H16_B1` | `h16_one_block` | `1`: `gemm_h16` as its variant of one block a SM with more registers, each chunk's B fragments loaded ahead | off |
 //! | `FP4FORGE_CUDA_GROUPED_MOE` | `grouped_moe` | `0`: multi-token routed experts on the per-item kernels, not grouped by expert on tensor cores (sm_80+) | on |
 //! | `FP4FORGE_CUDA_BATCH_ATTN` | `batched_attention` | `0`: a batched decode step's attention sequence by sequence (rope, attention, append per sequence), not in one `attn_dec_batch` launch | on |
@@ -67,6 +68,9 @@ pub struct CudaOptions {
     /// `FP4FORGE_CUDA_H16_GEMM`: prompts' NVFP4 linears and grouped experts on `gemm_h16`'s core
     /// where it runs.
     pub h16_gemm: bool,
+    /// `FP4FORGE_CUDA_H16_MERGE`: the weights of one input on `gemm_h16` in one launch where it
+    /// needs no K split.
+    pub h16_merged: bool,
     /// `FP4FORGE_CUDA_H16_B1`: `gemm_h16`'s variant of one block a SM (`gemm_h16_b1`).
     pub h16_one_block: bool,
     /// `FP4FORGE_CUDA_MT_B1`: NVFP4 `gemv_mt`'s variant of one block a SM (`gemv_mt_nv_b1`).
@@ -121,6 +125,7 @@ impl Default for CudaOptions {
             tiled_prefill: true,
             mma_gemm: true,
             h16_gemm: true,
+            h16_merged: true,
             h16_one_block: false,
             mt_one_block: false,
             mt_16_tokens: false,
@@ -188,6 +193,7 @@ impl CudaOptions {
             tiled_prefill: on("FP4FORGE_CUDA_GEMM"),
             mma_gemm: on("FP4FORGE_CUDA_MMA_GEMM"),
             h16_gemm: on("FP4FORGE_CUDA_H16_GEMM"),
+            h16_merged: on("FP4FORGE_CUDA_H16_MERGE"),
             h16_one_block: var("FP4FORGE_CUDA_H16_B1").as_deref() == Some(OsStr::new("1")),
             mt_one_block: var("FP4FORGE_CUDA_MT_B1").as_deref() == Some(OsStr::new("1")),
             mt_16_tokens: var("FP4FORGE_CUDA_MT16").as_deref() == Some(OsStr::new("1")),
@@ -237,6 +243,7 @@ mod tests {
             ("FP4FORGE_CUDA_GROUPED_MOE", "0"),
             ("FP4FORGE_CUDA_H16_GEMM", "0"),
             ("FP4FORGE_CUDA_H16_B1", "1"),
+            ("FP4FORGE_CUDA_H16_MERGE", "0"),
             ("FP4FORGE_CUDA_MT_B1", "1"),
             ("FP4FORGE_CUDA_MT16", "1"),
             ("FP4FORGE_CUDA_FLASH", "0"),
@@ -254,7 +261,7 @@ mod tests {
         assert!(!o.pdl && o.mma && o.persistent_moe && o.fused_decode && !o.tiled_prefill);
         assert!(o.legacy_gemv && o.mma_gemm && !o.grouped_moe && !o.flash_attention);
         assert!(!o.fused_batch && !o.h16_gemm && o.h16_one_block && o.mt_one_block);
-        assert!(o.mt_16_tokens);
+        assert!(o.mt_16_tokens && !o.h16_merged);
         assert_eq!((o.nv_blocks_per_sm, o.nv_grid_per_sm), (3, 3));
         assert_eq!((o.nv_k_split, o.mma_k_split), (None, Some(4)));
         assert_eq!(o.mt_k_split, Some(8));

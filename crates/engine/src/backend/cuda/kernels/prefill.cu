@@ -722,27 +722,35 @@ __device__ __forceinline__ void gh_each(const float acc[2][BN / 16][4], F f) {
                 f(32 * wm + 16 * i + g + 8 * (c >> 1), BN / 2 * wn + 8 * j + 2 * q + (c & 1), acc[i][j][c]);
 }
 
-// y[t, o] = resid[t, o] + bias[o] + 64 inv_g xds[t] * W[o, :] . (x[t, :] / xds[t]) for T tokens:
-// NVFP4 W (N x K, K % 64 == 0; codes 16-byte and scales 4-byte aligned), x given as
-// x_split_h16's parts `xh`. Grid (ceil(N / GH_BM), ceil(T / 128), splits), 256 threads,
-// GH_STAGES * sizeof(GhStage<128>) bytes of dynamic shared memory. With splits > 1, block z
-// takes K chunks [z kc, (z + 1) kc) of 32 (kc even) and writes its raw sums to part[z][t][o],
-// which gemm_splitk_reduce (fmt 3, the same xds) finishes.
+// y[t, o] = resid[t, o] + bias[o] + 64 inv_g xds[t] * W[o, :] . (x[t, :] / xds[t]) for T tokens
+// and each NVFP4 W of `segs` (segment s: the row tiles of blocks [block0, next block0), its own
+// W (N x K, K % 64 == 0; codes 16-byte and scales 4-byte aligned), inv_g and y; `bias`, `resid`
+// and a K split: one segment only), x given as x_split_h16's parts `xh`. Grid (the segments'
+// row tiles of GH_BM, ceil(T / 128), splits), 256 threads, GH_STAGES * sizeof(GhStage<128>) bytes
+// of dynamic shared memory. With splits > 1, block z takes K chunks [z kc, (z + 1) kc) of 32 (kc
+// even) and writes its raw sums to part[z][t][o], which gemm_splitk_reduce (fmt 3, the same xds)
+// finishes.
 template <bool AHEAD>
-__device__ __forceinline__ void gemm_h16_impl(const u8* __restrict__ w, const u8* __restrict__ scales, float inv_g,
-                                              const u16* __restrict__ xh, float* y, const float* __restrict__ bias,
-                                              const float* resid, int N, int K, int T, int kc,
-                                              float* __restrict__ part, const float* __restrict__ xds) {
+__device__ __forceinline__ void gemm_h16_impl(const Segs& segs, const u16* __restrict__ xh,
+                                              const float* __restrict__ bias, const float* resid, int K, int T,
+                                              int kc, float* __restrict__ part, const float* __restrict__ xds) {
     constexpr int BN = 128;
     extern __shared__ __align__(16) u8 gh_smem[];
     __shared__ int xrow[BN];
+    int si = 0;
+    for (int i = 1; i < segs.n; i++)
+        if ((int)blockIdx.x >= segs.s[i].block0) si = i;
+    const Seg sg = segs.s[si];
+    const u8* w = (const u8*)sg.w;
+    const int N = sg.N;
+    float* y = sg.y;
     const int tid = threadIdx.x;
-    const long r0 = (long)blockIdx.x * GH_BM, t0 = (long)blockIdx.y * BN;
+    const long r0 = (long)(blockIdx.x - sg.block0) * GH_BM, t0 = (long)blockIdx.y * BN;
     const int k0 = (int)blockIdx.z * kc * 32;
     const long wr = r0 + (tid >> 1), sr = r0 + tid;
     GhSrc s;
     s.wrow = wr < N ? w + wr * (K / 2) : nullptr;
-    s.srow = tid < GH_BM && sr < N ? scales + sr * (K / 16) : nullptr;
+    s.srow = tid < GH_BM && sr < N ? sg.scales + sr * (K / 16) : nullptr;
     s.xh = xh;
     s.part_len = (long)T * K;
     s.xrow = xrow;
@@ -753,7 +761,7 @@ __device__ __forceinline__ void gemm_h16_impl(const u8* __restrict__ w, const u8
     float acc[2][BN / 16][4];
     gh_mainloop<BN, AHEAD>(s, k0, min(K - k0, kc * 32), (int)min((long)BN, (long)T - t0), (GhStage<BN>*)gh_smem,
                            acc);
-    const float gs = 64.f * inv_g;
+    const float gs = 64.f * sg.inv_g;
     float* pz = part + (long)blockIdx.z * T * N;
     gh_each<BN>(acc, [&](int r, int j, float v) {
         const long o = r0 + r, t = t0 + j;
@@ -772,10 +780,9 @@ __device__ __forceinline__ void gemm_h16_impl(const u8* __restrict__ w, const u8
 
 #define GEMM_H16_KERNEL(NAME, BLOCKS, AHEAD)                                                                  \
     extern "C" __global__ void __launch_bounds__(256, BLOCKS)                                                 \
-        NAME(const u8* __restrict__ w, const u8* __restrict__ scales, float inv_g, const u16* __restrict__ xh, \
-             float* y, const float* __restrict__ bias, const float* resid, int N, int K, int T, int kc,       \
-             float* __restrict__ part, const float* __restrict__ xds) {                                       \
-        gemm_h16_impl<AHEAD>(w, scales, inv_g, xh, y, bias, resid, N, K, T, kc, part, xds);                   \
+        NAME(Segs segs, const u16* __restrict__ xh, const float* __restrict__ bias, const float* resid, int K, \
+             int T, int kc, float* __restrict__ part, const float* __restrict__ xds) {                        \
+        gemm_h16_impl<AHEAD>(segs, xh, bias, resid, K, T, kc, part, xds);                                     \
     }
 // gemm_h16: two blocks a SM (128 registers); gemm_h16_b1: one block of more registers, each
 // chunk's B fragments loaded ahead (CudaOptions::h16_one_block)

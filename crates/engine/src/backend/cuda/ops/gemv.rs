@@ -745,12 +745,10 @@ impl CudaBackend {
         };
         let xds = own_xds.as_ref().map_or(g.xds, |d| self.ptr(d));
         let xh = own_xh.as_ref().map_or(g.xh, |d| self.ptr(d));
-        let tiles = (
-            (w.rows as u32).div_ceil(GEMM_H16_ROWS),
-            (t as u32).div_ceil(GEMM_H16_TOKENS),
-        );
+        let (segs, row_tiles) = self.h16_segments(&[(w, g.y)]);
+        let token_tiles = (t as u32).div_ceil(GEMM_H16_TOKENS);
         let chunks = k / 32;
-        let splits = gemm_k_splits((tiles.0 * tiles.1) as usize, chunks, self.inner.sms);
+        let splits = gemm_k_splits((row_tiles * token_tiles) as usize, chunks, self.inner.sms);
         let kc = chunks.div_ceil(splits).next_multiple_of(2);
         let splits = chunks.div_ceil(kc);
         let part = if splits > 1 {
@@ -759,14 +757,10 @@ impl CudaBackend {
             None
         };
         ops::prefill::GemmH16Args {
-            w: self.ptr(&w.data),
-            scales: w.scales_ptr(self),
-            inv_g: w.inv_g,
+            segs,
             xh,
-            y: g.y,
             bias: g.bias,
             resid: g.resid,
-            n: w.rows as i32,
             k: k as i32,
             t: t as i32,
             kc: kc as i32,
@@ -776,13 +770,99 @@ impl CudaBackend {
         .launch(
             self,
             usize::from(self.opts().h16_one_block),
-            (tiles.0, tiles.1, splits as u32),
+            (row_tiles, token_tiles, splits as u32),
             (256, 1, 1),
         )?;
         match &part {
             Some(part) => self.gemm_splitk_reduce(w, g, self.ptr(part), splits, xds),
             None => Ok(()),
         }
+    }
+
+    /// The `gemm_h16` segments of `parts` (each weight's row tiles one after another, into its
+    /// own output) and their row tiles in all.
+    fn h16_segments(&self, parts: &[(&CudaLinear, DevPtr<f32>)]) -> (Segs, u32) {
+        let mut segs = Segs::default();
+        let mut block0 = 0u32;
+        for (i, (w, y)) in parts.iter().enumerate() {
+            segs.s[i] = Seg {
+                w: self.ptr(&w.data),
+                scales: w.scales_ptr(self),
+                y: *y,
+                inv_g: w.inv_g,
+                fmt: w.fmt,
+                n: w.rows as i32,
+                block0: block0 as i32,
+            };
+            block0 += (w.rows as u32).div_ceil(GEMM_H16_ROWS);
+        }
+        segs.n = parts.len() as i32;
+        (segs, block0)
+    }
+
+    /// [`Backend::linears`](crate::Backend::linears): x's rows prepared once for the weights
+    /// that share them ([`shared_input`](Self::shared_input)); those of them on `gemm_h16`
+    /// without a bias in one launch where their row tiles together fill the device without a K
+    /// split (q/k/v of a prompt: k and v alone would each split K and reduce), unless
+    /// `CudaOptions::h16_merged` is off; the others one by one.
+    pub(crate) fn linears_rows(
+        &self,
+        x: &CudaTensor,
+        ws: &[(&CudaLinear, Option<&CudaTensor>)],
+    ) -> Result<Vec<CudaTensor>> {
+        let weights: Vec<&CudaLinear> = ws.iter().map(|&(w, _)| w).collect();
+        let (ptr, t, k) = (self.ptr(&x.buf), x.rows, x.cols);
+        let shared = self.shared_input(&weights, (ptr, t, k))?;
+        let mut outs: Vec<Option<CudaTensor>> = ws.iter().map(|_| None).collect();
+        if let (Some(xds), Some(xh)) = (&shared.xds, &shared.xh) {
+            let merged: Vec<usize> = (0..ws.len())
+                .filter(|&i| {
+                    ws[i].1.is_none() && ws[i].0.cols == k && self.gemm_h16_takes(ws[i].0, t)
+                })
+                .take(MultiLinear::MAX)
+                .collect();
+            let row_tiles: usize = merged
+                .iter()
+                .map(|&i| ws[i].0.rows.div_ceil(GEMM_H16_ROWS as usize))
+                .sum();
+            let tiles = row_tiles * t.div_ceil(GEMM_H16_TOKENS as usize);
+            if self.opts().h16_merged
+                && merged.len() >= 2
+                && gemm_k_splits(tiles, k / 32, self.inner.sms) == 1
+            {
+                let mut parts = Vec::with_capacity(merged.len());
+                for &i in &merged {
+                    let y = self.tensor(t, ws[i].0.rows)?;
+                    parts.push((ws[i].0, self.ptr(&y.buf)));
+                    outs[i] = Some(y);
+                }
+                let (segs, row_tiles) = self.h16_segments(&parts);
+                ops::prefill::GemmH16Args {
+                    segs,
+                    xh: self.ptr(xh),
+                    bias: DevPtr::NULL,
+                    resid: DevPtr::NULL,
+                    k: k as i32,
+                    t: t as i32,
+                    kc: (k / 32).next_multiple_of(2) as i32,
+                    part: DevPtr::NULL,
+                    xds: self.ptr(xds),
+                }
+                .launch(
+                    self,
+                    usize::from(self.opts().h16_one_block),
+                    (row_tiles, t.div_ceil(GEMM_H16_TOKENS as usize) as u32, 1),
+                    (256, 1, 1),
+                )?;
+            }
+        }
+        ws.iter()
+            .zip(outs)
+            .map(|(&(w, bias), out)| match out {
+                Some(y) => Ok(y),
+                None => self.linear_rows(x, w, bias, &shared),
+            })
+            .collect()
     }
 
     /// x's f16 parts for `gemm_h16`: `t` rows of `k` values (`k % 32 == 0`) times their

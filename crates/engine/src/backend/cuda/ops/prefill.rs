@@ -2,6 +2,7 @@
 //! (f32 FMA, and tensor cores: `gemm_mma`, whose tiled core the grouped MoE kernels share) and the
 //! embedding lookup (host side: `gemv.rs`, `../mod.rs`, `../decode.rs`).
 
+use super::gemv::Segs;
 use super::DevPtr;
 
 kernels! {
@@ -29,16 +30,16 @@ kernels! {
         part: DevPtr<f32>, splits: i32, y: DevPtr<f32>, bias: DevPtr<f32>, resid: DevPtr<f32>,
         fmt: i32, inv_g: f32, n: i32, t: i32, xds: DevPtr<f32>,
     }
-    /// `y = resid + x · Wᵀ + bias` for `t` tokens of NVFP4 `W` (`k % 64 == 0`) on f16 tensor
-    /// cores with [`GEMM_H16_STAGES`] K steps in flight, x given as `x_split_h16`'s parts `xh`
-    /// and `xds` its rows' scales: [`GEMM_H16_ROWS`] × [`GEMM_H16_TOKENS`] tiles, 256 threads,
-    /// [`GEMM_H16_SMEM`] bytes of dynamic shared memory; grid z:
-    /// K split in runs of `kc` (even) 32-wide chunks into `part`, as `gemm_mma`. `gemm_h16_b1`:
-    /// one block a SM with more registers (`CudaOptions::h16_one_block`).
+    /// `y = resid + x · Wᵀ + bias` for `t` tokens of each NVFP4 `W` of `segs` (`k % 64 == 0`;
+    /// `bias`, `resid` and a K split: one segment only) on f16 tensor cores with
+    /// [`GEMM_H16_STAGES`] K steps in flight, x given as `x_split_h16`'s parts `xh` and `xds` its
+    /// rows' scales: [`GEMM_H16_ROWS`] × [`GEMM_H16_TOKENS`] tiles (grid x: the segments' row
+    /// tiles), 256 threads, [`GEMM_H16_SMEM`] bytes of dynamic shared memory; grid z: K split in
+    /// runs of `kc` (even) 32-wide chunks into `part`, as `gemm_mma`. `gemm_h16_b1`: one block a
+    /// SM with more registers (`CudaOptions::h16_one_block`).
     gemm_h16 ["gemm_h16", "gemm_h16_b1"] shared GEMM_H16_SMEM => GemmH16Args {
-        w: DevPtr<u8>, scales: DevPtr<u8>, inv_g: f32, xh: DevPtr<u16>, y: DevPtr<f32>,
-        bias: DevPtr<f32>, resid: DevPtr<f32>, n: i32, k: i32, t: i32, kc: i32,
-        part: DevPtr<f32>, xds: DevPtr<f32>,
+        segs: Segs, xh: DevPtr<u16>, bias: DevPtr<f32>, resid: DevPtr<f32>, k: i32, t: i32,
+        kc: i32, part: DevPtr<f32>, xds: DevPtr<f32>,
     }
     /// `xh` = the f16 high parts and remainders of `x · 2^e` (`2^e = 1 / xds[row]`), `t` rows of
     /// `k` values (`k % 32 == 0`), in `gemm_h16`'s fragment order; `xds` null: the rows'
