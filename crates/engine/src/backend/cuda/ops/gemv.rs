@@ -142,6 +142,34 @@ pub(crate) struct Segs {
 // SAFETY: plain old data matching the C structs.
 unsafe impl DeviceRepr for Segs {}
 
+impl Segs {
+    /// The segments of `parts` (at most six: each weight's blocks one after another, into its
+    /// own output), a block covering `rows_per_block(w)` output rows of `w`; and the blocks in
+    /// all.
+    fn of(
+        b: &CudaBackend,
+        parts: &[(&CudaLinear, DevPtr<f32>)],
+        rows_per_block: impl Fn(&CudaLinear) -> usize,
+    ) -> (Self, u32) {
+        let mut segs = Segs::default();
+        let mut block0 = 0u32;
+        for (i, (w, y)) in parts.iter().enumerate() {
+            segs.s[i] = Seg {
+                w: b.ptr(&w.data),
+                scales: w.scales_ptr(b),
+                y: *y,
+                inv_g: w.inv_g,
+                fmt: w.fmt,
+                n: w.rows as i32,
+                block0: block0 as i32,
+            };
+            block0 += w.rows.div_ceil(rows_per_block(w)) as u32;
+        }
+        segs.n = parts.len() as i32;
+        (segs, block0)
+    }
+}
+
 /// Up to [`MultiLinear::MAX`] linears of one input vector (one token) in one launch
 /// (`linear_multi2`): q/k/v/gate, or an MLP's gate and up.
 #[derive(Clone, Copy)]
@@ -169,26 +197,8 @@ impl MultiLinear {
                 && parts.iter().all(|(w, _)| w.cols == k),
             || format!("linear_multi: {} linears of {k} inputs", parts.len()),
         )?;
-        let mut segs = Segs::default();
-        let mut block0 = 0u32;
-        for (i, (w, y)) in parts.iter().enumerate() {
-            segs.s[i] = Seg {
-                w: b.ptr(&w.data),
-                scales: w.scales_ptr(b),
-                y: *y,
-                inv_g: w.inv_g,
-                fmt: w.fmt,
-                n: w.rows as i32,
-                block0: block0 as i32,
-            };
-            block0 += (w.rows as u32).div_ceil(b.multi_rows_per_block(w, k));
-        }
-        segs.n = parts.len() as i32;
-        Ok(Self {
-            segs,
-            blocks: block0,
-            k,
-        })
+        let (segs, blocks) = Segs::of(b, parts, |w| b.multi_rows_per_block(w, k) as usize);
+        Ok(Self { segs, blocks, k })
     }
 }
 
@@ -745,7 +755,7 @@ impl CudaBackend {
         };
         let xds = own_xds.as_ref().map_or(g.xds, |d| self.ptr(d));
         let xh = own_xh.as_ref().map_or(g.xh, |d| self.ptr(d));
-        let (segs, row_tiles) = self.h16_segments(&[(w, g.y)]);
+        let (segs, row_tiles) = Segs::of(self, &[(w, g.y)], |_| GEMM_H16_ROWS as usize);
         let token_tiles = (t as u32).div_ceil(GEMM_H16_TOKENS);
         let chunks = k / 32;
         let splits = gemm_k_splits((row_tiles * token_tiles) as usize, chunks, self.inner.sms);
@@ -777,27 +787,6 @@ impl CudaBackend {
             Some(part) => self.gemm_splitk_reduce(w, g, self.ptr(part), splits, xds),
             None => Ok(()),
         }
-    }
-
-    /// The `gemm_h16` segments of `parts` (each weight's row tiles one after another, into its
-    /// own output) and their row tiles in all.
-    fn h16_segments(&self, parts: &[(&CudaLinear, DevPtr<f32>)]) -> (Segs, u32) {
-        let mut segs = Segs::default();
-        let mut block0 = 0u32;
-        for (i, (w, y)) in parts.iter().enumerate() {
-            segs.s[i] = Seg {
-                w: self.ptr(&w.data),
-                scales: w.scales_ptr(self),
-                y: *y,
-                inv_g: w.inv_g,
-                fmt: w.fmt,
-                n: w.rows as i32,
-                block0: block0 as i32,
-            };
-            block0 += (w.rows as u32).div_ceil(GEMM_H16_ROWS);
-        }
-        segs.n = parts.len() as i32;
-        (segs, block0)
     }
 
     /// [`Backend::linears`](crate::Backend::linears): x's rows prepared once for the weights
@@ -836,7 +825,7 @@ impl CudaBackend {
                     parts.push((ws[i].0, self.ptr(&y.buf)));
                     outs[i] = Some(y);
                 }
-                let (segs, row_tiles) = self.h16_segments(&parts);
+                let (segs, row_tiles) = Segs::of(self, &parts, |_| GEMM_H16_ROWS as usize);
                 ops::prefill::GemmH16Args {
                     segs,
                     xh: self.ptr(xh),
@@ -1067,21 +1056,7 @@ impl CudaBackend {
             .mt_k_split
             .unwrap_or_else(|| mma_split(rows, cols, self.inner.sms));
         let tile_rows = 16 * (NV_WARPS as usize / ks);
-        let mut segs = Segs::default();
-        let mut block0 = 0usize;
-        for (i, (w, y)) in parts.iter().enumerate() {
-            segs.s[i] = Seg {
-                w: self.ptr(&w.data),
-                scales: w.scales_ptr(self),
-                y: *y,
-                inv_g: w.inv_g,
-                fmt,
-                n: w.rows as i32,
-                block0: block0 as i32,
-            };
-            block0 += w.rows.div_ceil(tile_rows);
-        }
-        segs.n = parts.len() as i32;
+        let (segs, block0) = Segs::of(self, parts, |_| tile_rows);
         let (one_block, sixteen) = {
             let o = self.opts();
             (o.mt_one_block, o.mt_16_tokens)
@@ -1105,7 +1080,7 @@ impl CudaBackend {
         .launch(
             self,
             variant,
-            (block0 as u32, t.div_ceil(per_grid_row) as u32, 1),
+            (block0, t.div_ceil(per_grid_row) as u32, 1),
             (32 * NV_WARPS, 1, 1),
         )
     }
