@@ -535,8 +535,16 @@ fn gpu_nvfp4_experts_match_cpu() {
                     ..gpu.options()
                 });
                 let per_item = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
+                // (the down projection's four-blocks-a-SM kernel: the same arithmetic)
+                gpu.set_options(CudaOptions {
+                    down_four_blocks: true,
+                    ..gpu.options()
+                });
+                let four = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
+                assert_eq!(four, per_item, "per-item down at four blocks a SM, t {t}");
                 gpu.set_options(CudaOptions {
                     grouped_moe: true,
+                    down_four_blocks: false,
                     ..gpu.options()
                 });
                 let d = max_abs_diff(&got, &per_item);

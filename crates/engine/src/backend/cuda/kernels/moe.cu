@@ -241,10 +241,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up2(ExpertProj
 // grid (ceil(H / (warps * XRD)), T*k (+ T)).
 // With `mma` (blocks of 4 warps), NVFP4 experts with K % 128 == 0 take the tensor-core path: the
 // block's 32 rows are two tiles of 2 warps each.
-extern "C" __global__ void experts_down2(ExpertProj down, ExpertProj sdown, int shared_inter,
-                                        const int* __restrict__ sel, const float* __restrict__ wts, int k, int T,
-                                        const float* __restrict__ h, int inter, float* __restrict__ part, int H,
-                                        int mma) {
+__device__ __forceinline__ void experts_down2_impl(ExpertProj down, ExpertProj sdown, int shared_inter,
+                                                   const int* __restrict__ sel, const float* __restrict__ wts, int k,
+                                                   int T, const float* __restrict__ h, int inter,
+                                                   float* __restrict__ part, int H, int mma) {
     const int warps = blockDim.x >> 5;
     __shared__ float4 xs[XS_MAX / 4];
     if (mma && down.fmt == 3 && (inter & 127) == 0 && inter <= XS_MAX && warps * XRD == 32 &&
@@ -295,6 +295,22 @@ extern "C" __global__ void experts_down2(ExpertProj down, ExpertProj sdown, int 
         float v = warp_sum(a[r]);
         if ((threadIdx.x & 31) == 0 && r < nrows) part[(long)j * H + o + r] = v * gs;
     }
+}
+
+// experts_down2: ptxas's choice of registers (133: three blocks of 4 warps a SM); experts_down2_b4:
+// at most 128, four blocks a SM, a third more weight loads in flight
+// (CudaOptions::down_four_blocks).
+extern "C" __global__ void experts_down2(ExpertProj down, ExpertProj sdown, int shared_inter,
+                                        const int* __restrict__ sel, const float* __restrict__ wts, int k, int T,
+                                        const float* __restrict__ h, int inter, float* __restrict__ part, int H,
+                                        int mma) {
+    experts_down2_impl(down, sdown, shared_inter, sel, wts, k, T, h, inter, part, H, mma);
+}
+extern "C" __global__ void __launch_bounds__(128, 4)
+    experts_down2_b4(ExpertProj down, ExpertProj sdown, int shared_inter, const int* __restrict__ sel,
+                     const float* __restrict__ wts, int k, int T, const float* __restrict__ h, int inter,
+                     float* __restrict__ part, int H, int mma) {
+    experts_down2_impl(down, sdown, shared_inter, sel, wts, k, T, h, inter, part, H, mma);
 }
 
 // ---- persistent decode MoE (one token, NVFP4 routed experts on tensor cores) ------------------

@@ -18,8 +18,9 @@ kernels! {
         shared_inter: i32, sel: DevPtr<i32>, k: i32, t: i32, x: DevPtr<f32>, h: DevPtr<f32>,
         inter: i32, hidden: i32, mma: i32,
     }
-    /// Down of each item into its row of `part` (weighted), one grid row per item.
-    experts_down2 => ExpertsDown2Args {
+    /// Down of each item into its row of `part` (weighted), one grid row per item, 128 threads.
+    /// `experts_down2_b4`: four blocks a SM (`CudaOptions::down_four_blocks`).
+    experts_down2 ["experts_down2", "experts_down2_b4"] => ExpertsDown2Args {
         down: ExpertProj, sdown: ExpertProj, shared_inter: i32, sel: DevPtr<i32>,
         wts: DevPtr<f32>, k: i32, t: i32, h: DevPtr<f32>, inter: i32, part: DevPtr<f32>,
         hidden: i32, mma: i32,
@@ -847,6 +848,7 @@ impl CudaBackend {
         }
         .launch(
             self,
+            usize::from(self.opts().down_four_blocks),
             (
                 (e.hidden as u32).div_ceil(GEMV_WARPS * EXPERT_DOWN_ROWS),
                 items as u32,
