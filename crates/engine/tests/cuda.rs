@@ -76,9 +76,8 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
     // (partial token tiles; NVFP4 with K % 64 == 0 on an sm_90 device: `gemm_h16`, also at 300,
     // there also its one-block variant, and at 130 with it off: `gemm_mma`'s f16 path; `gemv_mt`'s
     // one-block variant at 3 and 9, its 16-token grid rows at 9 and 30); else the `linear` kernel
-    // below 16 tokens
-    // and `gemm_tiled` from 16; 3, 9 and 70 again with both tensor-core paths off (`linear`,
-    // `gemm_tiled`)
+    // below 16 tokens and `gemm_tiled` from 16; 3, 9 and 70 again with both tensor-core paths off
+    // (`linear`, `gemm_tiled`)
     let mma_on = b.options();
     let few = mma_on.few_token_max;
     for (t, mma_gemm, few_token_max, h16_gemm, one_block) in [
