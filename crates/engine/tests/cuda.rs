@@ -105,8 +105,8 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
             h16_gemm,
             h16_one_block: one_block,
             mt_one_block: one_block,
-            // (16 tokens a grid row at 9 and 30 rows of an NVFP4 weight)
-            mt_16_tokens: one_block || t == 30,
+            // (gemv_mt_nv_b1 at 3 and 9 rows; 16 tokens a grid row at 30)
+            mt_16_tokens: t == 30,
             ..mma_on.clone()
         });
         let x = values(t * cols, 7 + t as u64, 4.0);
@@ -140,20 +140,37 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
     }
     // gemv_mt's NVFP4 kernels differ in how many tokens and chunks a grid row holds, not in any
     // token's arithmetic: the same bits
-    for t in [9usize, 16, 30] {
+    for t in [2usize, 3, 4, 9, 16, 30] {
         let x = values(t * cols, 70 + t as u64, 4.0);
         let xt = b.upload(t, cols, &x).unwrap();
-        let run = |mt_one_block: bool, mt_16_tokens: bool| {
+        let run = |mt_one_block: bool, mt_16_tokens: bool, mt_4_tokens: bool| {
             b.set_options(CudaOptions {
                 mt_one_block,
                 mt_16_tokens,
+                mt_4_tokens,
                 ..mma_on.clone()
             });
             b.download(&b.linear(&xt, &lin, None).unwrap()).unwrap()
         };
-        let two_blocks = run(false, false);
-        assert_eq!(two_blocks, run(true, false), "{label} t={t}: gemv_mt_nv_b1");
-        assert_eq!(two_blocks, run(false, true), "{label} t={t}: gemv_mt_nv16");
+        let two_blocks = run(false, false, false);
+        assert_eq!(
+            two_blocks,
+            run(true, false, false),
+            "{label} t={t}: gemv_mt_nv_b1"
+        );
+        if t > 8 {
+            assert_eq!(
+                two_blocks,
+                run(false, true, false),
+                "{label} t={t}: gemv_mt_nv16"
+            );
+        } else {
+            assert_eq!(
+                two_blocks,
+                run(false, false, true),
+                "{label} t={t}: gemv_mt_nv4"
+            );
+        }
     }
     b.set_options(mma_on);
     println!("{label}: ok");
@@ -356,8 +373,9 @@ fn gpu_elementwise_ops_and_residual_adds_match_cpu() {
         );
     }
     // q/k/v-like NVFP4 weights at the row counts of a few-token step and of prefills (40:
-    // gemm_mma; 300: gemm_h16 where the device runs it, x's f16 parts shared too)
-    let (k, outs) = (256usize, [384usize, 128, 128]);
+    // gemm_mma; 300: gemm_h16 where the device runs it, x's f16 parts shared too, all three in
+    // one launch: row counts that end inside a 128-row tile, so segments' last tiles are partial)
+    let (k, outs) = (256usize, [300usize, 100, 72]);
     let ws: Vec<LinearWeight> = outs
         .iter()
         .enumerate()

@@ -936,6 +936,7 @@ extern "C" __global__ void __launch_bounds__(256) gemv_mma(const u8* __restrict_
 #define MT_NV_GROUPS 2  // NVFP4: groups of 4 tokens
 #define MT_BF_GROUPS 4  // bf16: groups of 2 tokens
 #define MT_NV_U 2       // NVFP4: chunk slots per lane (two blocks a SM: 128 registers)
+#define MT_NV4_U 2      // NVFP4, one group of 4 tokens: chunk slots per lane (three blocks a SM)
 
 // f32 to bf16, round to nearest even (NaN stays a NaN).
 __device__ __forceinline__ u16 f32_to_bf16_rn(float f) {
@@ -1109,7 +1110,7 @@ __device__ __forceinline__ void gemv_mt_impl(const Segs& segs, const uint2* __re
         MmaTile<U> m;
         if (nrows > 0) m.start(w + row0 * (K / 2), scales + row0 * (K / 16), K / 2, K / 16, nrows, c0, c1);
         pdl_enter();
-        if (nrows > 0) m.run_staged<G>(xl, 4l * (K / 4), bx, acc);
+        if (nrows > 0) m.template run_staged<G>(xl, 4l * (K / 4), bx, acc);
         mt_stash_cols<G>(acc, red);
     } else {
         // lane's token in group q: tok0 + 2 q + lane / 12 (lanes 24-31: none)
@@ -1153,7 +1154,9 @@ __device__ __forceinline__ void gemv_mt_impl(const Segs& segs, const uint2* __re
 // gemv_mt_nv: two blocks a SM (128 registers: MT_NV_U chunks in flight a lane, no spills);
 // gemv_mt_nv_b1: one block a SM with MMA_U chunks in flight (the kernel before, for A/B);
 // gemv_mt_nv16: 16 tokens a grid row (4 groups: each weight fragment feeds 16 tokens, read half
-// as often past 8 tokens), one block a SM.
+// as often past 8 tokens), one block a SM;
+// gemv_mt_nv4: 4 tokens a grid row (one group: half the accumulators), three blocks a SM like the
+// one-token gemv_mma, for steps of 2-4 sequences.
 // (minb: the blocks a SM the registers are sized for; 0: no minimum, ptxas's choice)
 #define GEMV_MT_KERNEL(name, fmt, u, groups, minb)                                                                    \
     extern "C" __global__ void __launch_bounds__(256, minb)                                                           \
@@ -1165,6 +1168,7 @@ GEMV_MT_KERNEL(gemv_mt_bf16, 2, 0, MT_BF_GROUPS, 0)
 GEMV_MT_KERNEL(gemv_mt_nv, 3, MT_NV_U, MT_NV_GROUPS, 2)
 GEMV_MT_KERNEL(gemv_mt_nv_b1, 3, MMA_U, MT_NV_GROUPS, 0)
 GEMV_MT_KERNEL(gemv_mt_nv16, 3, MT_NV_U, 4, 0)
+GEMV_MT_KERNEL(gemv_mt_nv4, 3, MT_NV4_U, 1, 3)
 
 #define MULTI_R 4
 #define MULTI_U 4  // chunk slots per lane on the tensor-core path of linear_multi2

@@ -44,8 +44,9 @@ kernels! {
     /// only): grid (the segments' 16-row tile blocks, ⌈t / tokens a grid row⌉), `ks` warps per
     /// tile. One kernel per format: `gemv_mt_bf16`, `gemv_mt_nv` (two blocks a SM),
     /// `gemv_mt_nv_b1` (one, more loads in flight: `CudaOptions::mt_one_block`) and
-    /// `gemv_mt_nv16` (16 tokens a grid row instead of 8: `CudaOptions::mt_16_tokens`).
-    gemv_mt ["gemv_mt_bf16", "gemv_mt_nv", "gemv_mt_nv_b1", "gemv_mt_nv16"] => GemvMtArgs {
+    /// `gemv_mt_nv16` (16 tokens a grid row instead of 8: `CudaOptions::mt_16_tokens`) and
+    /// `gemv_mt_nv4` (4 tokens a grid row, three blocks a SM: `CudaOptions::mt_4_tokens`).
+    gemv_mt ["gemv_mt_bf16", "gemv_mt_nv", "gemv_mt_nv_b1", "gemv_mt_nv16", "gemv_mt_nv4"] => GemvMtArgs {
         segs: Segs, xb: DevPtr<u32>, xds: DevPtr<f32>, bias: DevPtr<f32>, resid: DevPtr<f32>,
         k: i32, t: i32, ks: i32,
     }
@@ -99,6 +100,10 @@ const GEMV_MT_TOKENS: usize = 8;
 /// Tokens per grid row of `gemv_mt_nv16` (`CudaOptions::mt_16_tokens`, NVFP4 past
 /// [`GEMV_MT_TOKENS`] tokens).
 const GEMV_MT16_TOKENS: usize = 16;
+
+/// Tokens per grid row of `gemv_mt_nv4` (`CudaOptions::mt_4_tokens`, NVFP4 up to this many
+/// tokens).
+const GEMV_MT4_TOKENS: usize = 4;
 
 /// Rows per warp of `linear_multi2` (`MULTI_R`) outside its tensor-core path.
 pub(crate) const EXPERT_ROWS: u32 = 4;
@@ -1057,13 +1062,14 @@ impl CudaBackend {
             .unwrap_or_else(|| mma_split(rows, cols, self.inner.sms));
         let tile_rows = 16 * (NV_WARPS as usize / ks);
         let (segs, block0) = Segs::of(self, parts, |_| tile_rows);
-        let (one_block, sixteen) = {
+        let (one_block, sixteen, four) = {
             let o = self.opts();
-            (o.mt_one_block, o.mt_16_tokens)
+            (o.mt_one_block, o.mt_16_tokens, o.mt_4_tokens)
         };
         let (variant, per_grid_row) = match fmt {
             2 => (0, GEMV_MT_TOKENS),
             _ if sixteen && t > GEMV_MT_TOKENS => (3, GEMV_MT16_TOKENS),
+            _ if four && t <= GEMV_MT4_TOKENS => (4, GEMV_MT4_TOKENS),
             _ if one_block => (2, GEMV_MT_TOKENS),
             _ => (1, GEMV_MT_TOKENS),
         };
