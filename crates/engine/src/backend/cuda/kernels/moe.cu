@@ -778,7 +778,7 @@ extern "C" __global__ void __launch_bounds__(256, 2)
                         const int* __restrict__ order, int k, const u16* __restrict__ xh, int T,
                         float* __restrict__ h, int inter, int K, const float* __restrict__ xds) {
     constexpr int BN = 64;
-    extern __shared__ __align__(16) u8 gh_smem[];
+    extern __shared__ __align__(16) u8 ex_smem[];
     __shared__ int xrow[BN], items[BN];
     __shared__ float ids[BN];
     const int tid = threadIdx.x;
@@ -808,8 +808,8 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     s.K = K;
     __syncthreads();
     float acc[2][BN / 16][4];
-    gh_mainloop<BN>(s, 0, K, cnt, (GhStage<BN>*)gh_smem, acc);
-    float(*C)[BN + 1] = (float(*)[BN + 1])(void*)gh_smem;  // (the stages are free again)
+    gh_mainloop<BN>(s, 0, K, cnt, (GhStage<BN>*)ex_smem, acc);
+    float(*C)[BN + 1] = (float(*)[BN + 1])(void*)ex_smem;  // (the stages are free again)
     gh_each<BN>(acc, [&](int r, int j, float v) { C[r][j] = v; });
     __syncthreads();
     const float gg = 64.f * gate.inv_g[e], gu = 64.f * up.inv_g[e];
@@ -829,7 +829,7 @@ extern "C" __global__ void __launch_bounds__(256, 2)
                      const int* __restrict__ order, const float* __restrict__ wts, const u16* __restrict__ hh,
                      int items_total, float* __restrict__ part, int inter, int H, const float* __restrict__ hds) {
     constexpr int BN = 64;
-    extern __shared__ __align__(16) u8 gh_smem[];
+    extern __shared__ __align__(16) u8 ex_smem[];
     __shared__ int xrow[BN];
     const int tid = threadIdx.x;
     pdl_enter();
@@ -849,7 +849,7 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     s.K = inter;
     __syncthreads();
     float acc[2][BN / 16][4];
-    gh_mainloop<BN>(s, 0, inter, cnt, (GhStage<BN>*)gh_smem, acc);
+    gh_mainloop<BN>(s, 0, inter, cnt, (GhStage<BN>*)ex_smem, acc);
     const float gs = 64.f * down.inv_g[e];
     gh_each<BN>(acc, [&](int r, int t, float v) {
         const long o = o0 + r;
