@@ -1200,19 +1200,22 @@ fn gpu_batched_steps_match_each_sequence_alone() {
     let mut fused_rows = 0;
     for (name, dir) in synthetic_laguna_variants(tmp.path()) {
         // (few: the routed experts grouped a few items per expert tile from 2 rows, with the
-        // shared expert on the multi-token linears, as from 32 rows at full size)
-        for (kv, sessions, batched, fused, few) in [
-            (KvDtype::Bf16, 5, true, true, false),
-            (KvDtype::Bf16, 35, true, true, false),
-            (KvDtype::Bf16, 5, true, false, false),
-            (KvDtype::Bf16, 35, true, false, false),
-            (KvDtype::Bf16, 5, false, true, false),
-            (KvDtype::Bf16, 5, true, true, true),
-            (KvDtype::Fp8E4m3, 5, true, true, false),
+        // shared expert on the multi-token linears, as from 32 rows at full size; stage: the
+        // norms staging their rows for gemv_mt)
+        for (kv, sessions, batched, fused, few, stage) in [
+            (KvDtype::Bf16, 5, true, true, false, false),
+            (KvDtype::Bf16, 35, true, true, false, false),
+            (KvDtype::Bf16, 5, true, false, false, false),
+            (KvDtype::Bf16, 35, true, false, false, false),
+            (KvDtype::Bf16, 5, false, true, false, false),
+            (KvDtype::Bf16, 5, true, true, true, false),
+            (KvDtype::Bf16, 5, true, true, false, true),
+            (KvDtype::Fp8E4m3, 5, true, true, false, false),
         ] {
             backend.set_options(CudaOptions {
                 batched_attention: batched,
                 fused_batch: fused,
+                norm_stage: stage,
                 few_moe_min_tokens: if few {
                     2
                 } else {
@@ -1224,11 +1227,12 @@ fn gpu_batched_steps_match_each_sequence_alone() {
             let model = Model::load_with_backend(&dir, opts, backend.clone()).unwrap();
             let vocab = model.info().vocab_size as u32;
             let label = format!(
-                "{name} {} {kv:?} {sessions} sessions{}{}{}",
+                "{name} {} {kv:?} {sessions} sessions{}{}{}{}",
                 dir.file_name().unwrap().to_string_lossy(),
                 if batched { "" } else { " (one launch off)" },
                 if fused { "" } else { " (generic ops)" },
-                if few { " (few-per-tile experts)" } else { "" }
+                if few { " (few-per-tile experts)" } else { "" },
+                if stage { " (norms staging rows)" } else { "" }
             );
             let mut ss: Vec<_> = (0..sessions)
                 .map(|i| {
@@ -1239,6 +1243,31 @@ fn gpu_batched_steps_match_each_sequence_alone() {
                     s
                 })
                 .collect();
+            if stage {
+                // the staging norms change no bit of a step: the same step from forks of the
+                // sessions, with them and without
+                let toks: Vec<u32> = (0..sessions as u32).map(|i| (5 * i + 1) % vocab).collect();
+                let run = |norm_stage: bool| -> Vec<Vec<f32>> {
+                    backend.set_options(CudaOptions {
+                        norm_stage,
+                        ..backend.options()
+                    });
+                    let mut forks: Vec<_> = ss
+                        .iter()
+                        .map(|s| s.fork(s.position()).unwrap().unwrap())
+                        .collect();
+                    let mut refs: Vec<_> = forks.iter_mut().collect();
+                    let slices: Vec<&[u32]> = toks.iter().map(std::slice::from_ref).collect();
+                    model
+                        .forward_batch(&mut refs, &slices, &vec![Want::Last; sessions])
+                        .unwrap()
+                        .into_iter()
+                        .map(|l| l.unwrap().data)
+                        .collect()
+                };
+                let (apart, staged) = (run(false), run(true));
+                assert_eq!(apart, staged, "{label}: norm_stage changed the logits");
+            }
             let mut diffs = Vec::new();
             for step in 0..12u32 {
                 let toks: Vec<u32> = (0..sessions as u32)
@@ -1303,6 +1332,7 @@ fn gpu_batched_steps_match_each_sequence_alone() {
     backend.set_options(CudaOptions {
         batched_attention: true,
         fused_batch: true,
+        norm_stage: CudaOptions::default().norm_stage,
         few_moe_min_tokens: CudaOptions::default().few_moe_min_tokens,
         ..backend.options()
     });

@@ -649,9 +649,13 @@ __device__ __forceinline__ int xb_exp(float m) {
 __device__ __forceinline__ float pow2f(int e) { return __uint_as_float((u32)(127 + e) << 23); }
 
 // The four B entries fed by octet o (x[8 o .. 8 o + 7] = a, b, times s): steps 8 c + 2 j + h
-// (o = 16 c + 4 t + j, h = 0, 1), lane t, high parts and remainders.
-__device__ __forceinline__ void xb_octet(uint2* xb, int o, float4 a, float4 b, float s) {
-    uint2* dst = xb + 8 * (8 * (o >> 4) + 2 * (o & 3)) + ((o >> 2) & 3);
+// (o = 16 c + 4 t + j, h = 0, 1), lane t, high parts and remainders; at entry j of xb_fill's
+// layout, or (STAGED) at entry j' of xb_stage's, j' = j with its low two octal digits swapped
+// (within each 64 entries).
+template <bool STAGED>
+__device__ __forceinline__ void xb_octet_at(uint2* xb, int o, float4 a, float4 b, float s) {
+    const int j = 8 * (8 * (o >> 4) + 2 * (o & 3)) + ((o >> 2) & 3);
+    const auto at = [](int j) { return STAGED ? (j & ~63) | ((j & 7) << 3) | ((j >> 3) & 7) : j; };
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const float v[4] = {(h ? a.y : a.x) * s, (h ? a.w : a.z) * s, (h ? b.y : b.x) * s, (h ? b.w : b.z) * s};
@@ -661,9 +665,12 @@ __device__ __forceinline__ void xb_octet(uint2* xb, int o, float4 a, float4 b, f
             hi[q] = f32_to_f16_rn(v[q]);
             lo[q] = f32_to_f16_rn(v[q] - f16_bits_to_f32(hi[q]));
         }
-        dst[8 * h] = make_uint2((u32)hi[0] | ((u32)hi[1] << 16), (u32)hi[2] | ((u32)hi[3] << 16));
-        dst[8 * h + 4] = make_uint2((u32)lo[0] | ((u32)lo[1] << 16), (u32)lo[2] | ((u32)lo[3] << 16));
+        xb[at(j + 8 * h)] = make_uint2((u32)hi[0] | ((u32)hi[1] << 16), (u32)hi[2] | ((u32)hi[3] << 16));
+        xb[at(j + 8 * h + 4)] = make_uint2((u32)lo[0] | ((u32)lo[1] << 16), (u32)lo[2] | ((u32)lo[3] << 16));
     }
+}
+__device__ __forceinline__ void xb_octet(uint2* xb, int o, float4 a, float4 b, float s) {
+    xb_octet_at<false>(xb, o, a, b, s);
 }
 
 // x as the mma's B operand in shared memory (uint2 entries; K / 2 of them, K <= XS_MAX): entry

@@ -296,6 +296,38 @@ pub(crate) fn nv_split(rows: usize, cols: usize, sms: usize) -> (usize, usize) {
     best
 }
 
+/// The input of a `gemv_mt` launch: rows of f32 values (staged by an `xb_stage` launch first)
+/// or rows already staged for the weights' format ([`StagedRows`]: entries, scales).
+#[derive(Clone, Copy)]
+pub(crate) enum MtInput {
+    /// `t` rows of `K` values.
+    Rows(DevPtr<f32>),
+    /// B entries and row scales in `xb_stage`'s layout for the weights' format.
+    Staged(DevPtr<u32>, DevPtr<f32>),
+}
+
+/// A few rows of one input staged for `gemv_mt` by the norm that produced them (`norm_stage`),
+/// per weight format: B entries and row scales, as `xb_stage` would write them.
+#[derive(Default)]
+pub(crate) struct StagedRows {
+    /// For NVFP4 weights (`K` u32 a row).
+    pub nv: Option<(CudaSlice<u32>, CudaSlice<f32>)>,
+    /// For bf16 weights (`3 K / 2` u32 a row).
+    pub bf: Option<(CudaSlice<u32>, CudaSlice<f32>)>,
+}
+
+impl StagedRows {
+    /// The staged rows for weights of format `fmt` (3: NVFP4, 2: bf16), if staged.
+    pub(crate) fn of(&self, b: &CudaBackend, fmt: i32) -> Option<MtInput> {
+        let s = match fmt {
+            3 => self.nv.as_ref(),
+            2 => self.bf.as_ref(),
+            _ => None,
+        };
+        s.map(|(xb, xds)| MtInput::Staged(b.ptr(xb), b.ptr(xds)))
+    }
+}
+
 /// The operands of one `gemv_raw` call: `y = resid + x · Wᵀ + bias` for `t` tokens (`bias`,
 /// `resid` may be null; `resid` may be `y`).
 #[derive(Clone, Copy)]
@@ -364,6 +396,85 @@ impl CudaBackend {
             return Ok(());
         }
         self.rms_norm_raw((epi.x, epi.w, epi.out), epi.n as usize, rows, epi.eps)
+    }
+
+    /// [`epilogue_launch`](Self::epilogue_launch) of a norm over `rows` rows (2+) that also
+    /// stages them for `gemv_mt` for each weight format of `formats` (`norm_stage`: the norm's
+    /// bits, then what `xb_stage` makes of them), where `CudaOptions::norm_stage` is on and the
+    /// rows are `gemv_mt`'s width (`K % 128 == 0`, `K <= NV_MAX_K`); else the norm alone,
+    /// nothing staged.
+    pub(crate) fn norm_staged(
+        &self,
+        epi: &Epi,
+        rows: usize,
+        formats: &[i32],
+    ) -> Result<StagedRows> {
+        let k = epi.n as usize;
+        let (nv, bf) = (formats.contains(&3), formats.contains(&2));
+        if epi.kind == 0
+            || rows < 2
+            || !(nv || bf)
+            || !self.opts().norm_stage
+            || !k.is_multiple_of(MMA_CHUNK)
+            || k > NV_MAX_K
+        {
+            self.epilogue_launch(epi, rows)?;
+            return Ok(StagedRows::default());
+        }
+        let stage =
+            |on: bool, per_row: usize| -> Result<Option<(CudaSlice<u32>, CudaSlice<f32>)>> {
+                Ok(if on {
+                    Some((
+                        self.alloc_unset::<u32>(rows * per_row)?,
+                        self.alloc_unset::<f32>(rows)?,
+                    ))
+                } else {
+                    None
+                })
+            };
+        let staged = StagedRows {
+            nv: stage(nv, k)?,
+            bf: stage(bf, 3 * k / 2)?,
+        };
+        let ptrs = |s: &Option<(CudaSlice<u32>, CudaSlice<f32>)>| {
+            s.as_ref().map_or((DevPtr::NULL, DevPtr::NULL), |(xb, ds)| {
+                (self.ptr(xb), self.ptr(ds))
+            })
+        };
+        let ((xb_nv, ds_nv), (xb_bf, ds_bf)) = (ptrs(&staged.nv), ptrs(&staged.bf));
+        ops::elementwise::NormStageArgs {
+            x: epi.x,
+            w: epi.w,
+            y: epi.out,
+            k: k as i32,
+            eps: epi.eps,
+            xb_nv,
+            ds_nv,
+            xb_bf,
+            ds_bf,
+        }
+        .launch(
+            self,
+            (rows as u32, 1, 1),
+            (ops::elementwise::norm_row_threads(k), 1, 1),
+        )?;
+        Ok(staged)
+    }
+
+    /// The weight formats of `parts` that `t` tokens run on `gemv_mt` (each once, ascending).
+    pub(crate) fn gemv_mt_formats(
+        &self,
+        parts: &[(&CudaLinear, DevPtr<f32>)],
+        t: usize,
+    ) -> Vec<i32> {
+        let mut formats: Vec<i32> = parts
+            .iter()
+            .filter(|(w, _)| self.gemv_mt_applies(w, t))
+            .map(|(w, _)| w.fmt)
+            .collect();
+        formats.sort_unstable();
+        formats.dedup();
+        formats
     }
 
     /// Whether `norm_gemv_raw` takes `w`: BF16, `cols` a multiple of 256 and at most 4,096.
@@ -605,7 +716,7 @@ impl CudaBackend {
             .launch(self, ri, grid, (32 * GEMV_WARPS, 1, 1));
         }
         if self.gemv_mt_applies(w, t) {
-            return self.gemv_mt(&[(w, y)], x, t, bias, resid);
+            return self.gemv_mt(&[(w, y)], MtInput::Rows(x), t, bias, resid);
         }
         if self.gemm_h16_takes(w, t) {
             return self.gemm_h16(w, g);
@@ -1027,7 +1138,7 @@ impl CudaBackend {
     pub(crate) fn gemv_mt(
         &self,
         parts: &[(&CudaLinear, DevPtr<f32>)],
-        x: DevPtr<f32>,
+        x: MtInput,
         t: usize,
         bias: DevPtr<f32>,
         resid: DevPtr<f32>,
@@ -1042,19 +1153,14 @@ impl CudaBackend {
                     .all(|(w, _)| w.fmt == fmt && w.cols == cols && self.gemv_mt_applies(w, t)),
             || format!("gemv_mt: {} linears of {t} tokens", parts.len()),
         )?;
-        // B entries: K u32 per row for NVFP4 (f16 high parts and remainders), 3 K / 2 for bf16
-        // (three bf16 parts)
-        let per_row = if fmt == 2 { 3 * cols / 2 } else { cols };
-        let xb = self.alloc_unset::<u32>(t * per_row)?;
-        let xds = self.alloc_unset::<f32>(t)?;
-        ops::gemv::XbStageArgs {
-            x,
-            k: cols as i32,
-            fmt,
-            xb: self.ptr(&xb),
-            ds: self.ptr(&xds),
-        }
-        .launch(self, (t as u32, 1, 1), (256, 1, 1))?;
+        let own;
+        let (xb, xds) = match x {
+            MtInput::Staged(xb, xds) => (xb, xds),
+            MtInput::Rows(x) => {
+                own = self.stage_rows(x, t, cols, fmt)?;
+                (self.ptr(&own.0), self.ptr(&own.1))
+            }
+        };
         let rows: usize = parts.iter().map(|(w, _)| w.rows).sum();
         let ks = self
             .opts()
@@ -1075,8 +1181,8 @@ impl CudaBackend {
         };
         ops::gemv::GemvMtArgs {
             segs,
-            xb: self.ptr(&xb),
-            xds: self.ptr(&xds),
+            xb,
+            xds,
             bias,
             resid,
             k: cols as i32,
@@ -1089,6 +1195,30 @@ impl CudaBackend {
             (block0, t.div_ceil(per_grid_row) as u32, 1),
             (32 * NV_WARPS, 1, 1),
         )
+    }
+
+    /// `t` rows of `x` (`cols` values each) staged as `gemv_mt`'s B operands for weights of
+    /// format `fmt` (`xb_stage`): the entries (K u32 a row for NVFP4: f16 high parts and
+    /// remainders; 3 K / 2 for bf16: three bf16 parts) and the rows' scales.
+    pub(crate) fn stage_rows(
+        &self,
+        x: DevPtr<f32>,
+        t: usize,
+        cols: usize,
+        fmt: i32,
+    ) -> Result<(CudaSlice<u32>, CudaSlice<f32>)> {
+        let per_row = if fmt == 2 { 3 * cols / 2 } else { cols };
+        let xb = self.alloc_unset::<u32>(t * per_row)?;
+        let xds = self.alloc_unset::<f32>(t)?;
+        ops::gemv::XbStageArgs {
+            x,
+            k: cols as i32,
+            fmt,
+            xb: self.ptr(&xb),
+            ds: self.ptr(&xds),
+        }
+        .launch(self, (t as u32, 1, 1), (256, 1, 1))?;
+        Ok((xb, xds))
     }
 
     /// Whether `linear_multi` takes inputs of width `k` (`K % 32 == 0`, `K <= XS_MAX`).

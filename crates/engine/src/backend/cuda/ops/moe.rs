@@ -711,7 +711,8 @@ impl CudaBackend {
             let g = self.alloc_unset(t * si)?;
             let u = self.alloc_unset(t * si)?;
             let (g, u) = (self.ptr(&g), self.ptr(&u));
-            self.linears_of_one_input(&[(s.gate, g), (s.up, u)], x, t, hidden)?;
+            let parts = [(s.gate, g), (s.up, u)];
+            self.linears_of_one_input(&parts, x, t, hidden, &StagedRows::default())?;
             self.silu_mul_raw(g, u, g, t * si)?;
             let out = part.add(items * hidden);
             self.gemv_raw(s.down, Gemv::rows(g, out, DevPtr::NULL, t))?;
