@@ -68,7 +68,6 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
 extern "C" __global__ void norm_stage(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
                                      int K, float eps, uint2* __restrict__ xb_nv, float* __restrict__ ds_nv,
                                      uint2* __restrict__ xb_bf, float* __restrict__ ds_bf) {
-    __shared__ float wmax[32];
     pdl_enter();
     const long r = blockIdx.x;
     float4 v[EPI_V];
@@ -78,12 +77,7 @@ extern "C" __global__ void norm_stage(const float* __restrict__ x, const float* 
 #pragma unroll
         for (int q = 0; q < EPI_V; q++)
             m = fmaxf(m, fmaxf(fmaxf(fabsf(v[q].x), fabsf(v[q].y)), fmaxf(fabsf(v[q].z), fabsf(v[q].w))));
-        m = warp_max(m);
-        if ((threadIdx.x & 31) == 0) wmax[threadIdx.x >> 5] = m;
-        __syncthreads();
-        m = 0.f;
-        for (int i = 0; i < (int)(blockDim.x >> 5); i++) m = fmaxf(m, wmax[i]);
-        const int e = xb_exp(m);
+        const int e = xb_exp(block_max(m));
         const float sc = pow2f(e);
         uint2* xr = xb_nv + r * (K / 2);
 #pragma unroll
@@ -105,19 +99,8 @@ extern "C" __global__ void norm_stage(const float* __restrict__ x, const float* 
             // xb_stage's entries 96 c + 8 (t + 4 part) + st hold this float4's three parts
             const int c = col >> 7, rem = col & 127;
             const int st = 2 * (rem >> 5) + ((rem >> 2) & 1), t = (rem >> 3) & 3;
-            float f[4] = {v[q].x, v[q].y, v[q].z, v[q].w};
 #pragma unroll
-            for (int part = 0; part < 3; part++) {
-                u32 p[2];
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const u16 h0 = f32_to_bf16_rn(f[2 * h]), h1 = f32_to_bf16_rn(f[2 * h + 1]);
-                    f[2 * h] -= __uint_as_float((u32)h0 << 16);
-                    f[2 * h + 1] -= __uint_as_float((u32)h1 << 16);
-                    p[h] = (u32)h0 | ((u32)h1 << 16);
-                }
-                xr[96 * c + 8 * (t + 4 * part) + st] = make_uint2(p[0], p[1]);
-            }
+            for (int part = 0; part < 3; part++) xr[96 * c + 8 * (t + 4 * part) + st] = bf16_part(v[q], part);
         }
         if (threadIdx.x == 0) ds_bf[r] = 1.f;
     }

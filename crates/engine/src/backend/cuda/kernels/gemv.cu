@@ -679,8 +679,18 @@ __device__ __forceinline__ void xb_octet(uint2* xb, int o, float4 a, float4 b, f
 // i = 128 c + 32 t + 8 j + h. Returns 2^-e; 2^e puts max|x| in [2^14, 2^15) (1 when x is zero or
 // not finite: a NaN or inf then reaches the output). All threads of the block must call it; it
 // ends with a barrier.
-__device__ float xb_fill(uint2* xb, const float* __restrict__ x, int K) {
+// The largest of the block's threads' m (all threads call it; it synchronises the block).
+__device__ __forceinline__ float block_max(float m) {
     __shared__ float wmax[32];
+    m = warp_max(m);
+    if ((threadIdx.x & 31) == 0) wmax[threadIdx.x >> 5] = m;
+    __syncthreads();
+    m = 0.f;
+    for (int i = 0; i < (int)(blockDim.x >> 5); i++) m = fmaxf(m, wmax[i]);
+    return m;
+}
+
+__device__ float xb_fill(uint2* xb, const float* __restrict__ x, int K) {
     const float4* x4 = (const float4*)x;
     const int no = K >> 3;  // octets: x[8 o .. 8 o + 7]
     float m = 0.f;
@@ -697,12 +707,7 @@ __device__ float xb_fill(uint2* xb, const float* __restrict__ x, int K) {
         for (int q = 0; q < 8; q++)
             m = fmaxf(m, fmaxf(fmaxf(fabsf(v[q].x), fabsf(v[q].y)), fmaxf(fabsf(v[q].z), fabsf(v[q].w))));
     }
-    m = warp_max(m);
-    if ((threadIdx.x & 31) == 0) wmax[threadIdx.x >> 5] = m;
-    __syncthreads();
-    m = 0.f;
-    for (int i = 0; i < (int)(blockDim.x >> 5); i++) m = fmaxf(m, wmax[i]);
-    const int e = xb_exp(m);
+    const int e = xb_exp(block_max(m));
     const float sc = pow2f(e);
     // (the reloads hit L1)
 #pragma unroll 2
@@ -952,6 +957,23 @@ __device__ __forceinline__ u16 f32_to_bf16_rn(float f) {
     return (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+// Part `part` (0: hi, 1: mid, 2: lo) of v's bf16 parts, two pairs: hi = bf16(v), mid =
+// bf16(v - hi), lo = bf16(v - hi - mid) (x = hi + mid + lo to 24 significant bits).
+__device__ __forceinline__ uint2 bf16_part(float4 v, int part) {
+    float f[4] = {v.x, v.y, v.z, v.w};
+    u32 p[2];
+    for (int i = 0; i <= part; i++) {
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+            const u16 h0 = f32_to_bf16_rn(f[2 * q]), h1 = f32_to_bf16_rn(f[2 * q + 1]);
+            f[2 * q] -= __uint_as_float((u32)h0 << 16);
+            f[2 * q + 1] -= __uint_as_float((u32)h1 << 16);
+            p[q] = (u32)h0 | ((u32)h1 << 16);
+        }
+    }
+    return make_uint2(p[0], p[1]);
+}
+
 // Row r of x (K values) as B entries in global memory, laid out per lane so that a lane's 8 mma
 // steps of a chunk of 128 columns are 4 consecutive 16-byte words.
 // NVFP4 weights (fmt 3): K / 2 entries per row at xb + r * K / 2; entry 64 c + 8 l + s (chunk c,
@@ -970,19 +992,7 @@ extern "C" __global__ void __launch_bounds__(256) xb_stage(const float* __restri
         for (int i = threadIdx.x; i < 3 * K / 4; i += blockDim.x) {
             const int c = i / 96, l = (i % 96) >> 3, st = i & 7;
             const int col = 128 * c + 32 * (st >> 1) + 8 * (l & 3) + 4 * (st & 1);
-            const float4 v = __ldg((const float4*)(x + r * K + col));
-            float f[4] = {v.x, v.y, v.z, v.w};
-            u32 p[2];
-            for (int part = 0; part <= (l >> 2); part++) {
-#pragma unroll
-                for (int q = 0; q < 2; q++) {
-                    const u16 h0 = f32_to_bf16_rn(f[2 * q]), h1 = f32_to_bf16_rn(f[2 * q + 1]);
-                    f[2 * q] -= __uint_as_float((u32)h0 << 16);
-                    f[2 * q + 1] -= __uint_as_float((u32)h1 << 16);
-                    p[q] = (u32)h0 | ((u32)h1 << 16);
-                }
-            }
-            o[i] = make_uint2(p[0], p[1]);
+            o[i] = bf16_part(__ldg((const float4*)(x + r * K + col)), l >> 2);
         }
         if (threadIdx.x == 0) ds[r] = 1.f;
         return;
