@@ -65,7 +65,7 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
 // format. Each staged entry is a function of y's values and the row's scale alone, so which
 // thread writes it changes no bit. K % 128 == 0 (a warp's float4s all in or all past the row),
 // K <= 4 * EPI_V * blockDim.
-extern "C" __global__ void norm_stage(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
+extern "C" __global__ void __launch_bounds__(512) norm_stage(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
                                      int K, float eps, uint2* __restrict__ xb_nv, float* __restrict__ ds_nv,
                                      uint2* __restrict__ xb_bf, float* __restrict__ ds_bf) {
     pdl_enter();
