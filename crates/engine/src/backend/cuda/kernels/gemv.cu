@@ -673,12 +673,6 @@ __device__ __forceinline__ void xb_octet(uint2* xb, int o, float4 a, float4 b, f
     xb_octet_at<false>(xb, o, a, b, s);
 }
 
-// x as the mma's B operand in shared memory (uint2 entries; K / 2 of them, K <= XS_MAX): entry
-// 8 s + 4 p + t, for mma step s = 8 c + 2 j + h (chunk c, word j, half h) and lane t of group p
-// (0: f16 high parts, 1: remainders), holds {(x[i], x[i + 2]), (x[i + 4], x[i + 6])} * 2^e,
-// i = 128 c + 32 t + 8 j + h. Returns 2^-e; 2^e puts max|x| in [2^14, 2^15) (1 when x is zero or
-// not finite: a NaN or inf then reaches the output). All threads of the block must call it; it
-// ends with a barrier.
 // The largest of the block's threads' m (all threads call it; it synchronises the block).
 __device__ __forceinline__ float block_max(float m) {
     __shared__ float wmax[32];
@@ -690,6 +684,12 @@ __device__ __forceinline__ float block_max(float m) {
     return m;
 }
 
+// x as the mma's B operand in shared memory (uint2 entries; K / 2 of them, K <= XS_MAX): entry
+// 8 s + 4 p + t, for mma step s = 8 c + 2 j + h (chunk c, word j, half h) and lane t of group p
+// (0: f16 high parts, 1: remainders), holds {(x[i], x[i + 2]), (x[i + 4], x[i + 6])} * 2^e,
+// i = 128 c + 32 t + 8 j + h. Returns 2^-e; 2^e puts max|x| in [2^14, 2^15) (1 when x is zero or
+// not finite: a NaN or inf then reaches the output). All threads of the block must call it; it
+// ends with a barrier.
 __device__ float xb_fill(uint2* xb, const float* __restrict__ x, int K) {
     const float4* x4 = (const float4*)x;
     const int no = K >> 3;  // octets: x[8 o .. 8 o + 7]
@@ -958,7 +958,7 @@ __device__ __forceinline__ u16 f32_to_bf16_rn(float f) {
 }
 
 // Part `part` (0: hi, 1: mid, 2: lo) of v's bf16 parts, two pairs: hi = bf16(v), mid =
-// bf16(v - hi), lo = bf16(v - hi - mid) (x = hi + mid + lo to 24 significant bits).
+// bf16(v - hi), lo = bf16(v - hi - mid) (v = hi + mid + lo to 24 significant bits).
 __device__ __forceinline__ uint2 bf16_part(float4 v, int part) {
     float f[4] = {v.x, v.y, v.z, v.w};
     u32 p[2];
