@@ -1202,8 +1202,8 @@ fn gpu_norm_stage_changes_no_bit_of_a_batched_step() {
         let (stock, lean) = widened_laguna(tmp.path(), &format!("h{hidden}"), hidden, 128);
         for dir in [stock, lean] {
             let label = format!("{}", dir.file_name().unwrap().to_string_lossy());
-            let model =
-                Model::load_with_backend(&dir, ModelOptions::new(), backend.clone()).unwrap();
+            let opts = ModelOptions::new().kv_dtype(KvDtype::Bf16);
+            let model = Model::load_with_backend(&dir, opts, backend.clone()).unwrap();
             let vocab = model.info().vocab_size as u32;
             let sessions: Vec<_> = (0..5usize)
                 .map(|i| {
