@@ -12,11 +12,13 @@
 # A variant is `builtin` (the kernels built into the binary), a `.cu` file (compiled instead of
 # them through FP4FORGE_CUDA_KERNELS: kernels/*.cu concatenated in KERNELS_CU's order with a
 # newline between them, e.g. an edited copy) or NAME=VALUE settings joined by `,` (backend knobs,
-# e.g. FP4FORGE_CUDA_H16_GEMM=0). Default: `builtin FP4FORGE_CUDA_H16_GEMM=0`.
+# e.g. FP4FORGE_CUDA_H16_GEMM=0), optionally after `prefill:` or `decode:` to time only the
+# prefills or only the decode steps (a knob that changes one of them: each process loads the
+# model, ~15 s, and a call has 10 minutes). Default: `builtin FP4FORGE_CUDA_H16_GEMM=0`.
 # Environment: XS (default /dev/shm/xs-lean: written by `synth --preset xs --stock-nvfp4` +
 # `quantize` when missing, ~80 s, 21.7 + 20 GB), ROUNDS (2), DECODE_BATCHES (default "1 4 32";
-# empty: no decode steps), FP4FORGE_KERNEL_CACHE (default /dev/shm/fp4forge-kernels: each
-# variant compiles once, ~80 s). Results: OUTDIR/ab.txt.
+# empty: no decode steps), NCU (default 1; 0: no per-kernel times), FP4FORGE_KERNEL_CACHE
+# (default /dev/shm/fp4forge-kernels: each variant compiles once, ~80 s). Results: OUTDIR/ab.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
@@ -37,9 +39,14 @@ out=${2:?usage: $0 run OUTDIR [VARIANT ...]}
 shift 2
 variants=("$@")
 [ ${#variants[@]} -gt 0 ] || variants=(builtin FP4FORGE_CUDA_H16_GEMM=0)
+# Variant $1 without its scope (`prefill:` / `decode:`).
+body() { case $1 in prefill:* | decode:*) echo "${1#*:}" ;; *) echo "$1" ;; esac; }
+# Whether variant $1 times measurement $2 (prefill or decode).
+measures() { case $1 in prefill:*) [ "$2" = prefill ] ;; decode:*) [ "$2" = decode ] ;; *) true ;; esac; }
 for v in "${variants[@]}"; do
-    case $v in builtin | *.cu | *=*) ;; *) echo "variant $v: not builtin, a .cu file or NAME=VALUE" >&2; exit 2 ;; esac
-    if [[ $v == *.cu && ! -f $v ]]; then echo "variant $v: no such file" >&2; exit 2; fi
+    b=$(body "$v")
+    case $b in builtin | *.cu | *=*) ;; *) echo "variant $v: not builtin, a .cu file or NAME=VALUE (after prefill: or decode:)" >&2; exit 2 ;; esac
+    if [[ $b == *.cu && ! -f $b ]]; then echo "variant $v: no such file" >&2; exit 2; fi
 done
 source scripts/cuda-env.sh
 export FP4FORGE_KERNEL_CACHE=${FP4FORGE_KERNEL_CACHE:-/dev/shm/fp4forge-kernels}
@@ -60,26 +67,37 @@ if [ ! -d "$xs" ]; then
 fi
 # The environment of variant $1, as NAME=VALUE words.
 settings() {
-    case $1 in
+    local b
+    b=$(body "$1")
+    case $b in
         builtin) ;;
-        *.cu) echo "FP4FORGE_CUDA_KERNELS=$(realpath "$1")" ;;
-        *) echo "${1//,/ }" ;;
+        *.cu) echo "FP4FORGE_CUDA_KERNELS=$(realpath "$b")" ;;
+        *) echo "${b//,/ }" ;;
     esac
 }
-# The median of one prefill_speed run of variant $1 ($2 tokens, $3 repetitions) in milliseconds;
-# nothing where it failed (its output then in OUTDIR/failed.log).
-median_ms() {
-    local log
+# The medians of variant $1's 2,048- and 16,384-token prefills in milliseconds (one prefill_speed
+# run, 3 repetitions each), space-separated: "- -" where the variant times decode steps only,
+# "failed failed" where the run failed (its output then in OUTDIR/failed.log).
+prefill_ms() {
+    local log a b
+    measures "$1" prefill || { echo "- -"; return 0; }
     # shellcheck disable=SC2046
-    log=$(env $(settings "$1") "$bin/prefill_speed" "$xs" --device cuda "$2" "$3" 2>&1) ||
-        { echo "== $1 $2: $log" >> "$out/failed.log"; return 0; }
-    echo "$log" | sed -n 's/^prefill .* median \([0-9.]*\) ms.*/\1/p'
+    if ! log=$(env $(settings "$1") "$bin/prefill_speed" "$xs" --device cuda 2048,16384 3 2>&1); then
+        echo "== $1 prefill: $log" >> "$out/failed.log"
+        echo "failed failed"
+        return 0
+    fi
+    a=$(echo "$log" | sed -n 's/^prefill 2048 tokens: median \([0-9.]*\) ms.*/\1/p')
+    b=$(echo "$log" | sed -n 's/^prefill 16384 tokens: median \([0-9.]*\) ms.*/\1/p')
+    [ -n "$a" ] && [ -n "$b" ] || echo "== $1 prefill (no median line): $log" >> "$out/failed.log"
+    echo "${a:-failed} ${b:-failed}"
 }
 # ms per batched decode step of variant $1 for each of DECODE_BATCHES, space-separated ("failed"
 # each where the run failed: its output then in OUTDIR/failed.log).
 step_ms() {
     local log
     [ ${#batches[@]} -gt 0 ] || return 0
+    measures "$1" decode || { printf -- '- %.0s' "${batches[@]}"; return 0; }
     # shellcheck disable=SC2046
     if ! log=$(env $(settings "$1") "$bin/batch_decode_speed" "$xs" --device cuda 64 "${batches[@]}" 2>&1); then
         echo "== $1 decode: $log" >> "$out/failed.log"
@@ -95,13 +113,13 @@ for b in "${batches[@]}"; do header+=$(printf ' %10s' "B=$b ms"); done
 say "$header"
 for round in $(seq 1 "$rounds"); do
     for v in "${variants[@]}"; do
-        a=$(median_ms "$v" 2048 3)
-        b=$(median_ms "$v" 16384 1)
-        line=$(printf '%-44s %5s %12s %12s' "$(basename "$v")" "$round" "${a:-failed}" "${b:-failed}")
+        read -r a b <<< "$(prefill_ms "$v")"
+        line=$(printf '%-44s %5s %12s %12s' "$(basename "$v")" "$round" "$a" "$b")
         for s in $(step_ms "$v"); do line+=$(printf ' %10s' "$s"); done
         say "$line"
     done
 done
+[ "${NCU:-1}" != 0 ] || exit 0
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /usr/local/cuda-*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)
 if [ -z "$ncu" ]; then
     say "Nsight Compute not found: no per-kernel times"
