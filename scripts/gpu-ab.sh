@@ -18,7 +18,8 @@
 # Environment: XS (default /dev/shm/xs-lean: written by `synth --preset xs --stock-nvfp4` +
 # `quantize` when missing, ~80 s, 21.7 + 20 GB), ROUNDS (2), DECODE_BATCHES (default "1 4 32";
 # empty: no decode steps), NCU (default 1; 0: no per-kernel times), FP4FORGE_KERNEL_CACHE
-# (default /dev/shm/fp4forge-kernels: each variant compiles once, ~80 s). Results: OUTDIR/ab.txt.
+# (default /dev/shm/fp4forge-kernels: each variant compiles once, ~80 s). Results: OUTDIR/ab.txt
+# (each round's times, then each variant's mean and its ratio to the first variant's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
@@ -119,6 +120,39 @@ for round in $(seq 1 "$rounds"); do
         say "$line"
     done
 done
+# Each variant's mean over the rounds, and its ratio to the first variant's (the reference, e.g.
+# builtin): < 1 is faster.
+if python3 - "$report" <<'PY' | tee -a "$report"
+import collections, sys
+lines = open(sys.argv[1]).read().splitlines()
+start = next(i for i, l in enumerate(lines) if l.startswith("variant "))
+cols = lines[start].split()[2:]
+cols = [" ".join(cols[i:i + 2]) for i in range(0, len(cols), 2)]  # "2048 ms", "B=1 ms", ...
+sums, order = collections.defaultdict(lambda: collections.defaultdict(list)), []
+for l in lines[start + 1:]:
+    f = l.split()
+    if len(f) != 2 + len(cols):
+        continue
+    name = f[0]
+    if name not in order:
+        order.append(name)
+    for c, v in zip(cols, f[2:]):
+        try:
+            sums[name][c].append(float(v))
+        except ValueError:
+            pass
+mean = lambda xs: sum(xs) / len(xs) if xs else None
+ref = order[0] if order else None
+print(f"mean over rounds, and / {ref}:")
+print(f"{'variant':<44}" + "".join(f" {c:>18}" for c in cols))
+for name in order:
+    cells = []
+    for c in cols:
+        m, r = mean(sums[name][c]), mean(sums[ref][c])
+        cells.append("-" if m is None else f"{m:.2f}" + (f" ({m / r:.3f})" if r else ""))
+    print(f"{name:<44}" + "".join(f" {x:>18}" for x in cells))
+PY
+then :; else say "(no summary: the table above could not be read)"; fi
 [ "${NCU:-1}" != 0 ] || exit 0
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /usr/local/cuda-*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)
 if [ -z "$ncu" ]; then
