@@ -589,6 +589,31 @@ fn gpu_nvfp4_experts_match_cpu() {
             }
         }
         set_persistent_grid(&gpu, 0);
+        // a token whose router logits are NaN (activations gone NaN upstream): valid experts
+        // with NaN weights, so its output is NaN as on the CPU, the other tokens' unchanged,
+        // and no item reads past the experts (one token: the persistent kernels; 3: a few per
+        // tile; 40: grouped)
+        for t in [1usize, 3, 40] {
+            let x = values(t * hidden, 31 + t as u64, 3.0);
+            let mut logits = values(t * n, 37 + t as u64, 2.0);
+            let bad = t / 2;
+            logits[bad * n..(bad + 1) * n].fill(f32::NAN);
+            let got = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
+            let want = route_and_experts(&cpu, &ce, &params, t, &x, &logits);
+            for tok in 0..t {
+                let (g, w) = (
+                    &got[tok * hidden..(tok + 1) * hidden],
+                    &want[tok * hidden..(tok + 1) * hidden],
+                );
+                if tok == bad {
+                    assert!(g.iter().all(|v| v.is_nan()), "t {t}: NaN-routed token");
+                    assert!(w.iter().all(|v| v.is_nan()), "t {t}: the CPU's NaN token");
+                } else {
+                    let d = max_abs_diff(g, w);
+                    assert!(d <= 1e-4 * max_abs(w).max(1.0), "t {t} token {tok}: {d}");
+                }
+            }
+        }
         gpu.set_options(CudaOptions {
             few_moe_min_tokens: CudaOptions::default().few_moe_min_tokens,
             ..gpu.options()

@@ -62,6 +62,11 @@ __device__ void route_impl(const float* __restrict__ logits, const float* __rest
                 bi = oi;
             }
         }
+        // (no score compares when they are NaN: a valid expert and a NaN weight, so that the NaN
+        // reaches the token's output as the CPU's sort gives it, and no item reads past the
+        // experts' weights)
+        const bool none = bi == 0x7fffffff;
+        if (none) bi = r;
         // the owner removes it and broadcasts its unbiased score
         float sv = 0.f;
         if ((bi & 31) == lane) {
@@ -73,6 +78,7 @@ __device__ void route_impl(const float* __restrict__ logits, const float* __rest
                 }
         }
         sv = __shfl_sync(0xffffffffu, sv, bi & 31);
+        if (none) sv = __int_as_float(0x7fc00000);
         chosen_sum += sv;
         if (lane == r) {
             my_w = sv;
