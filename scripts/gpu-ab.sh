@@ -42,6 +42,8 @@ variants=("$@")
 [ ${#variants[@]} -gt 0 ] || variants=(builtin FP4FORGE_CUDA_H16_GEMM=0)
 # Variant $1 without its scope (`prefill:` / `decode:`).
 body() { case $1 in prefill:* | decode:*) echo "${1#*:}" ;; *) echo "$1" ;; esac; }
+# Variant $1 as the table names it: its scope, if any, and the file name of a .cu file.
+label() { case $1 in prefill:* | decode:*) echo "${1%%:*}:$(basename "${1#*:}")" ;; *) basename "$1" ;; esac; }
 # Whether variant $1 times measurement $2 (prefill or decode).
 measures() { case $1 in prefill:*) [ "$2" = prefill ] ;; decode:*) [ "$2" = decode ] ;; *) true ;; esac; }
 for v in "${variants[@]}"; do
@@ -115,7 +117,7 @@ say "$header"
 for round in $(seq 1 "$rounds"); do
     for v in "${variants[@]}"; do
         read -r a b <<< "$(prefill_ms "$v")"
-        line=$(printf '%-44s %5s %12s %12s' "$(basename "$v")" "$round" "$a" "$b")
+        line=$(printf '%-44s %5s %12s %12s' "$(label "$v")" "$round" "$a" "$b")
         for s in $(step_ms "$v"); do line+=$(printf ' %10s' "$s"); done
         say "$line"
     done
