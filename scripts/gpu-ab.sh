@@ -8,6 +8,7 @@
 #
 #   scripts/gpu-ab.sh build                      # here: binaries -> target/gpu-ab/
 #   scripts/gpu-ab.sh run OUTDIR [VARIANT ...]   # on the GPU machine, from the repo root
+#   scripts/gpu-ab.sh xs                         # there: only write the lean XS checkpoint
 #
 # A variant is `builtin` (the kernels built into the binary), a `.cu` file (compiled instead of
 # them through FP4FORGE_CUDA_KERNELS: kernels/*.cu concatenated in KERNELS_CU's order with a
@@ -35,7 +36,23 @@ if [ "$mode" = build ]; then
     ls -la "$bin"
     exit 0
 fi
-[ "$mode" = run ] || { echo "usage: $0 build | run OUTDIR [VARIANT ...]" >&2; exit 2; }
+xs=${XS:-/dev/shm/xs-lean}
+# Lean XS into $xs unless it is there: the stock checkpoint written and quantized beside it, then
+# renamed into place, so a directory at $xs is always complete.
+write_xs() {
+    [ -d "$xs" ] && return 0
+    echo "writing lean XS into $xs"
+    rm -rf "$xs.stock" "$xs.part"
+    "$bin/fp4forge" synth --preset xs --stock-nvfp4 "$xs.stock" > /dev/null
+    "$bin/fp4forge" quantize "$xs.stock" "$xs.part" > /dev/null
+    rm -rf "$xs.stock"
+    mv "$xs.part" "$xs"
+}
+if [ "$mode" = xs ]; then
+    write_xs
+    exit 0
+fi
+[ "$mode" = run ] || { echo "usage: $0 build | run OUTDIR [VARIANT ...] | xs" >&2; exit 2; }
 out=${2:?usage: $0 run OUTDIR [VARIANT ...]}
 shift 2
 variants=("$@")
@@ -53,7 +70,6 @@ for v in "${variants[@]}"; do
 done
 source scripts/cuda-env.sh
 export FP4FORGE_KERNEL_CACHE=${FP4FORGE_KERNEL_CACHE:-/dev/shm/fp4forge-kernels}
-xs=${XS:-/dev/shm/xs-lean}
 rounds=${ROUNDS:-2}
 read -r -a batches <<< "${DECODE_BATCHES-1 4 32}"
 mkdir -p "$out" "$FP4FORGE_KERNEL_CACHE"
@@ -62,12 +78,7 @@ report=$out/ab.txt
 rm -f "$out/failed.log"
 say() { echo "$*" | tee -a "$report"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$report" || true
-if [ ! -d "$xs" ]; then
-    say "writing lean XS into $xs"
-    "$bin/fp4forge" synth --preset xs --stock-nvfp4 "$xs.stock" > /dev/null
-    "$bin/fp4forge" quantize "$xs.stock" "$xs" > /dev/null
-    rm -rf "$xs.stock"
-fi
+write_xs | tee -a "$report"
 # The environment of variant $1, as NAME=VALUE words.
 settings() {
     local b

@@ -8,6 +8,8 @@
 #                                       # (stripped)
 #   scripts/gpu-tests.sh run [OUTDIR]   # on the GPU machine, from the repo root
 #   scripts/gpu-tests.sh bench [OUTDIR] # on the GPU machine: only the decode benchmark
+#   scripts/gpu-tests.sh suite [OUTDIR] # on the GPU machine: only the engine's GPU tests
+#                                       # (crates/engine/tests/cuda.rs; scripts/gpu-call.sh's)
 #   scripts/gpu-tests.sh probe [OUTDIR] # on the GPU machine: the decode-stream probe (bounds per
 #                                       # kernel organisation), then the decode benchmark
 #
@@ -51,6 +53,11 @@ mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$out/gpu.txt" || true
 export FP4FORGE_ENGINE_DIR="$PWD/crates/engine"
 status=0
+if [ "$mode" = suite ]; then
+    target/gpu/cuda-tests --ignored --test-threads 1 --nocapture > "$out/tests.log" 2>&1 || status=1
+    grep -E '^test result|FAILED|panicked' "$out/tests.log" || true
+    exit $status
+fi
 if [ "$mode" = run ]; then
     target/gpu/cuda-tests --ignored --test-threads 1 --nocapture 2>&1 | tee "$out/tests.log" || status=1
     # The server's continuous-batching tests with the engine on the GPU (16 clients at once get
