@@ -13,8 +13,9 @@
 # 545: a call has 600, transfers included), TESTS_LIMIT (seconds for the tests, default 270),
 # ROUNDS (default 1), NCU (default 0), XS and DECODE_BATCHES as scripts/gpu-ab.sh reads them.
 # Results: OUTDIR/summary.txt (each step's exit status and time, the tests' result lines, the
-# A/B table), OUTDIR/tests.log, OUTDIR/xs.log, OUTDIR/ab/ab.txt. Exit status 1 when a step
-# failed or ran out of time.
+# A/B table), OUTDIR/tests.log, OUTDIR/xs.log, OUTDIR/ab/ab.txt. Exit status 1 when a test
+# failed, a step ran out of time or a script failed (a variant whose run fails is a "failed" cell
+# of the A/B table, its output in OUTDIR/ab/failed.log).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: $0 OUTDIR [VARIANT ...]}
@@ -37,7 +38,8 @@ xs_pid=$!
 timeout "$tests_limit" scripts/gpu-tests.sh suite "$out" > "$out/suite.log" 2>&1
 rc=$?
 say "GPU tests: exit status $rc at $SECONDS s$([ $rc = 124 ] && echo " (past TESTS_LIMIT=$tests_limit s)")"
-grep -E '^test result|FAILED|panicked' "$out/tests.log" 2>/dev/null | head -n 30 | tee -a "$summary"
+# The GPU's line and the tests' result lines, as `gpu-tests.sh suite` printed them.
+head -n 40 "$out/suite.log" | tee -a "$summary"
 [ $rc = 0 ] || status=1
 if ! wait "$xs_pid"; then
     say "writing lean XS failed at $SECONDS s: $(tail -n 3 "$out/xs.log")"
@@ -53,6 +55,5 @@ ROUNDS=${ROUNDS:-1} NCU=${NCU:-0} timeout "$left" scripts/gpu-ab.sh run "$out/ab
 rc=$?
 say "A/B: exit status $rc at $SECONDS s$([ $rc = 124 ] && echo " (past DEADLINE=$deadline s: the rows so far)")"
 [ $rc = 0 ] || status=1
-cat "$out/ab/ab.txt" >> "$summary" 2>/dev/null || true
-cat "$out/ab/ab.txt" 2>/dev/null || true
+[ ! -f "$out/ab/ab.txt" ] || tee -a "$summary" < "$out/ab/ab.txt"
 exit $status
