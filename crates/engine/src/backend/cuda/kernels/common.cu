@@ -4,7 +4,9 @@
 // epilogues), gemv.cu, prefill.cu (tiled matrix-matrix, embedding), elementwise.cu (norms,
 // rope, gates), attention.cu, moe.cu, sampling.cu (synthetic data, sampling on the device).
 // No headers: bf16/f16/fp8 conversions are done with bit manipulation (NVRTC needs no CUDA
-// include path). Activations are f32; weights stay in their stored encoding.
+// include path). Under FP4FORGE_CPU_EMU (tools/cuda-cpu: the kernels compiled for the CPU, for
+// tests without a GPU) each inline PTX statement is replaced by the emulator's `emu_*` function
+// of the same instruction. Activations are f32; weights stay in their stored encoding.
 //
 // Weight formats (the `fmt` argument): 0 = f32, 1 = f16, 2 = bf16, 3 = NVFP4
 // (packed e2m1, even element in the low nibble; one fp8 e4m3 scale per 16 elements;
@@ -16,6 +18,13 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 
 #define INF_F __int_as_float(0x7f800000)
+
+// A kernel's dynamic shared memory, as `T name[]` (16-byte aligned).
+#ifdef FP4FORGE_CPU_EMU
+#define DYNAMIC_SMEM(T, name) T* name = (T*)emu_dynamic_smem()
+#else
+#define DYNAMIC_SMEM(T, name) extern __shared__ __align__(16) T name[]
+#endif
 
 // ---- paged KV cache ------------------------------------------------------------------------------
 //
@@ -40,12 +49,12 @@ __device__ __forceinline__ T* kv_row(const u64* __restrict__ tab, long slot, lon
 // kernel's work instead of following it. Data never written by kernels (weights) may be read
 // before the wait.
 __device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(FP4FORGE_CPU_EMU)
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
 __device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(FP4FORGE_CPU_EMU)
     asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
 }
@@ -62,9 +71,13 @@ __device__ __forceinline__ u16 f32_to_bf16(float f) {
     return (u16)(r >> 16);
 }
 __device__ __forceinline__ float f16_to_f32(u16 h) {
+#ifdef FP4FORGE_CPU_EMU
+    return emu_f16_to_f32(h);
+#else
     float f;
     asm("{ cvt.f32.f16 %0, %1; }" : "=f"(f) : "h"(h));
     return f;
+#endif
 }
 __device__ __forceinline__ float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
@@ -135,9 +148,14 @@ __device__ __forceinline__ float softplus(float g) { return g > 20.f ? g : log1p
 
 __device__ __forceinline__ float2 h2_to_f2(u32 h) {
     float2 f;
+#ifdef FP4FORGE_CPU_EMU
+    f.x = emu_f16_to_f32((u16)h);
+    f.y = emu_f16_to_f32((u16)(h >> 16));
+#else
     asm("{ .reg .b16 lo, hi;\n\t mov.b32 {lo, hi}, %2;\n\t cvt.f32.f16 %0, lo;\n\t cvt.f32.f16 %1, hi; }"
         : "=f"(f.x), "=f"(f.y)
         : "r"(h));
+#endif
     return f;
 }
 
@@ -166,38 +184,48 @@ __device__ __forceinline__ float nv_gscale(int fmt, float inv_g) { return fmt ==
 
 // The shared-memory address of p (for cp.async and ldmatrix).
 __device__ __forceinline__ u32 smem_u32(const void* p) {
+#ifdef FP4FORGE_CPU_EMU
+    return emu_smem_u32(p);
+#else
     u32 a;
     asm("{ .reg .u64 t;\n\t cvta.to.shared.u64 t, %1;\n\t cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
     return a;
+#endif
 }
 
 // 16 bytes global -> shared, asynchronously; ok == false: 16 zero bytes (src is not read).
 __device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool ok) {
-#if __CUDA_ARCH__ >= 800
+#ifdef FP4FORGE_CPU_EMU
+    emu_cp_async(dst, src, 16, ok);
+#elif __CUDA_ARCH__ >= 800
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
 #endif
 }
 // 4 bytes global -> shared, asynchronously (through L1); ok == false: 4 zero bytes.
 __device__ __forceinline__ void cp_async4(u32 dst, const void* src, bool ok) {
-#if __CUDA_ARCH__ >= 800
+#ifdef FP4FORGE_CPU_EMU
+    emu_cp_async(dst, src, 4, ok);
+#elif __CUDA_ARCH__ >= 800
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
 #endif
 }
 __device__ __forceinline__ void cp_async_commit() {
-#if __CUDA_ARCH__ >= 800
+#if __CUDA_ARCH__ >= 800 && !defined(FP4FORGE_CPU_EMU)
     asm volatile("cp.async.commit_group;" ::: "memory");
 #endif
 }
 // Waits until at most N of this thread's committed groups are pending.
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
-#if __CUDA_ARCH__ >= 800
+#if __CUDA_ARCH__ >= 800 && !defined(FP4FORGE_CPU_EMU)
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 #endif
 }
 
 __device__ __forceinline__ void ldsm_x4(u32 r[4], u32 addr) {
-#if __CUDA_ARCH__ >= 800
+#ifdef FP4FORGE_CPU_EMU
+    emu_ldmatrix_x4(r, addr, false);
+#elif __CUDA_ARCH__ >= 800
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr)
@@ -205,7 +233,9 @@ __device__ __forceinline__ void ldsm_x4(u32 r[4], u32 addr) {
 #endif
 }
 __device__ __forceinline__ void ldsm_x4_t(u32 r[4], u32 addr) {
-#if __CUDA_ARCH__ >= 800
+#ifdef FP4FORGE_CPU_EMU
+    emu_ldmatrix_x4(r, addr, true);
+#elif __CUDA_ARCH__ >= 800
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr)
@@ -215,7 +245,9 @@ __device__ __forceinline__ void ldsm_x4_t(u32 r[4], u32 addr) {
 
 // c += a * b: mma.m16n8k16, bf16 operands, f32 accumulation (sm_80+).
 __device__ __forceinline__ void mma_bf16(float c[4], const u32 a[4], u32 b0, u32 b1) {
-#if __CUDA_ARCH__ >= 800
+#ifdef FP4FORGE_CPU_EMU
+    emu_mma_m16n8k16(c, a, b0, b1, true);
+#elif __CUDA_ARCH__ >= 800
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -225,7 +257,9 @@ __device__ __forceinline__ void mma_bf16(float c[4], const u32 a[4], u32 b0, u32
 
 // (x, y) rounded to bf16, x in the low half.
 __device__ __forceinline__ u32 bf16x2_rn(float x, float y) {
-#if __CUDA_ARCH__ >= 800
+#ifdef FP4FORGE_CPU_EMU
+    return emu_bf16x2_rn(x, y);
+#elif __CUDA_ARCH__ >= 800
     u32 r;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(y), "f"(x));
     return r;
@@ -244,9 +278,13 @@ __device__ __forceinline__ u32 bf16x2_split(float& x, float& y) {
 
 // (x, y) rounded to f16, x in the low half.
 __device__ __forceinline__ u32 f16x2_rn(float x, float y) {
+#ifdef FP4FORGE_CPU_EMU
+    return emu_f16x2_rn(x, y);
+#else
     u32 r;
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(y), "f"(x));
     return r;
+#endif
 }
 
 // The f16 pair nearest (x, y); x and y become what it leaves (exact in f32 within f16's range).
@@ -278,7 +316,11 @@ __device__ float block_sum(float v);
 
 __device__ __forceinline__ float4 ld_cg4(const float* p) {
     float4 v;
+#ifdef FP4FORGE_CPU_EMU
+    v = *(const float4*)p;
+#else
     asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+#endif
     return v;
 }
 

@@ -188,7 +188,9 @@ struct Segs {
 // weight stream does not push activations and KV rows out of L2.
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     uint4 v;
-#if __CUDA_ARCH__ >= 800
+#ifdef FP4FORGE_CPU_EMU
+    v = *p;
+#elif __CUDA_ARCH__ >= 800
     u64 pol;
     asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
     asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
@@ -588,7 +590,10 @@ GEMV_NV(8, 3)
 // (the lower byte in the lower half).
 // (sm_89+; on older devices the host never selects these paths and they compile to nothing.)
 __device__ __forceinline__ void e4m3x4_h2(u32 v, u32& lo, u32& hi) {
-#if __CUDA_ARCH__ < 890
+#ifdef FP4FORGE_CPU_EMU
+    lo = emu_e4m3x2_to_f16x2((u16)v);
+    hi = emu_e4m3x2_to_f16x2((u16)(v >> 16));
+#elif __CUDA_ARCH__ < 890
     lo = hi = 0u;
 #else
     asm("{ .reg .b16 a, b;\n\t mov.b32 {a, b}, %2;\n\t cvt.rn.f16x2.e4m3x2 %0, a;\n\t cvt.rn.f16x2.e4m3x2 %1, b; }"
@@ -602,19 +607,31 @@ __device__ __forceinline__ u32 e4m3x2_h2(u32 v) {
     return lo;
 }
 __device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
+#ifdef FP4FORGE_CPU_EMU
+    return emu_hmul2(a, b);
+#else
     u32 d;
     asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
     return d;
+#endif
 }
 __device__ __forceinline__ u16 f32_to_f16_rn(float f) {
+#ifdef FP4FORGE_CPU_EMU
+    return emu_f32_to_f16(f);
+#else
     u16 h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
+#endif
 }
 __device__ __forceinline__ float f16_bits_to_f32(u16 h) {
+#ifdef FP4FORGE_CPU_EMU
+    return emu_f16_to_f32(h);
+#else
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
+#endif
 }
 
 // The 8 codes of an NVFP4 word (code i in nibble i) times the f16 pair `s2` (one block scale in
@@ -632,7 +649,10 @@ __device__ __forceinline__ void nv_word_h2(u32 w, u32 s2, u32 o[4]) {
 }
 
 __device__ __forceinline__ void mma16816(float c[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-#if __CUDA_ARCH__ >= 890
+#ifdef FP4FORGE_CPU_EMU
+    const u32 a[4] = {a0, a1, a2, a3};
+    emu_mma_m16n8k16(c, a, b0, b1, false);
+#elif __CUDA_ARCH__ >= 890
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -1004,7 +1024,10 @@ extern "C" __global__ void __launch_bounds__(256) xb_stage(const float* __restri
 }
 
 __device__ __forceinline__ void mma16816_bf16(float c[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-#if __CUDA_ARCH__ >= 800
+#ifdef FP4FORGE_CPU_EMU
+    const u32 a[4] = {a0, a1, a2, a3};
+    emu_mma_m16n8k16(c, a, b0, b1, true);
+#elif __CUDA_ARCH__ >= 800
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])

@@ -784,7 +784,7 @@ extern "C" __global__ void __launch_bounds__(256, 2)
                         const int* __restrict__ order, int k, const u16* __restrict__ xh, int T,
                         float* __restrict__ h, int inter, int K, const float* __restrict__ xds) {
     constexpr int BN = 64;
-    extern __shared__ __align__(16) u8 ex_smem[];
+    DYNAMIC_SMEM(u8, ex_smem);
     __shared__ int xrow[BN], items[BN];
     __shared__ float ids[BN];
     const int tid = threadIdx.x;
@@ -835,7 +835,7 @@ extern "C" __global__ void __launch_bounds__(256, 2)
                      const int* __restrict__ order, const float* __restrict__ wts, const u16* __restrict__ hh,
                      int items_total, float* __restrict__ part, int inter, int H, const float* __restrict__ hds) {
     constexpr int BN = 64;
-    extern __shared__ __align__(16) u8 ex_smem[];
+    DYNAMIC_SMEM(u8, ex_smem);
     __shared__ int xrow[BN];
     const int tid = threadIdx.x;
     pdl_enter();

@@ -735,7 +735,7 @@ __device__ __forceinline__ void gemm_h16_impl(const Segs& segs, const u16* __res
                                               const float* __restrict__ bias, const float* resid, int K, int T,
                                               int kc, float* __restrict__ part, const float* __restrict__ xds) {
     constexpr int BN = 128;
-    extern __shared__ __align__(16) u8 gh_smem[];
+    DYNAMIC_SMEM(u8, gh_smem);
     __shared__ int xrow[BN];
     int si = 0;
     for (int i = 1; i < segs.n; i++)
