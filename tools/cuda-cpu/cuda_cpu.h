@@ -153,8 +153,9 @@ namespace emu {
 
 // ---- fibers -----------------------------------------------------------------------------------
 
-// Saves the callee-saved registers, the SSE and x87 control words and the stack pointer into
-// *from, and resumes the context whose stack pointer is `to` (System V x86-64).
+// Saves the callee-saved registers and the stack pointer into *from, and resumes the context
+// whose stack pointer is `to` (System V x86-64; the kernels never change the SSE or x87 control
+// words, so every fiber shares the OS thread's).
 extern "C" void emu_switch_context(void** from, void* to);
 asm(R"(
     .text
@@ -168,14 +169,8 @@ emu_switch_context:
     pushq %r13
     pushq %r14
     pushq %r15
-    subq $8, %rsp
-    stmxcsr (%rsp)
-    fnstcw 4(%rsp)
     movq %rsp, (%rdi)
     movq %rsi, %rsp
-    ldmxcsr (%rsp)
-    fldcw 4(%rsp)
-    addq $8, %rsp
     popq %r15
     popq %r14
     popq %r13
@@ -309,10 +304,7 @@ inline void fiber_start(Fiber& f) {
     s[-1] = 0;                         // fiber_main's return address (it never returns)
     s[-2] = (uint64_t)&fiber_main;     // where the first switch "returns" to
     for (int i = 3; i <= 8; i++) s[-i] = 0;  // rbp, rbx, r12..r15
-    uint32_t* ctl = (uint32_t*)&s[-9];
-    ctl[0] = 0x1f80;  // mxcsr: round to nearest, exceptions masked
-    ctl[1] = 0x037f;  // x87 control word
-    f.sp = &s[-9];
+    f.sp = &s[-8];
     f.done = false;
     f.waiting = nullptr;
 }
@@ -340,11 +332,13 @@ inline bool run_block(const Launch& l, uint3 idx) {
     }
     if (l.smem > 0) memset(dynamic_smem_buffer, 0xff, l.smem);  // NaN bytes: unwritten reads show
     unsigned done = 0;
-    while (done < n) {
+    // rounds alternate between ascending and descending thread order, so that a read a missing
+    // barrier leaves unordered runs before the write in some round
+    for (unsigned round = 0; done < n; round++) {
         bool progress = false;
         done = 0;
-        for (unsigned t = 0; t < n; t++) {
-            Fiber& f = r.fibers[t];
+        for (unsigned i = 0; i < n; i++) {
+            Fiber& f = r.fibers[round % 2 ? n - 1 - i : i];
             if (f.done) {
                 done++;
                 continue;

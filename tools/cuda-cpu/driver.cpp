@@ -374,8 +374,23 @@ struct Program {
     std::vector<char> binary;
 };
 
-// NVRTC's version: 99.N, N a hash of cuda_cpu.h (kernel caches keyed by the version keep these
-// modules apart from real CUBINs, and from those built with another emulator header).
+namespace {
+
+// The host compiler's flags for the kernels: FP4FORGE_CUDA_CPU_CXXFLAGS, else -O2 for x86-64-v3
+// without FMA contraction. g++ fuses multiply-adds after vectorising, so two kernels whose
+// source writes the same arithmetic (which nvcc fuses alike, expression by expression) could
+// differ in their last bits; without fusion the same expressions give the same bits, as the
+// tests that compare two kernels bit for bit expect.
+std::string kernel_flags() {
+    const char* flags = getenv("FP4FORGE_CUDA_CPU_CXXFLAGS");
+    return flags ? flags : "-O2 -march=x86-64-v3 -ffp-contract=off";
+}
+
+}  // namespace
+
+// NVRTC's version: 99.N, N a hash of cuda_cpu.h and the compiler flags (kernel caches keyed by
+// the version keep these modules apart from real CUBINs, and from those another emulator header
+// or other flags built).
 API int nvrtcVersion(int* major, int* minor) {
     static int header_hash = [] {
         uint32_t h = 2166136261u;
@@ -384,6 +399,7 @@ API int nvrtcVersion(int* major, int* minor) {
             while ((c = fgetc(f)) != EOF) h = (h ^ (uint32_t)c) * 16777619u;
             fclose(f);
         }
+        for (const char c : kernel_flags()) h = (h ^ (uint32_t)(unsigned char)c) * 16777619u;
         return (int)(h % 1000000u);
     }();
     *major = 99;
@@ -429,8 +445,8 @@ std::string read_file(const std::string& path) {
 
 }  // namespace
 
-// Compiles the source with the host compiler (`CXX`, default g++; flags from
-// FP4FORGE_CUDA_CPU_CXXFLAGS, default -O2 -march=x86-64-v3): -D__CUDA_ARCH__ from --gpu-architecture=sm_XY,
+// Compiles the source with the host compiler (`CXX`, default g++; flags: `kernel_flags`):
+// -D__CUDA_ARCH__ from --gpu-architecture=sm_XY,
 // cuda_cpu.h included first. A preprocessing pass finds the `__global__` entry points (macros
 // write some of them); one `emu_entry_NAME` per entry point is appended.
 API int nvrtcCompileProgram(Program* p, int n, const char* const* options) {
@@ -444,10 +460,9 @@ API int nvrtcCompileProgram(Program* p, int n, const char* const* options) {
     const std::string d = dir, cu = d + "/kernels.cpp", pre = d + "/kernels.ii", so = d + "/kernels.so",
                       log = d + "/log.txt";
     const char* cxx_env = getenv("CXX");
-    const char* flags = getenv("FP4FORGE_CUDA_CPU_CXXFLAGS");
     const std::string cxx = std::string(cxx_env && *cxx_env ? cxx_env : "g++") +
                             " -std=c++17 -w -D__CUDA_ARCH__=" + std::to_string(arch * 10) +
-                            " -include " CUDA_CPU_DIR "/cuda_cpu.h";
+                            " -include '" CUDA_CPU_DIR "/cuda_cpu.h'";
     auto write = [](const std::string& path, const std::string& text) {
         FILE* f = fopen(path.c_str(), "w");
         if (!f) return false;
@@ -469,7 +484,7 @@ API int nvrtcCompileProgram(Program* p, int n, const char* const* options) {
                    "(void** p) { emu::invoke(" + name + ", p); }\n";
             p->ptx += ".entry " + name + "\n";
         }
-        cmd = cxx + " -shared -fPIC " + (flags ? flags : "-O2 -march=x86-64-v3") + " -x c++ -o " + so + " " + cu;
+        cmd = cxx + " -shared -fPIC " + kernel_flags() + " -x c++ -o " + so + " " + cu;
         status = write(cu, src) ? run_command(cmd, log, p->log) : -1;
         if (status == 0) {
             const std::string bin = read_file(so);
