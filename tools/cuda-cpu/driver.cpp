@@ -420,18 +420,7 @@ API int nvrtcDestroyProgram(Program** p) {
 
 namespace {
 
-// Runs `cmd` (its output to `log`), appending that output to `text`; its exit status.
-int run_command(const std::string& cmd, const std::string& log, std::string& text) {
-    const int status = system((cmd + " > " + log + " 2>&1").c_str());
-    if (FILE* l = fopen(log.c_str(), "r")) {
-        char buf[4096];
-        size_t k;
-        while ((k = fread(buf, 1, sizeof buf, l)) > 0) text.append(buf, k);
-        fclose(l);
-    }
-    return status;
-}
-
+// The bytes of the file at `path` (none where it cannot be read).
 std::string read_file(const std::string& path) {
     std::string out;
     if (FILE* f = fopen(path.c_str(), "rb")) {
@@ -441,6 +430,13 @@ std::string read_file(const std::string& path) {
         fclose(f);
     }
     return out;
+}
+
+// Runs `cmd` (its output to `log`), appending that output to `text`; its exit status.
+int run_command(const std::string& cmd, const std::string& log, std::string& text) {
+    const int status = system((cmd + " > " + log + " 2>&1").c_str());
+    text += read_file(log);
+    return status;
 }
 
 }  // namespace
