@@ -244,14 +244,19 @@ inline Fiber& self() { return *runner.current; }
 
 inline void yield() { emu_switch_context(&runner.current->sp, runner.scheduler_sp); }
 
+// Completes `b`'s generation (releasing its waiters) if `count` threads have arrived.
+inline bool complete_if_arrived(Barrier& b, unsigned count) {
+    if (b.arrived == 0 || b.arrived < count) return false;
+    b.arrived = 0;
+    b.generation++;
+    return true;
+}
+
 // Waits at `b` until `count` arrivals (including this one) complete its generation.
 inline void arrive_and_wait(Barrier& b, unsigned count) {
     const unsigned gen = b.generation;
-    if (++b.arrived >= count) {
-        b.arrived = 0;
-        b.generation++;
-        return;
-    }
+    b.arrived++;
+    if (complete_if_arrived(b, count)) return;
     Fiber& f = self();
     f.waiting = &b;
     f.waiting_generation = gen;
@@ -274,16 +279,9 @@ inline void sync_warp(unsigned mask) {
     runner.live--;
     runner.warps[f.warp].live &= ~(1u << f.lane);
     // an exited thread no longer counts at barriers: release those it completes
-    Barrier& b = runner.block_bar;
-    if (b.arrived > 0 && b.arrived >= runner.live) {
-        b.arrived = 0;
-        b.generation++;
-    }
+    complete_if_arrived(runner.block_bar, runner.live);
     Warp& w = runner.warps[f.warp];
-    if (w.bar.arrived > 0 && w.bar.arrived >= (unsigned)__builtin_popcount(w.live)) {
-        w.bar.arrived = 0;
-        w.bar.generation++;
-    }
+    complete_if_arrived(w.bar, (unsigned)__builtin_popcount(w.live));
     emu_switch_context(&f.sp, runner.scheduler_sp);
     __builtin_unreachable();
 }

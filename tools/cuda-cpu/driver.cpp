@@ -51,6 +51,9 @@ namespace {
 
 std::mutex mu;
 
+// sm_90's opt-in dynamic shared memory per block (cuda_cpu.h's buffer holds as much).
+constexpr int OPTIN_SMEM_BYTES = 232448;
+
 struct Context {
     int device = 0;
 };
@@ -59,7 +62,6 @@ thread_local Context* current = nullptr;
 
 struct Module {
     void* handle = nullptr;
-    std::string path;
     int (*launch)(void (*)(void**), const char*, const unsigned*, const unsigned*, unsigned, void**, char*,
                   size_t) = nullptr;
 };
@@ -149,7 +151,7 @@ API CUresult cuDeviceGetAttribute(int* v, int attribute, CUdevice) {
         case 75: *v = compute_capability() / 10; break;   // compute capability
         case 76: *v = compute_capability() % 10; break;
         case 81: *v = 233472; break;                      // shared memory per multiprocessor
-        case 97: *v = 232448; break;                      // opt-in shared memory per block
+        case 97: *v = OPTIN_SMEM_BYTES; break;                     // opt-in shared memory per block
         case 115: *v = 0; break;                          // memory pools: no (plain allocations)
         default: *v = 0; break;
     }
@@ -308,7 +310,6 @@ API CUresult cuModuleLoadData(Module** out, const void* image) {
     }
     Module* m = new Module();
     m->handle = h;
-    m->path = path;
     m->launch = (decltype(m->launch))dlsym(h, "emu_launch");
     if (!m->launch) return CUDA_ERROR_INVALID_IMAGE;
     *out = m;
@@ -323,7 +324,7 @@ API CUresult cuModuleGetFunction(Function** out, Module* m, const char* name) {
 }
 API CUresult cuFuncSetAttribute(Function* f, int attribute, int value) {
     if (attribute == 8) {  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        if (value > 232448) return CUDA_ERROR_INVALID_VALUE;
+        if (value > OPTIN_SMEM_BYTES) return CUDA_ERROR_INVALID_VALUE;
         f->max_dynamic_smem = value;
     }
     return CUDA_SUCCESS;
@@ -386,6 +387,18 @@ std::string kernel_flags() {
     return flags ? flags : "-O2 -march=x86-64-v3 -ffp-contract=off";
 }
 
+// The bytes of the file at `path` (none where it cannot be read).
+std::string read_file(const std::string& path) {
+    std::string out;
+    if (FILE* f = fopen(path.c_str(), "rb")) {
+        char buf[65536];
+        size_t k;
+        while ((k = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, k);
+        fclose(f);
+    }
+    return out;
+}
+
 }  // namespace
 
 // NVRTC's version: 99.N, N a hash of cuda_cpu.h and the compiler flags (kernel caches keyed by
@@ -394,12 +407,8 @@ std::string kernel_flags() {
 API int nvrtcVersion(int* major, int* minor) {
     static int header_hash = [] {
         uint32_t h = 2166136261u;
-        if (FILE* f = fopen(CUDA_CPU_DIR "/cuda_cpu.h", "rb")) {
-            int c;
-            while ((c = fgetc(f)) != EOF) h = (h ^ (uint32_t)c) * 16777619u;
-            fclose(f);
-        }
-        for (const char c : kernel_flags()) h = (h ^ (uint32_t)(unsigned char)c) * 16777619u;
+        for (const char c : read_file(CUDA_CPU_DIR "/cuda_cpu.h") + kernel_flags())
+            h = (h ^ (uint32_t)(unsigned char)c) * 16777619u;
         return (int)(h % 1000000u);
     }();
     *major = 99;
@@ -419,18 +428,6 @@ API int nvrtcDestroyProgram(Program** p) {
 }
 
 namespace {
-
-// The bytes of the file at `path` (none where it cannot be read).
-std::string read_file(const std::string& path) {
-    std::string out;
-    if (FILE* f = fopen(path.c_str(), "rb")) {
-        char buf[65536];
-        size_t k;
-        while ((k = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, k);
-        fclose(f);
-    }
-    return out;
-}
 
 // Runs `cmd` (its output to `log`), appending that output to `text`; its exit status.
 int run_command(const std::string& cmd, const std::string& log, std::string& text) {
