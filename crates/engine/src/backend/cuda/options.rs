@@ -28,7 +28,7 @@
 //! | `FP4FORGE_MMA_KS` | `mma_k_split` | `1`, `2`, `4`, `8`: fixed K split (warps per tile) of `gemv_mma` | per shape (`mma_split`) |
 //! | `FP4FORGE_CUDA_MT_B1` | `mt_one_block` | `1`: NVFP4 `gemv_mt` as its variant of one block a SM with more chunks in flight a lane (`gemv_mt_nv_b1`) | off |
 //! | `FP4FORGE_CUDA_MT16` | `mt_16_tokens` | `1`: NVFP4 `gemv_mt` of more than 8 tokens at 16 tokens a grid row (`gemv_mt_nv16`: each weight read half as often, one block a SM) | off |
-//! | `FP4FORGE_CUDA_MT4` | `mt_4_tokens` | `1`: NVFP4 `gemv_mt` of at most 4 tokens at 4 tokens a grid row (`gemv_mt_nv4`: one group of tokens, three blocks a SM) | off |
+//! | `FP4FORGE_CUDA_MT4` | `mt_4_tokens` | `0`: NVFP4 `gemv_mt` of at most 4 tokens at 8 tokens a grid row (`gemv_mt_nv`), not at 4 with three blocks a SM (`gemv_mt_nv4`) | on |
 //! | `FP4FORGE_CUDA_NORM_STAGE` | `norm_stage` | `1`: a batched decode step's norms also stage their rows for `gemv_mt` (`norm_stage`: q/k/v/gate and the router skip their `xb_stage` launches) | off |
 //! | `FP4FORGE_CUDA_DOWN_B4` | `down_four_blocks` | `1`: the per-item experts' down projection (batched steps below `FEW_MOE_MIN_TOKENS` rows) at four blocks a SM (`experts_down2_b4`: at most 128 registers) | off |
 //! | `FP4FORGE_CUDA_MT_KS` | `mt_k_split` | `1`, `2`, `4`, `8`: fixed K split (warps per tile) of `gemv_mt` | per shape (`mma_split`) |
@@ -138,7 +138,7 @@ impl Default for CudaOptions {
             h16_one_block: false,
             mt_one_block: false,
             mt_16_tokens: false,
-            mt_4_tokens: false,
+            mt_4_tokens: true,
             norm_stage: false,
             down_four_blocks: false,
             grouped_moe: true,
@@ -209,7 +209,7 @@ impl CudaOptions {
             h16_one_block: var("FP4FORGE_CUDA_H16_B1").as_deref() == Some(OsStr::new("1")),
             mt_one_block: var("FP4FORGE_CUDA_MT_B1").as_deref() == Some(OsStr::new("1")),
             mt_16_tokens: var("FP4FORGE_CUDA_MT16").as_deref() == Some(OsStr::new("1")),
-            mt_4_tokens: var("FP4FORGE_CUDA_MT4").as_deref() == Some(OsStr::new("1")),
+            mt_4_tokens: on("FP4FORGE_CUDA_MT4"),
             norm_stage: var("FP4FORGE_CUDA_NORM_STAGE").as_deref() == Some(OsStr::new("1")),
             down_four_blocks: var("FP4FORGE_CUDA_DOWN_B4").as_deref() == Some(OsStr::new("1")),
             grouped_moe: on("FP4FORGE_CUDA_GROUPED_MOE"),
@@ -261,7 +261,7 @@ mod tests {
             ("FP4FORGE_CUDA_H16_MERGE", "0"),
             ("FP4FORGE_CUDA_MT_B1", "1"),
             ("FP4FORGE_CUDA_MT16", "1"),
-            ("FP4FORGE_CUDA_MT4", "1"),
+            ("FP4FORGE_CUDA_MT4", "0"),
             ("FP4FORGE_CUDA_NORM_STAGE", "1"),
             ("FP4FORGE_CUDA_DOWN_B4", "1"),
             ("FP4FORGE_CUDA_FLASH", "0"),
@@ -279,7 +279,7 @@ mod tests {
         assert!(!o.pdl && o.mma && o.persistent_moe && o.fused_decode && !o.tiled_prefill);
         assert!(o.legacy_gemv && o.mma_gemm && !o.grouped_moe && !o.flash_attention);
         assert!(!o.fused_batch && !o.h16_gemm && o.h16_one_block && o.mt_one_block);
-        assert!(o.mt_16_tokens && o.mt_4_tokens && !o.h16_merged && o.down_four_blocks);
+        assert!(o.mt_16_tokens && !o.mt_4_tokens && !o.h16_merged && o.down_four_blocks);
         assert!(o.norm_stage);
         assert_eq!((o.nv_blocks_per_sm, o.nv_grid_per_sm), (3, 3));
         assert_eq!((o.nv_k_split, o.mma_k_split), (None, Some(4)));
