@@ -13,7 +13,7 @@
 # A variant is `builtin` (the kernels built into the binary), a `.cu` file (compiled instead of
 # them through FP4FORGE_CUDA_KERNELS: kernels/*.cu concatenated in KERNELS_CU's order with a
 # newline between them, e.g. an edited copy) or NAME=VALUE settings joined by `,` (backend knobs,
-# e.g. FP4FORGE_CUDA_H16_GEMM=0), optionally after `prefill:` or `decode:` to time only the
+# e.g. FP4FORGE_CUDA_H16_GEMM=0; FP4FORGE_AB_BIN=DIR runs DIR's binaries instead), optionally after `prefill:` or `decode:` to time only the
 # prefills or only the decode steps (a knob that changes one of them: each process loads the
 # model, ~15 s, and a call has 10 minutes). Default: `builtin FP4FORGE_CUDA_H16_GEMM=0`.
 # Environment: XS (default /dev/shm/xs-lean: written by `synth --preset xs --stock-nvfp4` +
@@ -89,6 +89,14 @@ settings() {
         *) echo "${b//,/ }" ;;
     esac
 }
+# The directory of variant $1's prefill_speed and batch_decode_speed: the value of its
+# FP4FORGE_AB_BIN setting (e.g. main's binaries, packed beside this branch's, to time both in one
+# call), else target/gpu-ab.
+bin_of() {
+    local d
+    d=$(settings "$1" | tr ' ' '\n' | sed -n 's/^FP4FORGE_AB_BIN=//p')
+    echo "${d:-$bin}"
+}
 # The medians of variant $1's 2,048- and 16,384-token prefills in milliseconds (one prefill_speed
 # run, 3 repetitions each), space-separated: "- -" where the variant times decode steps only,
 # "failed failed" where the run failed (its output then in OUTDIR/failed.log).
@@ -96,7 +104,7 @@ prefill_ms() {
     local log a b
     measures "$1" prefill || { echo "- -"; return 0; }
     # shellcheck disable=SC2046
-    if ! log=$(env $(settings "$1") "$bin/prefill_speed" "$xs" --device cuda 2048,16384 3 2>&1); then
+    if ! log=$(env $(settings "$1") "$(bin_of "$1")/prefill_speed" "$xs" --device cuda 2048,16384 3 2>&1); then
         echo "== $1 prefill: $log" >> "$out/failed.log"
         echo "failed failed"
         return 0
@@ -113,7 +121,7 @@ step_ms() {
     [ ${#batches[@]} -gt 0 ] || return 0
     measures "$1" decode || { printf -- '- %.0s' "${batches[@]}"; return 0; }
     # shellcheck disable=SC2046
-    if ! log=$(env $(settings "$1") "$bin/batch_decode_speed" "$xs" --device cuda 64 "${batches[@]}" 2>&1); then
+    if ! log=$(env $(settings "$1") "$(bin_of "$1")/batch_decode_speed" "$xs" --device cuda 64 "${batches[@]}" 2>&1); then
         echo "== $1 decode: $log" >> "$out/failed.log"
         printf 'failed %.0s' "${batches[@]}"
         return 0
@@ -174,7 +182,7 @@ if [ -z "$ncu" ]; then
 fi
 # shellcheck disable=SC2046
 env $(settings "${variants[0]}") "$ncu" --cache-control none --clock-control none \
-    --metrics gpu__time_duration.sum --csv "$bin/prefill_speed" "$xs" --device cuda 2048 1 \
+    --metrics gpu__time_duration.sum --csv "$(bin_of "${variants[0]}")/prefill_speed" "$xs" --device cuda 2048 1 \
     > "$out/ncu.csv" 2> "$out/ncu.log" || true
 say "kernels of $(basename "${variants[0]}") (ncu: warm-up + one 2,048-token prefill, summed per kernel)"
 python3 - "$out/ncu.csv" <<'PY' | tee -a "$report"

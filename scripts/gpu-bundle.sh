@@ -4,7 +4,10 @@
 #
 #   scripts/gpu-bundle.sh pack     # here: scripts/gpu-tests.sh build + scripts/gpu-ab.sh build,
 #                                  # then target/dev/gpu-bundle.tar.xz (the size is printed; an
-#                                  # error past 60 MiB, leaving room for other carried files)
+#                                  # error past 60 MiB, leaving room for other carried files),
+#                                  # with any target/gpu-ab-* folders (e.g. main's prefill_speed
+#                                  # and batch_decode_speed, for scripts/gpu-ab.sh's
+#                                  # FP4FORGE_AB_BIN)
 #   scripts/gpu-bundle.sh unpack   # there, from the repo root: target/gpu/ and target/gpu-ab/
 #
 # Carry `target/dev` with the call (`carry: ["target/dev"]`), then e.g.
@@ -19,7 +22,9 @@ case ${1:-} in
         scripts/gpu-tests.sh build
         scripts/gpu-ab.sh build
         mkdir -p target/dev
-        tar -cf - --exclude target/gpu/out target/gpu target/gpu-ab | xz -T0 -6 > "$bundle.part"
+        # shellcheck disable=SC2046
+        tar -cf - --exclude target/gpu/out target/gpu target/gpu-ab $(ls -d target/gpu-ab-* 2>/dev/null) \
+            | xz -T0 -6 > "$bundle.part"
         mv "$bundle.part" "$bundle"
         size=$(stat -c %s "$bundle")
         echo "$bundle: $((size / 1024 / 1024)) MiB ($size bytes)"
@@ -31,7 +36,7 @@ case ${1:-} in
     unpack)
         [ -f "$bundle" ] || { echo "$bundle not found: carry target/dev with the call" >&2; exit 1; }
         xz -dc "$bundle" | tar -xf -
-        ls -la target/gpu target/gpu-ab
+        ls -la target/gpu target/gpu-ab*
         ;;
     *)
         echo "usage: $0 pack | unpack" >&2

@@ -40,43 +40,46 @@ pub fn forward<B: Backend>(
     };
     let mut x = b.embed(&net.embed, ids)?;
     for (li, layer) in net.layers.iter().enumerate() {
-        residual_block(b, net, layer, &mut x, |a| {
-            attention(b, net, &layer.attn, a, seqs, li)
+        residual_block(b, net, layer, &mut x, |a, x| {
+            attention(b, net, &layer.attn, (a, x), seqs, li)
         })?;
     }
     logits(b, net, x, seqs)
 }
 
 /// One layer on the residual stream `x`: `x += attention(norm(x))`, then
-/// `x += mlp(post_norm(x))`; `attention` maps the normed rows to the attention output.
+/// `x += mlp(post_norm(x))`; `attention` adds its output for the normed rows (its first
+/// argument) to the stream (its second).
 fn residual_block<B: Backend>(
     b: &B,
     net: &Decoder<B>,
     layer: &Layer<B>,
     x: &mut B::Tensor,
-    attention: impl FnOnce(&B::Tensor) -> Result<B::Tensor>,
+    attention: impl FnOnce(&B::Tensor, &mut B::Tensor) -> Result<()>,
 ) -> Result<()> {
     let a = b.rms_norm(x, &layer.input_norm, net.eps, net.hidden)?;
-    let h = attention(&a)?;
-    b.add_scaled(x, 1.0, &h)?;
+    attention(&a, x)?;
     let m = b.rms_norm(x, &layer.post_norm, net.eps, net.hidden)?;
-    let h = match &layer.mlp {
-        Mlp::Dense(mlp) => swiglu(b, mlp, &m)?,
-        Mlp::Moe(moe) => mixture(b, moe, &m)?,
-    };
-    b.add_scaled(x, 1.0, &h)
+    match &layer.mlp {
+        Mlp::Dense(mlp) => swiglu_add(b, mlp, &m, x),
+        Mlp::Moe(moe) => {
+            let h = mixture(b, moe, &m)?;
+            b.add_scaled(x, 1.0, &h)
+        }
+    }
 }
 
-/// Layer `layer`'s attention over the stacked rows `a`: projections (and q/k norms) on all rows,
-/// rotation and attention per chunk, gate and `o_proj` on all rows.
+/// Layer `layer`'s attention over the stacked rows `a`, added to the residual stream `x`:
+/// projections (and q/k norms) on all rows, rotation and attention per chunk, gate and `o_proj`
+/// on all rows.
 fn attention<B: Backend>(
     b: &B,
     net: &Decoder<B>,
     attn: &Attention<B>,
-    a: &B::Tensor,
+    (a, x): (&B::Tensor, &mut B::Tensor),
     seqs: &mut [SeqChunk<'_, B>],
     layer: usize,
-) -> Result<B::Tensor> {
+) -> Result<()> {
     let d = attn.params.head_dim;
     // q, k, v (and the output gate) read the same rows: one call.
     let mut ws = vec![
@@ -109,11 +112,11 @@ fn attention<B: Backend>(
             kv: &mut s.kv[layer],
         })
         .collect();
-    let mut o = b.attention_chunks(q, k, &v, rope, &mut chunks, &attn.params)?;
-    if let Some(gate) = &gate {
-        b.softplus_gate(&mut o, gate)?;
+    let o = b.attention_chunks(q, k, &v, rope, &mut chunks, &attn.params)?;
+    match &gate {
+        Some(gate) => b.gated_linear_add(x, o, gate, &attn.o, attn.o_bias.as_ref()),
+        None => b.linear_add(x, &o, &attn.o, attn.o_bias.as_ref()),
     }
-    b.linear(&o, &attn.o, attn.o_bias.as_ref())
 }
 
 /// [`Backend::attention_chunks`] chunk by chunk (its default): each chunk's rows rotated at its
@@ -162,11 +165,11 @@ pub fn attend_rows<B: Backend>(
     b.attention(&qs, &ks, &vs, c.kv, params)
 }
 
-/// `down(silu(gate x) ⊙ up x)`.
-fn swiglu<B: Backend>(b: &B, mlp: &SwiGlu<B>, x: &B::Tensor) -> Result<B::Tensor> {
+/// `y += down(silu(gate x) ⊙ up x)`.
+fn swiglu_add<B: Backend>(b: &B, mlp: &SwiGlu<B>, x: &B::Tensor, y: &mut B::Tensor) -> Result<()> {
     let [g, u] = exactly(b, linears(b, x, &[(&mlp.gate, None), (&mlp.up, None)])?)?;
     let a = b.silu_mul(&g, &u)?;
-    b.linear(&a, &mlp.down, None)
+    b.linear_add(y, &a, &mlp.down, None)
 }
 
 /// [`Backend::linears`], checked to give one output per weight.
@@ -206,8 +209,7 @@ fn mixture<B: Backend>(b: &B, moe: &Moe<B>, x: &B::Tensor) -> Result<B::Tensor> 
     )?;
     let mut out = b.experts(x, &routing, &moe.experts)?;
     if let Some(shared) = &moe.shared {
-        let s = swiglu(b, shared, x)?;
-        b.add_scaled(&mut out, 1.0, &s)?;
+        swiglu_add(b, shared, x, &mut out)?;
     }
     Ok(out)
 }

@@ -74,30 +74,39 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
     // GEMV `gemv_mt` (9, 16: two token blocks, the second partial at 9), then 3, 9 with it off:
     // `gemm_mma` for bf16 and NVFP4 with K % 32 == 0 (column groups skipped), as at 70, 130
     // (partial token tiles; NVFP4 with K % 64 == 0 on an sm_90 device: `gemm_h16`, also at 300,
-    // and at 130 with it off: `gemm_mma`'s f16 path); else the `linear` kernel below 16 tokens
-    // and `gemm_tiled` from 16; 3, 9 and 70 again with both tensor-core paths off (`linear`,
-    // `gemm_tiled`)
+    // there also its one-block variant, and at 130 with it off: `gemm_mma`'s f16 path; `gemv_mt`'s
+    // one-block variant at 3 and 9, its 16-token grid rows at 9 and 30); else the `linear` kernel
+    // below 16 tokens and `gemm_tiled` from 16; 3, 9 and 70 again with both tensor-core paths off
+    // (`linear`, `gemm_tiled`)
     let mma_on = b.options();
     let few = mma_on.few_token_max;
-    for (t, mma_gemm, few_token_max, h16_gemm) in [
-        (1usize, true, few, true),
-        (3, true, few, true),
-        (9, true, few, true),
-        (16, true, few, true),
-        (3, true, 0, true),
-        (9, true, 0, true),
-        (70, true, few, true),
-        (130, true, few, true),
-        (300, true, few, true),
-        (130, true, few, false),
-        (3, false, 0, true),
-        (9, false, 0, true),
-        (70, false, few, true),
+    for (t, mma_gemm, few_token_max, h16_gemm, one_block) in [
+        (1usize, true, few, true, false),
+        (3, true, few, true, false),
+        (9, true, few, true, false),
+        (3, true, few, true, true),
+        (9, true, few, true, true),
+        (16, true, few, true, false),
+        (30, true, few, true, false),
+        (3, true, 0, true, false),
+        (9, true, 0, true, false),
+        (70, true, few, true, false),
+        (130, true, few, true, false),
+        (300, true, few, true, false),
+        (300, true, few, true, true),
+        (130, true, few, false, false),
+        (3, false, 0, true, false),
+        (9, false, 0, true, false),
+        (70, false, few, true, false),
     ] {
         b.set_options(CudaOptions {
             mma_gemm,
             few_token_max,
             h16_gemm,
+            h16_one_block: one_block,
+            mt_one_block: one_block,
+            // (gemv_mt_nv_b1 at 3 and 9 rows; 16 tokens a grid row at 30)
+            mt_16_tokens: t == 30,
             ..mma_on.clone()
         });
         let x = values(t * cols, 7 + t as u64, 4.0);
@@ -127,6 +136,40 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
                     "{label} t={t} [{tok},{r}] (output {o}): {g} vs {want}"
                 );
             }
+        }
+    }
+    // gemv_mt's NVFP4 kernels differ in how many tokens and chunks a grid row holds, not in any
+    // token's arithmetic: the same bits
+    for t in [2usize, 3, 4, 9, 16, 30] {
+        let x = values(t * cols, 70 + t as u64, 4.0);
+        let xt = b.upload(t, cols, &x).unwrap();
+        let run = |mt_one_block: bool, mt_16_tokens: bool, mt_4_tokens: bool| {
+            b.set_options(CudaOptions {
+                mt_one_block,
+                mt_16_tokens,
+                mt_4_tokens,
+                ..mma_on.clone()
+            });
+            b.download(&b.linear(&xt, &lin, None).unwrap()).unwrap()
+        };
+        let two_blocks = run(false, false, false);
+        assert_eq!(
+            two_blocks,
+            run(true, false, false),
+            "{label} t={t}: gemv_mt_nv_b1"
+        );
+        if t > 8 {
+            assert_eq!(
+                two_blocks,
+                run(false, true, false),
+                "{label} t={t}: gemv_mt_nv16"
+            );
+        } else {
+            assert_eq!(
+                two_blocks,
+                run(false, false, true),
+                "{label} t={t}: gemv_mt_nv4"
+            );
         }
     }
     b.set_options(mma_on);
@@ -262,15 +305,17 @@ impl<B: Backend> ElementwiseOn for B {
     }
 }
 
-/// A prefill's element-wise ops, GPU vs CPU, at the shapes each kernel variant
+/// A prefill's element-wise ops and residual adds, GPU vs CPU, at the shapes each kernel variant
 /// takes: RMSNorm of narrow groups (per-head q/k norms: a warp each) and wide ones (hidden
 /// states: a block each, also widths not a multiple of 4), rope (full and partial rotary slices,
 /// the widest one the kernel takes), the softplus gate and `add_scaled` (four values a thread as
-/// a float4 and element by element), and `linears` of three NVFP4 weights sharing their rows'
-/// scales and f16 parts (bit for bit against `linear` of each, and against the CPU).
+/// a float4 and element by element), `linears` of three NVFP4 weights sharing their rows' scales
+/// and f16 parts (bit for bit against `linear` of each, and against the CPU), `linear_add` (the
+/// add in the GEMM's epilogue; also against `linear` + `add_scaled` on the GPU) and
+/// `gated_linear_add` (bit for bit against `softplus_gate` + `linear_add` on the GPU).
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
-fn gpu_elementwise_ops_and_shared_row_scales_match_cpu() {
+fn gpu_elementwise_ops_and_residual_adds_match_cpu() {
     let gpu = gpu();
     let cpu = CpuBackend::new();
     let close = |label: &str, g: &[f32], c: &[f32], tol: f32| {
@@ -328,8 +373,9 @@ fn gpu_elementwise_ops_and_shared_row_scales_match_cpu() {
         );
     }
     // q/k/v-like NVFP4 weights at the row counts of a few-token step and of prefills (40:
-    // gemm_mma; 300: gemm_h16 where the device runs it, x's f16 parts shared too)
-    let (k, outs) = (256usize, [384usize, 128, 128]);
+    // gemm_mma; 300: gemm_h16 where the device runs it, x's f16 parts shared too, all three in
+    // one launch: row counts that end inside a 128-row tile, so segments' last tiles are partial)
+    let (k, outs) = (256usize, [300usize, 100, 72]);
     let ws: Vec<LinearWeight> = outs
         .iter()
         .enumerate()
@@ -363,12 +409,72 @@ fn gpu_elementwise_ops_and_shared_row_scales_match_cpu() {
             let want = cpu.download(&cpu.linear(&cx, c, None).unwrap()).unwrap();
             close(&format!("linears {t} rows, weight {i}"), &both, &want, 1e-5);
         }
+        let n = outs[0];
+        let y = values(t * n, t as u64 + 7, 5.0);
+        let mut fused = gpu.upload(t, n, &y).unwrap();
+        gpu.linear_add(&mut fused, &gx, &gl[0], None).unwrap();
+        let mut apart = gpu.upload(t, n, &y).unwrap();
+        let h = gpu.linear(&gx, &gl[0], None).unwrap();
+        gpu.add_scaled(&mut apart, 1.0, &h).unwrap();
+        let fused = gpu.download(&fused).unwrap();
+        // (the epilogue may fuse the scale and the add: one rounding instead of two)
+        let apart = gpu.download(&apart).unwrap();
+        close(
+            &format!("linear_add vs linear + add, {t} rows"),
+            &fused,
+            &apart,
+            1e-6,
+        );
+        let mut c = cpu.upload(t, n, &y).unwrap();
+        cpu.linear_add(&mut c, &cx, &cl[0], None).unwrap();
+        close(
+            &format!("linear_add {t} rows"),
+            &fused,
+            &cpu.download(&c).unwrap(),
+            1e-5,
+        );
+        // the gated projection (4 gate values a row, each over 64 columns; at 300 rows the gate
+        // applied inside x's split on gemm_h16): the same bits as softplus_gate + linear_add
+        let g = values(t * 4, t as u64 + 9, 3.0);
+        let gated = |b: &CudaBackend| {
+            let mut out = b.upload(t, n, &y).unwrap();
+            let gate = b.upload(t, 4, &g).unwrap();
+            b.gated_linear_add(&mut out, b.upload(t, k, &x).unwrap(), &gate, &gl[0], None)
+                .unwrap();
+            b.download(&out).unwrap()
+        };
+        let fused = gated(&gpu);
+        let mut apart = gpu.upload(t, n, &y).unwrap();
+        let mut gx2 = gpu.upload(t, k, &x).unwrap();
+        gpu.softplus_gate(&mut gx2, &gpu.upload(t, 4, &g).unwrap())
+            .unwrap();
+        gpu.linear_add(&mut apart, &gx2, &gl[0], None).unwrap();
+        assert_eq!(
+            fused,
+            gpu.download(&apart).unwrap(),
+            "gated_linear_add vs softplus_gate + linear_add, {t} rows"
+        );
+        let mut c = cpu.upload(t, n, &y).unwrap();
+        cpu.gated_linear_add(
+            &mut c,
+            cx.clone(),
+            &cpu.upload(t, 4, &g).unwrap(),
+            &cl[0],
+            None,
+        )
+        .unwrap();
+        close(
+            &format!("gated_linear_add {t} rows"),
+            &fused,
+            &cpu.download(&c).unwrap(),
+            1e-5,
+        );
     }
 }
 
 /// NVFP4 routed experts (gate/up, down, weighted sum) through the `Backend` trait, GPU vs CPU, at a
-/// shape where K % 128 == 0 (hidden 256, inter 128: the tensor-core decode path) and one where it
-/// is not (hidden 96): one token and three tokens, top-3 of 8 sigmoid-scored experts.
+/// shape where K % 128 == 0 (hidden 256, inter 128: the tensor-core decode path), one where it
+/// is not (hidden 96) and one of 40 experts: 1 to 3,000 tokens, top-3 of sigmoid-scored experts.
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
 fn gpu_nvfp4_experts_match_cpu() {
@@ -385,8 +491,8 @@ fn gpu_nvfp4_experts_match_cpu() {
             .unwrap();
         LinearWeight::from_nvfp4(&q, None)
     };
-    for (hidden, inter) in [(256usize, 128usize), (96, 64)] {
-        let n = 8;
+    // (40 experts: moe_align's prefix sums across warps)
+    for (hidden, inter, n) in [(256usize, 128usize, 8usize), (96, 64, 8), (256, 64, 40)] {
         let make = || {
             (0..n as u64)
                 .map(|e| ExpertWeights {
@@ -408,14 +514,24 @@ fn gpu_nvfp4_experts_match_cpu() {
         // shapes; 5: each block walks several groups and items, as at full size)
         // (3, 10 tokens at hidden 256: grouped a few items per tile, 10 x 3 items = several
         // tiles for some experts; 40, 200 tokens: grouped by expert on the tiled GEMM, 200 x 3
-        // items = several tiles per expert, the last partial; each also compared with the
-        // per-item kernels)
+        // items = several tiles per expert, the last partial, at hidden 256 on sm_90 on
+        // gemm_h16's core; each also compared with the per-item kernels, and 40, 200 with the
+        // grouped kernels of gemm_mma's core)
+        // (3000 tokens: 9,000 items, more than moe_align's first round of loads)
         // (the few-items path from 2 tokens here, whatever its default threshold)
         gpu.set_options(CudaOptions {
             few_moe_min_tokens: 2,
             ..gpu.options()
         });
-        for (t, grid) in [(1usize, 0usize), (1, 5), (3, 0), (10, 0), (40, 0), (200, 0)] {
+        for (t, grid) in [
+            (1usize, 0usize),
+            (1, 5),
+            (3, 0),
+            (10, 0),
+            (40, 0),
+            (200, 0),
+            (3000, 0),
+        ] {
             set_persistent_grid(&gpu, grid);
             let x = values(t * hidden, 11 + t as u64, 3.0);
             let logits = values(t * n, 17 + t as u64, 2.0);
@@ -436,20 +552,69 @@ fn gpu_nvfp4_experts_match_cpu() {
                     ..gpu.options()
                 });
                 let per_item = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
+                // (the down projection's four-blocks-a-SM kernel: the same arithmetic)
+                gpu.set_options(CudaOptions {
+                    down_four_blocks: true,
+                    ..gpu.options()
+                });
+                let four = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
+                assert_eq!(four, per_item, "per-item down at four blocks a SM, t {t}");
                 gpu.set_options(CudaOptions {
                     grouped_moe: true,
+                    down_four_blocks: false,
                     ..gpu.options()
                 });
                 let d = max_abs_diff(&got, &per_item);
                 println!("  grouped vs per-item kernels: max |Δ| {d:.3e}");
                 assert!(d <= 1e-4 * scale.max(1.0), "grouped vs per-item t {t}: {d}");
-                if hidden == 256 && t * 3 <= 4 * n {
-                    // a few items per tile: the per-item tensor-core arithmetic, bit for bit
+                if hidden % 128 == 0 && inter % 128 == 0 && t * 3 <= 4 * n {
+                    // a few items per tile (hidden and inter multiples of 128: inter 64 runs
+                    // grouped on the tiled GEMM): the per-item tensor-core arithmetic, bit for bit
                     assert_eq!(d, 0.0, "few items per tile vs per-item t {t}");
                 }
             }
+            if t >= 40 {
+                // grouped on gemm_h16's core (hidden 256 on sm_90) vs on gemm_mma's
+                gpu.set_options(CudaOptions {
+                    h16_gemm: false,
+                    ..gpu.options()
+                });
+                let mma = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
+                gpu.set_options(CudaOptions {
+                    h16_gemm: true,
+                    ..gpu.options()
+                });
+                let d = max_abs_diff(&got, &mma);
+                println!("  grouped, h16 core vs mma kernels: max |Δ| {d:.3e}");
+                assert!(d <= 1e-4 * scale.max(1.0), "h16 vs mma grouped t {t}: {d}");
+            }
         }
         set_persistent_grid(&gpu, 0);
+        // a token whose router logits are NaN (activations gone NaN upstream): valid experts
+        // with NaN weights, so its output is NaN as on the CPU, the other tokens' unchanged,
+        // and no item reads past the experts (one token: the persistent kernels; 3: a few per
+        // tile; 40: grouped)
+        for t in [1usize, 3, 40] {
+            let x = values(t * hidden, 31 + t as u64, 3.0);
+            let mut logits = values(t * n, 37 + t as u64, 2.0);
+            let bad = t / 2;
+            logits[bad * n..(bad + 1) * n].fill(f32::NAN);
+            let got = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
+            let want = route_and_experts(&cpu, &ce, &params, t, &x, &logits);
+            for tok in 0..t {
+                let (g, w) = (
+                    &got[tok * hidden..(tok + 1) * hidden],
+                    &want[tok * hidden..(tok + 1) * hidden],
+                );
+                if tok == bad {
+                    assert!(g.iter().all(|v| v.is_nan()), "t {t}: NaN-routed token");
+                    assert!(w.iter().all(|v| v.is_nan()), "t {t}: the CPU's NaN token");
+                } else {
+                    let d = max_abs_diff(g, w);
+                    assert!(d <= 1e-4 * max_abs(w).max(1.0), "t {t} token {tok}: {d}");
+                }
+            }
+        }
         gpu.set_options(CudaOptions {
             few_moe_min_tokens: CudaOptions::default().few_moe_min_tokens,
             ..gpu.options()
@@ -1014,32 +1179,98 @@ fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
 /// tiny preset widened to hidden 256 with head_dim 64 and 128, MoE width 128 and a 128-key
 /// window, stock and lean.
 fn synthetic_laguna_variants(dir: &Path) -> Vec<(&'static str, PathBuf)> {
-    use fp4forge_builder::build::NoProgress;
-    use fp4forge_builder::synth::{Preset, SynthBuilder};
     let tiny_stock = common::tiny_laguna(dir, "tiny-stock", true);
     let tiny_lean = common::lean_build(&tiny_stock, &dir.join("tiny-lean"));
     let mut variants = vec![("tiny stock", tiny_stock), ("tiny lean", tiny_lean)];
     for (d, name) in [(64, "wide d64"), (128, "wide d128")] {
-        let mut cfg = Preset::Tiny.config();
-        for (key, v) in [
-            ("hidden_size", 256),
-            ("head_dim", d),
-            ("moe_intermediate_size", 128),
-            ("shared_expert_intermediate_size", 128),
-            ("intermediate_size", 256),
-            ("sliding_window", 128),
-        ] {
-            cfg.insert(key.into(), serde_json::json!(v));
-        }
-        let b = SynthBuilder::new().seed(11).stock_nvfp4(true);
-        let plan = b.plan(&cfg, name).unwrap();
-        let stock = dir.join(format!("wide-d{d}-stock"));
-        b.write(&plan, &stock, &NoProgress).unwrap();
-        let lean = common::lean_build(&stock, &dir.join(format!("wide-d{d}-lean")));
+        let (stock, lean) = widened_laguna(dir, &format!("wide-d{d}"), 256, d);
         variants.push((name, stock));
         variants.push((name, lean));
     }
     variants
+}
+
+/// The tiny synthetic Laguna widened to `hidden` values with heads of `head_dim`, a 128-key
+/// window and 128-wide experts: its stock NVFP4 checkpoint and lean build under `dir/name-*`.
+fn widened_laguna(dir: &Path, name: &str, hidden: usize, head_dim: usize) -> (PathBuf, PathBuf) {
+    use fp4forge_builder::build::NoProgress;
+    use fp4forge_builder::synth::{Preset, SynthBuilder};
+    let mut cfg = Preset::Tiny.config();
+    for (key, v) in [
+        ("hidden_size", hidden),
+        ("head_dim", head_dim),
+        ("moe_intermediate_size", 128),
+        ("shared_expert_intermediate_size", 128),
+        ("intermediate_size", 256),
+        ("sliding_window", 128),
+    ] {
+        cfg.insert(key.into(), serde_json::json!(v));
+    }
+    let b = SynthBuilder::new().seed(11).stock_nvfp4(true);
+    let plan = b.plan(&cfg, name).unwrap();
+    let stock = dir.join(format!("{name}-stock"));
+    b.write(&plan, &stock, &NoProgress).unwrap();
+    let lean = common::lean_build(&stock, &dir.join(format!("{name}-lean")));
+    (stock, lean)
+}
+
+/// A batched step's norms staging their rows for `gemv_mt` (`FP4FORGE_CUDA_NORM_STAGE`) change
+/// no bit of its logits: the same step of 5 sessions (forks) with and without them, on the fused
+/// batched step, at widths that norm on a warp (256), on `rms_norm`'s block of 128 threads (640)
+/// and of 512 (2,048, Laguna-XS's), stock (bf16 q/k/v: the bf16 staging) and lean (NVFP4).
+#[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
+fn gpu_norm_stage_changes_no_bit_of_a_batched_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let backend = gpu();
+    let defaults = backend.options();
+    for hidden in [256usize, 640, 2048] {
+        let (stock, lean) = widened_laguna(tmp.path(), &format!("h{hidden}"), hidden, 128);
+        for dir in [stock, lean] {
+            let label = format!("{}", dir.file_name().unwrap().to_string_lossy());
+            let opts = ModelOptions::new().kv_dtype(KvDtype::Bf16);
+            let model = Model::load_with_backend(&dir, opts, backend.clone()).unwrap();
+            let vocab = model.info().vocab_size as u32;
+            let sessions: Vec<_> = (0..5usize)
+                .map(|i| {
+                    let mut s = model.new_session().unwrap();
+                    s.prefill(&common::token_ids(20 + 37 * i, vocab, 3 + i as u64))
+                        .unwrap();
+                    s
+                })
+                .collect();
+            let toks: Vec<u32> = (0..5u32).map(|i| (5 * i + 1) % vocab).collect();
+            let run = |norm_stage: bool| -> Vec<Vec<f32>> {
+                backend.set_options(CudaOptions {
+                    norm_stage,
+                    ..defaults.clone()
+                });
+                let mut forks: Vec<_> = sessions
+                    .iter()
+                    .map(|s| s.fork(s.position()).unwrap().unwrap())
+                    .collect();
+                let mut refs: Vec<_> = forks.iter_mut().collect();
+                let slices: Vec<&[u32]> = toks.iter().map(std::slice::from_ref).collect();
+                let before = backend.fused_decode_steps();
+                let logits: Vec<Vec<f32>> = model
+                    .forward_batch(&mut refs, &slices, &[Want::Last; 5])
+                    .unwrap()
+                    .into_iter()
+                    .map(|l| l.unwrap().data)
+                    .collect();
+                let fused = backend.fused_decode_steps() - before;
+                assert_eq!(
+                    fused, 5,
+                    "{label}: the step did not run on the fused sequence"
+                );
+                logits
+            };
+            let (apart, staged) = (run(false), run(true));
+            assert_eq!(apart, staged, "{label}: norm_stage changed the logits");
+            println!("{label}: the same bits with and without norm_stage");
+        }
+    }
+    backend.set_options(defaults);
 }
 
 /// A batched decode step (several sessions in one pass: the fused sequence over all rows where
@@ -1061,19 +1292,22 @@ fn gpu_batched_steps_match_each_sequence_alone() {
     let mut fused_rows = 0;
     for (name, dir) in synthetic_laguna_variants(tmp.path()) {
         // (few: the routed experts grouped a few items per expert tile from 2 rows, with the
-        // shared expert on the multi-token linears, as from 32 rows at full size)
-        for (kv, sessions, batched, fused, few) in [
-            (KvDtype::Bf16, 5, true, true, false),
-            (KvDtype::Bf16, 35, true, true, false),
-            (KvDtype::Bf16, 5, true, false, false),
-            (KvDtype::Bf16, 35, true, false, false),
-            (KvDtype::Bf16, 5, false, true, false),
-            (KvDtype::Bf16, 5, true, true, true),
-            (KvDtype::Fp8E4m3, 5, true, true, false),
+        // shared expert on the multi-token linears, as from 32 rows at full size; stage: the
+        // norms staging their rows for gemv_mt)
+        for (kv, sessions, batched, fused, few, stage) in [
+            (KvDtype::Bf16, 5, true, true, false, false),
+            (KvDtype::Bf16, 35, true, true, false, false),
+            (KvDtype::Bf16, 5, true, false, false, false),
+            (KvDtype::Bf16, 35, true, false, false, false),
+            (KvDtype::Bf16, 5, false, true, false, false),
+            (KvDtype::Bf16, 5, true, true, true, false),
+            (KvDtype::Bf16, 5, true, true, false, true),
+            (KvDtype::Fp8E4m3, 5, true, true, false, false),
         ] {
             backend.set_options(CudaOptions {
                 batched_attention: batched,
                 fused_batch: fused,
+                norm_stage: stage,
                 few_moe_min_tokens: if few {
                     2
                 } else {
@@ -1085,11 +1319,12 @@ fn gpu_batched_steps_match_each_sequence_alone() {
             let model = Model::load_with_backend(&dir, opts, backend.clone()).unwrap();
             let vocab = model.info().vocab_size as u32;
             let label = format!(
-                "{name} {} {kv:?} {sessions} sessions{}{}{}",
+                "{name} {} {kv:?} {sessions} sessions{}{}{}{}",
                 dir.file_name().unwrap().to_string_lossy(),
                 if batched { "" } else { " (one launch off)" },
                 if fused { "" } else { " (generic ops)" },
-                if few { " (few-per-tile experts)" } else { "" }
+                if few { " (few-per-tile experts)" } else { "" },
+                if stage { " (norms staging rows)" } else { "" }
             );
             let mut ss: Vec<_> = (0..sessions)
                 .map(|i| {
@@ -1164,6 +1399,7 @@ fn gpu_batched_steps_match_each_sequence_alone() {
     backend.set_options(CudaOptions {
         batched_attention: true,
         fused_batch: true,
+        norm_stage: CudaOptions::default().norm_stage,
         few_moe_min_tokens: CudaOptions::default().few_moe_min_tokens,
         ..backend.options()
     });
@@ -1222,12 +1458,10 @@ fn gpu_model_fused_decode_matches_generic_ops_and_cpu() {
                 println!("{label} grid {grid}: fused vs generic ops {d:.2e} of the logit range");
                 // Both paths append the step's own k and v to the cache they then attend over:
                 // where their f32 values differ in the last bits (summation order, a residual
-                // added in a GEMV's epilogue on the fused path and apart on the generic one) and
-                // lie on a rounding boundary of the cache's type, the entry rounds the other way.
-                // On e4m3 (3 mantissa bits) that moves it 16x as far as on bf16 (7), so fp8
-                // caches get 16x the bound (such a flip on the tiny stock model measured 1.57e-4
-                // on the H200, 2026-12-04, with o_proj's residual added in the epilogue on both
-                // paths).
+                // added in an epilogue or apart) and lie on a rounding boundary of the cache's
+                // type, the entry rounds the other way. On e4m3 (3 mantissa bits) that moves it
+                // 16x as far as on bf16 (7), so fp8 caches get 16x the bound (a flip on the tiny
+                // stock model measured 1.57e-4 on the H200, 2026-12-04).
                 let bound = if kv == KvDtype::Fp8E4m3 { 1.6e-3 } else { 1e-4 };
                 if d.is_nan() || d > bound {
                     failures.push(format!("{label} grid {grid}: fused vs generic {d:.2e}"));

@@ -184,6 +184,33 @@ impl<B: Backend> Backend for Profiled<B> {
         self.timed(&w.key, w.bytes, || self.inner.linear(x, &w.inner, bias))
     }
 
+    fn linear_add(
+        &self,
+        y: &mut Self::Tensor,
+        x: &Self::Tensor,
+        w: &Self::Linear,
+        bias: Option<&Self::Tensor>,
+    ) -> Result<()> {
+        let key = format!("{} (+ residual)", w.key);
+        self.timed(&key, w.bytes, || {
+            self.inner.linear_add(y, x, &w.inner, bias)
+        })
+    }
+
+    fn gated_linear_add(
+        &self,
+        y: &mut Self::Tensor,
+        x: Self::Tensor,
+        gate: &Self::Tensor,
+        w: &Self::Linear,
+        bias: Option<&Self::Tensor>,
+    ) -> Result<()> {
+        let key = format!("softplus_gate + {} (+ residual)", w.key);
+        self.timed(&key, w.bytes, || {
+            self.inner.gated_linear_add(y, x, gate, &w.inner, bias)
+        })
+    }
+
     fn linears(
         &self,
         x: &Self::Tensor,

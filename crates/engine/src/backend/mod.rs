@@ -170,6 +170,34 @@ pub trait Backend: Resident {
         w: &Self::Linear,
         bias: Option<&Self::Tensor>,
     ) -> Result<Self::Tensor>;
+    /// `y += x · Wᵀ (+ bias)`: a linear added to a residual stream (`y` is `[rows, out]`). A
+    /// backend may add inside the linear's epilogue (where the last scaling and the add may round
+    /// once instead of twice); the default is [`Backend::linear`] then [`Backend::add_scaled`].
+    fn linear_add(
+        &self,
+        y: &mut Self::Tensor,
+        x: &Self::Tensor,
+        w: &Self::Linear,
+        bias: Option<&Self::Tensor>,
+    ) -> Result<()> {
+        let h = self.linear(x, w, bias)?;
+        self.add_scaled(y, 1.0, &h)
+    }
+    /// `y += (x ⊙ softplus(gate)) · Wᵀ (+ bias)`, each value of `gate` gating
+    /// `x.cols / gate.cols` columns of its row (the attention output's per-head gate, then
+    /// `o_proj` added to the residual stream). A backend may apply the gate where the linear
+    /// reads x; the default is [`Backend::softplus_gate`] then [`Backend::linear_add`].
+    fn gated_linear_add(
+        &self,
+        y: &mut Self::Tensor,
+        mut x: Self::Tensor,
+        gate: &Self::Tensor,
+        w: &Self::Linear,
+        bias: Option<&Self::Tensor>,
+    ) -> Result<()> {
+        self.softplus_gate(&mut x, gate)?;
+        self.linear_add(y, &x, w, bias)
+    }
     /// [`Backend::linear`] of several weights on the same input (q/k/v, gate/up), in order. A
     /// backend may run them as one parallel region or one launch; the default calls `linear`
     /// for each.

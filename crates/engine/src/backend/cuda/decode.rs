@@ -40,7 +40,8 @@ use cudarc::driver::CudaSlice;
 use super::ops::{self, DevPtr};
 use super::{
     AttnCall, AttnPrep, CudaBackend, CudaKvLayer, CudaLinear, CudaTensor, DecBatchIo, Epi, Gemv,
-    MoeBuffers, MultiLinear, NormGemv, QkNormRope, QkNorms, Route, SharedExpert, MAX_SPLITS,
+    MoeBuffers, MtInput, MultiLinear, NormGemv, QkNormRope, QkNorms, Route, SharedExpert,
+    StagedRows, MAX_SPLITS,
 };
 use crate::error::Result;
 use crate::ir::{AttnChunk, Decoder, Mlp, Moe, SeqChunk, Want};
@@ -328,12 +329,22 @@ impl CudaBackend {
             k: h as i32,
         }
         .launch(self, (n as u32, 1, 1), (256, 1, 1))?;
-        let first = d.layers.first().map_or(&d.norm, |l| &l.input_norm);
-        self.epilogue_launch(&Epi::norm(self, x, p(&first.buf), a, h, d.eps), n)?;
+        // One row: each layer's input norm runs inside the previous layer's last launch.
+        // Several: it runs first in the layer (`norm_staged`: also staging the rows for q/k/v).
+        let several = n > 1;
+        let norm_of = |w: &CudaSlice<f32>| Epi::norm(self, x, p(w), a, h, d.eps);
+        if !several {
+            let first = d.layers.first().map_or(&d.norm, |l| &l.input_norm);
+            self.epilogue_launch(&norm_of(&first.buf), n)?;
+        }
         let shared_inv = self.ptr(&bufs.shared_inv);
         for (li, l) in d.layers.iter().enumerate() {
             let next_norm = d.layers.get(li + 1).map_or(&d.norm, |n| &n.input_norm);
-            let next = Epi::norm(self, x, p(&next_norm.buf), a, h, d.eps);
+            let next = if several {
+                Epi::default()
+            } else {
+                norm_of(&next_norm.buf)
+            };
             let at = &l.attn;
             let ap = &at.params;
             // q, k, v (and the per-head gate) of the normed input: one launch for one row
@@ -345,7 +356,13 @@ impl CudaBackend {
             if let Some(g) = &at.gate {
                 parts.push((g, p(&bufs.gate)));
             }
-            self.linears_of_one_input(&parts, a, n, h)?;
+            let staged = if several {
+                let formats = self.gemv_mt_formats(&parts, n);
+                self.norm_staged(&norm_of(&l.input_norm.buf), n, &formats)?
+            } else {
+                StagedRows::default()
+            };
+            self.linears_of_one_input(&parts, a, n, h, &staged)?;
 
             // attention over each cache and its token (norms, rope and append inside or first)
             let rope = &d.ropes[at.rope];
@@ -380,7 +397,7 @@ impl CudaBackend {
             rows(&at.o, p(&bufs.attn), x, x)?;
 
             // a = post_norm · rmsnorm(x) (inside the router's launch where it applies)
-            let post_norm = Epi::norm(self, x, p(&l.post_norm.buf), a, h, d.eps);
+            let post_norm = norm_of(&l.post_norm.buf);
             match &l.mlp {
                 Mlp::Moe(m) => {
                     if n == 1 && Self::norm_gemv_applies(&m.router) {
@@ -395,8 +412,15 @@ impl CudaBackend {
                             },
                         )?;
                     } else {
-                        self.epilogue_launch(&post_norm, n)?;
-                        rows(&m.router, a, p(&bufs.router), DevPtr::NULL)?;
+                        let router = [(&m.router, p(&bufs.router))];
+                        let formats = self.gemv_mt_formats(&router, n);
+                        let staged = self.norm_staged(&post_norm, n, &formats)?;
+                        match staged.of(self, m.router.fmt) {
+                            Some(input) => {
+                                self.gemv_mt(&router, input, n, DevPtr::NULL, DevPtr::NULL)?
+                            }
+                            None => rows(&m.router, a, p(&bufs.router), DevPtr::NULL)?,
+                        }
                     }
                     let route = Route::new(
                         p(&bufs.router),
@@ -434,9 +458,11 @@ impl CudaBackend {
                     )?;
                 }
                 Mlp::Dense(m) => {
-                    self.epilogue_launch(&post_norm, n)?;
                     let (g, u) = (p(&bufs.h), p(&bufs.up));
-                    self.linears_of_one_input(&[(&m.gate, g), (&m.up, u)], a, n, h)?;
+                    let parts = [(&m.gate, g), (&m.up, u)];
+                    let formats = self.gemv_mt_formats(&parts, n);
+                    let staged = self.norm_staged(&post_norm, n, &formats)?;
+                    self.linears_of_one_input(&parts, a, n, h, &staged)?;
                     self.silu_mul_raw(g, u, p(&bufs.act), n * m.gate.rows)?;
                     rows(&m.down, p(&bufs.act), x, x)?;
                     self.epilogue_launch(&next, n)?;
@@ -445,40 +471,45 @@ impl CudaBackend {
         }
         let head = d.lm_head.as_ref().unwrap_or(&d.embed);
         let logits = self.tensor(n, head.rows)?;
-        rows(head, a, self.ptr(&logits.buf), DevPtr::NULL)?;
+        let head_part = [(head, self.ptr(&logits.buf))];
+        let staged = if several {
+            let formats = self.gemv_mt_formats(&head_part, n);
+            self.norm_staged(&norm_of(&d.norm.buf), n, &formats)?
+        } else {
+            StagedRows::default()
+        };
+        match staged.of(self, head.fmt) {
+            Some(input) => self.gemv_mt(&head_part, input, n, DevPtr::NULL, DevPtr::NULL)?,
+            None => rows(head, a, self.ptr(&logits.buf), DevPtr::NULL)?,
+        }
         Ok(logits)
     }
 
     /// `y_i = x · W_iᵀ` for the `n` rows of `x` (`h` values each) and each `(W_i, y_i)` of
     /// `parts`: one launch where it applies (one row: `linear_multi2`), else a few rows: one
     /// `gemv_mt` per weight format over the parts it takes (the rows staged once per format:
-    /// NVFP4 q/k/v in one launch beside a bf16 gate's), and one multi-token linear for each
-    /// other part (their rows' f16 scales computed once).
+    /// NVFP4 q/k/v in one launch beside a bf16 gate's, or already by the norm: `staged`), and
+    /// one multi-token linear for each other part (their rows' f16 scales computed once).
     pub(crate) fn linears_of_one_input(
         &self,
         parts: &[(&CudaLinear, DevPtr<f32>)],
         x: DevPtr<f32>,
         n: usize,
         h: usize,
+        staged: &StagedRows,
     ) -> Result<()> {
         if n == 1 {
             return self.linear_multi_raw(&MultiLinear::new(self, parts, h)?, x);
         }
-        let mut formats: Vec<i32> = parts
-            .iter()
-            .filter(|(w, _)| self.gemv_mt_applies(w, n))
-            .map(|(w, _)| w.fmt)
-            .collect();
-        formats.sort_unstable();
-        formats.dedup();
-        for fmt in formats {
+        for fmt in self.gemv_mt_formats(parts, n) {
             let group: Vec<(&CudaLinear, DevPtr<f32>)> = parts
                 .iter()
                 .filter(|(w, _)| w.fmt == fmt && self.gemv_mt_applies(w, n))
                 .copied()
                 .collect();
+            let input = staged.of(self, fmt).unwrap_or(MtInput::Rows(x));
             for chunk in group.chunks(MultiLinear::MAX) {
-                self.gemv_mt(chunk, x, n, DevPtr::NULL, DevPtr::NULL)?;
+                self.gemv_mt(chunk, input, n, DevPtr::NULL, DevPtr::NULL)?;
             }
         }
         let rest: Vec<(&CudaLinear, DevPtr<f32>)> = parts

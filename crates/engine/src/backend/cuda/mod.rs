@@ -46,7 +46,10 @@ pub use compile::{
 use kv_pool::{KvBlock, KvPool, KV_BLOCK};
 pub use ops::attention::{CudaKvLayer, CudaRope};
 pub use ops::moe::{CudaExperts, CudaRouting, ExpertArena};
-use ops::prefill::{GEMM_H16_ROWS, GEMM_H16_SMEM, GEMM_H16_TOKENS, GEMM_MMA_ROWS, GEMM_MMA_TOKENS};
+use ops::prefill::{
+    EXPERTS_H16_ITEMS, EXPERTS_H16_SMEM, GEMM_H16_ROWS, GEMM_H16_SMEM, GEMM_H16_TOKENS,
+    GEMM_MMA_ROWS, GEMM_MMA_TOKENS,
+};
 use ops::{attention::*, gemv::*, moe::*, DevPtr, Funcs};
 pub use options::CudaOptions;
 
@@ -92,9 +95,9 @@ pub(crate) struct Inner {
     /// (`gemm_mma`, the grouped experts, the prefill attention `attn_flash_*`; each also behind
     /// its own `CudaOptions` knob).
     pub sm80: bool,
-    /// `gemm_h16` (prompts' NVFP4 linears, several K steps in flight) can run here: tensor cores
-    /// on (`mma`) and its dynamic shared memory ([`GEMM_H16_SMEM`]) granted (sm_90: 227 KiB a
-    /// block; not sm_89's 99 KiB).
+    /// `gemm_h16` and the grouped experts on its core (`experts_*_h16`) can run here: tensor
+    /// cores on (`mma`) and their dynamic shared memory ([`GEMM_H16_SMEM`],
+    /// [`EXPERTS_H16_SMEM`]) granted (sm_90: 227 KiB a block; not sm_89's 99 KiB).
     pub h16_gemm: bool,
     /// Completion counter of the fused epilogues (`Epi` in kernels/common.cu).
     counters: CudaSlice<u32>,
@@ -178,14 +181,23 @@ impl CudaBackend {
             )
             .unwrap_or(100) as usize;
         let mma = (maj, min) >= (8, 9) && options.mma;
-        // (a device that cannot give gemm_h16 its shared memory keeps gemm_mma for prompts)
+        // (a device that cannot give them their shared memory keeps gemm_mma and the grouped
+        // experts' mma kernels for prompts)
         let h16_gemm = mma
-            && f.prefill.gemm_h16[0]
-                .set_attribute(
+            && [
+                (&f.prefill.gemm_h16[0], GEMM_H16_SMEM),
+                (&f.prefill.gemm_h16[1], GEMM_H16_SMEM),
+                (&f.moe.experts_gate_up_h16[0], EXPERTS_H16_SMEM),
+                (&f.moe.experts_down_h16[0], EXPERTS_H16_SMEM),
+            ]
+            .iter()
+            .all(|(k, bytes)| {
+                k.set_attribute(
                     cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    GEMM_H16_SMEM as i32,
+                    *bytes as i32,
                 )
-                .is_ok();
+                .is_ok()
+            });
         let counters = stream
             .alloc_zeros::<u32>(1)
             .map_err(|e| backend_err(format!("{e:?}")))?;
@@ -804,17 +816,33 @@ impl Backend for CudaBackend {
         self.linear_rows(x, w, bias, &SharedInput::default())
     }
 
+    fn linear_add(
+        &self,
+        y: &mut CudaTensor,
+        x: &CudaTensor,
+        w: &CudaLinear,
+        bias: Option<&CudaTensor>,
+    ) -> Result<()> {
+        self.linear_add_rows(y, x, w, bias)
+    }
+
+    fn gated_linear_add(
+        &self,
+        y: &mut CudaTensor,
+        x: CudaTensor,
+        gate: &CudaTensor,
+        w: &CudaLinear,
+        bias: Option<&CudaTensor>,
+    ) -> Result<()> {
+        self.gated_linear_add_rows(y, x, gate, w, bias)
+    }
+
     fn linears(
         &self,
         x: &CudaTensor,
         ws: &[(&CudaLinear, Option<&CudaTensor>)],
     ) -> Result<Vec<CudaTensor>> {
-        // the rows' f16 scales and parts once for every weight that needs them (q/k/v)
-        let weights: Vec<&CudaLinear> = ws.iter().map(|&(w, _)| w).collect();
-        let shared = self.shared_input(&weights, (self.ptr(&x.buf), x.rows, x.cols))?;
-        ws.iter()
-            .map(|&(w, bias)| self.linear_rows(x, w, bias, &shared))
-            .collect()
+        self.linears_rows(x, ws)
     }
 
     fn rope(
@@ -1006,21 +1034,12 @@ impl Backend for CudaBackend {
     }
 
     fn softplus_gate(&self, x: &mut CudaTensor, gate: &CudaTensor) -> Result<()> {
-        self.check(
-            gate.rows == x.rows && gate.cols > 0 && x.cols.is_multiple_of(gate.cols),
-            || {
-                format!(
-                    "gate {:?} for {:?}",
-                    (gate.rows, gate.cols),
-                    (x.rows, x.cols)
-                )
-            },
-        )?;
+        let group = self.gate_group(x, gate)?;
         self.softplus_gate_raw(
             self.ptr(&x.buf),
             self.ptr(&gate.buf),
             x.rows * x.cols,
-            x.cols / gate.cols,
+            group,
         )
     }
 
@@ -1101,8 +1120,10 @@ impl Backend for CudaBackend {
         if t == 0 {
             return Ok(out);
         }
-        let h = self.alloc::<f32>(t * r.top_k * e.inter)?;
-        let part = self.alloc::<f32>(t * r.top_k * e.hidden)?;
+        // (every item's rows of h and part are written before they are read: not zeroed, which
+        // at 2,048 tokens of Laguna-XS would be 166 MB of memset a layer)
+        let h = self.alloc_unset::<f32>(t * r.top_k * e.inter)?;
+        let part = self.alloc_unset::<f32>(t * r.top_k * e.hidden)?;
         self.experts_raw(
             e,
             None,

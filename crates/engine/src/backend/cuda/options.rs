@@ -13,7 +13,9 @@
 //! | `FP4FORGE_CUDA_FUSED_BATCH` | `fused_batch` | `0`: a decode step of several sequences on the generic ops, not the fused sequence over all of them | on |
 //! | `FP4FORGE_CUDA_GEMM` | `tiled_prefill` | `0`: multi-token linears on the `linear` GEMV kernel, not `gemm_tiled` | on |
 //! | `FP4FORGE_CUDA_MMA_GEMM` | `mma_gemm` | `0`: multi-token bf16/NVFP4 linears on `gemm_tiled` (f32 FMA), not `gemm_mma` (tensor cores, sm_80+) | on |
-//! | `FP4FORGE_CUDA_H16_GEMM` | `h16_gemm` | `0`: prompts' NVFP4 linears (more than 64 tokens, K % 64 == 0) on `gemm_mma`'s f16 path, not on `gemm_h16` (x split once, K steps in flight; sm_90) | on |
+//! | `FP4FORGE_CUDA_H16_GEMM` | `h16_gemm` | `0`: prompts' NVFP4 linears (more than 64 tokens, K % 64 == 0) and grouped NVFP4 experts on `gemm_mma`'s core (f16 path), not on `gemm_h16`'s (x split once, K steps in flight; sm_90) | on |
+//! | `FP4FORGE_CUDA_H16_MERGE` | `h16_merged` | `0`: the weights of one input on `gemm_h16` (q/k/v of a prompt) one launch each, not in one launch where their tiles fill the device without a K split | on |
+//! | `FP4FORGE_CUDA_H16_B1` | `h16_one_block` | `1`: `gemm_h16` as its variant of one block a SM with more registers, each chunk's B fragments loaded ahead | off |
 //! | `FP4FORGE_CUDA_GROUPED_MOE` | `grouped_moe` | `0`: multi-token routed experts on the per-item kernels, not grouped by expert on tensor cores (sm_80+) | on |
 //! | `FP4FORGE_CUDA_BATCH_ATTN` | `batched_attention` | `0`: a batched decode step's attention sequence by sequence (rope, attention, append per sequence), not in one `attn_dec_batch` launch | on |
 //! | `FP4FORGE_CUDA_FLASH` | `flash_attention` | `0`: prefill attention (16+ rows) on the `attn_*` kernels, not on tensor cores (`attn_flash_*`, sm_80+ only anyway) | on |
@@ -24,6 +26,11 @@
 //! | `FP4FORGE_CUDA_MT_TOKENS` | `few_token_max` | most tokens of a bf16/NVFP4 linear on the few-token tensor-core GEMV (`gemv_mt`; more: `gemm_mma`); `0`: never | `GEMV_MT_MAX_TOKENS` |
 //! | `FP4FORGE_CUDA_FEW_MOE` | `few_moe_min_tokens` | fewest tokens whose routed experts run grouped a few items per tile (`experts_grouped_few`); `0`: never | `FEW_MOE_MIN_TOKENS` |
 //! | `FP4FORGE_MMA_KS` | `mma_k_split` | `1`, `2`, `4`, `8`: fixed K split (warps per tile) of `gemv_mma` | per shape (`mma_split`) |
+//! | `FP4FORGE_CUDA_MT_B1` | `mt_one_block` | `1`: NVFP4 `gemv_mt` as its variant of one block a SM with more chunks in flight a lane (`gemv_mt_nv_b1`) | off |
+//! | `FP4FORGE_CUDA_MT16` | `mt_16_tokens` | `1`: NVFP4 `gemv_mt` of more than 8 tokens at 16 tokens a grid row (`gemv_mt_nv16`: each weight read half as often, one block a SM) | off |
+//! | `FP4FORGE_CUDA_MT4` | `mt_4_tokens` | `0`: NVFP4 `gemv_mt` of at most 4 tokens at 8 tokens a grid row (`gemv_mt_nv`), not at 4 with three blocks a SM (`gemv_mt_nv4`) | on |
+//! | `FP4FORGE_CUDA_NORM_STAGE` | `norm_stage` | `1`: a batched decode step's norms also stage their rows for `gemv_mt` (`norm_stage`: q/k/v/gate and the router skip their `xb_stage` launches) | off |
+//! | `FP4FORGE_CUDA_DOWN_B4` | `down_four_blocks` | `1`: the per-item experts' down projection (batched steps below `FEW_MOE_MIN_TOKENS` rows) at four blocks a SM (`experts_down2_b4`: at most 128 registers) | off |
 //! | `FP4FORGE_CUDA_MT_KS` | `mt_k_split` | `1`, `2`, `4`, `8`: fixed K split (warps per tile) of `gemv_mt` | per shape (`mma_split`) |
 //!
 //! The fields below the table's are not read from the environment: the decode attention split
@@ -61,8 +68,24 @@ pub struct CudaOptions {
     pub tiled_prefill: bool,
     /// `FP4FORGE_CUDA_MMA_GEMM`: multi-token bf16/NVFP4 linears on tensor cores (`gemm_mma`).
     pub mma_gemm: bool,
-    /// `FP4FORGE_CUDA_H16_GEMM`: prompts' NVFP4 linears on `gemm_h16` where it runs.
+    /// `FP4FORGE_CUDA_H16_GEMM`: prompts' NVFP4 linears and grouped experts on `gemm_h16`'s core
+    /// where it runs.
     pub h16_gemm: bool,
+    /// `FP4FORGE_CUDA_H16_MERGE`: the weights of one input on `gemm_h16` in one launch where it
+    /// needs no K split.
+    pub h16_merged: bool,
+    /// `FP4FORGE_CUDA_H16_B1`: `gemm_h16`'s variant of one block a SM (`gemm_h16_b1`).
+    pub h16_one_block: bool,
+    /// `FP4FORGE_CUDA_MT_B1`: NVFP4 `gemv_mt`'s variant of one block a SM (`gemv_mt_nv_b1`).
+    pub mt_one_block: bool,
+    /// `FP4FORGE_CUDA_MT16`: NVFP4 `gemv_mt` past 8 tokens at 16 tokens a grid row.
+    pub mt_16_tokens: bool,
+    /// `FP4FORGE_CUDA_MT4`: NVFP4 `gemv_mt` of at most 4 tokens at 4 tokens a grid row.
+    pub mt_4_tokens: bool,
+    /// `FP4FORGE_CUDA_NORM_STAGE`: a batched step's norms stage their rows for `gemv_mt`.
+    pub norm_stage: bool,
+    /// `FP4FORGE_CUDA_DOWN_B4`: the per-item experts' down projection at four blocks a SM.
+    pub down_four_blocks: bool,
     /// `FP4FORGE_CUDA_GROUPED_MOE`: multi-token routed experts grouped by expert on tensor cores.
     pub grouped_moe: bool,
     /// `FP4FORGE_CUDA_BATCH_ATTN`: a batched decode step's attention in one launch.
@@ -111,6 +134,13 @@ impl Default for CudaOptions {
             tiled_prefill: true,
             mma_gemm: true,
             h16_gemm: true,
+            h16_merged: true,
+            h16_one_block: false,
+            mt_one_block: false,
+            mt_16_tokens: false,
+            mt_4_tokens: true,
+            norm_stage: false,
+            down_four_blocks: false,
             grouped_moe: true,
             batched_attention: true,
             flash_attention: true,
@@ -175,6 +205,13 @@ impl CudaOptions {
             tiled_prefill: on("FP4FORGE_CUDA_GEMM"),
             mma_gemm: on("FP4FORGE_CUDA_MMA_GEMM"),
             h16_gemm: on("FP4FORGE_CUDA_H16_GEMM"),
+            h16_merged: on("FP4FORGE_CUDA_H16_MERGE"),
+            h16_one_block: var("FP4FORGE_CUDA_H16_B1").as_deref() == Some(OsStr::new("1")),
+            mt_one_block: var("FP4FORGE_CUDA_MT_B1").as_deref() == Some(OsStr::new("1")),
+            mt_16_tokens: var("FP4FORGE_CUDA_MT16").as_deref() == Some(OsStr::new("1")),
+            mt_4_tokens: on("FP4FORGE_CUDA_MT4"),
+            norm_stage: var("FP4FORGE_CUDA_NORM_STAGE").as_deref() == Some(OsStr::new("1")),
+            down_four_blocks: var("FP4FORGE_CUDA_DOWN_B4").as_deref() == Some(OsStr::new("1")),
             grouped_moe: on("FP4FORGE_CUDA_GROUPED_MOE"),
             batched_attention: on("FP4FORGE_CUDA_BATCH_ATTN"),
             flash_attention: on("FP4FORGE_CUDA_FLASH"),
@@ -220,6 +257,13 @@ mod tests {
             ("FP4FORGE_CUDA_FUSED_BATCH", "0"),
             ("FP4FORGE_CUDA_GROUPED_MOE", "0"),
             ("FP4FORGE_CUDA_H16_GEMM", "0"),
+            ("FP4FORGE_CUDA_H16_B1", "1"),
+            ("FP4FORGE_CUDA_H16_MERGE", "0"),
+            ("FP4FORGE_CUDA_MT_B1", "1"),
+            ("FP4FORGE_CUDA_MT16", "1"),
+            ("FP4FORGE_CUDA_MT4", "0"),
+            ("FP4FORGE_CUDA_NORM_STAGE", "1"),
+            ("FP4FORGE_CUDA_DOWN_B4", "1"),
             ("FP4FORGE_CUDA_FLASH", "0"),
             ("FP4FORGE_CUDA_LEGACY_GEMV", "0"),
             ("FP4FORGE_NV_MINB", "3"),
@@ -234,7 +278,9 @@ mod tests {
         assert_eq!(o.few_moe_min_tokens, FEW_MOE_MIN_TOKENS);
         assert!(!o.pdl && o.mma && o.persistent_moe && o.fused_decode && !o.tiled_prefill);
         assert!(o.legacy_gemv && o.mma_gemm && !o.grouped_moe && !o.flash_attention);
-        assert!(!o.fused_batch && !o.h16_gemm);
+        assert!(!o.fused_batch && !o.h16_gemm && o.h16_one_block && o.mt_one_block);
+        assert!(o.mt_16_tokens && !o.mt_4_tokens && !o.h16_merged && o.down_four_blocks);
+        assert!(o.norm_stage);
         assert_eq!((o.nv_blocks_per_sm, o.nv_grid_per_sm), (3, 3));
         assert_eq!((o.nv_k_split, o.mma_k_split), (None, Some(4)));
         assert_eq!(o.mt_k_split, Some(8));

@@ -129,6 +129,9 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// The attention output gate's factor: softplus(g) = log(1 + e^g) (g itself past 20).
+__device__ __forceinline__ float softplus(float g) { return g > 20.f ? g : log1pf(expf(g)); }
+
 // ---- NVFP4 dequantization in registers (no tables) ----------------------------------------------
 //
 // e2m1: for a code n, the fp16 with bits ((n & 7) << 9) | ((n & 8) << 12) is exactly

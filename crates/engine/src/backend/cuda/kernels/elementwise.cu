@@ -13,6 +13,33 @@ __device__ float block_sum(float v) {
     return r;
 }
 
+// rms_norm's arithmetic for a row held in registers (width % 4 == 0, width <= 4 * EPI_V *
+// blockDim): slot q of a thread holds values [4 (threadIdx.x + q blockDim.x), + 4) of the
+// normed row (zeros past `width`), also written to o. All threads of the block call it.
+__device__ __forceinline__ void rms_norm_regs(const float* g, const float* __restrict__ w, float* o, int width,
+                                              float eps, float4 (&out)[EPI_V]) {
+    // the row and the weight in registers, every load in flight at once
+    float4 v[EPI_V], wv[EPI_V];
+    float ss = 0.f;
+#pragma unroll
+    for (int q = 0; q < EPI_V; q++) {
+        const int i = 4 * (threadIdx.x + q * blockDim.x);
+        v[q] = i < width ? *(const float4*)(g + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+        wv[q] = i < width ? __ldg((const float4*)(w + i)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int q = 0; q < EPI_V; q++) ss += v[q].x * v[q].x + v[q].y * v[q].y + v[q].z * v[q].z + v[q].w * v[q].w;
+    ss = block_sum(ss);
+    const float r = 1.0f / sqrtf(ss / (float)width + eps);
+#pragma unroll
+    for (int q = 0; q < EPI_V; q++) {
+        const int i = 4 * (threadIdx.x + q * blockDim.x);
+        out[q] = make_float4(wv[q].x * (v[q].x * r), wv[q].y * (v[q].y * r), wv[q].z * (v[q].z * r),
+                             wv[q].w * (v[q].w * r));
+        if (i < width) *(float4*)(o + i) = out[q];
+    }
+}
+
 // One block per group of `width` values: y = x * rsqrt(mean(x^2) + eps) * w.
 extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
                                    int width, float eps) {
@@ -20,26 +47,8 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
     const float* g = x + (long)blockIdx.x * width;
     float* o = y + (long)blockIdx.x * width;
     if ((width & 3) == 0 && width <= 4 * EPI_V * (int)blockDim.x) {
-        // the row and the weight in registers, every load in flight at once
-        float4 v[EPI_V], wv[EPI_V];
-        float ss = 0.f;
-#pragma unroll
-        for (int q = 0; q < EPI_V; q++) {
-            const int i = 4 * (threadIdx.x + q * blockDim.x);
-            v[q] = i < width ? *(const float4*)(g + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-            wv[q] = i < width ? __ldg((const float4*)(w + i)) : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-#pragma unroll
-        for (int q = 0; q < EPI_V; q++) ss += v[q].x * v[q].x + v[q].y * v[q].y + v[q].z * v[q].z + v[q].w * v[q].w;
-        ss = block_sum(ss);
-        const float r = 1.0f / sqrtf(ss / (float)width + eps);
-#pragma unroll
-        for (int q = 0; q < EPI_V; q++) {
-            const int i = 4 * (threadIdx.x + q * blockDim.x);
-            if (i < width)
-                *(float4*)(o + i) = make_float4(wv[q].x * (v[q].x * r), wv[q].y * (v[q].y * r), wv[q].z * (v[q].z * r),
-                                                wv[q].w * (v[q].w * r));
-        }
+        float4 v[EPI_V];
+        rms_norm_regs(g, w, o, width, eps, v);
         return;
     }
     float ss = 0.f;
@@ -47,6 +56,54 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
     ss = block_sum(ss);
     const float r = 1.0f / sqrtf(ss / (float)width + eps);
     for (int i = threadIdx.x; i < width; i += blockDim.x) o[i] = w[i] * (g[i] * r);
+}
+
+// rms_norm of a decode step's rows (one block a row, rms_norm's block size: the same bits)
+// that also stages each normed row for gemv_mt, as xb_stage would from y: NVFP4 weights' B
+// entries at xb_nv + r K / 2 with ds_nv[r] (xb_fill's scale, from the row's max |y| in the
+// registers), bf16 weights' at xb_bf + r 3 K / 4 with ds_bf[r] = 1; a null xb_* skips that
+// format. Each staged entry is a function of y's values and the row's scale alone, so which
+// thread writes it changes no bit. K % 128 == 0 (a warp's float4s all in or all past the row),
+// K <= 4 * EPI_V * blockDim.
+extern "C" __global__ void __launch_bounds__(512) norm_stage(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
+                                     int K, float eps, uint2* __restrict__ xb_nv, float* __restrict__ ds_nv,
+                                     uint2* __restrict__ xb_bf, float* __restrict__ ds_bf) {
+    pdl_enter();
+    const long r = blockIdx.x;
+    float4 v[EPI_V];
+    rms_norm_regs(x + r * K, w, y + r * K, K, eps, v);
+    if (xb_nv) {
+        float m = 0.f;
+#pragma unroll
+        for (int q = 0; q < EPI_V; q++)
+            m = fmaxf(m, fmaxf(fmaxf(fabsf(v[q].x), fabsf(v[q].y)), fmaxf(fabsf(v[q].z), fabsf(v[q].w))));
+        const int e = xb_exp(block_max(m));
+        const float sc = pow2f(e);
+        uint2* xr = xb_nv + r * (K / 2);
+#pragma unroll
+        for (int q = 0; q < EPI_V; q++) {
+            // octet o = float4s 2 o (an even lane's) and 2 o + 1 (the next lane's)
+            const int f = threadIdx.x + q * (int)blockDim.x;
+            const float4 b = make_float4(__shfl_down_sync(0xffffffffu, v[q].x, 1), __shfl_down_sync(0xffffffffu, v[q].y, 1),
+                                         __shfl_down_sync(0xffffffffu, v[q].z, 1), __shfl_down_sync(0xffffffffu, v[q].w, 1));
+            if ((f & 1) == 0 && 4 * f < K) xb_octet_at<true>(xr, f >> 1, v[q], b, sc);
+        }
+        if (threadIdx.x == 0) ds_nv[r] = pow2f(-e);
+    }
+    if (xb_bf) {
+        uint2* xr = xb_bf + r * (3 * K / 4);
+#pragma unroll
+        for (int q = 0; q < EPI_V; q++) {
+            const int col = 4 * (threadIdx.x + q * (int)blockDim.x);
+            if (col >= K) continue;
+            // xb_stage's entries 96 c + 8 (t + 4 part) + st hold this float4's three parts
+            const int c = col >> 7, rem = col & 127;
+            const int st = 2 * (rem >> 5) + ((rem >> 2) & 1), t = (rem >> 3) & 3;
+#pragma unroll
+            for (int part = 0; part < 3; part++) xr[96 * c + 8 * (t + 4 * part) + st] = bf16_part(v[q], part);
+        }
+        if (threadIdx.x == 0) ds_bf[r] = 1.f;
+    }
 }
 
 #define RNW_V 4  // float4s of a group per lane in rms_norm_warp (width <= 128 * RNW_V)
@@ -236,8 +293,6 @@ extern "C" __global__ void qk_norm_rope(float* q, float* k, const float* __restr
         if (kt && !isq) kv_store(kv_row<u8>(kt, slot, rb, 0), (long)(blockIdx.x - heads) * hd + i, out, kv_t, ks);
     }
 }
-
-__device__ __forceinline__ float softplus(float g) { return g > 20.f ? g : log1pf(expf(g)); }
 
 // Whether both pointers are 16-byte aligned (float4 access).
 __device__ __forceinline__ bool aligned16(const void* a, const void* b) {

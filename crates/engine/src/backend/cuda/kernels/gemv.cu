@@ -660,9 +660,13 @@ __device__ __forceinline__ int xb_exp(float m) {
 __device__ __forceinline__ float pow2f(int e) { return __uint_as_float((u32)(127 + e) << 23); }
 
 // The four B entries fed by octet o (x[8 o .. 8 o + 7] = a, b, times s): steps 8 c + 2 j + h
-// (o = 16 c + 4 t + j, h = 0, 1), lane t, high parts and remainders.
-__device__ __forceinline__ void xb_octet(uint2* xb, int o, float4 a, float4 b, float s) {
-    uint2* dst = xb + 8 * (8 * (o >> 4) + 2 * (o & 3)) + ((o >> 2) & 3);
+// (o = 16 c + 4 t + j, h = 0, 1), lane t, high parts and remainders; at entry j of xb_fill's
+// layout, or (STAGED) at entry j' of xb_stage's, j' = j with its low two octal digits swapped
+// (within each 64 entries).
+template <bool STAGED>
+__device__ __forceinline__ void xb_octet_at(uint2* xb, int o, float4 a, float4 b, float s) {
+    const int j = 8 * (8 * (o >> 4) + 2 * (o & 3)) + ((o >> 2) & 3);
+    const auto at = [](int j) { return STAGED ? (j & ~63) | ((j & 7) << 3) | ((j >> 3) & 7) : j; };
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const float v[4] = {(h ? a.y : a.x) * s, (h ? a.w : a.z) * s, (h ? b.y : b.x) * s, (h ? b.w : b.z) * s};
@@ -672,9 +676,23 @@ __device__ __forceinline__ void xb_octet(uint2* xb, int o, float4 a, float4 b, f
             hi[q] = f32_to_f16_rn(v[q]);
             lo[q] = f32_to_f16_rn(v[q] - f16_to_f32(hi[q]));
         }
-        dst[8 * h] = make_uint2((u32)hi[0] | ((u32)hi[1] << 16), (u32)hi[2] | ((u32)hi[3] << 16));
-        dst[8 * h + 4] = make_uint2((u32)lo[0] | ((u32)lo[1] << 16), (u32)lo[2] | ((u32)lo[3] << 16));
+        xb[at(j + 8 * h)] = make_uint2((u32)hi[0] | ((u32)hi[1] << 16), (u32)hi[2] | ((u32)hi[3] << 16));
+        xb[at(j + 8 * h + 4)] = make_uint2((u32)lo[0] | ((u32)lo[1] << 16), (u32)lo[2] | ((u32)lo[3] << 16));
     }
+}
+__device__ __forceinline__ void xb_octet(uint2* xb, int o, float4 a, float4 b, float s) {
+    xb_octet_at<false>(xb, o, a, b, s);
+}
+
+// The largest of the block's threads' m (all threads call it; it synchronises the block).
+__device__ __forceinline__ float block_max(float m) {
+    __shared__ float wmax[32];
+    m = warp_max(m);
+    if ((threadIdx.x & 31) == 0) wmax[threadIdx.x >> 5] = m;
+    __syncthreads();
+    m = 0.f;
+    for (int i = 0; i < (int)(blockDim.x >> 5); i++) m = fmaxf(m, wmax[i]);
+    return m;
 }
 
 // x as the mma's B operand in shared memory (uint2 entries; K / 2 of them, K <= XS_MAX): entry
@@ -684,7 +702,6 @@ __device__ __forceinline__ void xb_octet(uint2* xb, int o, float4 a, float4 b, f
 // not finite: a NaN or inf then reaches the output). All threads of the block must call it; it
 // ends with a barrier.
 __device__ float xb_fill(uint2* xb, const float* __restrict__ x, int K) {
-    __shared__ float wmax[32];
     const float4* x4 = (const float4*)x;
     const int no = K >> 3;  // octets: x[8 o .. 8 o + 7]
     float m = 0.f;
@@ -701,12 +718,7 @@ __device__ float xb_fill(uint2* xb, const float* __restrict__ x, int K) {
         for (int q = 0; q < 8; q++)
             m = fmaxf(m, fmaxf(fmaxf(fabsf(v[q].x), fabsf(v[q].y)), fmaxf(fabsf(v[q].z), fabsf(v[q].w))));
     }
-    m = warp_max(m);
-    if ((threadIdx.x & 31) == 0) wmax[threadIdx.x >> 5] = m;
-    __syncthreads();
-    m = 0.f;
-    for (int i = 0; i < (int)(blockDim.x >> 5); i++) m = fmaxf(m, wmax[i]);
-    const int e = xb_exp(m);
+    const int e = xb_exp(block_max(m));
     const float sc = pow2f(e);
     // (the reloads hit L1)
 #pragma unroll 2
@@ -946,12 +958,31 @@ extern "C" __global__ void __launch_bounds__(256) gemv_mma(const u8* __restrict_
 #define MT_TOKENS 8     // tokens per grid row of gemv_mt
 #define MT_NV_GROUPS 2  // NVFP4: groups of 4 tokens
 #define MT_BF_GROUPS 4  // bf16: groups of 2 tokens
+#define MT_NV_U 2       // NVFP4: chunk slots per lane (two blocks a SM: 128 registers)
+#define MT_NV4_U 2      // NVFP4, one group of 4 tokens: chunk slots per lane (three blocks a SM)
 
 // f32 to bf16, round to nearest even (NaN stays a NaN).
 __device__ __forceinline__ u16 f32_to_bf16_rn(float f) {
     const u32 u = __float_as_uint(f);
     if (f != f) return (u16)((u >> 16) | 0x40);
     return (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// Part `part` (0: hi, 1: mid, 2: lo) of v's bf16 parts, two pairs: hi = bf16(v), mid =
+// bf16(v - hi), lo = bf16(v - hi - mid) (v = hi + mid + lo to 24 significant bits).
+__device__ __forceinline__ uint2 bf16_part(float4 v, int part) {
+    float f[4] = {v.x, v.y, v.z, v.w};
+    u32 p[2];
+    for (int i = 0; i <= part; i++) {
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+            const u16 h0 = f32_to_bf16_rn(f[2 * q]), h1 = f32_to_bf16_rn(f[2 * q + 1]);
+            f[2 * q] -= __uint_as_float((u32)h0 << 16);
+            f[2 * q + 1] -= __uint_as_float((u32)h1 << 16);
+            p[q] = (u32)h0 | ((u32)h1 << 16);
+        }
+    }
+    return make_uint2(p[0], p[1]);
 }
 
 // Row r of x (K values) as B entries in global memory, laid out per lane so that a lane's 8 mma
@@ -972,19 +1003,7 @@ extern "C" __global__ void __launch_bounds__(256) xb_stage(const float* __restri
         for (int i = threadIdx.x; i < 3 * K / 4; i += blockDim.x) {
             const int c = i / 96, l = (i % 96) >> 3, st = i & 7;
             const int col = 128 * c + 32 * (st >> 1) + 8 * (l & 3) + 4 * (st & 1);
-            const float4 v = __ldg((const float4*)(x + r * K + col));
-            float f[4] = {v.x, v.y, v.z, v.w};
-            u32 p[2];
-            for (int part = 0; part <= (l >> 2); part++) {
-#pragma unroll
-                for (int q = 0; q < 2; q++) {
-                    const u16 h0 = f32_to_bf16_rn(f[2 * q]), h1 = f32_to_bf16_rn(f[2 * q + 1]);
-                    f[2 * q] -= __uint_as_float((u32)h0 << 16);
-                    f[2 * q + 1] -= __uint_as_float((u32)h1 << 16);
-                    p[q] = (u32)h0 | ((u32)h1 << 16);
-                }
-            }
-            o[i] = make_uint2(p[0], p[1]);
+            o[i] = bf16_part(__ldg((const float4*)(x + r * K + col)), l >> 2);
         }
         if (threadIdx.x == 0) ds[r] = 1.f;
         return;
@@ -1084,17 +1103,20 @@ __device__ __forceinline__ void mt_stash_cols(const float acc[G][4], float (*red
 // xb_stage as xb, xds) and each linear W of `segs` (segment s: blocks [block0, next block0), its
 // own y; all of one format, NVFP4 (fmt 3, sm_89+) or bf16 (fmt 2, sm_80+), [N, K], K % 128 ==
 // 0; `bias`, `resid`: one segment only, else null): blocks of 8 warps, KS warps per 16-row tile
-// splitting its chunks into contiguous runs, 8 / KS tiles per block (gemv_mma's geometry).
-extern "C" __global__ void __launch_bounds__(256) gemv_mt(Segs segs, const uint2* __restrict__ xb,
-                                                          const float* __restrict__ xds,
-                                                          const float* __restrict__ bias, const float* resid, int K,
-                                                          int T, int ks) {
+// splitting its chunks into contiguous runs, 8 / KS tiles per block (gemv_mma's geometry). One
+// kernel per format (gemv_mt_bf16, gemv_mt_nv: FMT; U: NVFP4 chunks in flight a lane, G: its
+// groups of 4 tokens), so that each gets the registers its own path needs.
+template <int FMT, int U, int G>
+__device__ __forceinline__ void gemv_mt_impl(const Segs& segs, const uint2* __restrict__ xb,
+                                             const float* __restrict__ xds, const float* __restrict__ bias,
+                                             const float* resid, int K, int T, int ks) {
     __shared__ float red[8][4][16][8];
     int si = 0;
     for (int i = 1; i < segs.n; i++)
         if ((int)blockIdx.x >= segs.s[i].block0) si = i;
     const Seg sg = segs.s[si];
-    const int fmt = sg.fmt, N = sg.N;
+    constexpr int fmt = FMT;
+    const int N = sg.N;
     const u8* w = (const u8*)sg.w;
     const u8* scales = sg.scales;
     const float inv_g = sg.inv_g;
@@ -1104,22 +1126,23 @@ extern "C" __global__ void __launch_bounds__(256) gemv_mt(Segs segs, const uint2
     const int nrows = (int)max(0l, min(16l, (long)N - row0));
     const int nc = K >> 7, part = warp % ks;
     const int c0 = part * nc / ks, c1 = (part + 1) * nc / ks;
-    const int tok0 = blockIdx.y * MT_TOKENS;
-    if (fmt == 3) {
+    constexpr int TOKENS = fmt == 3 ? 4 * G : MT_TOKENS;  // tokens per grid row
+    const int tok0 = blockIdx.y * TOKENS;
+    if constexpr (fmt == 3) {
         // lane's token in group q: tok0 + 4 q + lane / 8
         const int slot = lane >> 3;
         unsigned bx = 0;
 #pragma unroll
-        for (int q = 0; q < MT_NV_GROUPS; q++)
+        for (int q = 0; q < G; q++)
             if (tok0 + 4 * q + slot < T) bx |= 1u << q;
         const int tl = min(tok0 + slot, T - 1);
         const uint4* xl = (const uint4*)(xb + (long)tl * (K / 2)) + 4 * (lane & 7);
-        float acc[MT_NV_GROUPS][4] = {};
-        MmaTile<MMA_U> m;
+        float acc[G][4] = {};
+        MmaTile<U> m;
         if (nrows > 0) m.start(w + row0 * (K / 2), scales + row0 * (K / 16), K / 2, K / 16, nrows, c0, c1);
         pdl_enter();
-        if (nrows > 0) m.run_staged<MT_NV_GROUPS>(xl, 4l * (K / 4), bx, acc);
-        mt_stash_cols<MT_NV_GROUPS>(acc, red);
+        if (nrows > 0) m.template run_staged<G>(xl, 4l * (K / 4), bx, acc);
+        mt_stash_cols<G>(acc, red);
     } else {
         // lane's token in group q: tok0 + 2 q + lane / 12 (lanes 24-31: none)
         const int slot = lane / 12;
@@ -1138,12 +1161,12 @@ extern "C" __global__ void __launch_bounds__(256) gemv_mt(Segs segs, const uint2
     }
     __syncthreads();
     if (part != 0 || nrows == 0) return;
-    for (int i = lane; i < 16 * MT_TOKENS; i += 32) {
+    for (int i = lane; i < 16 * TOKENS; i += 32) {
         const int r = i & 15, tk = i >> 4, tok = tok0 + tk;
         if (r >= nrows || tok >= T) continue;
         float v = 0.f;
         for (int p = 0; p < ks; p++) {
-            if (fmt == 3) {
+            if constexpr (fmt == 3) {
                 const float* cv = red[warp + p][tk >> 2][r] + 2 * (tk & 3);
                 v += cv[0] + cv[1];
             } else {
@@ -1158,6 +1181,25 @@ extern "C" __global__ void __launch_bounds__(256) gemv_mt(Segs segs, const uint2
         y[idx] = o;
     }
 }
+
+// gemv_mt_nv: two blocks a SM (128 registers: MT_NV_U chunks in flight a lane, no spills);
+// gemv_mt_nv_b1: one block a SM with MMA_U chunks in flight (the kernel before, for A/B);
+// gemv_mt_nv16: 16 tokens a grid row (4 groups: each weight fragment feeds 16 tokens, read half
+// as often past 8 tokens), one block a SM;
+// gemv_mt_nv4: 4 tokens a grid row (one group: half the accumulators), three blocks a SM like the
+// one-token gemv_mma, for steps of 2-4 sequences.
+// (minb: the blocks a SM the registers are sized for; 0: no minimum, ptxas's choice)
+#define GEMV_MT_KERNEL(name, fmt, u, groups, minb)                                                                    \
+    extern "C" __global__ void __launch_bounds__(256, minb)                                                           \
+        name(Segs segs, const uint2* __restrict__ xb, const float* __restrict__ xds, const float* __restrict__ bias,   \
+             const float* resid, int K, int T, int ks) {                                                               \
+        gemv_mt_impl<fmt, u, groups>(segs, xb, xds, bias, resid, K, T, ks);                                           \
+    }
+GEMV_MT_KERNEL(gemv_mt_bf16, 2, 0, MT_BF_GROUPS, 0)
+GEMV_MT_KERNEL(gemv_mt_nv, 3, MT_NV_U, MT_NV_GROUPS, 2)
+GEMV_MT_KERNEL(gemv_mt_nv_b1, 3, MMA_U, MT_NV_GROUPS, 0)
+GEMV_MT_KERNEL(gemv_mt_nv16, 3, MT_NV_U, 4, 0)
+GEMV_MT_KERNEL(gemv_mt_nv4, 3, MT_NV4_U, 1, 3)
 
 #define MULTI_R 4
 #define MULTI_U 4  // chunk slots per lane on the tensor-core path of linear_multi2

@@ -62,6 +62,11 @@ __device__ void route_impl(const float* __restrict__ logits, const float* __rest
                 bi = oi;
             }
         }
+        // (no score compares when they are NaN: a valid expert and a NaN weight, so that the NaN
+        // reaches the token's output as the CPU's sort gives it, and no item reads past the
+        // experts' weights)
+        const bool none = bi == 0x7fffffff;
+        if (none) bi = r;
         // the owner removes it and broadcasts its unbiased score
         float sv = 0.f;
         if ((bi & 31) == lane) {
@@ -73,6 +78,7 @@ __device__ void route_impl(const float* __restrict__ logits, const float* __rest
                 }
         }
         sv = __shfl_sync(0xffffffffu, sv, bi & 31);
+        if (none) sv = __int_as_float(0x7fc00000);
         chosen_sum += sv;
         if (lane == r) {
             my_w = sv;
@@ -241,10 +247,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up2(ExpertProj
 // grid (ceil(H / (warps * XRD)), T*k (+ T)).
 // With `mma` (blocks of 4 warps), NVFP4 experts with K % 128 == 0 take the tensor-core path: the
 // block's 32 rows are two tiles of 2 warps each.
-extern "C" __global__ void experts_down2(ExpertProj down, ExpertProj sdown, int shared_inter,
-                                        const int* __restrict__ sel, const float* __restrict__ wts, int k, int T,
-                                        const float* __restrict__ h, int inter, float* __restrict__ part, int H,
-                                        int mma) {
+__device__ __forceinline__ void experts_down2_impl(ExpertProj down, ExpertProj sdown, int shared_inter,
+                                                   const int* __restrict__ sel, const float* __restrict__ wts, int k,
+                                                   int T, const float* __restrict__ h, int inter,
+                                                   float* __restrict__ part, int H, int mma) {
     const int warps = blockDim.x >> 5;
     __shared__ float4 xs[XS_MAX / 4];
     if (mma && down.fmt == 3 && (inter & 127) == 0 && inter <= XS_MAX && warps * XRD == 32 &&
@@ -295,6 +301,22 @@ extern "C" __global__ void experts_down2(ExpertProj down, ExpertProj sdown, int 
         float v = warp_sum(a[r]);
         if ((threadIdx.x & 31) == 0 && r < nrows) part[(long)j * H + o + r] = v * gs;
     }
+}
+
+// experts_down2: ptxas's choice of registers (133: three blocks of 4 warps a SM); experts_down2_b4:
+// at most 128, four blocks a SM, a third more weight loads in flight
+// (CudaOptions::down_four_blocks).
+extern "C" __global__ void experts_down2(ExpertProj down, ExpertProj sdown, int shared_inter,
+                                        const int* __restrict__ sel, const float* __restrict__ wts, int k, int T,
+                                        const float* __restrict__ h, int inter, float* __restrict__ part, int H,
+                                        int mma) {
+    experts_down2_impl(down, sdown, shared_inter, sel, wts, k, T, h, inter, part, H, mma);
+}
+extern "C" __global__ void __launch_bounds__(128, 4)
+    experts_down2_b4(ExpertProj down, ExpertProj sdown, int shared_inter, const int* __restrict__ sel,
+                     const float* __restrict__ wts, int k, int T, const float* __restrict__ h, int inter,
+                     float* __restrict__ part, int H, int mma) {
+    experts_down2_impl(down, sdown, shared_inter, sel, wts, k, T, h, inter, part, H, mma);
 }
 
 // ---- persistent decode MoE (one token, NVFP4 routed experts on tensor cores) ------------------
@@ -555,47 +577,87 @@ extern "C" __global__ void experts_reduce(const float* __restrict__ part, int k,
 // gathered). Outputs stay indexed by item (h [items, inter], part [items, H]), so the ordered sum
 // `experts_reduce` is unchanged and the result does not depend on the grouping.
 
-#define MA_EMAX 1024  // most experts moe_align handles (shared-memory counters)
+#define MA_EMAX 1024  // most experts moe_align handles: one a thread of its block
+#define MA_ILP 8       // loads of sel each thread has in flight
 
 // Groups `items` routed items by expert: order[] lists the items expert by expert, tiles[i] =
 // (expert, first index into order, items (<= bn), 0) for tiles 0 .. *ntiles. One block of
-// 1024 threads; `tiles` holds 4 ints per tile. Within an expert the items' order is arbitrary
-// (atomics); results do not depend on it. Items with an expert id outside [0, E) are left out.
-extern "C" __global__ void __launch_bounds__(1024) moe_align(const int* __restrict__ sel, int items, int E, int bn,
-                                                             int* __restrict__ order, int* __restrict__ tiles,
-                                                             int* __restrict__ ntiles) {
-    __shared__ int cnt[MA_EMAX], off[MA_EMAX], tile0[MA_EMAX];
-    const int tid = threadIdx.x;
+// MA_EMAX threads (thread e counts expert e; E <= MA_EMAX); `tiles` holds 4 ints per tile. Within
+// an expert the items' order is arbitrary (atomics); results do not depend on it. Items with an
+// expert id outside [0, E) are left out. The two passes over sel keep MA_ILP loads in flight a
+// thread, and the experts' offsets are block-wide prefix sums (warp scans), so that one block
+// does not serialise on memory latency.
+extern "C" __global__ void __launch_bounds__(MA_EMAX) moe_align(const int* __restrict__ sel, int items, int E, int bn,
+                                                                int* __restrict__ order, int* __restrict__ tiles,
+                                                                int* __restrict__ ntiles) {
+    __shared__ int cnt[MA_EMAX], off[MA_EMAX];
+    __shared__ int warp_items[32], warp_tiles[32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     pdl_enter();
-    for (int e = tid; e < E; e += blockDim.x) cnt[e] = 0;
+    cnt[tid] = 0;
     __syncthreads();
-    for (int i = tid; i < items; i += blockDim.x) {
-        const int e = sel[i];
-        if ((unsigned)e < (unsigned)E) atomicAdd(&cnt[e], 1);
-    }
-    __syncthreads();
-    if (tid == 0) {
-        int o = 0, tt = 0;
-        for (int e = 0; e < E; e++) {
-            off[e] = o;
-            tile0[e] = tt;
-            o += cnt[e];
-            tt += (cnt[e] + bn - 1) / bn;
+    for (int i0 = 0; i0 < items; i0 += MA_EMAX * MA_ILP) {
+        int e[MA_ILP];
+#pragma unroll
+        for (int j = 0; j < MA_ILP; j++) {
+            const int i = i0 + j * MA_EMAX + tid;
+            e[j] = i < items ? __ldg(sel + i) : -1;
         }
-        *ntiles = tt;
+#pragma unroll
+        for (int j = 0; j < MA_ILP; j++)
+            if ((unsigned)e[j] < (unsigned)E) atomicAdd(&cnt[e[j]], 1);
     }
     __syncthreads();
-    for (int e = tid; e < E; e += blockDim.x) {
-        const int c = cnt[e];
-        for (int q = 0; q * bn < c; q++)
-            ((int4*)tiles)[tile0[e] + q] = make_int4(e, off[e] + q * bn, min(bn, c - q * bn), 0);
+    // expert tid's first item and first tile: exclusive prefix sums over the experts
+    const int c = tid < E ? cnt[tid] : 0;
+    const int nt = (c + bn - 1) / bn;
+    int ci = c, ti = nt;  // inclusive scans within the warp
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const int a = __shfl_up_sync(0xffffffffu, ci, d), b = __shfl_up_sync(0xffffffffu, ti, d);
+        if (lane >= d) {
+            ci += a;
+            ti += b;
+        }
+    }
+    if (lane == 31) {
+        warp_items[warp] = ci;
+        warp_tiles[warp] = ti;
     }
     __syncthreads();
-    for (int e = tid; e < E; e += blockDim.x) cnt[e] = 0;
+    if (warp == 0) {
+        const int wi = warp_items[lane], wt = warp_tiles[lane];
+        int a = wi, b = wt;
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const int x = __shfl_up_sync(0xffffffffu, a, d), y = __shfl_up_sync(0xffffffffu, b, d);
+            if (lane >= d) {
+                a += x;
+                b += y;
+            }
+        }
+        warp_items[lane] = a - wi;
+        warp_tiles[lane] = b - wt;
+    }
     __syncthreads();
-    for (int i = tid; i < items; i += blockDim.x) {
-        const int e = sel[i];
-        if ((unsigned)e < (unsigned)E) order[off[e] + atomicAdd(&cnt[e], 1)] = i;
+    const int first = warp_items[warp] + ci - c, tile0 = warp_tiles[warp] + ti - nt;
+    if (tid < E) {
+        off[tid] = first;
+        cnt[tid] = 0;
+        for (int q = 0; q < nt; q++) ((int4*)tiles)[tile0 + q] = make_int4(tid, first + q * bn, min(bn, c - q * bn), 0);
+        if (tid == E - 1) *ntiles = tile0 + nt;
+    }
+    __syncthreads();
+    for (int i0 = 0; i0 < items; i0 += MA_EMAX * MA_ILP) {
+        int e[MA_ILP];
+#pragma unroll
+        for (int j = 0; j < MA_ILP; j++) {
+            const int i = i0 + j * MA_EMAX + tid;
+            e[j] = i < items ? __ldg(sel + i) : -1;
+        }
+#pragma unroll
+        for (int j = 0; j < MA_ILP; j++)
+            if ((unsigned)e[j] < (unsigned)E) order[off[e[j]] + atomicAdd(&cnt[e[j]], 1)] = i0 + j * MA_EMAX + tid;
     }
 }
 
@@ -707,6 +769,99 @@ extern "C" __global__ void __launch_bounds__(256) experts_down_mma(ExpertProj do
         if (o < H && t < cnt) {
             const int item = items[t];
             part[(long)item * H + o] = v * (gs * (h16 ? wts[item] * hds[item] : wts[item]));
+        }
+    });
+}
+
+// The same two products on gemm_h16's core (NVFP4 gate/up/down, sm_90): x and h split once into
+// their f16 parts (x_split_h16), each tile's rows gathered by cp.async, tiles of 64 items,
+// GH_STAGES * sizeof(GhStage<64>) bytes of dynamic shared memory. The arithmetic of the f16 path
+// above (same products, same scales; f32 sums in another order).
+
+// h[item, o] as experts_gate_up_mma, from x's parts `xh` (T token rows of K) and their scales.
+extern "C" __global__ void __launch_bounds__(256, 2)
+    experts_gate_up_h16(ExpertProj gate, ExpertProj up, const int* __restrict__ tiles, const int* __restrict__ ntiles,
+                        const int* __restrict__ order, int k, const u16* __restrict__ xh, int T,
+                        float* __restrict__ h, int inter, int K, const float* __restrict__ xds) {
+    constexpr int BN = 64;
+    DYNAMIC_SMEM(u8, ex_smem);
+    __shared__ int xrow[BN], items[BN];
+    __shared__ float ids[BN];
+    const int tid = threadIdx.x;
+    pdl_enter();  // (the tiles are moe_align's output)
+    if ((int)blockIdx.y >= *ntiles) return;
+    const int4 tile = ((const int4*)tiles)[blockIdx.y];
+    const long e = tile.x;
+    const int cnt = tile.z;
+    if (tid < BN) {
+        const int item = tid < cnt ? order[tile.y + tid] : 0;
+        items[tid] = item;
+        xrow[tid] = tid < cnt ? item / k : -1;
+        ids[tid] = tid < cnt ? __ldg(xds + item / k) : 1.f;
+    }
+    // weight rows: 64 gate rows, then the same 64 up rows
+    const long o0 = (long)blockIdx.x * 64;
+    const int wr = tid >> 1;
+    const long wo = o0 + (wr & 63), so = o0 + (tid & 63);
+    const ExpertProj& wp = wr >= 64 ? up : gate;
+    const ExpertProj& sp = tid >= 64 ? up : gate;
+    GhSrc s;
+    s.wrow = wo < inter ? (const u8*)wp.w + (e * inter + wo) * (K / 2) : nullptr;
+    s.srow = tid < GH_BM && so < inter ? sp.scales + (e * inter + so) * (K / 16) : nullptr;
+    s.xh = xh;
+    s.part_len = (long)T * K;
+    s.xrow = xrow;
+    s.K = K;
+    __syncthreads();
+    float acc[2][BN / 16][4];
+    gh_mainloop<BN>(s, 0, K, cnt, (GhStage<BN>*)ex_smem, acc);
+    float(*C)[BN + 1] = (float(*)[BN + 1])(void*)ex_smem;  // (the stages are free again)
+    gh_each<BN>(acc, [&](int r, int j, float v) { C[r][j] = v; });
+    __syncthreads();
+    const float gg = 64.f * gate.inv_g[e], gu = 64.f * up.inv_g[e];
+    for (int idx = tid; idx < 64 * BN; idx += blockDim.x) {
+        const int o = idx & 63, j = idx >> 6;
+        if (j < cnt && o0 + o < inter) {
+            const float gv = C[o][j] * (gg * ids[j]), uv = C[64 + o][j] * (gu * ids[j]);
+            h[(long)items[j] * inter + o0 + o] = gv / (1.0f + expf(-gv)) * uv;
+        }
+    }
+}
+
+// part[item, o] as experts_down_mma, from h's parts `hh` (one row of `inter` per item, `items`
+// rows) and their scales `hds`.
+extern "C" __global__ void __launch_bounds__(256, 2)
+    experts_down_h16(ExpertProj down, const int* __restrict__ tiles, const int* __restrict__ ntiles,
+                     const int* __restrict__ order, const float* __restrict__ wts, const u16* __restrict__ hh,
+                     int items_total, float* __restrict__ part, int inter, int H, const float* __restrict__ hds) {
+    constexpr int BN = 64;
+    DYNAMIC_SMEM(u8, ex_smem);
+    __shared__ int xrow[BN];
+    const int tid = threadIdx.x;
+    pdl_enter();
+    if ((int)blockIdx.y >= *ntiles) return;
+    const int4 tile = ((const int4*)tiles)[blockIdx.y];
+    const long e = tile.x;
+    const int cnt = tile.z;
+    if (tid < BN) xrow[tid] = tid < cnt ? order[tile.y + tid] : -1;
+    const long o0 = (long)blockIdx.x * GH_BM;
+    const long wo = o0 + (tid >> 1), so = o0 + tid;
+    GhSrc s;
+    s.wrow = wo < H ? (const u8*)down.w + (e * H + wo) * (inter / 2) : nullptr;
+    s.srow = tid < GH_BM && so < H ? down.scales + (e * H + so) * (inter / 16) : nullptr;
+    s.xh = hh;
+    s.part_len = (long)items_total * inter;
+    s.xrow = xrow;
+    s.K = inter;
+    __syncthreads();
+    float acc[2][BN / 16][4];
+    gh_mainloop<BN>(s, 0, inter, cnt, (GhStage<BN>*)ex_smem, acc);
+    const float gs = 64.f * down.inv_g[e];
+    gh_each<BN>(acc, [&](int r, int t, float v) {
+        const long o = o0 + r;
+        if (o < H && t < cnt) {
+            const int item = xrow[t];
+            part[(long)item * H + o] = v * (gs * (wts[item] * hds[item]));
         }
     });
 }

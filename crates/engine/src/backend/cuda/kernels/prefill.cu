@@ -486,9 +486,10 @@ GEMM_MMA_KERNEL(gemm_mma_deep, GT_PF_DEEP)
 //   registers: a thread's u32 of 8 codes is, through nv_word_h2, exactly its four f16 pairs of
 //   one row in the step's two 16-wide mma chunks (no decoded tile in shared memory);
 // - GH_STAGES K steps in flight (dynamic shared memory), one barrier per step.
-// Block: GH_BM = 128 weight rows x GH_BN = 128 tokens, 8 warps as 4 (rows) x 2 (tokens), each
-// 32 rows x 64 tokens (2 x 8 mma tiles). Token groups of 8 at or past the tile's last token are
-// skipped (warp-uniform).
+// Block: GH_BM = 128 weight rows x BN tokens (gemm_h16: 128; the grouped experts: 64 items of
+// one expert), 8 warps as 4 (rows) x 2 (tokens), each 32 rows x BN / 2 tokens. Token groups of
+// 8 at or past the tile's last token are skipped (warp-uniform). The token rows are gathered
+// (each block lists its rows of x: an expert's items).
 //
 // Fragment order: of the 32 codes k0 .. k0 + 31 of a row, thread q of a quad holds codes
 // 8q .. 8q + 7 (bytes 4q .. 4q + 3); nv_word_h2 gives their pairs (0, 2), (4, 6), (1, 3),
@@ -497,84 +498,120 @@ GEMM_MMA_KERNEL(gemm_mma_deep, GT_PF_DEEP)
 // 8 of it, p a quad thread, e = 0, 1) holds x[k0 + 8 p + {0, 4, 1, 5}[c] + 2 e].
 
 #define GH_BM 128
-#define GH_BN 128
 #define GH_BK 64
 #define GH_STAGES 3
 
+// One K step of a block's tiles: BN tokens (128 for gemm_h16, 64 items for the experts).
+template <int BN>
 struct GhStage {
-    u16 x[2][GH_BN][GH_BK];   // the parts' token rows; 16-byte chunk c of row r at c ^ (r & 7)
+    u16 x[2][BN][GH_BK];      // the parts' token rows; 16-byte chunk c of row r at c ^ (r & 7)
     u32 w[GH_BM][GH_BK / 8];  // packed codes (32 bytes a row)
     u32 sc[GH_BM];            // the row's 4 block scales
 };
 
 // xh[part][t][k] (part 0: the f16 high parts, 1: the remainders; T x K each) of x[t, k] * 2^e,
-// 2^e = 1 / xds[t] (row_pow2), in gemm_h16's fragment order per 32 values (K % 32 == 0). One
-// thread per 32 values.
-extern "C" __global__ void x_split_h16(const float* __restrict__ x, const float* __restrict__ xds, int T, int K,
-                                       u16* __restrict__ xh) {
+// 2^e = 1 / xds[t], in gemm_h16's fragment order per 32 values (K % 32 == 0). xds null: the rows'
+// row_pow2 scales are computed here first (as row_pow2 computes them, so the same bits) and
+// written to xds_out. gate (null: none): x[t, k] taken times softplus(gate[t, k / group]) first
+// (group % 4 == 0; softplus_gate's product, so the same bits as that kernel then this one). One
+// warp per row, 8 rows a block of 256; 8 lanes per 32 values, lane j reading values 4j .. 4j + 3
+// (coalesced), which are exactly the pairs of two words of each part: (4j, 4j + 2) is word
+// 4 (j & 1) + j / 2, (4j + 1, 4j + 3) that plus 8.
+extern "C" __global__ void __launch_bounds__(256)
+    x_split_h16(const float* __restrict__ x, const float* __restrict__ xds, int T, int K, u16* __restrict__ xh,
+                float* __restrict__ xds_out, const float* __restrict__ gate, int group) {
     pdl_enter();
-    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long)T * (K / 32)) return;
-    const float xs = gt_row_xs(xds, i / (K / 32));
-    const float4* src = (const float4*)(x + i * 32);
-    float v[32];
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        const float4 a = __ldg(src + j);
-        v[4 * j] = a.x * xs;
-        v[4 * j + 1] = a.y * xs;
-        v[4 * j + 2] = a.z * xs;
-        v[4 * j + 3] = a.w * xs;
-    }
-    uint4* hi = (uint4*)(xh + i * 32);
-    uint4* lo = (uint4*)(xh + (long)T * K + i * 32);
-    const int first[4] = {0, 4, 1, 5};
-#pragma unroll
-    for (int c = 0; c < 4; c++) {
-        u32 h[4], l[4];
-#pragma unroll
-        for (int p = 0; p < 4; p++) {
-            float a = v[8 * p + first[c]], b = v[8 * p + first[c] + 2];
-            h[p] = f16x2_split(a, b);
-            l[p] = f16x2_rn(a, b);
+    const long r = (long)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (r >= T) return;
+    const int lane = threadIdx.x & 31;
+    const float4* row = (const float4*)(x + r * K);
+    const float* grow = gate ? gate + r * (K / group) : nullptr;
+    // x's float4 i, gated where there is a gate
+    auto load = [&](int i) {
+        float4 v = __ldg(row + i);
+        if (grow) {
+            const float s = softplus(__ldg(grow + 4 * i / group));
+            v.x *= s;
+            v.y *= s;
+            v.z *= s;
+            v.w *= s;
         }
-        hi[c] = make_uint4(h[0], h[1], h[2], h[3]);
-        lo[c] = make_uint4(l[0], l[1], l[2], l[3]);
+        return v;
+    };
+    float xs;
+    if (xds != nullptr) {
+        xs = gt_row_xs(xds, r);
+    } else {
+        float m = 0.f;
+#pragma unroll 4
+        for (int i = lane; i < K / 4; i += 32) {
+            const float4 v = load(i);
+            m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+        }
+        const float ds = pow2f(-xb_exp(warp_max(m)));
+        if (lane == 0) xds_out[r] = ds;
+        xs = 1.f / ds;
+    }
+    u32* hi = (u32*)(xh + r * K);
+    u32* lo = (u32*)(xh + (long)T * K + r * K);
+    const int word = 4 * (lane & 1) + ((lane >> 1) & 3);
+#pragma unroll 4
+    for (int i = lane; i < K / 4; i += 32) {
+        const float4 v = load(i);
+        float a0 = v.x * xs, b0 = v.z * xs, a1 = v.y * xs, b1 = v.w * xs;
+        const int w = (i >> 3) * 16 + word;
+        hi[w] = f16x2_split(a0, b0);
+        lo[w] = f16x2_rn(a0, b0);
+        hi[w + 8] = f16x2_split(a1, b1);
+        lo[w + 8] = f16x2_rn(a1, b1);
     }
 }
 
-// Copies K step k (absolute) of the block's weight rows r0.. and token rows t0.. into `st`
-// (cp.async; rows outside the matrix as zeros).
-__device__ __forceinline__ void gh_load(GhStage& st, const u8* __restrict__ w, const u8* __restrict__ scales,
-                                        const u16* __restrict__ xh, long r0, long t0, int N, int K, int T,
-                                        int k) {
+// Where a block's gh_load copies from: this thread's weight row (tid / 2; null: zeros) and,
+// for tid < GH_BM, row tid's block scales (null: zeros), both at K = 0; x's parts (part p of row
+// t at xh + p * part_len + t * K) and the tile's token rows `xrow` (shared memory, -1: zeros).
+struct GhSrc {
+    const u8* wrow;
+    const u8* srow;
+    const u16* xh;
+    long part_len;
+    const int* xrow;
+    int K;
+};
+
+// Copies K step k (absolute) into `st` (cp.async).
+template <int BN>
+__device__ __forceinline__ void gh_load(GhStage<BN>& st, const GhSrc& s, int k) {
     const int tid = threadIdx.x;
-    const long part_len = (long)T * K;
 #pragma unroll
-    for (int it = 0; it < 2 * GH_BN * 8 / 256; it++) {
+    for (int it = 0; it < 2 * BN * 8 / 256; it++) {
         const int c = tid + 256 * it;
-        const int part = c / (GH_BN * 8), r = (c / 8) % GH_BN, ch = c % 8;
-        const bool ok = t0 + r < T;
-        const u16* src = xh + part * part_len + (ok ? t0 + r : 0) * K + k + 8 * ch;
+        const int part = c / (BN * 8), r = (c / 8) % BN, ch = c % 8;
+        const int row = s.xrow[r];
+        const bool ok = row >= 0;
+        const u16* src = s.xh + part * s.part_len + (long)(ok ? row : 0) * s.K + k + 8 * ch;
         cp_async16(smem_u32(&st.x[part][r][8 * (ch ^ (r & 7))]), src, ok);
     }
-    {
-        const int r = tid >> 1, ch = tid & 1;
-        const bool ok = r0 + r < N;
-        const u8* src = w + (ok ? r0 + r : 0) * (K / 2) + k / 2 + 16 * ch;
-        cp_async16(smem_u32(&st.w[r][4 * ch]), src, ok);
-    }
+    // (a row outside the matrix: zeros, its source not read; x's parts stand in as an address)
+    const int ch = tid & 1;
+    const void* wsrc = s.wrow ? (const void*)(s.wrow + k / 2 + 16 * ch) : (const void*)s.xh;
+    cp_async16(smem_u32(&st.w[tid >> 1][4 * ch]), wsrc, s.wrow != nullptr);
     if (tid < GH_BM) {
-        const bool ok = r0 + tid < N;
-        cp_async4(smem_u32(&st.sc[tid]), scales + (ok ? r0 + tid : 0) * (K / 16) + k / 16, ok);
+        const void* ssrc = s.srow ? (const void*)(s.srow + k / 16) : (const void*)s.xh;
+        cp_async4(smem_u32(&st.sc[tid]), ssrc, s.srow != nullptr);
     }
 }
 
-// The tensor-core work of one K step on `st` for the first `tn` tokens (see the section's head).
-__device__ __forceinline__ void gh_step(const GhStage& st, int tn, float acc[2][8][4]) {
+// The tensor-core work of one K step on `st` for the first `tn` tokens (see the section's head):
+// warp (wm, wn) takes rows 32 wm .. + 32 and tokens BN / 2 * wn .. + BN / 2. AHEAD: each part's
+// B fragments of an mma chunk are loaded before its mma (their loads overlap; more registers:
+// the variant for one block of 8 warps a SM).
+template <int BN, bool AHEAD = false>
+__device__ __forceinline__ void gh_step(const GhStage<BN>& st, int tn, float acc[2][BN / 16][4]) {
+    constexpr int WN = BN / 2;  // tokens per warp
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wm = warp & 3, wn = warp >> 2, g = lane >> 2, q = lane & 3;
-    if (64 * wn >= tn) return;
+    if (WN * wn >= tn) return;
 #pragma unroll
     for (int sub = 0; sub < 2; sub++) {  // 32 values of K: one row chunk of 16 bytes, 2 scales
         u32 a[2][2][4];                   // [16-row tile][mma chunk][register]
@@ -592,14 +629,38 @@ __device__ __forceinline__ void gh_step(const GhStage& st, int tn, float acc[2][
                 a[i][1][2 + h] = o[3];
             }
 #pragma unroll
-        for (int c = 0; c < 2; c++)
+        for (int c = 0; c < 2; c++) {
+            const int ch = 4 * sub + 2 * c + ((lane >> 3) & 1);
+            if (AHEAD) {
 #pragma unroll
-            for (int jj = 0; jj < 4; jj++) {
-                const int n0 = 64 * wn + 16 * jj;  // the first token of this pair of 8-token groups
+                for (int part = 0; part < 2; part++) {
+                    u32 b[WN / 16][4];  // (tokens past the tile's are zeros in shared memory)
+#pragma unroll
+                    for (int jj = 0; jj < WN / 16; jj++) {
+                        const int tok = WN * wn + 16 * jj + (lane & 7) + ((lane >> 4) << 3);
+                        ldsm_x4(b[jj], smem_u32(&st.x[part][tok][8 * (ch ^ (tok & 7))]));
+                    }
+#pragma unroll
+                    for (int jj = 0; jj < WN / 16; jj++) {
+                        const int n0 = WN * wn + 16 * jj;
+                        if (n0 >= tn) break;
+#pragma unroll
+                        for (int i = 0; i < 2; i++) {
+                            const u32* ai = a[i][c];
+                            mma16816(acc[i][2 * jj], ai[0], ai[1], ai[2], ai[3], b[jj][0], b[jj][1]);
+                            if (n0 + 8 < tn)
+                                mma16816(acc[i][2 * jj + 1], ai[0], ai[1], ai[2], ai[3], b[jj][2], b[jj][3]);
+                        }
+                    }
+                }
+                continue;
+            }
+#pragma unroll
+            for (int jj = 0; jj < WN / 16; jj++) {
+                const int n0 = WN * wn + 16 * jj;  // the first token of this pair of 8-token groups
                 if (n0 >= tn) break;
                 const bool both = n0 + 8 < tn;
                 const int tok = n0 + (lane & 7) + ((lane >> 4) << 3);
-                const int ch = 4 * sub + 2 * c + ((lane >> 3) & 1);
 #pragma unroll
                 for (int part = 0; part < 2; part++) {
                     u32 b[4];
@@ -612,72 +673,121 @@ __device__ __forceinline__ void gh_step(const GhStage& st, int tn, float acc[2][
                     }
                 }
             }
+        }
     }
 }
 
-// y[t, o] = resid[t, o] + bias[o] + 64 inv_g xds[t] * W[o, :] . (x[t, :] / xds[t]) for T tokens:
-// NVFP4 W (N x K, K % 64 == 0; codes 16-byte and scales 4-byte aligned), x given as
-// x_split_h16's parts `xh`. Grid (ceil(N / GH_BM), ceil(T / GH_BN), splits), 256 threads,
-// GH_STAGES * sizeof(GhStage) bytes of dynamic shared memory. With splits > 1, block z takes
-// K chunks [z kc, (z + 1) kc) of 32 (kc even) and writes its raw sums to part[z][t][o], which
-// gemm_splitk_reduce (fmt 3, the same xds) finishes.
-extern "C" __global__ void __launch_bounds__(256, 2)
-    gemm_h16(const u8* __restrict__ w, const u8* __restrict__ scales, float inv_g, const u16* __restrict__ xh,
-             float* y, const float* __restrict__ bias, const float* resid, int N, int K, int T, int kc,
-             float* __restrict__ part, const float* __restrict__ xds) {
-    DYNAMIC_SMEM(u8, gh_smem);
-    GhStage* st = (GhStage*)gh_smem;
-    const long r0 = (long)blockIdx.x * GH_BM, t0 = (long)blockIdx.y * GH_BN;
-    const int k0 = (int)blockIdx.z * kc * 32;
-    const int steps = min(K - k0, kc * 32) / GH_BK;
-    const int tn = (int)min((long)GH_BN, (long)T - t0);
-    float acc[2][8][4];
+// The block's GH_BM x BN product over K range [k0, k0 + kn) (kn % 64 == 0) into acc, the first
+// `tn` tokens; GH_STAGES stages at `st`. Ends with no copies in flight and a barrier (the stages
+// may then be reused). The caller has written s.xrow and synchronised.
+template <int BN, bool AHEAD = false>
+__device__ __forceinline__ void gh_mainloop(const GhSrc& s, int k0, int kn, int tn, GhStage<BN>* st,
+                                            float acc[2][BN / 16][4]) {
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+        for (int j = 0; j < BN / 16; j++)
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
-    pdl_enter();
+    const int steps = kn / GH_BK;
 #pragma unroll
-    for (int s = 0; s < GH_STAGES - 1; s++) {
-        if (s < steps) gh_load(st[s], w, scales, xh, r0, t0, N, K, T, k0 + s * GH_BK);
+    for (int p = 0; p < GH_STAGES - 1; p++) {
+        if (p < steps) gh_load<BN>(st[p], s, k0 + p * GH_BK);
         cp_async_commit();
     }
-    for (int s = 0; s < steps; s++) {
+    for (int p = 0; p < steps; p++) {
         cp_async_wait<GH_STAGES - 2>();
-        __syncthreads();  // step s is in; every warp is done with the stage step s - 1 used
-        const int next = s + GH_STAGES - 1;
-        if (next < steps) gh_load(st[next % GH_STAGES], w, scales, xh, r0, t0, N, K, T, k0 + next * GH_BK);
+        __syncthreads();  // step p is in; every warp is done with the stage step p - 1 used
+        const int next = p + GH_STAGES - 1;
+        if (next < steps) gh_load<BN>(st[next % GH_STAGES], s, k0 + next * GH_BK);
         cp_async_commit();
-        gh_step(st[s % GH_STAGES], tn, acc);
+        gh_step<BN, AHEAD>(st[p % GH_STAGES], tn, acc);
     }
     cp_async_wait<0>();
+    __syncthreads();
+}
+
+// f(row, token, value) for each of this thread's accumulators after gh_mainloop (row and token
+// within the block's GH_BM x BN tile).
+template <int BN, class F>
+__device__ __forceinline__ void gh_each(const float acc[2][BN / 16][4], F f) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3, wm = warp & 3, wn = warp >> 2;
-    const float gs = 64.f * inv_g;
-    float* pz = part + (long)blockIdx.z * T * N;
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+        for (int j = 0; j < BN / 16; j++)
 #pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const long o = r0 + 32 * wm + 16 * i + g + 8 * (c >> 1);
-                const long t = t0 + 64 * wn + 8 * j + 2 * q + (c & 1);
-                if (o >= N || t >= T) continue;
-                const long idx = t * N + o;
-                float v = acc[i][j][c];
-                if (gridDim.z > 1) {
-                    pz[idx] = v;
-                    continue;
-                }
-                v *= gs * xds[t];
-                if (bias) v += bias[o];
-                if (resid) v += resid[idx];
-                y[idx] = v;
-            }
+            for (int c = 0; c < 4; c++)
+                f(32 * wm + 16 * i + g + 8 * (c >> 1), BN / 2 * wn + 8 * j + 2 * q + (c & 1), acc[i][j][c]);
 }
+
+// y[t, o] = resid[t, o] + bias[o] + 64 inv_g xds[t] * W[o, :] . (x[t, :] / xds[t]) for T tokens
+// and each NVFP4 W of `segs` (segment s: the row tiles of blocks [block0, next block0), its own
+// W (N x K, K % 64 == 0; codes 16-byte and scales 4-byte aligned), inv_g and y; `bias`, `resid`
+// and a K split: one segment only), x given as x_split_h16's parts `xh`. Grid (the segments'
+// row tiles of GH_BM, ceil(T / 128), splits), 256 threads, GH_STAGES * sizeof(GhStage<128>) bytes
+// of dynamic shared memory. With splits > 1, block z takes K chunks [z kc, (z + 1) kc) of 32 (kc
+// even) and writes its raw sums to part[z][t][o], which gemm_splitk_reduce (fmt 3, the same xds)
+// finishes.
+template <bool AHEAD>
+__device__ __forceinline__ void gemm_h16_impl(const Segs& segs, const u16* __restrict__ xh,
+                                              const float* __restrict__ bias, const float* resid, int K, int T,
+                                              int kc, float* __restrict__ part, const float* __restrict__ xds) {
+    constexpr int BN = 128;
+    DYNAMIC_SMEM(u8, gh_smem);
+    __shared__ int xrow[BN];
+    int si = 0;
+    for (int i = 1; i < segs.n; i++)
+        if ((int)blockIdx.x >= segs.s[i].block0) si = i;
+    const Seg sg = segs.s[si];
+    const u8* w = (const u8*)sg.w;
+    const int N = sg.N;
+    float* y = sg.y;
+    const int tid = threadIdx.x;
+    const long r0 = (long)(blockIdx.x - sg.block0) * GH_BM, t0 = (long)blockIdx.y * BN;
+    const int k0 = (int)blockIdx.z * kc * 32;
+    const long wr = r0 + (tid >> 1), sr = r0 + tid;
+    GhSrc s;
+    s.wrow = wr < N ? w + wr * (K / 2) : nullptr;
+    s.srow = tid < GH_BM && sr < N ? sg.scales + sr * (K / 16) : nullptr;
+    s.xh = xh;
+    s.part_len = (long)T * K;
+    s.xrow = xrow;
+    s.K = K;
+    if (tid < BN) xrow[tid] = t0 + tid < T ? (int)(t0 + tid) : -1;
+    __syncthreads();
+    pdl_enter();
+    float acc[2][BN / 16][4];
+    gh_mainloop<BN, AHEAD>(s, k0, min(K - k0, kc * 32), (int)min((long)BN, (long)T - t0), (GhStage<BN>*)gh_smem,
+                           acc);
+    const float gs = 64.f * sg.inv_g;
+    float* pz = part + (long)blockIdx.z * T * N;
+    gh_each<BN>(acc, [&](int r, int j, float v) {
+        const long o = r0 + r, t = t0 + j;
+        if (o >= N || t >= T) return;
+        const long idx = t * N + o;
+        if (gridDim.z > 1) {
+            pz[idx] = v;
+            return;
+        }
+        v *= gs * xds[t];
+        if (bias) v += bias[o];
+        if (resid) v += resid[idx];
+        y[idx] = v;
+    });
+}
+
+#define GEMM_H16_KERNEL(NAME, BLOCKS, AHEAD)                                                                  \
+    extern "C" __global__ void __launch_bounds__(256, BLOCKS)                                                 \
+        NAME(Segs segs, const u16* __restrict__ xh, const float* __restrict__ bias, const float* resid, int K, \
+             int T, int kc, float* __restrict__ part, const float* __restrict__ xds) {                        \
+        gemm_h16_impl<AHEAD>(segs, xh, bias, resid, K, T, kc, part, xds);                                     \
+    }
+// gemm_h16: two blocks a SM (128 registers); gemm_h16_b1: one block of more registers, each
+// chunk's B fragments loaded ahead (CudaOptions::h16_one_block)
+GEMM_H16_KERNEL(gemm_h16, 2, false)
+GEMM_H16_KERNEL(gemm_h16_b1, 1, true)
 
 // y[t, o] = resid + bias + gscale * (part[0][t][o] + part[1][t][o] + ...) over `splits` split-K
 // partial sums of gemm_mma (weights of format `fmt`, 1 / global scale `inv_g`, `xds` as given to

@@ -1,7 +1,7 @@
 //! The entry points of kernels/elementwise.cu: norms, rope, gates and element-wise arithmetic.
 
 use super::DevPtr;
-use crate::backend::cuda::CudaBackend;
+use crate::backend::cuda::{CudaBackend, CudaTensor};
 use crate::error::Result;
 
 kernels! {
@@ -33,6 +33,13 @@ kernels! {
     }
     /// `x *= softplus(gate[i / group])` over `n` values, four per thread.
     softplus_gate => SoftplusGateArgs { x: DevPtr<f32>, gate: DevPtr<f32>, n: i64, group: i32 }
+    /// `rms_norm` of a few rows (one block a row, [`norm_row_threads`] threads: the same bits
+    /// as `rms_norm_raw`) that also stages each normed row for `gemv_mt` as `xb_stage` would, for
+    /// NVFP4 weights (`xb_nv`, `ds_nv`) and bf16 ones (`xb_bf`, `ds_bf`); null: not that format.
+    norm_stage => NormStageArgs {
+        x: DevPtr<f32>, w: DevPtr<f32>, y: DevPtr<f32>, k: i32, eps: f32, xb_nv: DevPtr<u32>,
+        ds_nv: DevPtr<f32>, xb_bf: DevPtr<u32>, ds_bf: DevPtr<f32>,
+    }
     /// `y = silu(g) · u` over `n` values.
     silu_mul => SiluMulArgs { g: DevPtr<f32>, u: DevPtr<f32>, y: DevPtr<f32>, n: i64 }
     /// `y += alpha · x` over `n` values, four per thread.
@@ -41,6 +48,26 @@ kernels! {
 
 /// Widest group `rms_norm_warp` takes (`128 * RNW_V` in kernels/elementwise.cu).
 const RMS_NORM_WARP_MAX: usize = 512;
+
+/// Threads of the block `rms_norm` norms a group of `width` values with (`rms_norm_raw`).
+fn norm_block_threads(width: usize) -> u32 {
+    if width >= 1024 {
+        512
+    } else {
+        128
+    }
+}
+
+/// Threads that norm one group of `width` values in `rms_norm_raw`: a warp (`rms_norm_warp`)
+/// for narrow groups, else `rms_norm`'s block. `norm_stage` run with as many threads (one warp
+/// summing like `rms_norm_warp`'s) gives the same bits.
+pub(crate) fn norm_row_threads(width: usize) -> u32 {
+    if width.is_multiple_of(4) && width <= RMS_NORM_WARP_MAX {
+        32
+    } else {
+        norm_block_threads(width)
+    }
+}
 
 /// Most rotated pairs per head the `rope` kernel takes (`ROPE_HALF_MAX`).
 pub(crate) const ROPE_HALF_MAX: usize = 256;
@@ -67,7 +94,7 @@ impl CudaBackend {
         if groups == 0 {
             return Ok(());
         }
-        if width.is_multiple_of(4) && width <= RMS_NORM_WARP_MAX {
+        if norm_row_threads(width) == 32 {
             return RmsNormWarpArgs {
                 x,
                 w,
@@ -78,7 +105,7 @@ impl CudaBackend {
             }
             .launch(self, (groups.div_ceil(8) as u32, 1, 1), (256, 1, 1));
         }
-        let threads = if width >= 1024 { 512 } else { 128 };
+        let threads = norm_block_threads(width);
         RmsNormArgs {
             x,
             w,
@@ -87,6 +114,24 @@ impl CudaBackend {
             eps,
         }
         .launch(self, (groups as u32, 1, 1), (threads, 1, 1))
+    }
+
+    /// The columns of `x` each value of `gate` gates ([`Backend::softplus_gate`]'s shapes:
+    /// one row of gate values per row of x, dividing its width), or an error naming both.
+    ///
+    /// [`Backend::softplus_gate`]: crate::Backend::softplus_gate
+    pub(crate) fn gate_group(&self, x: &CudaTensor, gate: &CudaTensor) -> Result<usize> {
+        self.check(
+            gate.rows == x.rows && gate.cols > 0 && x.cols.is_multiple_of(gate.cols),
+            || {
+                format!(
+                    "gate {:?} for {:?}",
+                    (gate.rows, gate.cols),
+                    (x.rows, x.cols)
+                )
+            },
+        )?;
+        Ok(x.cols / gate.cols)
     }
 
     /// `x[i] *= softplus(gate[i / group])` over `len` values of `x` (a per-head output gate:

@@ -41,8 +41,12 @@ kernels! {
     xb_stage => XbStageArgs { x: DevPtr<f32>, k: i32, fmt: i32, xb: DevPtr<u32>, ds: DevPtr<f32> }
     /// A few tokens' `y = resid + x · Wᵀ + bias` on tensor cores for each linear of `segs` (all
     /// bf16 or all NVFP4, K % 128 == 0, `x` staged by `xb_stage`; `bias`, `resid`: one segment
-    /// only): grid (the segments' 16-row tile blocks, ⌈t / 8⌉), `ks` warps per tile.
-    gemv_mt => GemvMtArgs {
+    /// only): grid (the segments' 16-row tile blocks, ⌈t / tokens a grid row⌉), `ks` warps per
+    /// tile. One kernel per format: `gemv_mt_bf16`, `gemv_mt_nv` (two blocks a SM),
+    /// `gemv_mt_nv_b1` (one, more loads in flight: `CudaOptions::mt_one_block`) and
+    /// `gemv_mt_nv16` (16 tokens a grid row instead of 8: `CudaOptions::mt_16_tokens`) and
+    /// `gemv_mt_nv4` (4 tokens a grid row, three blocks a SM: `CudaOptions::mt_4_tokens`).
+    gemv_mt ["gemv_mt_bf16", "gemv_mt_nv", "gemv_mt_nv_b1", "gemv_mt_nv16", "gemv_mt_nv4"] => GemvMtArgs {
         segs: Segs, xb: DevPtr<u32>, xds: DevPtr<f32>, bias: DevPtr<f32>, resid: DevPtr<f32>,
         k: i32, t: i32, ks: i32,
     }
@@ -93,6 +97,14 @@ pub const GEMV_MT_MAX_TOKENS: usize = 32;
 /// Tokens per grid row of `gemv_mt` (`MT_TOKENS` in the source).
 const GEMV_MT_TOKENS: usize = 8;
 
+/// Tokens per grid row of `gemv_mt_nv16` (`CudaOptions::mt_16_tokens`, NVFP4 past
+/// [`GEMV_MT_TOKENS`] tokens).
+const GEMV_MT16_TOKENS: usize = 16;
+
+/// Tokens per grid row of `gemv_mt_nv4` (`CudaOptions::mt_4_tokens`, NVFP4 up to this many
+/// tokens).
+const GEMV_MT4_TOKENS: usize = 4;
+
 /// Rows per warp of `linear_multi2` (`MULTI_R`) outside its tensor-core path.
 pub(crate) const EXPERT_ROWS: u32 = 4;
 
@@ -135,6 +147,34 @@ pub(crate) struct Segs {
 // SAFETY: plain old data matching the C structs.
 unsafe impl DeviceRepr for Segs {}
 
+impl Segs {
+    /// The segments of `parts` (at most six: each weight's blocks one after another, into its
+    /// own output), a block covering `rows_per_block(w)` output rows of `w`; and the blocks in
+    /// all.
+    fn of(
+        b: &CudaBackend,
+        parts: &[(&CudaLinear, DevPtr<f32>)],
+        rows_per_block: impl Fn(&CudaLinear) -> usize,
+    ) -> (Self, u32) {
+        let mut segs = Segs::default();
+        let mut block0 = 0u32;
+        for (i, (w, y)) in parts.iter().enumerate() {
+            segs.s[i] = Seg {
+                w: b.ptr(&w.data),
+                scales: w.scales_ptr(b),
+                y: *y,
+                inv_g: w.inv_g,
+                fmt: w.fmt,
+                n: w.rows as i32,
+                block0: block0 as i32,
+            };
+            block0 += w.rows.div_ceil(rows_per_block(w)) as u32;
+        }
+        segs.n = parts.len() as i32;
+        (segs, block0)
+    }
+}
+
 /// Up to [`MultiLinear::MAX`] linears of one input vector (one token) in one launch
 /// (`linear_multi2`): q/k/v/gate, or an MLP's gate and up.
 #[derive(Clone, Copy)]
@@ -162,26 +202,8 @@ impl MultiLinear {
                 && parts.iter().all(|(w, _)| w.cols == k),
             || format!("linear_multi: {} linears of {k} inputs", parts.len()),
         )?;
-        let mut segs = Segs::default();
-        let mut block0 = 0u32;
-        for (i, (w, y)) in parts.iter().enumerate() {
-            segs.s[i] = Seg {
-                w: b.ptr(&w.data),
-                scales: w.scales_ptr(b),
-                y: *y,
-                inv_g: w.inv_g,
-                fmt: w.fmt,
-                n: w.rows as i32,
-                block0: block0 as i32,
-            };
-            block0 += (w.rows as u32).div_ceil(b.multi_rows_per_block(w, k));
-        }
-        segs.n = parts.len() as i32;
-        Ok(Self {
-            segs,
-            blocks: block0,
-            k,
-        })
+        let (segs, blocks) = Segs::of(b, parts, |w| b.multi_rows_per_block(w, k) as usize);
+        Ok(Self { segs, blocks, k })
     }
 }
 
@@ -274,6 +296,38 @@ pub(crate) fn nv_split(rows: usize, cols: usize, sms: usize) -> (usize, usize) {
     best
 }
 
+/// The input of a `gemv_mt` launch: rows of f32 values (staged by an `xb_stage` launch first)
+/// or rows already staged for the weights' format ([`StagedRows`]: entries, scales).
+#[derive(Clone, Copy)]
+pub(crate) enum MtInput {
+    /// `t` rows of `K` values.
+    Rows(DevPtr<f32>),
+    /// B entries and row scales in `xb_stage`'s layout for the weights' format.
+    Staged(DevPtr<u32>, DevPtr<f32>),
+}
+
+/// A few rows of one input staged for `gemv_mt` by the norm that produced them (`norm_stage`),
+/// per weight format: B entries and row scales, as `xb_stage` would write them.
+#[derive(Default)]
+pub(crate) struct StagedRows {
+    /// For NVFP4 weights (`K` u32 a row).
+    pub nv: Option<(CudaSlice<u32>, CudaSlice<f32>)>,
+    /// For bf16 weights (`3 K / 2` u32 a row).
+    pub bf: Option<(CudaSlice<u32>, CudaSlice<f32>)>,
+}
+
+impl StagedRows {
+    /// The staged rows for weights of format `fmt` (3: NVFP4, 2: bf16), if staged.
+    pub(crate) fn of(&self, b: &CudaBackend, fmt: i32) -> Option<MtInput> {
+        let s = match fmt {
+            3 => self.nv.as_ref(),
+            2 => self.bf.as_ref(),
+            _ => None,
+        };
+        s.map(|(xb, xds)| MtInput::Staged(b.ptr(xb), b.ptr(xds)))
+    }
+}
+
 /// The operands of one `gemv_raw` call: `y = resid + x · Wᵀ + bias` for `t` tokens (`bias`,
 /// `resid` may be null; `resid` may be `y`).
 #[derive(Clone, Copy)]
@@ -344,6 +398,85 @@ impl CudaBackend {
         self.rms_norm_raw((epi.x, epi.w, epi.out), epi.n as usize, rows, epi.eps)
     }
 
+    /// [`epilogue_launch`](Self::epilogue_launch) of a norm over `rows` rows (2+) that also
+    /// stages them for `gemv_mt` for each weight format of `formats` (`norm_stage`: the norm's
+    /// bits, then what `xb_stage` makes of them), where `CudaOptions::norm_stage` is on and the
+    /// rows are `gemv_mt`'s width (`K % 128 == 0`, `K <= NV_MAX_K`); else the norm alone,
+    /// nothing staged.
+    pub(crate) fn norm_staged(
+        &self,
+        epi: &Epi,
+        rows: usize,
+        formats: &[i32],
+    ) -> Result<StagedRows> {
+        let k = epi.n as usize;
+        let (nv, bf) = (formats.contains(&3), formats.contains(&2));
+        if epi.kind == 0
+            || rows < 2
+            || !(nv || bf)
+            || !self.opts().norm_stage
+            || !k.is_multiple_of(MMA_CHUNK)
+            || k > NV_MAX_K
+        {
+            self.epilogue_launch(epi, rows)?;
+            return Ok(StagedRows::default());
+        }
+        let stage =
+            |on: bool, per_row: usize| -> Result<Option<(CudaSlice<u32>, CudaSlice<f32>)>> {
+                Ok(if on {
+                    Some((
+                        self.alloc_unset::<u32>(rows * per_row)?,
+                        self.alloc_unset::<f32>(rows)?,
+                    ))
+                } else {
+                    None
+                })
+            };
+        let staged = StagedRows {
+            nv: stage(nv, k)?,
+            bf: stage(bf, 3 * k / 2)?,
+        };
+        let ptrs = |s: &Option<(CudaSlice<u32>, CudaSlice<f32>)>| {
+            s.as_ref().map_or((DevPtr::NULL, DevPtr::NULL), |(xb, ds)| {
+                (self.ptr(xb), self.ptr(ds))
+            })
+        };
+        let ((xb_nv, ds_nv), (xb_bf, ds_bf)) = (ptrs(&staged.nv), ptrs(&staged.bf));
+        ops::elementwise::NormStageArgs {
+            x: epi.x,
+            w: epi.w,
+            y: epi.out,
+            k: k as i32,
+            eps: epi.eps,
+            xb_nv,
+            ds_nv,
+            xb_bf,
+            ds_bf,
+        }
+        .launch(
+            self,
+            (rows as u32, 1, 1),
+            (ops::elementwise::norm_row_threads(k), 1, 1),
+        )?;
+        Ok(staged)
+    }
+
+    /// The weight formats of `parts` that `t` tokens run on `gemv_mt` (each once, ascending).
+    pub(crate) fn gemv_mt_formats(
+        &self,
+        parts: &[(&CudaLinear, DevPtr<f32>)],
+        t: usize,
+    ) -> Vec<i32> {
+        let mut formats: Vec<i32> = parts
+            .iter()
+            .filter(|(w, _)| self.gemv_mt_applies(w, t))
+            .map(|(w, _)| w.fmt)
+            .collect();
+        formats.sort_unstable();
+        formats.dedup();
+        formats
+    }
+
     /// Whether `norm_gemv_raw` takes `w`: BF16, `cols` a multiple of 256 and at most 4,096.
     pub(crate) fn norm_gemv_applies(w: &CudaLinear) -> bool {
         w.fmt == 2 && w.cols.is_multiple_of(256) && w.cols <= 4096
@@ -385,6 +518,78 @@ impl CudaBackend {
         bias: Option<&CudaTensor>,
         shared: &SharedInput,
     ) -> Result<CudaTensor> {
+        let y = self.tensor(x.rows, w.rows)?;
+        self.linear_to(x, w, bias, (self.ptr(&y.buf), DevPtr::NULL), shared)?;
+        Ok(y)
+    }
+
+    /// [`Backend::linear_add`](crate::Backend::linear_add): `y += x · Wᵀ (+ bias)`, the add in
+    /// the linear's epilogue.
+    pub(crate) fn linear_add_rows(
+        &self,
+        y: &mut CudaTensor,
+        x: &CudaTensor,
+        w: &CudaLinear,
+        bias: Option<&CudaTensor>,
+    ) -> Result<()> {
+        self.check(y.rows == x.rows && y.cols == w.rows, || {
+            format!(
+                "`{}` ({} outputs) added into {} x {} for {} rows",
+                w.name, w.rows, y.rows, y.cols, x.rows
+            )
+        })?;
+        let y = self.ptr(&y.buf);
+        self.linear_to(x, w, bias, (y, y), &SharedInput::default())
+    }
+
+    /// [`Backend::gated_linear_add`](crate::Backend::gated_linear_add): where `w` runs on
+    /// `gemm_h16` (and the gate's groups are multiples of 4), the gate applied inside x's split
+    /// (`x_split_h16`: x read twice, never written back); elsewhere `softplus_gate`, then
+    /// [`linear_add_rows`](Self::linear_add_rows). The same bits either way.
+    pub(crate) fn gated_linear_add_rows(
+        &self,
+        y: &mut CudaTensor,
+        x: CudaTensor,
+        gate: &CudaTensor,
+        w: &CudaLinear,
+        bias: Option<&CudaTensor>,
+    ) -> Result<()> {
+        let group = self.gate_group(&x, gate)?;
+        let fused = x.rows > 0
+            && x.cols == w.cols
+            && y.rows == x.rows
+            && y.cols == w.rows
+            && group.is_multiple_of(4)
+            && self.gemm_h16_takes(w, x.rows);
+        if fused {
+            let gate = Some((self.ptr(&gate.buf), group));
+            let (xds, xh) = self.scale_split_h16(self.ptr(&x.buf), gate, x.rows, x.cols)?;
+            let shared = SharedInput {
+                xds: Some(xds),
+                xh: Some(xh),
+            };
+            let y = self.ptr(&y.buf);
+            return self.linear_to(&x, w, bias, (y, y), &shared);
+        }
+        self.softplus_gate_raw(
+            self.ptr(&x.buf),
+            self.ptr(&gate.buf),
+            x.rows * x.cols,
+            group,
+        )?;
+        self.linear_add_rows(y, &x, w, bias)
+    }
+
+    /// `y = resid + x · Wᵀ (+ bias)` for the rows of `x` into `(y, resid)` (resid null: none; it
+    /// may be `y`), after checking the shapes.
+    fn linear_to(
+        &self,
+        x: &CudaTensor,
+        w: &CudaLinear,
+        bias: Option<&CudaTensor>,
+        (y, resid): (DevPtr<f32>, DevPtr<f32>),
+        shared: &SharedInput,
+    ) -> Result<()> {
         self.check(x.cols == w.cols, || {
             format!("`{}` takes {} inputs, got {}", w.name, w.cols, x.cols)
         })?;
@@ -393,13 +598,12 @@ impl CudaBackend {
                 format!("bias for `{}`", w.name)
             })?;
         }
-        let y = self.tensor(x.rows, w.rows)?;
-        if x.rows > 0 {
-            let mut g = Gemv::rows(self.ptr(&x.buf), self.ptr(&y.buf), DevPtr::NULL, x.rows);
-            g.bias = bias.map_or(DevPtr::NULL, |b| self.ptr(&b.buf));
-            self.gemv_raw(w, shared.onto(self, g))?;
+        if x.rows == 0 {
+            return Ok(());
         }
-        Ok(y)
+        let mut g = Gemv::rows(self.ptr(&x.buf), y, resid, x.rows);
+        g.bias = bias.map_or(DevPtr::NULL, |b| self.ptr(&b.buf));
+        self.gemv_raw(w, shared.onto(self, g))
     }
 
     /// `y = resid + x · Wᵀ + bias` over the operands of `g` (see [`Gemv`]).
@@ -512,7 +716,7 @@ impl CudaBackend {
             .launch(self, ri, grid, (32 * GEMV_WARPS, 1, 1));
         }
         if self.gemv_mt_applies(w, t) {
-            return self.gemv_mt(&[(w, y)], x, t, bias, resid);
+            return self.gemv_mt(&[(w, y)], MtInput::Rows(x), t, bias, resid);
         }
         if self.gemm_h16_takes(w, t) {
             return self.gemm_h16(w, g);
@@ -656,24 +860,21 @@ impl CudaBackend {
     /// even runs of 32-wide chunks: its steps are 64 wide).
     fn gemm_h16(&self, w: &CudaLinear, g: Gemv) -> Result<()> {
         let (t, k) = (g.t, w.cols);
-        let own = if g.xds.is_null() {
-            self.row_scales_for_f16_mma(w.fmt, g.x, t, k)?
-        } else {
-            None
+        // (where x's parts are given, so are its scales: SharedInput)
+        let (own_xds, own_xh) = match (g.xds.is_null(), g.xh.is_null()) {
+            (_, false) => (None, None),
+            (true, true) => {
+                let (xds, xh) = self.scale_split_h16(g.x, None, t, k)?;
+                (Some(xds), Some(xh))
+            }
+            (false, true) => (None, Some(self.split_h16(g.x, g.xds, t, k)?)),
         };
-        let xds = own.as_ref().map_or(g.xds, |d| self.ptr(d));
-        let own_xh = if g.xh.is_null() {
-            Some(self.split_h16(g.x, xds, t, k)?)
-        } else {
-            None
-        };
+        let xds = own_xds.as_ref().map_or(g.xds, |d| self.ptr(d));
         let xh = own_xh.as_ref().map_or(g.xh, |d| self.ptr(d));
-        let tiles = (
-            (w.rows as u32).div_ceil(GEMM_H16_ROWS),
-            (t as u32).div_ceil(GEMM_H16_TOKENS),
-        );
+        let (segs, row_tiles) = Segs::of(self, &[(w, g.y)], |_| GEMM_H16_ROWS as usize);
+        let token_tiles = (t as u32).div_ceil(GEMM_H16_TOKENS);
         let chunks = k / 32;
-        let splits = gemm_k_splits((tiles.0 * tiles.1) as usize, chunks, self.inner.sms);
+        let splits = gemm_k_splits((row_tiles * token_tiles) as usize, chunks, self.inner.sms);
         let kc = chunks.div_ceil(splits).next_multiple_of(2);
         let splits = chunks.div_ceil(kc);
         let part = if splits > 1 {
@@ -682,30 +883,96 @@ impl CudaBackend {
             None
         };
         ops::prefill::GemmH16Args {
-            w: self.ptr(&w.data),
-            scales: w.scales_ptr(self),
-            inv_g: w.inv_g,
+            segs,
             xh,
-            y: g.y,
             bias: g.bias,
             resid: g.resid,
-            n: w.rows as i32,
             k: k as i32,
             t: t as i32,
             kc: kc as i32,
             part: part.as_ref().map_or(DevPtr::NULL, |p| self.ptr(p)),
             xds,
         }
-        .launch(self, (tiles.0, tiles.1, splits as u32), (256, 1, 1))?;
+        .launch(
+            self,
+            usize::from(self.opts().h16_one_block),
+            (row_tiles, token_tiles, splits as u32),
+            (256, 1, 1),
+        )?;
         match &part {
             Some(part) => self.gemm_splitk_reduce(w, g, self.ptr(part), splits, xds),
             None => Ok(()),
         }
     }
 
+    /// [`Backend::linears`](crate::Backend::linears): x's rows prepared once for the weights
+    /// that share them ([`shared_input`](Self::shared_input)); those of them on `gemm_h16`
+    /// without a bias in one launch where their row tiles together fill the device without a K
+    /// split (q/k/v of a prompt: k and v alone would each split K and reduce), unless
+    /// `CudaOptions::h16_merged` is off; the others one by one.
+    pub(crate) fn linears_rows(
+        &self,
+        x: &CudaTensor,
+        ws: &[(&CudaLinear, Option<&CudaTensor>)],
+    ) -> Result<Vec<CudaTensor>> {
+        let weights: Vec<&CudaLinear> = ws.iter().map(|&(w, _)| w).collect();
+        let (ptr, t, k) = (self.ptr(&x.buf), x.rows, x.cols);
+        let shared = self.shared_input(&weights, (ptr, t, k))?;
+        let mut outs: Vec<Option<CudaTensor>> = ws.iter().map(|_| None).collect();
+        if let (Some(xds), Some(xh)) = (&shared.xds, &shared.xh) {
+            let merged: Vec<usize> = (0..ws.len())
+                .filter(|&i| {
+                    ws[i].1.is_none() && ws[i].0.cols == k && self.gemm_h16_takes(ws[i].0, t)
+                })
+                .take(MultiLinear::MAX)
+                .collect();
+            let row_tiles: usize = merged
+                .iter()
+                .map(|&i| ws[i].0.rows.div_ceil(GEMM_H16_ROWS as usize))
+                .sum();
+            let tiles = row_tiles * t.div_ceil(GEMM_H16_TOKENS as usize);
+            if self.opts().h16_merged
+                && merged.len() >= 2
+                && gemm_k_splits(tiles, k / 32, self.inner.sms) == 1
+            {
+                let mut parts = Vec::with_capacity(merged.len());
+                for &i in &merged {
+                    let y = self.tensor(t, ws[i].0.rows)?;
+                    parts.push((ws[i].0, self.ptr(&y.buf)));
+                    outs[i] = Some(y);
+                }
+                let (segs, row_tiles) = Segs::of(self, &parts, |_| GEMM_H16_ROWS as usize);
+                ops::prefill::GemmH16Args {
+                    segs,
+                    xh: self.ptr(xh),
+                    bias: DevPtr::NULL,
+                    resid: DevPtr::NULL,
+                    k: k as i32,
+                    t: t as i32,
+                    kc: (k / 32).next_multiple_of(2) as i32,
+                    part: DevPtr::NULL,
+                    xds: self.ptr(xds),
+                }
+                .launch(
+                    self,
+                    usize::from(self.opts().h16_one_block),
+                    (row_tiles, t.div_ceil(GEMM_H16_TOKENS as usize) as u32, 1),
+                    (256, 1, 1),
+                )?;
+            }
+        }
+        ws.iter()
+            .zip(outs)
+            .map(|(&(w, bias), out)| match out {
+                Some(y) => Ok(y),
+                None => self.linear_rows(x, w, bias, &shared),
+            })
+            .collect()
+    }
+
     /// x's f16 parts for `gemm_h16`: `t` rows of `k` values (`k % 32 == 0`) times their
     /// `row_pow2` factors (`xds`), split by `x_split_h16`.
-    fn split_h16(
+    pub(crate) fn split_h16(
         &self,
         x: DevPtr<f32>,
         xds: DevPtr<f32>,
@@ -713,19 +980,58 @@ impl CudaBackend {
         k: usize,
     ) -> Result<CudaSlice<u16>> {
         let xh = self.alloc_unset::<u16>(2 * t * k)?;
+        self.launch_split_h16(
+            x,
+            (xds, DevPtr::NULL),
+            (DevPtr::NULL, 0),
+            t,
+            k,
+            self.ptr(&xh),
+        )?;
+        Ok(xh)
+    }
+
+    /// The `row_pow2` scales of `t` rows of `k` values (`k % 32 == 0`) and the rows' f16 parts
+    /// for `gemm_h16` ([`split_h16`](Self::split_h16) with the scales computed in the same
+    /// launch: x read from memory twice instead of three times). `gate` `(g, group)`: of x times
+    /// `softplus(g[t, j / group])` (`group % 4 == 0`; `softplus_gate`'s products, never written
+    /// back).
+    pub(crate) fn scale_split_h16(
+        &self,
+        x: DevPtr<f32>,
+        gate: Option<(DevPtr<f32>, usize)>,
+        t: usize,
+        k: usize,
+    ) -> Result<(CudaSlice<f32>, CudaSlice<u16>)> {
+        let xds = self.alloc_unset::<f32>(t)?;
+        let xh = self.alloc_unset::<u16>(2 * t * k)?;
+        let gate = gate.unwrap_or((DevPtr::NULL, 0));
+        self.launch_split_h16(x, (DevPtr::NULL, self.ptr(&xds)), gate, t, k, self.ptr(&xh))?;
+        Ok((xds, xh))
+    }
+
+    /// `x_split_h16` over `t` rows of `k` values into `xh`, with the scales given (`xds.0`) or
+    /// computed into `xds.1`, and the gate `(gate, group)` (null: none).
+    fn launch_split_h16(
+        &self,
+        x: DevPtr<f32>,
+        (xds, xds_out): (DevPtr<f32>, DevPtr<f32>),
+        (gate, group): (DevPtr<f32>, usize),
+        t: usize,
+        k: usize,
+        xh: DevPtr<u16>,
+    ) -> Result<()> {
         ops::prefill::XSplitH16Args {
             x,
             xds,
             t: t as i32,
             k: k as i32,
-            xh: self.ptr(&xh),
+            xh,
+            xds_out,
+            gate,
+            group: group as i32,
         }
-        .launch(
-            self,
-            (((t * k / 32) as u32).div_ceil(256), 1, 1),
-            (256, 1, 1),
-        )?;
-        Ok(xh)
+        .launch(self, ((t as u32).div_ceil(8), 1, 1), (256, 1, 1))
     }
 
     /// The `row_pow2` scales of the `rows` rows of `x` (`cols` values each) where the tensor-core
@@ -754,7 +1060,7 @@ impl CudaBackend {
 
     /// Whether the tensor-core GEMMs take their f16 path for weights of format `fmt` with `cols`
     /// inputs: NVFP4 on sm_89+ (tensor cores on), `cols % 4 == 0` (`row_pow2`'s rows).
-    fn f16_mma_applies(&self, fmt: i32, cols: usize) -> bool {
+    pub(crate) fn f16_mma_applies(&self, fmt: i32, cols: usize) -> bool {
         fmt == 3 && self.inner.mma && cols.is_multiple_of(4)
     }
 
@@ -795,14 +1101,15 @@ impl CudaBackend {
         let [first, _, ..] = takers[..] else {
             return Ok(SharedInput::default());
         };
+        if takers.iter().filter(|w| self.gemm_h16_takes(w, t)).count() >= 2 {
+            let (xds, xh) = self.scale_split_h16(x, None, t, cols)?;
+            return Ok(SharedInput {
+                xds: Some(xds),
+                xh: Some(xh),
+            });
+        }
         let xds = self.row_scales_for_f16_mma(first.fmt, x, t, cols)?;
-        let xh = match &xds {
-            Some(d) if takers.iter().filter(|w| self.gemm_h16_takes(w, t)).count() >= 2 => {
-                Some(self.split_h16(x, self.ptr(d), t, cols)?)
-            }
-            _ => None,
-        };
-        Ok(SharedInput { xds, xh })
+        Ok(SharedInput { xds, xh: None })
     }
 
     /// Whether `t` tokens of `w` run on the few-token tensor-core GEMV (`gemv_mt`): 2 to
@@ -831,7 +1138,7 @@ impl CudaBackend {
     pub(crate) fn gemv_mt(
         &self,
         parts: &[(&CudaLinear, DevPtr<f32>)],
-        x: DevPtr<f32>,
+        x: MtInput,
         t: usize,
         bias: DevPtr<f32>,
         resid: DevPtr<f32>,
@@ -846,8 +1153,60 @@ impl CudaBackend {
                     .all(|(w, _)| w.fmt == fmt && w.cols == cols && self.gemv_mt_applies(w, t)),
             || format!("gemv_mt: {} linears of {t} tokens", parts.len()),
         )?;
-        // B entries: K u32 per row for NVFP4 (f16 high parts and remainders), 3 K / 2 for bf16
-        // (three bf16 parts)
+        let own;
+        let (xb, xds) = match x {
+            MtInput::Staged(xb, xds) => (xb, xds),
+            MtInput::Rows(x) => {
+                own = self.stage_rows(x, t, cols, fmt)?;
+                (self.ptr(&own.0), self.ptr(&own.1))
+            }
+        };
+        let rows: usize = parts.iter().map(|(w, _)| w.rows).sum();
+        let ks = self
+            .opts()
+            .mt_k_split
+            .unwrap_or_else(|| mma_split(rows, cols, self.inner.sms));
+        let tile_rows = 16 * (NV_WARPS as usize / ks);
+        let (segs, block0) = Segs::of(self, parts, |_| tile_rows);
+        let (one_block, sixteen, four) = {
+            let o = self.opts();
+            (o.mt_one_block, o.mt_16_tokens, o.mt_4_tokens)
+        };
+        let (variant, per_grid_row) = match fmt {
+            2 => (0, GEMV_MT_TOKENS),
+            _ if sixteen && t > GEMV_MT_TOKENS => (3, GEMV_MT16_TOKENS),
+            _ if four && t <= GEMV_MT4_TOKENS => (4, GEMV_MT4_TOKENS),
+            _ if one_block => (2, GEMV_MT_TOKENS),
+            _ => (1, GEMV_MT_TOKENS),
+        };
+        ops::gemv::GemvMtArgs {
+            segs,
+            xb,
+            xds,
+            bias,
+            resid,
+            k: cols as i32,
+            t: t as i32,
+            ks: ks as i32,
+        }
+        .launch(
+            self,
+            variant,
+            (block0, t.div_ceil(per_grid_row) as u32, 1),
+            (32 * NV_WARPS, 1, 1),
+        )
+    }
+
+    /// `t` rows of `x` (`cols` values each) staged as `gemv_mt`'s B operands for weights of
+    /// format `fmt` (`xb_stage`): the entries (K u32 a row for NVFP4: f16 high parts and
+    /// remainders; 3 K / 2 for bf16: three bf16 parts) and the rows' scales.
+    pub(crate) fn stage_rows(
+        &self,
+        x: DevPtr<f32>,
+        t: usize,
+        cols: usize,
+        fmt: i32,
+    ) -> Result<(CudaSlice<u32>, CudaSlice<f32>)> {
         let per_row = if fmt == 2 { 3 * cols / 2 } else { cols };
         let xb = self.alloc_unset::<u32>(t * per_row)?;
         let xds = self.alloc_unset::<f32>(t)?;
@@ -859,42 +1218,7 @@ impl CudaBackend {
             ds: self.ptr(&xds),
         }
         .launch(self, (t as u32, 1, 1), (256, 1, 1))?;
-        let rows: usize = parts.iter().map(|(w, _)| w.rows).sum();
-        let ks = self
-            .opts()
-            .mt_k_split
-            .unwrap_or_else(|| mma_split(rows, cols, self.inner.sms));
-        let tile_rows = 16 * (NV_WARPS as usize / ks);
-        let mut segs = Segs::default();
-        let mut block0 = 0usize;
-        for (i, (w, y)) in parts.iter().enumerate() {
-            segs.s[i] = Seg {
-                w: self.ptr(&w.data),
-                scales: w.scales_ptr(self),
-                y: *y,
-                inv_g: w.inv_g,
-                fmt,
-                n: w.rows as i32,
-                block0: block0 as i32,
-            };
-            block0 += w.rows.div_ceil(tile_rows);
-        }
-        segs.n = parts.len() as i32;
-        ops::gemv::GemvMtArgs {
-            segs,
-            xb: self.ptr(&xb),
-            xds: self.ptr(&xds),
-            bias,
-            resid,
-            k: cols as i32,
-            t: t as i32,
-            ks: ks as i32,
-        }
-        .launch(
-            self,
-            (block0 as u32, t.div_ceil(GEMV_MT_TOKENS) as u32, 1),
-            (32 * NV_WARPS, 1, 1),
-        )
+        Ok((xb, xds))
     }
 
     /// Whether `linear_multi` takes inputs of width `k` (`K % 32 == 0`, `K <= XS_MAX`).

@@ -144,8 +144,11 @@ macro_rules! kernels {
         }
     };
     (@launch $group:ident $f:ident [$($v:literal),+]) => {
+        kernels!(@launch $group $f [$($v),+]; 0);
+    };
+    (@launch $group:ident $f:ident [$($v:literal),+]; $smem:expr) => {
         /// Launches variant `variant` (its place in the table's list) on `b`'s stream: `grid`
-        /// blocks of `block` threads.
+        /// blocks of `block` threads, with the dynamic shared memory the entry declares, if any.
         pub(crate) fn launch(
             self,
             b: &$crate::backend::cuda::CudaBackend,
@@ -156,7 +159,7 @@ macro_rules! kernels {
             let f = b.inner.f.$group.$f.get(variant).ok_or_else(|| {
                 b.err(format!("kernel {}: no variant {variant}", stringify!($f)))
             })?;
-            self.launch_on(b, f, grid, block, 0)
+            self.launch_on(b, f, grid, block, $smem)
         }
     };
     (

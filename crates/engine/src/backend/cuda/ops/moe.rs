@@ -18,8 +18,9 @@ kernels! {
         shared_inter: i32, sel: DevPtr<i32>, k: i32, t: i32, x: DevPtr<f32>, h: DevPtr<f32>,
         inter: i32, hidden: i32, mma: i32,
     }
-    /// Down of each item into its row of `part` (weighted), one grid row per item.
-    experts_down2 => ExpertsDown2Args {
+    /// Down of each item into its row of `part` (weighted), one grid row per item, 128 threads.
+    /// `experts_down2_b4`: four blocks a SM (`CudaOptions::down_four_blocks`).
+    experts_down2 ["experts_down2", "experts_down2_b4"] => ExpertsDown2Args {
         down: ExpertProj, sdown: ExpertProj, shared_inter: i32, sel: DevPtr<i32>,
         wts: DevPtr<f32>, k: i32, t: i32, h: DevPtr<f32>, inter: i32, part: DevPtr<f32>,
         hidden: i32, mma: i32,
@@ -70,6 +71,21 @@ kernels! {
         down: ExpertProj, tiles: DevPtr<i32>, ntiles: DevPtr<i32>, order: DevPtr<i32>,
         wts: DevPtr<f32>, h: DevPtr<f32>, part: DevPtr<f32>, inter: i32, hidden: i32,
         hds: DevPtr<f32>,
+    }
+    /// [`experts_gate_up_mma`](ExpertsGateUpMmaArgs)'s product on `gemm_h16`'s core (NVFP4, sm_90):
+    /// x given as `x_split_h16`'s parts `xh` (`t` token rows) with their scales `xds`; tiles of
+    /// [`EXPERTS_H16_ITEMS`] items, grid (⌈inter / 64⌉, tiles bound), 256 threads.
+    experts_gate_up_h16 shared EXPERTS_H16_SMEM => ExpertsGateUpH16Args {
+        gate: ExpertProj, up: ExpertProj, tiles: DevPtr<i32>, ntiles: DevPtr<i32>,
+        order: DevPtr<i32>, k: i32, xh: DevPtr<u16>, t: i32, h: DevPtr<f32>, inter: i32,
+        hidden: i32, xds: DevPtr<f32>,
+    }
+    /// [`experts_down_mma`](ExpertsDownMmaArgs)'s product on `gemm_h16`'s core: h given as its
+    /// parts `hh` (`items` rows) with their scales `hds`; grid (⌈hidden / 128⌉, tiles bound).
+    experts_down_h16 shared EXPERTS_H16_SMEM => ExpertsDownH16Args {
+        down: ExpertProj, tiles: DevPtr<i32>, ntiles: DevPtr<i32>, order: DevPtr<i32>,
+        wts: DevPtr<f32>, hh: DevPtr<u16>, items: i32, part: DevPtr<f32>, inter: i32,
+        hidden: i32, hds: DevPtr<f32>,
     }
     /// `out = resid + Σ part` in item order, then the epilogue `epi` in the last block.
     experts_reduce => ExpertsReduceArgs {
@@ -493,10 +509,11 @@ impl CudaBackend {
     ) -> Result<ExpertTiles> {
         // at most one partial tile per expert that has items
         let max_tiles = items.div_ceil(per_tile) + experts.min(items);
+        // (moe_align writes *ntiles and every tile and order entry below it; nothing reads past)
         let t = ExpertTiles {
-            order: self.alloc::<i32>(items)?,
-            tiles: self.alloc::<i32>(4 * max_tiles)?,
-            ntiles: self.alloc::<i32>(1)?,
+            order: self.alloc_unset::<i32>(items)?,
+            tiles: self.alloc_unset::<i32>(4 * max_tiles)?,
+            ntiles: self.alloc_unset::<i32>(1)?,
             max_tiles,
         };
         ops::moe::MoeAlignArgs {
@@ -508,7 +525,7 @@ impl CudaBackend {
             tiles: self.ptr(&t.tiles),
             ntiles: self.ptr(&t.ntiles),
         }
-        .launch(self, (1, 1, 1), (1024, 1, 1))?;
+        .launch(self, (1, 1, 1), (MOE_ALIGN_MAX_EXPERTS as u32, 1, 1))?;
         Ok(t)
     }
 
@@ -534,6 +551,53 @@ impl CudaBackend {
             ntiles,
             max_tiles,
         } = self.expert_tiles(sel, items, e.n, GEMM_MMA_TOKENS as usize)?;
+        if self.experts_h16_applies(e) {
+            // x and then h split once into their f16 parts (and their rows' scales), the tiles'
+            // rows gathered from them
+            let (xds, xh) = self.scale_split_h16(x, None, t, e.hidden)?;
+            ops::moe::ExpertsGateUpH16Args {
+                gate: e.gate.proj(self),
+                up: e.up.proj(self),
+                tiles: self.ptr(&tiles),
+                ntiles: self.ptr(&ntiles),
+                order: self.ptr(&order),
+                k: k as i32,
+                xh: self.ptr(&xh),
+                t: t as i32,
+                h,
+                inter: e.inter as i32,
+                hidden: e.hidden as i32,
+                xds: self.ptr(&xds),
+            }
+            .launch(
+                self,
+                ((e.inter as u32).div_ceil(64), max_tiles as u32, 1),
+                (256, 1, 1),
+            )?;
+            let (hds, hh) = self.scale_split_h16(h, None, items, e.inter)?;
+            return ops::moe::ExpertsDownH16Args {
+                down: e.down.proj(self),
+                tiles: self.ptr(&tiles),
+                ntiles: self.ptr(&ntiles),
+                order: self.ptr(&order),
+                wts: self.ptr(wts),
+                hh: self.ptr(&hh),
+                items: items as i32,
+                part,
+                inter: e.inter as i32,
+                hidden: e.hidden as i32,
+                hds: self.ptr(&hds),
+            }
+            .launch(
+                self,
+                (
+                    (e.hidden as u32).div_ceil(GEMM_MMA_ROWS),
+                    max_tiles as u32,
+                    1,
+                ),
+                (256, 1, 1),
+            );
+        }
         let xds = if e.gate.fmt == e.up.fmt {
             self.row_scales_for_f16_mma(e.gate.fmt, x, t, e.hidden)?
         } else {
@@ -579,6 +643,20 @@ impl CudaBackend {
             ),
             (256, 1, 1),
         )
+    }
+
+    /// Whether the grouped experts (tiles of [`GEMM_MMA_TOKENS`] items; the tiles of
+    /// `gemm_h16`'s core hold as many: [`EXPERTS_H16_ITEMS`]) run on `experts_*_h16`: gate, up and
+    /// down NVFP4 on the f16 path, `hidden` and `inter` multiples of 64, the device able
+    /// (`Inner::h16_gemm`) and `CudaOptions::h16_gemm` on.
+    fn experts_h16_applies(&self, e: &CudaExperts) -> bool {
+        const _: () = assert!(EXPERTS_H16_ITEMS == GEMM_MMA_TOKENS);
+        self.inner.h16_gemm
+            && self.opts().h16_gemm
+            && [e.gate.fmt, e.up.fmt, e.down.fmt].iter().all(|&f| f == 3)
+            && e.hidden.is_multiple_of(64)
+            && e.inter.is_multiple_of(64)
+            && self.f16_mma_applies(3, e.hidden)
     }
 
     /// Whether `t` tokens with `k` routed experts each run grouped a few items per tile
@@ -633,7 +711,8 @@ impl CudaBackend {
             let g = self.alloc_unset(t * si)?;
             let u = self.alloc_unset(t * si)?;
             let (g, u) = (self.ptr(&g), self.ptr(&u));
-            self.linears_of_one_input(&[(s.gate, g), (s.up, u)], x, t, hidden)?;
+            let parts = [(s.gate, g), (s.up, u)];
+            self.linears_of_one_input(&parts, x, t, hidden, &StagedRows::default())?;
             self.silu_mul_raw(g, u, g, t * si)?;
             let out = part.add(items * hidden);
             self.gemv_raw(s.down, Gemv::rows(g, out, DevPtr::NULL, t))?;
@@ -770,6 +849,7 @@ impl CudaBackend {
         }
         .launch(
             self,
+            usize::from(self.opts().down_four_blocks),
             (
                 (e.hidden as u32).div_ceil(GEMV_WARPS * EXPERT_DOWN_ROWS),
                 items as u32,
