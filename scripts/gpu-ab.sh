@@ -13,9 +13,10 @@
 # A variant is `builtin` (the kernels built into the binary), a `.cu` file (compiled instead of
 # them through FP4FORGE_CUDA_KERNELS: kernels/*.cu concatenated in KERNELS_CU's order with a
 # newline between them, e.g. an edited copy) or NAME=VALUE settings joined by `,` (backend knobs,
-# e.g. FP4FORGE_CUDA_H16_GEMM=0; FP4FORGE_AB_BIN=DIR runs DIR's binaries instead), optionally after `prefill:` or `decode:` to time only the
-# prefills or only the decode steps (a knob that changes one of them: each process loads the
-# model, ~15 s, and a call has 10 minutes). Default: `builtin FP4FORGE_CUDA_H16_GEMM=0`.
+# e.g. FP4FORGE_CUDA_H16_GEMM=0; FP4FORGE_AB_BIN=DIR runs DIR's binaries instead of
+# target/gpu-ab's), optionally after `prefill:` or `decode:` to time only the prefills or only the
+# decode steps (a knob that changes one of them: each process loads the model, ~15 s, and a call
+# has 10 minutes). Default: `builtin FP4FORGE_CUDA_H16_GEMM=0`.
 # Environment: XS (default /dev/shm/xs-lean: written by `synth --preset xs --stock-nvfp4` +
 # `quantize` when missing, ~80 s, 21.7 + 20 GB), ROUNDS (2), DECODE_BATCHES (default "1 4 32";
 # empty: no decode steps), NCU (default 1; 0: no per-kernel times), FP4FORGE_KERNEL_CACHE
