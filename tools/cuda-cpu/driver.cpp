@@ -151,7 +151,7 @@ API CUresult cuDeviceGetAttribute(int* v, int attribute, CUdevice) {
         case 75: *v = compute_capability() / 10; break;   // compute capability
         case 76: *v = compute_capability() % 10; break;
         case 81: *v = 233472; break;                      // shared memory per multiprocessor
-        case 97: *v = OPTIN_SMEM_BYTES; break;                     // opt-in shared memory per block
+        case 97: *v = OPTIN_SMEM_BYTES; break;            // opt-in shared memory per block
         case 115: *v = 0; break;                          // memory pools: no (plain allocations)
         default: *v = 0; break;
     }
