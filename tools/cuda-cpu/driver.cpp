@@ -148,6 +148,7 @@ API CUresult cuDeviceGetAttribute(int* v, int attribute, CUdevice) {
         case 8: *v = 48 * 1024; break;                    // shared memory per block
         case 10: *v = 32; break;                          // warp size
         case 16: *v = 132; break;                         // multiprocessors
+        case 38: *v = 50 << 20; break;                    // L2 cache (bytes)
         case 75: *v = compute_capability() / 10; break;   // compute capability
         case 76: *v = compute_capability() % 10; break;
         case 81: *v = 233472; break;                      // shared memory per multiprocessor

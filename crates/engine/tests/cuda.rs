@@ -559,9 +559,18 @@ fn gpu_nvfp4_experts_match_cpu() {
                 });
                 let four = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
                 assert_eq!(four, per_item, "per-item down at four blocks a SM, t {t}");
+                // (the routed experts' weights prefetched into L2 by the top-k and the gate/up
+                // blocks, the top-k computed by k blocks a token: a hint, the same results)
+                gpu.set_options(CudaOptions {
+                    down_four_blocks: false,
+                    l2_prefetch: true,
+                    ..gpu.options()
+                });
+                let prefetched = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
+                assert_eq!(prefetched, per_item, "per-item with L2 prefetch, t {t}");
                 gpu.set_options(CudaOptions {
                     grouped_moe: true,
-                    down_four_blocks: false,
+                    l2_prefetch: false,
                     ..gpu.options()
                 });
                 let d = max_abs_diff(&got, &per_item);
@@ -1215,12 +1224,14 @@ fn widened_laguna(dir: &Path, name: &str, hidden: usize, head_dim: usize) -> (Pa
 }
 
 /// A batched step's norms staging their rows for `gemv_mt` (`FP4FORGE_CUDA_NORM_STAGE`) change
-/// no bit of its logits: the same step of 5 sessions (forks) with and without them, on the fused
-/// batched step, at widths that norm on a warp (256), on `rms_norm`'s block of 128 threads (640)
-/// and of 512 (2,048, Laguna-XS's), stock (bf16 q/k/v: the bf16 staging) and lean (NVFP4).
+/// no bit of its logits, and neither do the weights' L2 prefetches (`FP4FORGE_CUDA_L2_PREFETCH`:
+/// the top-k on k blocks a token, the gate/up blocks' and `gemv_mt`'s prefetches): the same step
+/// of 5 sessions (forks) with and without each, on the fused batched step, at widths that norm
+/// on a warp (256), on `rms_norm`'s block of 128 threads (640) and of 512 (2,048, Laguna-XS's),
+/// stock (bf16 q/k/v: the bf16 staging) and lean (NVFP4).
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
-fn gpu_norm_stage_changes_no_bit_of_a_batched_step() {
+fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
     let tmp = tempfile::tempdir().unwrap();
     let backend = gpu();
     let defaults = backend.options();
@@ -1240,9 +1251,10 @@ fn gpu_norm_stage_changes_no_bit_of_a_batched_step() {
                 })
                 .collect();
             let toks: Vec<u32> = (0..5u32).map(|i| (5 * i + 1) % vocab).collect();
-            let run = |norm_stage: bool| -> Vec<Vec<f32>> {
+            let run = |norm_stage: bool, l2_prefetch: bool| -> Vec<Vec<f32>> {
                 backend.set_options(CudaOptions {
                     norm_stage,
+                    l2_prefetch,
                     ..defaults.clone()
                 });
                 let mut forks: Vec<_> = sessions
@@ -1265,9 +1277,18 @@ fn gpu_norm_stage_changes_no_bit_of_a_batched_step() {
                 );
                 logits
             };
-            let (apart, staged) = (run(false), run(true));
-            assert_eq!(apart, staged, "{label}: norm_stage changed the logits");
-            println!("{label}: the same bits with and without norm_stage");
+            let apart = run(false, false);
+            assert_eq!(
+                apart,
+                run(true, false),
+                "{label}: norm_stage changed the logits"
+            );
+            assert_eq!(
+                apart,
+                run(false, true),
+                "{label}: l2_prefetch changed the logits"
+            );
+            println!("{label}: the same bits with and without norm_stage, l2_prefetch");
         }
     }
     backend.set_options(defaults);

@@ -83,6 +83,9 @@ pub(crate) struct Inner {
     module: Arc<CudaModule>,
     pub name: String,
     pub sms: usize,
+    /// The device's L2 cache in bytes (0: unknown; `CudaOptions::l2_prefetch` sizes what it
+    /// prefetches by it).
+    pub l2_bytes: usize,
     /// Launch with programmatic dependent launch (sm_90+, unless `CudaOptions::pdl` is off): a
     /// kernel's blocks start while its predecessor drains and wait for its results in
     /// `pdl_enter()` (kernels/common.cu), hiding launch and ramp-up between the small kernels of a step.
@@ -180,6 +183,9 @@ impl CudaBackend {
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             )
             .unwrap_or(100) as usize;
+        let l2_bytes = ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
+            .map_or(0, |v| v.max(0) as usize);
         let mma = (maj, min) >= (8, 9) && options.mma;
         // (a device that cannot give them their shared memory keeps gemm_mma and the grouped
         // experts' mma kernels for prompts)
@@ -213,6 +219,7 @@ impl CudaBackend {
                 module,
                 name: format!("cuda:{ordinal} ({dev_name}, {arch})"),
                 sms,
+                l2_bytes,
                 pdl: maj >= 9 && options.pdl,
                 mma,
                 sm80: maj >= 8,
@@ -1099,6 +1106,7 @@ impl Backend for CudaBackend {
                 scale,
                 sel: self.ptr(&sel),
                 wts: self.ptr(&wts),
+                pf: ops::moe::ExpertPrefetch::default(),
             }
             .launch(self, (t as u32, 1, 1), (32, 1, 1))?;
         }

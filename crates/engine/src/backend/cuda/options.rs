@@ -31,6 +31,7 @@
 //! | `FP4FORGE_CUDA_MT4` | `mt_4_tokens` | `0`: NVFP4 `gemv_mt` of at most 4 tokens at 8 tokens a grid row (`gemv_mt_nv`), not at 4 with three blocks a SM (`gemv_mt_nv4`) | on |
 //! | `FP4FORGE_CUDA_NORM_STAGE` | `norm_stage` | `1`: a batched decode step's norms also stage their rows for `gemv_mt` (`norm_stage`: q/k/v/gate and the router skip their `xb_stage` launches) | off |
 //! | `FP4FORGE_CUDA_DOWN_B4` | `down_four_blocks` | `1`: the per-item experts' down projection (batched steps below `FEW_MOE_MIN_TOKENS` rows) at four blocks a SM (`experts_down2_b4`: at most 128 registers) | off |
+//! | `FP4FORGE_CUDA_L2_PREFETCH` | `l2_prefetch` | `1`: weights prefetched into L2 ahead of their loads (sm_90): the routed experts' gate/up by the router's top-k, their down by the gate/up blocks (per-item experts, as many items as fit in L2), each `gemv_mt` block's rows before it waits for its input | off |
 //! | `FP4FORGE_CUDA_MT_KS` | `mt_k_split` | `1`, `2`, `4`, `8`: fixed K split (warps per tile) of `gemv_mt` | per shape (`mma_split`) |
 //!
 //! The fields below the table's are not read from the environment: the decode attention split
@@ -86,6 +87,8 @@ pub struct CudaOptions {
     pub norm_stage: bool,
     /// `FP4FORGE_CUDA_DOWN_B4`: the per-item experts' down projection at four blocks a SM.
     pub down_four_blocks: bool,
+    /// `FP4FORGE_CUDA_L2_PREFETCH`: weights prefetched into L2 ahead of their loads (sm_90).
+    pub l2_prefetch: bool,
     /// `FP4FORGE_CUDA_GROUPED_MOE`: multi-token routed experts grouped by expert on tensor cores.
     pub grouped_moe: bool,
     /// `FP4FORGE_CUDA_BATCH_ATTN`: a batched decode step's attention in one launch.
@@ -141,6 +144,7 @@ impl Default for CudaOptions {
             mt_4_tokens: true,
             norm_stage: false,
             down_four_blocks: false,
+            l2_prefetch: false,
             grouped_moe: true,
             batched_attention: true,
             flash_attention: true,
@@ -212,6 +216,7 @@ impl CudaOptions {
             mt_4_tokens: on("FP4FORGE_CUDA_MT4"),
             norm_stage: var("FP4FORGE_CUDA_NORM_STAGE").as_deref() == Some(OsStr::new("1")),
             down_four_blocks: var("FP4FORGE_CUDA_DOWN_B4").as_deref() == Some(OsStr::new("1")),
+            l2_prefetch: var("FP4FORGE_CUDA_L2_PREFETCH").as_deref() == Some(OsStr::new("1")),
             grouped_moe: on("FP4FORGE_CUDA_GROUPED_MOE"),
             batched_attention: on("FP4FORGE_CUDA_BATCH_ATTN"),
             flash_attention: on("FP4FORGE_CUDA_FLASH"),
@@ -264,6 +269,7 @@ mod tests {
             ("FP4FORGE_CUDA_MT4", "0"),
             ("FP4FORGE_CUDA_NORM_STAGE", "1"),
             ("FP4FORGE_CUDA_DOWN_B4", "1"),
+            ("FP4FORGE_CUDA_L2_PREFETCH", "1"),
             ("FP4FORGE_CUDA_FLASH", "0"),
             ("FP4FORGE_CUDA_LEGACY_GEMV", "0"),
             ("FP4FORGE_NV_MINB", "3"),
@@ -280,7 +286,7 @@ mod tests {
         assert!(o.legacy_gemv && o.mma_gemm && !o.grouped_moe && !o.flash_attention);
         assert!(!o.fused_batch && !o.h16_gemm && o.h16_one_block && o.mt_one_block);
         assert!(o.mt_16_tokens && !o.mt_4_tokens && !o.h16_merged && o.down_four_blocks);
-        assert!(o.norm_stage);
+        assert!(o.norm_stage && o.l2_prefetch);
         assert_eq!((o.nv_blocks_per_sm, o.nv_grid_per_sm), (3, 3));
         assert_eq!((o.nv_k_split, o.mma_k_split), (None, Some(4)));
         assert_eq!(o.mt_k_split, Some(8));

@@ -63,6 +63,27 @@ __device__ __forceinline__ void pdl_enter() {
     pdl_launch_dependents();
 }
 
+// ---- L2 prefetch --------------------------------------------------------------------------------
+//
+// A hint that [p, p + bytes) is read soon: the L2 fetches it from DRAM while the caller (or the
+// kernel after it) does other work, so that the loads that follow hit L2 instead of each waiting
+// for DRAM. No effect on any result; sm_90 only (a bulk prefetch a piece), nothing elsewhere.
+// Only the 16-byte words inside the range are asked for (never a byte outside it). Lane `lane`
+// of `lanes` issues the pieces lane, lane + lanes, ... (L2_PF_PIECE bytes each).
+#define L2_PF_PIECE 16384
+__device__ __forceinline__ void l2_prefetch(const void* p, long bytes, int lane, int lanes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(FP4FORGE_CPU_EMU)
+    const unsigned long a = (unsigned long)p, b = a + (unsigned long)max(bytes, 0l);
+    const unsigned long a16 = (a + 15) & ~15ul, b16 = b & ~15ul;
+    for (unsigned long o = a16 + (unsigned long)lane * L2_PF_PIECE; o < b16; o += (unsigned long)lanes * L2_PF_PIECE) {
+        const unsigned n = (unsigned)min((unsigned long)L2_PF_PIECE, b16 - o);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(o), "r"(n) : "memory");
+    }
+#else
+    (void)p, (void)bytes, (void)lane, (void)lanes;
+#endif
+}
+
 __device__ __forceinline__ float bf16_to_f32(u32 b) { return __uint_as_float(b << 16); }
 __device__ __forceinline__ u16 f32_to_bf16(float f) {
     u32 u = __float_as_uint(f);

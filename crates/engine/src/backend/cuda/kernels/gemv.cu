@@ -167,7 +167,8 @@ extern "C" __global__ void linear(int fmt, const void* __restrict__ w, const u8*
 }
 
 // Several linears of the same input in one launch (q, k, v, gate, ...): segment s covers
-// blocks [seg_block[s], seg_block[s+1]).
+// blocks [seg_block[s], seg_block[s+1]). `l2_prefetch` (gemv_mt): each block of the first grid
+// row prefetches its weight rows into L2 before it waits for its input.
 struct Seg {
     const void* w;
     const u8* scales;
@@ -180,6 +181,7 @@ struct Seg {
 struct Segs {
     Seg s[6];
     int n;
+    int l2_prefetch;
 };
 
 // ---- decode GEMV (one token): R rows per warp, x reused from registers across the rows ------
@@ -1140,6 +1142,12 @@ __device__ __forceinline__ void gemv_mt_impl(const Segs& segs, const uint2* __re
         float acc[G][4] = {};
         MmaTile<U> m;
         if (nrows > 0) m.start(w + row0 * (K / 2), scales + row0 * (K / 16), K / 2, K / 16, nrows, c0, c1);
+        if (segs.l2_prefetch && blockIdx.y == 0 && warp == 0) {
+            // (the block's rows: 8 / ks tiles of 16 from its first warp's)
+            const long brows = max(0l, min(16l * (8 / ks), (long)N - row0));
+            l2_prefetch(w + row0 * (K / 2), brows * (K / 2), lane, 32);
+            l2_prefetch(scales + row0 * (K / 16), brows * (K / 16), lane, 32);
+        }
         pdl_enter();
         if (nrows > 0) m.template run_staged<G>(xl, 4l * (K / 4), bx, acc);
         mt_stash_cols<G>(acc, red);
@@ -1155,6 +1163,10 @@ __device__ __forceinline__ void gemv_mt_impl(const Segs& segs, const uint2* __re
         float acc[MT_BF_GROUPS][4] = {};
         BfTile<2> m;
         if (nrows > 0) m.start((const u16*)w + row0 * K, K, nrows, c0, c1);
+        if (segs.l2_prefetch && blockIdx.y == 0 && warp == 0) {
+            const long brows = max(0l, min(16l * (8 / ks), (long)N - row0));
+            l2_prefetch(w + row0 * 2l * K, brows * 2l * K, lane, 32);
+        }
         pdl_enter();
         if (nrows > 0) m.run_staged<MT_BF_GROUPS>(xl, 2l * (3 * K / 8), bx, acc);
         mt_stash_cols<MT_BF_GROUPS>(acc, red);

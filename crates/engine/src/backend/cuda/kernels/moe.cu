@@ -108,11 +108,46 @@ __device__ void route_token(const float* __restrict__ logits, const float* __res
         route_impl<32>(logits, bias, n, k, softmax, normalize, softcap, scale, sel, wts, t);
 }
 
+// Expert weights to prefetch into L2 once an item's expert e is known: for each part i with a
+// base, bytes[i] bytes at base[i] + e * bytes[i] (one projection's weights or scales, stacked per
+// expert), for the items below `items` (0: none).
+struct ExpertPrefetch {
+    const u8* base[4];
+    long bytes[4];
+    int items;
+    int _pad;
+};
+
+// Issues the prefetch of `pf` for expert e (< n experts), split over `lanes` lanes; part of
+// `slice` of `slices` (slice boundaries at 16 bytes) of each range.
+__device__ __forceinline__ void expert_prefetch(const ExpertPrefetch& pf, long e, int n, int slice, int slices,
+                                                int lane, int lanes) {
+    if (e < 0 || e >= n) return;
+#pragma unroll 1
+    for (int i = 0; i < 4; i++) {
+        if (!pf.base[i]) continue;
+        const long b = pf.bytes[i], lo = (b * slice / slices) & ~15l, hi = slice + 1 == slices ? b : (b * (slice + 1) / slices) & ~15l;
+        l2_prefetch(pf.base[i] + e * b + lo, hi - lo, lane, lanes);
+    }
+}
+
+// Top-k routing, one warp per block: token blockIdx.x. With `pf.items`, the grid is (T, k) and
+// block (t, q) also prefetches the weights of token t's q-th expert (item t * k + q, if below
+// pf.items; every block of a token computes its top-k, block (t, 0) writes it).
 extern "C" __global__ void route(const float* __restrict__ logits, const float* __restrict__ bias, int n, int k,
                                 int softmax, int normalize, float softcap, float scale, int* __restrict__ sel,
-                                float* __restrict__ wts) {
+                                float* __restrict__ wts, ExpertPrefetch pf) {
+    __shared__ int ssel[32];
+    __shared__ float swts[32];
     pdl_enter();
-    route_token(logits, bias, n, k, softmax, normalize, softcap, scale, sel, wts, blockIdx.x);
+    const int t = blockIdx.x, q = blockIdx.y, lane = threadIdx.x & 31;
+    route_token(logits + (long)t * n, bias, n, k, softmax, normalize, softcap, scale, ssel, swts, 0);
+    __syncwarp();
+    if (q == 0 && lane < k) {
+        sel[t * k + lane] = ssel[lane];
+        wts[t * k + lane] = swts[lane];
+    }
+    if (q < k && t * k + q < pf.items) expert_prefetch(pf, ssel[q], n, 0, 1, lane, 32);
 }
 
 // One projection of all experts of a layer, stacked: expert e's rows start at e * rows.
@@ -155,11 +190,13 @@ __device__ __forceinline__ int expert_item(int has_shared, int T, int k) {
 // e = sel[j]; items j >= T*k: the shared expert of token j - T*k). XR rows of gate and XR of up
 // per warp, their loads issued together.
 // With `mma` (blocks of 8 warps), NVFP4 gate and up with K % 128 == 0 take the tensor-core path:
-// the block's 16 gate rows are one tile (warps 0-3), its 16 up rows another (warps 4-7).
+// the block's 16 gate rows are one tile (warps 0-3), its 16 up rows another (warps 4-7); once
+// they are read, warp 1 prefetches the block's share (blockIdx.x of gridDim.x) of the item's
+// down projection into L2 (`dpf`: routed items below dpf.items).
 extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up2(ExpertProj gate, ExpertProj up, ExpertProj sgate, ExpertProj sup,
                                            int has_shared, int shared_inter, const int* __restrict__ sel, int k,
                                            int T, const float* __restrict__ x, float* __restrict__ h, int inter,
-                                           int K, int mma) {
+                                           int K, int mma, int experts, ExpertPrefetch dpf) {
     const int warps = blockDim.x >> 5;
     const long o = ((long)blockIdx.x * warps + (threadIdx.x >> 5)) * XR;
     const int j = expert_item(has_shared, T, k);
@@ -192,6 +229,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up2(ExpertProj
             uv *= 64.f * ds * up.inv_g[ee];
             h[(long)j * max(inter, shared_inter) + ob + lane] = gv / (1.0f + expf(-gv)) * uv;
         }
+        if (warp == 1 && j < dpf.items) expert_prefetch(dpf, ee, experts, blockIdx.x, gridDim.x, lane, 32);
         return;
     }
     pdl_enter();

@@ -141,7 +141,8 @@ pub(crate) struct Seg {
 pub(crate) struct Segs {
     s: [Seg; 6],
     n: i32,
-    _pad: i32,
+    /// `gemv_mt`: its blocks prefetch their weight rows into L2 (`CudaOptions::l2_prefetch`).
+    l2_prefetch: i32,
 }
 
 // SAFETY: plain old data matching the C structs.
@@ -1167,9 +1168,10 @@ impl CudaBackend {
             .mt_k_split
             .unwrap_or_else(|| mma_split(rows, cols, self.inner.sms));
         let tile_rows = 16 * (NV_WARPS as usize / ks);
-        let (segs, block0) = Segs::of(self, parts, |_| tile_rows);
+        let (mut segs, block0) = Segs::of(self, parts, |_| tile_rows);
         let (one_block, sixteen, four) = {
             let o = self.opts();
+            segs.l2_prefetch = i32::from(o.l2_prefetch);
             (o.mt_one_block, o.mt_16_tokens, o.mt_4_tokens)
         };
         let (variant, per_grid_row) = match fmt {

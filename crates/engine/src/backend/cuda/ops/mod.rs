@@ -400,6 +400,7 @@ mod tests {
                 "AttnSeqs" => "AttnSeqs",
                 "KvTablePut" => "KvTablePut",
                 "Route" => "Route",
+                "ExpertPrefetch" => "ExpertPrefetch",
                 "ExpertProj" => "ExpertProj",
                 "Epi" => "Epi",
                 _ => return None,

@@ -7,16 +7,19 @@ use crate::backend::cuda::*;
 kernels! {
     group moe;
 
-    /// The router's top-`k` of `n` expert logits per token (one warp per token).
+    /// The router's top-`k` of `n` expert logits per token (one warp per token); with
+    /// `pf.items`, grid (tokens, `k`): block (t, q) also prefetches token t's q-th expert.
     route => RouteArgs {
         logits: DevPtr<f32>, bias: DevPtr<f32>, n: i32, k: i32, softmax: i32, normalize: i32,
-        softcap: f32, scale: f32, sel: DevPtr<i32>, wts: DevPtr<f32>,
+        softcap: f32, scale: f32, sel: DevPtr<i32>, wts: DevPtr<f32>, pf: ExpertPrefetch,
     }
     /// Gate/up (SiLU · up into `h`) of each (token, expert) item, one grid row per item.
+    /// With `dpf.items`, its blocks then prefetch their share of the routed items' down
+    /// projections (of `experts`) into L2.
     experts_gate_up2 => ExpertsGateUp2Args {
         gate: ExpertProj, up: ExpertProj, sgate: ExpertProj, sup: ExpertProj, has_shared: i32,
         shared_inter: i32, sel: DevPtr<i32>, k: i32, t: i32, x: DevPtr<f32>, h: DevPtr<f32>,
-        inter: i32, hidden: i32, mma: i32,
+        inter: i32, hidden: i32, mma: i32, experts: i32, dpf: ExpertPrefetch,
     }
     /// Down of each item into its row of `part` (weighted), one grid row per item, 128 threads.
     /// `experts_down2_b4`: four blocks a SM (`CudaOptions::down_four_blocks`).
@@ -172,6 +175,25 @@ impl Route {
     }
 }
 
+/// Expert weights prefetched into L2 once an item's expert `e` is known (`ExpertPrefetch` in
+/// kernels/moe.cu; layout identical): `bytes[i]` at `base[i] + e · bytes[i]` for each part with a
+/// base, for the items below `items` (0: none).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct ExpertPrefetch {
+    base: [DevPtr<u8>; 4],
+    bytes: [i64; 4],
+    items: i32,
+    _pad: i32,
+}
+
+// SAFETY: plain old data matching the C struct's layout.
+unsafe impl DeviceRepr for ExpertPrefetch {}
+
+/// Share of the L2 cache that prefetched expert weights may fill (the rest keeps the step's
+/// activations, KV rows and the weights being read).
+const L2_PREFETCH_SHARE: (usize, usize) = (3, 4);
+
 /// Resident blocks per SM of the persistent MoE kernels (`__launch_bounds__(256, 2)`).
 pub(crate) const PERSIST_BLOCKS_PER_SM: usize = 2;
 
@@ -220,6 +242,36 @@ pub struct CudaExperts {
     pub(crate) n: usize,
     pub(crate) inter: usize,
     pub(crate) hidden: usize,
+}
+
+impl CudaExperts {
+    /// The prefetch of the projections `arenas` (weights and scales) of the first `items` items,
+    /// or of as many as fit in `b`'s share of L2 for prefetched weights; none where
+    /// `CudaOptions::l2_prefetch` is off or the device's L2 size is unknown.
+    pub(crate) fn prefetch(
+        &self,
+        b: &CudaBackend,
+        arenas: &[&ExpertArena],
+        items: usize,
+    ) -> ExpertPrefetch {
+        let mut pf = ExpertPrefetch::default();
+        let l2 = b.inner.l2_bytes;
+        if !b.opts().l2_prefetch || l2 == 0 || self.n == 0 {
+            return pf;
+        }
+        let mut slot = 0;
+        for a in arenas.iter().take(2) {
+            for buf in std::iter::once(&a.data).chain(a.scales.as_ref()) {
+                pf.base[slot] = b.ptr(buf);
+                pf.bytes[slot] = (buf.len() / self.n) as i64;
+                slot += 1;
+            }
+        }
+        let per_item = pf.bytes.iter().sum::<i64>().max(1) as usize;
+        let fit = l2 * L2_PREFETCH_SHARE.0 / L2_PREFETCH_SHARE.1 / per_item;
+        pf.items = items.min(fit).min(i32::MAX as usize) as i32;
+        pf
+    }
 }
 
 /// Selected experts and weights per token, on the device.
@@ -360,9 +412,20 @@ impl CudaBackend {
         } = sp.unwrap_or_default();
         let has = i32::from(shared.is_some());
         let persistent = self.persistent_moe(e, &shared, k, t);
+        let grouped_few = !persistent && self.grouped_few(e, k, t);
+        let grouped = !persistent && !grouped_few && sp.is_none() && self.grouped_moe(e, t);
+        let per_item = !persistent && !grouped_few && !grouped;
         let fused_route = match route {
             Some(r) if persistent && r.n <= 256 && k <= 32 => *r,
             Some(r) => {
+                self.check(k <= 32, || format!("top-{k} routing"))?;
+                // (per item: the routed items' gate/up prefetched into L2 as they are chosen)
+                let pf = if per_item {
+                    e.prefetch(self, &[&e.gate, &e.up], t * k)
+                } else {
+                    ExpertPrefetch::default()
+                };
+                let ways = if pf.items > 0 { k as u32 } else { 1 };
                 ops::moe::RouteArgs {
                     logits: r.logits,
                     bias: r.bias,
@@ -374,8 +437,9 @@ impl CudaBackend {
                     scale: r.scale,
                     sel: self.ptr(sel),
                     wts: self.ptr(wts),
+                    pf,
                 }
-                .launch(self, (t as u32, 1, 1), (32, 1, 1))?;
+                .launch(self, (t as u32, ways, 1), (32, 1, 1))?;
                 Route::default()
             }
             None => Route::default(),
@@ -421,9 +485,9 @@ impl CudaBackend {
                 hidden: e.hidden as i32,
             }
             .launch(self, (dn.min(resident) as u32, 1, 1), (256, 1, 1))?;
-        } else if self.grouped_few(e, k, t) {
+        } else if grouped_few {
             self.experts_grouped_few(e, shared.map(|(s, _)| s), io)?;
-        } else if sp.is_none() && self.grouped_moe(e, t) {
+        } else if grouped {
             self.experts_grouped(e, io)?;
         } else {
             self.experts_per_item(e, sp, io)?;
@@ -823,6 +887,8 @@ impl CudaBackend {
             inter: e.inter as i32,
             hidden: e.hidden as i32,
             mma: i32::from(self.inner.mma),
+            experts: e.n as i32,
+            dpf: e.prefetch(self, &[&e.down], t * k),
         }
         .launch(
             self,
