@@ -232,6 +232,7 @@ struct Runner {
     const Launch* launch;
     uint3 block_idx;
     char error[256];
+    bool faulted;  // a check inside the block failed (`error` says which): the launch fails
 };
 
 static thread_local Runner runner;
@@ -313,6 +314,7 @@ inline bool run_block(const Launch& l, uint3 idx) {
     const unsigned n = l.block.x * l.block.y * l.block.z;
     r.launch = &l;
     r.block_idx = idx;
+    r.faulted = false;
     r.block_bar = Barrier();
     r.live = n;
     for (unsigned w = 0; w < (n + 31) / 32; w++) {
@@ -363,8 +365,11 @@ inline bool run_block(const Launch& l, uint3 idx) {
         }
     }
     r.current = nullptr;
-    return true;
+    return !r.faulted;
 }
+
+// The driver's check that [p, p + bytes) lies inside one live allocation (set at module load).
+inline bool (*range_check)(const void* p, size_t bytes) = nullptr;
 
 // The OS threads blocks are shared out among (FP4FORGE_CUDA_CPU_THREADS, default: every core).
 struct Pool {
@@ -416,7 +421,7 @@ struct Pool {
         }
     }
 
-    // Runs every block of `l`; false with `error` set when a block deadlocked.
+    // Runs every block of `l`; false with `error` set when a block deadlocked or faulted.
     bool run(const Launch& l) {
         {
             std::lock_guard<std::mutex> g(m);
@@ -446,6 +451,24 @@ inline void invoke(void (*f)(A...), void** params) {
 }
 
 }  // namespace emu
+
+// The driver hands the module its allocation check once loaded (driver.cpp's cuModuleLoadData).
+extern "C" __attribute__((visibility("default"))) void emu_set_range_check(bool (*check)(const void*, size_t)) {
+    emu::range_check = check;
+}
+
+// An L2 prefetch of [p, p + bytes) (`l2_prefetch` in kernels/common.cu): a no-op, but on a GPU a
+// range outside the device's allocations is a bad address, so the launch fails here, naming it.
+inline void emu_prefetch_check(const void* p, long bytes) {
+    if (bytes <= 0 || !emu::range_check || emu::range_check(p, (size_t)bytes)) return;
+    emu::Runner& r = emu::runner;
+    if (!r.faulted)
+        snprintf(r.error, sizeof r.error,
+                 "kernel %s, block (%u, %u, %u), thread %u: L2 prefetch of %ld bytes at %p, outside every allocation",
+                 r.launch->name, r.block_idx.x, r.block_idx.y, r.block_idx.z, r.current ? r.current->tid.x : 0u,
+                 bytes, p);
+    r.faulted = true;
+}
 
 // The module's launch entry (driver.cpp's cuLaunchKernel): 0, or -1 with `error` filled.
 extern "C" __attribute__((visibility("default"))) int emu_launch(void (*entry)(void**), const char* name,

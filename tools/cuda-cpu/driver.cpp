@@ -106,6 +106,16 @@ CUresult alloc(CUdeviceptr* p, size_t bytes) {
     return CUDA_SUCCESS;
 }
 
+// Whether [p, p + bytes) lies inside one live allocation (the module's check of L2 prefetches).
+bool range_in_allocation(const void* p, size_t bytes) {
+    std::lock_guard<std::mutex> g(mu);
+    const uintptr_t a = (uintptr_t)p;
+    auto it = allocations.upper_bound(a);
+    if (it == allocations.begin()) return false;
+    --it;
+    return a >= it->first && a - it->first <= it->second && bytes <= it->second - (a - it->first);
+}
+
 CUresult release(CUdeviceptr p) {
     std::lock_guard<std::mutex> g(mu);
     auto it = allocations.find((uintptr_t)p);
@@ -313,6 +323,7 @@ API CUresult cuModuleLoadData(Module** out, const void* image) {
     m->handle = h;
     m->launch = (decltype(m->launch))dlsym(h, "emu_launch");
     if (!m->launch) return CUDA_ERROR_INVALID_IMAGE;
+    if (auto set = (void (*)(bool (*)(const void*, size_t)))dlsym(h, "emu_set_range_check")) set(&range_in_allocation);
     *out = m;
     return CUDA_SUCCESS;
 }

@@ -79,6 +79,9 @@ __device__ __forceinline__ void l2_prefetch(const void* p, long bytes, int lane,
         const unsigned n = (unsigned)min((unsigned long)L2_PF_PIECE, b16 - o);
         asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(o), "r"(n) : "memory");
     }
+#elif defined(FP4FORGE_CPU_EMU)
+    if (lane == 0) emu_prefetch_check(p, bytes);  // (tools/cuda-cpu: the range must be allocated)
+    (void)lanes;
 #else
     (void)p, (void)bytes, (void)lane, (void)lanes;
 #endif
