@@ -568,8 +568,15 @@ fn gpu_nvfp4_experts_match_cpu() {
                 });
                 let prefetched = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
                 assert_eq!(prefetched, per_item, "per-item with L2 prefetch, t {t}");
+                // (grouped: a few items per tile with each block prefetching the weights of the
+                // block a wave later, or the tiled GEMMs, which do not prefetch)
                 gpu.set_options(CudaOptions {
                     grouped_moe: true,
+                    ..gpu.options()
+                });
+                let grouped_prefetched = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
+                assert_eq!(grouped_prefetched, got, "grouped with L2 prefetch, t {t}");
+                gpu.set_options(CudaOptions {
                     l2_prefetch: false,
                     ..gpu.options()
                 });

@@ -943,17 +943,21 @@ __device__ __forceinline__ void mt_stash(const float acc[4], float (*red)[16][MT
 // tile blockIdx.y (token t = item / k; x staged by xb_stage as xb, xds), rows o of
 // [16 blockIdx.x, + 16): warps 0-3 split the 16 gate rows' chunks, warps 4-7 the same up rows'.
 // Grid (ceil(inter / 16), tiles bound), 8 warps; NVFP4 gate and up, K % 128 == 0 (sm_89+).
+// `ahead` > 0: warp 7 also prefetches into L2 the rows of the block `ahead` tiles later (about a
+// wave ahead: that block finds its weights in L2 or on their way).
 extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up_mt(ExpertProj gate, ExpertProj up,
                                                                      const int* __restrict__ tiles,
                                                                      const int* __restrict__ ntiles,
                                                                      const int* __restrict__ order, int k,
                                                                      const uint2* __restrict__ xb,
                                                                      const float* __restrict__ xds,
-                                                                     float* __restrict__ h, int inter, int K) {
+                                                                     float* __restrict__ h, int inter, int K,
+                                                                     int ahead) {
     __shared__ float red[8][16][MT_BN];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     pdl_enter();  // (the tiles are moe_align's output)
-    if ((int)blockIdx.y >= *ntiles) return;
+    const int nt = *ntiles;
+    if ((int)blockIdx.y >= nt) return;
     const int4 tile = ((const int4*)tiles)[blockIdx.y];
     const long e = tile.x;
     const long ob = (long)blockIdx.x * 16;
@@ -961,6 +965,13 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up_mt(ExpertPr
     const int nc = K >> 7, part = warp & 3;
     MmaTile<MMA_U> m;
     mma_start_group(m, warp >= 4 ? up : gate, e * inter + ob, nrows, K, part * nc / 4, (part + 1) * nc / 4);
+    if (ahead > 0 && warp == 7 && (int)blockIdx.y + ahead < nt) {
+        const long r = (long)((const int4*)tiles)[blockIdx.y + ahead].x * inter + ob;
+        l2_prefetch((const u8*)gate.w + r * (K / 2), (long)nrows * (K / 2), lane, 32);
+        l2_prefetch(gate.scales + r * (K / 16), (long)nrows * (K / 16), lane, 32);
+        l2_prefetch((const u8*)up.w + r * (K / 2), (long)nrows * (K / 2), lane, 32);
+        l2_prefetch(up.scales + r * (K / 16), (long)nrows * (K / 16), lane, 32);
+    }
     const MtSlot sl = mt_slot(tile, order);
     const uint4* xl = (const uint4*)(xb + (long)(sl.item / k) * (K / 2)) + 4 * (lane & 7);
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -986,18 +997,20 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up_mt(ExpertPr
 // part[item, o] = wts[item] * (down_e . h[item]) for the items of tile blockIdx.y (h staged by
 // xb_stage as hb, hds, one row per item), rows o of [64 blockIdx.x, + 64): 4 tiles of 16 rows,
 // 2 warps splitting each tile's chunks. Grid (ceil(H / 64), tiles bound), 8 warps; NVFP4 down,
-// inter % 128 == 0 (sm_89+).
+// inter % 128 == 0 (sm_89+). `ahead`: as in experts_gate_up_mt (the block's 64 rows).
 extern "C" __global__ void __launch_bounds__(256, 2) experts_down_mt(ExpertProj down, const int* __restrict__ tiles,
                                                                   const int* __restrict__ ntiles,
                                                                   const int* __restrict__ order,
                                                                   const float* __restrict__ wts,
                                                                   const uint2* __restrict__ hb,
                                                                   const float* __restrict__ hds,
-                                                                  float* __restrict__ part, int inter, int H) {
+                                                                  float* __restrict__ part, int inter, int H,
+                                                                  int ahead) {
     __shared__ float red[8][16][MT_BN];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     pdl_enter();
-    if ((int)blockIdx.y >= *ntiles) return;
+    const int nt = *ntiles;
+    if ((int)blockIdx.y >= nt) return;
     const int4 tile = ((const int4*)tiles)[blockIdx.y];
     const long e = tile.x;
     const long ob = (long)blockIdx.x * 64 + (warp >> 1) * 16;
@@ -1005,6 +1018,12 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_down_mt(ExpertProj 
     const int nc = inter >> 7, p = warp & 1;
     MmaTile<MMA_U> m;
     mma_start_group(m, down, e * H + ob, nrows, inter, p * nc / 2, (p + 1) * nc / 2);
+    if (ahead > 0 && warp == 7 && (int)blockIdx.y + ahead < nt) {
+        const long b0 = (long)blockIdx.x * 64, brows = max(0l, min(64l, (long)H - b0));
+        const long r = (long)((const int4*)tiles)[blockIdx.y + ahead].x * H + b0;
+        l2_prefetch((const u8*)down.w + r * (inter / 2), brows * (inter / 2), lane, 32);
+        l2_prefetch(down.scales + r * (inter / 16), brows * (inter / 16), lane, 32);
+    }
     const MtSlot sl = mt_slot(tile, order);
     const uint4* xl = (const uint4*)(hb + (long)sl.item * (inter / 2)) + 4 * (lane & 7);
     float acc[4] = {0.f, 0.f, 0.f, 0.f};

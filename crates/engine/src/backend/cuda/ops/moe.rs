@@ -47,18 +47,20 @@ kernels! {
         ntiles: DevPtr<i32>,
     }
     /// Gate/up (SiLU · up into `h`) of every tile of up to [`FEW_TILE_ITEMS`] items on the decode
-    /// GEMV's tensor-core core: grid (⌈inter / 16⌉, tiles bound), 256 threads.
+    /// GEMV's tensor-core core: grid (⌈inter / 16⌉, tiles bound), 256 threads; `ahead` > 0:
+    /// each block prefetches the weight rows of the block that many tiles later into L2.
     experts_gate_up_mt => ExpertsGateUpMtArgs {
         gate: ExpertProj, up: ExpertProj, tiles: DevPtr<i32>, ntiles: DevPtr<i32>,
         order: DevPtr<i32>, k: i32, xb: DevPtr<u32>, xds: DevPtr<f32>, h: DevPtr<f32>,
-        inter: i32, hidden: i32,
+        inter: i32, hidden: i32, ahead: i32,
     }
     /// Down (weighted, into each item's row of `part`) of every tile of up to
-    /// [`FEW_TILE_ITEMS`] items: grid (⌈hidden / 64⌉, tiles bound), 256 threads.
+    /// [`FEW_TILE_ITEMS`] items: grid (⌈hidden / 64⌉, tiles bound), 256 threads; `ahead` as
+    /// `experts_gate_up_mt`'s.
     experts_down_mt => ExpertsDownMtArgs {
         down: ExpertProj, tiles: DevPtr<i32>, ntiles: DevPtr<i32>, order: DevPtr<i32>,
         wts: DevPtr<f32>, hb: DevPtr<u32>, hds: DevPtr<f32>, part: DevPtr<f32>, inter: i32,
-        hidden: i32,
+        hidden: i32, ahead: i32,
     }
     /// Gate/up (SiLU · up into `h`) of every tile of items on tensor cores: grid
     /// (⌈inter / 64⌉, tiles bound); `xds`: null, or the token rows' `row_pow2` scales (the f16
@@ -194,6 +196,10 @@ unsafe impl DeviceRepr for ExpertPrefetch {}
 /// activations, KV rows and the weights being read).
 const L2_PREFETCH_SHARE: (usize, usize) = (3, 4);
 
+/// Resident blocks per SM of the few-items-per-tile kernels (`experts_*_mt`:
+/// `__launch_bounds__(256, 2)`).
+const MT_BLOCKS_PER_SM: usize = 2;
+
 /// Resident blocks per SM of the persistent MoE kernels (`__launch_bounds__(256, 2)`).
 pub(crate) const PERSIST_BLOCKS_PER_SM: usize = 2;
 
@@ -242,6 +248,18 @@ pub struct CudaExperts {
     pub(crate) n: usize,
     pub(crate) inter: usize,
     pub(crate) hidden: usize,
+}
+
+impl CudaBackend {
+    /// Grid rows between a block of a grid `row_blocks` blocks wide (two resident a SM) and the
+    /// one about a wave later, whose weights it prefetches into L2; 0 (none) where
+    /// `CudaOptions::l2_prefetch` is off.
+    fn wave_ahead(&self, row_blocks: usize) -> i32 {
+        if !self.opts().l2_prefetch || row_blocks == 0 {
+            return 0;
+        }
+        (MT_BLOCKS_PER_SM * self.inner.sms).div_ceil(row_blocks) as i32
+    }
 }
 
 impl CudaExperts {
@@ -810,6 +828,7 @@ impl CudaBackend {
             h,
             inter: inter as i32,
             hidden: hidden as i32,
+            ahead: self.wave_ahead(inter.div_ceil(16)),
         }
         .launch(
             self,
@@ -837,6 +856,7 @@ impl CudaBackend {
             part,
             inter: inter as i32,
             hidden: hidden as i32,
+            ahead: self.wave_ahead(hidden.div_ceil(64)),
         }
         .launch(
             self,
