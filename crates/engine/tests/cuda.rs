@@ -559,8 +559,8 @@ fn gpu_nvfp4_experts_match_cpu() {
                 });
                 let four = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
                 assert_eq!(four, per_item, "per-item down at four blocks a SM, t {t}");
-                // (the routed experts' weights prefetched into L2 by the top-k and the gate/up
-                // blocks, the top-k computed by k blocks a token: a hint, the same results)
+                // (the gate/up blocks prefetching the items' down weights into L2: a hint, the
+                // same results; the top-k's own prefetch runs in the batched-step test below)
                 gpu.set_options(CudaOptions {
                     down_four_blocks: false,
                     l2_prefetch: true,
