@@ -178,10 +178,10 @@ __device__ __forceinline__ ExpertProj pick(bool a, const ExpertProj& x, const Ex
 #define XU 3   // chunk slots per lane and batch in experts_gate_up2 (K = 3072: the whole row at once)
 #define XRD 8  // rows per warp in experts_down2
 
-// Item j of blockIdx.y: the shared expert's items (j >= T*k) are scheduled first (they are the
-// largest when the shared expert is BF16), then the routed ones.
-__device__ __forceinline__ int expert_item(int has_shared, int T, int k) {
-    const int y = blockIdx.y;
+// Item j of grid row y (default: blockIdx.y): the shared expert's items (j >= T*k) are scheduled
+// first (they are the largest when the shared expert is BF16), then the routed ones.
+__device__ __forceinline__ int expert_item(int has_shared, int T, int k, int y = -1) {
+    if (y < 0) y = blockIdx.y;
     if (!has_shared) return y;
     return y < T ? T * k + y : y - T;
 }
@@ -192,11 +192,14 @@ __device__ __forceinline__ int expert_item(int has_shared, int T, int k) {
 // With `mma` (blocks of 8 warps), NVFP4 gate and up with K % 128 == 0 take the tensor-core path:
 // the block's 16 gate rows are one tile (warps 0-3), its 16 up rows another (warps 4-7); once
 // they are read, warp 1 prefetches the block's share (blockIdx.x of gridDim.x) of the item's
-// down projection into L2 (`dpf`: routed items below dpf.items).
+// down projection into L2 (`dpf`: routed items below dpf.items). `ahead` > 0: warp 7 first
+// prefetches the gate and up rows of the block `ahead` grid rows later, if its item is a routed
+// one the top-k did not prefetch (items from `gu_prefetched` on).
 extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up2(ExpertProj gate, ExpertProj up, ExpertProj sgate, ExpertProj sup,
                                            int has_shared, int shared_inter, const int* __restrict__ sel, int k,
                                            int T, const float* __restrict__ x, float* __restrict__ h, int inter,
-                                           int K, int mma, int experts, ExpertPrefetch dpf) {
+                                           int K, int mma, int experts, ExpertPrefetch dpf, int ahead,
+                                           int gu_prefetched) {
     const int warps = blockDim.x >> 5;
     const long o = ((long)blockIdx.x * warps + (threadIdx.x >> 5)) * XR;
     const int j = expert_item(has_shared, T, k);
@@ -216,6 +219,16 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up2(ExpertProj
         const long r0 = ee * (long)n + ob;
         MmaTile<MMA_U> m;
         mma_start_group(m, P, r0, nrows, K, part * nc / 4, (part + 1) * nc / 4);
+        if (ahead > 0 && warp == 7 && (int)blockIdx.y + ahead < (int)gridDim.y) {
+            const int j2 = expert_item(has_shared, T, k, blockIdx.y + ahead);
+            if (j2 < T * k && j2 >= gu_prefetched) {
+                const long r2 = (long)sel[j2] * n + ob;
+                l2_prefetch((const u8*)gate.w + r2 * (K / 2), (long)nrows * (K / 2), lane, 32);
+                l2_prefetch(gate.scales + r2 * (K / 16), (long)nrows * (K / 16), lane, 32);
+                l2_prefetch((const u8*)up.w + r2 * (K / 2), (long)nrows * (K / 2), lane, 32);
+                l2_prefetch(up.scales + r2 * (K / 16), (long)nrows * (K / 16), lane, 32);
+            }
+        }
         const int t = j / k;
         const float ds = xb_fill((uint2*)xs, x + (long)t * K, K);
         float acc[4] = {0.f, 0.f, 0.f, 0.f};

@@ -15,11 +15,13 @@ kernels! {
     }
     /// Gate/up (SiLU · up into `h`) of each (token, expert) item, one grid row per item.
     /// With `dpf.items`, its blocks then prefetch their share of the routed items' down
-    /// projections (of `experts`) into L2.
+    /// projections (of `experts`) into L2; with `ahead`, first the gate/up rows of the block
+    /// that many grid rows later (routed items from `gu_prefetched` on).
     experts_gate_up2 => ExpertsGateUp2Args {
         gate: ExpertProj, up: ExpertProj, sgate: ExpertProj, sup: ExpertProj, has_shared: i32,
         shared_inter: i32, sel: DevPtr<i32>, k: i32, t: i32, x: DevPtr<f32>, h: DevPtr<f32>,
-        inter: i32, hidden: i32, mma: i32, experts: i32, dpf: ExpertPrefetch,
+        inter: i32, hidden: i32, mma: i32, experts: i32, dpf: ExpertPrefetch, ahead: i32,
+        gu_prefetched: i32,
     }
     /// Down of each item into its row of `part` (weighted), one grid row per item, 128 threads.
     /// `experts_down2_b4`: four blocks a SM (`CudaOptions::down_four_blocks`).
@@ -196,8 +198,8 @@ unsafe impl DeviceRepr for ExpertPrefetch {}
 /// activations, KV rows and the weights being read).
 const L2_PREFETCH_SHARE: (usize, usize) = (3, 4);
 
-/// Resident blocks per SM of the few-items-per-tile kernels (`experts_*_mt`:
-/// `__launch_bounds__(256, 2)`).
+/// Resident blocks per SM of the few-items-per-tile kernels (`experts_*_mt`) and the per-item
+/// gate/up (`experts_gate_up2`): `__launch_bounds__(256, 2)`.
 const MT_BLOCKS_PER_SM: usize = 2;
 
 /// Resident blocks per SM of the persistent MoE kernels (`__launch_bounds__(256, 2)`).
@@ -251,9 +253,9 @@ pub struct CudaExperts {
 }
 
 impl CudaBackend {
-    /// Grid rows between a block of a grid `row_blocks` blocks wide (two resident a SM) and the
-    /// one about a wave later, whose weights it prefetches into L2; 0 (none) where
-    /// `CudaOptions::l2_prefetch` is off.
+    /// Grid rows between a block of a grid `row_blocks` blocks wide (two resident a SM: the
+    /// few-items-per-tile and per-item gate/up kernels) and the one about a wave later, whose
+    /// weights it prefetches into L2; 0 (none) where `CudaOptions::l2_prefetch` is off.
     fn wave_ahead(&self, row_blocks: usize) -> i32 {
         if !self.opts().l2_prefetch || row_blocks == 0 {
             return 0;
@@ -433,6 +435,8 @@ impl CudaBackend {
         let grouped_few = !persistent && self.grouped_few(e, k, t);
         let grouped = !persistent && !grouped_few && sp.is_none() && self.grouped_moe(e, t);
         let per_item = !persistent && !grouped_few && !grouped;
+        // (the routed items whose gate/up the top-k prefetches)
+        let mut gu_prefetched = 0;
         let fused_route = match route {
             Some(r) if persistent && r.n <= 256 && k <= 32 => *r,
             Some(r) => {
@@ -443,6 +447,7 @@ impl CudaBackend {
                 } else {
                     ExpertPrefetch::default()
                 };
+                gu_prefetched = pf.items as usize;
                 let ways = if pf.items > 0 { k as u32 } else { 1 };
                 ops::moe::RouteArgs {
                     logits: r.logits,
@@ -508,7 +513,7 @@ impl CudaBackend {
         } else if grouped {
             self.experts_grouped(e, io)?;
         } else {
-            self.experts_per_item(e, sp, io)?;
+            self.experts_per_item(e, sp, io, gu_prefetched)?;
         }
         let n = (t * e.hidden) as u32;
         let (fused, separate) = if t == 1 && epi.fusable(256) {
@@ -866,12 +871,14 @@ impl CudaBackend {
     }
 
     /// Gate/up and down of `items` (token, expert) pairs, one grid row per item (the shared
-    /// expert, if any, one more item per token).
+    /// expert, if any, one more item per token); the routed items below `gu_prefetched` had
+    /// their gate/up prefetched into L2 by the top-k.
     pub(crate) fn experts_per_item(
         &self,
         e: &CudaExperts,
         shared: Option<SharedProj>,
         io: MoeBuffers<'_>,
+        gu_prefetched: usize,
     ) -> Result<()> {
         let MoeBuffers {
             sel,
@@ -909,6 +916,8 @@ impl CudaBackend {
             mma: i32::from(self.inner.mma),
             experts: e.n as i32,
             dpf: e.prefetch(self, &[&e.down], t * k),
+            ahead: self.wave_ahead(rows.div_ceil(EXPERT_GU_WARPS * EXPERT_GU_ROWS) as usize),
+            gu_prefetched: gu_prefetched as i32,
         }
         .launch(
             self,
