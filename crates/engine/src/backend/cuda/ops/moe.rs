@@ -265,7 +265,8 @@ impl CudaBackend {
 }
 
 impl CudaExperts {
-    /// The prefetch of the projections `arenas` (weights and scales) of the first `items` items,
+    /// The prefetch of the projections `arenas` (at most two: weights and scales are four
+    /// parts) of the first `items` items,
     /// or of as many as fit in `b`'s share of L2 for prefetched weights; none where
     /// `CudaOptions::l2_prefetch` is off or the device's L2 size is unknown.
     pub(crate) fn prefetch(
