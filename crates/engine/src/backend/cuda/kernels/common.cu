@@ -87,6 +87,14 @@ __device__ __forceinline__ void l2_prefetch(const void* p, long bytes, int lane,
 #endif
 }
 
+// l2_prefetch of rows [row0, row0 + rows) of an NVFP4 matrix of K columns: their packed values
+// (K / 2 bytes a row at w) and their scales (K / 16 bytes a row at scales).
+__device__ __forceinline__ void l2_prefetch_nv_rows(const void* w, const u8* scales, long row0, long rows, int K,
+                                                    int lane, int lanes) {
+    l2_prefetch((const u8*)w + row0 * (K / 2), rows * (K / 2), lane, lanes);
+    l2_prefetch(scales + row0 * (K / 16), rows * (K / 16), lane, lanes);
+}
+
 __device__ __forceinline__ float bf16_to_f32(u32 b) { return __uint_as_float(b << 16); }
 __device__ __forceinline__ u16 f32_to_bf16(float f) {
     u32 u = __float_as_uint(f);

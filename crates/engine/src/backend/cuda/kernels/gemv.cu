@@ -1145,8 +1145,7 @@ __device__ __forceinline__ void gemv_mt_impl(const Segs& segs, const uint2* __re
         if (segs.l2_prefetch && blockIdx.y == 0 && warp == 0) {
             // (the block's rows: 8 / ks tiles of 16 from its first warp's)
             const long brows = max(0l, min(16l * (8 / ks), (long)N - row0));
-            l2_prefetch(w + row0 * (K / 2), brows * (K / 2), lane, 32);
-            l2_prefetch(scales + row0 * (K / 16), brows * (K / 16), lane, 32);
+            l2_prefetch_nv_rows(w, scales, row0, brows, K, lane, 32);
         }
         pdl_enter();
         if (nrows > 0) m.template run_staged<G>(xl, 4l * (K / 4), bx, acc);

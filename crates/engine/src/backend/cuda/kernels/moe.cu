@@ -223,10 +223,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up2(ExpertProj
             const int j2 = expert_item(has_shared, T, k, blockIdx.y + ahead);
             if (j2 < T * k && j2 >= gu_prefetched) {
                 const long r2 = (long)sel[j2] * n + ob;
-                l2_prefetch((const u8*)gate.w + r2 * (K / 2), (long)nrows * (K / 2), lane, 32);
-                l2_prefetch(gate.scales + r2 * (K / 16), (long)nrows * (K / 16), lane, 32);
-                l2_prefetch((const u8*)up.w + r2 * (K / 2), (long)nrows * (K / 2), lane, 32);
-                l2_prefetch(up.scales + r2 * (K / 16), (long)nrows * (K / 16), lane, 32);
+                l2_prefetch_nv_rows(gate.w, gate.scales, r2, nrows, K, lane, 32);
+                l2_prefetch_nv_rows(up.w, up.scales, r2, nrows, K, lane, 32);
             }
         }
         const int t = j / k;
@@ -980,10 +978,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up_mt(ExpertPr
     mma_start_group(m, warp >= 4 ? up : gate, e * inter + ob, nrows, K, part * nc / 4, (part + 1) * nc / 4);
     if (ahead > 0 && warp == 7 && (int)blockIdx.y + ahead < nt) {
         const long r = (long)((const int4*)tiles)[blockIdx.y + ahead].x * inter + ob;
-        l2_prefetch((const u8*)gate.w + r * (K / 2), (long)nrows * (K / 2), lane, 32);
-        l2_prefetch(gate.scales + r * (K / 16), (long)nrows * (K / 16), lane, 32);
-        l2_prefetch((const u8*)up.w + r * (K / 2), (long)nrows * (K / 2), lane, 32);
-        l2_prefetch(up.scales + r * (K / 16), (long)nrows * (K / 16), lane, 32);
+        l2_prefetch_nv_rows(gate.w, gate.scales, r, nrows, K, lane, 32);
+        l2_prefetch_nv_rows(up.w, up.scales, r, nrows, K, lane, 32);
     }
     const MtSlot sl = mt_slot(tile, order);
     const uint4* xl = (const uint4*)(xb + (long)(sl.item / k) * (K / 2)) + 4 * (lane & 7);
@@ -1034,8 +1030,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_down_mt(ExpertProj 
     if (ahead > 0 && warp == 7 && (int)blockIdx.y + ahead < nt) {
         const long b0 = (long)blockIdx.x * 64, brows = max(0l, min(64l, (long)H - b0));
         const long r = (long)((const int4*)tiles)[blockIdx.y + ahead].x * H + b0;
-        l2_prefetch((const u8*)down.w + r * (inter / 2), brows * (inter / 2), lane, 32);
-        l2_prefetch(down.scales + r * (inter / 16), brows * (inter / 16), lane, 32);
+        l2_prefetch_nv_rows(down.w, down.scales, r, brows, inter, lane, 32);
     }
     const MtSlot sl = mt_slot(tile, order);
     const uint4* xl = (const uint4*)(hb + (long)sl.item * (inter / 2)) + 4 * (lane & 7);
