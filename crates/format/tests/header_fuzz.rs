@@ -272,3 +272,50 @@ fn files_on_disk_get_the_same_checks() {
     let missing = SafetensorsFile::open(dir.path().join("missing.safetensors")).unwrap_err();
     assert!(matches!(missing, CheckpointError::Io { .. }));
 }
+
+/// The two byte flips a `byte_flips_never_panic` run found (2026-12-05): `"dtype"` of the
+/// first entry became `"etype"` and `t3.weight` became a second `t1.weight`. A JSON map keeps
+/// the last of repeated keys, so the broken entry was silently replaced by the later one; the
+/// `safetensors` crate rejects the file, and so must we, naming the repeated key.
+#[test]
+fn a_repeated_key_is_an_error_not_a_silent_overwrite() {
+    let header = br#"{"__metadata__":{"format":"pt"},"t1.weight":{"etype":"F32","shape":[0,0],"data_offsets":[0,0]},"t0.weight":{"dtype":"F16","shape":[0,0],"data_offsets":[0,0]},"t2.weight":{"dtype":"F16","shape":[],"data_offsets":[0,2]},"t1.weight":{"dtype":"U8","shape":[0],"data_offsets":[2,2]}}"#;
+    let file = |json: &[u8]| {
+        let mut text = json.to_vec();
+        text.resize(text.len().next_multiple_of(8), b' ');
+        let mut out = (text.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(&text);
+        out.extend_from_slice(&[2, 2]);
+        out
+    };
+    let bad = file(header);
+    assert!(safetensors::SafeTensors::deserialize(&bad).is_err());
+    let err = parse(&bad)
+        .expect_err("a header with a repeated tensor name")
+        .to_string();
+    assert!(err.contains("`t1.weight` appears twice"), "{err}");
+    agrees_with_reference(&bad);
+
+    // A key repeated inside one entry: the reference refuses a duplicate field.
+    let inner = br#"{"t":{"dtype":"U8","shape":[2],"dtype":"U8","data_offsets":[0,2]}}"#;
+    let bad = file(inner);
+    assert!(safetensors::SafeTensors::deserialize(&bad).is_err());
+    let err = parse(&bad)
+        .expect_err("an entry with a repeated field")
+        .to_string();
+    assert!(err.contains("`dtype` appears twice"), "{err}");
+
+    // The same files without the repetition parse.
+    let fixed = String::from_utf8_lossy(header)
+        .replacen("etype", "dtype", 1)
+        .replacen(
+            "\"t1.weight\":{\"dtype\":\"U8\"",
+            "\"t3.weight\":{\"dtype\":\"U8\"",
+            1,
+        );
+    let good = file(fixed.as_bytes());
+    assert_eq!(parse(&good).expect("the unflipped header").tensors.len(), 4);
+    agrees_with_reference(&good);
+    let good = file(br#"{"t":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}"#);
+    assert_eq!(parse(&good).expect("one U8 tensor").tensors.len(), 1);
+}

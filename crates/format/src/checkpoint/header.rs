@@ -12,7 +12,8 @@ use std::ops::Range;
 use std::path::Path;
 
 use indexmap::IndexMap;
-use serde_json::{Map, Value};
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Number, Value};
 
 use super::{CheckpointError, Dtype};
 
@@ -97,7 +98,7 @@ impl SafetensorsHeader {
         let json = &file[PREFIX_LEN..data_start];
         let data_len = file.len() - data_start;
 
-        let root: Value = serde_json::from_slice(json)
+        let UniqueKeys(root) = serde_json::from_slice(json)
             .map_err(|e| header_err(format!("header is not valid JSON: {e}")))?;
         let Value::Object(root) = root else {
             return Err(header_err("header JSON is not an object".into()));
@@ -139,6 +140,80 @@ impl SafetensorsHeader {
             .enumerate()
             .map(|(i, t)| (t.name.clone(), i))
             .collect()
+    }
+}
+
+/// A JSON value in which no object repeats a key, at any depth. `serde_json::Value` keeps the
+/// last of repeated keys, which would let a corrupted header hide a broken tensor entry behind a
+/// later one of the same name; the `safetensors` crate rejects such a file, and so do we.
+struct UniqueKeys(Value);
+
+impl<'de> Deserialize<'de> for UniqueKeys {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer
+            .deserialize_any(UniqueKeysVisitor)
+            .map(UniqueKeys)
+    }
+}
+
+/// Builds a [`Value`] like serde_json's own, failing on the first repeated object key.
+struct UniqueKeysVisitor;
+
+impl<'de> Visitor<'de> for UniqueKeysVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::Number(v.into()))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::Number(v.into()))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
+        Number::from_f64(v)
+            .map(Value::Number)
+            .ok_or_else(|| E::custom(format!("number {v} is not finite")))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
+        while let Some(UniqueKeys(item)) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut object = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let UniqueKeys(value) = map.next_value()?;
+            if object.contains_key(&key) {
+                return Err(de::Error::custom(format!("key `{key}` appears twice")));
+            }
+            object.insert(key, value);
+        }
+        Ok(Value::Object(object))
     }
 }
 
