@@ -518,9 +518,11 @@ fn gpu_nvfp4_experts_match_cpu() {
         // gemm_h16's core; each also compared with the per-item kernels, and 40, 200 with the
         // grouped kernels of gemm_mma's core)
         // (3000 tokens: 9,000 items, more than moe_align's first round of loads)
-        // (the few-items path from 2 tokens here, whatever its default threshold)
+        // (the few-items path from 2 tokens here, whatever its default threshold; no L2
+        // prefetch but where a comparison below turns it on for every row count)
         gpu.set_options(CudaOptions {
             few_moe_min_tokens: 2,
+            l2_prefetch_rows: 0,
             ..gpu.options()
         });
         for (t, grid) in [
@@ -563,7 +565,7 @@ fn gpu_nvfp4_experts_match_cpu() {
                 // same results; the top-k's own prefetch runs in the batched-step test below)
                 gpu.set_options(CudaOptions {
                     down_four_blocks: false,
-                    l2_prefetch: true,
+                    l2_prefetch_rows: 1,
                     ..gpu.options()
                 });
                 let prefetched = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
@@ -577,7 +579,7 @@ fn gpu_nvfp4_experts_match_cpu() {
                 let grouped_prefetched = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
                 assert_eq!(grouped_prefetched, got, "grouped with L2 prefetch, t {t}");
                 gpu.set_options(CudaOptions {
-                    l2_prefetch: false,
+                    l2_prefetch_rows: 0,
                     ..gpu.options()
                 });
                 let d = max_abs_diff(&got, &per_item);
@@ -1261,7 +1263,7 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
             let run = |norm_stage: bool, l2_prefetch: bool| -> Vec<Vec<f32>> {
                 backend.set_options(CudaOptions {
                     norm_stage,
-                    l2_prefetch,
+                    l2_prefetch_rows: usize::from(l2_prefetch),
                     ..defaults.clone()
                 });
                 let mut forks: Vec<_> = sessions

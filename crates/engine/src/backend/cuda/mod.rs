@@ -83,7 +83,7 @@ pub(crate) struct Inner {
     module: Arc<CudaModule>,
     pub name: String,
     pub sms: usize,
-    /// The device's L2 cache in bytes (0: unknown; `CudaOptions::l2_prefetch` sizes what it
+    /// The device's L2 cache in bytes (0: unknown; `CudaOptions::l2_prefetch_rows` sizes what it
     /// prefetches by it).
     pub l2_bytes: usize,
     /// Launch with programmatic dependent launch (sm_90+, unless `CudaOptions::pdl` is off): a

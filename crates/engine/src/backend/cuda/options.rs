@@ -29,9 +29,9 @@
 //! | `FP4FORGE_CUDA_MT_B1` | `mt_one_block` | `1`: NVFP4 `gemv_mt` as its variant of one block a SM with more chunks in flight a lane (`gemv_mt_nv_b1`) | off |
 //! | `FP4FORGE_CUDA_MT16` | `mt_16_tokens` | `1`: NVFP4 `gemv_mt` of more than 8 tokens at 16 tokens a grid row (`gemv_mt_nv16`: each weight read half as often, one block a SM) | off |
 //! | `FP4FORGE_CUDA_MT4` | `mt_4_tokens` | `0`: NVFP4 `gemv_mt` of at most 4 tokens at 8 tokens a grid row (`gemv_mt_nv`), not at 4 with three blocks a SM (`gemv_mt_nv4`) | on |
-//! | `FP4FORGE_CUDA_NORM_STAGE` | `norm_stage` | `1`: a batched decode step's norms also stage their rows for `gemv_mt` (`norm_stage`: q/k/v/gate and the router skip their `xb_stage` launches) | off |
+//! | `FP4FORGE_CUDA_NORM_STAGE` | `norm_stage` | `0`: a batched decode step's norms do not also stage their rows for `gemv_mt` (q/k/v/gate and the router then each launch `xb_stage`) | on |
 //! | `FP4FORGE_CUDA_DOWN_B4` | `down_four_blocks` | `1`: the per-item experts' down projection (batched steps below `FEW_MOE_MIN_TOKENS` rows) at four blocks a SM (`experts_down2_b4`: at most 128 registers) | off |
-//! | `FP4FORGE_CUDA_L2_PREFETCH` | `l2_prefetch` | `1`: weights prefetched into L2 ahead of their loads (sm_90): the routed experts' gate/up by the router's top-k, their down by the gate/up blocks (per-item experts, as many items as fit in L2), each `gemv_mt` block's rows before it waits for its input | off |
+//! | `FP4FORGE_CUDA_L2_PREFETCH` | `l2_prefetch_rows` | `N`: batched decode steps of N or more rows prefetch weights into L2 ahead of their loads (sm_90): the routed experts' gate/up by the router's top-k, their down by the gate/up blocks (per-item experts, as many items as fit in L2), the next wave's by the grouped experts' blocks, each `gemv_mt` block's rows before it waits for its input; `0`: never, `1`: every batched step | `L2_PREFETCH_MIN_ROWS` (32) |
 //! | `FP4FORGE_CUDA_MT_KS` | `mt_k_split` | `1`, `2`, `4`, `8`: fixed K split (warps per tile) of `gemv_mt` | per shape (`mma_split`) |
 //!
 //! The fields below the table's are not read from the environment: the decode attention split
@@ -43,7 +43,7 @@ use std::path::PathBuf;
 
 use super::ops::attention::{ATTN_SHORT_KEYS, ATTN_SPLIT_BLOCKS_PER_SM, ATTN_SPLIT_MIN_KEYS};
 use super::ops::gemv::{GEMV_MT_MAX_TOKENS, NV_BLOCKS_PER_SM};
-use super::ops::moe::FEW_MOE_MIN_TOKENS;
+use super::ops::moe::{FEW_MOE_MIN_TOKENS, L2_PREFETCH_MIN_ROWS};
 
 /// The CUDA backend's knobs (see the module's table for the `FP4FORGE_*` variable of each).
 /// `kernels_source`, `pdl` and `mma` take effect when a backend opens
@@ -87,8 +87,9 @@ pub struct CudaOptions {
     pub norm_stage: bool,
     /// `FP4FORGE_CUDA_DOWN_B4`: the per-item experts' down projection at four blocks a SM.
     pub down_four_blocks: bool,
-    /// `FP4FORGE_CUDA_L2_PREFETCH`: weights prefetched into L2 ahead of their loads (sm_90).
-    pub l2_prefetch: bool,
+    /// `FP4FORGE_CUDA_L2_PREFETCH`: fewest rows of a batched step whose weights are prefetched
+    /// into L2 ahead of their loads (sm_90; 0: never).
+    pub l2_prefetch_rows: usize,
     /// `FP4FORGE_CUDA_GROUPED_MOE`: multi-token routed experts grouped by expert on tensor cores.
     pub grouped_moe: bool,
     /// `FP4FORGE_CUDA_BATCH_ATTN`: a batched decode step's attention in one launch.
@@ -142,9 +143,9 @@ impl Default for CudaOptions {
             mt_one_block: false,
             mt_16_tokens: false,
             mt_4_tokens: true,
-            norm_stage: false,
+            norm_stage: true,
             down_four_blocks: false,
-            l2_prefetch: false,
+            l2_prefetch_rows: L2_PREFETCH_MIN_ROWS,
             grouped_moe: true,
             batched_attention: true,
             flash_attention: true,
@@ -214,9 +215,9 @@ impl CudaOptions {
             mt_one_block: var("FP4FORGE_CUDA_MT_B1").as_deref() == Some(OsStr::new("1")),
             mt_16_tokens: var("FP4FORGE_CUDA_MT16").as_deref() == Some(OsStr::new("1")),
             mt_4_tokens: on("FP4FORGE_CUDA_MT4"),
-            norm_stage: var("FP4FORGE_CUDA_NORM_STAGE").as_deref() == Some(OsStr::new("1")),
+            norm_stage: on("FP4FORGE_CUDA_NORM_STAGE"),
             down_four_blocks: var("FP4FORGE_CUDA_DOWN_B4").as_deref() == Some(OsStr::new("1")),
-            l2_prefetch: var("FP4FORGE_CUDA_L2_PREFETCH").as_deref() == Some(OsStr::new("1")),
+            l2_prefetch_rows: num("FP4FORGE_CUDA_L2_PREFETCH").unwrap_or(d.l2_prefetch_rows),
             grouped_moe: on("FP4FORGE_CUDA_GROUPED_MOE"),
             batched_attention: on("FP4FORGE_CUDA_BATCH_ATTN"),
             flash_attention: on("FP4FORGE_CUDA_FLASH"),
@@ -267,7 +268,7 @@ mod tests {
             ("FP4FORGE_CUDA_MT_B1", "1"),
             ("FP4FORGE_CUDA_MT16", "1"),
             ("FP4FORGE_CUDA_MT4", "0"),
-            ("FP4FORGE_CUDA_NORM_STAGE", "1"),
+            ("FP4FORGE_CUDA_NORM_STAGE", "0"),
             ("FP4FORGE_CUDA_DOWN_B4", "1"),
             ("FP4FORGE_CUDA_L2_PREFETCH", "1"),
             ("FP4FORGE_CUDA_FLASH", "0"),
@@ -286,7 +287,7 @@ mod tests {
         assert!(o.legacy_gemv && o.mma_gemm && !o.grouped_moe && !o.flash_attention);
         assert!(!o.fused_batch && !o.h16_gemm && o.h16_one_block && o.mt_one_block);
         assert!(o.mt_16_tokens && !o.mt_4_tokens && !o.h16_merged && o.down_four_blocks);
-        assert!(o.norm_stage && o.l2_prefetch);
+        assert!(!o.norm_stage && o.l2_prefetch_rows == 1);
         assert_eq!((o.nv_blocks_per_sm, o.nv_grid_per_sm), (3, 3));
         assert_eq!((o.nv_k_split, o.mma_k_split), (None, Some(4)));
         assert_eq!(o.mt_k_split, Some(8));

@@ -141,7 +141,7 @@ pub(crate) struct Seg {
 pub(crate) struct Segs {
     s: [Seg; 6],
     n: i32,
-    /// `gemv_mt`: its blocks prefetch their weight rows into L2 (`CudaOptions::l2_prefetch`).
+    /// `gemv_mt`: its blocks prefetch their weight rows into L2 (`CudaOptions::l2_prefetch_rows`).
     l2_prefetch: i32,
 }
 
@@ -1169,9 +1169,9 @@ impl CudaBackend {
             .unwrap_or_else(|| mma_split(rows, cols, self.inner.sms));
         let tile_rows = 16 * (NV_WARPS as usize / ks);
         let (mut segs, block0) = Segs::of(self, parts, |_| tile_rows);
+        segs.l2_prefetch = i32::from(self.l2_prefetch(t));
         let (one_block, sixteen, four) = {
             let o = self.opts();
-            segs.l2_prefetch = i32::from(o.l2_prefetch);
             (o.mt_one_block, o.mt_16_tokens, o.mt_4_tokens)
         };
         let (variant, per_grid_row) = match fmt {

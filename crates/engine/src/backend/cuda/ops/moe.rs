@@ -127,6 +127,11 @@ const FEW_ITEMS_PER_EXPERT: usize = 4;
 /// 64 rows 23.66 / 32.89.
 pub(crate) const FEW_MOE_MIN_TOKENS: usize = 32;
 
+/// Fewest rows of a batched step that prefetches its weights into L2 (`CudaOptions::l2_prefetch_rows`).
+/// The H100, lean Laguna-XS, 2026-12-05 (`batch_decode_speed`, ms per step, three rounds, with
+/// and without): 32 rows 14.46 / 14.83, but 2, 4 and 8 rows 4.07 / 3.77, 5.05 / 4.48, 7.48 / 6.54.
+pub(crate) const L2_PREFETCH_MIN_ROWS: usize = 32;
+
 /// Most experts per layer `moe_align` handles (`MA_EMAX` in kernels/moe.cu).
 pub(crate) const MOE_ALIGN_MAX_EXPERTS: usize = 1024;
 
@@ -253,11 +258,18 @@ pub struct CudaExperts {
 }
 
 impl CudaBackend {
+    /// Whether a batched step of `rows` rows prefetches weights into L2
+    /// (`CudaOptions::l2_prefetch_rows`).
+    pub(crate) fn l2_prefetch(&self, rows: usize) -> bool {
+        let min = self.opts().l2_prefetch_rows;
+        min != 0 && rows >= min
+    }
+
     /// Grid rows between a block of a grid `row_blocks` blocks wide (two resident a SM: the
     /// few-items-per-tile and per-item gate/up kernels) and the one about a wave later, whose
-    /// weights it prefetches into L2; 0 (none) where `CudaOptions::l2_prefetch` is off.
-    fn wave_ahead(&self, row_blocks: usize) -> i32 {
-        if !self.opts().l2_prefetch || row_blocks == 0 {
+    /// weights it prefetches into L2; 0 (none) where a step of `tokens` rows does not prefetch.
+    fn wave_ahead(&self, row_blocks: usize, tokens: usize) -> i32 {
+        if !self.l2_prefetch(tokens) || row_blocks == 0 {
             return 0;
         }
         (MT_BLOCKS_PER_SM * self.inner.sms).div_ceil(row_blocks) as i32
@@ -266,18 +278,20 @@ impl CudaBackend {
 
 impl CudaExperts {
     /// The prefetch of the projections `arenas` (at most two: weights and scales are four
-    /// parts) of the first `items` items,
-    /// or of as many as fit in `b`'s share of L2 for prefetched weights; none where
-    /// `CudaOptions::l2_prefetch` is off or the device's L2 size is unknown.
+    /// parts) of the `k` items of each of `tokens` tokens, or of as many as fit in `b`'s share
+    /// of L2 for prefetched weights; none where a step of `tokens` rows does not prefetch or
+    /// the device's L2 size is unknown.
     pub(crate) fn prefetch(
         &self,
         b: &CudaBackend,
         arenas: &[&ExpertArena],
-        items: usize,
+        tokens: usize,
+        k: usize,
     ) -> ExpertPrefetch {
         let mut pf = ExpertPrefetch::default();
         let l2 = b.inner.l2_bytes;
-        if !b.opts().l2_prefetch || l2 == 0 || self.n == 0 {
+        let items = tokens * k;
+        if !b.l2_prefetch(tokens) || l2 == 0 || self.n == 0 {
             return pf;
         }
         let mut slot = 0;
@@ -444,7 +458,7 @@ impl CudaBackend {
                 self.check(k <= 32, || format!("top-{k} routing"))?;
                 // (per item: the routed items' gate/up prefetched into L2 as they are chosen)
                 let pf = if per_item {
-                    e.prefetch(self, &[&e.gate, &e.up], t * k)
+                    e.prefetch(self, &[&e.gate, &e.up], t, k)
                 } else {
                     ExpertPrefetch::default()
                 };
@@ -834,7 +848,7 @@ impl CudaBackend {
             h,
             inter: inter as i32,
             hidden: hidden as i32,
-            ahead: self.wave_ahead(inter.div_ceil(16)),
+            ahead: self.wave_ahead(inter.div_ceil(16), t),
         }
         .launch(
             self,
@@ -862,7 +876,7 @@ impl CudaBackend {
             part,
             inter: inter as i32,
             hidden: hidden as i32,
-            ahead: self.wave_ahead(hidden.div_ceil(64)),
+            ahead: self.wave_ahead(hidden.div_ceil(64), t),
         }
         .launch(
             self,
@@ -916,8 +930,8 @@ impl CudaBackend {
             hidden: e.hidden as i32,
             mma: i32::from(self.inner.mma),
             experts: e.n as i32,
-            dpf: e.prefetch(self, &[&e.down], t * k),
-            ahead: self.wave_ahead(rows.div_ceil(EXPERT_GU_WARPS * EXPERT_GU_ROWS) as usize),
+            dpf: e.prefetch(self, &[&e.down], t, k),
+            ahead: self.wave_ahead(rows.div_ceil(EXPERT_GU_WARPS * EXPERT_GU_ROWS) as usize, t),
             gu_prefetched: gu_prefetched as i32,
         }
         .launch(
