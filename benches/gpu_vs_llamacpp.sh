@@ -70,8 +70,10 @@
 #   WORK=/tmp/fp4forge-gpu-bench     work dir; holds the models too: XS needs ~42 GB at its peak
 #                                    (stock + lean), then ~41 GB (lean + GGUF); S ~3.4x that.
 #                                    A tmpfs is best: mount -t tmpfs -o size=100g tmpfs /mnt/x
-#   FP4FORGE_COMMIT=                 the binary's commit for the report (default: the repository's
-#                                    git HEAD, "+dirty crates/" when crates/ has changes)
+#   FP4FORGE_COMMIT=                 the binary's commit for the report (default: the commit
+#                                    `fp4forge --version` names, recorded when it was built (not
+#                                    whether its tree had changes); else the repository's git
+#                                    HEAD, "+dirty crates/" when crates/ has changes)
 #   TOOLS=<repo>/../shared/tools     make_laguna_gguf.py and word_tokenizer.py
 #   LLAMA_SRC=                       llama.cpp source tree (see step 1)
 #   LLAMA_SDIST=                     llama-cpp-python sdist tarball (see step 1)
@@ -349,8 +351,14 @@ fi
   echo "kernel: $(uname -sr)"
   echo "work dir: $WORK ($(df -T "$WORK" | awk 'NR == 2 {print $2 ", " int($5 / 1048576) " GiB free"}'))"
   if [[ -n $FF ]]; then
-    if [[ -z $FP4FORGE_COMMIT ]] && FP4FORGE_COMMIT="$(git rev-parse --short HEAD 2>/dev/null)"; then
-      git diff --quiet HEAD -- crates 2>/dev/null || FP4FORGE_COMMIT+="+dirty crates/"
+    if [[ -z $FP4FORGE_COMMIT ]]; then
+      # the commit the binary was built from (`fp4forge --version`: "fp4forge V (git C)"), else
+      # this checkout's HEAD (a GPU machine's copy of the repository may not have the history)
+      FP4FORGE_COMMIT="$("$FF" --version 2>/dev/null | sed -n 's/.*(git \([^)]*\)).*/\1/p')"
+      [[ $FP4FORGE_COMMIT != unknown ]] || FP4FORGE_COMMIT=
+      if [[ -z $FP4FORGE_COMMIT ]] && FP4FORGE_COMMIT="$(git rev-parse --short HEAD 2>/dev/null)"; then
+        git diff --quiet HEAD -- crates 2>/dev/null || FP4FORGE_COMMIT+="+dirty crates/"
+      fi
     fi
     echo "fp4forge: commit ${FP4FORGE_COMMIT:-unknown (no git; set FP4FORGE_COMMIT)}, $("$FF" --version), binary $FP4FORGE_BIN"
   fi

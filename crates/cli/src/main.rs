@@ -31,9 +31,17 @@ mod cmd_synth;
 mod cmd_verify;
 mod progress;
 
+/// `fp4forge --version`: the crate's version and the git commit it was built from.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (git ",
+    env!("FP4FORGE_GIT_COMMIT"),
+    ")"
+);
+
 /// Lean NVFP4 builds of Mixture-of-Experts language models.
 #[derive(Parser)]
-#[command(name = "fp4forge", version, about)]
+#[command(name = "fp4forge", version = VERSION, about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
