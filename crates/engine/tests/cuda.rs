@@ -1235,7 +1235,8 @@ fn widened_laguna(dir: &Path, name: &str, hidden: usize, head_dim: usize) -> (Pa
 /// A batched step's norms staging their rows for `gemv_mt` (`FP4FORGE_CUDA_NORM_STAGE`) change
 /// no bit of its logits, and neither do the weights' L2 prefetches (`FP4FORGE_CUDA_L2_PREFETCH`:
 /// the top-k on k blocks a token, the gate/up blocks' and `gemv_mt`'s prefetches): the same step
-/// of 5 sessions (forks) with and without each, on the fused batched step, at widths that norm
+/// of 5 sessions (forks) with and without each, and with each MoE layer's sum running the next
+/// norm (`FP4FORGE_CUDA_REDUCE_NORM`, counted), on the fused batched step, at widths that norm
 /// on a warp (256), on `rms_norm`'s block of 128 threads (640) and of 512 (2,048, Laguna-XS's),
 /// stock (bf16 q/k/v: the bf16 staging) and lean (NVFP4).
 #[test]
@@ -1248,6 +1249,15 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
         let (stock, lean) = widened_laguna(tmp.path(), &format!("h{hidden}"), hidden, 128);
         for dir in [stock, lean] {
             let label = format!("{}", dir.file_name().unwrap().to_string_lossy());
+            let config: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+            let moe_layers = config["mlp_layer_types"]
+                .as_array()
+                .expect("Laguna's mlp_layer_types")
+                .iter()
+                .filter(|t| *t == "sparse")
+                .count();
+            assert!(moe_layers > 0, "{label}: no MoE layer");
             let opts = ModelOptions::new().kv_dtype(KvDtype::Bf16);
             let model = Model::load_with_backend(&dir, opts, backend.clone()).unwrap();
             let vocab = model.info().vocab_size as u32;
@@ -1260,12 +1270,14 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                 })
                 .collect();
             let toks: Vec<u32> = (0..5u32).map(|i| (5 * i + 1) % vocab).collect();
-            let run = |norm_stage: bool, l2_prefetch: bool| -> Vec<Vec<f32>> {
+            let run = |norm_stage: bool, l2_prefetch: bool, reduce_norm: bool| -> Vec<Vec<f32>> {
                 backend.set_options(CudaOptions {
                     norm_stage,
+                    reduce_norm,
                     l2_prefetch_rows: usize::from(l2_prefetch),
                     ..defaults.clone()
                 });
+                let sums_before = backend.sums_with_norm();
                 let mut forks: Vec<_> = sessions
                     .iter()
                     .map(|s| s.fork(s.position()).unwrap().unwrap())
@@ -1284,20 +1296,35 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                     fused, 5,
                     "{label}: the step did not run on the fused sequence"
                 );
+                // (every MoE layer's sum runs the next norm where both options are on)
+                let sums = backend.sums_with_norm() - sums_before;
+                let want = if norm_stage && reduce_norm {
+                    moe_layers
+                } else {
+                    0
+                };
+                assert_eq!(sums, want, "{label}: sums that ran the next norm");
                 logits
             };
-            let apart = run(false, false);
+            let apart = run(false, false, false);
             assert_eq!(
                 apart,
-                run(true, false),
+                run(true, false, false),
                 "{label}: norm_stage changed the logits"
             );
             assert_eq!(
                 apart,
-                run(false, true),
+                run(false, true, false),
                 "{label}: l2_prefetch changed the logits"
             );
-            println!("{label}: the same bits with and without norm_stage, l2_prefetch");
+            assert_eq!(
+                apart,
+                run(true, false, true),
+                "{label}: reduce_norm changed the logits"
+            );
+            println!(
+                "{label}: the same bits with and without norm_stage, l2_prefetch, reduce_norm"
+            );
         }
     }
     backend.set_options(defaults);

@@ -44,7 +44,7 @@ use super::{
     StagedRows, MAX_SPLITS,
 };
 use crate::error::Result;
-use crate::ir::{AttnChunk, Decoder, Mlp, Moe, SeqChunk, Want};
+use crate::ir::{AttnChunk, Decoder, Layer, Mlp, Moe, SeqChunk, Want};
 
 /// Most sequences in one fused step (the buffers grow with the rows).
 pub(crate) const FUSED_BATCH_MAX: usize = 256;
@@ -194,6 +194,12 @@ impl CudaBackend {
         self.inner.fused_steps.load(Ordering::Relaxed)
     }
 
+    /// MoE layers whose sum also ran the next norm and its staging (`experts_reduce_norm_stage`,
+    /// `CudaOptions::reduce_norm`) on this backend (and its clones) so far.
+    pub fn sums_with_norm(&self) -> usize {
+        self.inner.sums_with_norm.load(Ordering::Relaxed)
+    }
+
     /// One new token of each sequence of `seqs` (each one id, its last logits wanted) through
     /// the whole decoder `d` on the fused step, appending their keys and values to their caches;
     /// the logits of each (`[1, vocab]`), in order. `None` where the fused step is off or does not
@@ -305,6 +311,25 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// q, k, v (and the per-head gate) of layer `l`, with their outputs in `bufs`: the linears
+    /// of its normed input.
+    fn attn_parts<'l>(
+        &self,
+        l: &'l Layer<CudaBackend>,
+        bufs: &DecodeBuffers,
+    ) -> Vec<(&'l CudaLinear, DevPtr<f32>)> {
+        let at = &l.attn;
+        let mut parts = vec![
+            (&at.q, self.ptr(&bufs.q)),
+            (&at.k, self.ptr(&bufs.k)),
+            (&at.v, self.ptr(&bufs.v)),
+        ];
+        if let Some(g) = &at.gate {
+            parts.push((g, self.ptr(&bufs.gate)));
+        }
+        parts
+    }
+
     /// The launches of one step (the sequences' token ids already in `bufs.ids`); the logits
     /// (`[n, vocab]`).
     fn decode_launches(
@@ -338,8 +363,28 @@ impl CudaBackend {
             self.epilogue_launch(&norm_of(&first.buf), n)?;
         }
         let shared_inv = self.ptr(&bufs.shared_inv);
+        let head = d.lm_head.as_ref().unwrap_or(&d.embed);
+        // Several rows: the rows the previous MoE layer's sum normed and staged for this layer
+        // (`CudaOptions::reduce_norm`), else this layer's norm does.
+        let mut staged_by_sum: Option<StagedRows> = None;
+        // the normed rows staged for `parts`: by the sum (`by_sum`), else by the norm `w` (several
+        // rows), else none (one row: each norm runs inside the launch before)
+        let staged_for = |by_sum: &mut Option<StagedRows>,
+                          parts: &[(&CudaLinear, DevPtr<f32>)],
+                          w: &CudaSlice<f32>|
+         -> Result<StagedRows> {
+            match by_sum.take() {
+                Some(staged) => Ok(staged),
+                None if several => {
+                    let formats = self.gemv_mt_formats(parts, n);
+                    self.norm_staged(&norm_of(w), n, &formats)
+                }
+                None => Ok(StagedRows::default()),
+            }
+        };
         for (li, l) in d.layers.iter().enumerate() {
-            let next_norm = d.layers.get(li + 1).map_or(&d.norm, |n| &n.input_norm);
+            let next_layer = d.layers.get(li + 1);
+            let next_norm = next_layer.map_or(&d.norm, |n| &n.input_norm);
             let next = if several {
                 Epi::default()
             } else {
@@ -348,20 +393,8 @@ impl CudaBackend {
             let at = &l.attn;
             let ap = &at.params;
             // q, k, v (and the per-head gate) of the normed input: one launch for one row
-            let mut parts = vec![
-                (&at.q, p(&bufs.q)),
-                (&at.k, p(&bufs.k)),
-                (&at.v, p(&bufs.v)),
-            ];
-            if let Some(g) = &at.gate {
-                parts.push((g, p(&bufs.gate)));
-            }
-            let staged = if several {
-                let formats = self.gemv_mt_formats(&parts, n);
-                self.norm_staged(&norm_of(&l.input_norm.buf), n, &formats)?
-            } else {
-                StagedRows::default()
-            };
+            let parts = self.attn_parts(l, bufs);
+            let staged = staged_for(&mut staged_by_sum, &parts, &l.input_norm.buf)?;
             self.linears_of_one_input(&parts, a, n, h, &staged)?;
 
             // attention over each cache and its token (norms, rope and append inside or first)
@@ -449,13 +482,30 @@ impl CudaBackend {
                     });
                     // three f32 per layer: gate, up, down
                     let inv = shared_inv.add(3 * li);
+                    // several rows: the next norm (the next layer's input norm or the final
+                    // one) with the sum, staging for the next layer's q/k/v or the lm_head
+                    let next_staged = if several && self.opts().reduce_norm {
+                        let formats = match next_layer {
+                            Some(nl) => self.gemv_mt_formats(&self.attn_parts(nl, bufs), n),
+                            None => self.gemv_mt_formats(&[(head, DevPtr::NULL)], n),
+                        };
+                        self.stage_buffers(&norm_of(&next_norm.buf), n, &formats)?
+                    } else {
+                        None
+                    };
+                    let epi = match next_staged {
+                        Some(_) => norm_of(&next_norm.buf),
+                        None => next,
+                    };
                     self.experts_raw(
                         &m.experts,
                         shared.as_ref().map(|s| (s, [inv, inv.add(1), inv.add(2)])),
                         io,
-                        next,
+                        epi,
                         Some(&route),
+                        next_staged.as_ref(),
                     )?;
+                    staged_by_sum = next_staged;
                 }
                 Mlp::Dense(m) => {
                     let (g, u) = (p(&bufs.h), p(&bufs.up));
@@ -469,15 +519,9 @@ impl CudaBackend {
                 }
             }
         }
-        let head = d.lm_head.as_ref().unwrap_or(&d.embed);
         let logits = self.tensor(n, head.rows)?;
         let head_part = [(head, self.ptr(&logits.buf))];
-        let staged = if several {
-            let formats = self.gemv_mt_formats(&head_part, n);
-            self.norm_staged(&norm_of(&d.norm.buf), n, &formats)?
-        } else {
-            StagedRows::default()
-        };
+        let staged = staged_for(&mut staged_by_sum, &head_part, &d.norm.buf)?;
         match staged.of(self, head.fmt) {
             Some(input) => self.gemv_mt(&head_part, input, n, DevPtr::NULL, DevPtr::NULL)?,
             None => rows(head, a, self.ptr(&logits.buf), DevPtr::NULL)?,

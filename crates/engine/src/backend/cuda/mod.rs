@@ -111,6 +111,8 @@ pub(crate) struct Inner {
     decode: Mutex<Option<decode::DecodeBuffers>>,
     /// Tokens decoded on the fused step so far.
     fused_steps: std::sync::atomic::AtomicUsize,
+    /// MoE sums that also ran the next norm (`experts_reduce_norm_stage`) so far.
+    sums_with_norm: std::sync::atomic::AtomicUsize,
     /// The blocks of every KV cache.
     kv_pool: KvPool,
 }
@@ -212,6 +214,7 @@ impl CudaBackend {
                 counters,
                 decode: Mutex::new(None),
                 fused_steps: std::sync::atomic::AtomicUsize::new(0),
+                sums_with_norm: std::sync::atomic::AtomicUsize::new(0),
                 kv_pool: KvPool::default(),
                 ctx,
                 stream,
@@ -1147,6 +1150,7 @@ impl Backend for CudaBackend {
                 resid: DevPtr::NULL,
             },
             Epi::default(),
+            None,
             None,
         )?;
         Ok(out)

@@ -30,6 +30,7 @@
 //! | `FP4FORGE_CUDA_MT16` | `mt_16_tokens` | `1`: NVFP4 `gemv_mt` of more than 8 tokens at 16 tokens a grid row (`gemv_mt_nv16`: each weight read half as often, one block a SM) | off |
 //! | `FP4FORGE_CUDA_MT4` | `mt_4_tokens` | `0`: NVFP4 `gemv_mt` of at most 4 tokens at 8 tokens a grid row (`gemv_mt_nv`), not at 4 with three blocks a SM (`gemv_mt_nv4`) | on |
 //! | `FP4FORGE_CUDA_NORM_STAGE` | `norm_stage` | `0`: a batched decode step's norms do not also stage their rows for `gemv_mt` (q/k/v/gate and the router then each launch `xb_stage`) | on |
+//! | `FP4FORGE_CUDA_REDUCE_NORM` | `reduce_norm` | `1`: in a batched decode step the MoE's sum also runs the next norm and its staging (`experts_reduce_norm_stage`, one launch a layer fewer; with `norm_stage`) | off |
 //! | `FP4FORGE_CUDA_DOWN_B4` | `down_four_blocks` | `1`: the per-item experts' down projection (batched steps below `FEW_MOE_MIN_TOKENS` rows) at four blocks a SM (`experts_down2_b4`: at most 128 registers) | off |
 //! | `FP4FORGE_CUDA_L2_PREFETCH` | `l2_prefetch_rows` | `N`: batched decode steps of N or more rows prefetch weights into L2 ahead of their loads (sm_90): the routed experts' gate/up by the router's top-k, their down by the gate/up blocks (per-item experts, as many items as fit in L2), the next wave's by the grouped experts' blocks, each `gemv_mt` block's rows before it waits for its input; `0`: never, `1`: every batched step | `L2_PREFETCH_MIN_ROWS` (32) |
 //! | `FP4FORGE_CUDA_MT_KS` | `mt_k_split` | `1`, `2`, `4`, `8`: fixed K split (warps per tile) of `gemv_mt` | per shape (`mma_split`) |
@@ -85,6 +86,9 @@ pub struct CudaOptions {
     pub mt_4_tokens: bool,
     /// `FP4FORGE_CUDA_NORM_STAGE`: a batched step's norms stage their rows for `gemv_mt`.
     pub norm_stage: bool,
+    /// `FP4FORGE_CUDA_REDUCE_NORM`: a batched step's MoE sum also runs the next norm and its
+    /// staging.
+    pub reduce_norm: bool,
     /// `FP4FORGE_CUDA_DOWN_B4`: the per-item experts' down projection at four blocks a SM.
     pub down_four_blocks: bool,
     /// `FP4FORGE_CUDA_L2_PREFETCH`: fewest rows of a batched step whose weights are prefetched
@@ -144,6 +148,7 @@ impl Default for CudaOptions {
             mt_16_tokens: false,
             mt_4_tokens: true,
             norm_stage: true,
+            reduce_norm: false,
             down_four_blocks: false,
             l2_prefetch_rows: L2_PREFETCH_MIN_ROWS,
             grouped_moe: true,
@@ -216,6 +221,7 @@ impl CudaOptions {
             mt_16_tokens: var("FP4FORGE_CUDA_MT16").as_deref() == Some(OsStr::new("1")),
             mt_4_tokens: on("FP4FORGE_CUDA_MT4"),
             norm_stage: on("FP4FORGE_CUDA_NORM_STAGE"),
+            reduce_norm: var("FP4FORGE_CUDA_REDUCE_NORM").as_deref() == Some(OsStr::new("1")),
             down_four_blocks: var("FP4FORGE_CUDA_DOWN_B4").as_deref() == Some(OsStr::new("1")),
             l2_prefetch_rows: num("FP4FORGE_CUDA_L2_PREFETCH").unwrap_or(d.l2_prefetch_rows),
             grouped_moe: on("FP4FORGE_CUDA_GROUPED_MOE"),
@@ -269,6 +275,7 @@ mod tests {
             ("FP4FORGE_CUDA_MT16", "1"),
             ("FP4FORGE_CUDA_MT4", "0"),
             ("FP4FORGE_CUDA_NORM_STAGE", "0"),
+            ("FP4FORGE_CUDA_REDUCE_NORM", "1"),
             ("FP4FORGE_CUDA_DOWN_B4", "1"),
             ("FP4FORGE_CUDA_L2_PREFETCH", "1"),
             ("FP4FORGE_CUDA_FLASH", "0"),
@@ -287,7 +294,7 @@ mod tests {
         assert!(o.legacy_gemv && o.mma_gemm && !o.grouped_moe && !o.flash_attention);
         assert!(!o.fused_batch && !o.h16_gemm && o.h16_one_block && o.mt_one_block);
         assert!(o.mt_16_tokens && !o.mt_4_tokens && !o.h16_merged && o.down_four_blocks);
-        assert!(!o.norm_stage && o.l2_prefetch_rows == 1);
+        assert!(!o.norm_stage && o.reduce_norm && o.l2_prefetch_rows == 1);
         assert_eq!((o.nv_blocks_per_sm, o.nv_grid_per_sm), (3, 3));
         assert_eq!((o.nv_k_split, o.mma_k_split), (None, Some(4)));
         assert_eq!(o.mt_k_split, Some(8));

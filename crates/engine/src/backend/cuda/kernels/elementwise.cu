@@ -64,12 +64,11 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
 // registers), bf16 weights' at xb_bf + r 3 K / 4 with ds_bf[r] = 1; a null xb_* skips that
 // format. Each staged entry is a function of y's values and the row's scale alone, so which
 // thread writes it changes no bit. K % 128 == 0 (a warp's float4s all in or all past the row),
-// K <= 4 * EPI_V * blockDim.
-extern "C" __global__ void __launch_bounds__(512) norm_stage(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
-                                     int K, float eps, uint2* __restrict__ xb_nv, float* __restrict__ ds_nv,
-                                     uint2* __restrict__ xb_bf, float* __restrict__ ds_bf) {
-    pdl_enter();
-    const long r = blockIdx.x;
+// K <= 4 * EPI_V * blockDim. norm_stage_row is that work for row r by the calling block (all of
+// its threads); norm_stage runs it one block a row, experts_reduce_norm_stage after its sum.
+__device__ __forceinline__ void norm_stage_row(const float* x, const float* __restrict__ w, float* __restrict__ y,
+                                               int K, float eps, uint2* __restrict__ xb_nv, float* __restrict__ ds_nv,
+                                               uint2* __restrict__ xb_bf, float* __restrict__ ds_bf, long r) {
     float4 v[EPI_V];
     rms_norm_regs(x + r * K, w, y + r * K, K, eps, v);
     if (xb_nv) {
@@ -104,6 +103,13 @@ extern "C" __global__ void __launch_bounds__(512) norm_stage(const float* __rest
         }
         if (threadIdx.x == 0) ds_bf[r] = 1.f;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(512) norm_stage(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
+                                     int K, float eps, uint2* __restrict__ xb_nv, float* __restrict__ ds_nv,
+                                     uint2* __restrict__ xb_bf, float* __restrict__ ds_bf) {
+    pdl_enter();
+    norm_stage_row(x, w, y, K, eps, xb_nv, ds_nv, xb_bf, ds_bf, blockIdx.x);
 }
 
 #define RNW_V 4  // float4s of a group per lane in rms_norm_warp (width <= 128 * RNW_V)

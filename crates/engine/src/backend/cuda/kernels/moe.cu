@@ -617,6 +617,38 @@ extern "C" __global__ void experts_reduce(const float* __restrict__ part, int k,
     epilogue(ep);
 }
 
+// experts_reduce of token blockIdx.x's row, then norm_stage of that row (one block a row,
+// norm_stage's block size): out = resid + Σ part in experts_reduce's order, y = rmsnorm(out) · w
+// and y staged for gemv_mt, the bits of experts_reduce followed by norm_stage. Each thread sums
+// the float4s that rms_norm_regs then reads back on the same thread (no other thread's writes
+// are read). out may be resid. H % 128 == 0, H <= 4 * EPI_V * blockDim.
+extern "C" __global__ void __launch_bounds__(512) experts_reduce_norm_stage(const float* __restrict__ part, int k, int T,
+                                                                            int has_shared, float* out, const float* resid,
+                                                                            int H, const float* __restrict__ w,
+                                                                            float* __restrict__ y, float eps,
+                                                                            uint2* __restrict__ xb_nv, float* __restrict__ ds_nv,
+                                                                            uint2* __restrict__ xb_bf, float* __restrict__ ds_bf) {
+    pdl_enter();
+    const long t = blockIdx.x;
+#pragma unroll
+    for (int q = 0; q < EPI_V; q++) {
+        const int o = 4 * (threadIdx.x + q * (int)blockDim.x);
+        if (o >= H) continue;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int j = 0; j < k; j++) {
+            const float4 p = *(const float4*)(part + (t * k + j) * H + o);
+            v = make_float4(v.x + p.x, v.y + p.y, v.z + p.z, v.w + p.w);
+        }
+        if (has_shared) {
+            const float4 p = *(const float4*)(part + ((long)T * k + t) * H + o);
+            v = make_float4(v.x + p.x, v.y + p.y, v.z + p.z, v.w + p.w);
+        }
+        const float4 r = resid ? *(const float4*)(resid + t * H + o) : make_float4(0.f, 0.f, 0.f, 0.f);
+        *(float4*)(out + t * H + o) = make_float4(r.x + v.x, r.y + v.y, r.z + v.z, r.w + v.w);
+    }
+    norm_stage_row(out, w, y, H, eps, xb_nv, ds_nv, xb_bf, ds_bf, t);
+}
+
 // ---- grouped MoE on tensor cores (many tokens: prefill, batched steps) ------------------------
 //
 // The routed items (token t, slot q: item t * k + q, expert sel[item]) are grouped by expert

@@ -214,12 +214,12 @@ impl MultiLinear {
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Epi {
     counter: DevPtr<u32>,
-    x: DevPtr<f32>,
-    w: DevPtr<f32>,
-    out: DevPtr<f32>,
-    eps: f32,
+    pub(crate) x: DevPtr<f32>,
+    pub(crate) w: DevPtr<f32>,
+    pub(crate) out: DevPtr<f32>,
+    pub(crate) eps: f32,
     pub(crate) kind: i32,
-    n: i32,
+    pub(crate) n: i32,
     _pad: i32,
 }
 
@@ -327,6 +327,17 @@ impl StagedRows {
         };
         s.map(|(xb, xds)| MtInput::Staged(b.ptr(xb), b.ptr(xds)))
     }
+
+    /// The kernels' operands: (B entries, row scales) for NVFP4, then for bf16; null where that
+    /// format is not staged.
+    pub(crate) fn ptrs(&self, b: &CudaBackend) -> [(DevPtr<u32>, DevPtr<f32>); 2] {
+        let ptrs = |s: &Option<(CudaSlice<u32>, CudaSlice<f32>)>| {
+            s.as_ref().map_or((DevPtr::NULL, DevPtr::NULL), |(xb, ds)| {
+                (b.ptr(xb), b.ptr(ds))
+            })
+        };
+        [ptrs(&self.nv), ptrs(&self.bf)]
+    }
 }
 
 /// The operands of one `gemv_raw` call: `y = resid + x · Wᵀ + bias` for `t` tokens (`bias`,
@@ -401,26 +412,58 @@ impl CudaBackend {
 
     /// [`epilogue_launch`](Self::epilogue_launch) of a norm over `rows` rows (2+) that also
     /// stages them for `gemv_mt` for each weight format of `formats` (`norm_stage`: the norm's
-    /// bits, then what `xb_stage` makes of them), where `CudaOptions::norm_stage` is on and the
-    /// rows are `gemv_mt`'s width (`K % 128 == 0`, `K <= NV_MAX_K`); else the norm alone,
-    /// nothing staged.
+    /// bits, then what `xb_stage` makes of them), where [`stage_buffers`](Self::stage_buffers)
+    /// gives buffers; else the norm alone, nothing staged.
     pub(crate) fn norm_staged(
         &self,
         epi: &Epi,
         rows: usize,
         formats: &[i32],
     ) -> Result<StagedRows> {
+        let Some(staged) = self.stage_buffers(epi, rows, formats)? else {
+            self.epilogue_launch(epi, rows)?;
+            return Ok(StagedRows::default());
+        };
+        let [(xb_nv, ds_nv), (xb_bf, ds_bf)] = staged.ptrs(self);
+        ops::elementwise::NormStageArgs {
+            x: epi.x,
+            w: epi.w,
+            y: epi.out,
+            k: epi.n,
+            eps: epi.eps,
+            xb_nv,
+            ds_nv,
+            xb_bf,
+            ds_bf,
+        }
+        .launch(
+            self,
+            (rows as u32, 1, 1),
+            (ops::elementwise::norm_row_threads(epi.n as usize), 1, 1),
+        )?;
+        Ok(staged)
+    }
+
+    /// Buffers for `rows` rows normed by `epi` staged for `gemv_mt` in each weight format of
+    /// `formats`, where a norm stages its rows: `CudaOptions::norm_stage` on, a norm epilogue of
+    /// 2+ rows of `gemv_mt`'s width (`K % 128 == 0`, `K <= NV_MAX_K`) and a format to stage for;
+    /// `None` where not.
+    pub(crate) fn stage_buffers(
+        &self,
+        epi: &Epi,
+        rows: usize,
+        formats: &[i32],
+    ) -> Result<Option<StagedRows>> {
         let k = epi.n as usize;
         let (nv, bf) = (formats.contains(&3), formats.contains(&2));
-        if epi.kind == 0
+        if epi.kind != 1
             || rows < 2
             || !(nv || bf)
             || !self.opts().norm_stage
             || !k.is_multiple_of(MMA_CHUNK)
             || k > NV_MAX_K
         {
-            self.epilogue_launch(epi, rows)?;
-            return Ok(StagedRows::default());
+            return Ok(None);
         }
         let stage =
             |on: bool, per_row: usize| -> Result<Option<(CudaSlice<u32>, CudaSlice<f32>)>> {
@@ -433,33 +476,10 @@ impl CudaBackend {
                     None
                 })
             };
-        let staged = StagedRows {
+        Ok(Some(StagedRows {
             nv: stage(nv, k)?,
             bf: stage(bf, 3 * k / 2)?,
-        };
-        let ptrs = |s: &Option<(CudaSlice<u32>, CudaSlice<f32>)>| {
-            s.as_ref().map_or((DevPtr::NULL, DevPtr::NULL), |(xb, ds)| {
-                (self.ptr(xb), self.ptr(ds))
-            })
-        };
-        let ((xb_nv, ds_nv), (xb_bf, ds_bf)) = (ptrs(&staged.nv), ptrs(&staged.bf));
-        ops::elementwise::NormStageArgs {
-            x: epi.x,
-            w: epi.w,
-            y: epi.out,
-            k: k as i32,
-            eps: epi.eps,
-            xb_nv,
-            ds_nv,
-            xb_bf,
-            ds_bf,
-        }
-        .launch(
-            self,
-            (rows as u32, 1, 1),
-            (ops::elementwise::norm_row_threads(k), 1, 1),
-        )?;
-        Ok(staged)
+        }))
     }
 
     /// The weight formats of `parts` that `t` tokens run on `gemv_mt` (each once, ascending).

@@ -56,6 +56,11 @@ impl<T> DevPtr<T> {
         self.0.is_multiple_of(n)
     }
 
+    /// The device address.
+    pub(crate) const fn addr(self) -> u64 {
+        self.0
+    }
+
     /// Whether this is the null pointer.
     pub(crate) const fn is_null(self) -> bool {
         self.0 == 0

@@ -99,6 +99,13 @@ kernels! {
         part: DevPtr<f32>, k: i32, t: i32, has_shared: i32, out: DevPtr<f32>, resid: DevPtr<f32>,
         hidden: i32, epi: Epi,
     }
+    /// `experts_reduce`'s sum of each token's row (one block a row), then `norm_stage` of that
+    /// row: `y = rmsnorm(out) · w`, staged for `gemv_mt` (`xb_*`, `ds_*`; null: not that format).
+    experts_reduce_norm_stage => ExpertsReduceNormStageArgs {
+        part: DevPtr<f32>, k: i32, t: i32, has_shared: i32, out: DevPtr<f32>, resid: DevPtr<f32>,
+        hidden: i32, w: DevPtr<f32>, y: DevPtr<f32>, eps: f32, xb_nv: DevPtr<u32>,
+        ds_nv: DevPtr<f32>, xb_bf: DevPtr<u32>, ds_bf: DevPtr<f32>,
+    }
 }
 
 /// Fewest tokens whose routed experts run grouped by expert (`experts_grouped`).
@@ -413,7 +420,10 @@ impl CudaBackend {
     /// `out = resid + Σ w·E(x) [+ S(x)]` over the buffers of `io` (see [`MoeBuffers`]). With
     /// `route`, `io.sel` / `io.wts` are outputs: the router's top-k is computed first (inside the
     /// gate/up kernel on the persistent path, else by the `route` kernel); without, they are
-    /// inputs. `epi` runs after the sum (in its last block for one token).
+    /// inputs. `epi` runs after the sum (in its last block for one token). With `staged`
+    /// (buffers from [`stage_buffers`](Self::stage_buffers) for `epi`, a norm of `io.out`), the
+    /// sum and that norm run in one launch that also stages the normed rows into them
+    /// (`experts_reduce_norm_stage`: the bits of `experts_reduce`, then `norm_stage`).
     pub(crate) fn experts_raw(
         &self,
         e: &CudaExperts,
@@ -421,6 +431,7 @@ impl CudaBackend {
         io: MoeBuffers<'_>,
         epi: Epi,
         route: Option<&Route>,
+        staged: Option<&StagedRows>,
     ) -> Result<()> {
         let MoeBuffers {
             sel,
@@ -529,6 +540,38 @@ impl CudaBackend {
             self.experts_grouped(e, io)?;
         } else {
             self.experts_per_item(e, sp, io, gu_prefetched)?;
+        }
+        if let Some(staged) = staged {
+            let threads = ops::elementwise::norm_row_threads(e.hidden);
+            self.check(
+                epi.kind == 1
+                    && epi.x.addr() == out.addr()
+                    && epi.n as usize == e.hidden
+                    && e.hidden.is_multiple_of(128)
+                    && e.hidden <= 32 * threads as usize,
+                || format!("experts_reduce_norm_stage of {t} rows of {}", e.hidden),
+            )?;
+            let [(xb_nv, ds_nv), (xb_bf, ds_bf)] = staged.ptrs(self);
+            self.inner
+                .sums_with_norm
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return ops::moe::ExpertsReduceNormStageArgs {
+                part,
+                k: k as i32,
+                t: t as i32,
+                has_shared: has,
+                out,
+                resid,
+                hidden: e.hidden as i32,
+                w: epi.w,
+                y: epi.out,
+                eps: epi.eps,
+                xb_nv,
+                ds_nv,
+                xb_bf,
+                ds_bf,
+            }
+            .launch(self, (t as u32, 1, 1), (threads, 1, 1));
         }
         let n = (t * e.hidden) as u32;
         let (fused, separate) = if t == 1 && epi.fusable(256) {
