@@ -134,9 +134,10 @@ const FEW_ITEMS_PER_EXPERT: usize = 4;
 /// 64 rows 23.66 / 32.89.
 pub(crate) const FEW_MOE_MIN_TOKENS: usize = 32;
 
-/// Fewest rows of a batched step that prefetches its weights into L2 (`CudaOptions::l2_prefetch_rows`).
-/// The H100, lean Laguna-XS, 2026-12-05 (`batch_decode_speed`, ms per step, three rounds, with
-/// and without): 32 rows 14.46 / 14.83, but 2, 4 and 8 rows 4.07 / 3.77, 5.05 / 4.48, 7.48 / 6.54.
+/// Fewest rows of a batched step that prefetches its weights into L2
+/// (`CudaOptions::l2_prefetch_rows`). The H100, lean Laguna-XS, 2026-12-05 (`batch_decode_speed`,
+/// ms per step, three rounds, with and without): 32 rows 14.46 / 14.83, but 2, 4 and 8 rows
+/// 4.07 / 3.77, 5.05 / 4.48, 7.48 / 6.54.
 pub(crate) const L2_PREFETCH_MIN_ROWS: usize = 32;
 
 /// Most experts per layer `moe_align` handles (`MA_EMAX` in kernels/moe.cu).
@@ -552,10 +553,7 @@ impl CudaBackend {
                 || format!("experts_reduce_norm_stage of {t} rows of {}", e.hidden),
             )?;
             let [(xb_nv, ds_nv), (xb_bf, ds_bf)] = staged.ptrs(self);
-            self.inner
-                .sums_with_norm
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            return ops::moe::ExpertsReduceNormStageArgs {
+            ops::moe::ExpertsReduceNormStageArgs {
                 part,
                 k: k as i32,
                 t: t as i32,
@@ -571,7 +569,11 @@ impl CudaBackend {
                 xb_bf,
                 ds_bf,
             }
-            .launch(self, (t as u32, 1, 1), (threads, 1, 1));
+            .launch(self, (t as u32, 1, 1), (threads, 1, 1))?;
+            self.inner
+                .sums_with_norm
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return Ok(());
         }
         let n = (t * e.hidden) as u32;
         let (fused, separate) = if t == 1 && epi.fusable(256) {
