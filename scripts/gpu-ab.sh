@@ -20,8 +20,10 @@
 # Environment: XS (default /dev/shm/xs-lean: written by `synth --preset xs --stock-nvfp4` +
 # `quantize` when missing, ~80 s, 21.7 + 20 GB), ROUNDS (2), DECODE_BATCHES (default "1 4 32";
 # empty: no decode steps), NCU (default 1; 0: no per-kernel times), FP4FORGE_KERNEL_CACHE
-# (default /dev/shm/fp4forge-kernels: each variant compiles once, ~80 s). Results: OUTDIR/ab.txt
-# (each round's times, then each variant's mean and its ratio to the first variant's).
+# (default /dev/shm/fp4forge-kernels: each variant compiles once, ~80 s), NCU_BATCHES (e.g. "1 4":
+# also each listed batch's decode step per kernel under ncu, first variant, averaged over 4 steps
+# after a warm-up, ~40 s per batch of 4 rows; default none). Results: OUTDIR/ab.txt (each round's
+# times, then each variant's mean and its ratio to the first variant's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
@@ -210,3 +212,42 @@ for name, ns in total.most_common(25):
     print(f"{name:<32} {ns / 1e6:>9.2f} {count[name]:>9}")
 print(f"{'total':<32} {sum(total.values()) / 1e6:>9.2f}")
 PY
+# Decode steps per kernel: kernels between the warm-up step's sampling launch and the last
+# step's belong to the 4 timed steps (the prompts' prefills come before).
+for b in ${NCU_BATCHES:-}; do
+    # shellcheck disable=SC2046
+    env $(settings "${variants[0]}") "$ncu" --cache-control none --clock-control none \
+        --metrics gpu__time_duration.sum --csv "$(bin_of "${variants[0]}")/batch_decode_speed" "$xs" --device cuda 4 "$b" \
+        > "$out/ncu-b$b.csv" 2> "$out/ncu-b$b.log" || true
+    say "kernels of $(basename "${variants[0]}") (ncu: a decode step of $b rows, mean of 4, kernels alone and serialized)"
+    python3 - "$out/ncu-b$b.csv" <<'PY' | tee -a "$report" || say "(no table: see $out/ncu-b$b.log)"
+import collections, csv, sys
+rows, header = [], None
+for row in csv.reader(open(sys.argv[1])):
+    if "Kernel Name" in row and "Metric Value" in row:
+        header = row
+        continue
+    if header is None or len(row) != len(header):
+        continue
+    d = dict(zip(header, row))
+    if d.get("Metric Name") != "gpu__time_duration.sum":
+        continue
+    try:
+        rows.append((int(d["ID"]), d["Kernel Name"].split("(")[0], float(d["Metric Value"].replace(",", ""))))
+    except ValueError:
+        continue
+rows.sort()
+ends = [i for i, r in enumerate(rows) if r[1] == "sample_logits"]
+if len(ends) < 2:
+    sys.exit("fewer than two sampling launches: no step to read")
+steps = len(ends) - 1
+total, count = collections.Counter(), collections.Counter()
+for _, name, ns in rows[ends[0] + 1 : ends[-1] + 1]:
+    total[name] += ns
+    count[name] += 1
+print(f"{'kernel':<32} {'us/step':>9} {'launches':>9}")
+for name, ns in total.most_common(30):
+    print(f"{name:<32} {ns / 1e3 / steps:>9.1f} {count[name] / steps:>9.1f}")
+print(f"{'total':<32} {sum(total.values()) / 1e3 / steps:>9.1f} {sum(count.values()) / steps:>9.1f}")
+PY
+done

@@ -11,7 +11,8 @@
 # decode:FP4FORGE_CUDA_MT_B1=1` (variants as scripts/gpu-ab.sh takes them; default: builtin
 # only). Environment: DEADLINE (seconds after the start by which everything has stopped, default
 # 545: a call has 600, transfers included), TESTS_LIMIT (seconds for the tests, default 270),
-# ROUNDS (default 1), NCU (default 0), XS and DECODE_BATCHES as scripts/gpu-ab.sh reads them.
+# ROUNDS (default 1), NCU (default 0), XS, DECODE_BATCHES and NCU_BATCHES as scripts/gpu-ab.sh
+# reads them.
 # Results: OUTDIR/summary.txt (each step's exit status and time, the tests' result lines, the
 # A/B table), OUTDIR/tests.log, OUTDIR/xs.log, OUTDIR/ab/ab.txt. Exit status 1 when a test
 # failed, a step ran out of time or a script failed (a variant whose run fails is a "failed" cell
