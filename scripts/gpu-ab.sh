@@ -183,44 +183,12 @@ if [ -z "$ncu" ]; then
     say "Nsight Compute not found: no per-kernel times"
     exit 0
 fi
-# shellcheck disable=SC2046
-env $(settings "${variants[0]}") "$ncu" --cache-control none --clock-control none \
-    --metrics gpu__time_duration.sum --csv "$(bin_of "${variants[0]}")/prefill_speed" "$xs" --device cuda 2048 1 \
-    > "$out/ncu.csv" 2> "$out/ncu.log" || true
-say "kernels of $(basename "${variants[0]}") (ncu: warm-up + one 2,048-token prefill, summed per kernel)"
-python3 - "$out/ncu.csv" <<'PY' | tee -a "$report"
-import collections, csv, sys
-total, count, header = collections.Counter(), collections.Counter(), None
-for row in csv.reader(open(sys.argv[1])):
-    if "Kernel Name" in row and "Metric Value" in row:
-        header = row
-        continue
-    if header is None or len(row) != len(header):
-        continue
-    d = dict(zip(header, row))
-    if d.get("Metric Name") != "gpu__time_duration.sum":
-        continue
-    try:
-        ns = float(d["Metric Value"].replace(",", ""))
-    except ValueError:
-        continue
-    name = d["Kernel Name"].split("(")[0]
-    total[name] += ns
-    count[name] += 1
-print(f"{'kernel':<32} {'ms':>9} {'launches':>9}")
-for name, ns in total.most_common(25):
-    print(f"{name:<32} {ns / 1e6:>9.2f} {count[name]:>9}")
-print(f"{'total':<32} {sum(total.values()) / 1e6:>9.2f}")
-PY
-# Decode steps per kernel: kernels between the warm-up step's sampling launch and the last
-# step's belong to the 4 timed steps (the prompts' prefills come before).
-for b in ${NCU_BATCHES:-}; do
-    # shellcheck disable=SC2046
-    env $(settings "${variants[0]}") "$ncu" --cache-control none --clock-control none \
-        --metrics gpu__time_duration.sum --csv "$(bin_of "${variants[0]}")/batch_decode_speed" "$xs" --device cuda 4 "$b" \
-        > "$out/ncu-b$b.csv" 2> "$out/ncu-b$b.log" || true
-    say "kernels of $(basename "${variants[0]}") (ncu: a decode step of $b rows, mean of 4, kernels alone and serialized)"
-    python3 - "$out/ncu-b$b.csv" <<'PY' | tee -a "$report" || say "(no table: see $out/ncu-b$b.log)"
+# Per-kernel times of an ncu CSV (gpu__time_duration.sum): `ncu_table CSV all` sums every launch
+# in milliseconds; `ncu_table CSV steps` averages the decode steps in microseconds, the kernels
+# between the first sampling launch (the warm-up step's) and the last (the prompts' prefills come
+# before).
+ncu_table() {
+    python3 - "$1" "$2" <<'PY'
 import collections, csv, sys
 rows, header = [], None
 for row in csv.reader(open(sys.argv[1])):
@@ -237,17 +205,35 @@ for row in csv.reader(open(sys.argv[1])):
     except ValueError:
         continue
 rows.sort()
-ends = [i for i, r in enumerate(rows) if r[1] == "sample_logits"]
-if len(ends) < 2:
-    sys.exit("fewer than two sampling launches: no step to read")
-steps = len(ends) - 1
+if sys.argv[2] == "steps":
+    ends = [i for i, r in enumerate(rows) if r[1] == "sample_logits"]
+    if len(ends) < 2:
+        sys.exit("fewer than two sampling launches: no step to read")
+    rows, per, unit, scale = rows[ends[0] + 1 : ends[-1] + 1], len(ends) - 1, "us/step", 1e3
+else:
+    per, unit, scale = 1, "ms", 1e6
 total, count = collections.Counter(), collections.Counter()
-for _, name, ns in rows[ends[0] + 1 : ends[-1] + 1]:
+for _, name, ns in rows:
     total[name] += ns
     count[name] += 1
-print(f"{'kernel':<32} {'us/step':>9} {'launches':>9}")
+print(f"{'kernel':<32} {unit:>9} {'launches':>9}")
 for name, ns in total.most_common(30):
-    print(f"{name:<32} {ns / 1e3 / steps:>9.1f} {count[name] / steps:>9.1f}")
-print(f"{'total':<32} {sum(total.values()) / 1e3 / steps:>9.1f} {sum(count.values()) / steps:>9.1f}")
+    print(f"{name:<32} {ns / scale / per:>9.2f} {count[name] / per:>9.1f}")
+print(f"{'total':<32} {sum(total.values()) / scale / per:>9.2f} {sum(count.values()) / per:>9.1f}")
 PY
+}
+# shellcheck disable=SC2046
+env $(settings "${variants[0]}") "$ncu" --cache-control none --clock-control none \
+    --metrics gpu__time_duration.sum --csv "$(bin_of "${variants[0]}")/prefill_speed" "$xs" --device cuda 2048 1 \
+    > "$out/ncu.csv" 2> "$out/ncu.log" || true
+say "kernels of $(basename "${variants[0]}") (ncu: warm-up + one 2,048-token prefill, summed per kernel)"
+ncu_table "$out/ncu.csv" all | tee -a "$report" || say "(no table: see $out/ncu.log)"
+# Decode steps per kernel (NCU_BATCHES).
+for b in ${NCU_BATCHES:-}; do
+    # shellcheck disable=SC2046
+    env $(settings "${variants[0]}") "$ncu" --cache-control none --clock-control none \
+        --metrics gpu__time_duration.sum --csv "$(bin_of "${variants[0]}")/batch_decode_speed" "$xs" --device cuda 4 "$b" \
+        > "$out/ncu-b$b.csv" 2> "$out/ncu-b$b.log" || true
+    say "kernels of $(basename "${variants[0]}") (ncu: a decode step of $b rows, mean of 4, kernels alone and serialized)"
+    ncu_table "$out/ncu-b$b.csv" steps | tee -a "$report" || say "(no table: see $out/ncu-b$b.log)"
 done
