@@ -384,12 +384,9 @@ impl CudaBackend {
         };
         for (li, l) in d.layers.iter().enumerate() {
             let next_layer = d.layers.get(li + 1);
-            let next_norm = next_layer.map_or(&d.norm, |n| &n.input_norm);
-            let next = if several {
-                Epi::default()
-            } else {
-                norm_of(&next_norm.buf)
-            };
+            // the next norm: the next layer's input norm, or the final one
+            let next_norm = norm_of(&next_layer.map_or(&d.norm, |n| &n.input_norm).buf);
+            let next = if several { Epi::default() } else { next_norm };
             let at = &l.attn;
             let ap = &at.params;
             // q, k, v (and the per-head gate) of the normed input: one launch for one row
@@ -482,20 +479,21 @@ impl CudaBackend {
                     });
                     // three f32 per layer: gate, up, down
                     let inv = shared_inv.add(3 * li);
-                    // several rows: the next norm (the next layer's input norm or the final
-                    // one) with the sum, staging for the next layer's q/k/v or the lm_head
+                    // several rows: the next norm with the sum, staging for the next layer's
+                    // q/k/v or the lm_head
                     let next_staged = if several && self.opts().reduce_norm {
                         let formats = match next_layer {
                             Some(nl) => self.gemv_mt_formats(&self.attn_parts(nl, bufs), n),
                             None => self.gemv_mt_formats(&[(head, DevPtr::NULL)], n),
                         };
-                        self.stage_buffers(&norm_of(&next_norm.buf), n, &formats)?
+                        self.stage_buffers(&next_norm, n, &formats)?
                     } else {
                         None
                     };
-                    let epi = match next_staged {
-                        Some(_) => norm_of(&next_norm.buf),
-                        None => next,
+                    let epi = if next_staged.is_some() {
+                        next_norm
+                    } else {
+                        next
                     };
                     self.experts_raw(
                         &m.experts,
