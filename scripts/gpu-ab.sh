@@ -22,7 +22,8 @@
 # empty: no decode steps), NCU (default 1; 0: no per-kernel times), FP4FORGE_KERNEL_CACHE
 # (default /dev/shm/fp4forge-kernels: each variant compiles once, ~80 s), NCU_BATCHES (e.g. "1 4":
 # also each listed batch's decode step per kernel under ncu, first variant, averaged over 4 steps
-# after a warm-up, ~40 s per batch of 4 rows; default none). Results: OUTDIR/ab.txt (each round's
+# after a warm-up, ~40 s per batch of 4 rows; default none), NCU_PREFILL (default 1; 0: no
+# per-kernel table of the prefill, e.g. for a decode-only call). Results: OUTDIR/ab.txt (each round's
 # times, then each variant's mean and its ratio to the first variant's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -222,12 +223,14 @@ for name, ns in total.most_common(30):
 print(f"{'total':<32} {sum(total.values()) / scale / per:>9.2f} {sum(count.values()) / per:>9.1f}")
 PY
 }
-# shellcheck disable=SC2046
-env $(settings "${variants[0]}") "$ncu" --cache-control none --clock-control none \
-    --metrics gpu__time_duration.sum --csv "$(bin_of "${variants[0]}")/prefill_speed" "$xs" --device cuda 2048 1 \
-    > "$out/ncu.csv" 2> "$out/ncu.log" || true
-say "kernels of $(basename "${variants[0]}") (ncu: warm-up + one 2,048-token prefill, summed per kernel)"
-ncu_table "$out/ncu.csv" all | tee -a "$report" || say "(no table: see $out/ncu.log)"
+if [ "${NCU_PREFILL:-1}" != 0 ]; then
+    # shellcheck disable=SC2046
+    env $(settings "${variants[0]}") "$ncu" --cache-control none --clock-control none \
+        --metrics gpu__time_duration.sum --csv "$(bin_of "${variants[0]}")/prefill_speed" "$xs" --device cuda 2048 1 \
+        > "$out/ncu.csv" 2> "$out/ncu.log" || true
+    say "kernels of $(basename "${variants[0]}") (ncu: warm-up + one 2,048-token prefill, summed per kernel)"
+    ncu_table "$out/ncu.csv" all | tee -a "$report" || say "(no table: see $out/ncu.log)"
+fi
 # Decode steps per kernel (NCU_BATCHES).
 for b in ${NCU_BATCHES:-}; do
     # shellcheck disable=SC2046

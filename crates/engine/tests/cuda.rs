@@ -1236,7 +1236,10 @@ fn widened_laguna(dir: &Path, name: &str, hidden: usize, head_dim: usize) -> (Pa
 /// no bit of its logits, and neither do the weights' L2 prefetches (`FP4FORGE_CUDA_L2_PREFETCH`:
 /// the top-k on k blocks a token, the gate/up blocks' and `gemv_mt`'s prefetches): the same step
 /// of 5 sessions (forks) with and without each, and with each MoE layer's sum running the next
-/// norm (`FP4FORGE_CUDA_REDUCE_NORM`, counted), on the fused batched step, at widths that norm
+/// norm (`FP4FORGE_CUDA_REDUCE_NORM`, counted) and each router running its top-k as its
+/// launch's tail (`FP4FORGE_CUDA_ROUTER_TOPK`, counted; not at a step whose top-k prefetches),
+/// and NVFP4 q/k/v with the bf16 gate in one launch (`FP4FORGE_CUDA_MT_MIXED`, counted; up to
+/// 4 rows), on the fused batched step of 5 and of 3 rows, at widths that norm
 /// on a warp (256), on `rms_norm`'s block of 128 threads (640) and of 512 (2,048, Laguna-XS's),
 /// stock (bf16 q/k/v: the bf16 staging) and lean (NVFP4).
 #[test]
@@ -1270,60 +1273,99 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                 })
                 .collect();
             let toks: Vec<u32> = (0..5u32).map(|i| (5 * i + 1) % vocab).collect();
-            let run = |norm_stage: bool, l2_prefetch: bool, reduce_norm: bool| -> Vec<Vec<f32>> {
+            let layers = config["num_hidden_layers"]
+                .as_u64()
+                .expect("num_hidden_layers") as usize;
+            let lean = label.ends_with("lean");
+            // a step of the first `rows` sessions with (norm_stage, l2_prefetch, reduce_norm,
+            // router_topk, mt_mixed)
+            type Knobs = (bool, bool, bool, bool, bool);
+            let run = |rows: usize,
+                       (norm_stage, l2_prefetch, reduce_norm, router_topk, mt_mixed): Knobs|
+             -> Vec<Vec<f32>> {
                 backend.set_options(CudaOptions {
                     norm_stage,
                     reduce_norm,
+                    router_topk,
+                    mt_mixed,
                     l2_prefetch_rows: usize::from(l2_prefetch),
                     ..defaults.clone()
                 });
-                let sums_before = backend.sums_with_norm();
-                let mut forks: Vec<_> = sessions
+                let counts =
+                    |b: &CudaBackend| [b.sums_with_norm(), b.routed_in_router(), b.mixed_linears()];
+                let before = counts(&backend);
+                let mut forks: Vec<_> = sessions[..rows]
                     .iter()
                     .map(|s| s.fork(s.position()).unwrap().unwrap())
                     .collect();
                 let mut refs: Vec<_> = forks.iter_mut().collect();
-                let slices: Vec<&[u32]> = toks.iter().map(std::slice::from_ref).collect();
-                let before = backend.fused_decode_steps();
+                let slices: Vec<&[u32]> = toks[..rows].iter().map(std::slice::from_ref).collect();
+                let steps_before = backend.fused_decode_steps();
                 let logits: Vec<Vec<f32>> = model
-                    .forward_batch(&mut refs, &slices, &[Want::Last; 5])
+                    .forward_batch(&mut refs, &slices, &vec![Want::Last; rows])
                     .unwrap()
                     .into_iter()
                     .map(|l| l.unwrap().data)
                     .collect();
-                let fused = backend.fused_decode_steps() - before;
+                let fused = backend.fused_decode_steps() - steps_before;
                 assert_eq!(
-                    fused, 5,
+                    fused, rows,
                     "{label}: the step did not run on the fused sequence"
                 );
-                // (every MoE layer's sum runs the next norm where both options are on)
-                let sums = backend.sums_with_norm() - sums_before;
-                let want = if norm_stage && reduce_norm {
-                    moe_layers
-                } else {
-                    0
-                };
-                assert_eq!(sums, want, "{label}: sums that ran the next norm");
+                let after = counts(&backend);
+                let ran: Vec<usize> = (0..3).map(|i| after[i] - before[i]).collect();
+                // every MoE layer's sum runs the next norm where both options are on; every MoE
+                // layer's router runs its top-k where it is on (bf16 routers on staged rows,
+                // nothing prefetched); every layer's q/k/v and gate run in one launch where
+                // it is on (lean: NVFP4 q/k/v, up to 4 rows)
+                let want = [
+                    if norm_stage && reduce_norm {
+                        moe_layers
+                    } else {
+                        0
+                    },
+                    if norm_stage && router_topk && !l2_prefetch {
+                        moe_layers
+                    } else {
+                        0
+                    },
+                    if mt_mixed && lean && rows <= 4 {
+                        layers
+                    } else {
+                        0
+                    },
+                ];
+                assert_eq!(
+                    ran, want,
+                    "{label}, {rows} rows: sums that ran the next norm, routers that ran the \
+                     top-k, layers whose q/k/v and gate ran in one launch"
+                );
                 logits
             };
-            let apart = run(false, false, false);
-            assert_eq!(
-                apart,
-                run(true, false, false),
-                "{label}: norm_stage changed the logits"
-            );
-            assert_eq!(
-                apart,
-                run(false, true, false),
-                "{label}: l2_prefetch changed the logits"
-            );
-            assert_eq!(
-                apart,
-                run(true, false, true),
-                "{label}: reduce_norm changed the logits"
-            );
+            for rows in [5, 3] {
+                let apart = run(rows, (false, false, false, false, false));
+                for (variant, name) in [
+                    ((true, false, false, false, false), "norm_stage"),
+                    ((false, true, false, false, false), "l2_prefetch"),
+                    ((true, false, true, false, false), "reduce_norm"),
+                    ((true, false, false, true, false), "router_topk"),
+                    (
+                        (true, true, false, true, false),
+                        "router_topk at a prefetching step",
+                    ),
+                    ((false, false, false, false, true), "mt_mixed"),
+                    ((true, false, true, true, true), "all of them"),
+                ] {
+                    assert_eq!(
+                        apart,
+                        run(rows, variant),
+                        "{label}, {rows} rows: {name} changed the logits"
+                    );
+                }
+            }
             println!(
-                "{label}: the same bits with and without norm_stage, l2_prefetch, reduce_norm"
+                "{label}: the same bits with and without norm_stage, l2_prefetch, reduce_norm, \
+                 router_topk, mt_mixed (5 and 3 rows)"
             );
         }
     }
@@ -1350,7 +1392,8 @@ fn gpu_batched_steps_match_each_sequence_alone() {
     for (name, dir) in synthetic_laguna_variants(tmp.path()) {
         // (few: the routed experts grouped a few items per expert tile from 2 rows, with the
         // shared expert on the multi-token linears, as from 32 rows at full size; stage: the
-        // norms staging their rows for gemv_mt)
+        // norms staging their rows for gemv_mt, the MoE sums running the next norm and the
+        // routers their top-k)
         for (kv, sessions, batched, fused, few, stage) in [
             (KvDtype::Bf16, 5, true, true, false, false),
             (KvDtype::Bf16, 35, true, true, false, false),
@@ -1359,12 +1402,15 @@ fn gpu_batched_steps_match_each_sequence_alone() {
             (KvDtype::Bf16, 5, false, true, false, false),
             (KvDtype::Bf16, 5, true, true, true, false),
             (KvDtype::Bf16, 5, true, true, false, true),
+            (KvDtype::Bf16, 35, true, true, false, true),
             (KvDtype::Fp8E4m3, 5, true, true, false, false),
         ] {
             backend.set_options(CudaOptions {
                 batched_attention: batched,
                 fused_batch: fused,
                 norm_stage: stage,
+                reduce_norm: stage,
+                router_topk: stage,
                 few_moe_min_tokens: if few {
                     2
                 } else {
@@ -1381,7 +1427,11 @@ fn gpu_batched_steps_match_each_sequence_alone() {
                 if batched { "" } else { " (one launch off)" },
                 if fused { "" } else { " (generic ops)" },
                 if few { " (few-per-tile experts)" } else { "" },
-                if stage { " (norms staging rows)" } else { "" }
+                if stage {
+                    " (norms staging rows, sums norming, routers routing)"
+                } else {
+                    ""
+                }
             );
             let mut ss: Vec<_> = (0..sessions)
                 .map(|i| {

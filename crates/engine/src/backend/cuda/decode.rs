@@ -200,6 +200,18 @@ impl CudaBackend {
         self.inner.sums_with_norm.load(Ordering::Relaxed)
     }
 
+    /// Batched steps' MoE layers whose router ran the top-k as its launch's tail
+    /// (`gemv_mt_bf16_topk`, `CudaOptions::router_topk`) on this backend (and its clones) so far.
+    pub fn routed_in_router(&self) -> usize {
+        self.inner.routed_in_router.load(Ordering::Relaxed)
+    }
+
+    /// Batched steps' inputs whose NVFP4 and bf16 linears ran in one launch (`gemv_mt_mixed4`,
+    /// `CudaOptions::mt_mixed`) on this backend (and its clones) so far.
+    pub fn mixed_linears(&self) -> usize {
+        self.inner.mixed_linears.load(Ordering::Relaxed)
+    }
+
     /// One new token of each sequence of `seqs` (each one id, its last logits wanted) through
     /// the whole decoder `d` on the fused step, appending their keys and values to their caches;
     /// the logits of each (`[1, vocab]`), in order. `None` where the fused step is off or does not
@@ -430,6 +442,23 @@ impl CudaBackend {
             let post_norm = norm_of(&l.post_norm.buf);
             match &l.mlp {
                 Mlp::Moe(m) => {
+                    let route = Route::new(
+                        p(&bufs.router),
+                        m.selection_bias
+                            .as_ref()
+                            .map_or(DevPtr::NULL, |b| p(&b.buf)),
+                        m.router.rows,
+                        &m.params,
+                        m.routed_scale,
+                    );
+                    let shared = m.shared.as_ref().map(|s| SharedExpert {
+                        gate: &s.gate,
+                        up: &s.up,
+                        down: &s.down,
+                    });
+                    let k = m.params.top_k;
+                    // whether the top-k ran as the router's tail (else `experts_raw` runs it)
+                    let mut routed = false;
                     if n == 1 && Self::norm_gemv_applies(&m.router) {
                         self.norm_gemv_raw(
                             &m.router,
@@ -446,25 +475,35 @@ impl CudaBackend {
                         let formats = self.gemv_mt_formats(&router, n);
                         let staged = self.norm_staged(&post_norm, n, &formats)?;
                         match staged.of(self, m.router.fmt) {
+                            Some(input)
+                                if self.router_topk_applies(
+                                    &m.experts,
+                                    shared.as_ref(),
+                                    &m.router,
+                                    k,
+                                    n,
+                                ) =>
+                            {
+                                self.router_topk(
+                                    &m.router,
+                                    p(&bufs.router),
+                                    input,
+                                    n,
+                                    (&route, k),
+                                    (&bufs.sel, &bufs.wts),
+                                )?;
+                                routed = true;
+                            }
                             Some(input) => {
                                 self.gemv_mt(&router, input, n, DevPtr::NULL, DevPtr::NULL)?
                             }
                             None => rows(&m.router, a, p(&bufs.router), DevPtr::NULL)?,
                         }
                     }
-                    let route = Route::new(
-                        p(&bufs.router),
-                        m.selection_bias
-                            .as_ref()
-                            .map_or(DevPtr::NULL, |b| p(&b.buf)),
-                        m.router.rows,
-                        &m.params,
-                        m.routed_scale,
-                    );
                     let io = MoeBuffers {
                         sel: &bufs.sel,
                         wts: &bufs.wts,
-                        top_k: m.params.top_k,
+                        top_k: k,
                         tokens: n,
                         x: a,
                         h: p(&bufs.h),
@@ -472,11 +511,6 @@ impl CudaBackend {
                         out: x,
                         resid: x,
                     };
-                    let shared = m.shared.as_ref().map(|s| SharedExpert {
-                        gate: &s.gate,
-                        up: &s.up,
-                        down: &s.down,
-                    });
                     // three f32 per layer: gate, up, down
                     let inv = shared_inv.add(3 * li);
                     // several rows: the next norm with the sum, staging for the next layer's
@@ -500,7 +534,7 @@ impl CudaBackend {
                         shared.as_ref().map(|s| (s, [inv, inv.add(1), inv.add(2)])),
                         io,
                         epi,
-                        Some(&route),
+                        (!routed).then_some(&route),
                         next_staged.as_ref(),
                     )?;
                     staged_by_sum = next_staged;
@@ -530,7 +564,8 @@ impl CudaBackend {
     /// `y_i = x · W_iᵀ` for the `n` rows of `x` (`h` values each) and each `(W_i, y_i)` of
     /// `parts`: one launch where it applies (one row: `linear_multi2`), else a few rows: one
     /// `gemv_mt` per weight format over the parts it takes (the rows staged once per format:
-    /// NVFP4 q/k/v in one launch beside a bf16 gate's, or already by the norm: `staged`), and
+    /// NVFP4 q/k/v in one launch beside a bf16 gate's, or both in one at up to four rows,
+    /// `CudaOptions::mt_mixed`; or already staged by the norm: `staged`), and
     /// one multi-token linear for each other part (their rows' f16 scales computed once).
     pub(crate) fn linears_of_one_input(
         &self,
@@ -543,15 +578,28 @@ impl CudaBackend {
         if n == 1 {
             return self.linear_multi_raw(&MultiLinear::new(self, parts, h)?, x);
         }
-        for fmt in self.gemv_mt_formats(parts, n) {
-            let group: Vec<(&CudaLinear, DevPtr<f32>)> = parts
+        let group = |fmt: i32| -> Vec<(&CudaLinear, DevPtr<f32>)> {
+            parts
                 .iter()
                 .filter(|(w, _)| w.fmt == fmt && self.gemv_mt_applies(w, n))
                 .copied()
-                .collect();
-            let input = staged.of(self, fmt).unwrap_or(MtInput::Rows(x));
-            for chunk in group.chunks(MultiLinear::MAX) {
-                self.gemv_mt(chunk, input, n, DevPtr::NULL, DevPtr::NULL)?;
+                .collect()
+        };
+        let input = |fmt: i32| staged.of(self, fmt).unwrap_or(MtInput::Rows(x));
+        let formats = self.gemv_mt_formats(parts, n);
+        let (nv, bf) = (group(3), group(2));
+        if formats == [2, 3]
+            && self.gemv_mt_mixed_applies(n)
+            && nv.len() <= MultiLinear::MAX
+            && bf.len() <= MultiLinear::MAX
+        {
+            // (NVFP4 q/k/v and a bf16 gate in one launch)
+            self.gemv_mt_mixed((&nv, input(3)), (&bf, input(2)), n)?;
+        } else {
+            for fmt in formats {
+                for chunk in group(fmt).chunks(MultiLinear::MAX) {
+                    self.gemv_mt(chunk, input(fmt), n, DevPtr::NULL, DevPtr::NULL)?;
+                }
             }
         }
         let rest: Vec<(&CudaLinear, DevPtr<f32>)> = parts

@@ -113,6 +113,10 @@ pub(crate) struct Inner {
     fused_steps: std::sync::atomic::AtomicUsize,
     /// MoE sums that also ran the next norm (`experts_reduce_norm_stage`) so far.
     sums_with_norm: std::sync::atomic::AtomicUsize,
+    /// Routers whose top-k ran as their launch's tail (`gemv_mt_bf16_topk`) so far.
+    routed_in_router: std::sync::atomic::AtomicUsize,
+    /// One input's NVFP4 and bf16 linears run in one launch (`gemv_mt_mixed4`) so far.
+    mixed_linears: std::sync::atomic::AtomicUsize,
     /// The blocks of every KV cache.
     kv_pool: KvPool,
 }
@@ -215,6 +219,8 @@ impl CudaBackend {
                 decode: Mutex::new(None),
                 fused_steps: std::sync::atomic::AtomicUsize::new(0),
                 sums_with_norm: std::sync::atomic::AtomicUsize::new(0),
+                routed_in_router: std::sync::atomic::AtomicUsize::new(0),
+                mixed_linears: std::sync::atomic::AtomicUsize::new(0),
                 kv_pool: KvPool::default(),
                 ctx,
                 stream,

@@ -356,6 +356,17 @@ __device__ __forceinline__ float4 ld_cg4(const float* p) {
     return v;
 }
 
+// One f32 through L2 only (written by another block of the same launch).
+__device__ __forceinline__ float ld_cg(const float* p) {
+#ifdef FP4FORGE_CPU_EMU
+    return *p;
+#else
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+#endif
+}
+
 #define EPI_V 8  // float4s of x per thread held in registers (n <= 32 * blockDim)
 
 // All threads of every block call it last (no thread may have returned early). n % 4 == 0 and

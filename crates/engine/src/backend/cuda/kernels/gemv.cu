@@ -957,11 +957,11 @@ extern "C" __global__ void __launch_bounds__(256) gemv_mma(const u8* __restrict_
 // a group of 2 (lanes 24-31 feed zeros), 4 groups. The tokens' rows are staged once in global
 // memory (xb_stage); more than 8 tokens take more grid rows.
 
-#define MT_TOKENS 8     // tokens per grid row of gemv_mt
 #define MT_NV_GROUPS 2  // NVFP4: groups of 4 tokens
 #define MT_BF_GROUPS 4  // bf16: groups of 2 tokens
 #define MT_NV_U 2       // NVFP4: chunk slots per lane (two blocks a SM: 128 registers)
 #define MT_NV4_U 2      // NVFP4, one group of 4 tokens: chunk slots per lane (three blocks a SM)
+#define MT_BF_U 2       // bf16: chunk slots per lane
 
 // f32 to bf16, round to nearest even (NaN stays a NaN).
 __device__ __forceinline__ u16 f32_to_bf16_rn(float f) {
@@ -1106,8 +1106,9 @@ __device__ __forceinline__ void mt_stash_cols(const float acc[G][4], float (*red
 // own y; all of one format, NVFP4 (fmt 3, sm_89+) or bf16 (fmt 2, sm_80+), [N, K], K % 128 ==
 // 0; `bias`, `resid`: one segment only, else null): blocks of 8 warps, KS warps per 16-row tile
 // splitting its chunks into contiguous runs, 8 / KS tiles per block (gemv_mma's geometry). One
-// kernel per format (gemv_mt_bf16, gemv_mt_nv: FMT; U: NVFP4 chunks in flight a lane, G: its
-// groups of 4 tokens), so that each gets the registers its own path needs.
+// kernel per format (gemv_mt_bf16, gemv_mt_nv: FMT; U: chunks in flight a lane, G: groups of 4
+// NVFP4 tokens or of 2 bf16 tokens: a grid row's tokens), so that each gets the registers its own
+// path needs. U and G change no bit: each group accumulates its chunks in the same order.
 template <int FMT, int U, int G>
 __device__ __forceinline__ void gemv_mt_impl(const Segs& segs, const uint2* __restrict__ xb,
                                              const float* __restrict__ xds, const float* __restrict__ bias,
@@ -1128,7 +1129,7 @@ __device__ __forceinline__ void gemv_mt_impl(const Segs& segs, const uint2* __re
     const int nrows = (int)max(0l, min(16l, (long)N - row0));
     const int nc = K >> 7, part = warp % ks;
     const int c0 = part * nc / ks, c1 = (part + 1) * nc / ks;
-    constexpr int TOKENS = fmt == 3 ? 4 * G : MT_TOKENS;  // tokens per grid row
+    constexpr int TOKENS = fmt == 3 ? 4 * G : 2 * G;  // tokens per grid row
     const int tok0 = blockIdx.y * TOKENS;
     if constexpr (fmt == 3) {
         // lane's token in group q: tok0 + 4 q + lane / 8
@@ -1155,20 +1156,20 @@ __device__ __forceinline__ void gemv_mt_impl(const Segs& segs, const uint2* __re
         const int slot = lane / 12;
         unsigned bx = 0;
 #pragma unroll
-        for (int q = 0; q < MT_BF_GROUPS; q++)
+        for (int q = 0; q < G; q++)
             if (lane < 24 && tok0 + 2 * q + slot < T) bx |= 1u << q;
         const int tl = min(tok0 + min(slot, 1), T - 1);
         const uint4* xl = (const uint4*)(xb + (long)tl * (3 * K / 4)) + 4 * (lane % 12);
-        float acc[MT_BF_GROUPS][4] = {};
-        BfTile<2> m;
+        float acc[G][4] = {};
+        BfTile<U> m;
         if (nrows > 0) m.start((const u16*)w + row0 * K, K, nrows, c0, c1);
         if (segs.l2_prefetch && blockIdx.y == 0 && warp == 0) {
             const long brows = max(0l, min(16l * (8 / ks), (long)N - row0));
             l2_prefetch(w + row0 * 2l * K, brows * 2l * K, lane, 32);
         }
         pdl_enter();
-        if (nrows > 0) m.run_staged<MT_BF_GROUPS>(xl, 2l * (3 * K / 8), bx, acc);
-        mt_stash_cols<MT_BF_GROUPS>(acc, red);
+        if (nrows > 0) m.template run_staged<G>(xl, 2l * (3 * K / 8), bx, acc);
+        mt_stash_cols<G>(acc, red);
     }
     __syncthreads();
     if (part != 0 || nrows == 0) return;
@@ -1206,11 +1207,27 @@ __device__ __forceinline__ void gemv_mt_impl(const Segs& segs, const uint2* __re
              const float* resid, int K, int T, int ks) {                                                               \
         gemv_mt_impl<fmt, u, groups>(segs, xb, xds, bias, resid, K, T, ks);                                           \
     }
-GEMV_MT_KERNEL(gemv_mt_bf16, 2, 0, MT_BF_GROUPS, 0)
+GEMV_MT_KERNEL(gemv_mt_bf16, 2, MT_BF_U, MT_BF_GROUPS, 0)
 GEMV_MT_KERNEL(gemv_mt_nv, 3, MT_NV_U, MT_NV_GROUPS, 2)
 GEMV_MT_KERNEL(gemv_mt_nv_b1, 3, MMA_U, MT_NV_GROUPS, 0)
 GEMV_MT_KERNEL(gemv_mt_nv16, 3, MT_NV_U, 4, 0)
 GEMV_MT_KERNEL(gemv_mt_nv4, 3, MT_NV4_U, 1, 3)
+
+// One input's NVFP4 and bf16 linears of at most 4 tokens in one launch (q/k/v beside the
+// attention's bf16 gate): the blocks below the first bf16 block (bf.s[0].block0) run
+// gemv_mt_nv4's path over the segments `nv` (x staged for NVFP4: xb_nv, xds_nv), the others
+// gemv_mt_bf16's over `bf` (its blocks numbered on from nv's; x staged for bf16) with 2 groups
+// (4 tokens) and one chunk in flight (80 registers: three blocks a SM, as gemv_mt_nv4), each with
+// its own K split: the bits of the two launches.
+extern "C" __global__ void __launch_bounds__(256, 3)
+    gemv_mt_mixed4(Segs nv, Segs bf, const uint2* __restrict__ xb_nv, const float* __restrict__ xds_nv,
+                   const uint2* __restrict__ xb_bf, const float* __restrict__ xds_bf, int K, int T, int ks_nv,
+                   int ks_bf) {
+    if ((int)blockIdx.x < bf.s[0].block0)
+        gemv_mt_impl<3, MT_NV4_U, 1>(nv, xb_nv, xds_nv, nullptr, nullptr, K, T, ks_nv);
+    else
+        gemv_mt_impl<2, 1, 2>(bf, xb_bf, xds_bf, nullptr, nullptr, K, T, ks_bf);
+}
 
 #define MULTI_R 4
 #define MULTI_U 4  // chunk slots per lane on the tensor-core path of linear_multi2

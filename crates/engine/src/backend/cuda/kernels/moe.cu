@@ -150,6 +150,46 @@ extern "C" __global__ void route(const float* __restrict__ logits, const float* 
     if (q < k && t * k + q < pf.items) expert_prefetch(pf, ssel[q], n, 0, 1, lane, 32);
 }
 
+#define ROUTE_TAIL_MAX 256  // experts of a router whose top-k runs as gemv_mt_bf16_topk's tail
+
+// The router's bf16 gemv_mt (gemv_mt_bf16's bits: logits = W x[t] of the T staged rows into
+// segs' one segment), then its top-k as the tail of the block that finishes last (`ticket`, a
+// counter at zero between launches, reset by that block): one warp a token reads the token's
+// logits through L2 (other blocks wrote them) and routes them as `route` does (sel / wts of
+// `route_token`: the same bits). One launch instead of two. n <= ROUTE_TAIL_MAX, k <= 32.
+extern "C" __global__ void __launch_bounds__(256) gemv_mt_bf16_topk(Segs segs, const uint2* __restrict__ xb,
+                                                                   const float* __restrict__ xds, int K, int T,
+                                                                   int ks, const float* __restrict__ bias_e, int n,
+                                                                   int k, int softmax, int normalize, float softcap,
+                                                                   float scale, int* __restrict__ sel,
+                                                                   float* __restrict__ wts, u32* ticket) {
+    gemv_mt_impl<2, MT_BF_U, MT_BF_GROUPS>(segs, xb, xds, nullptr, nullptr, K, T, ks);
+    __shared__ unsigned last;
+    __shared__ float lg[8][ROUTE_TAIL_MAX];
+    __shared__ int ssel[8][32];
+    __shared__ float swts[8][32];
+    __threadfence();  // (this block's logits before its ticket)
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) + 1 == gridDim.x * gridDim.y;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const float* logits = segs.s[0].y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    for (int t = warp; t < T; t += warps) {
+        for (int e = lane; e < n; e += 32) lg[warp][e] = ld_cg(logits + (long)t * n + e);
+        __syncwarp();
+        route_token(lg[warp], bias_e, n, k, softmax, normalize, softcap, scale, ssel[warp], swts[warp], 0);
+        __syncwarp();
+        if (lane < k) {
+            sel[t * k + lane] = ssel[warp][lane];
+            wts[t * k + lane] = swts[warp][lane];
+        }
+        __syncwarp();
+    }
+    if (threadIdx.x == 0) *ticket = 0u;
+}
+
 // One projection of all experts of a layer, stacked: expert e's rows start at e * rows.
 struct ExpertProj {
     const void* w;         // [E, rows, K] (or packed [E, rows, K/2])

@@ -50,6 +50,12 @@ kernels! {
         segs: Segs, xb: DevPtr<u32>, xds: DevPtr<f32>, bias: DevPtr<f32>, resid: DevPtr<f32>,
         k: i32, t: i32, ks: i32,
     }
+    /// One input's NVFP4 linears (`nv`) and bf16 linears (`bf`, blocks numbered on from `nv`'s)
+    /// of at most four tokens in one launch: `gemv_mt_nv4`'s and `gemv_mt_bf16`'s paths.
+    gemv_mt_mixed4 => GemvMtMixed4Args {
+        nv: Segs, bf: Segs, xb_nv: DevPtr<u32>, xds_nv: DevPtr<f32>, xb_bf: DevPtr<u32>,
+        xds_bf: DevPtr<f32>, k: i32, t: i32, ks_nv: i32, ks_bf: i32,
+    }
     /// Up to six linears of one token's `x` (`K` inputs) in one launch.
     linear_multi2 => LinearMulti2Args { segs: Segs, x: DevPtr<f32>, k: i32, mma: i32 }
 }
@@ -173,6 +179,15 @@ impl Segs {
         }
         segs.n = parts.len() as i32;
         (segs, block0)
+    }
+
+    /// The same segments with their blocks numbered from `first` on (after another launch's
+    /// blocks, in one grid).
+    fn shifted(mut self, first: u32) -> Self {
+        for s in &mut self.s[..self.n as usize] {
+            s.block0 += first as i32;
+        }
+        self
     }
 }
 
@@ -305,6 +320,27 @@ pub(crate) enum MtInput {
     Rows(DevPtr<f32>),
     /// B entries and row scales in `xb_stage`'s layout for the weights' format.
     Staged(DevPtr<u32>, DevPtr<f32>),
+}
+
+/// `gemv_mt_bf16`'s place in `gemv_mt`'s table.
+const MT_BF16_VARIANT: usize = 0;
+/// `gemv_mt_nv4`'s place in `gemv_mt`'s table.
+const MT_NV4_VARIANT: usize = 4;
+
+/// A `gemv_mt` launch's geometry ([`CudaBackend::gemv_mt_plan`]): its segments, staged input,
+/// K split, kernel variant (`gemv_mt`'s table order) and grid.
+pub(crate) struct MtPlan {
+    pub segs: Segs,
+    pub xb: DevPtr<u32>,
+    pub xds: DevPtr<f32>,
+    /// The input staged for this launch (where it came as rows), alive until the launch.
+    _staged: Option<(CudaSlice<u32>, CudaSlice<f32>)>,
+    /// `K`: the weights' columns.
+    pub cols: i32,
+    /// Warps per 16-row tile.
+    pub ks: i32,
+    pub variant: usize,
+    pub grid: (u32, u32, u32),
 }
 
 /// A few rows of one input staged for `gemv_mt` by the norm that produced them (`norm_stage`),
@@ -1164,6 +1200,77 @@ impl CudaBackend {
         bias: DevPtr<f32>,
         resid: DevPtr<f32>,
     ) -> Result<()> {
+        let plan = self.gemv_mt_plan(parts, x, t, bias, resid)?;
+        ops::gemv::GemvMtArgs {
+            segs: plan.segs,
+            xb: plan.xb,
+            xds: plan.xds,
+            bias,
+            resid,
+            k: plan.cols,
+            t: t as i32,
+            ks: plan.ks,
+        }
+        .launch(self, plan.variant, plan.grid, (32 * NV_WARPS, 1, 1))
+    }
+
+    /// [`gemv_mt`](Self::gemv_mt) of one input's NVFP4 linears `nv` and bf16 linears `bf` in
+    /// one launch (`gemv_mt_mixed4`), the input staged for each format (`nv_x`, `bf_x`):
+    /// where [`gemv_mt_mixed_applies`](Self::gemv_mt_mixed_applies); the bits of the two
+    /// launches.
+    pub(crate) fn gemv_mt_mixed(
+        &self,
+        (nv, nv_x): (&[(&CudaLinear, DevPtr<f32>)], MtInput),
+        (bf, bf_x): (&[(&CudaLinear, DevPtr<f32>)], MtInput),
+        t: usize,
+    ) -> Result<()> {
+        let pn = self.gemv_mt_plan(nv, nv_x, t, DevPtr::NULL, DevPtr::NULL)?;
+        let pb = self.gemv_mt_plan(bf, bf_x, t, DevPtr::NULL, DevPtr::NULL)?;
+        self.check(
+            pn.variant == MT_NV4_VARIANT && pb.variant == MT_BF16_VARIANT && pn.cols == pb.cols,
+            || format!("gemv_mt_mixed4 of {t} tokens"),
+        )?;
+        ops::gemv::GemvMtMixed4Args {
+            nv: pn.segs,
+            bf: pb.segs.shifted(pn.grid.0),
+            xb_nv: pn.xb,
+            xds_nv: pn.xds,
+            xb_bf: pb.xb,
+            xds_bf: pb.xds,
+            k: pn.cols,
+            t: t as i32,
+            ks_nv: pn.ks,
+            ks_bf: pb.ks,
+        }
+        .launch(
+            self,
+            (pn.grid.0 + pb.grid.0, pn.grid.1.max(pb.grid.1), 1),
+            (32 * NV_WARPS, 1, 1),
+        )?;
+        self.inner
+            .mixed_linears
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Whether [`gemv_mt_mixed`](Self::gemv_mt_mixed) runs one input's NVFP4 and bf16 linears
+    /// of `t` tokens (each on `gemv_mt`): switched on (`CudaOptions::mt_mixed`) and the NVFP4
+    /// ones on `gemv_mt_nv4` (at most four tokens).
+    pub(crate) fn gemv_mt_mixed_applies(&self, t: usize) -> bool {
+        let o = self.opts();
+        o.mt_mixed && o.mt_4_tokens && t <= GEMV_MT4_TOKENS
+    }
+
+    /// The geometry of a [`gemv_mt`](Self::gemv_mt) launch (its checks, its input staged where
+    /// it is given as rows).
+    pub(crate) fn gemv_mt_plan(
+        &self,
+        parts: &[(&CudaLinear, DevPtr<f32>)],
+        x: MtInput,
+        t: usize,
+        bias: DevPtr<f32>,
+        resid: DevPtr<f32>,
+    ) -> Result<MtPlan> {
         let (fmt, cols) = parts.first().map_or((0, 0), |(w, _)| (w.fmt, w.cols));
         self.check(
             !parts.is_empty()
@@ -1174,12 +1281,11 @@ impl CudaBackend {
                     .all(|(w, _)| w.fmt == fmt && w.cols == cols && self.gemv_mt_applies(w, t)),
             || format!("gemv_mt: {} linears of {t} tokens", parts.len()),
         )?;
-        let own;
-        let (xb, xds) = match x {
-            MtInput::Staged(xb, xds) => (xb, xds),
+        let (xb, xds, staged) = match x {
+            MtInput::Staged(xb, xds) => (xb, xds, None),
             MtInput::Rows(x) => {
-                own = self.stage_rows(x, t, cols, fmt)?;
-                (self.ptr(&own.0), self.ptr(&own.1))
+                let own = self.stage_rows(x, t, cols, fmt)?;
+                (self.ptr(&own.0), self.ptr(&own.1), Some(own))
             }
         };
         let rows: usize = parts.iter().map(|(w, _)| w.rows).sum();
@@ -1195,28 +1301,22 @@ impl CudaBackend {
             (o.mt_one_block, o.mt_16_tokens, o.mt_4_tokens)
         };
         let (variant, per_grid_row) = match fmt {
-            2 => (0, GEMV_MT_TOKENS),
+            2 => (MT_BF16_VARIANT, GEMV_MT_TOKENS),
             _ if sixteen && t > GEMV_MT_TOKENS => (3, GEMV_MT16_TOKENS),
-            _ if four && t <= GEMV_MT4_TOKENS => (4, GEMV_MT4_TOKENS),
+            _ if four && t <= GEMV_MT4_TOKENS => (MT_NV4_VARIANT, GEMV_MT4_TOKENS),
             _ if one_block => (2, GEMV_MT_TOKENS),
             _ => (1, GEMV_MT_TOKENS),
         };
-        ops::gemv::GemvMtArgs {
+        Ok(MtPlan {
             segs,
             xb,
             xds,
-            bias,
-            resid,
-            k: cols as i32,
-            t: t as i32,
+            _staged: staged,
+            cols: cols as i32,
             ks: ks as i32,
-        }
-        .launch(
-            self,
             variant,
-            (block0, t.div_ceil(per_grid_row) as u32, 1),
-            (32 * NV_WARPS, 1, 1),
-        )
+            grid: (block0, t.div_ceil(per_grid_row) as u32, 1),
+        })
     }
 
     /// `t` rows of `x` (`cols` values each) staged as `gemv_mt`'s B operands for weights of

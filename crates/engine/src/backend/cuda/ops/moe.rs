@@ -13,6 +13,14 @@ kernels! {
         logits: DevPtr<f32>, bias: DevPtr<f32>, n: i32, k: i32, softmax: i32, normalize: i32,
         softcap: f32, scale: f32, sel: DevPtr<i32>, wts: DevPtr<f32>, pf: ExpertPrefetch,
     }
+    /// The router's bf16 `gemv_mt` over `t` staged rows into its segment's output, then the
+    /// top-`k` of its `n` logits per token (`route`'s bits) by the block that finishes last
+    /// (`ticket`: zero between launches).
+    gemv_mt_bf16_topk => GemvMtBf16TopkArgs {
+        segs: Segs, xb: DevPtr<u32>, xds: DevPtr<f32>, cols: i32, t: i32, ks: i32,
+        bias: DevPtr<f32>, n: i32, k: i32, softmax: i32, normalize: i32, softcap: f32,
+        scale: f32, sel: DevPtr<i32>, wts: DevPtr<f32>, ticket: DevPtr<u32>,
+    }
     /// Gate/up (SiLU · up into `h`) of each (token, expert) item, one grid row per item.
     /// With `dpf.items`, its blocks then prefetch their share of the routed items' down
     /// projections (of `experts`) into L2; with `ahead`, first the gate/up rows of the block
@@ -151,6 +159,23 @@ pub(crate) const EXPERT_GU_WARPS: u32 = 8;
 
 /// Rows per warp of `experts_down2` (`XRD`).
 pub(crate) const EXPERT_DOWN_ROWS: u32 = 8;
+
+/// The kernels that run a layer's experts ([`CudaBackend::moe_path`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MoePath {
+    /// One token on persistent blocks (`experts_gate_up_p`, `experts_down_p`).
+    Persistent,
+    /// A few items per expert tile on tensor cores (`experts_gate_up_mt`, ...).
+    GroupedFew,
+    /// Grouped by expert (prefill).
+    Grouped,
+    /// One grid row per (token, expert) item (`experts_gate_up2`, `experts_down2`).
+    PerItem,
+}
+
+/// Most experts of a router whose top-k runs as its `gemv_mt`'s tail (`ROUTE_TAIL_MAX` in
+/// kernels/moe.cu: the logits of a warp's token in shared memory).
+pub(crate) const ROUTE_TAIL_MAX_EXPERTS: usize = 256;
 
 /// The router's top-k for `experts_raw` (`Route` in kernels/moe.cu; layout identical): computed
 /// inside the persistent gate/up kernel where it applies, else by the `route` kernel first.
@@ -458,10 +483,13 @@ impl CudaBackend {
             inter: sinter,
         } = sp.unwrap_or_default();
         let has = i32::from(shared.is_some());
-        let persistent = self.persistent_moe(e, &shared, k, t);
-        let grouped_few = !persistent && self.grouped_few(e, k, t);
-        let grouped = !persistent && !grouped_few && sp.is_none() && self.grouped_moe(e, t);
-        let per_item = !persistent && !grouped_few && !grouped;
+        let path = self.moe_path(e, shared.as_ref().map(|(s, _)| *s), k, t);
+        let (persistent, grouped_few, grouped, per_item) = (
+            path == MoePath::Persistent,
+            path == MoePath::GroupedFew,
+            path == MoePath::Grouped,
+            path == MoePath::PerItem,
+        );
         // (the routed items whose gate/up the top-k prefetches)
         let mut gu_prefetched = 0;
         let fused_route = match route {
@@ -598,6 +626,97 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Which kernels run the experts of `t` tokens (top-`k`, `shared` expert if any): the
+    /// persistent ones, a few items per expert tile, grouped by expert, or one grid row per item.
+    pub(crate) fn moe_path(
+        &self,
+        e: &CudaExperts,
+        shared: Option<&SharedExpert<'_>>,
+        k: usize,
+        t: usize,
+    ) -> MoePath {
+        if self.persistent_moe(e, shared, k, t) {
+            MoePath::Persistent
+        } else if self.grouped_few(e, k, t) {
+            MoePath::GroupedFew
+        } else if shared.is_none() && self.grouped_moe(e, t) {
+            MoePath::Grouped
+        } else {
+            MoePath::PerItem
+        }
+    }
+
+    /// Whether a batched step's router (`t` rows) runs its top-k as the tail of its own launch
+    /// ([`router_topk`](Self::router_topk)): switched on (`CudaOptions::router_topk`), a bf16
+    /// router on `gemv_mt` of at most [`ROUTE_TAIL_MAX_EXPERTS`] experts, top-32 at most, and a
+    /// top-k that has nothing else to do (it prefetches the per-item experts' weights into L2 at
+    /// steps that prefetch: then it keeps its own launch).
+    pub(crate) fn router_topk_applies(
+        &self,
+        e: &CudaExperts,
+        shared: Option<&SharedExpert<'_>>,
+        router: &CudaLinear,
+        k: usize,
+        t: usize,
+    ) -> bool {
+        let prefetches = self.moe_path(e, shared, k, t) == MoePath::PerItem
+            && e.prefetch(self, &[&e.gate, &e.up], t, k).items > 0;
+        self.opts().router_topk
+            && router.fmt == 2
+            && self.gemv_mt_applies(router, t)
+            && router.rows <= ROUTE_TAIL_MAX_EXPERTS
+            && k <= 32
+            && !prefetches
+    }
+
+    /// The router's logits of `t` rows (`x`, [`gemv_mt`](Self::gemv_mt) on bf16 `router` into
+    /// `logits`) and their top-k by `route` into `sel` / `wts`, in one launch
+    /// (`gemv_mt_bf16_topk`: the last block to finish routes; the bits of `gemv_mt` then
+    /// `route`). Where [`router_topk_applies`](Self::router_topk_applies).
+    pub(crate) fn router_topk(
+        &self,
+        router: &CudaLinear,
+        logits: DevPtr<f32>,
+        x: MtInput,
+        t: usize,
+        (route, k): (&Route, usize),
+        (sel, wts): (&CudaSlice<i32>, &CudaSlice<f32>),
+    ) -> Result<()> {
+        self.check(
+            router.fmt == 2
+                && route.n as usize == router.rows
+                && router.rows <= ROUTE_TAIL_MAX_EXPERTS
+                && k <= 32
+                && sel.len() >= t * k
+                && wts.len() >= t * k,
+            || format!("the top-{k} of {} logits as the router's tail", router.rows),
+        )?;
+        let plan = self.gemv_mt_plan(&[(router, logits)], x, t, DevPtr::NULL, DevPtr::NULL)?;
+        ops::moe::GemvMtBf16TopkArgs {
+            segs: plan.segs,
+            xb: plan.xb,
+            xds: plan.xds,
+            cols: plan.cols,
+            t: t as i32,
+            ks: plan.ks,
+            bias: route.bias,
+            n: route.n,
+            k: k as i32,
+            softmax: route.softmax,
+            normalize: route.normalize,
+            softcap: route.softcap,
+            scale: route.scale,
+            sel: self.ptr(sel),
+            wts: self.ptr(wts),
+            ticket: self.ptr(&self.inner.counters),
+        }
+        .launch(self, plan.grid, (32 * NV_WARPS, 1, 1))?;
+        self.inner
+            .routed_in_router
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Whether one token's experts run on the persistent kernels (`experts_*_p`): tensor cores on
     /// (sm_89+), NVFP4 routed experts with `hidden` and `inter` multiples of 128, every routed
     /// item's `h` staged at once (`k · inter <= 10240`), a BF16 shared expert if any; unless
@@ -605,14 +724,14 @@ impl CudaBackend {
     pub(crate) fn persistent_moe(
         &self,
         e: &CudaExperts,
-        shared: &Option<(&SharedExpert<'_>, [DevPtr<f32>; 3])>,
+        shared: Option<&SharedExpert<'_>>,
         k: usize,
         t: usize,
     ) -> bool {
         let on = self.opts().persistent_moe;
         let shared_ok = match shared {
             None => true,
-            Some((s, _)) => {
+            Some(s) => {
                 [s.gate, s.up, s.down].iter().all(|l| l.fmt == 2)
                     && s.gate.rows.is_multiple_of(8)
                     && e.hidden.is_multiple_of(8)
