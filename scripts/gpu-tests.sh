@@ -9,7 +9,8 @@
 #   scripts/gpu-tests.sh run [OUTDIR]   # on the GPU machine, from the repo root
 #   scripts/gpu-tests.sh bench [OUTDIR] # on the GPU machine: only the decode benchmark
 #   scripts/gpu-tests.sh suite [OUTDIR] # on the GPU machine: only the engine's GPU tests
-#                                       # (crates/engine/tests/cuda.rs; scripts/gpu-call.sh's)
+#                                       # (crates/engine/tests/cuda.rs; scripts/gpu-call.sh's;
+#                                       # TESTS="a b": only those matching a or b)
 #   scripts/gpu-tests.sh probe [OUTDIR] # on the GPU machine: the decode-stream probe (bounds per
 #                                       # kernel organisation), then the decode benchmark
 #
@@ -54,7 +55,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 export FP4FORGE_ENGINE_DIR="$PWD/crates/engine"
 status=0
 if [ "$mode" = suite ]; then
-    target/gpu/cuda-tests --ignored --test-threads 1 --nocapture > "$out/tests.log" 2>&1 || status=1
+    # (TESTS: names or parts of names of the tests to run, space-separated; default all)
+    # shellcheck disable=SC2086
+    target/gpu/cuda-tests --ignored --test-threads 1 --nocapture ${TESTS:-} > "$out/tests.log" 2>&1 || status=1
     grep -E '^test result|FAILED|panicked' "$out/tests.log" || true
     exit $status
 fi
