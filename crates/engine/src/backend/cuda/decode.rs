@@ -578,27 +578,34 @@ impl CudaBackend {
         if n == 1 {
             return self.linear_multi_raw(&MultiLinear::new(self, parts, h)?, x);
         }
-        let group = |fmt: i32| -> Vec<(&CudaLinear, DevPtr<f32>)> {
-            parts
-                .iter()
-                .filter(|(w, _)| w.fmt == fmt && self.gemv_mt_applies(w, n))
-                .copied()
-                .collect()
-        };
+        // the parts on gemv_mt, per weight format (formats in ascending order)
+        let groups: Vec<(i32, Vec<_>)> = self
+            .gemv_mt_formats(parts, n)
+            .into_iter()
+            .map(|fmt| {
+                let group = parts
+                    .iter()
+                    .filter(|(w, _)| w.fmt == fmt && self.gemv_mt_applies(w, n))
+                    .copied()
+                    .collect();
+                (fmt, group)
+            })
+            .collect();
         let input = |fmt: i32| staged.of(self, fmt).unwrap_or(MtInput::Rows(x));
-        let formats = self.gemv_mt_formats(parts, n);
-        let (nv, bf) = (group(3), group(2));
-        if formats == [2, 3]
-            && self.gemv_mt_mixed_applies(n)
-            && nv.len() <= MultiLinear::MAX
-            && bf.len() <= MultiLinear::MAX
-        {
-            // (NVFP4 q/k/v and a bf16 gate in one launch)
-            self.gemv_mt_mixed((&nv, input(3)), (&bf, input(2)), n)?;
-        } else {
-            for fmt in formats {
-                for chunk in group(fmt).chunks(MultiLinear::MAX) {
-                    self.gemv_mt(chunk, input(fmt), n, DevPtr::NULL, DevPtr::NULL)?;
+        match groups.as_slice() {
+            [(2, bf), (3, nv)]
+                if self.gemv_mt_mixed_applies(n)
+                    && nv.len() <= MultiLinear::MAX
+                    && bf.len() <= MultiLinear::MAX =>
+            {
+                // (NVFP4 q/k/v and a bf16 gate in one launch)
+                self.gemv_mt_mixed((nv, input(3)), (bf, input(2)), n)?;
+            }
+            _ => {
+                for (fmt, group) in &groups {
+                    for chunk in group.chunks(MultiLinear::MAX) {
+                        self.gemv_mt(chunk, input(*fmt), n, DevPtr::NULL, DevPtr::NULL)?;
+                    }
                 }
             }
         }
