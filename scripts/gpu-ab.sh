@@ -23,7 +23,11 @@
 # (default /dev/shm/fp4forge-kernels: each variant compiles once, ~80 s), NCU_BATCHES (e.g. "1 4":
 # also each listed batch's decode step per kernel under ncu, first variant, averaged over 4 steps
 # after a warm-up, ~40 s per batch of 4 rows; default none), NCU_PREFILL (default 1; 0: no
-# per-kernel table of the prefill, e.g. for a decode-only call). Results: OUTDIR/ab.txt (each round's
+# per-kernel table of the prefill, e.g. for a decode-only call), NCU_DETAIL (kernel names, e.g.
+# "experts_gate_up2 gemv_mt_nv4": for each NCU_BATCHES batch, each named kernel's launches of one
+# decode step (the first after the warm-up) under ncu's sections SpeedOfLight, Occupancy,
+# LaunchStats, MemoryWorkloadAnalysis and WarpStateStats, ~30 s a kernel; the key lines in
+# ab.txt, ncu's whole output in OUTDIR/ncu-bB-KERNEL.txt). Results: OUTDIR/ab.txt (each round's
 # times, then each variant's mean and its ratio to the first variant's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -239,4 +243,63 @@ for b in ${NCU_BATCHES:-}; do
         > "$out/ncu-b$b.csv" 2> "$out/ncu-b$b.log" || true
     say "kernels of $(basename "${variants[0]}") (ncu: a decode step of $b rows, mean of 4, kernels alone and serialized)"
     ncu_table "$out/ncu-b$b.csv" steps | tee -a "$report" || say "(no table: see $out/ncu-b$b.log)"
+    # NCU_DETAIL: the named kernels' launches of the first decode step after the warm-up (launches
+    # of that kernel before it are skipped: counted in the table's CSV), in depth.
+    for k in ${NCU_DETAIL:-}; do
+        read -r skip count < <(python3 - "$out/ncu-b$b.csv" "$k" <<'PY'
+import csv, sys
+rows, header = [], None
+for row in csv.reader(open(sys.argv[1])):
+    if "Kernel Name" in row and "Metric Value" in row:
+        header = row
+        continue
+    if header is not None and len(row) == len(header):
+        d = dict(zip(header, row))
+        try:
+            rows.append((int(d["ID"]), d["Kernel Name"].split("(")[0]))
+        except ValueError:
+            pass
+rows.sort()
+ends = [i for i, r in enumerate(rows) if r[1] == "sample_logits"]
+if len(ends) < 2:
+    sys.exit(1)
+before = sum(1 for _, n in rows[: ends[0] + 1] if n == sys.argv[2])
+step = sum(1 for _, n in rows[ends[0] + 1 : ends[1] + 1] if n == sys.argv[2])
+print(before, step)
+PY
+        ) || { say "NCU_DETAIL $k, $b rows: no step in $out/ncu-b$b.csv"; continue; }
+        [ "${count:-0}" -gt 0 ] || { say "NCU_DETAIL $k, $b rows: not launched in a step"; continue; }
+        # shellcheck disable=SC2046
+        env $(settings "${variants[0]}") "$ncu" --cache-control none --clock-control none \
+            --section SpeedOfLight --section Occupancy --section LaunchStats \
+            --section MemoryWorkloadAnalysis --section WarpStateStats \
+            --kernel-name "regex:^$k\$" --launch-skip "$skip" --launch-count "$count" \
+            "$(bin_of "${variants[0]}")/batch_decode_speed" "$xs" --device cuda 4 "$b" \
+            > "$out/ncu-b$b-$k.txt" 2>&1 || true
+        say "$k, a decode step of $b rows ($count launches, ncu sections; whole output: ncu-b$b-$k.txt)"
+        python3 - "$out/ncu-b$b-$k.txt" <<'PY' | tee -a "$report" || true
+import collections, re, sys
+# ncu's text lines "    Name    unit    value": the mean over the launches of the metrics below.
+keep = ("Duration", "DRAM Throughput", "Memory Throughput", "L2 Hit Rate", "L1/TEX Hit Rate",
+        "Achieved Occupancy", "Theoretical Occupancy", "Registers Per Thread", "Grid Size",
+        "Waves Per SM", "Block Limit Registers", "Block Limit Shared Mem",
+        "Warp Cycles Per Issued Instruction", "Dynamic Shared Memory Per Block",
+        "Static Shared Memory Per Block")
+sums, units, counts = collections.defaultdict(float), {}, collections.Counter()
+for line in open(sys.argv[1], errors="replace"):
+    parts = re.split(r"\s{2,}", line.strip())
+    if len(parts) < 2 or parts[0] not in keep:
+        continue
+    try:
+        value = float(parts[-1].replace(",", ""))
+    except ValueError:
+        continue
+    sums[parts[0]] += value
+    units[parts[0]] = parts[1] if len(parts) == 3 else ""
+    counts[parts[0]] += 1
+for name in keep:
+    if counts[name]:
+        print(f"  {name:<36} {sums[name] / counts[name]:>12.2f} {units[name]}  (mean of {counts[name]})")
+PY
+    done
 done
