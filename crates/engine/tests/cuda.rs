@@ -1232,6 +1232,19 @@ fn widened_laguna(dir: &Path, name: &str, hidden: usize, head_dim: usize) -> (Pa
     (stock, lean)
 }
 
+/// The knobs a variant of a batched step turns on (`few`: the routed experts a few items per
+/// tile from 2 rows).
+#[derive(Clone, Copy, Default)]
+struct Knobs {
+    norm_stage: bool,
+    l2_prefetch: bool,
+    reduce_norm: bool,
+    router_topk: bool,
+    mt_mixed: bool,
+    moe_staged: bool,
+    few: bool,
+}
+
 /// A batched step's norms staging their rows for `gemv_mt` (`FP4FORGE_CUDA_NORM_STAGE`) change
 /// no bit of its logits, and neither do the weights' L2 prefetches (`FP4FORGE_CUDA_L2_PREFETCH`:
 /// the top-k on k blocks a token, the gate/up blocks' and `gemv_mt`'s prefetches): the same step
@@ -1239,7 +1252,10 @@ fn widened_laguna(dir: &Path, name: &str, hidden: usize, head_dim: usize) -> (Pa
 /// norm (`FP4FORGE_CUDA_REDUCE_NORM`, counted) and each router running its top-k as its
 /// launch's tail (`FP4FORGE_CUDA_ROUTER_TOPK`, counted; not at a step whose top-k prefetches),
 /// and NVFP4 q/k/v with the bf16 gate in one launch (`FP4FORGE_CUDA_MT_MIXED`, counted; up to
-/// 4 rows), on the fused batched step of 5 and of 3 rows, at widths that norm
+/// 4 rows), and the few-items-per-tile experts taking their input as the norm staged it
+/// (`FP4FORGE_CUDA_MOE_STAGED`, counted) and their items grouped by expert in the router's
+/// top-k tail (counted; both against those experts without, as they run from 2 rows here), on
+/// the fused batched step of 5 and of 3 rows, at widths that norm
 /// on a warp (256), on `rms_norm`'s block of 128 threads (640) and of 512 (2,048, Laguna-XS's),
 /// stock (bf16 q/k/v: the bf16 staging) and lean (NVFP4).
 #[test]
@@ -1277,22 +1293,36 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                 .as_u64()
                 .expect("num_hidden_layers") as usize;
             let lean = label.ends_with("lean");
-            // a step of the first `rows` sessions with (norm_stage, l2_prefetch, reduce_norm,
-            // router_topk, mt_mixed)
-            type Knobs = (bool, bool, bool, bool, bool);
-            let run = |rows: usize,
-                       (norm_stage, l2_prefetch, reduce_norm, router_topk, mt_mixed): Knobs|
-             -> Vec<Vec<f32>> {
+            // a step of the first `rows` sessions with `knobs`
+            let run = |rows: usize, knobs: Knobs| -> Vec<Vec<f32>> {
+                let Knobs {
+                    norm_stage,
+                    l2_prefetch,
+                    reduce_norm,
+                    router_topk,
+                    mt_mixed,
+                    moe_staged,
+                    few,
+                } = knobs;
                 backend.set_options(CudaOptions {
                     norm_stage,
                     reduce_norm,
                     router_topk,
                     mt_mixed,
+                    moe_staged,
                     l2_prefetch_rows: usize::from(l2_prefetch),
+                    few_moe_min_tokens: if few { 2 } else { defaults.few_moe_min_tokens },
                     ..defaults.clone()
                 });
-                let counts =
-                    |b: &CudaBackend| [b.sums_with_norm(), b.routed_in_router(), b.mixed_linears()];
+                let counts = |b: &CudaBackend| {
+                    [
+                        b.sums_with_norm(),
+                        b.routed_in_router(),
+                        b.mixed_linears(),
+                        b.moe_inputs_staged(),
+                        b.grouped_in_router(),
+                    ]
+                };
                 let before = counts(&backend);
                 let mut forks: Vec<_> = sessions[..rows]
                     .iter()
@@ -1313,48 +1343,122 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                     "{label}: the step did not run on the fused sequence"
                 );
                 let after = counts(&backend);
-                let ran: Vec<usize> = (0..3).map(|i| after[i] - before[i]).collect();
+                let ran: Vec<usize> = (0..5).map(|i| after[i] - before[i]).collect();
                 // every MoE layer's sum runs the next norm where both options are on; every MoE
                 // layer's router runs its top-k where it is on (bf16 routers on staged rows,
                 // nothing prefetched); every layer's q/k/v and gate run in one launch where
-                // it is on (lean: NVFP4 q/k/v, up to 4 rows)
+                // it is on (lean: NVFP4 q/k/v, up to 4 rows); every MoE layer's experts take
+                // their input as the norm staged it where it is on and they run a few items
+                // per tile, and then the router's top-k also groups the items
+                let on = |yes: bool, count: usize| if yes { count } else { 0 };
+                let routed = norm_stage && router_topk && !l2_prefetch;
                 let want = [
-                    if norm_stage && reduce_norm {
-                        moe_layers
-                    } else {
-                        0
-                    },
-                    if norm_stage && router_topk && !l2_prefetch {
-                        moe_layers
-                    } else {
-                        0
-                    },
-                    if mt_mixed && lean && rows <= 4 {
-                        layers
-                    } else {
-                        0
-                    },
+                    on(norm_stage && reduce_norm, moe_layers),
+                    on(routed, moe_layers),
+                    on(mt_mixed && lean && rows <= 4, layers),
+                    on(norm_stage && moe_staged && few, moe_layers),
+                    on(routed && few, moe_layers),
                 ];
                 assert_eq!(
                     ran, want,
                     "{label}, {rows} rows: sums that ran the next norm, routers that ran the \
-                     top-k, layers whose q/k/v and gate ran in one launch"
+                     top-k, layers whose q/k/v and gate ran in one launch, MoE layers whose \
+                     experts took staged rows, routers that grouped the items"
                 );
                 logits
             };
+            let staged = Knobs {
+                norm_stage: true,
+                ..Knobs::default()
+            };
+            let few = Knobs {
+                few: true,
+                ..staged
+            };
             for rows in [5, 3] {
-                let apart = run(rows, (false, false, false, false, false));
+                let apart = run(rows, Knobs::default());
                 for (variant, name) in [
-                    ((true, false, false, false, false), "norm_stage"),
-                    ((false, true, false, false, false), "l2_prefetch"),
-                    ((true, false, true, false, false), "reduce_norm"),
-                    ((true, false, false, true, false), "router_topk"),
+                    (staged, "norm_stage"),
                     (
-                        (true, true, false, true, false),
+                        Knobs {
+                            l2_prefetch: true,
+                            ..Knobs::default()
+                        },
+                        "l2_prefetch",
+                    ),
+                    (
+                        Knobs {
+                            reduce_norm: true,
+                            ..staged
+                        },
+                        "reduce_norm",
+                    ),
+                    (
+                        Knobs {
+                            router_topk: true,
+                            ..staged
+                        },
+                        "router_topk",
+                    ),
+                    (
+                        Knobs {
+                            router_topk: true,
+                            l2_prefetch: true,
+                            ..staged
+                        },
                         "router_topk at a prefetching step",
                     ),
-                    ((false, false, false, false, true), "mt_mixed"),
-                    ((true, false, true, true, true), "all of them"),
+                    (
+                        Knobs {
+                            mt_mixed: true,
+                            ..Knobs::default()
+                        },
+                        "mt_mixed",
+                    ),
+                    (
+                        Knobs {
+                            reduce_norm: true,
+                            router_topk: true,
+                            mt_mixed: true,
+                            ..staged
+                        },
+                        "all of them",
+                    ),
+                ] {
+                    assert_eq!(
+                        apart,
+                        run(rows, variant),
+                        "{label}, {rows} rows: {name} changed the logits"
+                    );
+                }
+                // the few-items-per-tile experts (their own arithmetic for the shared expert),
+                // with and without their input staged by the norm and their items grouped by
+                // the router's launch
+                let apart = run(rows, few);
+                for (variant, name) in [
+                    (
+                        Knobs {
+                            moe_staged: true,
+                            ..few
+                        },
+                        "moe_staged",
+                    ),
+                    (
+                        Knobs {
+                            router_topk: true,
+                            ..few
+                        },
+                        "router_topk with the few-items-per-tile experts",
+                    ),
+                    (
+                        Knobs {
+                            moe_staged: true,
+                            reduce_norm: true,
+                            router_topk: true,
+                            ..few
+                        },
+                        "moe_staged, reduce_norm and router_topk",
+                    ),
                 ] {
                     assert_eq!(
                         apart,
@@ -1365,7 +1469,7 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
             }
             println!(
                 "{label}: the same bits with and without norm_stage, l2_prefetch, reduce_norm, \
-                 router_topk, mt_mixed (5 and 3 rows)"
+                 router_topk, mt_mixed, moe_staged (5 and 3 rows)"
             );
         }
     }
@@ -1392,8 +1496,9 @@ fn gpu_batched_steps_match_each_sequence_alone() {
     for (name, dir) in synthetic_laguna_variants(tmp.path()) {
         // (few: the routed experts grouped a few items per expert tile from 2 rows, with the
         // shared expert on the multi-token linears, as from 32 rows at full size; stage: the
-        // norms staging their rows for gemv_mt, the MoE sums running the next norm and the
-        // routers their top-k)
+        // norms staging their rows for gemv_mt, the MoE sums running the next norm, the
+        // routers their top-k and, at 35 sessions, the few-items-per-tile experts taking their
+        // input as the norm staged it)
         for (kv, sessions, batched, fused, few, stage) in [
             (KvDtype::Bf16, 5, true, true, false, false),
             (KvDtype::Bf16, 35, true, true, false, false),
@@ -1411,6 +1516,7 @@ fn gpu_batched_steps_match_each_sequence_alone() {
                 norm_stage: stage,
                 reduce_norm: stage,
                 router_topk: stage,
+                moe_staged: stage,
                 few_moe_min_tokens: if few {
                     2
                 } else {

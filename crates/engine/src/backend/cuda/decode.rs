@@ -39,9 +39,9 @@ use cudarc::driver::CudaSlice;
 
 use super::ops::{self, DevPtr};
 use super::{
-    AttnCall, AttnPrep, CudaBackend, CudaKvLayer, CudaLinear, CudaTensor, DecBatchIo, Epi, Gemv,
-    MoeBuffers, MtInput, MultiLinear, NormGemv, QkNormRope, QkNorms, Route, SharedExpert,
-    StagedRows, MAX_SPLITS,
+    AttnCall, AttnPrep, CudaBackend, CudaKvLayer, CudaLinear, CudaTensor, DecBatchIo, Epi,
+    ExpertTiles, Gemv, MoeBuffers, MoePath, MtInput, MultiLinear, NormGemv, QkNormRope, QkNorms,
+    Route, SharedExpert, StagedRows, FEW_TILE_ITEMS, MAX_SPLITS,
 };
 use crate::error::Result;
 use crate::ir::{AttnChunk, Decoder, Layer, Mlp, Moe, SeqChunk, Want};
@@ -210,6 +210,20 @@ impl CudaBackend {
     /// `CudaOptions::mt_mixed`) on this backend (and its clones) so far.
     pub fn mixed_linears(&self) -> usize {
         self.inner.mixed_linears.load(Ordering::Relaxed)
+    }
+
+    /// Batched steps' MoE layers whose few-items-per-tile experts (and shared expert) took the
+    /// input rows as their norm staged them (`CudaOptions::moe_staged`) on this backend (and its
+    /// clones) so far.
+    pub fn moe_inputs_staged(&self) -> usize {
+        self.inner.moe_inputs_staged.load(Ordering::Relaxed)
+    }
+
+    /// Batched steps' MoE layers whose router's top-k tail also grouped the routed items by
+    /// expert for the few-items-per-tile experts (`CudaOptions::router_topk`) on this backend
+    /// (and its clones) so far.
+    pub fn grouped_in_router(&self) -> usize {
+        self.inner.grouped_in_router.load(Ordering::Relaxed)
     }
 
     /// One new token of each sequence of `seqs` (each one id, its last logits wanted) through
@@ -459,6 +473,12 @@ impl CudaBackend {
                     let k = m.params.top_k;
                     // whether the top-k ran as the router's tail (else `experts_raw` runs it)
                     let mut routed = false;
+                    // the normed rows as the norm staged them for the experts, where they take
+                    // them (`CudaOptions::moe_staged`)
+                    let mut moe_input: Option<StagedRows> = None;
+                    // the routed items grouped by expert by the router's launch, where the top-k
+                    // runs there and the experts run a few items per tile
+                    let mut tiles: Option<ExpertTiles> = None;
                     if n == 1 && Self::norm_gemv_applies(&m.router) {
                         self.norm_gemv_raw(
                             &m.router,
@@ -472,7 +492,12 @@ impl CudaBackend {
                         )?;
                     } else {
                         let router = [(&m.router, p(&bufs.router))];
-                        let formats = self.gemv_mt_formats(&router, n);
+                        // (and for the experts where they take it staged)
+                        let moe_formats = self.moe_input_formats(&m.experts, shared.as_ref(), k, n);
+                        let mut formats = self.gemv_mt_formats(&router, n);
+                        formats.extend(&moe_formats);
+                        formats.sort_unstable();
+                        formats.dedup();
                         let staged = self.norm_staged(&post_norm, n, &formats)?;
                         match staged.of(self, m.router.fmt) {
                             Some(input)
@@ -484,13 +509,22 @@ impl CudaBackend {
                                     n,
                                 ) =>
                             {
+                                let few = self.moe_path(&m.experts, shared.as_ref(), k, n)
+                                    == MoePath::GroupedFew;
+                                if few {
+                                    tiles = Some(self.expert_tiles_unset(
+                                        n * k,
+                                        m.experts.n,
+                                        FEW_TILE_ITEMS,
+                                    )?);
+                                }
                                 self.router_topk(
                                     &m.router,
                                     p(&bufs.router),
                                     input,
                                     n,
                                     (&route, k),
-                                    (&bufs.sel, &bufs.wts),
+                                    (&bufs.sel, &bufs.wts, tiles.as_ref()),
                                 )?;
                                 routed = true;
                             }
@@ -499,6 +533,7 @@ impl CudaBackend {
                             }
                             None => rows(&m.router, a, p(&bufs.router), DevPtr::NULL)?,
                         }
+                        moe_input = (!moe_formats.is_empty()).then_some(staged);
                     }
                     let io = MoeBuffers {
                         sel: &bufs.sel,
@@ -510,6 +545,8 @@ impl CudaBackend {
                         part: p(&bufs.part),
                         out: x,
                         resid: x,
+                        staged: moe_input.as_ref(),
+                        tiles: tiles.as_ref(),
                     };
                     // three f32 per layer: gate, up, down
                     let inv = shared_inv.add(3 * li);

@@ -117,6 +117,10 @@ pub(crate) struct Inner {
     routed_in_router: std::sync::atomic::AtomicUsize,
     /// One input's NVFP4 and bf16 linears run in one launch (`gemv_mt_mixed4`) so far.
     mixed_linears: std::sync::atomic::AtomicUsize,
+    /// MoE layers whose grouped experts took their input as the norm staged it so far.
+    moe_inputs_staged: std::sync::atomic::AtomicUsize,
+    /// Routers whose top-k tail also grouped the items by expert so far.
+    grouped_in_router: std::sync::atomic::AtomicUsize,
     /// The blocks of every KV cache.
     kv_pool: KvPool,
 }
@@ -221,6 +225,8 @@ impl CudaBackend {
                 sums_with_norm: std::sync::atomic::AtomicUsize::new(0),
                 routed_in_router: std::sync::atomic::AtomicUsize::new(0),
                 mixed_linears: std::sync::atomic::AtomicUsize::new(0),
+                moe_inputs_staged: std::sync::atomic::AtomicUsize::new(0),
+                grouped_in_router: std::sync::atomic::AtomicUsize::new(0),
                 kv_pool: KvPool::default(),
                 ctx,
                 stream,
@@ -1154,6 +1160,8 @@ impl Backend for CudaBackend {
                 part: self.ptr(&part),
                 out: self.ptr(&out.buf),
                 resid: DevPtr::NULL,
+                staged: None,
+                tiles: None,
             },
             Epi::default(),
             None,

@@ -31,8 +31,9 @@
 //! | `FP4FORGE_CUDA_MT4` | `mt_4_tokens` | `0`: NVFP4 `gemv_mt` of at most 4 tokens at 8 tokens a grid row (`gemv_mt_nv`), not at 4 with three blocks a SM (`gemv_mt_nv4`) | on |
 //! | `FP4FORGE_CUDA_NORM_STAGE` | `norm_stage` | `0`: a batched decode step's norms do not also stage their rows for `gemv_mt` (q/k/v/gate and the router then each launch `xb_stage`) | on |
 //! | `FP4FORGE_CUDA_REDUCE_NORM` | `reduce_norm` | `1`: in a batched decode step the MoE's sum also runs the next norm and its staging (`experts_reduce_norm_stage`, one launch a layer fewer; with `norm_stage`) | off |
-//! | `FP4FORGE_CUDA_ROUTER_TOPK` | `router_topk` | `1`: in a batched decode step the router's top-k runs as the tail of the router's own launch (`gemv_mt_bf16_topk`: its last block to finish), not as a `route` launch, where that top-k prefetches nothing | off |
+//! | `FP4FORGE_CUDA_ROUTER_TOPK` | `router_topk` | `1`: in a batched decode step the router's top-k runs as the tail of the router's own launch (`gemv_mt_bf16_topk`: its last block to finish), not as a `route` launch, where that top-k prefetches nothing; where the experts run a few items per tile, that block also groups the items by expert (not a `moe_align` launch) | off |
 //! | `FP4FORGE_CUDA_MT_MIXED` | `mt_mixed` | `1`: a batched step of up to 4 rows runs one input's NVFP4 and bf16 linears (q/k/v and the attention's gate) in one `gemv_mt_mixed4` launch, not one launch per format | off |
+//! | `FP4FORGE_CUDA_MOE_STAGED` | `moe_staged` | `1`: in a batched decode step whose routed experts run a few items per tile (`experts_grouped_few`), the MoE's input norm also stages its rows for them and for the shared expert's gate/up (two `xb_stage` launches a layer fewer; with `norm_stage`) | off |
 //! | `FP4FORGE_CUDA_DOWN_B4` | `down_four_blocks` | `1`: the per-item experts' down projection (batched steps below `FEW_MOE_MIN_TOKENS` rows) at four blocks a SM (`experts_down2_b4`: at most 128 registers) | off |
 //! | `FP4FORGE_CUDA_L2_PREFETCH` | `l2_prefetch_rows` | `N`: batched decode steps of N or more rows prefetch weights into L2 ahead of their loads (sm_90): the routed experts' gate/up by the router's top-k, their down by the gate/up blocks (per-item experts, as many items as fit in L2), the next wave's by the grouped experts' blocks, each `gemv_mt` block's rows before it waits for its input; `0`: never, `1`: every batched step | `L2_PREFETCH_MIN_ROWS` (32) |
 //! | `FP4FORGE_CUDA_MT_KS` | `mt_k_split` | `1`, `2`, `4`, `8`: fixed K split (warps per tile) of `gemv_mt` | per shape (`mma_split`) |
@@ -95,6 +96,9 @@ pub struct CudaOptions {
     pub router_topk: bool,
     /// `FP4FORGE_CUDA_MT_MIXED`: one input's NVFP4 and bf16 linears of up to 4 rows in one launch.
     pub mt_mixed: bool,
+    /// `FP4FORGE_CUDA_MOE_STAGED`: a batched step's MoE input norm also stages its rows for the
+    /// few-items-per-tile experts and the shared expert.
+    pub moe_staged: bool,
     /// `FP4FORGE_CUDA_DOWN_B4`: the per-item experts' down projection at four blocks a SM.
     pub down_four_blocks: bool,
     /// `FP4FORGE_CUDA_L2_PREFETCH`: fewest rows of a batched step whose weights are prefetched
@@ -157,6 +161,7 @@ impl Default for CudaOptions {
             reduce_norm: false,
             router_topk: false,
             mt_mixed: false,
+            moe_staged: false,
             down_four_blocks: false,
             l2_prefetch_rows: L2_PREFETCH_MIN_ROWS,
             grouped_moe: true,
@@ -232,6 +237,7 @@ impl CudaOptions {
             reduce_norm: var("FP4FORGE_CUDA_REDUCE_NORM").as_deref() == Some(OsStr::new("1")),
             router_topk: var("FP4FORGE_CUDA_ROUTER_TOPK").as_deref() == Some(OsStr::new("1")),
             mt_mixed: var("FP4FORGE_CUDA_MT_MIXED").as_deref() == Some(OsStr::new("1")),
+            moe_staged: var("FP4FORGE_CUDA_MOE_STAGED").as_deref() == Some(OsStr::new("1")),
             down_four_blocks: var("FP4FORGE_CUDA_DOWN_B4").as_deref() == Some(OsStr::new("1")),
             l2_prefetch_rows: num("FP4FORGE_CUDA_L2_PREFETCH").unwrap_or(d.l2_prefetch_rows),
             grouped_moe: on("FP4FORGE_CUDA_GROUPED_MOE"),
@@ -288,6 +294,7 @@ mod tests {
             ("FP4FORGE_CUDA_REDUCE_NORM", "1"),
             ("FP4FORGE_CUDA_ROUTER_TOPK", "1"),
             ("FP4FORGE_CUDA_MT_MIXED", "1"),
+            ("FP4FORGE_CUDA_MOE_STAGED", "1"),
             ("FP4FORGE_CUDA_DOWN_B4", "1"),
             ("FP4FORGE_CUDA_L2_PREFETCH", "1"),
             ("FP4FORGE_CUDA_FLASH", "0"),
@@ -306,7 +313,7 @@ mod tests {
         assert!(o.legacy_gemv && o.mma_gemm && !o.grouped_moe && !o.flash_attention);
         assert!(!o.fused_batch && !o.h16_gemm && o.h16_one_block && o.mt_one_block);
         assert!(o.mt_16_tokens && !o.mt_4_tokens && !o.h16_merged && o.down_four_blocks);
-        assert!(!o.norm_stage && o.reduce_norm && o.router_topk && o.mt_mixed);
+        assert!(!o.norm_stage && o.reduce_norm && o.router_topk && o.mt_mixed && o.moe_staged);
         assert_eq!(o.l2_prefetch_rows, 1);
         assert_eq!((o.nv_blocks_per_sm, o.nv_grid_per_sm), (3, 3));
         assert_eq!((o.nv_k_split, o.mma_k_split), (None, Some(4)));

@@ -152,17 +152,25 @@ extern "C" __global__ void route(const float* __restrict__ logits, const float* 
 
 #define ROUTE_TAIL_MAX 256  // experts of a router whose top-k runs as gemv_mt_bf16_topk's tail
 
+template <bool NC>
+__device__ void align_items(const int* sel, int items, int E, int bn, int* __restrict__ order,
+                            int* __restrict__ tiles, int* __restrict__ ntiles, int* cnt, int* off);
+
 // The router's bf16 gemv_mt (gemv_mt_bf16's bits: logits = W x[t] of the T staged rows into
 // segs' one segment), then its top-k as the tail of the block that finishes last (`ticket`, a
 // counter at zero between launches, reset by that block): one warp a token reads the token's
 // logits through L2 (other blocks wrote them) and routes them as `route` does (sel / wts of
 // `route_token`: the same bits). One launch instead of two. n <= ROUTE_TAIL_MAX, k <= 32.
+// bn > 0: that block then also groups the T k items by expert in tiles of up to bn (moe_align's
+// order / tiles / ntiles, for the few-items-per-tile experts): one launch instead of three.
 extern "C" __global__ void __launch_bounds__(256) gemv_mt_bf16_topk(Segs segs, const uint2* __restrict__ xb,
                                                                    const float* __restrict__ xds, int K, int T,
                                                                    int ks, const float* __restrict__ bias_e, int n,
                                                                    int k, int softmax, int normalize, float softcap,
                                                                    float scale, int* __restrict__ sel,
-                                                                   float* __restrict__ wts, u32* ticket) {
+                                                                   float* __restrict__ wts, u32* ticket, int bn,
+                                                                   int* __restrict__ order, int* __restrict__ tiles,
+                                                                   int* __restrict__ ntiles) {
     gemv_mt_impl<2, MT_BF_U, MT_BF_GROUPS>(segs, xb, xds, nullptr, nullptr, K, T, ks);
     __shared__ unsigned last;
     __shared__ float lg[8][ROUTE_TAIL_MAX];
@@ -186,6 +194,11 @@ extern "C" __global__ void __launch_bounds__(256) gemv_mt_bf16_topk(Segs segs, c
             wts[t * k + lane] = swts[warp][lane];
         }
         __syncwarp();
+    }
+    if (bn > 0) {
+        __shared__ int cnt[ROUTE_TAIL_MAX], off[ROUTE_TAIL_MAX];
+        __syncthreads();  // (every token's sel written)
+        align_items<false>(sel, T * k, n, bn, order, tiles, ntiles, cnt, off);
     }
     if (threadIdx.x == 0) *ticket = 0u;
 }
@@ -702,27 +715,28 @@ extern "C" __global__ void __launch_bounds__(512) experts_reduce_norm_stage(cons
 #define MA_ILP 8       // loads of sel each thread has in flight
 
 // Groups `items` routed items by expert: order[] lists the items expert by expert, tiles[i] =
-// (expert, first index into order, items (<= bn), 0) for tiles 0 .. *ntiles. One block of
-// MA_EMAX threads (thread e counts expert e; E <= MA_EMAX); `tiles` holds 4 ints per tile. Within
-// an expert the items' order is arbitrary (atomics); results do not depend on it. Items with an
-// expert id outside [0, E) are left out. The two passes over sel keep MA_ILP loads in flight a
-// thread, and the experts' offsets are block-wide prefix sums (warp scans), so that one block
-// does not serialise on memory latency.
-extern "C" __global__ void __launch_bounds__(MA_EMAX) moe_align(const int* __restrict__ sel, int items, int E, int bn,
-                                                                int* __restrict__ order, int* __restrict__ tiles,
-                                                                int* __restrict__ ntiles) {
-    __shared__ int cnt[MA_EMAX], off[MA_EMAX];
+// (expert, first index into order, items (<= bn), 0) for tiles 0 .. *ntiles; `tiles` holds 4
+// ints per tile. The calling block's threads (a multiple of 32, at least E; thread e counts expert
+// e) all call it; cnt and off are shared arrays of at least E ints. Within an expert the items'
+// order is arbitrary (atomics); results do not depend on it. Items with an expert id outside
+// [0, E) are left out. The two passes over sel keep MA_ILP loads in flight a thread, and the
+// experts' offsets are block-wide prefix sums (warp scans), so that one block does not serialise
+// on memory latency. NC: sel through the read-only path (written before this launch), else
+// through plain loads (written by this block before a barrier).
+template <bool NC>
+__device__ void align_items(const int* sel, int items, int E, int bn, int* __restrict__ order,
+                            int* __restrict__ tiles, int* __restrict__ ntiles, int* cnt, int* off) {
     __shared__ int warp_items[32], warp_tiles[32];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    pdl_enter();
-    cnt[tid] = 0;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nthr = blockDim.x, warps = nthr >> 5;
+    const auto load = [&](int i) { return NC ? __ldg(sel + i) : *(volatile const int*)(sel + i); };
+    if (tid < E) cnt[tid] = 0;
     __syncthreads();
-    for (int i0 = 0; i0 < items; i0 += MA_EMAX * MA_ILP) {
+    for (int i0 = 0; i0 < items; i0 += nthr * MA_ILP) {
         int e[MA_ILP];
 #pragma unroll
         for (int j = 0; j < MA_ILP; j++) {
-            const int i = i0 + j * MA_EMAX + tid;
-            e[j] = i < items ? __ldg(sel + i) : -1;
+            const int i = i0 + j * nthr + tid;
+            e[j] = i < items ? load(i) : -1;
         }
 #pragma unroll
         for (int j = 0; j < MA_ILP; j++)
@@ -747,7 +761,7 @@ extern "C" __global__ void __launch_bounds__(MA_EMAX) moe_align(const int* __res
     }
     __syncthreads();
     if (warp == 0) {
-        const int wi = warp_items[lane], wt = warp_tiles[lane];
+        const int wi = lane < warps ? warp_items[lane] : 0, wt = lane < warps ? warp_tiles[lane] : 0;
         int a = wi, b = wt;
 #pragma unroll
         for (int d = 1; d < 32; d <<= 1) {
@@ -769,17 +783,26 @@ extern "C" __global__ void __launch_bounds__(MA_EMAX) moe_align(const int* __res
         if (tid == E - 1) *ntiles = tile0 + nt;
     }
     __syncthreads();
-    for (int i0 = 0; i0 < items; i0 += MA_EMAX * MA_ILP) {
+    for (int i0 = 0; i0 < items; i0 += nthr * MA_ILP) {
         int e[MA_ILP];
 #pragma unroll
         for (int j = 0; j < MA_ILP; j++) {
-            const int i = i0 + j * MA_EMAX + tid;
-            e[j] = i < items ? __ldg(sel + i) : -1;
+            const int i = i0 + j * nthr + tid;
+            e[j] = i < items ? load(i) : -1;
         }
 #pragma unroll
         for (int j = 0; j < MA_ILP; j++)
-            if ((unsigned)e[j] < (unsigned)E) order[off[e[j]] + atomicAdd(&cnt[e[j]], 1)] = i0 + j * MA_EMAX + tid;
+            if ((unsigned)e[j] < (unsigned)E) order[off[e[j]] + atomicAdd(&cnt[e[j]], 1)] = i0 + j * nthr + tid;
     }
+}
+
+// align_items of sel over one block of MA_EMAX threads (E <= MA_EMAX).
+extern "C" __global__ void __launch_bounds__(MA_EMAX) moe_align(const int* __restrict__ sel, int items, int E, int bn,
+                                                                int* __restrict__ order, int* __restrict__ tiles,
+                                                                int* __restrict__ ntiles) {
+    __shared__ int cnt[MA_EMAX], off[MA_EMAX];
+    pdl_enter();
+    align_items<true>(sel, items, E, bn, order, tiles, ntiles, cnt, off);
 }
 
 // The weight row `row` of expert e's projection P (rows per expert `rows`, K inputs) for a

@@ -15,11 +15,13 @@ kernels! {
     }
     /// The router's bf16 `gemv_mt` over `t` staged rows into its segment's output, then the
     /// top-`k` of its `n` logits per token (`route`'s bits) by the block that finishes last
-    /// (`ticket`: zero between launches).
+    /// (`ticket`: zero between launches); `bn` > 0: that block then also groups the items by
+    /// expert in tiles of up to `bn` (`moe_align`'s `order`, `tiles`, `ntiles`).
     gemv_mt_bf16_topk => GemvMtBf16TopkArgs {
         segs: Segs, xb: DevPtr<u32>, xds: DevPtr<f32>, cols: i32, t: i32, ks: i32,
         bias: DevPtr<f32>, n: i32, k: i32, softmax: i32, normalize: i32, softcap: f32,
-        scale: f32, sel: DevPtr<i32>, wts: DevPtr<f32>, ticket: DevPtr<u32>,
+        scale: f32, sel: DevPtr<i32>, wts: DevPtr<f32>, ticket: DevPtr<u32>, bn: i32,
+        order: DevPtr<i32>, tiles: DevPtr<i32>, ntiles: DevPtr<i32>,
     }
     /// Gate/up (SiLU · up into `h`) of each (token, expert) item, one grid row per item.
     /// With `dpf.items`, its blocks then prefetch their share of the routed items' down
@@ -121,12 +123,13 @@ pub(crate) const GROUPED_MOE_MIN_TOKENS: usize = 16;
 
 /// Routed items grouped by expert (`moe_align`'s output): `order` lists the items expert by
 /// expert, `tiles` holds 4 ints per tile (expert, first index into `order`, items, 0) for the
-/// `ntiles` tiles it made, at most `max_tiles`.
-struct ExpertTiles {
+/// `ntiles` tiles it made, at most `max_tiles`, of up to `per_tile` items each.
+pub(crate) struct ExpertTiles {
     order: CudaSlice<i32>,
     tiles: CudaSlice<i32>,
     ntiles: CudaSlice<i32>,
     max_tiles: usize,
+    per_tile: usize,
 }
 
 /// Items per tile of the few-items-per-expert kernels (`MT_BN` in kernels/moe.cu).
@@ -370,6 +373,10 @@ pub(crate) struct SharedProj {
 /// per token, `tokens` tokens) and the activations (input `x`, intermediate `h` of
 /// `items × max(inter, shared_inter)` floats, per-item outputs `part` of `items × hidden`, with
 /// `items = tokens · top_k [+ tokens]`; the result `out = resid + Σ ...`, `resid` null: none).
+/// `staged`: `x`'s rows as the norm that produced them staged them for `gemv_mt`, if it did
+/// (the few-items-per-tile experts then stage nothing themselves where the format is there);
+/// `tiles`: the routed items already grouped by expert in tiles of [`FEW_TILE_ITEMS`] (by the
+/// router's top-k, [`router_topk`](CudaBackend::router_topk)), if they are.
 #[derive(Clone, Copy)]
 pub(crate) struct MoeBuffers<'a> {
     pub sel: &'a CudaSlice<i32>,
@@ -381,6 +388,8 @@ pub(crate) struct MoeBuffers<'a> {
     pub part: DevPtr<f32>,
     pub out: DevPtr<f32>,
     pub resid: DevPtr<f32>,
+    pub staged: Option<&'a StagedRows>,
+    pub tiles: Option<&'a ExpertTiles>,
 }
 
 impl CudaBackend {
@@ -469,6 +478,7 @@ impl CudaBackend {
             part,
             out,
             resid,
+            ..
         } = io;
         let sp = shared.as_ref().map(|(s, inv)| SharedProj {
             gate: self.lin_proj(s.gate, inv[0]),
@@ -646,6 +656,30 @@ impl CudaBackend {
         }
     }
 
+    /// The weight formats in which the experts of `t` tokens take their input rows staged by the
+    /// norm that produced them (`MoeBuffers::staged`), ascending: the few-items-per-tile
+    /// experts' NVFP4 and the shared expert's gate/up formats on `gemv_mt`, where
+    /// `CudaOptions::moe_staged` is on and the experts run a few items per tile; else none.
+    pub(crate) fn moe_input_formats(
+        &self,
+        e: &CudaExperts,
+        shared: Option<&SharedExpert<'_>>,
+        k: usize,
+        t: usize,
+    ) -> Vec<i32> {
+        if !self.opts().moe_staged || self.moe_path(e, shared, k, t) != MoePath::GroupedFew {
+            return Vec::new();
+        }
+        let mut formats = match shared {
+            Some(s) => self.gemv_mt_formats(&[(s.gate, DevPtr::NULL), (s.up, DevPtr::NULL)], t),
+            None => Vec::new(),
+        };
+        formats.push(3);
+        formats.sort_unstable();
+        formats.dedup();
+        formats
+    }
+
     /// Whether a batched step's router (`t` rows) runs its top-k as the tail of its own launch
     /// ([`router_topk`](Self::router_topk)): switched on (`CudaOptions::router_topk`), a bf16
     /// router on `gemv_mt` of at most [`ROUTE_TAIL_MAX_EXPERTS`] experts, top-32 at most, and a
@@ -672,7 +706,10 @@ impl CudaBackend {
     /// The router's logits of `t` rows (`x`, [`gemv_mt`](Self::gemv_mt) on bf16 `router` into
     /// `logits`) and their top-k by `route` into `sel` / `wts`, in one launch
     /// (`gemv_mt_bf16_topk`: the last block to finish routes; the bits of `gemv_mt` then
-    /// `route`). Where [`router_topk_applies`](Self::router_topk_applies).
+    /// `route`). Where [`router_topk_applies`](Self::router_topk_applies). With `tiles` (from
+    /// [`expert_tiles_unset`](Self::expert_tiles_unset) for these `t · k` items of the router's
+    /// experts), that block also groups the items by expert into them (`moe_align`'s work: one
+    /// launch fewer for the few-items-per-tile experts, `MoeBuffers::tiles`).
     pub(crate) fn router_topk(
         &self,
         router: &CudaLinear,
@@ -680,7 +717,7 @@ impl CudaBackend {
         x: MtInput,
         t: usize,
         (route, k): (&Route, usize),
-        (sel, wts): (&CudaSlice<i32>, &CudaSlice<f32>),
+        (sel, wts, tiles): (&CudaSlice<i32>, &CudaSlice<f32>, Option<&ExpertTiles>),
     ) -> Result<()> {
         self.check(
             router.fmt == 2
@@ -688,9 +725,19 @@ impl CudaBackend {
                 && router.rows <= ROUTE_TAIL_MAX_EXPERTS
                 && k <= 32
                 && sel.len() >= t * k
-                && wts.len() >= t * k,
+                && wts.len() >= t * k
+                && tiles.is_none_or(|g| g.order.len() >= t * k && g.per_tile > 0),
             || format!("the top-{k} of {} logits as the router's tail", router.rows),
         )?;
+        let (bn, order, tile_list, ntiles) = match tiles {
+            Some(g) => (
+                g.per_tile as i32,
+                self.ptr(&g.order),
+                self.ptr(&g.tiles),
+                self.ptr(&g.ntiles),
+            ),
+            None => (0, DevPtr::NULL, DevPtr::NULL, DevPtr::NULL),
+        };
         let plan = self.gemv_mt_plan(&[(router, logits)], x, t, DevPtr::NULL, DevPtr::NULL)?;
         ops::moe::GemvMtBf16TopkArgs {
             segs: plan.segs,
@@ -709,11 +756,20 @@ impl CudaBackend {
             sel: self.ptr(sel),
             wts: self.ptr(wts),
             ticket: self.ptr(&self.inner.counters),
+            bn,
+            order,
+            tiles: tile_list,
+            ntiles,
         }
         .launch(self, plan.grid, (32 * NV_WARPS, 1, 1))?;
         self.inner
             .routed_in_router
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if tiles.is_some() {
+            self.inner
+                .grouped_in_router
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         Ok(())
     }
 
@@ -764,6 +820,26 @@ impl CudaBackend {
             && e.n <= MOE_ALIGN_MAX_EXPERTS
     }
 
+    /// Buffers for `items` routed items of `experts` grouped by expert in tiles of up to
+    /// `per_tile` items, not yet written (`moe_align`, or the router's top-k, writes `ntiles` and
+    /// every tile and order entry below it; nothing reads past).
+    pub(crate) fn expert_tiles_unset(
+        &self,
+        items: usize,
+        experts: usize,
+        per_tile: usize,
+    ) -> Result<ExpertTiles> {
+        // at most one partial tile per expert that has items
+        let max_tiles = items.div_ceil(per_tile) + experts.min(items);
+        Ok(ExpertTiles {
+            order: self.alloc_unset::<i32>(items)?,
+            tiles: self.alloc_unset::<i32>(4 * max_tiles)?,
+            ntiles: self.alloc_unset::<i32>(1)?,
+            max_tiles,
+            per_tile,
+        })
+    }
+
     /// The `items` routed items of `sel` (expert ids among `experts`) grouped by expert in tiles
     /// of up to `per_tile` items of one expert (`moe_align`, one launch).
     fn expert_tiles(
@@ -773,15 +849,7 @@ impl CudaBackend {
         experts: usize,
         per_tile: usize,
     ) -> Result<ExpertTiles> {
-        // at most one partial tile per expert that has items
-        let max_tiles = items.div_ceil(per_tile) + experts.min(items);
-        // (moe_align writes *ntiles and every tile and order entry below it; nothing reads past)
-        let t = ExpertTiles {
-            order: self.alloc_unset::<i32>(items)?,
-            tiles: self.alloc_unset::<i32>(4 * max_tiles)?,
-            ntiles: self.alloc_unset::<i32>(1)?,
-            max_tiles,
-        };
+        let t = self.expert_tiles_unset(items, experts, per_tile)?;
         ops::moe::MoeAlignArgs {
             sel: self.ptr(sel),
             items: items as i32,
@@ -816,6 +884,7 @@ impl CudaBackend {
             tiles,
             ntiles,
             max_tiles,
+            ..
         } = self.expert_tiles(sel, items, e.n, GEMM_MMA_TOKENS as usize)?;
         if self.experts_h16_applies(e) {
             // x and then h split once into their f16 parts (and their rows' scales), the tiles'
@@ -948,12 +1017,14 @@ impl CudaBackend {
     }
 
     /// The routed items of `io` grouped by expert in tiles of up to [`FEW_TILE_ITEMS`]
-    /// (`moe_align`), the tokens' inputs staged once as tensor-core operands (`xb_stage`), then
-    /// gate/up and down of every tile on the decode GEMV's tensor-core core: each expert's weights
-    /// are read once per [`FEW_TILE_ITEMS`] of its items (a batched decode step's items spread
-    /// one or two per expert). The shared expert, if any, runs as three linears over all tokens
-    /// (weights read once per step), its output in the shared items' rows of `io.part`. Per item
-    /// the same arithmetic as [`experts_per_item`](Self::experts_per_item) on tensor cores.
+    /// (`moe_align`, or already by the router: `io.tiles`), the tokens' inputs staged once as tensor-core operands (`xb_stage`, or
+    /// as their norm staged them: `io.staged`), then gate/up and down of every tile on the decode
+    /// GEMV's tensor-core core: each expert's weights are read once per [`FEW_TILE_ITEMS`] of its
+    /// items (a batched decode step's items spread one or two per expert). The shared expert, if
+    /// any, runs as three linears over all tokens (weights read once per step; gate and up on
+    /// `io.staged` where it has their format), its output in the shared items' rows of
+    /// `io.part`. Per item the same arithmetic as [`experts_per_item`](Self::experts_per_item)
+    /// on tensor cores.
     pub(crate) fn experts_grouped_few(
         &self,
         e: &CudaExperts,
@@ -968,47 +1039,72 @@ impl CudaBackend {
             x,
             h,
             part,
+            staged,
             ..
         } = io;
         let items = t * k;
         let (hidden, inter) = (e.hidden, e.inter);
+        let unstaged = StagedRows::default();
+        let staged = staged.unwrap_or(&unstaged);
+        if staged.nv.is_some() {
+            self.inner
+                .moe_inputs_staged
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         if let Some(s) = shared {
             let si = s.gate.rows;
             let g = self.alloc_unset(t * si)?;
             let u = self.alloc_unset(t * si)?;
             let (g, u) = (self.ptr(&g), self.ptr(&u));
             let parts = [(s.gate, g), (s.up, u)];
-            self.linears_of_one_input(&parts, x, t, hidden, &StagedRows::default())?;
+            self.linears_of_one_input(&parts, x, t, hidden, staged)?;
             self.silu_mul_raw(g, u, g, t * si)?;
             let out = part.add(items * hidden);
             self.gemv_raw(s.down, Gemv::rows(g, out, DevPtr::NULL, t))?;
         }
+        // (the tiles made here live until this call's launches are queued)
+        let made;
         let ExpertTiles {
             order,
             tiles,
             ntiles,
             max_tiles,
-        } = self.expert_tiles(sel, items, e.n, FEW_TILE_ITEMS)?;
+            ..
+        } = match io.tiles {
+            Some(tiles) if tiles.per_tile == FEW_TILE_ITEMS => tiles,
+            _ => {
+                made = self.expert_tiles(sel, items, e.n, FEW_TILE_ITEMS)?;
+                &made
+            }
+        };
+        let max_tiles = *max_tiles;
         // B entries: `cols / 2` pairs of f16 pairs (two u32) per row, all written by xb_stage
-        let xb = self.alloc_unset::<u32>(t * hidden)?;
-        let xds = self.alloc_unset(t)?;
-        ops::gemv::XbStageArgs {
-            x,
-            k: hidden as i32,
-            fmt: 3,
-            xb: self.ptr(&xb),
-            ds: self.ptr(&xds),
-        }
-        .launch(self, (t as u32, 1, 1), (256, 1, 1))?;
+        // (or by the norm; `own` keeps this call's buffers until its launches are queued)
+        let own;
+        let (xb, xds) = match &staged.nv {
+            Some(nv) => nv,
+            None => {
+                own = (self.alloc_unset::<u32>(t * hidden)?, self.alloc_unset(t)?);
+                ops::gemv::XbStageArgs {
+                    x,
+                    k: hidden as i32,
+                    fmt: 3,
+                    xb: self.ptr(&own.0),
+                    ds: self.ptr(&own.1),
+                }
+                .launch(self, (t as u32, 1, 1), (256, 1, 1))?;
+                &own
+            }
+        };
         ops::moe::ExpertsGateUpMtArgs {
             gate: e.gate.proj(self),
             up: e.up.proj(self),
-            tiles: self.ptr(&tiles),
-            ntiles: self.ptr(&ntiles),
-            order: self.ptr(&order),
+            tiles: self.ptr(tiles),
+            ntiles: self.ptr(ntiles),
+            order: self.ptr(order),
             k: k as i32,
-            xb: self.ptr(&xb),
-            xds: self.ptr(&xds),
+            xb: self.ptr(xb),
+            xds: self.ptr(xds),
             h,
             inter: inter as i32,
             hidden: hidden as i32,
@@ -1031,9 +1127,9 @@ impl CudaBackend {
         .launch(self, (items as u32, 1, 1), (256, 1, 1))?;
         ops::moe::ExpertsDownMtArgs {
             down: e.down.proj(self),
-            tiles: self.ptr(&tiles),
-            ntiles: self.ptr(&ntiles),
-            order: self.ptr(&order),
+            tiles: self.ptr(tiles),
+            ntiles: self.ptr(ntiles),
+            order: self.ptr(order),
             wts: self.ptr(wts),
             hb: self.ptr(&hb),
             hds: self.ptr(&hds),
