@@ -11,7 +11,7 @@
 # decode:FP4FORGE_CUDA_MT_B1=1` (variants as scripts/gpu-ab.sh takes them; default: builtin
 # only). Environment: DEADLINE (seconds after the start by which everything has stopped, default
 # 545: a call has 600, transfers included), TESTS_LIMIT (seconds for the tests, default 270),
-# ROUNDS (default 1), NCU (default 0), XS, DECODE_BATCHES, NCU_BATCHES and NCU_PREFILL as
+# ROUNDS (default 1), NCU (default 0), XS, DECODE_BATCHES, NCU_BATCHES, NCU_DETAIL and NCU_PREFILL as
 # scripts/gpu-ab.sh reads them, TESTS as scripts/gpu-tests.sh's suite reads it (only the tests
 # it names), SERVE (default none: configurations for `fp4forge serve` + `fp4forge bench` after
 # the A/B, each `default` or NAME=VALUE settings joined by `,`, in turn through
