@@ -1349,14 +1349,16 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                 // nothing prefetched); every layer's q/k/v and gate run in one launch where
                 // it is on (lean: NVFP4 q/k/v, up to 4 rows); every MoE layer's experts take
                 // their input as the norm staged it where it is on and they run a few items
-                // per tile, and then the router's top-k also groups the items
+                // per tile (and the shared expert's down its input as the SiLU product staged
+                // it: Laguna has one in every MoE layer), and then the router's top-k also
+                // groups the items
                 let on = |yes: bool, count: usize| if yes { count } else { 0 };
                 let routed = norm_stage && router_topk && !l2_prefetch;
                 let want = [
                     on(norm_stage && reduce_norm, moe_layers),
                     on(routed, moe_layers),
                     on(mt_mixed && lean && rows <= 4, layers),
-                    on(norm_stage && moe_staged && few, moe_layers),
+                    on(norm_stage && moe_staged && few, 2 * moe_layers),
                     on(routed && few, moe_layers),
                 ];
                 assert_eq!(

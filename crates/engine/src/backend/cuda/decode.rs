@@ -212,9 +212,10 @@ impl CudaBackend {
         self.inner.mixed_linears.load(Ordering::Relaxed)
     }
 
-    /// Batched steps' MoE layers whose few-items-per-tile experts (and shared expert) took the
-    /// input rows as their norm staged them (`CudaOptions::moe_staged`) on this backend (and its
-    /// clones) so far.
+    /// Inputs of batched steps' few-items-per-tile experts staged by the kernel that produced
+    /// them (`CudaOptions::moe_staged`: the MoE's input by its norm, one a layer; the shared
+    /// expert's down projection's by its SiLU product, one a layer with a shared expert) on this
+    /// backend (and its clones) so far.
     pub fn moe_inputs_staged(&self) -> usize {
         self.inner.moe_inputs_staged.load(Ordering::Relaxed)
     }

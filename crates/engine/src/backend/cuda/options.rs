@@ -33,7 +33,7 @@
 //! | `FP4FORGE_CUDA_REDUCE_NORM` | `reduce_norm` | `1`: in a batched decode step the MoE's sum also runs the next norm and its staging (`experts_reduce_norm_stage`, one launch a layer fewer; with `norm_stage`) | off |
 //! | `FP4FORGE_CUDA_ROUTER_TOPK` | `router_topk` | `1`: in a batched decode step the router's top-k runs as the tail of the router's own launch (`gemv_mt_bf16_topk`: its last block to finish), not as a `route` launch, where that top-k prefetches nothing; where the experts run a few items per tile, that block also groups the items by expert (not a `moe_align` launch) | off |
 //! | `FP4FORGE_CUDA_MT_MIXED` | `mt_mixed` | `1`: a batched step of up to 4 rows runs one input's NVFP4 and bf16 linears (q/k/v and the attention's gate) in one `gemv_mt_mixed4` launch, not one launch per format | off |
-//! | `FP4FORGE_CUDA_MOE_STAGED` | `moe_staged` | `1`: in a batched decode step whose routed experts run a few items per tile (`experts_grouped_few`), the MoE's input norm also stages its rows for them and for the shared expert's gate/up (two `xb_stage` launches a layer fewer; with `norm_stage`) | off |
+//! | `FP4FORGE_CUDA_MOE_STAGED` | `moe_staged` | `1`: in a batched decode step whose routed experts run a few items per tile (`experts_grouped_few`), the MoE's input norm also stages its rows for them and for the shared expert's gate/up (two `xb_stage` launches a layer fewer; with `norm_stage`), and the SiLU product of the shared expert's gate/up is staged for its down projection as it is computed (`silu_mul_stage`: one launch fewer) | off |
 //! | `FP4FORGE_CUDA_DOWN_B4` | `down_four_blocks` | `1`: the per-item experts' down projection (batched steps below `FEW_MOE_MIN_TOKENS` rows) at four blocks a SM (`experts_down2_b4`: at most 128 registers) | off |
 //! | `FP4FORGE_CUDA_L2_PREFETCH` | `l2_prefetch_rows` | `N`: batched decode steps of N or more rows prefetch weights into L2 ahead of their loads (sm_90): the routed experts' gate/up by the router's top-k, their down by the gate/up blocks (per-item experts, as many items as fit in L2), the next wave's by the grouped experts' blocks, each `gemv_mt` block's rows before it waits for its input; `0`: never, `1`: every batched step | `L2_PREFETCH_MIN_ROWS` (32) |
 //! | `FP4FORGE_CUDA_MT_KS` | `mt_k_split` | `1`, `2`, `4`, `8`: fixed K split (warps per tile) of `gemv_mt` | per shape (`mma_split`) |
@@ -97,7 +97,8 @@ pub struct CudaOptions {
     /// `FP4FORGE_CUDA_MT_MIXED`: one input's NVFP4 and bf16 linears of up to 4 rows in one launch.
     pub mt_mixed: bool,
     /// `FP4FORGE_CUDA_MOE_STAGED`: a batched step's MoE input norm also stages its rows for the
-    /// few-items-per-tile experts and the shared expert.
+    /// few-items-per-tile experts and the shared expert, and the shared expert's SiLU product
+    /// is staged for its down projection.
     pub moe_staged: bool,
     /// `FP4FORGE_CUDA_DOWN_B4`: the per-item experts' down projection at four blocks a SM.
     pub down_four_blocks: bool,

@@ -334,6 +334,27 @@ extern "C" __global__ void silu_mul(const float* __restrict__ g, const float* __
     }
 }
 
+// silu_mul of row blockIdx.x (K values of g and u), staged for a bf16 gemv_mt as xb_stage would
+// stage silu_mul's output: B entries at xb_bf + r 3 K / 4, ds_bf[r] = 1 (each entry a function of
+// its four values alone: the bits of silu_mul, then xb_stage). K % 128 == 0.
+extern "C" __global__ void silu_mul_stage(const float* __restrict__ g, const float* __restrict__ u, int K,
+                                          uint2* __restrict__ xb_bf, float* __restrict__ ds_bf) {
+    pdl_enter();
+    const long r = blockIdx.x;
+    uint2* xr = xb_bf + r * (3 * K / 4);
+    for (int col = 4 * threadIdx.x; col < K; col += 4 * blockDim.x) {
+        const float4 a = __ldg((const float4*)(g + r * K + col)), b = __ldg((const float4*)(u + r * K + col));
+        const float4 v = make_float4(a.x / (1.0f + expf(-a.x)) * b.x, a.y / (1.0f + expf(-a.y)) * b.y,
+                                     a.z / (1.0f + expf(-a.z)) * b.z, a.w / (1.0f + expf(-a.w)) * b.w);
+        // xb_stage's entries 96 c + 8 (t + 4 part) + st hold this float4's three parts
+        const int c = col >> 7, rem = col & 127;
+        const int st = 2 * (rem >> 5) + ((rem >> 2) & 1), t = (rem >> 3) & 3;
+#pragma unroll
+        for (int part = 0; part < 3; part++) xr[96 * c + 8 * (t + 4 * part) + st] = bf16_part(v, part);
+    }
+    if (threadIdx.x == 0) ds_bf[r] = 1.f;
+}
+
 // y = x * alpha + y over n values, four per thread (grid ceil(n / 4 / blockDim); float4 where
 // both are aligned and n % 4 == 0).
 extern "C" __global__ void add_scaled(float* y, float alpha, const float* __restrict__ x, long n) {

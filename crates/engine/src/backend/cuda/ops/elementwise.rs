@@ -42,6 +42,11 @@ kernels! {
     }
     /// `y = silu(g) · u` over `n` values.
     silu_mul => SiluMulArgs { g: DevPtr<f32>, u: DevPtr<f32>, y: DevPtr<f32>, n: i64 }
+    /// `silu(g) · u` of each row (`k` values; grid: rows) staged for a bf16 `gemv_mt` (`xb_bf`,
+    /// `ds_bf`), as `xb_stage` stages `silu_mul`'s output.
+    silu_mul_stage => SiluMulStageArgs {
+        g: DevPtr<f32>, u: DevPtr<f32>, k: i32, xb_bf: DevPtr<u32>, ds_bf: DevPtr<f32>,
+    }
     /// `y += alpha · x` over `n` values, four per thread.
     add_scaled => AddScaledArgs { y: DevPtr<f32>, alpha: f32, x: DevPtr<f32>, n: i64 }
 }

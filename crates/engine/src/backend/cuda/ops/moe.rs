@@ -1017,14 +1017,15 @@ impl CudaBackend {
     }
 
     /// The routed items of `io` grouped by expert in tiles of up to [`FEW_TILE_ITEMS`]
-    /// (`moe_align`, or already by the router: `io.tiles`), the tokens' inputs staged once as tensor-core operands (`xb_stage`, or
-    /// as their norm staged them: `io.staged`), then gate/up and down of every tile on the decode
-    /// GEMV's tensor-core core: each expert's weights are read once per [`FEW_TILE_ITEMS`] of its
-    /// items (a batched decode step's items spread one or two per expert). The shared expert, if
-    /// any, runs as three linears over all tokens (weights read once per step; gate and up on
-    /// `io.staged` where it has their format), its output in the shared items' rows of
-    /// `io.part`. Per item the same arithmetic as [`experts_per_item`](Self::experts_per_item)
-    /// on tensor cores.
+    /// (`moe_align`, or already by the router: `io.tiles`), the tokens' inputs staged once as
+    /// tensor-core operands (`xb_stage`, or as their norm staged them: `io.staged`), then gate/up
+    /// and down of every tile on the decode GEMV's tensor-core core: each expert's weights are
+    /// read once per [`FEW_TILE_ITEMS`] of its items (a batched decode step's items spread one or
+    /// two per expert). The shared expert, if any, runs as three linears over all tokens (weights
+    /// read once per step; gate and up on `io.staged` where it has their format, down on its
+    /// SiLU product staged as it is computed with `CudaOptions::moe_staged`), its output in the
+    /// shared items' rows of `io.part`. Per item the same arithmetic as
+    /// [`experts_per_item`](Self::experts_per_item) on tensor cores.
     pub(crate) fn experts_grouped_few(
         &self,
         e: &CudaExperts,
@@ -1058,9 +1059,29 @@ impl CudaBackend {
             let (g, u) = (self.ptr(&g), self.ptr(&u));
             let parts = [(s.gate, g), (s.up, u)];
             self.linears_of_one_input(&parts, x, t, hidden, staged)?;
-            self.silu_mul_raw(g, u, g, t * si)?;
             let out = part.add(items * hidden);
-            self.gemv_raw(s.down, Gemv::rows(g, out, DevPtr::NULL, t))?;
+            if self.opts().moe_staged && s.down.fmt == 2 && self.gemv_mt_applies(s.down, t) {
+                // silu(g) · u staged for the down projection's gemv_mt as it is computed
+                let xb = self.alloc_unset::<u32>(t * 3 * si / 2)?;
+                let xds = self.alloc_unset::<f32>(t)?;
+                let (xb, xds) = (self.ptr(&xb), self.ptr(&xds));
+                ops::elementwise::SiluMulStageArgs {
+                    g,
+                    u,
+                    k: si as i32,
+                    xb_bf: xb,
+                    ds_bf: xds,
+                }
+                .launch(self, (t as u32, 1, 1), (128, 1, 1))?;
+                let input = MtInput::Staged(xb, xds);
+                self.gemv_mt(&[(s.down, out)], input, t, DevPtr::NULL, DevPtr::NULL)?;
+                self.inner
+                    .moe_inputs_staged
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            } else {
+                self.silu_mul_raw(g, u, g, t * si)?;
+                self.gemv_raw(s.down, Gemv::rows(g, out, DevPtr::NULL, t))?;
+            }
         }
         // (the tiles made here live until this call's launches are queued)
         let made;
