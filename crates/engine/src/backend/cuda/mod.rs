@@ -118,7 +118,8 @@ pub(crate) struct Inner {
     /// One input's NVFP4 and bf16 linears run in one launch (`gemv_mt_mixed4`) so far.
     mixed_linears: std::sync::atomic::AtomicUsize,
     /// Inputs of the few-items-per-tile experts staged by the kernel that produced them so far
-    /// (the routed experts' by the norm, the shared expert's down projection's by `silu_mul_stage`).
+    /// (the routed experts' by the norm, the shared expert's down projection's by
+    /// `silu_mul_stage`).
     moe_inputs_staged: std::sync::atomic::AtomicUsize,
     /// Routers whose top-k tail also grouped the items by expert so far.
     grouped_in_router: std::sync::atomic::AtomicUsize,
