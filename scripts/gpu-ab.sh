@@ -191,9 +191,10 @@ fi
 # Per-kernel times of an ncu CSV (gpu__time_duration.sum): `ncu_table CSV all` sums every launch
 # in milliseconds; `ncu_table CSV steps` averages the decode steps in microseconds, the kernels
 # between the first sampling launch (the warm-up step's) and the last (the prompts' prefills come
-# before).
+# before); `ncu_table CSV launches KERNEL` prints KERNEL's launches up to the end of the warm-up
+# step, then its launches in the first step after it.
 ncu_table() {
-    python3 - "$1" "$2" <<'PY'
+    python3 - "$@" <<'PY'
 import collections, csv, sys
 rows, header = [], None
 for row in csv.reader(open(sys.argv[1])):
@@ -210,10 +211,15 @@ for row in csv.reader(open(sys.argv[1])):
     except ValueError:
         continue
 rows.sort()
+ends = [i for i, r in enumerate(rows) if r[1] == "sample_logits"]
+if sys.argv[2] != "all" and len(ends) < 2:
+    sys.exit("fewer than two sampling launches: no step to read")
+if sys.argv[2] == "launches":
+    before = sum(1 for r in rows[: ends[0] + 1] if r[1] == sys.argv[3])
+    step = sum(1 for r in rows[ends[0] + 1 : ends[1] + 1] if r[1] == sys.argv[3])
+    print(before, step)
+    sys.exit(0)
 if sys.argv[2] == "steps":
-    ends = [i for i, r in enumerate(rows) if r[1] == "sample_logits"]
-    if len(ends) < 2:
-        sys.exit("fewer than two sampling launches: no step to read")
     rows, per, unit, scale = rows[ends[0] + 1 : ends[-1] + 1], len(ends) - 1, "us/step", 1e3
 else:
     per, unit, scale = 1, "ms", 1e6
@@ -246,28 +252,8 @@ for b in ${NCU_BATCHES:-}; do
     # NCU_DETAIL: the named kernels' launches of the first decode step after the warm-up (launches
     # of that kernel before it are skipped: counted in the table's CSV), in depth.
     for k in ${NCU_DETAIL:-}; do
-        read -r skip count < <(python3 - "$out/ncu-b$b.csv" "$k" <<'PY'
-import csv, sys
-rows, header = [], None
-for row in csv.reader(open(sys.argv[1])):
-    if "Kernel Name" in row and "Metric Value" in row:
-        header = row
-        continue
-    if header is not None and len(row) == len(header):
-        d = dict(zip(header, row))
-        try:
-            rows.append((int(d["ID"]), d["Kernel Name"].split("(")[0]))
-        except ValueError:
-            pass
-rows.sort()
-ends = [i for i, r in enumerate(rows) if r[1] == "sample_logits"]
-if len(ends) < 2:
-    sys.exit(1)
-before = sum(1 for _, n in rows[: ends[0] + 1] if n == sys.argv[2])
-step = sum(1 for _, n in rows[ends[0] + 1 : ends[1] + 1] if n == sys.argv[2])
-print(before, step)
-PY
-        ) || { say "NCU_DETAIL $k, $b rows: no step in $out/ncu-b$b.csv"; continue; }
+        read -r skip count < <(ncu_table "$out/ncu-b$b.csv" launches "$k" 2> /dev/null) ||
+            { say "NCU_DETAIL $k, $b rows: no step in $out/ncu-b$b.csv"; continue; }
         [ "${count:-0}" -gt 0 ] || { say "NCU_DETAIL $k, $b rows: not launched in a step"; continue; }
         # shellcheck disable=SC2046
         env $(settings "${variants[0]}") "$ncu" --cache-control none --clock-control none \

@@ -493,8 +493,9 @@ impl CudaBackend {
                         )?;
                     } else {
                         let router = [(&m.router, p(&bufs.router))];
+                        let path = self.moe_path(&m.experts, shared.as_ref(), k, n);
                         // (and for the experts where they take it staged)
-                        let moe_formats = self.moe_input_formats(&m.experts, shared.as_ref(), k, n);
+                        let moe_formats = self.moe_input_formats(path, shared.as_ref(), n);
                         let mut formats = self.gemv_mt_formats(&router, n);
                         formats.extend(&moe_formats);
                         formats.sort_unstable();
@@ -510,9 +511,7 @@ impl CudaBackend {
                                     n,
                                 ) =>
                             {
-                                let few = self.moe_path(&m.experts, shared.as_ref(), k, n)
-                                    == MoePath::GroupedFew;
-                                if few {
+                                if path == MoePath::GroupedFew {
                                     tiles = Some(self.expert_tiles_unset(
                                         n * k,
                                         m.experts.n,

@@ -94,12 +94,7 @@ __device__ __forceinline__ void norm_stage_row(const float* x, const float* __re
 #pragma unroll
         for (int q = 0; q < EPI_V; q++) {
             const int col = 4 * (threadIdx.x + q * (int)blockDim.x);
-            if (col >= K) continue;
-            // xb_stage's entries 96 c + 8 (t + 4 part) + st hold this float4's three parts
-            const int c = col >> 7, rem = col & 127;
-            const int st = 2 * (rem >> 5) + ((rem >> 2) & 1), t = (rem >> 3) & 3;
-#pragma unroll
-            for (int part = 0; part < 3; part++) xr[96 * c + 8 * (t + 4 * part) + st] = bf16_part(v[q], part);
+            if (col < K) xb_bf_store(xr, col, v[q]);
         }
         if (threadIdx.x == 0) ds_bf[r] = 1.f;
     }
@@ -346,11 +341,7 @@ extern "C" __global__ void silu_mul_stage(const float* __restrict__ g, const flo
         const float4 a = __ldg((const float4*)(g + r * K + col)), b = __ldg((const float4*)(u + r * K + col));
         const float4 v = make_float4(a.x / (1.0f + expf(-a.x)) * b.x, a.y / (1.0f + expf(-a.y)) * b.y,
                                      a.z / (1.0f + expf(-a.z)) * b.z, a.w / (1.0f + expf(-a.w)) * b.w);
-        // xb_stage's entries 96 c + 8 (t + 4 part) + st hold this float4's three parts
-        const int c = col >> 7, rem = col & 127;
-        const int st = 2 * (rem >> 5) + ((rem >> 2) & 1), t = (rem >> 3) & 3;
-#pragma unroll
-        for (int part = 0; part < 3; part++) xr[96 * c + 8 * (t + 4 * part) + st] = bf16_part(v, part);
+        xb_bf_store(xr, col, v);
     }
     if (threadIdx.x == 0) ds_bf[r] = 1.f;
 }

@@ -987,6 +987,16 @@ __device__ __forceinline__ uint2 bf16_part(float4 v, int part) {
     return make_uint2(p[0], p[1]);
 }
 
+// The three bf16 parts of x[col .. col + 3] = v (col % 4 == 0) into xr, one row's B entries in
+// xb_stage's bf16 layout: entries 96 c + 8 (t + 4 part) + st (chunk c = col / 128; t and step st
+// from col % 128). For kernels that produce a row and stage it as xb_stage would.
+__device__ __forceinline__ void xb_bf_store(uint2* __restrict__ xr, int col, float4 v) {
+    const int c = col >> 7, rem = col & 127;
+    const int st = 2 * (rem >> 5) + ((rem >> 2) & 1), t = (rem >> 3) & 3;
+#pragma unroll
+    for (int part = 0; part < 3; part++) xr[96 * c + 8 * (t + 4 * part) + st] = bf16_part(v, part);
+}
+
 // Row r of x (K values) as B entries in global memory, laid out per lane so that a lane's 8 mma
 // steps of a chunk of 128 columns are 4 consecutive 16-byte words.
 // NVFP4 weights (fmt 3): K / 2 entries per row at xb + r * K / 2; entry 64 c + 8 l + s (chunk c,

@@ -656,18 +656,18 @@ impl CudaBackend {
         }
     }
 
-    /// The weight formats in which the experts of `t` tokens take their input rows staged by the
-    /// norm that produced them (`MoeBuffers::staged`), ascending: the few-items-per-tile
-    /// experts' NVFP4 and the shared expert's gate/up formats on `gemv_mt`, where
-    /// `CudaOptions::moe_staged` is on and the experts run a few items per tile; else none.
+    /// The weight formats in which the experts of `t` tokens, run on `path`
+    /// ([`moe_path`](Self::moe_path)), take their input rows staged by the norm that produced
+    /// them (`MoeBuffers::staged`), ascending: the few-items-per-tile experts' NVFP4 and the
+    /// shared expert's gate/up formats on `gemv_mt`, where `CudaOptions::moe_staged` is on and
+    /// the experts run a few items per tile; else none.
     pub(crate) fn moe_input_formats(
         &self,
-        e: &CudaExperts,
+        path: MoePath,
         shared: Option<&SharedExpert<'_>>,
-        k: usize,
         t: usize,
     ) -> Vec<i32> {
-        if !self.opts().moe_staged || self.moe_path(e, shared, k, t) != MoePath::GroupedFew {
+        if !self.opts().moe_staged || path != MoePath::GroupedFew {
             return Vec::new();
         }
         let mut formats = match shared {
