@@ -50,9 +50,10 @@ pub struct RunArgs {
     /// Sampling seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// KV cache storage.
-    #[arg(long, default_value = "bf16", value_parser = ["bf16", "fp8", "f32"])]
-    kv_dtype: String,
+    /// KV cache storage: bf16, fp8 (e4m3) or f32 (vLLM's spellings `auto`, `bfloat16`,
+    /// `fp8_e4m3`, `float32` too).
+    #[arg(long, default_value = "bf16")]
+    kv_dtype: KvDtype,
     /// Quantize activations of W4A4 modules to NVFP4 as Blackwell does (default: weight-only).
     #[arg(long)]
     emulate_w4a4: bool,
@@ -76,13 +77,8 @@ pub struct RunArgs {
 
 /// Runs the subcommand.
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    let kv = match args.kv_dtype.as_str() {
-        "fp8" => KvDtype::Fp8E4m3,
-        "f32" => KvDtype::F32,
-        _ => KvDtype::Bf16,
-    };
     let options = ModelOptions::new()
-        .kv_dtype(kv)
+        .kv_dtype(args.kv_dtype)
         .emulate_w4a4(args.emulate_w4a4)
         .threads(args.threads)
         .cpu_isa(args.cpu_isa)

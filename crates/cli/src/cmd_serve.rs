@@ -66,7 +66,7 @@ pub struct ServeArgs {
     #[arg(long, default_value = "f32")]
     cpu_activations: CpuActivations,
     /// KV cache storage: bf16 (vLLM: auto, bfloat16), fp8 (e4m3; vLLM: fp8_e4m3) or f32.
-    #[arg(long, visible_alias = "kv-cache-dtype", default_value = "bf16", value_parser = parse_kv_dtype)]
+    #[arg(long, visible_alias = "kv-cache-dtype", default_value = "bf16")]
     kv_dtype: KvDtype,
     /// KV storage of finished sequences kept so that requests sharing a prompt prefix skip its
     /// prefill, MiB (0: no prefix caching).
@@ -229,20 +229,6 @@ fn parse_bytes(s: &str) -> Result<usize, String> {
         .and_then(|n| n.checked_mul(scale))
         .filter(|&n| n > 0)
         .ok_or_else(|| format!("{s:?}: bytes, e.g. 8000000000, 8G or 8GiB"))
-}
-
-/// The KV storage a `--kv-dtype` / `--kv-cache-dtype` value names (vLLM's spellings of the same
-/// storage accepted; its others refused by name).
-fn parse_kv_dtype(s: &str) -> Result<KvDtype, String> {
-    match s {
-        "bf16" | "bfloat16" | "auto" => Ok(KvDtype::Bf16),
-        "fp8" | "fp8_e4m3" => Ok(KvDtype::Fp8E4m3),
-        "f32" | "float32" => Ok(KvDtype::F32),
-        other => Err(format!(
-            "unsupported KV cache dtype '{other}': expected bf16 (or auto, bfloat16), fp8 (or \
-             fp8_e4m3) or f32 (or float32); fp8_e5m2 and the other vLLM types are not implemented"
-        )),
-    }
 }
 
 /// The API key: the flag's, else `$FP4FORGE_API_KEY`, else `$VLLM_API_KEY` (`env` looks a

@@ -47,6 +47,29 @@ impl KvDtype {
     }
 }
 
+/// A KV cache dtype name that is none of [`KvDtype`]'s (vLLM's other KV types included).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unsupported KV cache dtype '{0}': expected bf16 (or auto, bfloat16), fp8 (or fp8_e4m3) or \
+     f32 (or float32); fp8_e5m2 and the other vLLM types are not implemented"
+)]
+pub struct ParseKvDtypeError(pub String);
+
+impl std::str::FromStr for KvDtype {
+    type Err = ParseKvDtypeError;
+
+    /// `bf16`, `fp8` or `f32`, and vLLM's spellings of the same storage (`auto`, `bfloat16`,
+    /// `fp8_e4m3`, `float32`).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "bf16" | "bfloat16" | "auto" => Ok(KvDtype::Bf16),
+            "fp8" | "fp8_e4m3" => Ok(KvDtype::Fp8E4m3),
+            "f32" | "float32" => Ok(KvDtype::F32),
+            other => Err(ParseKvDtypeError(other.to_string())),
+        }
+    }
+}
+
 /// What one layer's cache holds.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KvLayerSpec {

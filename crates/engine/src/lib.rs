@@ -65,7 +65,8 @@ pub use forward::forward;
 pub use fp4forge_format::LoadFormat;
 pub use generate::{GenerateOptions, Generation, GenerationStats, StopReason};
 pub use ir::{
-    AttentionParams, KvDtype, KvLayerSpec, Resident, RouterParams, RouterScoring, SeqChunk, Want,
+    AttentionParams, KvDtype, KvLayerSpec, ParseKvDtypeError, Resident, RouterParams,
+    RouterScoring, SeqChunk, Want,
 };
 pub use logits::LogitsAdjust;
 pub use logprobs::{token_logprob, LogprobSpec, TokenLogprob};

@@ -4,13 +4,16 @@
 //! token where it can, only ids come back); tokens/s of the whole batch and time per step.
 //!
 //! `cargo run --release -p fp4forge-lab [--features cuda] --example batch_decode_speed -- DIR
-//! [--device cuda] [STEPS] [BATCHES...]` (defaults: cpu, 32 steps, batches 1 2 4 8 16).
+//! [--device cuda] [--kv-dtype fp8] [STEPS] [BATCHES...]` (defaults: cpu, bf16 caches, 32 steps,
+//! batches 1 2 4 8 16).
 
 use std::path::Path;
 use std::time::Instant;
 
 use fp4forge_engine::ir::Want;
-use fp4forge_engine::{Backend, Model, ModelOptions, Output, Sampler, SamplingParams, WithModel};
+use fp4forge_engine::{
+    Backend, KvDtype, Model, ModelOptions, Output, Sampler, SamplingParams, WithModel,
+};
 
 /// The measurement, for whatever backend the device loads.
 struct Measure {
@@ -71,9 +74,17 @@ impl WithModel for Measure {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let device = fp4forge_lab::take_device(&mut args)?;
+    let kv: KvDtype = match args.iter().position(|a| a == "--kv-dtype") {
+        Some(i) => {
+            let name = args.get(i + 1).ok_or("--kv-dtype needs a value")?.clone();
+            args.drain(i..i + 2);
+            name.parse()?
+        }
+        None => KvDtype::Bf16,
+    };
     let dir = args
         .first()
-        .ok_or("usage: batch_decode_speed DIR [--device D] [STEPS] [BATCHES...]")?;
+        .ok_or("usage: batch_decode_speed DIR [--device D] [--kv-dtype T] [STEPS] [BATCHES...]")?;
     let steps: usize = args.get(1).map_or(Ok(32), |s| s.parse())?;
     let batches: Vec<usize> = if args.len() > 2 {
         args[2..]
@@ -83,11 +94,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         vec![1, 2, 4, 8, 16]
     };
-    println!("{dir} on {device}");
+    println!("{dir} on {device}, {kv:?} KV caches");
     fp4forge_engine::open(
         device,
         Path::new(dir),
-        ModelOptions::new(),
+        ModelOptions::new().kv_dtype(kv),
         Measure { steps, batches },
     )?
 }
