@@ -740,6 +740,134 @@ fn gpu_attention_matches_cpu_on_bf16_and_fp8_caches() {
     set_attn_short_keys(&gpu, None);
 }
 
+/// Decode attention of several sequences in one pass (`Backend::attention_chunks` over one-token
+/// chunks: the rope, the attention and the append in one `attn_dec_batch` launch) gives what the
+/// CPU backend gives (1e-4, as above), step after step over the rows the batch appended: bf16 and
+/// fp8 caches (fp8 with k/v scales), head_dim 64 and 128, full and sliding (a 64-key ring that
+/// some sequences have wrapped and others not), sequences at 1 to 300 positions.
+#[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
+fn gpu_batched_decode_attention_matches_cpu_on_bf16_and_fp8_caches() {
+    use fp4forge_engine::ir::AttnChunk;
+    let gpu = gpu();
+    let cpu = CpuBackend::new();
+    let lens = [1usize, 17, 70, 130, 300];
+    let s = lens.len();
+    for ((heads, kvh, d), window, (dtype, k_scale, v_scale)) in [
+        (
+            (9usize, 3usize, 64usize),
+            None,
+            (KvDtype::Bf16, 1.0f32, 1.0f32),
+        ),
+        ((9, 3, 64), Some(64usize), (KvDtype::Fp8E4m3, 0.05, 0.02)),
+        ((6, 2, 128), None, (KvDtype::Fp8E4m3, 0.05, 0.02)),
+        ((6, 2, 128), Some(64), (KvDtype::Bf16, 1.0, 1.0)),
+        ((6, 2, 128), Some(64), (KvDtype::Fp8E4m3, 0.05, 0.02)),
+    ] {
+        let spec = fp4forge_engine::KvLayerSpec {
+            kv_heads: kvh,
+            head_dim: d,
+            window,
+            dtype,
+            k_scale,
+            v_scale,
+        };
+        let p = fp4forge_engine::AttentionParams {
+            heads,
+            kv_heads: kvh,
+            head_dim: d,
+            scale: 1.0 / (d as f32).sqrt(),
+        };
+        let rope = fp4forge_engine::rope::RopeSpec {
+            inv_freq: fp4forge_engine::rope::default_inv_freq(10_000.0, d / 2),
+            rotary_dim: d / 2,
+            attention_factor: 1.0,
+        };
+        let (grope, crope) = (gpu.load_rope(&rope).unwrap(), cpu.load_rope(&rope).unwrap());
+        let label = format!("{dtype:?} heads {heads}/{kvh} d {d} window {window:?}");
+        // each sequence's prompt into its GPU and its CPU cache
+        let mut gcaches = Vec::new();
+        let mut ccaches = Vec::new();
+        for (i, &n) in lens.iter().enumerate() {
+            let seed = 11 * i as u64 + d as u64;
+            let q = values(n * heads * d, seed, 4.0);
+            let k = values(n * kvh * d, seed + 1, 4.0);
+            let v = values(n * kvh * d, seed + 2, 2.0);
+            let mut g = gpu.new_kv_layer(&spec).unwrap();
+            let mut c = cpu.new_kv_layer(&spec).unwrap();
+            gpu.attention(
+                &gpu.upload(n, heads * d, &q).unwrap(),
+                &gpu.upload(n, kvh * d, &k).unwrap(),
+                &gpu.upload(n, kvh * d, &v).unwrap(),
+                &mut g,
+                &p,
+            )
+            .unwrap();
+            cpu.attention(
+                &cpu.upload(n, heads * d, &q).unwrap(),
+                &cpu.upload(n, kvh * d, &k).unwrap(),
+                &cpu.upload(n, kvh * d, &v).unwrap(),
+                &mut c,
+                &p,
+            )
+            .unwrap();
+            gcaches.push(g);
+            ccaches.push(c);
+        }
+        for step in 0..3 {
+            let seed = 1000 + 10 * step as u64 + d as u64;
+            let q = values(s * heads * d, seed, 4.0);
+            let k = values(s * kvh * d, seed + 1, 4.0);
+            let v = values(s * kvh * d, seed + 2, 2.0);
+            let before = gpu.batched_attention_rows();
+            let got = gpu
+                .attention_chunks(
+                    gpu.upload(s, heads * d, &q).unwrap(),
+                    gpu.upload(s, kvh * d, &k).unwrap(),
+                    &gpu.upload(s, kvh * d, &v).unwrap(),
+                    &grope,
+                    &mut gcaches
+                        .iter_mut()
+                        .zip(&lens)
+                        .map(|(kv, &n)| AttnChunk {
+                            pos0: n + step,
+                            rows: 1,
+                            kv,
+                        })
+                        .collect::<Vec<_>>(),
+                    &p,
+                )
+                .unwrap();
+            assert_eq!(
+                gpu.batched_attention_rows() - before,
+                s,
+                "{label}: the sequences did not attend in one batched launch"
+            );
+            let want = cpu
+                .attention_chunks(
+                    cpu.upload(s, heads * d, &q).unwrap(),
+                    cpu.upload(s, kvh * d, &k).unwrap(),
+                    &cpu.upload(s, kvh * d, &v).unwrap(),
+                    &crope,
+                    &mut ccaches
+                        .iter_mut()
+                        .zip(&lens)
+                        .map(|(kv, &n)| AttnChunk {
+                            pos0: n + step,
+                            rows: 1,
+                            kv,
+                        })
+                        .collect::<Vec<_>>(),
+                    &p,
+                )
+                .unwrap();
+            let worst = max_abs_diff(&gpu.download(&got).unwrap(), &cpu.download(&want).unwrap());
+            println!("batched decode attention {label}, step {step}: max |gpu - cpu| {worst:.3e}");
+            assert!(worst < 1e-4, "{label}, step {step}: {worst}");
+        }
+    }
+}
+
 /// The outputs of `Backend::attention` over a fresh cache of `spec` for chunks of `chunks` rows
 /// (one after the other: the first at position 0), all concatenated; inputs from `seed`.
 fn attention_chunks<B: Backend>(
@@ -1487,7 +1615,7 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
 /// steps: sessions at different positions (1 to 300 prompt tokens: full-attention splits, sliding
 /// rings before and after wrapping), 5 sessions and 35 (more than one launch's 32), some passes
 /// with one session appending a 3-token chunk among the decoding ones, with the one-launch
-/// attention and with it off, on bf16 and fp8 caches (fp8: sequence by sequence).
+/// attention and with it off, on bf16 and fp8 caches (both on the fused batched step).
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
 fn gpu_batched_steps_match_each_sequence_alone() {
@@ -1495,6 +1623,7 @@ fn gpu_batched_steps_match_each_sequence_alone() {
     let backend = gpu();
     let mut failures = Vec::new();
     let mut fused_rows = 0;
+    let mut fused_fp8_rows = 0;
     for (name, dir) in synthetic_laguna_variants(tmp.path()) {
         // (few: the routed experts grouped a few items per expert tile from 2 rows, with the
         // shared expert on the multi-token linears, as from 32 rows at full size; stage: the
@@ -1590,6 +1719,9 @@ fn gpu_batched_steps_match_each_sequence_alone() {
                 if used > 0 {
                     assert!(fused && used == sessions, "{label}: {used} rows fused");
                     fused_rows += used;
+                    if kv == KvDtype::Fp8E4m3 {
+                        fused_fp8_rows += used;
+                    }
                 }
                 for (g, w) in got.iter().zip(&alone) {
                     diffs.push(rel_diff(g, w));
@@ -1621,6 +1753,10 @@ fn gpu_batched_steps_match_each_sequence_alone() {
     assert!(failures.is_empty(), "batched steps differ: {failures:#?}");
     println!("{fused_rows} rows decoded on the fused batched step");
     assert!(fused_rows > 0, "no batched step took the fused sequence");
+    assert!(
+        fused_fp8_rows > 0,
+        "no batched step over fp8 caches took the fused sequence"
+    );
 }
 
 /// The model path's fused decode step (`backend/cuda/decode.rs`: q/k/v/gate in one launch,

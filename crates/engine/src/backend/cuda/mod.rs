@@ -16,7 +16,7 @@
 //! when the tokens are few, 8-token column groups past the last token skipped); prefill's routed
 //! experts (16+ rows) grouped by expert on the same core, and its attention over bf16 or fp8
 //! caches in a flash-attention kernel. A decode step of the model path, one sequence or several
-//! over bf16 caches, runs on the fused launch sequence of `decode.rs` (fixed buffers; one
+//! over bf16 or fp8 caches, runs on the fused launch sequence of `decode.rs` (fixed buffers; one
 //! sequence: q/k/v/gate in one launch, norms fused into neighbouring kernels, persistent MoE;
 //! several: one launch per linear over all rows, every sequence's attention in one
 //! `attn_dec_batch` launch), norms/rope/append inside attention; each sequence's next token is
@@ -123,6 +123,8 @@ pub(crate) struct Inner {
     moe_inputs_staged: std::sync::atomic::AtomicUsize,
     /// Routers whose top-k tail also grouped the items by expert so far.
     grouped_in_router: std::sync::atomic::AtomicUsize,
+    /// Sequences attended in `attn_dec_batch` launches (`CudaBackend::batched_attention_rows`).
+    batched_attention_rows: std::sync::atomic::AtomicUsize,
     /// The blocks of every KV cache.
     kv_pool: KvPool,
 }
@@ -229,6 +231,7 @@ impl CudaBackend {
                 mixed_linears: std::sync::atomic::AtomicUsize::new(0),
                 moe_inputs_staged: std::sync::atomic::AtomicUsize::new(0),
                 grouped_in_router: std::sync::atomic::AtomicUsize::new(0),
+                batched_attention_rows: std::sync::atomic::AtomicUsize::new(0),
                 kv_pool: KvPool::default(),
                 ctx,
                 stream,

@@ -264,14 +264,15 @@ __device__ void attn_impl(const float* __restrict__ q, const float* __restrict__
     }
 }
 
-// Decode attention (one query row, T == 1) over a bf16 cache: the host's ngroups blocks per
+// Decode attention (one query row, T == 1) over a bf16 or fp8 e4m3 cache: the host's ngroups blocks per
 // (kv head, split) split the kv head's G query heads evenly (ceil(G / ngroups) <= DEC_GMAX each;
 // the group's blocks run side by side, so their K/V reads after the first hit L2).
 // Warp w takes tiles of 16 keys (key jb + lane / 2, jb = s0 + 16 (w + AW i)); per tile every lane
 // issues half of its key's D / 8 16-byte K loads and the 16 keys' V slices (D / 32 dims per
 // lane) before any arithmetic; online softmax per head with per-lane partial sums of exp. The
-// chunk's own key (position pos0, not yet in the cache) is read from kch/vch, rounded to bf16
-// like a stored row.
+// chunk's own key (position pos0, not yet in the cache) is read from kch/vch, rounded to the
+// storage type like a stored row. fp8 caches (keys e4m3 of k / ks, values of v / vs) load half
+// the bytes (a lane's half key row: D / 16 8-byte chunks) and decode as attn_impl's KvIo<u8>.
 // Same grid and outputs as attn_impl.
 #define DEC_GMAX 4
 
@@ -287,6 +288,59 @@ __device__ __forceinline__ void bf16x8_to_f32(uint4 a, float o[8]) {
 __device__ __forceinline__ u32 pack_bf16x2(float a, float b) {
     return (u32)f32_to_bf16(a) | ((u32)f32_to_bf16(b) << 16);
 }
+
+// The cache storage of the decode kernels: 8 key values a chunk (bf16: 16 bytes, fp8: 8) and a
+// lane's D / 32 values of a value row (bf16: in D / 64 words, fp8: in one), each decoded exactly
+// as KvIo<u16> / KvIo<u8> decodes it (fp8: e4m3 * s; e4m3x2 gives e4m3 * 2^-8 exactly, and
+// (e4m3 * 2^-8) * (256 s) rounds as e4m3 * s does), and rows of the chunk rounded to it.
+template <bool FP8>
+struct DecKv;
+template <>
+struct DecKv<false> {
+    typedef u16 T;
+    typedef uint4 KChunk;
+    __device__ static void key8(KChunk a, float o[8], float) { bf16x8_to_f32(a, o); }
+    __device__ static KChunk pack8(const float* x, float) {
+        const float4 a = *(const float4*)x, b = *(const float4*)(x + 4);
+        return make_uint4(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w), pack_bf16x2(b.x, b.y), pack_bf16x2(b.z, b.w));
+    }
+    __device__ static u32 put(float x, float) { return f32_to_bf16(x); }
+};
+template <>
+struct DecKv<true> {
+    typedef u8 T;
+    typedef uint2 KChunk;
+    // Four codes (byte i = code i) times s256 = 256 * scale into o; the NaN codes (0x7f, 0xff)
+    // decode to NaN, as e4m3_to_f32 decodes them.
+    __device__ static void codes4(u32 v, float o[4], float s256) {
+        const float2 p = e4m3x2(v), q = e4m3x2(v >> 16);
+        o[0] = p.x * s256;
+        o[1] = p.y * s256;
+        o[2] = q.x * s256;
+        o[3] = q.y * s256;
+        if (((v & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u) {  // some code is 0x7f or 0xff
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                if (((v >> (8 * i)) & 0x7fu) == 0x7fu) o[i] = __uint_as_float(0x7fc00000u);
+        }
+    }
+    __device__ static void key8(KChunk a, float o[8], float s256) {
+        codes4(a.x, o, s256);
+        codes4(a.y, o + 4, s256);
+    }
+    // s: the scale (not times 256)
+    __device__ static KChunk pack8(const float* x, float s) {
+        u32 w[2];
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            w[j] = 0;
+#pragma unroll
+            for (int e = 0; e < 4; e++) w[j] |= f32_to_e4m3_sat(x[4 * j + e] / s) << (8 * e);
+        }
+        return make_uint2(w[0], w[1]);
+    }
+    __device__ static u32 put(float x, float s) { return f32_to_e4m3_sat(x / s); }
+};
 
 // The per-head q/k rmsnorm, rope and KV append of a decode step, done inside the decode attention
 // kernel instead of a qk_norm_rope launch before it (`on` = 0: q and k arrive normalised and
@@ -351,14 +405,18 @@ __device__ __forceinline__ void head_norm_rope(float* v, const float* __restrict
     __syncwarp();
 }
 
-template <int D>
+// ks, vs: an fp8 cache's scales of keys and values (ignored for bf16).
+template <int D, bool FP8>
 __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restrict__ kch,
                               const float* __restrict__ vch, const u64* __restrict__ kt, float* __restrict__ out,
                               float* __restrict__ part_o, float* __restrict__ part_ml,
                               int heads, int kvh, float scale, int pos0, int window, int splits, int ngroups,
-                              const Prep& pp) {
-    constexpr int KC = D / 8;   // 16-byte chunks of a key row
+                              const Prep& pp, float ks, float vs) {
+    typedef DecKv<FP8> Kv;
+    typedef typename Kv::T KT;
+    constexpr int KC = D / 8;   // 8-value chunks of a key row
     constexpr int VL = D / 32;  // value dims per lane (2 or 4)
+    const float ks256 = ks * 256.f, vs256 = vs * 256.f;
     __shared__ float qs[DEC_GMAX][D];
     __shared__ float wm[AW][DEC_GMAX], wl[AW][DEC_GMAX];
     __shared__ float wacc[AW][DEC_GMAX][D];
@@ -393,8 +451,8 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
     __syncthreads();
     if (own_new && grp == 0) {
         for (int i = threadIdx.x; i < D; i += blockDim.x) {
-            kv_row<u16>(pp.kt, pp.slot, rw, 0)[(long)kv * D + i] = f32_to_bf16(knew[i]);
-            kv_row<u16>(pp.kt, pp.slot, rw, 1)[(long)kv * D + i] = f32_to_bf16(vch[(long)kv * D + i]);
+            kv_row<KT>(pp.kt, pp.slot, rw, 0)[(long)kv * D + i] = (KT)Kv::put(knew[i], ks);
+            kv_row<KT>(pp.kt, pp.slot, rw, 1)[(long)kv * D + i] = (KT)Kv::put(vch[(long)kv * D + i], vs);
         }
     }
 
@@ -413,27 +471,26 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
         const int j = jb + (lane >> 1);
         const bool valid = j < s1;
         // ---- loads: half of this lane's key row, then the 16 keys' V slices of this lane
-        uint4 kr[KC / 2];
+        typename Kv::KChunk kr[KC / 2];
         if (valid) {
             if (j < pos0) {
                 const long slot = window > 0 ? (long)(j % window) : (long)j;
-                const uint4* src = (const uint4*)(kv_row<const u16>(kt, slot, rw, 0) + (long)kv * D) + half * (KC / 2);
+                const typename Kv::KChunk* src =
+                    (const typename Kv::KChunk*)(kv_row<const KT>(kt, slot, rw, 0) + (long)kv * D) + half * (KC / 2);
 #pragma unroll
                 for (int c = 0; c < KC / 2; c++) kr[c] = __ldg(src + c);
             } else {
                 const float* src =
                     (pp.on ? knew : kch + (long)(j - pos0) * rw + (long)kv * D) + half * (D / 2);
 #pragma unroll
-                for (int c = 0; c < KC / 2; c++) {
-                    const float4 a = *(const float4*)(src + 8 * c), b = *(const float4*)(src + 8 * c + 4);
-                    kr[c] = make_uint4(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w), pack_bf16x2(b.x, b.y),
-                                       pack_bf16x2(b.z, b.w));
-                }
+                for (int c = 0; c < KC / 2; c++) kr[c] = Kv::pack8(src + 8 * c, ks);
             }
         }
         const int nk = min(16, s1 - jb);
         const int slotb = window > 0 ? jb % window : jb;
-        u32 vr[16][VL / 2];
+        // (bf16: VL / 2 words of two values; fp8: one word of VL codes)
+        constexpr int VW = FP8 ? 1 : VL / 2;
+        u32 vr[16][VW];
 #pragma unroll
         for (int kk = 0; kk < 16; kk++) {
             if (kk < nk) {
@@ -441,18 +498,26 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
                 if (jj < pos0) {
                     int slot = slotb + kk;
                     if (window > 0 && slot >= window) slot -= window;
-                    const u16* src = kv_row<const u16>(kt, slot, rw, 1) + (long)kv * D + lane * VL;
-                    if (VL == 4) {
+                    const KT* src = kv_row<const KT>(kt, slot, rw, 1) + (long)kv * D + lane * VL;
+                    if constexpr (FP8) {
+                        vr[kk][0] = VL == 4 ? __ldg((const u32*)src) : (u32)__ldg((const u16*)src);
+                    } else if (VL == 4) {
                         const uint2 t = __ldg((const uint2*)src);
                         vr[kk][0] = t.x;
-                        vr[kk][VL / 2 - 1] = t.y;
+                        vr[kk][VW - 1] = t.y;
                     } else {
                         vr[kk][0] = __ldg((const u32*)src);
                     }
                 } else {
                     const float* src = vch + (long)(jj - pos0) * rw + (long)kv * D + lane * VL;
+                    if constexpr (FP8) {
+                        vr[kk][0] = 0;
 #pragma unroll
-                    for (int c = 0; c < VL / 2; c++) vr[kk][c] = pack_bf16x2(src[2 * c], src[2 * c + 1]);
+                        for (int c = 0; c < VL; c++) vr[kk][0] |= Kv::put(src[c], vs) << (8 * c);
+                    } else {
+#pragma unroll
+                        for (int c = 0; c < VW; c++) vr[kk][c] = pack_bf16x2(src[2 * c], src[2 * c + 1]);
+                    }
                 }
             }
         }
@@ -464,7 +529,7 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
 #pragma unroll
             for (int c = 0; c < KC / 2; c++) {
                 float kf[8];
-                bf16x8_to_f32(kr[c], kf);
+                Kv::key8(kr[c], kf, ks256);
                 const int qo = (half * (KC / 2) + c) * 8;
 #pragma unroll
                 for (int g = 0; g < DEC_GMAX; g++) {
@@ -497,11 +562,15 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
 #pragma unroll
         for (int kk = 0; kk < 16; kk++) {
             if (kk < nk) {
-                float vf[VL];
+                float vf[4];
+                if constexpr (FP8) {
+                    Kv::codes4(vr[kk][0], vf, vs256);
+                } else {
 #pragma unroll
-                for (int c = 0; c < VL / 2; c++) {
-                    vf[2 * c] = __uint_as_float(vr[kk][c] << 16);
-                    vf[2 * c + 1] = __uint_as_float(vr[kk][c] & 0xffff0000u);
+                    for (int c = 0; c < VL / 2; c++) {
+                        vf[2 * c] = __uint_as_float(vr[kk][c] << 16);
+                        vf[2 * c + 1] = __uint_as_float(vr[kk][c] & 0xffff0000u);
+                    }
                 }
 #pragma unroll
                 for (int g = 0; g < DEC_GMAX; g++) {
@@ -564,28 +633,32 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
         attn_impl<KT, DPL>(q, kch, vch, kt, out, part_o, part_ml, T, heads, kvh, d, scale, pos0, window, splits,     \
                            ngroups, ks, vs);                                                                          \
     }
-// Decode steps (T == 1) over bf16 caches with d = 64 / 128 (the host picks these when
+// Decode steps (T == 1) over bf16 or fp8 caches with d = 64 / 128 (the host picks these when
 // ceil(G / ngroups) <= DEC_GMAX). MINB resident blocks per SM: 4 caps the registers at 128 (d 128
 // spills a little, but long contexts gain from the occupancy), 2 leaves them uncapped (short
 // spans: sliding layers and short contexts).
-#define ATTN_KERNEL_DEC(NAME, D, MINB)                                                                                 \
+#define ATTN_KERNEL_DEC(NAME, D, FP8, MINB)                                                                            \
     extern "C" __global__ void __launch_bounds__(AW * 32, MINB) NAME(                                                 \
         const float* q, const float* kch, const float* vch, const u64* kt, float* out, float* part_o,                 \
-        float* part_ml, int heads, int kvh, float scale, int pos0, int window, int splits, int ngroups, Prep pp) {      \
+        float* part_ml, int heads, int kvh, float scale, int pos0, int window, int splits, int ngroups, Prep pp,      \
+        float ks, float vs) {                                                                                          \
         pdl_enter();                                                                                                   \
-        attn_dec_impl<D>(q, kch, vch, kt, out, part_o, part_ml, heads, kvh, scale, pos0, window, splits, ngroups,     \
-                         pp);                                                                                          \
+        attn_dec_impl<D, FP8>(q, kch, vch, kt, out, part_o, part_ml, heads, kvh, scale, pos0, window, splits,         \
+                              ngroups, pp, ks, vs);                                                                    \
     }
-ATTN_KERNEL_DEC(attn_dec_bf16_64, 64, 4)
-ATTN_KERNEL_DEC(attn_dec_bf16_128, 128, 4)
-ATTN_KERNEL_DEC(attn_dec_bf16_128_short, 128, 2)
+ATTN_KERNEL_DEC(attn_dec_bf16_64, 64, false, 4)
+ATTN_KERNEL_DEC(attn_dec_bf16_128, 128, false, 4)
+ATTN_KERNEL_DEC(attn_dec_bf16_128_short, 128, false, 2)
+ATTN_KERNEL_DEC(attn_dec_fp8_64, 64, true, 4)
+ATTN_KERNEL_DEC(attn_dec_fp8_128, 128, true, 4)
+ATTN_KERNEL_DEC(attn_dec_fp8_128_short, 128, true, 2)
 
 // Decode steps of several sequences in one launch (a batched step: one query row each): sequence
 // b = blockIdx.y reads row b of q / kch / vch, writes row b of out (and its rows of the split
-// partials), and attends over its own bf16 cache seqs.s[b] at its own position; the rope and the
-// append are done inside (pp.on, the cache and slot taken from seqs.s[b]; no per-head norms:
-// the caller applied them). Up to ATTN_BATCH_MAX sequences per launch; the descriptors are a
-// kernel parameter (no upload).
+// partials), and attends over its own cache seqs.s[b] (bf16 or fp8, every sequence's of one type
+// and scales) at its own position; the rope and the append are done inside (pp.on, the cache and
+// slot taken from seqs.s[b]; no per-head norms: the caller applied them). Up to ATTN_BATCH_MAX
+// sequences per launch; the descriptors are a kernel parameter (no upload).
 #define ATTN_BATCH_MAX 32
 struct AttnSeq {
     const u64* kt;  // the sequence's block table
@@ -596,10 +669,10 @@ struct AttnSeq {
 struct AttnSeqs {
     AttnSeq s[ATTN_BATCH_MAX];
 };
-#define ATTN_KERNEL_DEC_BATCH(NAME, D, MINB)                                                                           \
+#define ATTN_KERNEL_DEC_BATCH(NAME, D, FP8, MINB)                                                                      \
     extern "C" __global__ void __launch_bounds__(AW * 32, MINB) NAME(                                                 \
         const float* q, const float* kch, const float* vch, float* out, float* part_o, float* part_ml, int heads,     \
-        int kvh, float scale, int window, int splits, int ngroups, Prep pp, AttnSeqs seqs) {                           \
+        int kvh, float scale, int window, int splits, int ngroups, Prep pp, AttnSeqs seqs, float ks, float vs) {      \
         pdl_enter();                                                                                                   \
         const int b = blockIdx.y;                                                                                      \
         const AttnSeq sq = seqs.s[b];                                                                                  \
@@ -608,14 +681,17 @@ struct AttnSeqs {
         ps.slot = sq.slot;                                                                                             \
         ps.gate = pp.gate ? pp.gate + b * heads : pp.gate;                                                             \
         const long qw = (long)heads * D, kw = (long)kvh * D;                                                           \
-        attn_dec_impl<D>(q + b * qw, kch + b * kw, vch + b * kw, sq.kt, out + b * qw,                                  \
-                         part_o ? part_o + b * qw * splits : part_o,                                                   \
-                         part_ml ? part_ml + 2l * b * heads * splits : part_ml, heads, kvh, scale, sq.pos0, window,   \
-                         splits, ngroups, ps);                                                                         \
+        attn_dec_impl<D, FP8>(q + b * qw, kch + b * kw, vch + b * kw, sq.kt, out + b * qw,                             \
+                              part_o ? part_o + b * qw * splits : part_o,                                              \
+                              part_ml ? part_ml + 2l * b * heads * splits : part_ml, heads, kvh, scale, sq.pos0,       \
+                              window, splits, ngroups, ps, ks, vs);                                                    \
     }
-ATTN_KERNEL_DEC_BATCH(attn_dec_batch_bf16_64, 64, 4)
-ATTN_KERNEL_DEC_BATCH(attn_dec_batch_bf16_128, 128, 4)
-ATTN_KERNEL_DEC_BATCH(attn_dec_batch_bf16_128_short, 128, 2)
+ATTN_KERNEL_DEC_BATCH(attn_dec_batch_bf16_64, 64, false, 4)
+ATTN_KERNEL_DEC_BATCH(attn_dec_batch_bf16_128, 128, false, 4)
+ATTN_KERNEL_DEC_BATCH(attn_dec_batch_bf16_128_short, 128, false, 2)
+ATTN_KERNEL_DEC_BATCH(attn_dec_batch_fp8_64, 64, true, 4)
+ATTN_KERNEL_DEC_BATCH(attn_dec_batch_fp8_128, 128, true, 4)
+ATTN_KERNEL_DEC_BATCH(attn_dec_batch_fp8_128_short, 128, true, 2)
 ATTN_KERNEL(attn_f32_1, float, 1)
 ATTN_KERNEL(attn_f32_2, float, 2)
 ATTN_KERNEL(attn_f32_4, float, 4)

@@ -34,20 +34,27 @@ kernels! {
         out: DevPtr<f32>, part_o: DevPtr<f32>, part_ml: DevPtr<f32>, t: i32, heads: i32, kvh: i32,
         d: i32, scale: f32, pos0: i32, window: i32, splits: i32, ngroups: i32, ks: f32, vs: f32,
     }
-    /// One token's attention over a bf16 cache: head_dim 64, 128, and 128 for short spans.
-    attn_dec ["attn_dec_bf16_64", "attn_dec_bf16_128", "attn_dec_bf16_128_short"] => AttnDecArgs {
+    /// One token's attention over a bf16 or fp8 cache (`ks`, `vs`: fp8's scales): head_dim 64,
+    /// 128, and 128 for short spans (`3 · fp8 +` that).
+    attn_dec [
+        "attn_dec_bf16_64", "attn_dec_bf16_128", "attn_dec_bf16_128_short",
+        "attn_dec_fp8_64", "attn_dec_fp8_128", "attn_dec_fp8_128_short",
+    ] => AttnDecArgs {
         q: DevPtr<f32>, kch: DevPtr<f32>, vch: DevPtr<f32>, kt: DevPtr<u64>,
         out: DevPtr<f32>, part_o: DevPtr<f32>, part_ml: DevPtr<f32>, heads: i32, kvh: i32,
         scale: f32, pos0: i32, window: i32, splits: i32, ngroups: i32, pp: AttnPrep,
+        ks: f32, vs: f32,
     }
-    /// One query row per sequence over each one's bf16 cache, up to [`ATTN_BATCH_MAX`]
-    /// sequences per launch (rope and append inside): head_dim 64, 128, 128 for short spans.
+    /// One query row per sequence over each one's bf16 or fp8 cache (one type and scales for
+    /// all), up to [`ATTN_BATCH_MAX`] sequences per launch (rope and append inside): head_dim
+    /// 64, 128, 128 for short spans (`3 · fp8 +` that).
     attn_dec_batch [
         "attn_dec_batch_bf16_64", "attn_dec_batch_bf16_128", "attn_dec_batch_bf16_128_short",
+        "attn_dec_batch_fp8_64", "attn_dec_batch_fp8_128", "attn_dec_batch_fp8_128_short",
     ] => AttnDecBatchArgs {
         q: DevPtr<f32>, kch: DevPtr<f32>, vch: DevPtr<f32>, out: DevPtr<f32>,
         part_o: DevPtr<f32>, part_ml: DevPtr<f32>, heads: i32, kvh: i32, scale: f32,
-        window: i32, splits: i32, ngroups: i32, pp: AttnPrep, seqs: AttnSeqs,
+        window: i32, splits: i32, ngroups: i32, pp: AttnPrep, seqs: AttnSeqs, ks: f32, vs: f32,
     }
     /// Prefill attention on tensor cores (`t` ≥ `ATTN_FLASH_MIN_T` rows) over a bf16 or fp8
     /// cache (`2 · fp8 + (head_dim == 128)`), the chunk's rows `kx`, `vx` already in the
@@ -437,10 +444,21 @@ impl CudaBackend {
     }
 
     /// Whether a decode step (`t` = 1) over `cache` with heads of `head_dim` takes the grouped
-    /// decode kernel (bf16 cache, head_dim 64 or 128), the one that can also do the q/k norms,
-    /// rope and KV append itself (`AttnPrep`).
+    /// decode kernel (bf16 or fp8 cache, head_dim 64 or 128), the one that can also do the q/k
+    /// norms, rope and KV append itself (`AttnPrep`).
     pub(crate) fn dec_attention_applies(cache: &CudaKvLayer, head_dim: usize, t: usize) -> bool {
-        t == 1 && cache.kv_t == 2 && matches!(head_dim, 64 | 128)
+        t == 1 && matches!(cache.kv_t, 1 | 2) && matches!(head_dim, 64 | 128)
+    }
+
+    /// The variant of the `attn_dec` / `attn_dec_batch` kernels for `cache` (bf16 or fp8) and
+    /// heads of `head_dim` (64 or 128) attending over `keys` keys.
+    fn dec_variant(&self, cache: &CudaKvLayer, head_dim: usize, keys: usize) -> usize {
+        let d = match head_dim {
+            64 => 0,
+            _ if keys <= self.opts().attn_short_keys => 2,
+            _ => 1,
+        };
+        d + if cache.kv_t == 1 { 3 } else { 0 }
     }
 
     /// Attention of `c.t` query rows over `cache` (positions `< c.pos0`) and the chunk `c.k`,
@@ -470,26 +488,18 @@ impl CudaBackend {
         let window = cache.spec.window.unwrap_or(0) as i32;
         let grid = ((p.kv_heads * ngroups) as u32, t as u32, splits as u32);
         let (po, pml) = scratch.unwrap_or((DevPtr::NULL, DevPtr::NULL));
-        // Decode over bf16 caches: the grouped kernel (ngroups blocks split a kv head's queries).
+        // Decode over bf16 or fp8 caches: the grouped kernel (ngroups blocks split a kv head's queries).
         let dec_ok = Self::dec_attention_applies(cache, p.head_dim, t);
         self.check(dec_ok || prep.is_none(), || {
             format!(
-                "attention: norms + rope inside the kernel need a bf16 cache, head_dim 64 or 128 \
-                 and one token (kv type {}, head_dim {}, {t} tokens)",
+                "attention: norms + rope inside the kernel need a bf16 or fp8 cache, head_dim 64 \
+                 or 128 and one token (kv type {}, head_dim {}, {t} tokens)",
                 cache.kv_t, p.head_dim
             )
         })?;
-        let dec = match p.head_dim {
-            64 if dec_ok => Some(0),
-            128 if dec_ok => {
-                let keys = pos0 + 1;
-                let keys = cache.spec.window.map_or(keys, |w| keys.min(w));
-                let short = self.opts().attn_short_keys;
-                Some(if keys <= short { 2 } else { 1 })
-            }
-            _ => None,
-        };
-        if let Some(variant) = dec {
+        if dec_ok {
+            let keys = cache.spec.window.map_or(pos0 + 1, |w| w.min(pos0 + 1));
+            let variant = self.dec_variant(cache, p.head_dim, keys);
             ops::attention::AttnDecArgs {
                 q,
                 kch: k,
@@ -511,6 +521,8 @@ impl CudaBackend {
                 } else {
                     DevPtr::NULL
                 }),
+                ks: cache.k_scale,
+                vs: cache.v_scale,
             }
             .launch(self, variant, grid, (128, 1, 1))?;
             if splits == 1 {
@@ -737,6 +749,10 @@ impl CudaBackend {
             || format!("batched decode attention of {n} sequences"),
         )?;
         let window = chunks[0].kv.spec.window;
+        let storage = {
+            let c = &chunks[0].kv;
+            (c.kv_t, c.k_scale.to_bits(), c.v_scale.to_bits())
+        };
         let mut keys = 0;
         for c in chunks.iter_mut() {
             self.check(c.kv.len == c.pos0 && c.kv.spec.window == window, || {
@@ -745,17 +761,18 @@ impl CudaBackend {
                     c.kv.len, c.pos0
                 )
             })?;
+            self.check(
+                (c.kv.kv_t, c.kv.k_scale.to_bits(), c.kv.v_scale.to_bits()) == storage,
+                || "batched decode attention: caches of different types or scales".to_string(),
+            )?;
             self.kv_grow(c.kv, c.pos0 + 1)?;
             keys = keys.max(window.map_or(c.pos0 + 1, |w| w.min(c.pos0 + 1)));
         }
         let d = p.head_dim;
         let ngroups = (p.heads / p.kv_heads).div_ceil(ATTN_GMAX);
         let splits = self.splits_for_seqs(keys, p, n);
-        let variant = match d {
-            64 => 0,
-            _ if keys <= self.opts().attn_short_keys => 2,
-            _ => 1,
-        };
+        let variant = self.dec_variant(chunks[0].kv, d, keys);
+        let (ks, vs) = (chunks[0].kv.k_scale, chunks[0].kv.v_scale);
         // (every split writes all of its partials)
         let scratch = if splits > 1 {
             Some((
@@ -805,6 +822,8 @@ impl CudaBackend {
                 ngroups: ngroups as i32,
                 pp: prep,
                 seqs,
+                ks,
+                vs,
             }
             .launch(
                 self,
@@ -828,7 +847,18 @@ impl CudaBackend {
         for c in chunks.iter_mut() {
             c.kv.len += 1;
         }
+        self.inner
+            .batched_attention_rows
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Sequences attended together in `attn_dec_batch` launches (one query row each, over bf16
+    /// or fp8 caches) on this backend (and its clones) so far.
+    pub fn batched_attention_rows(&self) -> usize {
+        self.inner
+            .batched_attention_rows
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether a chunk can be one sequence of
