@@ -44,9 +44,6 @@ const SPILL_BUDGETS: &[(&str, u32, u32)] = &[
     // the prefill attention of 128-wide heads at 255 registers
     ("attn_flash_bf16_128", 44, 80),
     ("attn_flash_fp8_128", 28, 68),
-    // the decode attention of 128-wide heads under `__launch_bounds__(.., 2)`
-    ("attn_dec_bf16_128", 104, 116),
-    ("attn_dec_batch_bf16_128", 100, 100),
     // 64 accumulators, the A fragments of two mma chunks and the B loads at 128 registers
     ("gemm_h16", 72, 72),
     ("gemv_mma", 8, 8),

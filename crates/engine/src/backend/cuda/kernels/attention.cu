@@ -270,9 +270,10 @@ __device__ void attn_impl(const float* __restrict__ q, const float* __restrict__
 // Warp w takes tiles of 16 keys (key jb + lane / 2, jb = s0 + 16 (w + AW i)); per tile every lane
 // issues half of its key's D / 8 16-byte K loads and the 16 keys' V slices (D / 32 dims per
 // lane) before any arithmetic; online softmax per head with per-lane partial sums of exp. The
-// chunk's own key (position pos0, not yet in the cache) is read from kch/vch, rounded to the
-// storage type like a stored row. fp8 caches (keys e4m3 of k / ks, values of v / vs) load half
-// the bytes (a lane's half key row: D / 16 8-byte chunks) and decode as attn_impl's KvIo<u8>.
+// chunk's own key and value (position pos0, not yet in the cache) are rounded to the storage type
+// once per block, into shared memory, and read from there like a stored row. fp8 caches (keys
+// e4m3 of k / ks, values of v / vs) load half the bytes (a lane's half key row: D / 16 8-byte
+// chunks) and decode as attn_impl's KvIo<u8>.
 // Same grid and outputs as attn_impl.
 #define DEC_GMAX 4
 
@@ -300,10 +301,6 @@ struct DecKv<false> {
     typedef u16 T;
     typedef uint4 KChunk;
     __device__ static void key8(KChunk a, float o[8], float) { bf16x8_to_f32(a, o); }
-    __device__ static KChunk pack8(const float* x, float) {
-        const float4 a = *(const float4*)x, b = *(const float4*)(x + 4);
-        return make_uint4(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w), pack_bf16x2(b.x, b.y), pack_bf16x2(b.z, b.w));
-    }
     __device__ static u32 put(float x, float) { return f32_to_bf16(x); }
 };
 template <>
@@ -329,18 +326,27 @@ struct DecKv<true> {
         codes4(a.y, o + 4, s256);
     }
     // s: the scale (not times 256)
-    __device__ static KChunk pack8(const float* x, float s) {
-        u32 w[2];
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            w[j] = 0;
-#pragma unroll
-            for (int e = 0; e < 4; e++) w[j] |= f32_to_e4m3_sat(x[4 * j + e] / s) << (8 * e);
-        }
-        return make_uint2(w[0], w[1]);
-    }
     __device__ static u32 put(float x, float s) { return f32_to_e4m3_sat(x / s); }
 };
+
+// A lane's VL values of a value row at src as words (bf16: VL / 2 of two values; fp8: one of VL
+// codes), through the read-only cache from global memory (GLOBAL) or from shared memory.
+template <bool FP8, int VL, bool GLOBAL, typename KT>
+__device__ __forceinline__ void v_slice(const KT* src, u32* w) {
+    if constexpr (FP8) {
+        if constexpr (VL == 4) {
+            w[0] = GLOBAL ? __ldg((const u32*)src) : *(const u32*)src;
+        } else {
+            w[0] = GLOBAL ? (u32)__ldg((const u16*)src) : (u32)(*(const u16*)src);
+        }
+    } else if constexpr (VL == 4) {
+        const uint2 t = GLOBAL ? __ldg((const uint2*)src) : *(const uint2*)src;
+        w[0] = t.x;
+        w[1] = t.y;
+    } else {
+        w[0] = GLOBAL ? __ldg((const u32*)src) : *(const u32*)src;
+    }
+}
 
 // The per-head q/k rmsnorm, rope and KV append of a decode step, done inside the decode attention
 // kernel instead of a qk_norm_rope launch before it (`on` = 0: q and k arrive normalised and
@@ -437,9 +443,13 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
     const long rw = (long)kvh * D;
 
     // With pp.on, q and the new key (position p, in the block whose split holds it) are normalised
-    // and rotated here; the kv head's first group block appends the key and value rows.
+    // and rotated here; the kv head's first group block appends the key and value rows. The new
+    // rows in the storage type (kcode, vcode) are made once by the block that holds them, one
+    // value a thread, and read below as a cached row is.
     __shared__ float knew[D], rcs[D / 2], rsn[D / 2];
-    const bool own_new = pp.on && s0 <= p && p < s1;
+    __shared__ __align__(16) KT kcode[D], vcode[D];
+    const bool holds_new = s0 <= p && p < s1;
+    const bool own_new = pp.on && holds_new;
     if (pp.on) {
         rope_table(rcs, rsn, pp, p);
         __syncthreads();
@@ -449,10 +459,18 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
         for (int i = threadIdx.x; i < G * D; i += blockDim.x) qs[i / D][i % D] = q[(long)h0 * D + i] * scale;
     }
     __syncthreads();
-    if (own_new && grp == 0) {
+    if (holds_new) {  // (the same for every thread of the block)
+        const float* kin = pp.on ? knew : kch + (long)kv * D;
         for (int i = threadIdx.x; i < D; i += blockDim.x) {
-            kv_row<KT>(pp.kt, pp.slot, rw, 0)[(long)kv * D + i] = (KT)Kv::put(knew[i], ks);
-            kv_row<KT>(pp.kt, pp.slot, rw, 1)[(long)kv * D + i] = (KT)Kv::put(vch[(long)kv * D + i], vs);
+            kcode[i] = (KT)Kv::put(kin[i], ks);
+            vcode[i] = (KT)Kv::put(vch[(long)kv * D + i], vs);
+        }
+        __syncthreads();
+        if (own_new && grp == 0) {
+            for (int i = threadIdx.x; i < D; i += blockDim.x) {
+                kv_row<KT>(pp.kt, pp.slot, rw, 0)[(long)kv * D + i] = kcode[i];
+                kv_row<KT>(pp.kt, pp.slot, rw, 1)[(long)kv * D + i] = vcode[i];
+            }
         }
     }
 
@@ -479,11 +497,10 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
                     (const typename Kv::KChunk*)(kv_row<const KT>(kt, slot, rw, 0) + (long)kv * D) + half * (KC / 2);
 #pragma unroll
                 for (int c = 0; c < KC / 2; c++) kr[c] = __ldg(src + c);
-            } else {
-                const float* src =
-                    (pp.on ? knew : kch + (long)(j - pos0) * rw + (long)kv * D) + half * (D / 2);
+            } else {  // (j == pos0: the new key)
+                const typename Kv::KChunk* src = (const typename Kv::KChunk*)kcode + half * (KC / 2);
 #pragma unroll
-                for (int c = 0; c < KC / 2; c++) kr[c] = Kv::pack8(src + 8 * c, ks);
+                for (int c = 0; c < KC / 2; c++) kr[c] = src[c];
             }
         }
         const int nk = min(16, s1 - jb);
@@ -498,26 +515,9 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
                 if (jj < pos0) {
                     int slot = slotb + kk;
                     if (window > 0 && slot >= window) slot -= window;
-                    const KT* src = kv_row<const KT>(kt, slot, rw, 1) + (long)kv * D + lane * VL;
-                    if constexpr (FP8) {
-                        vr[kk][0] = VL == 4 ? __ldg((const u32*)src) : (u32)__ldg((const u16*)src);
-                    } else if (VL == 4) {
-                        const uint2 t = __ldg((const uint2*)src);
-                        vr[kk][0] = t.x;
-                        vr[kk][VW - 1] = t.y;
-                    } else {
-                        vr[kk][0] = __ldg((const u32*)src);
-                    }
-                } else {
-                    const float* src = vch + (long)(jj - pos0) * rw + (long)kv * D + lane * VL;
-                    if constexpr (FP8) {
-                        vr[kk][0] = 0;
-#pragma unroll
-                        for (int c = 0; c < VL; c++) vr[kk][0] |= Kv::put(src[c], vs) << (8 * c);
-                    } else {
-#pragma unroll
-                        for (int c = 0; c < VW; c++) vr[kk][c] = pack_bf16x2(src[2 * c], src[2 * c + 1]);
-                    }
+                    v_slice<FP8, VL, true>(kv_row<const KT>(kt, slot, rw, 1) + (long)kv * D + lane * VL, vr[kk]);
+                } else {  // (jj == pos0: the new value)
+                    v_slice<FP8, VL, false>(vcode + lane * VL, vr[kk]);
                 }
             }
         }
@@ -635,7 +635,7 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
     }
 // Decode steps (T == 1) over bf16 or fp8 caches with d = 64 / 128 (the host picks these when
 // ceil(G / ngroups) <= DEC_GMAX). MINB resident blocks per SM: 4 caps the registers at 128 (d 128
-// spills a little, but long contexts gain from the occupancy), 2 leaves them uncapped (short
+// fits without spilling; long contexts gain from the occupancy), 2 leaves them uncapped (short
 // spans: sliding layers and short contexts).
 #define ATTN_KERNEL_DEC(NAME, D, FP8, MINB)                                                                            \
     extern "C" __global__ void __launch_bounds__(AW * 32, MINB) NAME(                                                 \
