@@ -5,12 +5,12 @@
 //!
 //! Per layer, one sequence: q/k/v(/gate) in one launch (`linear_multi2`); attention that also
 //! applies the per-head q/k norms and rope and appends the new KV rows (`AttnPrep`, bf16 or fp8
-//! caches at head_dim 64/128; elsewhere one `qk_norm_rope` launch first) and the softplus gate; o_proj with
-//! the residual; then a MoE layer's post-attention norm inside the router's launch, the router's
-//! top-k and the routed + shared experts on the persistent kernels, and their ordered sum with
-//! the residual, whose last block computes the next layer's input norm (or the final norm); a
-//! dense layer runs norm, gate/up (one launch), SiLU·up, down with the residual and the next norm.
-//! Then the lm_head.
+//! caches at head_dim 64/128; elsewhere one `qk_norm_rope` launch first) and the softplus gate;
+//! o_proj with the residual; then a MoE layer's post-attention norm inside the router's launch,
+//! the router's top-k and the routed + shared experts on the persistent kernels, and their
+//! ordered sum with the residual, whose last block computes the next layer's input norm (or the
+//! final norm); a dense layer runs norm, gate/up (one launch), SiLU·up, down with the residual
+//! and the next norm. Then the lm_head.
 //!
 //! Several sequences (a continuous-batching step): the same sequence over `n` rows, each linear
 //! one multi-token launch (up to `GEMV_MT_MAX_TOKENS` rows `gemv_mt`, the decode GEMV's tensor-core
@@ -28,8 +28,8 @@
 //!
 //! [`CudaBackend::decode_fused`] runs it where the decoder has nothing it does not cover (no
 //! projection biases, a gate of one value per head, a hidden width of at most `XS_MAX` values;
-//! a dense layer's down projection takes any width; several sequences: bf16 or fp8
-//! caches with head_dim 64 or 128); otherwise the caller takes the generic ops. Every row is computed as the
+//! a dense layer's down projection takes any width; several sequences: bf16 or fp8 caches with
+//! head_dim 64 or 128); otherwise the caller takes the generic ops. Every row is computed as the
 //! generic path computes it, up to f32 summation order (the GPU tests compare both, and both
 //! against the CPU backend).
 

@@ -264,9 +264,9 @@ __device__ void attn_impl(const float* __restrict__ q, const float* __restrict__
     }
 }
 
-// Decode attention (one query row, T == 1) over a bf16 or fp8 e4m3 cache: the host's ngroups blocks per
-// (kv head, split) split the kv head's G query heads evenly (ceil(G / ngroups) <= DEC_GMAX each;
-// the group's blocks run side by side, so their K/V reads after the first hit L2).
+// Decode attention (one query row, T == 1) over a bf16 or fp8 e4m3 cache: the host's ngroups
+// blocks per (kv head, split) split the kv head's G query heads evenly (ceil(G / ngroups) <=
+// DEC_GMAX each; the group's blocks run side by side, so their K/V reads after the first hit L2).
 // Warp w takes tiles of 16 keys (key jb + lane / 2, jb = s0 + 16 (w + AW i)); per tile every lane
 // issues half of its key's D / 8 16-byte K loads and the 16 keys' V slices (D / 32 dims per
 // lane) before any arithmetic; online softmax per head with per-lane partial sums of exp. The
@@ -284,10 +284,6 @@ __device__ __forceinline__ void bf16x8_to_f32(uint4 a, float o[8]) {
         o[2 * j] = __uint_as_float(w[j] << 16);
         o[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
     }
-}
-
-__device__ __forceinline__ u32 pack_bf16x2(float a, float b) {
-    return (u32)f32_to_bf16(a) | ((u32)f32_to_bf16(b) << 16);
 }
 
 // The cache storage of the decode kernels: 8 key values a chunk (bf16: 16 bytes, fp8: 8) and a

@@ -488,7 +488,8 @@ impl CudaBackend {
         let window = cache.spec.window.unwrap_or(0) as i32;
         let grid = ((p.kv_heads * ngroups) as u32, t as u32, splits as u32);
         let (po, pml) = scratch.unwrap_or((DevPtr::NULL, DevPtr::NULL));
-        // Decode over bf16 or fp8 caches: the grouped kernel (ngroups blocks split a kv head's queries).
+        // Decode over bf16 or fp8 caches: the grouped kernel (ngroups blocks split a kv head's
+        // queries).
         let dec_ok = Self::dec_attention_applies(cache, p.head_dim, t);
         self.check(dec_ok || prep.is_none(), || {
             format!(
