@@ -748,36 +748,20 @@ fn gpu_attention_matches_cpu_on_bf16_and_fp8_caches() {
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
 fn gpu_batched_decode_attention_matches_cpu_on_bf16_and_fp8_caches() {
-    use fp4forge_engine::ir::AttnChunk;
     let gpu = gpu();
     let cpu = CpuBackend::new();
     let lens = [1usize, 17, 70, 130, 300];
     let s = lens.len();
-    for ((heads, kvh, d), window, (dtype, k_scale, v_scale)) in [
-        (
-            (9usize, 3usize, 64usize),
-            None,
-            (KvDtype::Bf16, 1.0f32, 1.0f32),
-        ),
-        ((9, 3, 64), Some(64usize), (KvDtype::Fp8E4m3, 0.05, 0.02)),
-        ((6, 2, 128), None, (KvDtype::Fp8E4m3, 0.05, 0.02)),
-        ((6, 2, 128), Some(64), (KvDtype::Bf16, 1.0, 1.0)),
-        ((6, 2, 128), Some(64), (KvDtype::Fp8E4m3, 0.05, 0.02)),
+    let [bf16, fp8] = FLASH_CACHES;
+    for ((heads, kvh, d), window, cache) in [
+        ((9usize, 3usize, 64usize), None, bf16),
+        ((9, 3, 64), Some(64usize), fp8),
+        ((6, 2, 128), None, fp8),
+        ((6, 2, 128), Some(64), bf16),
+        ((6, 2, 128), Some(64), fp8),
     ] {
-        let spec = fp4forge_engine::KvLayerSpec {
-            kv_heads: kvh,
-            head_dim: d,
-            window,
-            dtype,
-            k_scale,
-            v_scale,
-        };
-        let p = fp4forge_engine::AttentionParams {
-            heads,
-            kv_heads: kvh,
-            head_dim: d,
-            scale: 1.0 / (d as f32).sqrt(),
-        };
+        let (spec, p) = flash_spec((heads, kvh, d), window, cache);
+        let dtype = cache.0;
         let rope = fp4forge_engine::rope::RopeSpec {
             inv_freq: fp4forge_engine::rope::default_inv_freq(10_000.0, d / 2),
             rotary_dim: d / 2,
@@ -786,86 +770,82 @@ fn gpu_batched_decode_attention_matches_cpu_on_bf16_and_fp8_caches() {
         let (grope, crope) = (gpu.load_rope(&rope).unwrap(), cpu.load_rope(&rope).unwrap());
         let label = format!("{dtype:?} heads {heads}/{kvh} d {d} window {window:?}");
         // each sequence's prompt into its GPU and its CPU cache
-        let mut gcaches = Vec::new();
-        let mut ccaches = Vec::new();
-        for (i, &n) in lens.iter().enumerate() {
-            let seed = 11 * i as u64 + d as u64;
-            let q = values(n * heads * d, seed, 4.0);
-            let k = values(n * kvh * d, seed + 1, 4.0);
-            let v = values(n * kvh * d, seed + 2, 2.0);
-            let mut g = gpu.new_kv_layer(&spec).unwrap();
-            let mut c = cpu.new_kv_layer(&spec).unwrap();
-            gpu.attention(
-                &gpu.upload(n, heads * d, &q).unwrap(),
-                &gpu.upload(n, kvh * d, &k).unwrap(),
-                &gpu.upload(n, kvh * d, &v).unwrap(),
-                &mut g,
-                &p,
-            )
-            .unwrap();
-            cpu.attention(
-                &cpu.upload(n, heads * d, &q).unwrap(),
-                &cpu.upload(n, kvh * d, &k).unwrap(),
-                &cpu.upload(n, kvh * d, &v).unwrap(),
-                &mut c,
-                &p,
-            )
-            .unwrap();
-            gcaches.push(g);
-            ccaches.push(c);
-        }
+        let prompts: Vec<_> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let seed = 11 * i as u64 + d as u64;
+                let q = values(n * heads * d, seed, 4.0);
+                let k = values(n * kvh * d, seed + 1, 4.0);
+                let v = values(n * kvh * d, seed + 2, 2.0);
+                (q, k, v, n)
+            })
+            .collect();
+        let mut gcaches: Vec<_> = prompts
+            .iter()
+            .map(|(q, k, v, n)| cache_after(&gpu, &spec, &p, (q, k, v), *n))
+            .collect();
+        let mut ccaches: Vec<_> = prompts
+            .iter()
+            .map(|(q, k, v, n)| cache_after(&cpu, &spec, &p, (q, k, v), *n))
+            .collect();
         for step in 0..3 {
             let seed = 1000 + 10 * step as u64 + d as u64;
             let q = values(s * heads * d, seed, 4.0);
             let k = values(s * kvh * d, seed + 1, 4.0);
             let v = values(s * kvh * d, seed + 2, 2.0);
+            let pos: Vec<usize> = lens.iter().map(|n| n + step).collect();
             let before = gpu.batched_attention_rows();
-            let got = gpu
-                .attention_chunks(
-                    gpu.upload(s, heads * d, &q).unwrap(),
-                    gpu.upload(s, kvh * d, &k).unwrap(),
-                    &gpu.upload(s, kvh * d, &v).unwrap(),
-                    &grope,
-                    &mut gcaches
-                        .iter_mut()
-                        .zip(&lens)
-                        .map(|(kv, &n)| AttnChunk {
-                            pos0: n + step,
-                            rows: 1,
-                            kv,
-                        })
-                        .collect::<Vec<_>>(),
-                    &p,
-                )
-                .unwrap();
+            let got = decode_pass(&gpu, &grope, &mut gcaches, &pos, (&q, &k, &v), &p);
             assert_eq!(
                 gpu.batched_attention_rows() - before,
                 s,
                 "{label}: the sequences did not attend in one batched launch"
             );
-            let want = cpu
-                .attention_chunks(
-                    cpu.upload(s, heads * d, &q).unwrap(),
-                    cpu.upload(s, kvh * d, &k).unwrap(),
-                    &cpu.upload(s, kvh * d, &v).unwrap(),
-                    &crope,
-                    &mut ccaches
-                        .iter_mut()
-                        .zip(&lens)
-                        .map(|(kv, &n)| AttnChunk {
-                            pos0: n + step,
-                            rows: 1,
-                            kv,
-                        })
-                        .collect::<Vec<_>>(),
-                    &p,
-                )
-                .unwrap();
-            let worst = max_abs_diff(&gpu.download(&got).unwrap(), &cpu.download(&want).unwrap());
+            let want = decode_pass(&cpu, &crope, &mut ccaches, &pos, (&q, &k, &v), &p);
+            let worst = max_abs_diff(&got, &want);
             println!("batched decode attention {label}, step {step}: max |gpu - cpu| {worst:.3e}");
             assert!(worst < 1e-4, "{label}, step {step}: {worst}");
         }
     }
+}
+
+/// A fresh cache of `spec` after `Backend::attention` of an `n`-row chunk `q`, `k`, `v`.
+fn cache_after<B: Backend>(
+    b: &B,
+    spec: &fp4forge_engine::KvLayerSpec,
+    p: &fp4forge_engine::AttentionParams,
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    n: usize,
+) -> B::KvLayer {
+    let mut cache = b.new_kv_layer(spec).unwrap();
+    let up = |x: &[f32]| b.upload(n, x.len() / n, x).unwrap();
+    b.attention(&up(q), &up(k), &up(v), &mut cache, p).unwrap();
+    cache
+}
+
+/// One decode pass of the sequences of `caches` (sequence `i` at position `pos[i]`, its query,
+/// key and value rows row `i` of `q`, `k`, `v`) through `Backend::attention_chunks`: the outputs.
+fn decode_pass<B: Backend>(
+    b: &B,
+    rope: &B::Rope,
+    caches: &mut [B::KvLayer],
+    pos: &[usize],
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    p: &fp4forge_engine::AttentionParams,
+) -> Vec<f32> {
+    use fp4forge_engine::ir::AttnChunk;
+    let n = caches.len();
+    let up = |x: &[f32]| b.upload(n, x.len() / n, x).unwrap();
+    let mut chunks: Vec<AttnChunk<'_, B>> = caches
+        .iter_mut()
+        .zip(pos)
+        .map(|(kv, &pos0)| AttnChunk { pos0, rows: 1, kv })
+        .collect();
+    let out = b
+        .attention_chunks(up(q), up(k), &up(v), rope, &mut chunks, p)
+        .unwrap();
+    b.download(&out).unwrap()
 }
 
 /// The outputs of `Backend::attention` over a fresh cache of `spec` for chunks of `chunks` rows
