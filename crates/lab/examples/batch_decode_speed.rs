@@ -74,14 +74,7 @@ impl WithModel for Measure {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let device = fp4forge_lab::take_device(&mut args)?;
-    let kv: KvDtype = match args.iter().position(|a| a == "--kv-dtype") {
-        Some(i) => {
-            let name = args.get(i + 1).ok_or("--kv-dtype needs a value")?.clone();
-            args.drain(i..i + 2);
-            name.parse()?
-        }
-        None => KvDtype::Bf16,
-    };
+    let kv = fp4forge_lab::take_arg(&mut args, "--kv-dtype", KvDtype::Bf16)?;
     let dir = args
         .first()
         .ok_or("usage: batch_decode_speed DIR [--device D] [--kv-dtype T] [STEPS] [BATCHES...]")?;

@@ -34,13 +34,28 @@ pub fn synthetic_prompt(len: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
+/// Removes `flag V` from `args` and parses V; `default` where the flag is not given.
+pub fn take_arg<T: std::str::FromStr>(
+    args: &mut Vec<String>,
+    flag: &str,
+    default: T,
+) -> Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    let Some(i) = args.iter().position(|a| a == flag) else {
+        return Ok(default);
+    };
+    let value = args
+        .get(i + 1)
+        .ok_or_else(|| format!("{flag} needs a value"))?
+        .clone();
+    args.drain(i..i + 2);
+    value.parse().map_err(|e| format!("{flag} {value}: {e}"))
+}
+
 /// Removes `--device D` from `args` and parses D (`cpu`, `cuda`, `cuda:N`); the CPU where it is
 /// not given.
 pub fn take_device(args: &mut Vec<String>) -> Result<fp4forge_engine::Device, String> {
-    let Some(i) = args.iter().position(|a| a == "--device") else {
-        return Ok(fp4forge_engine::Device::Cpu);
-    };
-    let name = args.get(i + 1).ok_or("--device needs a value")?.clone();
-    args.drain(i..i + 2);
-    name.parse().map_err(|e| format!("--device {name}: {e}"))
+    take_arg(args, "--device", fp4forge_engine::Device::Cpu)
 }
