@@ -163,6 +163,8 @@ __device__ __forceinline__ float warp_max(float v) {
 
 // The attention output gate's factor: softplus(g) = log(1 + e^g) (g itself past 20).
 __device__ __forceinline__ float softplus(float g) { return g > 20.f ? g : log1pf(expf(g)); }
+// silu(g) * u, the SiLU product of every kernel that computes one (silu_mul, the experts).
+__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
 // ---- NVFP4 dequantization in registers (no tables) ----------------------------------------------
 //

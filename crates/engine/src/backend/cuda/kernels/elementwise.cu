@@ -324,8 +324,7 @@ extern "C" __global__ void silu_mul(const float* __restrict__ g, const float* __
                                    long n) { pdl_enter();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
-        float a = g[i];
-        y[i] = a / (1.0f + expf(-a)) * u[i];
+        y[i] = silu_times(g[i], u[i]);
     }
 }
 
@@ -339,8 +338,8 @@ extern "C" __global__ void silu_mul_stage(const float* __restrict__ g, const flo
     uint2* xr = xb_bf + r * (3 * K / 4);
     for (int col = 4 * threadIdx.x; col < K; col += 4 * blockDim.x) {
         const float4 a = __ldg((const float4*)(g + r * K + col)), b = __ldg((const float4*)(u + r * K + col));
-        const float4 v = make_float4(a.x / (1.0f + expf(-a.x)) * b.x, a.y / (1.0f + expf(-a.y)) * b.y,
-                                     a.z / (1.0f + expf(-a.z)) * b.z, a.w / (1.0f + expf(-a.w)) * b.w);
+        const float4 v =
+            make_float4(silu_times(a.x, b.x), silu_times(a.y, b.y), silu_times(a.z, b.z), silu_times(a.w, b.w));
         xb_bf_store(xr, col, v);
     }
     if (threadIdx.x == 0) ds_bf[r] = 1.f;

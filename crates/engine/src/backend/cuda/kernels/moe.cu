@@ -291,7 +291,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up2(ExpertProj
             for (int p = 0; p < 4; p++) uv += red[4 + p][lane];
             const float gv = v * (64.f * ds * gate.inv_g[ee]);
             uv *= 64.f * ds * up.inv_g[ee];
-            h[(long)j * max(inter, shared_inter) + ob + lane] = gv / (1.0f + expf(-gv)) * uv;
+            h[(long)j * max(inter, shared_inter) + ob + lane] = silu_times(gv, uv);
         }
         if (warp == 1 && j < dpf.items) expert_prefetch(dpf, ee, experts, blockIdx.x, gridDim.x, lane, 32);
         return;
@@ -341,7 +341,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up2(ExpertProj
 #pragma unroll
     for (int r = 0; r < XR; r++) {
         float gv = warp_sum(g[r]) * gg, uv = warp_sum(u[r]) * gu;
-        if ((threadIdx.x & 31) == 0 && r < nrows) h[(long)j * width + o + r] = gv / (1.0f + expf(-gv)) * uv;
+        if ((threadIdx.x & 31) == 0 && r < nrows) h[(long)j * width + o + r] = silu_times(gv, uv);
     }
 }
 
@@ -510,7 +510,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up_p(ExpertPro
             float a[2] = {0.f, 0.f};
             bf_rows<2, 1>(rs, K, x, 0, 1, a);
             const float gv = warp_sum(a[0]), uv = warp_sum(a[1]);
-            if (lane == 0) h[(long)k * width + o] = gv / (1.0f + expf(-gv)) * uv;
+            if (lane == 0) h[(long)k * width + o] = silu_times(gv, uv);
         }
     }
     __syncthreads();
@@ -543,7 +543,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up_p(ExpertPro
             for (int p = 0; p < 4; p++) uv += rb[4 + p][lane];
             gv *= 64.f * ds * gate.inv_g[e];
             uv *= 64.f * ds * up.inv_g[e];
-            h[(long)item * width + ob + lane] = gv / (1.0f + expf(-gv)) * uv;
+            h[(long)item * width + ob + lane] = silu_times(gv, uv);
         }
     }
 }
@@ -868,7 +868,7 @@ extern "C" __global__ void __launch_bounds__(256) experts_gate_up_mma(ExpertProj
         const int o = idx & 63, j = idx >> 6;
         if (j < cnt && o0 + o < inter) {
             const float gv = C[o][j] * (gg * ids[j]), uv = C[64 + o][j] * (gu * ids[j]);
-            h[(long)items[j] * inter + o0 + o] = gv / (1.0f + expf(-gv)) * uv;
+            h[(long)items[j] * inter + o0 + o] = silu_times(gv, uv);
         }
     }
 }
@@ -967,7 +967,7 @@ extern "C" __global__ void __launch_bounds__(256, 2)
         const int o = idx & 63, j = idx >> 6;
         if (j < cnt && o0 + o < inter) {
             const float gv = C[o][j] * (gg * ids[j]), uv = C[64 + o][j] * (gu * ids[j]);
-            h[(long)items[j] * inter + o0 + o] = gv / (1.0f + expf(-gv)) * uv;
+            h[(long)items[j] * inter + o0 + o] = silu_times(gv, uv);
         }
     }
 }
@@ -1093,7 +1093,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up_mt(ExpertPr
             for (int p = 0; p < 4; p++) uv += red[4 + p][r][s];
             gv *= 64.f * ds * gate.inv_g[e];
             uv *= 64.f * ds * up.inv_g[e];
-            h[(long)item * inter + ob + r] = gv / (1.0f + expf(-gv)) * uv;
+            h[(long)item * inter + ob + r] = silu_times(gv, uv);
         }
     }
 }
