@@ -69,6 +69,7 @@ fn set_flash_attention(b: &CudaBackend, on: bool) {
 fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
     let b = gpu();
     let (rows, cols) = (w.rows(), w.cols());
+    let nvfp4 = w.nvfp4_view().is_some();
     let lin = b.load_linear(label, w).unwrap();
     // 1: decode GEMV; 3, 9, 16 (bf16 and NVFP4 with K % 128 == 0): the few-token tensor-core
     // GEMV `gemv_mt` (9, 16: two token blocks, the second partial at 9), then 3, 9 with it off:
@@ -152,7 +153,34 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
             });
             b.download(&b.linear(&xt, &lin, None).unwrap()).unwrap()
         };
+        // the deep variants (a warp's whole run of chunks in flight, B fetched 3 chunks
+        // ahead) where the grid is at most one block a SM: at most 8 tokens (one grid row
+        // each), both with 4 tokens a grid row and with 8
+        let deep = |mt_4_tokens: bool| {
+            b.set_options(CudaOptions {
+                mt_deep: true,
+                mt_4_tokens,
+                ..mma_on.clone()
+            });
+            let before = b.deep_linears();
+            let y = b.download(&b.linear(&xt, &lin, None).unwrap()).unwrap();
+            (y, b.deep_linears() > before)
+        };
         let two_blocks = run(false, false, false);
+        // (a grid has at most one block per 16-row tile)
+        if nvfp4 && cols % 128 == 0 && t <= 8 && rows.div_ceil(16) <= b.sm_count() {
+            for four in [false, true] {
+                let (y, ran) = deep(four);
+                assert!(
+                    ran,
+                    "{label} t={t}: no deep gemv_mt launch (4 tokens a row: {four})"
+                );
+                assert_eq!(
+                    two_blocks, y,
+                    "{label} t={t}: deep gemv_mt (4 tokens a row: {four})"
+                );
+            }
+        }
         assert_eq!(
             two_blocks,
             run(true, false, false),

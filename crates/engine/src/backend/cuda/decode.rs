@@ -212,6 +212,12 @@ impl CudaBackend {
         self.inner.mixed_linears.load(Ordering::Relaxed)
     }
 
+    /// `gemv_mt` launches that ran a deep variant (`gemv_mt_nv4_deep`, `gemv_mt_nv_deep`:
+    /// `CudaOptions::mt_deep`) on this backend (and its clones) so far.
+    pub fn deep_linears(&self) -> usize {
+        self.inner.deep_linears.load(Ordering::Relaxed)
+    }
+
     /// Inputs of batched steps' few-items-per-tile experts staged by the kernel that produced
     /// them (`CudaOptions::moe_staged`: the MoE's input by its norm, one a layer; the shared
     /// expert's down projection's by its SiLU product, one a layer with a shared expert) on this

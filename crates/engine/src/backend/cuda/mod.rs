@@ -117,6 +117,8 @@ pub(crate) struct Inner {
     routed_in_router: std::sync::atomic::AtomicUsize,
     /// One input's NVFP4 and bf16 linears run in one launch (`gemv_mt_mixed4`) so far.
     mixed_linears: std::sync::atomic::AtomicUsize,
+    /// `gemv_mt` launches on a deep variant (`gemv_mt_nv4_deep`, `gemv_mt_nv_deep`) so far.
+    deep_linears: std::sync::atomic::AtomicUsize,
     /// Inputs of the few-items-per-tile experts staged by the kernel that produced them so far
     /// (the routed experts' by the norm, the shared expert's down projection's by
     /// `silu_mul_stage`).
@@ -229,6 +231,7 @@ impl CudaBackend {
                 sums_with_norm: std::sync::atomic::AtomicUsize::new(0),
                 routed_in_router: std::sync::atomic::AtomicUsize::new(0),
                 mixed_linears: std::sync::atomic::AtomicUsize::new(0),
+                deep_linears: std::sync::atomic::AtomicUsize::new(0),
                 moe_inputs_staged: std::sync::atomic::AtomicUsize::new(0),
                 grouped_in_router: std::sync::atomic::AtomicUsize::new(0),
                 batched_attention_rows: std::sync::atomic::AtomicUsize::new(0),
@@ -338,6 +341,11 @@ impl CudaBackend {
         } else {
             Err(self.err(what()))
         }
+    }
+
+    /// The device's streaming multiprocessors (what the launch geometries fill).
+    pub fn sm_count(&self) -> usize {
+        self.inner.sms
     }
 
     /// Waits for all queued work.

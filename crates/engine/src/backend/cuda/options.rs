@@ -36,6 +36,8 @@
 //! | `FP4FORGE_CUDA_MOE_STAGED` | `moe_staged` | `1`: in a batched decode step whose routed experts run a few items per tile (`experts_grouped_few`), the MoE's input norm also stages its rows for them and for the shared expert's gate/up (two `xb_stage` launches a layer fewer; with `norm_stage`), and the SiLU product of the shared expert's gate/up is staged for its down projection as it is computed (`silu_mul_stage`: one launch fewer) | off (H100, 2026-12-06: 2.8% faster at 32 rows in one round, about its noise) |
 //! | `FP4FORGE_CUDA_DOWN_B4` | `down_four_blocks` | `1`: the per-item experts' down projection (batched steps below `FEW_MOE_MIN_TOKENS` rows) at four blocks a SM (`experts_down2_b4`: at most 128 registers) | off |
 //! | `FP4FORGE_CUDA_L2_PREFETCH` | `l2_prefetch_rows` | `N`: batched decode steps of N or more rows prefetch weights into L2 ahead of their loads (sm_90): the routed experts' gate/up by the router's top-k, their down by the gate/up blocks (per-item experts, as many items as fit in L2), the next wave's by the grouped experts' blocks, each `gemv_mt` block's rows before it waits for its input; `0`: never, `1`: every batched step | `L2_PREFETCH_MIN_ROWS` (32) |
+//! | `FP4FORGE_CUDA_MT_DEEP` | `mt_deep` | `1`: NVFP4 `gemv_mt` launches of at most one block a SM (a few rows' o projection) as `gemv_mt_nv4_deep` / `gemv_mt_nv_deep`: each warp's whole run of chunks in flight and the tokens' B fetched 3 chunks ahead, one block a SM (the same bits) | off |
+//! | `FP4FORGE_CUDA_MT_FILL` | `mt_blocks_per_sm` | blocks a SM that `gemv_mt`'s K split aims its grid at (`mma_split`: warps per tile doubled while the grid is below this many blocks a SM and each warp keeps 2+ chunks; `gemv_mt_nv4` holds 3) | 1 |
 //! | `FP4FORGE_CUDA_MT_KS` | `mt_k_split` | `1`, `2`, `4`, `8`: fixed K split (warps per tile) of `gemv_mt` | per shape (`mma_split`) |
 //!
 //! The fields below the table's are not read from the environment: the decode attention split
@@ -127,6 +129,11 @@ pub struct CudaOptions {
     pub mma_k_split: Option<usize>,
     /// `FP4FORGE_CUDA_MT_KS`: a fixed K split of `gemv_mt` (1, 2, 4 or 8 warps per tile).
     pub mt_k_split: Option<usize>,
+    /// `FP4FORGE_CUDA_MT_DEEP`: NVFP4 `gemv_mt` grids of at most one block a SM on the deep
+    /// variants (a warp's whole run of chunks in flight).
+    pub mt_deep: bool,
+    /// `FP4FORGE_CUDA_MT_FILL`: blocks a SM that `gemv_mt`'s K split aims its grid at.
+    pub mt_blocks_per_sm: usize,
     /// Fewest keys per split of decode attention (`ATTN_SPLIT_MIN_KEYS`).
     pub attn_split_min_keys: u32,
     /// Decode attention blocks per SM the split heuristic aims at (`ATTN_SPLIT_BLOCKS_PER_SM`;
@@ -174,6 +181,8 @@ impl Default for CudaOptions {
             nv_k_split: None,
             mma_k_split: None,
             mt_k_split: None,
+            mt_deep: false,
+            mt_blocks_per_sm: 1,
             few_token_max: GEMV_MT_MAX_TOKENS,
             few_moe_min_tokens: FEW_MOE_MIN_TOKENS,
             attn_split_min_keys: ATTN_SPLIT_MIN_KEYS,
@@ -250,6 +259,10 @@ impl CudaOptions {
             nv_k_split: split("FP4FORGE_NV_KS"),
             mma_k_split: split("FP4FORGE_MMA_KS"),
             mt_k_split: split("FP4FORGE_CUDA_MT_KS"),
+            mt_deep: var("FP4FORGE_CUDA_MT_DEEP").as_deref() == Some(OsStr::new("1")),
+            mt_blocks_per_sm: num("FP4FORGE_CUDA_MT_FILL")
+                .filter(|&n| n > 0)
+                .unwrap_or(d.mt_blocks_per_sm),
             few_token_max: num("FP4FORGE_CUDA_MT_TOKENS").unwrap_or(d.few_token_max),
             few_moe_min_tokens: num("FP4FORGE_CUDA_FEW_MOE").unwrap_or(d.few_moe_min_tokens),
             ..d
@@ -304,6 +317,8 @@ mod tests {
             ("FP4FORGE_NV_KS", "3"),
             ("FP4FORGE_MMA_KS", "4"),
             ("FP4FORGE_CUDA_MT_KS", "8"),
+            ("FP4FORGE_CUDA_MT_DEEP", "1"),
+            ("FP4FORGE_CUDA_MT_FILL", "3"),
             ("FP4FORGE_CUDA_KERNELS", "/tmp/k.cu"),
             ("FP4FORGE_CUDA_MT_TOKENS", "0"),
             ("FP4FORGE_CUDA_FEW_MOE", "x"),
@@ -319,9 +334,16 @@ mod tests {
         assert_eq!((o.nv_blocks_per_sm, o.nv_grid_per_sm), (3, 3));
         assert_eq!((o.nv_k_split, o.mma_k_split), (None, Some(4)));
         assert_eq!(o.mt_k_split, Some(8));
+        assert!(o.mt_deep);
+        assert_eq!(o.mt_blocks_per_sm, 3);
         assert_eq!(o.kernels_source, Some(PathBuf::from("/tmp/k.cu")));
-        let o = with(&[("FP4FORGE_NV_MINB", "5"), ("FP4FORGE_NV_GRID", "0")]);
+        let o = with(&[
+            ("FP4FORGE_NV_MINB", "5"),
+            ("FP4FORGE_NV_GRID", "0"),
+            ("FP4FORGE_CUDA_MT_FILL", "0"),
+        ]);
         assert_eq!((o.nv_blocks_per_sm, o.nv_grid_per_sm), (2, 0));
+        assert_eq!(o.mt_blocks_per_sm, 1);
     }
 
     /// The kernel cache: the variable's directory, `off`/`0` for none, else under

@@ -889,6 +889,49 @@ struct MmaTile {
             }
         }
     }
+    // As run_staged, with B fetched D chunks ahead instead of one: a ring of D + 1 chunks
+    // (chunk ch's B is loaded before chunk ch - D's mma, hence U % (D + 1) == 0), for warps whose
+    // weights are all in flight at once (else each chunk waits for its B an L2 round trip). The
+    // same bits: only the loads move. (As run_staged's D = 1, this ring of 2 made gemv_mt_nv4
+    // spill 68 bytes under NVRTC sm_90, where run_staged's b / bn do not.)
+    template <int G, int D>
+    __device__ __forceinline__ void run_staged_ahead(const uint4* __restrict__ xl, long gstride, unsigned bx,
+                                                     float acc[G][4]) {
+        static_assert(D >= 1 && U % (D + 1) == 0, "B's ring of D + 1 chunks must divide the U chunk slots");
+        uint4 b[D + 1][G][4];
+        const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int d = 0; d < D; d++)
+#pragma unroll
+            for (int q = 0; q < G; q++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    b[d][q][i] = ((bx >> q & 1) && c + d < c1) ? __ldg(xl + q * gstride + 32 * (c + d) + i) : z;
+        for (; c < c1; c += U) {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int ch = c + u;
+                if (ch < c1) {
+                    // chunk ch + D into the slot of chunk ch - 1 (c - c0 is a multiple of U, so
+                    // chunk ch's slot is u's)
+                    const int r = (u + D) % (D + 1);
+#pragma unroll
+                    for (int q = 0; q < G; q++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++)
+                            b[r][q][i] = ((bx >> q & 1) && ch + D < c1) ? __ldg(xl + q * gstride + 32 * (ch + D) + i) : z;
+                    mma_chunk_groups<G>(
+                        qa[u], qb[u], za[u], zb[u],
+                        [&](int q, int st) {
+                            const uint4 w = b[u % (D + 1)][q][st >> 1];
+                            return (st & 1) ? make_uint2(w.z, w.w) : make_uint2(w.x, w.y);
+                        },
+                        acc);
+                    if (ch + U < c1) load(u, ch + U);
+                }
+            }
+        }
+    }
 };
 
 #define MMA_U 4
@@ -962,6 +1005,8 @@ extern "C" __global__ void __launch_bounds__(256) gemv_mma(const u8* __restrict_
 #define MT_NV_U 2       // NVFP4: chunk slots per lane (two blocks a SM: 128 registers)
 #define MT_NV4_U 2      // NVFP4, one group of 4 tokens: chunk slots per lane (three blocks a SM)
 #define MT_BF_U 2       // bf16: chunk slots per lane
+#define MT_DEEP_U 8     // NVFP4, gemv_mt_*_deep: chunk slots per lane (a warp's 8 of an 8-warp o projection tile)
+#define MT_DEEP_AHEAD 3 // NVFP4, gemv_mt_*_deep: B's chunks fetched ahead (a ring of 4)
 
 // f32 to bf16, round to nearest even (NaN stays a NaN).
 __device__ __forceinline__ u16 f32_to_bf16_rn(float f) {
@@ -1119,7 +1164,7 @@ __device__ __forceinline__ void mt_stash_cols(const float acc[G][4], float (*red
 // kernel per format (gemv_mt_bf16, gemv_mt_nv: FMT; U: chunks in flight a lane, G: groups of 4
 // NVFP4 tokens or of 2 bf16 tokens: a grid row's tokens), so that each gets the registers its own
 // path needs. U and G change no bit: each group accumulates its chunks in the same order.
-template <int FMT, int U, int G>
+template <int FMT, int U, int G, int D = 1>
 __device__ __forceinline__ void gemv_mt_impl(const Segs& segs, const uint2* __restrict__ xb,
                                              const float* __restrict__ xds, const float* __restrict__ bias,
                                              const float* resid, int K, int T, int ks) {
@@ -1159,7 +1204,12 @@ __device__ __forceinline__ void gemv_mt_impl(const Segs& segs, const uint2* __re
             l2_prefetch_nv_rows(w, scales, row0, brows, K, lane, 32);
         }
         pdl_enter();
-        if (nrows > 0) m.template run_staged<G>(xl, 4l * (K / 4), bx, acc);
+        if (nrows > 0) {
+            if constexpr (D == 1)
+                m.template run_staged<G>(xl, 4l * (K / 4), bx, acc);
+            else
+                m.template run_staged_ahead<G, D>(xl, 4l * (K / 4), bx, acc);
+        }
         mt_stash_cols<G>(acc, red);
     } else {
         // lane's token in group q: tok0 + 2 q + lane / 12 (lanes 24-31: none)
@@ -1211,17 +1261,26 @@ __device__ __forceinline__ void gemv_mt_impl(const Segs& segs, const uint2* __re
 // gemv_mt_nv4: 4 tokens a grid row (one group: half the accumulators), three blocks a SM like the
 // one-token gemv_mma, for steps of 2-4 sequences.
 // (minb: the blocks a SM the registers are sized for; 0: no minimum, ptxas's choice)
-#define GEMV_MT_KERNEL(name, fmt, u, groups, minb)                                                                    \
+// gemv_mt_nv4_deep, gemv_mt_nv_deep: for a grid of at most one block a SM (an o projection's
+// 128 tiles of 8 warps each): every chunk of a warp's run in flight at once (MT_DEEP_U, one block
+// a SM) and B fetched MT_DEEP_AHEAD chunks ahead, so that once the weights are in, the chunks do
+// not wait for B one L2 round trip each (CudaOptions::mt_deep). The bits of gemv_mt_nv4 and
+// gemv_mt_nv.
+// (minb: the blocks a SM the registers are sized for; 0: no minimum, ptxas's choice; ahead: B's
+// chunks fetched ahead, 1: run_staged, more: run_staged_ahead's D)
+#define GEMV_MT_KERNEL(name, fmt, u, groups, minb, ahead)                                                             \
     extern "C" __global__ void __launch_bounds__(256, minb)                                                           \
         name(Segs segs, const uint2* __restrict__ xb, const float* __restrict__ xds, const float* __restrict__ bias,   \
              const float* resid, int K, int T, int ks) {                                                               \
-        gemv_mt_impl<fmt, u, groups>(segs, xb, xds, bias, resid, K, T, ks);                                           \
+        gemv_mt_impl<fmt, u, groups, ahead>(segs, xb, xds, bias, resid, K, T, ks);                                    \
     }
-GEMV_MT_KERNEL(gemv_mt_bf16, 2, MT_BF_U, MT_BF_GROUPS, 0)
-GEMV_MT_KERNEL(gemv_mt_nv, 3, MT_NV_U, MT_NV_GROUPS, 2)
-GEMV_MT_KERNEL(gemv_mt_nv_b1, 3, MMA_U, MT_NV_GROUPS, 0)
-GEMV_MT_KERNEL(gemv_mt_nv16, 3, MT_NV_U, 4, 0)
-GEMV_MT_KERNEL(gemv_mt_nv4, 3, MT_NV4_U, 1, 3)
+GEMV_MT_KERNEL(gemv_mt_bf16, 2, MT_BF_U, MT_BF_GROUPS, 0, 1)
+GEMV_MT_KERNEL(gemv_mt_nv, 3, MT_NV_U, MT_NV_GROUPS, 2, 1)
+GEMV_MT_KERNEL(gemv_mt_nv_b1, 3, MMA_U, MT_NV_GROUPS, 0, 1)
+GEMV_MT_KERNEL(gemv_mt_nv16, 3, MT_NV_U, 4, 0, 1)
+GEMV_MT_KERNEL(gemv_mt_nv4, 3, MT_NV4_U, 1, 3, 1)
+GEMV_MT_KERNEL(gemv_mt_nv4_deep, 3, MT_DEEP_U, 1, 1, MT_DEEP_AHEAD)
+GEMV_MT_KERNEL(gemv_mt_nv_deep, 3, MT_DEEP_U, MT_NV_GROUPS, 1, MT_DEEP_AHEAD)
 
 // One input's NVFP4 and bf16 linears of at most 4 tokens in one launch (q/k/v beside the
 // attention's bf16 gate): the blocks below the first bf16 block (bf.s[0].block0) run

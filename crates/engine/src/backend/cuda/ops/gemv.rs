@@ -45,8 +45,13 @@ kernels! {
     /// tile. One kernel per format: `gemv_mt_bf16`, `gemv_mt_nv` (two blocks a SM),
     /// `gemv_mt_nv_b1` (one, more loads in flight: `CudaOptions::mt_one_block`) and
     /// `gemv_mt_nv16` (16 tokens a grid row instead of 8: `CudaOptions::mt_16_tokens`) and
-    /// `gemv_mt_nv4` (4 tokens a grid row, three blocks a SM: `CudaOptions::mt_4_tokens`).
-    gemv_mt ["gemv_mt_bf16", "gemv_mt_nv", "gemv_mt_nv_b1", "gemv_mt_nv16", "gemv_mt_nv4"] => GemvMtArgs {
+    /// `gemv_mt_nv4` (4 tokens a grid row, three blocks a SM: `CudaOptions::mt_4_tokens`);
+    /// `gemv_mt_nv4_deep` and `gemv_mt_nv_deep` (`CudaOptions::mt_deep`: their bits, with a
+    /// warp's whole run of chunks in flight, for grids of at most one block a SM).
+    gemv_mt [
+        "gemv_mt_bf16", "gemv_mt_nv", "gemv_mt_nv_b1", "gemv_mt_nv16", "gemv_mt_nv4",
+        "gemv_mt_nv4_deep", "gemv_mt_nv_deep",
+    ] => GemvMtArgs {
         segs: Segs, xb: DevPtr<u32>, xds: DevPtr<f32>, bias: DevPtr<f32>, resid: DevPtr<f32>,
         k: i32, t: i32, ks: i32,
     }
@@ -277,16 +282,17 @@ pub(crate) const MMA_CHUNK: usize = 128;
 pub(crate) const MMA_WARP_CHUNKS: usize = 9;
 
 /// K split (warps per 16-row tile: 1, 2, 4, 8) of `gemv_mma` for `rows x cols`: the smallest
-/// that leaves each warp at most 8 chunks, then larger while the grid has fewer blocks than SMs
-/// and each warp keeps at least 2 chunks.
-pub(crate) fn mma_split(rows: usize, cols: usize, sms: usize) -> usize {
+/// that leaves each warp at most 8 chunks, then larger while the grid has fewer blocks than
+/// `target` (the SMs; for `gemv_mt`, times `CudaOptions::mt_blocks_per_sm`) and each warp keeps
+/// at least 2 chunks.
+pub(crate) fn mma_split(rows: usize, cols: usize, target: usize) -> usize {
     let chunks = cols / MMA_CHUNK;
     let tiles = rows.div_ceil(16);
     let mut ks = 1;
     while ks < 8 && chunks > 8 * ks {
         ks *= 2;
     }
-    while ks < 8 && chunks >= 4 * ks && tiles.div_ceil(NV_WARPS as usize / ks) < sms {
+    while ks < 8 && chunks >= 4 * ks && tiles.div_ceil(NV_WARPS as usize / ks) < target {
         ks *= 2;
     }
     ks
@@ -324,8 +330,14 @@ pub(crate) enum MtInput {
 
 /// `gemv_mt_bf16`'s place in `gemv_mt`'s table.
 const MT_BF16_VARIANT: usize = 0;
+/// `gemv_mt_nv`'s place in `gemv_mt`'s table.
+const MT_NV_VARIANT: usize = 1;
 /// `gemv_mt_nv4`'s place in `gemv_mt`'s table.
 const MT_NV4_VARIANT: usize = 4;
+/// `gemv_mt_nv4_deep`'s place in `gemv_mt`'s table (`gemv_mt_nv_deep` follows it).
+const MT_NV4_DEEP_VARIANT: usize = 5;
+/// `gemv_mt_nv_deep`'s place in `gemv_mt`'s table.
+const MT_NV_DEEP_VARIANT: usize = 6;
 
 /// A `gemv_mt` launch's geometry ([`CudaBackend::gemv_mt_plan`]): its segments, staged input,
 /// K split, kernel variant (`gemv_mt`'s table order) and grid.
@@ -1211,7 +1223,13 @@ impl CudaBackend {
             t: t as i32,
             ks: plan.ks,
         }
-        .launch(self, plan.variant, plan.grid, (32 * NV_WARPS, 1, 1))
+        .launch(self, plan.variant, plan.grid, (32 * NV_WARPS, 1, 1))?;
+        if matches!(plan.variant, MT_NV4_DEEP_VARIANT | MT_NV_DEEP_VARIANT) {
+            self.inner
+                .deep_linears
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// [`gemv_mt`](Self::gemv_mt) of one input's NVFP4 linears `nv` and bf16 linears `bf` in
@@ -1227,7 +1245,10 @@ impl CudaBackend {
         let pn = self.gemv_mt_plan(nv, nv_x, t, DevPtr::NULL, DevPtr::NULL)?;
         let pb = self.gemv_mt_plan(bf, bf_x, t, DevPtr::NULL, DevPtr::NULL)?;
         self.check(
-            pn.variant == MT_NV4_VARIANT && pb.variant == MT_BF16_VARIANT && pn.cols == pb.cols,
+            // (the mixed kernel runs gemv_mt_nv4's path: the deep variant's bits too)
+            matches!(pn.variant, MT_NV4_VARIANT | MT_NV4_DEEP_VARIANT)
+                && pb.variant == MT_BF16_VARIANT
+                && pn.cols == pb.cols,
             || format!("gemv_mt_mixed4 of {t} tokens"),
         )?;
         ops::gemv::GemvMtMixed4Args {
@@ -1289,23 +1310,33 @@ impl CudaBackend {
             }
         };
         let rows: usize = parts.iter().map(|(w, _)| w.rows).sum();
-        let ks = self
-            .opts()
-            .mt_k_split
-            .unwrap_or_else(|| mma_split(rows, cols, self.inner.sms));
+        let (fixed_split, fill) = {
+            let o = self.opts();
+            (o.mt_k_split, o.mt_blocks_per_sm)
+        };
+        let sms = self.inner.sms;
+        let ks = fixed_split.unwrap_or_else(|| mma_split(rows, cols, fill.max(1) * sms));
         let tile_rows = 16 * (NV_WARPS as usize / ks);
         let (mut segs, block0) = Segs::of(self, parts, |_| tile_rows);
         segs.l2_prefetch = i32::from(self.l2_prefetch(t));
-        let (one_block, sixteen, four) = {
+        let (one_block, sixteen, four, deep) = {
             let o = self.opts();
-            (o.mt_one_block, o.mt_16_tokens, o.mt_4_tokens)
+            (o.mt_one_block, o.mt_16_tokens, o.mt_4_tokens, o.mt_deep)
         };
         let (variant, per_grid_row) = match fmt {
             2 => (MT_BF16_VARIANT, GEMV_MT_TOKENS),
             _ if sixteen && t > GEMV_MT_TOKENS => (3, GEMV_MT16_TOKENS),
             _ if four && t <= GEMV_MT4_TOKENS => (MT_NV4_VARIANT, GEMV_MT4_TOKENS),
             _ if one_block => (2, GEMV_MT_TOKENS),
-            _ => (1, GEMV_MT_TOKENS),
+            _ => (MT_NV_VARIANT, GEMV_MT_TOKENS),
+        };
+        // a grid of at most one block a SM: each warp's whole run of chunks in flight
+        let grid_rows = t.div_ceil(per_grid_row);
+        let one_wave = block0 as usize * grid_rows <= sms;
+        let variant = match variant {
+            MT_NV4_VARIANT if deep && one_wave => MT_NV4_DEEP_VARIANT,
+            MT_NV_VARIANT if deep && one_wave => MT_NV_DEEP_VARIANT,
+            v => v,
         };
         Ok(MtPlan {
             segs,
@@ -1315,7 +1346,7 @@ impl CudaBackend {
             cols: cols as i32,
             ks: ks as i32,
             variant,
-            grid: (block0, t.div_ceil(per_grid_row) as u32, 1),
+            grid: (block0, grid_rows as u32, 1),
         })
     }
 
