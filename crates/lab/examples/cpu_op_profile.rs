@@ -17,17 +17,7 @@ use fp4forge_engine::{
     CpuActivations, CpuBackend, CpuIsa, GenerateOptions, LoadFormat, Model, ModelOptions,
 };
 use fp4forge_lab::op_profile::Profiled;
-
-fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> Result<T, String> {
-    match args.iter().position(|a| a == name) {
-        Some(i) => args
-            .get(i + 1)
-            .ok_or(format!("{name} needs a value"))?
-            .parse()
-            .map_err(|_| format!("bad value for {name}")),
-        None => Ok(default),
-    }
-}
+use fp4forge_lab::take_arg;
 
 /// Read bandwidth of `threads` threads over a 256 MiB buffer (best of 3), bytes per second.
 fn read_bandwidth(pool: &rayon::ThreadPool) -> f64 {
@@ -59,16 +49,17 @@ fn read_bandwidth(pool: &rayon::ThreadPool) -> f64 {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
     let dir = args
         .first()
         .filter(|a| !a.starts_with("--"))
-        .ok_or("usage: cpu_op_profile DIR [--threads N] [--isa I] [--context N] [--steps N]")?;
-    let threads: usize = arg(&args, "--threads", 0)?;
-    let isa: CpuIsa = arg(&args, "--isa", CpuIsa::Auto)?;
-    let act: CpuActivations = arg(&args, "--activations", CpuActivations::F32)?;
-    let context: usize = arg(&args, "--context", 1)?;
-    let steps: usize = arg(&args, "--steps", 128)?;
+        .ok_or("usage: cpu_op_profile DIR [--threads N] [--isa I] [--context N] [--steps N]")?
+        .clone();
+    let threads: usize = take_arg(&mut args, "--threads", 0)?;
+    let isa: CpuIsa = take_arg(&mut args, "--isa", CpuIsa::Auto)?;
+    let act: CpuActivations = take_arg(&mut args, "--activations", CpuActivations::F32)?;
+    let context: usize = take_arg(&mut args, "--context", 1)?;
+    let steps: usize = take_arg(&mut args, "--steps", 128)?;
     let load_format = if args.iter().any(|a| a == "--copy") {
         LoadFormat::Copy
     } else {
@@ -82,7 +73,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .with_threads(threads)?,
     );
     let model = Model::load_with_backend(
-        dir,
+        &dir,
         ModelOptions::new()
             .threads(threads)
             .load_format(load_format),

@@ -13,19 +13,9 @@
 //! tokenizer and read in windows of `--window` tokens (default 256), each from an empty cache.
 
 use std::path::Path;
-use std::str::FromStr;
 
 use fp4forge_engine::{CpuActivations, Model, ModelOptions, TextCodec};
-
-fn arg<T: FromStr>(args: &[String], name: &str, default: T) -> Result<T, String> {
-    match args.iter().position(|a| a == name) {
-        None => Ok(default),
-        Some(i) => args
-            .get(i + 1)
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| format!("{name} needs a valid value")),
-    }
-}
+use fp4forge_lab::take_arg;
 
 /// `log softmax(logits)`, in f64.
 fn log_softmax(logits: &[f32]) -> Vec<f64> {
@@ -49,26 +39,28 @@ fn argmax(v: &[f64]) -> usize {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
     let usage = "usage: decode_kl BASE_DIR CANDIDATE_DIR [--base-activations A] [--activations A] \
                  [--tokens N] [--window N] [--threads N] [--text FILE]";
     let (base_dir, cand_dir) = match (args.first(), args.get(1)) {
-        (Some(a), Some(b)) if !a.starts_with("--") && !b.starts_with("--") => (a, b),
+        (Some(a), Some(b)) if !a.starts_with("--") && !b.starts_with("--") => {
+            (a.clone(), b.clone())
+        }
         _ => return Err(usage.into()),
     };
-    let base_act: CpuActivations = arg(&args, "--base-activations", CpuActivations::F32)?;
-    let cand_act: CpuActivations = arg(&args, "--activations", CpuActivations::F32)?;
-    let total: usize = arg(&args, "--tokens", 1024)?;
-    let window: usize = arg(&args, "--window", 256)?.max(2);
-    let threads: usize = arg(&args, "--threads", 0)?;
-    let text_path: String = arg(
-        &args,
+    let base_act: CpuActivations = take_arg(&mut args, "--base-activations", CpuActivations::F32)?;
+    let cand_act: CpuActivations = take_arg(&mut args, "--activations", CpuActivations::F32)?;
+    let total: usize = take_arg(&mut args, "--tokens", 1024)?;
+    let window: usize = take_arg(&mut args, "--window", 256)?.max(2);
+    let threads: usize = take_arg(&mut args, "--threads", 0)?;
+    let text_path: String = take_arg(
+        &mut args,
         "--text",
         "../shared/data/wikitext-2-raw-test.txt".to_string(),
     )?;
 
     let text = std::fs::read_to_string(&text_path).map_err(|e| format!("{text_path}: {e}"))?;
-    let codec = TextCodec::load(Path::new(base_dir))?;
+    let codec = TextCodec::load(Path::new(&base_dir))?;
     let tokens = codec.encode(&text, false)?;
     let tokens = &tokens[..total.min(tokens.len())];
     let load = |dir: &str, act| {
@@ -77,8 +69,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ModelOptions::new().threads(threads).cpu_activations(act),
         )
     };
-    let base = load(base_dir, base_act)?;
-    let cand = load(cand_dir, cand_act)?;
+    let base = load(&base_dir, base_act)?;
+    let cand = load(&cand_dir, cand_act)?;
 
     let mut kls = Vec::new();
     let (mut agree, mut nll_base, mut nll_cand) = (0usize, 0f64, 0f64);

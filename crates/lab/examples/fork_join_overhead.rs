@@ -16,17 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use fp4forge_lab::take_arg;
 use rayon::prelude::*;
-
-fn arg(args: &[String], name: &str, default: usize) -> Result<usize, String> {
-    match args.iter().position(|a| a == name) {
-        Some(i) => args
-            .get(i + 1)
-            .and_then(|v| v.parse().ok())
-            .ok_or(format!("{name} needs a number")),
-        None => Ok(default),
-    }
-}
 
 /// About `n` dependent floating-point steps of work.
 fn work(n: usize) -> f32 {
@@ -112,9 +103,9 @@ impl Drop for Spinners {
 }
 
 fn main() -> Result<(), String> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let threads = arg(&args, "--threads", 2)?.max(2);
-    let iters = arg(&args, "--iters", 5000)?.max(1);
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let threads = take_arg(&mut args, "--threads", 2usize)?.max(2);
+    let iters = take_arg(&mut args, "--iters", 5000usize)?.max(1);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
