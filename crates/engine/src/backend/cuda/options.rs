@@ -32,12 +32,12 @@
 //! | `FP4FORGE_CUDA_NORM_STAGE` | `norm_stage` | `0`: a batched decode step's norms do not also stage their rows for `gemv_mt` (q/k/v/gate and the router then each launch `xb_stage`) | on |
 //! | `FP4FORGE_CUDA_REDUCE_NORM` | `reduce_norm` | `1`: in a batched decode step the MoE's sum also runs the next norm and its staging (`experts_reduce_norm_stage`, one launch a layer fewer; with `norm_stage`) | off (H100, 2026-12-06: 1.3–2.8% slower at 2–32 rows) |
 //! | `FP4FORGE_CUDA_ROUTER_TOPK` | `router_topk` | `1`: in a batched decode step the router's top-k runs as the tail of the router's own launch (`gemv_mt_bf16_topk`: its last block to finish), not as a `route` launch, where that top-k prefetches nothing; where the experts run a few items per tile, that block also groups the items by expert (not a `moe_align` launch) | off (H100, 2026-12-06: 1.5–5.6% slower at 2–32 rows) |
-//! | `FP4FORGE_CUDA_MT_MIXED` | `mt_mixed` | `1`: a batched step of up to 4 rows runs one input's NVFP4 and bf16 linears (q/k/v and the attention's gate) in one `gemv_mt_mixed4` launch, not one launch per format | off (H100, 2026-12-06: 2.0–2.4% faster at 2–4 rows in one round, about its noise) |
-//! | `FP4FORGE_CUDA_MOE_STAGED` | `moe_staged` | `1`: in a batched decode step whose routed experts run a few items per tile (`experts_grouped_few`), the MoE's input norm also stages its rows for them and for the shared expert's gate/up (two `xb_stage` launches a layer fewer; with `norm_stage`), and the SiLU product of the shared expert's gate/up is staged for its down projection as it is computed (`silu_mul_stage`: one launch fewer) | off (H100, 2026-12-06: 2.8% faster at 32 rows in one round, about its noise) |
+//! | `FP4FORGE_CUDA_MT_MIXED` | `mt_mixed` | `0`: a batched step of up to 4 rows runs one input's NVFP4 and bf16 linears (q/k/v and the attention's gate) one launch per format, not in one `gemv_mt_mixed4` launch | on (H100, 2026-12-06, three rounds: 2.0–3.7% faster at 2–4 rows, neutral at 8 and 32) |
+//! | `FP4FORGE_CUDA_MOE_STAGED` | `moe_staged` | `0`: in a batched decode step whose routed experts run a few items per tile (`experts_grouped_few`), the MoE's input and the shared expert's SiLU product are staged by `xb_stage` launches, not by the kernels that produce them (the MoE's input norm staging its rows for the experts and the shared expert's gate/up: two launches a layer fewer, with `norm_stage`; `silu_mul_stage` staging the SiLU product for the down projection: one fewer) | on (H100, 2026-12-06, three rounds: 2.8–3.5% faster at 32 rows, neutral at 2–8) |
 //! | `FP4FORGE_CUDA_DOWN_B4` | `down_four_blocks` | `1`: the per-item experts' down projection (batched steps below `FEW_MOE_MIN_TOKENS` rows) at four blocks a SM (`experts_down2_b4`: at most 128 registers) | off |
 //! | `FP4FORGE_CUDA_L2_PREFETCH` | `l2_prefetch_rows` | `N`: batched decode steps of N or more rows prefetch weights into L2 ahead of their loads (sm_90): the routed experts' gate/up by the router's top-k, their down by the gate/up blocks (per-item experts, as many items as fit in L2), the next wave's by the grouped experts' blocks, each `gemv_mt` block's rows before it waits for its input; `0`: never, `1`: every batched step | `L2_PREFETCH_MIN_ROWS` (32) |
-//! | `FP4FORGE_CUDA_MT_DEEP` | `mt_deep` | `1`: NVFP4 `gemv_mt` launches of at most one block a SM (a few rows' o projection) as `gemv_mt_nv4_deep` / `gemv_mt_nv_deep`: each warp's whole run of chunks in flight and the tokens' B fetched 3 chunks ahead, one block a SM (the same bits) | off |
-//! | `FP4FORGE_CUDA_MT_FILL` | `mt_blocks_per_sm` | blocks a SM that `gemv_mt`'s K split aims its grid at (`mma_split`: warps per tile doubled while the grid is below this many blocks a SM and each warp keeps 2+ chunks; `gemv_mt_nv4` holds 3) | 1 |
+//! | `FP4FORGE_CUDA_MT_DEEP` | `mt_deep` | `0`: NVFP4 `gemv_mt` launches of at most one block a SM (a few rows' o projection) on `gemv_mt_nv4` / `gemv_mt_nv`, not on `gemv_mt_nv4_deep` / `gemv_mt_nv_deep` (each warp's whole run of chunks in flight and the tokens' B fetched 3 chunks ahead, one block a SM; the same bits) | on (H100, 2026-12-06, two rounds: 1.3% faster at 2 rows, 0.7–0.9% at 4, neutral at 8 and 32) |
+//! | `FP4FORGE_CUDA_MT_FILL` | `mt_blocks_per_sm` | blocks a SM that `gemv_mt`'s K split aims its grid at (`mma_split`: warps per tile doubled while the grid is below this many blocks a SM and each warp keeps 2+ chunks; `gemv_mt_nv4` holds 3) | 1 (H100, 2026-12-06, two rounds: 3 was 2–3% slower at 8 and 32 rows, within 0.5% at 2 and 4) |
 //! | `FP4FORGE_CUDA_MT_KS` | `mt_k_split` | `1`, `2`, `4`, `8`: fixed K split (warps per tile) of `gemv_mt` | per shape (`mma_split`) |
 //!
 //! The fields below the table's are not read from the environment: the decode attention split
@@ -168,8 +168,8 @@ impl Default for CudaOptions {
             norm_stage: true,
             reduce_norm: false,
             router_topk: false,
-            mt_mixed: false,
-            moe_staged: false,
+            mt_mixed: true,
+            moe_staged: true,
             down_four_blocks: false,
             l2_prefetch_rows: L2_PREFETCH_MIN_ROWS,
             grouped_moe: true,
@@ -181,7 +181,7 @@ impl Default for CudaOptions {
             nv_k_split: None,
             mma_k_split: None,
             mt_k_split: None,
-            mt_deep: false,
+            mt_deep: true,
             mt_blocks_per_sm: 1,
             few_token_max: GEMV_MT_MAX_TOKENS,
             few_moe_min_tokens: FEW_MOE_MIN_TOKENS,
@@ -246,8 +246,8 @@ impl CudaOptions {
             norm_stage: on("FP4FORGE_CUDA_NORM_STAGE"),
             reduce_norm: var("FP4FORGE_CUDA_REDUCE_NORM").as_deref() == Some(OsStr::new("1")),
             router_topk: var("FP4FORGE_CUDA_ROUTER_TOPK").as_deref() == Some(OsStr::new("1")),
-            mt_mixed: var("FP4FORGE_CUDA_MT_MIXED").as_deref() == Some(OsStr::new("1")),
-            moe_staged: var("FP4FORGE_CUDA_MOE_STAGED").as_deref() == Some(OsStr::new("1")),
+            mt_mixed: on("FP4FORGE_CUDA_MT_MIXED"),
+            moe_staged: on("FP4FORGE_CUDA_MOE_STAGED"),
             down_four_blocks: var("FP4FORGE_CUDA_DOWN_B4").as_deref() == Some(OsStr::new("1")),
             l2_prefetch_rows: num("FP4FORGE_CUDA_L2_PREFETCH").unwrap_or(d.l2_prefetch_rows),
             grouped_moe: on("FP4FORGE_CUDA_GROUPED_MOE"),
@@ -259,7 +259,7 @@ impl CudaOptions {
             nv_k_split: split("FP4FORGE_NV_KS"),
             mma_k_split: split("FP4FORGE_MMA_KS"),
             mt_k_split: split("FP4FORGE_CUDA_MT_KS"),
-            mt_deep: var("FP4FORGE_CUDA_MT_DEEP").as_deref() == Some(OsStr::new("1")),
+            mt_deep: on("FP4FORGE_CUDA_MT_DEEP"),
             mt_blocks_per_sm: num("FP4FORGE_CUDA_MT_FILL")
                 .filter(|&n| n > 0)
                 .unwrap_or(d.mt_blocks_per_sm),
@@ -307,7 +307,7 @@ mod tests {
             ("FP4FORGE_CUDA_NORM_STAGE", "0"),
             ("FP4FORGE_CUDA_REDUCE_NORM", "1"),
             ("FP4FORGE_CUDA_ROUTER_TOPK", "1"),
-            ("FP4FORGE_CUDA_MT_MIXED", "1"),
+            ("FP4FORGE_CUDA_MT_MIXED", "0"),
             ("FP4FORGE_CUDA_MOE_STAGED", "1"),
             ("FP4FORGE_CUDA_DOWN_B4", "1"),
             ("FP4FORGE_CUDA_L2_PREFETCH", "1"),
@@ -317,7 +317,7 @@ mod tests {
             ("FP4FORGE_NV_KS", "3"),
             ("FP4FORGE_MMA_KS", "4"),
             ("FP4FORGE_CUDA_MT_KS", "8"),
-            ("FP4FORGE_CUDA_MT_DEEP", "1"),
+            ("FP4FORGE_CUDA_MT_DEEP", "0"),
             ("FP4FORGE_CUDA_MT_FILL", "3"),
             ("FP4FORGE_CUDA_KERNELS", "/tmp/k.cu"),
             ("FP4FORGE_CUDA_MT_TOKENS", "0"),
@@ -329,12 +329,12 @@ mod tests {
         assert!(o.legacy_gemv && o.mma_gemm && !o.grouped_moe && !o.flash_attention);
         assert!(!o.fused_batch && !o.h16_gemm && o.h16_one_block && o.mt_one_block);
         assert!(o.mt_16_tokens && !o.mt_4_tokens && !o.h16_merged && o.down_four_blocks);
-        assert!(!o.norm_stage && o.reduce_norm && o.router_topk && o.mt_mixed && o.moe_staged);
+        assert!(!o.norm_stage && o.reduce_norm && o.router_topk && !o.mt_mixed && o.moe_staged);
         assert_eq!(o.l2_prefetch_rows, 1);
         assert_eq!((o.nv_blocks_per_sm, o.nv_grid_per_sm), (3, 3));
         assert_eq!((o.nv_k_split, o.mma_k_split), (None, Some(4)));
         assert_eq!(o.mt_k_split, Some(8));
-        assert!(o.mt_deep);
+        assert!(!o.mt_deep);
         assert_eq!(o.mt_blocks_per_sm, 3);
         assert_eq!(o.kernels_source, Some(PathBuf::from("/tmp/k.cu")));
         let o = with(&[
