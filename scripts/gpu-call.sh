@@ -9,7 +9,7 @@
 #
 # e.g. `scripts/gpu-call.sh $OUT builtin prefill:FP4FORGE_CUDA_H16_GEMM=0
 # decode:FP4FORGE_CUDA_MT_B1=1` (variants as scripts/gpu-ab.sh takes them; default: builtin
-# only). Environment: DEADLINE (seconds after the start by which everything has stopped, default
+# only; `none`: no A/B, e.g. for the tests and SERVE alone). Environment: DEADLINE (seconds after the start by which everything has stopped, default
 # 545: a call has 600, transfers included), TESTS_LIMIT (seconds for the tests, default 270),
 # ROUNDS (default 1), NCU (default 0), XS, DECODE_BATCHES, NCU_BATCHES, NCU_DETAIL and NCU_PREFILL as
 # scripts/gpu-ab.sh reads them, TESTS as scripts/gpu-tests.sh's suite reads it (only the tests
@@ -54,15 +54,18 @@ if ! wait "$xs_pid"; then
 fi
 say "lean XS ready at $SECONDS s"
 left=$((deadline - SECONDS))
-if [ "$left" -lt 60 ]; then
+if [ "${variants[*]}" = none ]; then
+    say "no A/B (variants: none)"
+elif [ "$left" -lt 60 ]; then
     say "no A/B: $left s left before DEADLINE=$deadline"
     exit 1
+else
+    ROUNDS=${ROUNDS:-1} NCU=${NCU:-0} timeout "$left" scripts/gpu-ab.sh run "$out/ab" "${variants[@]}" > "$out/ab.log" 2>&1
+    rc=$?
+    say "A/B: exit status $rc at $SECONDS s$([ $rc = 124 ] && echo " (past DEADLINE=$deadline s: the rows so far)")"
+    [ $rc = 0 ] || status=1
+    [ ! -f "$out/ab/ab.txt" ] || tee -a "$summary" < "$out/ab/ab.txt"
 fi
-ROUNDS=${ROUNDS:-1} NCU=${NCU:-0} timeout "$left" scripts/gpu-ab.sh run "$out/ab" "${variants[@]}" > "$out/ab.log" 2>&1
-rc=$?
-say "A/B: exit status $rc at $SECONDS s$([ $rc = 124 ] && echo " (past DEADLINE=$deadline s: the rows so far)")"
-[ $rc = 0 ] || status=1
-[ ! -f "$out/ab/ab.txt" ] || tee -a "$summary" < "$out/ab/ab.txt"
 # SERVE: the production path on the same checkpoint (hard links, or symbolic ones across file
 # systems, plus the stand-in tokenizer).
 read -r -a serve <<< "${SERVE:-}"
