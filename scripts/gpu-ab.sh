@@ -21,11 +21,13 @@
 # `quantize` when missing, ~80 s, 21.7 + 20 GB), ROUNDS (2), DECODE_BATCHES (default "1 4 32";
 # empty: no decode steps), NCU (default 1; 0: no per-kernel times), FP4FORGE_KERNEL_CACHE
 # (default /dev/shm/fp4forge-kernels: each variant compiles once, ~80 s), NCU_BATCHES (e.g. "1 4":
-# also each listed batch's decode step per kernel under ncu, first variant, averaged over 4 steps
-# after a warm-up, ~40 s per batch of 4 rows; default none), NCU_PREFILL (default 1; 0: no
+# also each listed batch's decode step per kernel under ncu, first variant: the NCU_STEPS
+# (default 2) steps after a warm-up that `batch_decode_speed --profile` runs inside the profiler's
+# capture range, averaged, ncu started with `--profile-from-start off` so that nothing else (the
+# prompts' prefills, the warm-up) is profiled; default none), NCU_PREFILL (default 1; 0: no
 # per-kernel table of the prefill, e.g. for a decode-only call), NCU_DETAIL (kernel names, e.g.
 # "experts_gate_up2 gemv_mt_nv4": for each NCU_BATCHES batch, each named kernel's launches of one
-# decode step (the first after the warm-up) under ncu's sections SpeedOfLight, Occupancy,
+# captured decode step under ncu's sections SpeedOfLight, Occupancy,
 # LaunchStats, MemoryWorkloadAnalysis and WarpStateStats, ~30 s a kernel; the key lines in
 # ab.txt, ncu's whole output in OUTDIR/ncu-bB-KERNEL.txt). Results: OUTDIR/ab.txt (each round's
 # times, then each variant's mean and its ratio to the first variant's).
@@ -189,10 +191,9 @@ if [ -z "$ncu" ]; then
     exit 0
 fi
 # Per-kernel times of an ncu CSV (gpu__time_duration.sum): `ncu_table CSV all` sums every launch
-# in milliseconds; `ncu_table CSV steps` averages the decode steps in microseconds, the kernels
-# between the first sampling launch (the warm-up step's) and the last (the prompts' prefills come
-# before); `ncu_table CSV launches KERNEL` prints KERNEL's launches up to the end of the warm-up
-# step, then its launches in the first step after it.
+# in milliseconds; `ncu_table CSV steps N` averages N captured decode steps in microseconds (every
+# launch in the CSV belongs to one of them); `ncu_table CSV launches KERNEL N` prints KERNEL's
+# launches per captured step.
 ncu_table() {
     python3 - "$@" <<'PY'
 import collections, csv, sys
@@ -211,16 +212,14 @@ for row in csv.reader(open(sys.argv[1])):
     except ValueError:
         continue
 rows.sort()
-ends = [i for i, r in enumerate(rows) if r[1] == "sample_logits"]
-if sys.argv[2] != "all" and len(ends) < 2:
-    sys.exit("fewer than two sampling launches: no step to read")
 if sys.argv[2] == "launches":
-    before = sum(1 for r in rows[: ends[0] + 1] if r[1] == sys.argv[3])
-    step = sum(1 for r in rows[ends[0] + 1 : ends[1] + 1] if r[1] == sys.argv[3])
-    print(before, step)
+    n = sum(1 for r in rows if r[1] == sys.argv[3])
+    print(n // int(sys.argv[4]))
     sys.exit(0)
 if sys.argv[2] == "steps":
-    rows, per, unit, scale = rows[ends[0] + 1 : ends[-1] + 1], len(ends) - 1, "us/step", 1e3
+    per, unit, scale = int(sys.argv[3]), "us/step", 1e3
+    if sum(1 for r in rows if r[1] == "sample_logits") != per:
+        sys.exit(f"not {per} sampling launches: the capture is not {per} whole steps")
 else:
     per, unit, scale = 1, "ms", 1e6
 total, count = collections.Counter(), collections.Counter()
@@ -242,26 +241,26 @@ if [ "${NCU_PREFILL:-1}" != 0 ]; then
     ncu_table "$out/ncu.csv" all | tee -a "$report" || say "(no table: see $out/ncu.log)"
 fi
 # Decode steps per kernel (NCU_BATCHES).
+# Only the steps that batch_decode_speed runs inside the profiler's capture range are profiled.
+steps=${NCU_STEPS:-2}
 for b in ${NCU_BATCHES:-}; do
     # shellcheck disable=SC2046
-    env $(settings "${variants[0]}") "$ncu" --cache-control none --clock-control none \
-        --metrics gpu__time_duration.sum --csv "$(bin_of "${variants[0]}")/batch_decode_speed" "$xs" --device cuda 4 "$b" \
-        > "$out/ncu-b$b.csv" 2> "$out/ncu-b$b.log" || true
-    say "kernels of $(basename "${variants[0]}") (ncu: a decode step of $b rows, mean of 4, kernels alone and serialized)"
-    ncu_table "$out/ncu-b$b.csv" steps | tee -a "$report" || say "(no table: see $out/ncu-b$b.log)"
-    # NCU_DETAIL: the named kernels' launches of the first decode step after the warm-up (launches
-    # of that kernel before it are skipped: counted in the table's CSV), in depth.
+    env $(settings "${variants[0]}") "$ncu" --cache-control none --clock-control none --profile-from-start off \
+        --metrics gpu__time_duration.sum --csv "$(bin_of "${variants[0]}")/batch_decode_speed" "$xs" --device cuda \
+        --profile "$steps" "$steps" "$b" > "$out/ncu-b$b.csv" 2> "$out/ncu-b$b.log" || true
+    say "kernels of $(basename "${variants[0]}") (ncu: a decode step of $b rows, mean of $steps, kernels alone and serialized)"
+    ncu_table "$out/ncu-b$b.csv" steps "$steps" | tee -a "$report" || say "(no table: see $out/ncu-b$b.log)"
+    # NCU_DETAIL: the named kernels' launches of one captured decode step, in depth.
     for k in ${NCU_DETAIL:-}; do
-        read -r skip count < <(ncu_table "$out/ncu-b$b.csv" launches "$k" 2> /dev/null) ||
-            { say "NCU_DETAIL $k, $b rows: no step in $out/ncu-b$b.csv"; continue; }
+        count=$(ncu_table "$out/ncu-b$b.csv" launches "$k" "$steps" 2> /dev/null) ||
+            { say "NCU_DETAIL $k, $b rows: no table in $out/ncu-b$b.csv"; continue; }
         [ "${count:-0}" -gt 0 ] || { say "NCU_DETAIL $k, $b rows: not launched in a step"; continue; }
         # shellcheck disable=SC2046
-        env $(settings "${variants[0]}") "$ncu" --cache-control none --clock-control none \
+        env $(settings "${variants[0]}") "$ncu" --cache-control none --clock-control none --profile-from-start off \
             --section SpeedOfLight --section Occupancy --section LaunchStats \
             --section MemoryWorkloadAnalysis --section WarpStateStats \
-            --kernel-name "regex:^$k\$" --launch-skip "$skip" --launch-count "$count" \
-            "$(bin_of "${variants[0]}")/batch_decode_speed" "$xs" --device cuda 4 "$b" \
-            > "$out/ncu-b$b-$k.txt" 2>&1 || true
+            --kernel-name "regex:^$k\$" "$(bin_of "${variants[0]}")/batch_decode_speed" "$xs" --device cuda \
+            --profile 1 1 "$b" > "$out/ncu-b$b-$k.txt" 2>&1 || true
         say "$k, a decode step of $b rows ($count launches, ncu sections; whole output: ncu-b$b-$k.txt)"
         python3 - "$out/ncu-b$b-$k.txt" <<'PY' | tee -a "$report" || true
 import collections, re, sys

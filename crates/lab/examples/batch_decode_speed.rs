@@ -4,8 +4,11 @@
 //! token where it can, only ids come back); tokens/s of the whole batch and time per step.
 //!
 //! `cargo run --release -p fp4forge-lab [--features cuda] --example batch_decode_speed -- DIR
-//! [--device cuda] [--kv-dtype fp8] [STEPS] [BATCHES...]` (defaults: cpu, bf16 caches, 32 steps,
-//! batches 1 2 4 8 16).
+//! [--device cuda] [--kv-dtype fp8] [--profile N] [STEPS] [BATCHES...]` (defaults: cpu, bf16
+//! caches, 32 steps, batches 1 2 4 8 16). `--profile N` (CUDA): the first N timed steps of each
+//! batch run inside Nsight's capture range (`fp4forge_lab::profiler_capture`), so that
+//! `ncu --profile-from-start off` profiles exactly those steps' kernels (not the prompts'
+//! prefills or the warm-up step).
 
 use std::path::Path;
 use std::time::Instant;
@@ -19,6 +22,8 @@ use fp4forge_engine::{
 struct Measure {
     steps: usize,
     batches: Vec<usize>,
+    /// Timed steps of each batch inside the profiler's capture range (0: none).
+    profile: usize,
 }
 
 impl WithModel for Measure {
@@ -57,8 +62,14 @@ impl WithModel for Measure {
             // one warm-up step (kernel compilation, buffers)
             run(&mut tokens)?;
             let start = Instant::now();
-            for _ in 0..self.steps {
+            for step in 0..self.steps {
+                if step == 0 && self.profile > 0 {
+                    fp4forge_lab::profiler_capture(true)?;
+                }
                 run(&mut tokens)?;
+                if step + 1 == self.profile.min(self.steps) {
+                    fp4forge_lab::profiler_capture(false)?;
+                }
             }
             let s = start.elapsed().as_secs_f64();
             println!(
@@ -75,9 +86,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let device = fp4forge_lab::take_device(&mut args)?;
     let kv = fp4forge_lab::take_arg(&mut args, "--kv-dtype", KvDtype::Bf16)?;
-    let dir = args
-        .first()
-        .ok_or("usage: batch_decode_speed DIR [--device D] [--kv-dtype T] [STEPS] [BATCHES...]")?;
+    let profile = fp4forge_lab::take_arg(&mut args, "--profile", 0usize)?;
+    if profile > 0 && device == fp4forge_engine::Device::Cpu {
+        return Err("--profile captures CUDA work: it needs --device cuda".into());
+    }
+    let dir = args.first().ok_or(
+        "usage: batch_decode_speed DIR [--device D] [--kv-dtype T] [--profile N] [STEPS] [BATCHES...]",
+    )?;
     let steps: usize = args.get(1).map_or(Ok(32), |s| s.parse())?;
     let batches: Vec<usize> = if args.len() > 2 {
         args[2..]
@@ -92,6 +107,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         device,
         Path::new(dir),
         ModelOptions::new().kv_dtype(kv),
-        Measure { steps, batches },
+        Measure {
+            steps,
+            batches,
+            profile,
+        },
     )?
 }

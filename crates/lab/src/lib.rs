@@ -20,6 +20,40 @@ pub mod op_profile;
 #[cfg(feature = "cuda")]
 pub mod stream_probe;
 
+/// Opens (`on`) or closes Nsight's capture range: `cuProfilerStart` / `cuProfilerStop` on the
+/// calling thread's CUDA context, so that a tool started with `--profile-from-start off` (ncu,
+/// nsys) profiles only the work launched in between. Call it on the thread that has run the
+/// backend's launches (its context is current there).
+#[cfg(feature = "cuda")]
+pub fn profiler_capture(on: bool) -> Result<(), String> {
+    use cudarc::driver::sys;
+    // SAFETY: neither call takes arguments; they act on the thread's current context.
+    let r = unsafe {
+        if on {
+            sys::cuProfilerStart()
+        } else {
+            sys::cuProfilerStop()
+        }
+    };
+    match r {
+        sys::CUresult::CUDA_SUCCESS => Ok(()),
+        e => Err(format!(
+            "{}: {e:?}",
+            if on {
+                "cuProfilerStart"
+            } else {
+                "cuProfilerStop"
+            }
+        )),
+    }
+}
+
+/// Without the `cuda` feature there is no CUDA work to capture: refused.
+#[cfg(not(feature = "cuda"))]
+pub fn profiler_capture(_on: bool) -> Result<(), String> {
+    Err("a profiler capture range needs the lab's `cuda` feature".into())
+}
+
 /// `len` pseudo-random token ids below `vocab` (xorshift64 from a fixed seed): the fixed prompt
 /// of the CPU speed examples (and of `benches/cpu_vs_llamacpp.sh`'s pp prompt).
 pub fn synthetic_prompt(len: usize, vocab: usize) -> Vec<u32> {
