@@ -149,16 +149,19 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
                 mt_one_block,
                 mt_16_tokens,
                 mt_4_tokens,
+                // (the deep variants are compared with these below)
+                mt_deep: false,
                 ..mma_on.clone()
             });
             b.download(&b.linear(&xt, &lin, None).unwrap()).unwrap()
         };
         // the deep variants (a warp's whole run of chunks in flight, B fetched 3 chunks
-        // ahead) where the grid is at most one block a SM: at most 8 tokens (one grid row
-        // each), both with 4 tokens a grid row and with 8
-        let deep = |mt_4_tokens: bool| {
+        // ahead) where the grid is at most one block a SM (at most 8 tokens: one grid row), and
+        // at any grid with `mt_deep_all`, both with 4 tokens a grid row and with 8
+        let deep = |mt_4_tokens: bool, mt_deep_all: bool| {
             b.set_options(CudaOptions {
                 mt_deep: true,
+                mt_deep_all,
                 mt_4_tokens,
                 ..mma_on.clone()
             });
@@ -167,18 +170,17 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
             (y, b.deep_linears() > before)
         };
         let two_blocks = run(false, false, false);
-        // (a grid has at most one block per 16-row tile)
-        if nvfp4 && cols % 128 == 0 && t <= 8 && rows.div_ceil(16) <= b.sm_count() {
-            for four in [false, true] {
-                let (y, ran) = deep(four);
-                assert!(
-                    ran,
-                    "{label} t={t}: no deep gemv_mt launch (4 tokens a row: {four})"
-                );
-                assert_eq!(
-                    two_blocks, y,
-                    "{label} t={t}: deep gemv_mt (4 tokens a row: {four})"
-                );
+        if nvfp4 && cols % 128 == 0 {
+            // (a grid has at most one block per 16-row tile)
+            let one_wave = t <= 8 && rows.div_ceil(16) <= b.sm_count();
+            for (four, all) in [(false, false), (true, false), (false, true), (true, true)] {
+                if !(one_wave || all) {
+                    continue;
+                }
+                let (y, ran) = deep(four, all);
+                let what = format!("4 tokens a row: {four}, any grid: {all}");
+                assert!(ran, "{label} t={t}: no deep gemv_mt launch ({what})");
+                assert_eq!(two_blocks, y, "{label} t={t}: deep gemv_mt ({what})");
             }
         }
         assert_eq!(

@@ -37,6 +37,7 @@
 //! | `FP4FORGE_CUDA_DOWN_B4` | `down_four_blocks` | `1`: the per-item experts' down projection (batched steps below `FEW_MOE_MIN_TOKENS` rows) at four blocks a SM (`experts_down2_b4`: at most 128 registers) | off |
 //! | `FP4FORGE_CUDA_L2_PREFETCH` | `l2_prefetch_rows` | `N`: batched decode steps of N or more rows prefetch weights into L2 ahead of their loads (sm_90): the routed experts' gate/up by the router's top-k, their down by the gate/up blocks (per-item experts, as many items as fit in L2), the next wave's by the grouped experts' blocks, each `gemv_mt` block's rows before it waits for its input; `0`: never, `1`: every batched step | `L2_PREFETCH_MIN_ROWS` (32) |
 //! | `FP4FORGE_CUDA_MT_DEEP` | `mt_deep` | `0`: NVFP4 `gemv_mt` launches of at most one block a SM (a few rows' o projection) on `gemv_mt_nv4` / `gemv_mt_nv`, not on `gemv_mt_nv4_deep` / `gemv_mt_nv_deep` (each warp's whole run of chunks in flight and the tokens' B fetched 3 chunks ahead, one block a SM; the same bits) | on (H100, 2026-12-06, two rounds: 1.3% faster at 2 rows, 0.7–0.9% at 4, neutral at 8 and 32) |
+//! | `FP4FORGE_CUDA_MT_DEEP_ALL` | `mt_deep_all` | `1`: NVFP4 `gemv_mt` launches of any grid on the deep variants (with `mt_deep`), e.g. a 32-row step's q/k/v and o at one block a SM, each warp's whole run of chunks in flight | off (not yet measured) |
 //! | `FP4FORGE_CUDA_MT_FILL` | `mt_blocks_per_sm` | blocks a SM that `gemv_mt`'s K split aims its grid at (`mma_split`: warps per tile doubled while the grid is below this many blocks a SM and each warp keeps 2+ chunks; `gemv_mt_nv4` holds 3) | 1 (H100, 2026-12-06, two rounds: 3 was 2–3% slower at 8 and 32 rows, within 0.5% at 2 and 4) |
 //! | `FP4FORGE_CUDA_MT_KS` | `mt_k_split` | `1`, `2`, `4`, `8`: fixed K split (warps per tile) of `gemv_mt` | per shape (`mma_split`) |
 //!
@@ -132,6 +133,9 @@ pub struct CudaOptions {
     /// `FP4FORGE_CUDA_MT_DEEP`: NVFP4 `gemv_mt` grids of at most one block a SM on the deep
     /// variants (a warp's whole run of chunks in flight).
     pub mt_deep: bool,
+    /// `FP4FORGE_CUDA_MT_DEEP_ALL`: with `mt_deep`, NVFP4 `gemv_mt` grids of any size on the
+    /// deep variants.
+    pub mt_deep_all: bool,
     /// `FP4FORGE_CUDA_MT_FILL`: blocks a SM that `gemv_mt`'s K split aims its grid at.
     pub mt_blocks_per_sm: usize,
     /// Fewest keys per split of decode attention (`ATTN_SPLIT_MIN_KEYS`).
@@ -182,6 +186,7 @@ impl Default for CudaOptions {
             mma_k_split: None,
             mt_k_split: None,
             mt_deep: true,
+            mt_deep_all: false,
             mt_blocks_per_sm: 1,
             few_token_max: GEMV_MT_MAX_TOKENS,
             few_moe_min_tokens: FEW_MOE_MIN_TOKENS,
@@ -260,6 +265,7 @@ impl CudaOptions {
             mma_k_split: split("FP4FORGE_MMA_KS"),
             mt_k_split: split("FP4FORGE_CUDA_MT_KS"),
             mt_deep: on("FP4FORGE_CUDA_MT_DEEP"),
+            mt_deep_all: var("FP4FORGE_CUDA_MT_DEEP_ALL").as_deref() == Some(OsStr::new("1")),
             mt_blocks_per_sm: num("FP4FORGE_CUDA_MT_FILL")
                 .filter(|&n| n > 0)
                 .unwrap_or(d.mt_blocks_per_sm),
@@ -318,6 +324,7 @@ mod tests {
             ("FP4FORGE_MMA_KS", "4"),
             ("FP4FORGE_CUDA_MT_KS", "8"),
             ("FP4FORGE_CUDA_MT_DEEP", "0"),
+            ("FP4FORGE_CUDA_MT_DEEP_ALL", "1"),
             ("FP4FORGE_CUDA_MT_FILL", "3"),
             ("FP4FORGE_CUDA_KERNELS", "/tmp/k.cu"),
             ("FP4FORGE_CUDA_MT_TOKENS", "0"),
@@ -334,7 +341,7 @@ mod tests {
         assert_eq!((o.nv_blocks_per_sm, o.nv_grid_per_sm), (3, 3));
         assert_eq!((o.nv_k_split, o.mma_k_split), (None, Some(4)));
         assert_eq!(o.mt_k_split, Some(8));
-        assert!(!o.mt_deep);
+        assert!(!o.mt_deep && o.mt_deep_all);
         assert_eq!(o.mt_blocks_per_sm, 3);
         assert_eq!(o.kernels_source, Some(PathBuf::from("/tmp/k.cu")));
         let o = with(&[

@@ -1319,9 +1319,15 @@ impl CudaBackend {
         let tile_rows = 16 * (NV_WARPS as usize / ks);
         let (mut segs, block0) = Segs::of(self, parts, |_| tile_rows);
         segs.l2_prefetch = i32::from(self.l2_prefetch(t));
-        let (one_block, sixteen, four, deep) = {
+        let (one_block, sixteen, four, deep, deep_all) = {
             let o = self.opts();
-            (o.mt_one_block, o.mt_16_tokens, o.mt_4_tokens, o.mt_deep)
+            (
+                o.mt_one_block,
+                o.mt_16_tokens,
+                o.mt_4_tokens,
+                o.mt_deep,
+                o.mt_deep_all,
+            )
         };
         let (variant, per_grid_row) = match fmt {
             2 => (MT_BF16_VARIANT, GEMV_MT_TOKENS),
@@ -1330,12 +1336,13 @@ impl CudaBackend {
             _ if one_block => (2, GEMV_MT_TOKENS),
             _ => (MT_NV_VARIANT, GEMV_MT_TOKENS),
         };
-        // a grid of at most one block a SM: each warp's whole run of chunks in flight
+        // a grid of at most one block a SM (any, with `mt_deep_all`): each warp's whole run of
+        // chunks in flight
         let grid_rows = t.div_ceil(per_grid_row);
-        let one_wave = block0 as usize * grid_rows <= sms;
+        let go_deep = deep && (deep_all || block0 as usize * grid_rows <= sms);
         let variant = match variant {
-            MT_NV4_VARIANT if deep && one_wave => MT_NV4_DEEP_VARIANT,
-            MT_NV_VARIANT if deep && one_wave => MT_NV_DEEP_VARIANT,
+            MT_NV4_VARIANT if go_deep => MT_NV4_DEEP_VARIANT,
+            MT_NV_VARIANT if go_deep => MT_NV_DEEP_VARIANT,
             v => v,
         };
         Ok(MtPlan {
