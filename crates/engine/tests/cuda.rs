@@ -1380,6 +1380,7 @@ struct Knobs {
     router_topk: bool,
     mt_mixed: bool,
     moe_staged: bool,
+    item_staged: bool,
     few: bool,
 }
 
@@ -1392,7 +1393,9 @@ struct Knobs {
 /// and NVFP4 q/k/v with the bf16 gate in one launch (`FP4FORGE_CUDA_MT_MIXED`, counted; up to
 /// 4 rows), and the few-items-per-tile experts taking their input as the norm staged it
 /// (`FP4FORGE_CUDA_MOE_STAGED`, counted) and their items grouped by expert in the router's
-/// top-k tail (counted; both against those experts without, as they run from 2 rows here), on
+/// top-k tail (counted; both against those experts without, as they run from 2 rows here), and
+/// the per-item experts reading their input as the norm staged it (`FP4FORGE_CUDA_ITEM_STAGED`,
+/// counted), on
 /// the fused batched step of 5 and of 3 rows, at widths that norm
 /// on a warp (256), on `rms_norm`'s block of 128 threads (640) and of 512 (2,048, Laguna-XS's),
 /// stock (bf16 q/k/v: the bf16 staging) and lean (NVFP4).
@@ -1440,6 +1443,7 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                     router_topk,
                     mt_mixed,
                     moe_staged,
+                    item_staged,
                     few,
                 } = knobs;
                 backend.set_options(CudaOptions {
@@ -1448,6 +1452,7 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                     router_topk,
                     mt_mixed,
                     moe_staged,
+                    item_staged,
                     l2_prefetch_rows: usize::from(l2_prefetch),
                     few_moe_min_tokens: if few { 2 } else { defaults.few_moe_min_tokens },
                     ..defaults.clone()
@@ -1489,14 +1494,16 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                 // their input as the norm staged it where it is on and they run a few items
                 // per tile (and the shared expert's down its input as the SiLU product staged
                 // it: Laguna has one in every MoE layer), and then the router's top-k also
-                // groups the items
+                // groups the items; or, with item_staged, where they run one grid row per item
+                // (once a layer)
                 let on = |yes: bool, count: usize| if yes { count } else { 0 };
                 let routed = norm_stage && router_topk && !l2_prefetch;
                 let want = [
                     on(norm_stage && reduce_norm, moe_layers),
                     on(routed, moe_layers),
                     on(mt_mixed && lean && rows <= 4, layers),
-                    on(norm_stage && moe_staged && few, 2 * moe_layers),
+                    on(norm_stage && moe_staged && few, 2 * moe_layers)
+                        + on(norm_stage && item_staged && !few, moe_layers),
                     on(routed && few, moe_layers),
                 ];
                 assert_eq!(
@@ -1532,6 +1539,13 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                             ..staged
                         },
                         "reduce_norm",
+                    ),
+                    (
+                        Knobs {
+                            item_staged: true,
+                            ..staged
+                        },
+                        "item_staged",
                     ),
                     (
                         Knobs {
@@ -1609,7 +1623,7 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
             }
             println!(
                 "{label}: the same bits with and without norm_stage, l2_prefetch, reduce_norm, \
-                 router_topk, mt_mixed, moe_staged (5 and 3 rows)"
+                 router_topk, mt_mixed, moe_staged, item_staged (5 and 3 rows)"
             );
         }
     }

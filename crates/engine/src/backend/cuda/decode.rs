@@ -501,7 +501,8 @@ impl CudaBackend {
                         let router = [(&m.router, p(&bufs.router))];
                         let path = self.moe_path(&m.experts, shared.as_ref(), k, n);
                         // (and for the experts where they take it staged)
-                        let moe_formats = self.moe_input_formats(path, shared.as_ref(), n);
+                        let moe_formats =
+                            self.moe_input_formats(&m.experts, path, shared.as_ref(), n);
                         let mut formats = self.gemv_mt_formats(&router, n);
                         formats.extend(&moe_formats);
                         formats.sort_unstable();

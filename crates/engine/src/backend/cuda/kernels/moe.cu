@@ -247,12 +247,16 @@ __device__ __forceinline__ int expert_item(int has_shared, int T, int k, int y =
 // they are read, warp 1 prefetches the block's share (blockIdx.x of gridDim.x) of the item's
 // down projection into L2 (`dpf`: routed items below dpf.items). `ahead` > 0: warp 7 first
 // prefetches the gate and up rows of the block `ahead` grid rows later, if its item is a routed
-// one the top-k did not prefetch (items from `gu_prefetched` on).
+// one the top-k did not prefetch (items from `gu_prefetched` on). `xbs` (null: none): the T rows of
+// x already staged as xb_stage writes them for NVFP4 (entries xbs, scales xds, e.g. by the norm
+// that produced x): the tensor-core path then reads its B there instead of staging x itself (the
+// same entries and scale, so the same bits).
 extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up2(ExpertProj gate, ExpertProj up, ExpertProj sgate, ExpertProj sup,
                                            int has_shared, int shared_inter, const int* __restrict__ sel, int k,
                                            int T, const float* __restrict__ x, float* __restrict__ h, int inter,
                                            int K, int mma, int experts, ExpertPrefetch dpf, int ahead,
-                                           int gu_prefetched) {
+                                           int gu_prefetched, const uint2* __restrict__ xbs,
+                                           const float* __restrict__ xds) {
     const int warps = blockDim.x >> 5;
     const long o = ((long)blockIdx.x * warps + (threadIdx.x >> 5)) * XR;
     const int j = expert_item(has_shared, T, k);
@@ -281,9 +285,17 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up2(ExpertProj
             }
         }
         const int t = j / k;
-        const float ds = xb_fill((uint2*)xs, x + (long)t * K, K);
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        if (nrows > 0) m.run((const uint2*)xs, acc);
+        float ds;
+        if (xbs) {
+            // lanes 0-7 feed the item's token (run's B lanes), the others zeros
+            ds = xds[t];
+            const uint4* xl = (const uint4*)(xbs + (long)t * (K / 2)) + 4 * (lane & 7);
+            if (nrows > 0) m.run_staged<1>(xl, 0, lane < 8 ? 1u : 0u, (float(*)[4])acc);
+        } else {
+            ds = xb_fill((uint2*)xs, x + (long)t * K, K);
+            if (nrows > 0) m.run((const uint2*)xs, acc);
+        }
         const float v = mma_reduce(acc, red, 4);  // warp 0: the gate rows (warps 0-3)
         if (warp == 0 && lane < nrows) {
             float uv = 0.f;

@@ -1310,18 +1310,11 @@ impl CudaBackend {
             }
         };
         let rows: usize = parts.iter().map(|(w, _)| w.rows).sum();
-        let (fixed_split, fill) = {
-            let o = self.opts();
-            (o.mt_k_split, o.mt_blocks_per_sm)
-        };
-        let sms = self.inner.sms;
-        let ks = fixed_split.unwrap_or_else(|| mma_split(rows, cols, fill.max(1) * sms));
-        let tile_rows = 16 * (NV_WARPS as usize / ks);
-        let (mut segs, block0) = Segs::of(self, parts, |_| tile_rows);
-        segs.l2_prefetch = i32::from(self.l2_prefetch(t));
-        let (one_block, sixteen, four, deep, deep_all) = {
+        let (fixed_split, fill, one_block, sixteen, four, deep, deep_all) = {
             let o = self.opts();
             (
+                o.mt_k_split,
+                o.mt_blocks_per_sm,
                 o.mt_one_block,
                 o.mt_16_tokens,
                 o.mt_4_tokens,
@@ -1329,6 +1322,11 @@ impl CudaBackend {
                 o.mt_deep_all,
             )
         };
+        let sms = self.inner.sms;
+        let ks = fixed_split.unwrap_or_else(|| mma_split(rows, cols, fill.max(1) * sms));
+        let tile_rows = 16 * (NV_WARPS as usize / ks);
+        let (mut segs, block0) = Segs::of(self, parts, |_| tile_rows);
+        segs.l2_prefetch = i32::from(self.l2_prefetch(t));
         let (variant, per_grid_row) = match fmt {
             2 => (MT_BF16_VARIANT, GEMV_MT_TOKENS),
             _ if sixteen && t > GEMV_MT_TOKENS => (3, GEMV_MT16_TOKENS),

@@ -26,12 +26,13 @@ kernels! {
     /// Gate/up (SiLU · up into `h`) of each (token, expert) item, one grid row per item.
     /// With `dpf.items`, its blocks then prefetch their share of the routed items' down
     /// projections (of `experts`) into L2; with `ahead`, first the gate/up rows of the block
-    /// that many grid rows later (routed items from `gu_prefetched` on).
+    /// that many grid rows later (routed items from `gu_prefetched` on). With `xbs` (else null),
+    /// the routed items read x's rows as already staged for NVFP4 (`xbs`, scales `xds`).
     experts_gate_up2 => ExpertsGateUp2Args {
         gate: ExpertProj, up: ExpertProj, sgate: ExpertProj, sup: ExpertProj, has_shared: i32,
         shared_inter: i32, sel: DevPtr<i32>, k: i32, t: i32, x: DevPtr<f32>, h: DevPtr<f32>,
         inter: i32, hidden: i32, mma: i32, experts: i32, dpf: ExpertPrefetch, ahead: i32,
-        gu_prefetched: i32,
+        gu_prefetched: i32, xbs: DevPtr<u32>, xds: DevPtr<f32>,
     }
     /// Down of each item into its row of `part` (weighted), one grid row per item, 128 threads.
     /// `experts_down2_b4`: four blocks a SM (`CudaOptions::down_four_blocks`).
@@ -656,18 +657,27 @@ impl CudaBackend {
         }
     }
 
-    /// The weight formats in which the experts of `t` tokens, run on `path`
+    /// The weight formats in which the experts `e` of `t` tokens, run on `path`
     /// ([`moe_path`](Self::moe_path)), take their input rows staged by the norm that produced
     /// them (`MoeBuffers::staged`), ascending: the few-items-per-tile experts' NVFP4 and the
     /// shared expert's gate/up formats on `gemv_mt`, where `CudaOptions::moe_staged` is on and
-    /// the experts run a few items per tile; else none.
+    /// the experts run a few items per tile; NVFP4 for the per-item experts' tensor-core path,
+    /// where `CudaOptions::item_staged` is on; else none.
     pub(crate) fn moe_input_formats(
         &self,
+        e: &CudaExperts,
         path: MoePath,
         shared: Option<&SharedExpert<'_>>,
         t: usize,
     ) -> Vec<i32> {
-        if !self.opts().moe_staged || path != MoePath::GroupedFew {
+        let (moe_staged, item_staged) = {
+            let o = self.opts();
+            (o.moe_staged, o.item_staged)
+        };
+        if path == MoePath::PerItem && item_staged && self.per_item_mma(e) {
+            return vec![3];
+        }
+        if !moe_staged || path != MoePath::GroupedFew {
             return Vec::new();
         }
         let mut formats = match shared {
@@ -1166,9 +1176,21 @@ impl CudaBackend {
         )
     }
 
+    /// Whether the per-item gate/up kernel runs the routed items of `e` on its tensor-core path
+    /// (tensor cores on, NVFP4 gate and up, `hidden % 128 == 0`, at most `NV_MAX_K`): the path
+    /// that can read its input staged for NVFP4.
+    pub(crate) fn per_item_mma(&self, e: &CudaExperts) -> bool {
+        self.inner.mma
+            && e.gate.fmt == 3
+            && e.up.fmt == 3
+            && e.hidden.is_multiple_of(128)
+            && e.hidden <= NV_MAX_K
+    }
+
     /// Gate/up and down of `items` (token, expert) pairs, one grid row per item (the shared
     /// expert, if any, one more item per token); the routed items below `gu_prefetched` had
-    /// their gate/up prefetched into L2 by the top-k.
+    /// their gate/up prefetched into L2 by the top-k. Where `io.staged` holds the input staged
+    /// for NVFP4 (and the tensor-core path runs), the routed items read it there.
     pub(crate) fn experts_per_item(
         &self,
         e: &CudaExperts,
@@ -1184,6 +1206,7 @@ impl CudaBackend {
             x,
             h,
             part,
+            staged,
             ..
         } = io;
         let has = i32::from(shared.is_some());
@@ -1195,6 +1218,15 @@ impl CudaBackend {
         } = shared.unwrap_or_default();
         let items = t * k + if has != 0 { t } else { 0 };
         let rows = e.inter.max(sinter) as u32;
+        let (xbs, xds) = match staged.and_then(|s| s.nv.as_ref()) {
+            Some((xb, ds)) if self.per_item_mma(e) => {
+                self.inner
+                    .moe_inputs_staged
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                (self.ptr(xb), self.ptr(ds))
+            }
+            _ => (DevPtr::NULL, DevPtr::NULL),
+        };
         ops::moe::ExpertsGateUp2Args {
             gate: e.gate.proj(self),
             up: e.up.proj(self),
@@ -1214,6 +1246,8 @@ impl CudaBackend {
             dpf: e.prefetch(self, &[&e.down], t, k),
             ahead: self.wave_ahead(rows.div_ceil(EXPERT_GU_WARPS * EXPERT_GU_ROWS) as usize, t),
             gu_prefetched: gu_prefetched as i32,
+            xbs,
+            xds,
         }
         .launch(
             self,
