@@ -591,10 +591,21 @@ fn gpu_nvfp4_experts_match_cpu() {
                 });
                 let four = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
                 assert_eq!(four, per_item, "per-item down at four blocks a SM, t {t}");
+                // (and in blocks of eight warps: the same arithmetic per row)
+                gpu.set_options(CudaOptions {
+                    down_four_blocks: false,
+                    down_eight_warps: true,
+                    ..gpu.options()
+                });
+                let eight = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
+                assert_eq!(
+                    eight, per_item,
+                    "per-item down in blocks of eight warps, t {t}"
+                );
                 // (the gate/up blocks prefetching the items' down weights into L2: a hint, the
                 // same results; the top-k's own prefetch runs in the batched-step test below)
                 gpu.set_options(CudaOptions {
-                    down_four_blocks: false,
+                    down_eight_warps: false,
                     l2_prefetch_rows: 1,
                     ..gpu.options()
                 });

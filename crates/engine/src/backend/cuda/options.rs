@@ -36,6 +36,7 @@
 //! | `FP4FORGE_CUDA_MOE_STAGED` | `moe_staged` | `0`: in a batched decode step whose routed experts run a few items per tile (`experts_grouped_few`), the MoE's input and the shared expert's SiLU product are staged by `xb_stage` launches, not by the kernels that produce them (the MoE's input norm staging its rows for the experts and the shared expert's gate/up: two launches a layer fewer, with `norm_stage`; `silu_mul_stage` staging the SiLU product for the down projection: one fewer) | on (H100, 2026-12-06, three rounds: 2.8–3.5% faster at 32 rows, neutral at 2–8) |
 //! | `FP4FORGE_CUDA_ITEM_STAGED` | `item_staged` | `1`: in a batched decode step whose routed experts run one grid row per item (`experts_gate_up2`, below `FEW_MOE_MIN_TOKENS` rows), the MoE's input norm also stages its rows for NVFP4 and the items' tensor-core path reads them there, not each block staging its token's row into shared memory (the same bits; with `norm_stage`) | off (not yet measured) |
 //! | `FP4FORGE_CUDA_DOWN_B4` | `down_four_blocks` | `1`: the per-item experts' down projection (batched steps below `FEW_MOE_MIN_TOKENS` rows) at four blocks a SM (`experts_down2_b4`: at most 128 registers) | off |
+//! | `FP4FORGE_CUDA_DOWN_W8` | `down_eight_warps` | `1`: the per-item experts' down projection in blocks of 8 warps (`experts_down2_w8`: 64 rows a block on the tensor-core path, half the blocks, two a SM; the same bits) | off (not yet measured) |
 //! | `FP4FORGE_CUDA_L2_PREFETCH` | `l2_prefetch_rows` | `N`: batched decode steps of N or more rows prefetch weights into L2 ahead of their loads (sm_90): the routed experts' gate/up by the router's top-k, their down by the gate/up blocks (per-item experts, as many items as fit in L2), the next wave's by the grouped experts' blocks, each `gemv_mt` block's rows before it waits for its input; `0`: never, `1`: every batched step | `L2_PREFETCH_MIN_ROWS` (32) |
 //! | `FP4FORGE_CUDA_MT_DEEP` | `mt_deep` | `0`: NVFP4 `gemv_mt` launches of at most one block a SM (a few rows' o projection) on `gemv_mt_nv4` / `gemv_mt_nv`, not on `gemv_mt_nv4_deep` / `gemv_mt_nv_deep` (each warp's whole run of chunks in flight and the tokens' B fetched 3 chunks ahead, one block a SM; the same bits) | on (H100, 2026-12-06, two rounds: 1.3% faster at 2 rows, 0.7–0.9% at 4, neutral at 8 and 32) |
 //! | `FP4FORGE_CUDA_MT_DEEP_ALL` | `mt_deep_all` | `1`: NVFP4 `gemv_mt` launches of any grid on the deep variants (with `mt_deep`), e.g. a 32-row step's q/k/v and o at one block a SM, each warp's whole run of chunks in flight | off (not yet measured) |
@@ -109,6 +110,8 @@ pub struct CudaOptions {
     pub item_staged: bool,
     /// `FP4FORGE_CUDA_DOWN_B4`: the per-item experts' down projection at four blocks a SM.
     pub down_four_blocks: bool,
+    /// `FP4FORGE_CUDA_DOWN_W8`: the per-item experts' down projection in blocks of 8 warps.
+    pub down_eight_warps: bool,
     /// `FP4FORGE_CUDA_L2_PREFETCH`: fewest rows of a batched step whose weights are prefetched
     /// into L2 ahead of their loads (sm_90; 0: never).
     pub l2_prefetch_rows: usize,
@@ -180,6 +183,7 @@ impl Default for CudaOptions {
             moe_staged: true,
             item_staged: false,
             down_four_blocks: false,
+            down_eight_warps: false,
             l2_prefetch_rows: L2_PREFETCH_MIN_ROWS,
             grouped_moe: true,
             batched_attention: true,
@@ -260,6 +264,7 @@ impl CudaOptions {
             moe_staged: on("FP4FORGE_CUDA_MOE_STAGED"),
             item_staged: var("FP4FORGE_CUDA_ITEM_STAGED").as_deref() == Some(OsStr::new("1")),
             down_four_blocks: var("FP4FORGE_CUDA_DOWN_B4").as_deref() == Some(OsStr::new("1")),
+            down_eight_warps: var("FP4FORGE_CUDA_DOWN_W8").as_deref() == Some(OsStr::new("1")),
             l2_prefetch_rows: num("FP4FORGE_CUDA_L2_PREFETCH").unwrap_or(d.l2_prefetch_rows),
             grouped_moe: on("FP4FORGE_CUDA_GROUPED_MOE"),
             batched_attention: on("FP4FORGE_CUDA_BATCH_ATTN"),
@@ -323,6 +328,7 @@ mod tests {
             ("FP4FORGE_CUDA_MOE_STAGED", "1"),
             ("FP4FORGE_CUDA_ITEM_STAGED", "1"),
             ("FP4FORGE_CUDA_DOWN_B4", "1"),
+            ("FP4FORGE_CUDA_DOWN_W8", "1"),
             ("FP4FORGE_CUDA_L2_PREFETCH", "1"),
             ("FP4FORGE_CUDA_FLASH", "0"),
             ("FP4FORGE_CUDA_LEGACY_GEMV", "0"),
@@ -344,7 +350,7 @@ mod tests {
         assert!(!o.fused_batch && !o.h16_gemm && o.h16_one_block && o.mt_one_block);
         assert!(o.mt_16_tokens && !o.mt_4_tokens && !o.h16_merged && o.down_four_blocks);
         assert!(!o.norm_stage && o.reduce_norm && o.router_topk && !o.mt_mixed && o.moe_staged);
-        assert!(o.item_staged);
+        assert!(o.item_staged && o.down_eight_warps);
         assert_eq!(o.l2_prefetch_rows, 1);
         assert_eq!((o.nv_blocks_per_sm, o.nv_grid_per_sm), (3, 3));
         assert_eq!((o.nv_k_split, o.mma_k_split), (None, Some(4)));

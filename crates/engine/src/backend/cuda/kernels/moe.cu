@@ -359,20 +359,20 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up2(ExpertProj
 
 // part[j, o] = w_j * down_{sel[j]}[o] . h[j] (w = 1 for the shared expert's items j >= T*k).
 // grid (ceil(H / (warps * XRD)), T*k (+ T)).
-// With `mma` (blocks of 4 warps), NVFP4 experts with K % 128 == 0 take the tensor-core path: the
-// block's 32 rows are two tiles of 2 warps each.
+// With `mma` (blocks of 4 or 8 warps), NVFP4 experts with K % 128 == 0 take the tensor-core path:
+// the block's 32 or 64 rows are tiles of 2 warps each (the same arithmetic per row either way).
 __device__ __forceinline__ void experts_down2_impl(ExpertProj down, ExpertProj sdown, int shared_inter,
                                                    const int* __restrict__ sel, const float* __restrict__ wts, int k,
                                                    int T, const float* __restrict__ h, int inter,
                                                    float* __restrict__ part, int H, int mma) {
     const int warps = blockDim.x >> 5;
     __shared__ float4 xs[XS_MAX / 4];
-    if (mma && down.fmt == 3 && (inter & 127) == 0 && inter <= XS_MAX && warps * XRD == 32 &&
+    if (mma && down.fmt == 3 && (inter & 127) == 0 && inter <= XS_MAX && (warps == 4 || warps == 8) && XRD == 8 &&
         expert_item(gridDim.y > T * k, T, k) < T * k) {
-        __shared__ float red[4][16];
+        __shared__ float red[8][16];
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
         const int j = expert_item(gridDim.y > T * k, T, k);
-        const long ob = (long)blockIdx.x * 32 + (warp >> 1) * 16;
+        const long ob = (long)blockIdx.x * (warps * XRD) + (warp >> 1) * 16;
         const int nrows = (int)max(0l, min(16l, (long)H - ob));
         const int K = inter, nc = K >> 7, p = warp & 1;
         pdl_enter();
@@ -419,7 +419,9 @@ __device__ __forceinline__ void experts_down2_impl(ExpertProj down, ExpertProj s
 
 // experts_down2: ptxas's choice of registers (133: three blocks of 4 warps a SM); experts_down2_b4:
 // at most 128, four blocks a SM, a third more weight loads in flight
-// (CudaOptions::down_four_blocks).
+// (CudaOptions::down_four_blocks); experts_down2_w8: blocks of 8 warps (64 rows each on the
+// tensor-core path, half the blocks: each block's item lookup and staging of h serve twice the
+// weights), at most 128 registers, two blocks a SM (CudaOptions::down_eight_warps).
 extern "C" __global__ void experts_down2(ExpertProj down, ExpertProj sdown, int shared_inter,
                                         const int* __restrict__ sel, const float* __restrict__ wts, int k, int T,
                                         const float* __restrict__ h, int inter, float* __restrict__ part, int H,
@@ -428,6 +430,12 @@ extern "C" __global__ void experts_down2(ExpertProj down, ExpertProj sdown, int 
 }
 extern "C" __global__ void __launch_bounds__(128, 4)
     experts_down2_b4(ExpertProj down, ExpertProj sdown, int shared_inter, const int* __restrict__ sel,
+                     const float* __restrict__ wts, int k, int T, const float* __restrict__ h, int inter,
+                     float* __restrict__ part, int H, int mma) {
+    experts_down2_impl(down, sdown, shared_inter, sel, wts, k, T, h, inter, part, H, mma);
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+    experts_down2_w8(ExpertProj down, ExpertProj sdown, int shared_inter, const int* __restrict__ sel,
                      const float* __restrict__ wts, int k, int T, const float* __restrict__ h, int inter,
                      float* __restrict__ part, int H, int mma) {
     experts_down2_impl(down, sdown, shared_inter, sel, wts, k, T, h, inter, part, H, mma);

@@ -35,8 +35,9 @@ kernels! {
         gu_prefetched: i32, xbs: DevPtr<u32>, xds: DevPtr<f32>,
     }
     /// Down of each item into its row of `part` (weighted), one grid row per item, 128 threads.
-    /// `experts_down2_b4`: four blocks a SM (`CudaOptions::down_four_blocks`).
-    experts_down2 ["experts_down2", "experts_down2_b4"] => ExpertsDown2Args {
+    /// `experts_down2_b4`: four blocks a SM (`CudaOptions::down_four_blocks`);
+    /// `experts_down2_w8`: blocks of 8 warps, 256 threads (`CudaOptions::down_eight_warps`).
+    experts_down2 ["experts_down2", "experts_down2_b4", "experts_down2_w8"] => ExpertsDown2Args {
         down: ExpertProj, sdown: ExpertProj, shared_inter: i32, sel: DevPtr<i32>,
         wts: DevPtr<f32>, k: i32, t: i32, h: DevPtr<f32>, inter: i32, part: DevPtr<f32>,
         hidden: i32, mma: i32,
@@ -1258,6 +1259,15 @@ impl CudaBackend {
             ),
             (32 * EXPERT_GU_WARPS, 1, 1),
         )?;
+        // (experts_down2, its four-blocks-a-SM variant or its eight-warp one)
+        let (variant, warps) = {
+            let o = self.opts();
+            if o.down_eight_warps {
+                (2, 2 * GEMV_WARPS)
+            } else {
+                (usize::from(o.down_four_blocks), GEMV_WARPS)
+            }
+        };
         ops::moe::ExpertsDown2Args {
             down: e.down.proj(self),
             sdown: sd,
@@ -1274,13 +1284,13 @@ impl CudaBackend {
         }
         .launch(
             self,
-            usize::from(self.opts().down_four_blocks),
+            variant,
             (
-                (e.hidden as u32).div_ceil(GEMV_WARPS * EXPERT_DOWN_ROWS),
+                (e.hidden as u32).div_ceil(warps * EXPERT_DOWN_ROWS),
                 items as u32,
                 1,
             ),
-            (32 * GEMV_WARPS, 1, 1),
+            (32 * warps, 1, 1),
         )
     }
 }
