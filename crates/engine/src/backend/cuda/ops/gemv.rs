@@ -334,7 +334,7 @@ const MT_BF16_VARIANT: usize = 0;
 const MT_NV_VARIANT: usize = 1;
 /// `gemv_mt_nv4`'s place in `gemv_mt`'s table.
 const MT_NV4_VARIANT: usize = 4;
-/// `gemv_mt_nv4_deep`'s place in `gemv_mt`'s table (`gemv_mt_nv_deep` follows it).
+/// `gemv_mt_nv4_deep`'s place in `gemv_mt`'s table.
 const MT_NV4_DEEP_VARIANT: usize = 5;
 /// `gemv_mt_nv_deep`'s place in `gemv_mt`'s table.
 const MT_NV_DEEP_VARIANT: usize = 6;

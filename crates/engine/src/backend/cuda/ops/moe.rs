@@ -675,20 +675,22 @@ impl CudaBackend {
             let o = self.opts();
             (o.moe_staged, o.item_staged)
         };
-        if path == MoePath::PerItem && item_staged && self.per_item_mma(e) {
-            return vec![3];
+        match path {
+            MoePath::PerItem if item_staged && self.per_item_mma(e) => vec![3],
+            MoePath::GroupedFew if moe_staged => {
+                let mut formats = match shared {
+                    Some(s) => {
+                        self.gemv_mt_formats(&[(s.gate, DevPtr::NULL), (s.up, DevPtr::NULL)], t)
+                    }
+                    None => Vec::new(),
+                };
+                formats.push(3);
+                formats.sort_unstable();
+                formats.dedup();
+                formats
+            }
+            _ => Vec::new(),
         }
-        if !moe_staged || path != MoePath::GroupedFew {
-            return Vec::new();
-        }
-        let mut formats = match shared {
-            Some(s) => self.gemv_mt_formats(&[(s.gate, DevPtr::NULL), (s.up, DevPtr::NULL)], t),
-            None => Vec::new(),
-        };
-        formats.push(3);
-        formats.sort_unstable();
-        formats.dedup();
-        formats
     }
 
     /// Whether a batched step's router (`t` rows) runs its top-k as the tail of its own launch
