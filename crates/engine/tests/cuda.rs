@@ -76,29 +76,32 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
     // `gemm_mma` for bf16 and NVFP4 with K % 32 == 0 (column groups skipped), as at 70, 130
     // (partial token tiles; NVFP4 with K % 64 == 0 on an sm_90 device: `gemm_h16`, also at 300,
     // there also its one-block variant, and at 130 with it off: `gemm_mma`'s f16 path; `gemv_mt`'s
-    // one-block variant at 3 and 9, its 16-token grid rows at 9 and 30); else the `linear` kernel
+    // one-block variant at 3 and 9, its 16-token grid rows at 9 and 30; NVFP4 at 9 and 30 again on
+    // `gemv_mt_wide`, its own K split); else the `linear` kernel
     // below 16 tokens and `gemm_tiled` from 16; 3, 9 and 70 again with both tensor-core paths off
     // (`linear`, `gemm_tiled`)
     let mma_on = b.options();
     let few = mma_on.few_token_max;
-    for (t, mma_gemm, few_token_max, h16_gemm, one_block) in [
-        (1usize, true, few, true, false),
-        (3, true, few, true, false),
-        (9, true, few, true, false),
-        (3, true, few, true, true),
-        (9, true, few, true, true),
-        (16, true, few, true, false),
-        (30, true, few, true, false),
-        (3, true, 0, true, false),
-        (9, true, 0, true, false),
-        (70, true, few, true, false),
-        (130, true, few, true, false),
-        (300, true, few, true, false),
-        (300, true, few, true, true),
-        (130, true, few, false, false),
-        (3, false, 0, true, false),
-        (9, false, 0, true, false),
-        (70, false, few, true, false),
+    for (t, mma_gemm, few_token_max, h16_gemm, one_block, wide) in [
+        (1usize, true, few, true, false, false),
+        (3, true, few, true, false, false),
+        (9, true, few, true, false, false),
+        (3, true, few, true, true, false),
+        (9, true, few, true, true, false),
+        (16, true, few, true, false, false),
+        (30, true, few, true, false, false),
+        (9, true, few, true, false, true),
+        (30, true, few, true, false, true),
+        (3, true, 0, true, false, false),
+        (9, true, 0, true, false, false),
+        (70, true, few, true, false, false),
+        (130, true, few, true, false, false),
+        (300, true, few, true, false, false),
+        (300, true, few, true, true, false),
+        (130, true, few, false, false, false),
+        (3, false, 0, true, false, false),
+        (9, false, 0, true, false, false),
+        (70, false, few, true, false, false),
     ] {
         b.set_options(CudaOptions {
             mma_gemm,
@@ -107,12 +110,19 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
             h16_one_block: one_block,
             mt_one_block: one_block,
             // (gemv_mt_nv_b1 at 3 and 9 rows; 16 tokens a grid row at 30)
-            mt_16_tokens: t == 30,
+            mt_16_tokens: t == 30 && !wide,
+            mt_wide_min_tokens: if wide { 5 } else { 0 },
             ..mma_on.clone()
         });
         let x = values(t * cols, 7 + t as u64, 4.0);
         let xt = b.upload(t, cols, &x).unwrap();
+        let wide_before = b.wide_linears();
         let mut got = b.download(&b.linear(&xt, &lin, None).unwrap()).unwrap();
+        assert_eq!(
+            b.wide_linears() > wide_before,
+            wide && nvfp4 && cols % 128 == 0,
+            "{label} t={t}: gemv_mt_wide launched or not"
+        );
         if t == 1 && CudaBackend::linear_multi_applies(cols) {
             // the same rows by the several-linears-in-one-launch kernel (q/k/v/gate of a decode
             // step): two segments of the same weight, each checked
@@ -170,6 +180,32 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
             (y, b.deep_linears() > before)
         };
         let two_blocks = run(false, false, false);
+        if nvfp4 && cols % 128 == 0 && t >= 5 {
+            // gemv_mt_wide (128-row blocks, B in shared memory, K split over blocks): with
+            // gemv_mt's K split, gemv_mt_nv's bits (where that split leaves it 4 chunks or fewer)
+            let mut wide_runs = 0;
+            for ks in [1usize, 2, 4, 8] {
+                let split = |wide: bool| {
+                    b.set_options(CudaOptions {
+                        mt_k_split: Some(ks),
+                        mt_wide_min_tokens: if wide { 5 } else { 0 },
+                        mt_deep: false,
+                        ..mma_on.clone()
+                    });
+                    let before = b.wide_linears();
+                    let y = b.download(&b.linear(&xt, &lin, None).unwrap()).unwrap();
+                    (y, b.wide_linears() > before)
+                };
+                let (want, went_wide) = split(false);
+                assert!(!went_wide, "{label} t={t}: gemv_mt_wide while off");
+                let (got, ran) = split(true);
+                if ran {
+                    wide_runs += 1;
+                    assert_eq!(want, got, "{label} t={t}: gemv_mt_wide, K split {ks}");
+                }
+            }
+            assert!(wide_runs > 0, "{label} t={t}: no gemv_mt_wide launch");
+        }
         if nvfp4 && cols % 128 == 0 {
             // (a grid has at most one block per 16-row tile)
             let one_wave = t <= 8 && rows.div_ceil(16) <= b.sm_count();

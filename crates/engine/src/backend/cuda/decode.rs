@@ -218,6 +218,12 @@ impl CudaBackend {
         self.inner.deep_linears.load(Ordering::Relaxed)
     }
 
+    /// `gemv_mt` launches that ran on `gemv_mt_wide` (`CudaOptions::mt_wide_min_tokens`) on
+    /// this backend (and its clones) so far.
+    pub fn wide_linears(&self) -> usize {
+        self.inner.wide_linears.load(Ordering::Relaxed)
+    }
+
     /// Inputs of batched steps' few-items-per-tile experts staged by the kernel that produced
     /// them (`CudaOptions::moe_staged`: the MoE's input by its norm, one a layer; the shared
     /// expert's down projection's by its SiLU product, one a layer with a shared expert) on this

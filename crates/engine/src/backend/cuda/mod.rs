@@ -102,8 +102,14 @@ pub(crate) struct Inner {
     /// cores on (`mma`) and their dynamic shared memory ([`GEMM_H16_SMEM`],
     /// [`EXPERTS_H16_SMEM`]) granted (sm_90: 227 KiB a block; not sm_89's 99 KiB).
     pub h16_gemm: bool,
+    /// `gemv_mt_wide` can run here: tensor cores on (`mma`) and its dynamic shared memory
+    /// ([`MT_WIDE_SMEM`]) granted.
+    pub mt_wide: bool,
     /// Completion counter of the fused epilogues (`Epi` in kernels/common.cu).
     counters: CudaSlice<u32>,
+    /// `gemv_mt_wide`'s tickets, one a row block (zero between launches: each launch's last
+    /// block of a row block resets its own).
+    pub wide_tickets: CudaSlice<u32>,
     /// The knobs (`CudaOptions::from_env` unless opened `with_options`); `pdl` and `mma` above
     /// are fixed when the backend opens, the rest is read at each use.
     options: RwLock<CudaOptions>,
@@ -119,6 +125,8 @@ pub(crate) struct Inner {
     mixed_linears: std::sync::atomic::AtomicUsize,
     /// `gemv_mt` launches on a deep variant (`gemv_mt_nv4_deep`, `gemv_mt_nv_deep`) so far.
     deep_linears: std::sync::atomic::AtomicUsize,
+    /// `gemv_mt` launches on `gemv_mt_wide` so far.
+    wide_linears: std::sync::atomic::AtomicUsize,
     /// Inputs of the few-items-per-tile experts staged by the kernel that produced them so far
     /// (the routed experts' by the norm, the shared expert's down projection's by
     /// `silu_mul_stage`).
@@ -220,18 +228,30 @@ impl CudaBackend {
                 )
                 .is_ok()
             });
+        let mt_wide = mma
+            && f.gemv.gemv_mt_wide[0]
+                .set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    MT_WIDE_SMEM as i32,
+                )
+                .is_ok();
         let counters = stream
             .alloc_zeros::<u32>(1)
+            .map_err(|e| backend_err(format!("{e:?}")))?;
+        let wide_tickets = stream
+            .alloc_zeros::<u32>(MT_WIDE_TICKETS)
             .map_err(|e| backend_err(format!("{e:?}")))?;
         Ok(Self {
             inner: Arc::new(Inner {
                 counters,
+                wide_tickets,
                 decode: Mutex::new(None),
                 fused_steps: std::sync::atomic::AtomicUsize::new(0),
                 sums_with_norm: std::sync::atomic::AtomicUsize::new(0),
                 routed_in_router: std::sync::atomic::AtomicUsize::new(0),
                 mixed_linears: std::sync::atomic::AtomicUsize::new(0),
                 deep_linears: std::sync::atomic::AtomicUsize::new(0),
+                wide_linears: std::sync::atomic::AtomicUsize::new(0),
                 moe_inputs_staged: std::sync::atomic::AtomicUsize::new(0),
                 grouped_in_router: std::sync::atomic::AtomicUsize::new(0),
                 batched_attention_rows: std::sync::atomic::AtomicUsize::new(0),
@@ -247,6 +267,7 @@ impl CudaBackend {
                 mma,
                 sm80: maj >= 8,
                 h16_gemm,
+                mt_wide,
                 options: RwLock::new(options),
             }),
         })

@@ -763,9 +763,11 @@ __device__ float xb_fill_warp(uint2* xw, const float* __restrict__ x, int c0, in
 
 // One chunk of a tile for G column groups: 8 mma steps per group over lane pieces `qa` (row g),
 // `qb` (row g + 8) with their block scale pairs `za`, `zb` (decoded once for all groups);
-// `bstep(q, s)` is this lane's B entry of group q, step s.
+// `bstep(q, s)` is this lane's B entry of group q, step s. Only the first `ng` groups run
+// (warp-uniform; the others' accumulators stay as they are).
 template <int G, class B>
-__device__ __forceinline__ void mma_chunk_groups(uint4 qa, uint4 qb, u32 za, u32 zb, B bstep, float acc[G][4]) {
+__device__ __forceinline__ void mma_chunk_groups(uint4 qa, uint4 qb, u32 za, u32 zb, B bstep, float acc[G][4],
+                                                 int ng = G) {
     const u32 sa = e4m3x2_h2(za), sb = e4m3x2_h2(zb);
     const u32 sal = __byte_perm(sa, 0, 0x1010), sah = __byte_perm(sa, 0, 0x3232);
     const u32 sbl = __byte_perm(sb, 0, 0x1010), sbh = __byte_perm(sb, 0, 0x3232);
@@ -779,6 +781,7 @@ __device__ __forceinline__ void mma_chunk_groups(uint4 qa, uint4 qb, u32 za, u32
         for (int h = 0; h < 2; h++) {
 #pragma unroll
             for (int q = 0; q < G; q++) {
+                if (q >= ng) break;
                 const uint2 b = bstep(q, 2 * j + h);
                 mma16816(acc[q], ha[2 * h], hb[2 * h], ha[2 * h + 1], hb[2 * h + 1], b.x, b.y);
             }
@@ -927,6 +930,25 @@ struct MmaTile {
                             return (st & 1) ? make_uint2(w.z, w.w) : make_uint2(w.x, w.y);
                         },
                         acc);
+                    if (ch + U < c1) load(u, ch + U);
+                }
+            }
+        }
+    }
+    // As run_staged, with B in shared memory (gemv_mt_wide): `bq(q, ch)` points at this lane's
+    // 4 words of group q's chunk ch (word i at + 8 i); only the first `ng` groups run
+    // (warp-uniform).
+    template <int G, class BQ>
+    __device__ __forceinline__ void run_shared(BQ bq, int ng, float acc[G][4]) {
+        for (; c < c1; c += U) {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int ch = c + u;
+                if (ch < c1) {
+                    mma_chunk_groups<G>(
+                        qa[u], qb[u], za[u], zb[u],
+                        [&](int q, int st) { return ((const uint2*)(bq(q, ch) + 8 * (st >> 1)))[st & 1]; }, acc,
+                        ng);
                     if (ch + U < c1) load(u, ch + U);
                 }
             }
@@ -1296,6 +1318,114 @@ extern "C" __global__ void __launch_bounds__(256, 3)
         gemv_mt_impl<3, MT_NV4_U, 1>(nv, xb_nv, xds_nv, nullptr, nullptr, K, T, ks_nv);
     else
         gemv_mt_impl<2, 1, 2>(bf, xb_bf, xds_bf, nullptr, nullptr, K, T, ks_bf);
+}
+
+// ---- NVFP4 linears of 5-32 tokens, B in shared memory (gemv_mt_wide) ------------------------
+//
+// gemv_mt's 16-row warp tiles each fetch their tokens' B from L2: at 32 tokens a chunk's B
+// (16 KB) is 16x the warp's weights of it (1 KB), and a 32-row step's q/k/v/o ran at 0.25 TB/s of
+// weights (the H100, 2026-12-06). Here a block's 8 warps take 128 consecutive rows over the same
+// run of at most MT_WIDE_RUN chunks (K split over the grid's y), that run's B for all of the
+// step's tokens (up to 32: MT_WIDE_GROUPS groups of 4) is copied once into shared memory, and
+// each decoded weight fragment feeds every group. Each lane's arithmetic is gemv_mt_nv's (the
+// same mma steps in the same order per group). With more than one split, each writes its row
+// sums to `part` ([split][token][128 gridDim.x rows]) and the last block of a row block (its
+// ticket in `tickets`, reset afterwards) adds them in split order and writes y: with gemv_mt's K
+// split (split p: chunks [p nc / splits, (p + 1) nc / splits)) the bits of gemv_mt_nv.
+#define MT_WIDE_GROUPS 8
+#define MT_WIDE_RUN 4  // chunks a split (all in flight a lane; B: tokens x run x 512 bytes shared)
+
+// y[t] = resid[t] + bias + W x[t] for the T <= 32 tokens (x staged by xb_stage as xb, xds) and
+// each NVFP4 linear W of `segs` (blocks of 128 rows; `bias`, `resid`: one segment only):
+// grid (the segments' blocks, splits), 256 threads, T * run * 512 bytes of dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(256, 2)
+    gemv_mt_wide(Segs segs, const uint2* __restrict__ xb, const float* __restrict__ xds,
+                 const float* __restrict__ bias, const float* resid, int K, int T, float* part,
+                 u32* tickets) {
+    DYNAMIC_SMEM(uint4, sb);  // [T][run][32]: lane l's word i of a token's chunk at 8 i + l
+    __shared__ int last;
+    int si = 0;
+    for (int i = 1; i < segs.n; i++)
+        if ((int)blockIdx.x >= segs.s[i].block0) si = i;
+    const Seg sg = segs.s[si];
+    const int N = sg.N;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long brow0 = (long)(blockIdx.x - sg.block0) * 128, row0 = brow0 + 16 * warp;
+    const int nrows = (int)max(0l, min(16l, (long)N - row0));
+    const int nc = K >> 7, splits = gridDim.y, p = blockIdx.y;
+    const int c0 = p * nc / splits, c1 = (p + 1) * nc / splits, run = c1 - c0;
+    MmaTile<MT_WIDE_RUN> m;
+    if (nrows > 0)
+        m.start((const u8*)sg.w + row0 * (K / 2), sg.scales + row0 * (K / 16), K / 2, K / 16, nrows, c0, c1);
+    pdl_enter();
+    // token t's chunk c: 32 16-byte words at xb + t K / 2 + 64 c (word 4 l + i: lane l's word i)
+    const int words = T * run * 32;
+    for (int e = threadIdx.x; e < words; e += blockDim.x) {
+        const int t = e / (run * 32), r = e - t * run * 32, j = r & 31;
+        const uint4* src = (const uint4*)(xb + (long)t * (K / 2)) + 32 * c0 + r;
+        cp_async16(smem_u32(sb + (e - j) + 8 * (j & 3) + (j >> 2)), src, true);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    const int ng = (T + 3) >> 2, slot = lane >> 3, l = lane & 7;
+    float acc[MT_WIDE_GROUPS][4] = {};
+    if (nrows > 0)
+        m.template run_shared<MT_WIDE_GROUPS>(
+            [&](int q, int ch) { return sb + ((long)min(4 * q + slot, T - 1) * run + (ch - c0)) * 32 + l; }, ng,
+            acc);
+    // lane (g, t): rows g and g + 8, token 4 q + t of group q (columns 2 t, 2 t + 1)
+    const int g = lane >> 2, tq = lane & 3;
+    const float inv_g = sg.inv_g;
+    float* y = sg.y;
+    auto store = [&](long row, int tok, float v) {
+        const long idx = (long)tok * N + row;
+        float o = v * (64.f * xds[tok] * inv_g);
+        if (bias) o += bias[row];
+        if (resid) o += resid[idx];
+        y[idx] = o;
+    };
+    if (splits == 1) {
+#pragma unroll
+        for (int q = 0; q < MT_WIDE_GROUPS; q++) {
+            const int tok = 4 * q + tq;
+            if (q >= ng || tok >= T) continue;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = g + 8 * h;
+                float v = 0.f;
+                v += acc[q][2 * h] + acc[q][2 * h + 1];
+                if (r < nrows) store(row0 + r, tok, v);
+            }
+        }
+        return;
+    }
+    const long R = 128l * gridDim.x;
+#pragma unroll
+    for (int q = 0; q < MT_WIDE_GROUPS; q++) {
+        const int tok = 4 * q + tq;
+        if (q >= ng || tok >= T) continue;
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            part[((long)p * T + tok) * R + 128l * blockIdx.x + 16 * warp + g + 8 * h] =
+                acc[q][2 * h] + acc[q][2 * h + 1];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(tickets + blockIdx.x, 1u) == (unsigned)splits - 1u;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int i = threadIdx.x; i < 128 * T; i += blockDim.x) {
+        const int r = i & 127, tok = i >> 7;
+        if (brow0 + r >= N) continue;
+        float v = 0.f;
+        for (int s = 0; s < splits; s++) v += ld_cg(part + ((long)s * T + tok) * R + 128l * blockIdx.x + r);
+        store(brow0 + r, tok, v);
+    }
+    if (threadIdx.x == 0) tickets[blockIdx.x] = 0u;
 }
 
 #define MULTI_R 4

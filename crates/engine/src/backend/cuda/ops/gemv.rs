@@ -61,6 +61,15 @@ kernels! {
         nv: Segs, bf: Segs, xb_nv: DevPtr<u32>, xds_nv: DevPtr<f32>, xb_bf: DevPtr<u32>,
         xds_bf: DevPtr<f32>, k: i32, t: i32, ks_nv: i32, ks_bf: i32,
     }
+    /// 5 to 32 tokens' `y = resid + x · Wᵀ + bias` for each NVFP4 linear of `segs` (`x`
+    /// staged by `xb_stage`; `bias`, `resid`: one segment only): grid (the segments' 128-row
+    /// blocks, K splits), 256 threads; each block's run of chunks of B for all tokens in shared
+    /// memory ([`MT_WIDE_SMEM`] at most); with 2+ splits the partial sums in `part` (`splits ×
+    /// t × 128 · blocks` f32) and a ticket a row block in `tickets` (zero before, zero after).
+    gemv_mt_wide shared MT_WIDE_SMEM => GemvMtWideArgs {
+        segs: Segs, xb: DevPtr<u32>, xds: DevPtr<f32>, bias: DevPtr<f32>, resid: DevPtr<f32>,
+        k: i32, t: i32, part: DevPtr<f32>, tickets: DevPtr<u32>,
+    }
     /// Up to six linears of one token's `x` (`K` inputs) in one launch.
     linear_multi2 => LinearMulti2Args { segs: Segs, x: DevPtr<f32>, k: i32, mma: i32 }
 }
@@ -104,6 +113,20 @@ pub(crate) const GEMM_MMA_MIN_TOKENS: usize = 2;
 /// read once per 8 tokens; more tokens: `gemm_mma`), unless overridden
 /// (`CudaOptions::few_token_max`).
 pub const GEMV_MT_MAX_TOKENS: usize = 32;
+
+/// Most tokens of a `gemv_mt_wide` launch (`4 · MT_WIDE_GROUPS` in the source).
+pub(crate) const MT_WIDE_TOKENS: usize = 32;
+/// Fewest tokens of a `gemv_mt_wide` launch: up to 4, `gemv_mt_nv4` (and `gemv_mt_mixed4`) stay.
+pub(crate) const MT_WIDE_MIN_TOKENS: usize = 5;
+/// Most chunks of one K split of `gemv_mt_wide` (`MT_WIDE_RUN` in the source).
+pub(crate) const MT_WIDE_RUN: usize = 4;
+/// Output rows of a `gemv_mt_wide` block.
+pub(crate) const MT_WIDE_ROWS: usize = 128;
+/// `gemv_mt_wide`'s dynamic shared memory: a run's B entries for its most tokens (512 bytes a
+/// token a chunk).
+pub(crate) const MT_WIDE_SMEM: u32 = (MT_WIDE_TOKENS * MT_WIDE_RUN * 512) as u32;
+/// Row blocks `gemv_mt_wide`'s tickets cover (`Inner::wide_tickets`): 512 Ki rows.
+pub(crate) const MT_WIDE_TICKETS: usize = 4096;
 
 /// Tokens per grid row of `gemv_mt` (`MT_TOKENS` in the source).
 const GEMV_MT_TOKENS: usize = 8;
@@ -296,6 +319,20 @@ pub(crate) fn mma_split(rows: usize, cols: usize, target: usize) -> usize {
         ks *= 2;
     }
     ks
+}
+
+/// K splits of a `gemv_mt_wide` launch of `blocks` row blocks over `chunks` chunks: the fewest
+/// that keep each split within [`MT_WIDE_RUN`] chunks, doubled while the grid then still fits
+/// in one wave of `target` blocks (two a SM) and each split keeps 2+ chunks.
+pub(crate) fn wide_split(blocks: usize, chunks: usize, target: usize) -> usize {
+    let mut splits = 1;
+    while chunks.div_ceil(splits) > MT_WIDE_RUN {
+        splits *= 2;
+    }
+    while chunks / (2 * splits) >= 2 && blocks * 2 * splits <= target {
+        splits *= 2;
+    }
+    splits
 }
 
 /// `(kernel index, K split)` of the NVFP4 decode GEMV for `rows x cols`: the smallest split of K
@@ -1213,6 +1250,31 @@ impl CudaBackend {
         resid: DevPtr<f32>,
     ) -> Result<()> {
         let plan = self.gemv_mt_plan(parts, x, t, bias, resid)?;
+        if let Some(splits) = self.wide_splits(parts, t) {
+            let (segs, blocks) = Segs::of(self, parts, |_| MT_WIDE_ROWS);
+            // (every split writes all of its rows' sums)
+            let part = if splits > 1 {
+                Some(self.alloc_unset::<f32>(splits * t * MT_WIDE_ROWS * blocks as usize)?)
+            } else {
+                None
+            };
+            ops::gemv::GemvMtWideArgs {
+                segs,
+                xb: plan.xb,
+                xds: plan.xds,
+                bias,
+                resid,
+                k: plan.cols,
+                t: t as i32,
+                part: part.as_ref().map_or(DevPtr::NULL, |p| self.ptr(p)),
+                tickets: self.ptr(&self.inner.wide_tickets),
+            }
+            .launch(self, (blocks, splits as u32, 1), (32 * NV_WARPS, 1, 1))?;
+            self.inner
+                .wide_linears
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return Ok(());
+        }
         ops::gemv::GemvMtArgs {
             segs: plan.segs,
             xb: plan.xb,
@@ -1272,6 +1334,37 @@ impl CudaBackend {
             .mixed_linears
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
+    }
+
+    /// The K splits of `gemv_mt_wide` for `t` tokens of `parts` (which
+    /// [`gemv_mt_plan`](Self::gemv_mt_plan) checked), or `None` where it does not run them: the
+    /// device unable ([`Inner::mt_wide`]), switched off or below its tokens
+    /// (`CudaOptions::mt_wide_min_tokens`, at least [`MT_WIDE_MIN_TOKENS`]), more than
+    /// [`MT_WIDE_TOKENS`], not NVFP4, more row blocks than tickets, or a fixed K split
+    /// (`CudaOptions::mt_k_split`, as `gemv_mt`'s: then the bits of `gemv_mt_nv`) that leaves a
+    /// split more than [`MT_WIDE_RUN`] chunks.
+    fn wide_splits(&self, parts: &[(&CudaLinear, DevPtr<f32>)], t: usize) -> Option<usize> {
+        let (min, fixed) = {
+            let o = self.opts();
+            (o.mt_wide_min_tokens, o.mt_k_split)
+        };
+        let (fmt, cols) = parts.first().map(|(w, _)| (w.fmt, w.cols))?;
+        if !self.inner.mt_wide
+            || min == 0
+            || t < min.max(MT_WIDE_MIN_TOKENS)
+            || t > MT_WIDE_TOKENS
+            || fmt != 3
+        {
+            return None;
+        }
+        let blocks: usize = parts
+            .iter()
+            .map(|(w, _)| w.rows.div_ceil(MT_WIDE_ROWS))
+            .sum();
+        let chunks = cols / MMA_CHUNK;
+        let splits = fixed.unwrap_or_else(|| wide_split(blocks, chunks, 2 * self.inner.sms));
+        (blocks <= MT_WIDE_TICKETS && splits <= chunks && chunks.div_ceil(splits) <= MT_WIDE_RUN)
+            .then_some(splits)
     }
 
     /// Whether [`gemv_mt_mixed`](Self::gemv_mt_mixed) runs one input's NVFP4 and bf16 linears
@@ -1441,6 +1534,29 @@ mod tests {
         // 2048 tokens x 2048 rows: 512 tiles, no split
         assert_eq!(gemm_k_splits(512, 64, 132), 1);
         assert_eq!(gemm_k_splits(1, 8, 132), 1);
+    }
+
+    /// `gemv_mt_wide`'s K split keeps every split within its shared memory's run of chunks,
+    /// fills one wave where the rows alone do not, and leaves each split 2+ chunks.
+    #[test]
+    fn wide_split_keeps_each_run_within_its_shared_memory() {
+        // XS's q/k/v (80 row blocks of 128 over K 2048: 16 chunks) and o (16 over 8192: 64) on 132 SMs
+        assert_eq!(wide_split(80, 16, 264), 4);
+        assert_eq!(wide_split(16, 64, 264), 16);
+        // a few rows over a short K: split while the wave has room and runs keep 2 chunks
+        assert_eq!(wide_split(2, 16, 264), 8);
+        assert_eq!(wide_split(1, 2, 264), 1);
+        for chunks in 1..=72 {
+            for blocks in [1, 16, 80, 784] {
+                let s = wide_split(blocks, chunks, 264);
+                assert!(
+                    chunks.div_ceil(s) <= MT_WIDE_RUN,
+                    "{blocks} x {chunks}: {s}"
+                );
+                assert!(s <= chunks, "{blocks} x {chunks}: {s}");
+                assert!(s == 1 || chunks / s >= 2 || chunks.div_ceil(s / 2) > MT_WIDE_RUN);
+            }
+        }
     }
 
     /// `gemv_mma` stages each warp's chunks of x in a region of `MMA_WARP_CHUNKS`: the split
