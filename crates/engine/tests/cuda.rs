@@ -205,6 +205,27 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
                 }
             }
             assert!(wide_runs > 0, "{label} t={t}: no gemv_mt_wide launch");
+            if cols / 128 >= 16 {
+                // 16 splits (two batches of the last block's loads in flight): as close to
+                // gemv_mt as another order of the same sums
+                b.set_options(CudaOptions {
+                    mt_k_split: Some(16),
+                    mt_wide_min_tokens: 5,
+                    ..mma_on.clone()
+                });
+                let before = b.wide_linears();
+                let got = b.download(&b.linear(&xt, &lin, None).unwrap()).unwrap();
+                assert!(
+                    b.wide_linears() > before,
+                    "{label} t={t}: 16 splits not wide"
+                );
+                let scale = max_abs(&two_blocks);
+                let d = max_abs_diff(&two_blocks, &got);
+                assert!(
+                    d <= 1e-5 * scale,
+                    "{label} t={t}: gemv_mt_wide, 16 splits: {d:e} of {scale}"
+                );
+            }
         }
         if nvfp4 && cols % 128 == 0 {
             // (a grid has at most one block per 16-row tile)
@@ -225,6 +246,17 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
             "{label} t={t}: gemv_mt_nv_b1"
         );
         if t > 8 {
+            // (several grid rows: each block of weight rows' grid rows side by side)
+            b.set_options(CudaOptions {
+                mt_interleave: true,
+                mt_deep: false,
+                ..mma_on.clone()
+            });
+            let interleaved = b.download(&b.linear(&xt, &lin, None).unwrap()).unwrap();
+            assert_eq!(
+                two_blocks, interleaved,
+                "{label} t={t}: gemv_mt interleaved"
+            );
             assert_eq!(
                 two_blocks,
                 run(false, true, false),

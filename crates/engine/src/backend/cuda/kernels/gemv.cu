@@ -168,7 +168,10 @@ extern "C" __global__ void linear(int fmt, const void* __restrict__ w, const u8*
 
 // Several linears of the same input in one launch (q, k, v, gate, ...): segment s covers
 // blocks [seg_block[s], seg_block[s+1]). `l2_prefetch` (gemv_mt): each block of the first grid
-// row prefetches its weight rows into L2 before it waits for its input.
+// row prefetches its weight rows into L2 before it waits for its input. `interleave` (gemv_mt):
+// the grid's blocks in launch order take the grid rows of one block of weight rows side by side
+// (the weights read from DRAM once, the other grid rows' reads hit L2), not each grid row's
+// blocks one after another.
 struct Seg {
     const void* w;
     const u8* scales;
@@ -182,6 +185,7 @@ struct Segs {
     Seg s[6];
     int n;
     int l2_prefetch;
+    int interleave;
 };
 
 // ---- decode GEMV (one token): R rows per warp, x reused from registers across the rows ------
@@ -1191,9 +1195,13 @@ __device__ __forceinline__ void gemv_mt_impl(const Segs& segs, const uint2* __re
                                              const float* __restrict__ xds, const float* __restrict__ bias,
                                              const float* resid, int K, int T, int ks) {
     __shared__ float red[8][4][16][8];
+    // this block's block of weight rows (bid) and grid row (gy)
+    const int lin = blockIdx.x + blockIdx.y * gridDim.x;
+    const int bid = segs.interleave ? lin / gridDim.y : blockIdx.x;
+    const int gy = segs.interleave ? lin % gridDim.y : blockIdx.y;
     int si = 0;
     for (int i = 1; i < segs.n; i++)
-        if ((int)blockIdx.x >= segs.s[i].block0) si = i;
+        if (bid >= segs.s[i].block0) si = i;
     const Seg sg = segs.s[si];
     constexpr int fmt = FMT;
     const int N = sg.N;
@@ -1202,12 +1210,12 @@ __device__ __forceinline__ void gemv_mt_impl(const Segs& segs, const uint2* __re
     const float inv_g = sg.inv_g;
     float* y = sg.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const long row0 = ((long)(blockIdx.x - sg.block0) * (8 / ks) + warp / ks) * 16;
+    const long row0 = ((long)(bid - sg.block0) * (8 / ks) + warp / ks) * 16;
     const int nrows = (int)max(0l, min(16l, (long)N - row0));
     const int nc = K >> 7, part = warp % ks;
     const int c0 = part * nc / ks, c1 = (part + 1) * nc / ks;
     constexpr int TOKENS = fmt == 3 ? 4 * G : 2 * G;  // tokens per grid row
-    const int tok0 = blockIdx.y * TOKENS;
+    const int tok0 = gy * TOKENS;
     if constexpr (fmt == 3) {
         // lane's token in group q: tok0 + 4 q + lane / 8
         const int slot = lane >> 3;
@@ -1220,7 +1228,7 @@ __device__ __forceinline__ void gemv_mt_impl(const Segs& segs, const uint2* __re
         float acc[G][4] = {};
         MmaTile<U> m;
         if (nrows > 0) m.start(w + row0 * (K / 2), scales + row0 * (K / 16), K / 2, K / 16, nrows, c0, c1);
-        if (segs.l2_prefetch && blockIdx.y == 0 && warp == 0) {
+        if (segs.l2_prefetch && gy == 0 && warp == 0) {
             // (the block's rows: 8 / ks tiles of 16 from its first warp's)
             const long brows = max(0l, min(16l * (8 / ks), (long)N - row0));
             l2_prefetch_nv_rows(w, scales, row0, brows, K, lane, 32);
@@ -1245,7 +1253,7 @@ __device__ __forceinline__ void gemv_mt_impl(const Segs& segs, const uint2* __re
         float acc[G][4] = {};
         BfTile<U> m;
         if (nrows > 0) m.start((const u16*)w + row0 * K, K, nrows, c0, c1);
-        if (segs.l2_prefetch && blockIdx.y == 0 && warp == 0) {
+        if (segs.l2_prefetch && gy == 0 && warp == 0) {
             const long brows = max(0l, min(16l * (8 / ks), (long)N - row0));
             l2_prefetch(w + row0 * 2l * K, brows * 2l * K, lane, 32);
         }
@@ -1333,7 +1341,8 @@ extern "C" __global__ void __launch_bounds__(256, 3)
 // ticket in `tickets`, reset afterwards) adds them in split order and writes y: with gemv_mt's K
 // split (split p: chunks [p nc / splits, (p + 1) nc / splits)) the bits of gemv_mt_nv.
 #define MT_WIDE_GROUPS 8
-#define MT_WIDE_RUN 4  // chunks a split (all in flight a lane; B: tokens x run x 512 bytes shared)
+#define MT_WIDE_RUN 4    // chunks a split (all in flight a lane; B: tokens x run x 512 bytes shared)
+#define MT_WIDE_AHEAD 8  // splits' partial sums in flight a thread in the last block's sum
 
 // y[t] = resid[t] + bias + W x[t] for the T <= 32 tokens (x staged by xb_stage as xb, xds) and
 // each NVFP4 linear W of `segs` (blocks of 128 rows; `bias`, `resid`: one segment only):
@@ -1418,12 +1427,40 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     __syncthreads();
     if (!last) return;
     __threadfence();
-    for (int i = threadIdx.x; i < 128 * T; i += blockDim.x) {
-        const int r = i & 127, tok = i >> 7;
-        if (brow0 + r >= N) continue;
-        float v = 0.f;
-        for (int s = 0; s < splits; s++) v += ld_cg(part + ((long)s * T + tok) * R + 128l * blockIdx.x + r);
-        store(brow0 + r, tok, v);
+    // the row block's sums, 4 rows of a token a thread (float4), two such in flight with
+    // MT_WIDE_AHEAD splits each (a serial load a split made a 16-split o projection ~70 us)
+    const float* pb = part + 128l * blockIdx.x;
+    for (int i0 = threadIdx.x; i0 < 32 * T; i0 += 2 * blockDim.x) {
+        float4 v[2] = {};
+        for (int s0 = 0; s0 < splits; s0 += MT_WIDE_AHEAD) {
+            float4 pv[2][MT_WIDE_AHEAD];
+#pragma unroll
+            for (int o = 0; o < 2; o++) {
+                const int i = i0 + o * blockDim.x, tok = min(i >> 5, T - 1);
+#pragma unroll
+                for (int j = 0; j < MT_WIDE_AHEAD; j++)
+                    if (s0 + j < splits) pv[o][j] = ld_cg4(pb + ((long)(s0 + j) * T + tok) * R + 4 * (i & 31));
+            }
+#pragma unroll
+            for (int o = 0; o < 2; o++)
+#pragma unroll
+                for (int j = 0; j < MT_WIDE_AHEAD; j++)
+                    if (s0 + j < splits) {
+                        v[o].x += pv[o][j].x;
+                        v[o].y += pv[o][j].y;
+                        v[o].z += pv[o][j].z;
+                        v[o].w += pv[o][j].w;
+                    }
+        }
+#pragma unroll
+        for (int o = 0; o < 2; o++) {
+            const int i = i0 + o * blockDim.x, tok = i >> 5, r = 4 * (i & 31);
+            if (tok >= T) continue;
+            const float c[4] = {v[o].x, v[o].y, v[o].z, v[o].w};
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (brow0 + r + e < N) store(brow0 + r + e, tok, c[e]);
+        }
     }
     if (threadIdx.x == 0) tickets[blockIdx.x] = 0u;
 }

@@ -177,6 +177,9 @@ pub(crate) struct Segs {
     n: i32,
     /// `gemv_mt`: its blocks prefetch their weight rows into L2 (`CudaOptions::l2_prefetch_rows`).
     l2_prefetch: i32,
+    /// `gemv_mt`: blocks in launch order take one block of weight rows' grid rows side by side
+    /// (`CudaOptions::mt_interleave`).
+    interleave: i32,
 }
 
 // SAFETY: plain old data matching the C structs.
@@ -1420,6 +1423,7 @@ impl CudaBackend {
         let tile_rows = 16 * (NV_WARPS as usize / ks);
         let (mut segs, block0) = Segs::of(self, parts, |_| tile_rows);
         segs.l2_prefetch = i32::from(self.l2_prefetch(t));
+        segs.interleave = i32::from(self.opts().mt_interleave);
         let (variant, per_grid_row) = match fmt {
             2 => (MT_BF16_VARIANT, GEMV_MT_TOKENS),
             _ if sixteen && t > GEMV_MT_TOKENS => (3, GEMV_MT16_TOKENS),
