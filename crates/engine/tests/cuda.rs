@@ -159,8 +159,9 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
                 mt_one_block,
                 mt_16_tokens,
                 mt_4_tokens,
-                // (the deep variants are compared with these below)
+                // (the deep variants and the interleaved grid are compared with these below)
                 mt_deep: false,
+                mt_interleave: false,
                 ..mma_on.clone()
             });
             b.download(&b.linear(&xt, &lin, None).unwrap()).unwrap()

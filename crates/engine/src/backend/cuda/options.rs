@@ -41,7 +41,7 @@
 //! | `FP4FORGE_CUDA_MT_DEEP` | `mt_deep` | `0`: NVFP4 `gemv_mt` launches of at most one block a SM (a few rows' o projection) on `gemv_mt_nv4` / `gemv_mt_nv`, not on `gemv_mt_nv4_deep` / `gemv_mt_nv_deep` (each warp's whole run of chunks in flight and the tokens' B fetched 3 chunks ahead, one block a SM; the same bits) | on (H100, 2026-12-06, two rounds: 1.3% faster at 2 rows, 0.7–0.9% at 4, neutral at 8 and 32) |
 //! | `FP4FORGE_CUDA_MT_DEEP_ALL` | `mt_deep_all` | `1`: NVFP4 `gemv_mt` launches of any grid on the deep variants (with `mt_deep`), e.g. a 32-row step's q/k/v and o at one block a SM, each warp's whole run of chunks in flight | off (not yet measured) |
 //! | `FP4FORGE_CUDA_MT_WIDE` | `mt_wide_min_tokens` | `N`: NVFP4 `gemv_mt` launches of N or more tokens (at least 5: up to 4, `gemv_mt_nv4` and the mixed launch stay) on `gemv_mt_wide` (blocks of 128 rows over a run of at most 4 chunks, the run's B for all the step's tokens copied once into shared memory, each decoded weight fragment feeding up to 32 tokens; K split over blocks, the last block of each row block adding the splits in order); `0`: never | off (not yet measured) |
-//! | `FP4FORGE_CUDA_MT_INTERLEAVE` | `mt_interleave` | `1`: `gemv_mt` grids of several grid rows (more tokens than a grid row holds) launch each block of weight rows' grid rows side by side, so that the weights come from DRAM once and the other grid rows read them in L2 (a 32-row step's lm_head: 411 MB of bf16 four times otherwise); the same bits | off (not yet measured) |
+//! | `FP4FORGE_CUDA_MT_INTERLEAVE` | `mt_interleave` | `0`: `gemv_mt` grids of several grid rows (more tokens than a grid row holds) launch each grid row's blocks one after another, not each block of weight rows' grid rows side by side (the weights then come from DRAM once and the other grid rows read them in L2; a 32-row step's lm_head is 411 MB of bf16 in four grid rows); the same bits | on (H100, 2026-12-06, two rounds: 2.8% faster at 32 rows, 1.8% at 16, neutral at 8) |
 //! | `FP4FORGE_CUDA_MT_FILL` | `mt_blocks_per_sm` | blocks a SM that `gemv_mt`'s K split aims its grid at (`mma_split`: warps per tile doubled while the grid is below this many blocks a SM and each warp keeps 2+ chunks; `gemv_mt_nv4` holds 3) | 1 (H100, 2026-12-06, two rounds: 3 was 2–3% slower at 8 and 32 rows, within 0.5% at 2 and 4) |
 //! | `FP4FORGE_CUDA_MT_KS` | `mt_k_split` | `1`, `2`, `4`, `8`: fixed K split (warps per tile) of `gemv_mt` | per shape (`mma_split`) |
 //!
@@ -206,7 +206,7 @@ impl Default for CudaOptions {
             mt_deep_all: false,
             mt_blocks_per_sm: 1,
             mt_wide_min_tokens: 0,
-            mt_interleave: false,
+            mt_interleave: true,
             few_token_max: GEMV_MT_MAX_TOKENS,
             few_moe_min_tokens: FEW_MOE_MIN_TOKENS,
             attn_split_min_keys: ATTN_SPLIT_MIN_KEYS,
@@ -293,7 +293,7 @@ impl CudaOptions {
             few_token_max: num("FP4FORGE_CUDA_MT_TOKENS").unwrap_or(d.few_token_max),
             few_moe_min_tokens: num("FP4FORGE_CUDA_FEW_MOE").unwrap_or(d.few_moe_min_tokens),
             mt_wide_min_tokens: num("FP4FORGE_CUDA_MT_WIDE").unwrap_or(d.mt_wide_min_tokens),
-            mt_interleave: var("FP4FORGE_CUDA_MT_INTERLEAVE").as_deref() == Some(OsStr::new("1")),
+            mt_interleave: on("FP4FORGE_CUDA_MT_INTERLEAVE"),
             ..d
         }
     }
@@ -355,10 +355,10 @@ mod tests {
             ("FP4FORGE_CUDA_MT_TOKENS", "0"),
             ("FP4FORGE_CUDA_FEW_MOE", "x"),
             ("FP4FORGE_CUDA_MT_WIDE", "9"),
-            ("FP4FORGE_CUDA_MT_INTERLEAVE", "1"),
+            ("FP4FORGE_CUDA_MT_INTERLEAVE", "0"),
         ]);
         assert_eq!(o.mt_wide_min_tokens, 9);
-        assert!(o.mt_interleave);
+        assert!(!o.mt_interleave);
         assert_eq!(o.few_token_max, 0);
         assert_eq!(o.few_moe_min_tokens, FEW_MOE_MIN_TOKENS);
         assert!(!o.pdl && o.mma && o.persistent_moe && o.fused_decode && !o.tiled_prefill);

@@ -1252,8 +1252,8 @@ impl CudaBackend {
         bias: DevPtr<f32>,
         resid: DevPtr<f32>,
     ) -> Result<()> {
-        let plan = self.gemv_mt_plan(parts, x, t, bias, resid)?;
         if let Some(splits) = self.wide_splits(parts, t) {
+            let (xb, xds, _staged) = self.mt_input(parts, x, t, bias, resid)?;
             let (segs, blocks) = Segs::of(self, parts, |_| MT_WIDE_ROWS);
             // (every split writes all of its rows' sums)
             let part = if splits > 1 {
@@ -1263,11 +1263,11 @@ impl CudaBackend {
             };
             ops::gemv::GemvMtWideArgs {
                 segs,
-                xb: plan.xb,
-                xds: plan.xds,
+                xb,
+                xds,
                 bias,
                 resid,
-                k: plan.cols,
+                k: parts[0].0.cols as i32,
                 t: t as i32,
                 part: part.as_ref().map_or(DevPtr::NULL, |p| self.ptr(p)),
                 tickets: self.ptr(&self.inner.wide_tickets),
@@ -1278,6 +1278,7 @@ impl CudaBackend {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return Ok(());
         }
+        let plan = self.gemv_mt_plan(parts, x, t, bias, resid)?;
         ops::gemv::GemvMtArgs {
             segs: plan.segs,
             xb: plan.xb,
@@ -1389,22 +1390,7 @@ impl CudaBackend {
         resid: DevPtr<f32>,
     ) -> Result<MtPlan> {
         let (fmt, cols) = parts.first().map_or((0, 0), |(w, _)| (w.fmt, w.cols));
-        self.check(
-            !parts.is_empty()
-                && parts.len() <= MultiLinear::MAX
-                && (parts.len() == 1 || (bias.is_null() && resid.is_null()))
-                && parts
-                    .iter()
-                    .all(|(w, _)| w.fmt == fmt && w.cols == cols && self.gemv_mt_applies(w, t)),
-            || format!("gemv_mt: {} linears of {t} tokens", parts.len()),
-        )?;
-        let (xb, xds, staged) = match x {
-            MtInput::Staged(xb, xds) => (xb, xds, None),
-            MtInput::Rows(x) => {
-                let own = self.stage_rows(x, t, cols, fmt)?;
-                (self.ptr(&own.0), self.ptr(&own.1), Some(own))
-            }
-        };
+        let (xb, xds, staged) = self.mt_input(parts, x, t, bias, resid)?;
         let rows: usize = parts.iter().map(|(w, _)| w.rows).sum();
         let (fixed_split, fill, one_block, sixteen, four, deep, deep_all) = {
             let o = self.opts();
@@ -1449,6 +1435,42 @@ impl CudaBackend {
             ks: ks as i32,
             variant,
             grid: (block0, grid_rows as u32, 1),
+        })
+    }
+
+    /// The checks of a `gemv_mt` launch of `parts` over `t` tokens (one format and width, each
+    /// [`gemv_mt_applies`](Self::gemv_mt_applies), `bias` and `resid` with one part only) and
+    /// its staged input: B entries, row scales and the buffers staged here (where `x` came as
+    /// rows), alive until the launch.
+    #[allow(clippy::type_complexity)]
+    fn mt_input(
+        &self,
+        parts: &[(&CudaLinear, DevPtr<f32>)],
+        x: MtInput,
+        t: usize,
+        bias: DevPtr<f32>,
+        resid: DevPtr<f32>,
+    ) -> Result<(
+        DevPtr<u32>,
+        DevPtr<f32>,
+        Option<(CudaSlice<u32>, CudaSlice<f32>)>,
+    )> {
+        let (fmt, cols) = parts.first().map_or((0, 0), |(w, _)| (w.fmt, w.cols));
+        self.check(
+            !parts.is_empty()
+                && parts.len() <= MultiLinear::MAX
+                && (parts.len() == 1 || (bias.is_null() && resid.is_null()))
+                && parts
+                    .iter()
+                    .all(|(w, _)| w.fmt == fmt && w.cols == cols && self.gemv_mt_applies(w, t)),
+            || format!("gemv_mt: {} linears of {t} tokens", parts.len()),
+        )?;
+        Ok(match x {
+            MtInput::Staged(xb, xds) => (xb, xds, None),
+            MtInput::Rows(x) => {
+                let own = self.stage_rows(x, t, cols, fmt)?;
+                (self.ptr(&own.0), self.ptr(&own.1), Some(own))
+            }
         })
     }
 
