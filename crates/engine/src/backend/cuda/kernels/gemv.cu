@@ -1340,6 +1340,9 @@ extern "C" __global__ void __launch_bounds__(256, 3)
 // sums to `part` ([split][token][128 gridDim.x rows]) and the last block of a row block (its
 // ticket in `tickets`, reset afterwards) adds them in split order and writes y: with gemv_mt's K
 // split (split p: chunks [p nc / splits, (p + 1) nc / splits)) the bits of gemv_mt_nv.
+// Measured slower than gemv_mt_nv all the same (the H100, 2026-12-06: 41 us a launch at 32 rows
+// against ~40, 1.1 waves at 11.4 cycles a warp's instruction, DRAM at 9%), so it stays behind
+// CudaOptions::mt_wide_min_tokens, off.
 #define MT_WIDE_GROUPS 8
 #define MT_WIDE_RUN 4    // chunks a split (all in flight a lane; B: tokens x run x 512 bytes shared)
 #define MT_WIDE_AHEAD 8  // splits' partial sums in flight a thread in the last block's sum
@@ -1428,7 +1431,7 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     if (!last) return;
     __threadfence();
     // the row block's sums, 4 rows of a token a thread (float4), two such in flight with
-    // MT_WIDE_AHEAD splits each (a serial load a split made a 16-split o projection ~70 us)
+    // MT_WIDE_AHEAD splits each (not one L2 round trip a split)
     const float* pb = part + 128l * blockIdx.x;
     for (int i0 = threadIdx.x; i0 < 32 * T; i0 += 2 * blockDim.x) {
         float4 v[2] = {};
