@@ -256,6 +256,18 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// 8 bytes of shared memory at address a (smem_u32's), in order with the other asm of the thread
+// (barriers, cp.async waits).
+__device__ __forceinline__ uint2 lds64(u32 a) {
+#ifdef FP4FORGE_CPU_EMU
+    return *(const uint2*)emu_smem_ptr(a);
+#else
+    uint2 v;
+    asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(a));
+    return v;
+#endif
+}
+
 __device__ __forceinline__ void ldsm_x4(u32 r[4], u32 addr) {
 #ifdef FP4FORGE_CPU_EMU
     emu_ldmatrix_x4(r, addr, false);

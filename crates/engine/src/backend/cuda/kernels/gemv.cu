@@ -939,20 +939,22 @@ struct MmaTile {
             }
         }
     }
-    // As run_staged, with B in shared memory (gemv_mt_wide): `bq(q, ch)` points at this lane's
-    // 4 words of group q's chunk ch (word i at + 8 i); only the first `ng` groups run
-    // (warp-uniform).
-    template <int G, class BQ>
-    __device__ __forceinline__ void run_shared(BQ bq, int ng, float acc[G][4]) {
+    // As run_staged, with B in shared memory (gemv_mt_wide): this lane's 4 16-byte words of
+    // group q's chunk ch (the ch - c'th of the run) at shared address sb + q gstride + 512 (ch -
+    // c), word i at + 128 i; only the first `ng` groups run (warp-uniform).
+    template <int G>
+    __device__ __forceinline__ void run_shared(u32 sb, u32 gstride, int ng, float acc[G][4]) {
+        const int first = c;
         for (; c < c1; c += U) {
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int ch = c + u;
                 if (ch < c1) {
+                    const u32 cb = sb + 512u * (ch - first);
                     mma_chunk_groups<G>(
                         qa[u], qb[u], za[u], zb[u],
-                        [&](int q, int st) { return ((const uint2*)(bq(q, ch) + 8 * (st >> 1)))[st & 1]; }, acc,
-                        ng);
+                        [&](int q, int st) { return lds64(cb + q * gstride + 128u * (st >> 1) + 8u * (st & 1)); },
+                        acc, ng);
                     if (ch + U < c1) load(u, ch + U);
                 }
             }
@@ -1341,8 +1343,9 @@ extern "C" __global__ void __launch_bounds__(256, 3)
 // ticket in `tickets`, reset afterwards) adds them in split order and writes y: with gemv_mt's K
 // split (split p: chunks [p nc / splits, (p + 1) nc / splits)) the bits of gemv_mt_nv.
 // Measured slower than gemv_mt_nv all the same (the H100, 2026-12-06: 41 us a launch at 32 rows
-// against ~40, 1.1 waves at 11.4 cycles a warp's instruction, DRAM at 9%), so it stays behind
-// CudaOptions::mt_wide_min_tokens, off.
+// against ~40, 11.4 cycles between a warp's instructions, DRAM at 9%; before its B addresses were
+// one 32-bit sum each), so it stays behind CudaOptions::mt_wide_min_tokens, off. The run-time
+// group count puts a branch before each mma (docs/performance.md, 2026-12-06, midday).
 #define MT_WIDE_GROUPS 8
 #define MT_WIDE_RUN 4    // chunks a split (all in flight a lane; B: tokens x run x 512 bytes shared)
 #define MT_WIDE_AHEAD 8  // splits' partial sums in flight a thread in the last block's sum
@@ -1354,7 +1357,7 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     gemv_mt_wide(Segs segs, const uint2* __restrict__ xb, const float* __restrict__ xds,
                  const float* __restrict__ bias, const float* resid, int K, int T, float* part,
                  u32* tickets) {
-    DYNAMIC_SMEM(uint4, sb);  // [T][run][32]: lane l's word i of a token's chunk at 8 i + l
+    DYNAMIC_SMEM(uint4, sb);  // [4 ng][run][32]: lane l's word i of a token's chunk at 8 i + l
     __shared__ int last;
     int si = 0;
     for (int i = 1; i < segs.n; i++)
@@ -1370,22 +1373,22 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     if (nrows > 0)
         m.start((const u8*)sg.w + row0 * (K / 2), sg.scales + row0 * (K / 16), K / 2, K / 16, nrows, c0, c1);
     pdl_enter();
-    // token t's chunk c: 32 16-byte words at xb + t K / 2 + 64 c (word 4 l + i: lane l's word i)
-    const int words = T * run * 32;
+    // token t's chunk c: 32 16-byte words at xb + t K / 2 + 64 c (word 4 l + i: lane l's word i);
+    // the tokens padded to whole groups of 4 with zeros
+    const int ng = (T + 3) >> 2, words = 4 * ng * run * 32;
     for (int e = threadIdx.x; e < words; e += blockDim.x) {
         const int t = e / (run * 32), r = e - t * run * 32, j = r & 31;
-        const uint4* src = (const uint4*)(xb + (long)t * (K / 2)) + 32 * c0 + r;
-        cp_async16(smem_u32(sb + (e - j) + 8 * (j & 3) + (j >> 2)), src, true);
+        const uint4* src = (const uint4*)(xb + (long)min(t, T - 1) * (K / 2)) + 32 * c0 + r;
+        cp_async16(smem_u32(sb + (e - j) + 8 * (j & 3) + (j >> 2)), src, t < T);
     }
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
-    const int ng = (T + 3) >> 2, slot = lane >> 3, l = lane & 7;
+    const int slot = lane >> 3, l = lane & 7;
     float acc[MT_WIDE_GROUPS][4] = {};
+    // (lane: token slot of each group, word l of each 8)
     if (nrows > 0)
-        m.template run_shared<MT_WIDE_GROUPS>(
-            [&](int q, int ch) { return sb + ((long)min(4 * q + slot, T - 1) * run + (ch - c0)) * 32 + l; }, ng,
-            acc);
+        m.template run_shared<MT_WIDE_GROUPS>(smem_u32(sb) + 16u * (slot * run * 32 + l), 2048u * run, ng, acc);
     // lane (g, t): rows g and g + 8, token 4 q + t of group q (columns 2 t, 2 t + 1)
     const int g = lane >> 2, tq = lane & 3;
     const float inv_g = sg.inv_g;
