@@ -1352,7 +1352,8 @@ extern "C" __global__ void __launch_bounds__(256, 3)
 
 // y[t] = resid[t] + bias + W x[t] for the T <= 32 tokens (x staged by xb_stage as xb, xds) and
 // each NVFP4 linear W of `segs` (blocks of 128 rows; `bias`, `resid`: one segment only):
-// grid (the segments' blocks, splits), 256 threads, T * run * 512 bytes of dynamic shared memory.
+// grid (the segments' blocks, splits), 256 threads, 4 ceil(T / 4) run 512 bytes of dynamic shared
+// memory (the tokens padded to whole groups of 4).
 extern "C" __global__ void __launch_bounds__(256, 2)
     gemv_mt_wide(Segs segs, const uint2* __restrict__ xb, const float* __restrict__ xds,
                  const float* __restrict__ bias, const float* resid, int K, int T, float* part,

@@ -1340,8 +1340,8 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The K splits of `gemv_mt_wide` for `t` tokens of `parts` (which
-    /// [`gemv_mt_plan`](Self::gemv_mt_plan) checked), or `None` where it does not run them: the
+    /// The K splits of `gemv_mt_wide` for `t` tokens of `parts` (the first part's format and
+    /// width; [`mt_input`](Self::mt_input) checks the others), or `None` where it does not run them: the
     /// device unable ([`Inner::mt_wide`]), switched off or below its tokens
     /// (`CudaOptions::mt_wide_min_tokens`, at least [`MT_WIDE_MIN_TOKENS`]), more than
     /// [`MT_WIDE_TOKENS`], not NVFP4, more row blocks than tickets, or a fixed K split
