@@ -188,6 +188,14 @@ struct Segs {
     int interleave;
 };
 
+// The index of the segment that block `block` of a launch over `segs` works on.
+__device__ __forceinline__ int seg_index(const Segs& segs, int block) {
+    int si = 0;
+    for (int i = 1; i < segs.n; i++)
+        if (block >= segs.s[i].block0) si = i;
+    return si;
+}
+
 // ---- decode GEMV (one token): R rows per warp, x reused from registers across the rows ------
 
 // Weights are read once per token: no L1 allocation, and first out of L2 (evict_first), so the
@@ -1201,10 +1209,7 @@ __device__ __forceinline__ void gemv_mt_impl(const Segs& segs, const uint2* __re
     const int lin = blockIdx.x + blockIdx.y * gridDim.x;
     const int bid = segs.interleave ? lin / gridDim.y : blockIdx.x;
     const int gy = segs.interleave ? lin % gridDim.y : blockIdx.y;
-    int si = 0;
-    for (int i = 1; i < segs.n; i++)
-        if (bid >= segs.s[i].block0) si = i;
-    const Seg sg = segs.s[si];
+    const Seg sg = segs.s[seg_index(segs, bid)];
     constexpr int fmt = FMT;
     const int N = sg.N;
     const u8* w = (const u8*)sg.w;
@@ -1360,10 +1365,7 @@ extern "C" __global__ void __launch_bounds__(256, 2)
                  u32* tickets) {
     DYNAMIC_SMEM(uint4, sb);  // [4 ng][run][32]: lane l's word i of a token's chunk at 8 i + l
     __shared__ int last;
-    int si = 0;
-    for (int i = 1; i < segs.n; i++)
-        if ((int)blockIdx.x >= segs.s[i].block0) si = i;
-    const Seg sg = segs.s[si];
+    const Seg sg = segs.s[seg_index(segs, blockIdx.x)];
     const int N = sg.N;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long brow0 = (long)(blockIdx.x - sg.block0) * 128, row0 = brow0 + 16 * warp;
@@ -1482,10 +1484,7 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 // rows per warp).
 extern "C" __global__ void linear_multi2(Segs segs, const float* __restrict__ x, int K, int mma) {
     __shared__ float4 xs[XS_MAX / 4];
-    int si = 0;
-    for (int i = 1; i < segs.n; i++)
-        if ((int)blockIdx.x >= segs.s[i].block0) si = i;
-    const Seg s = segs.s[si];
+    const Seg s = segs.s[seg_index(segs, blockIdx.x)];
     const int warps = blockDim.x >> 5;
     if (mma && s.fmt == 3 && (K & 127) == 0 && K <= XS_MAX && warps == 8) {
         __shared__ float red[8][16];
