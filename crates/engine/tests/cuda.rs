@@ -184,22 +184,23 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
         if nvfp4 && cols % 128 == 0 && t >= 5 {
             // gemv_mt_wide (128-row blocks, B in shared memory, K split over blocks): with
             // gemv_mt's K split, gemv_mt_nv's bits (where that split leaves it 4 chunks or fewer)
+            // (the output at a fixed K split, gemv_mt_wide on or off, and whether it ran)
+            let split = |ks: usize, wide: bool| {
+                b.set_options(CudaOptions {
+                    mt_k_split: Some(ks),
+                    mt_wide_min_tokens: if wide { 5 } else { 0 },
+                    mt_deep: false,
+                    ..mma_on.clone()
+                });
+                let before = b.wide_linears();
+                let y = b.download(&b.linear(&xt, &lin, None).unwrap()).unwrap();
+                (y, b.wide_linears() > before)
+            };
             let mut wide_runs = 0;
             for ks in [1usize, 2, 4, 8] {
-                let split = |wide: bool| {
-                    b.set_options(CudaOptions {
-                        mt_k_split: Some(ks),
-                        mt_wide_min_tokens: if wide { 5 } else { 0 },
-                        mt_deep: false,
-                        ..mma_on.clone()
-                    });
-                    let before = b.wide_linears();
-                    let y = b.download(&b.linear(&xt, &lin, None).unwrap()).unwrap();
-                    (y, b.wide_linears() > before)
-                };
-                let (want, went_wide) = split(false);
+                let (want, went_wide) = split(ks, false);
                 assert!(!went_wide, "{label} t={t}: gemv_mt_wide while off");
-                let (got, ran) = split(true);
+                let (got, ran) = split(ks, true);
                 if ran {
                     wide_runs += 1;
                     assert_eq!(want, got, "{label} t={t}: gemv_mt_wide, K split {ks}");
@@ -209,17 +210,8 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
             if cols / 128 >= 16 {
                 // 16 splits (two batches of the last block's loads in flight): as close to
                 // gemv_mt as another order of the same sums
-                b.set_options(CudaOptions {
-                    mt_k_split: Some(16),
-                    mt_wide_min_tokens: 5,
-                    ..mma_on.clone()
-                });
-                let before = b.wide_linears();
-                let got = b.download(&b.linear(&xt, &lin, None).unwrap()).unwrap();
-                assert!(
-                    b.wide_linears() > before,
-                    "{label} t={t}: 16 splits not wide"
-                );
+                let (got, ran) = split(16, true);
+                assert!(ran, "{label} t={t}: 16 splits not wide");
                 let scale = max_abs(&two_blocks);
                 let d = max_abs_diff(&two_blocks, &got);
                 assert!(
