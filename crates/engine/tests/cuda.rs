@@ -1451,6 +1451,8 @@ struct Knobs {
     reduce_norm: bool,
     router_topk: bool,
     mt_mixed: bool,
+    mt_mixed8: bool,
+    router_shared: bool,
     moe_staged: bool,
     item_staged: bool,
     few: bool,
@@ -1463,9 +1465,11 @@ struct Knobs {
 /// norm (`FP4FORGE_CUDA_REDUCE_NORM`, counted) and each router running its top-k as its
 /// launch's tail (`FP4FORGE_CUDA_ROUTER_TOPK`, counted; not at a step whose top-k prefetches),
 /// and NVFP4 q/k/v with the bf16 gate in one launch (`FP4FORGE_CUDA_MT_MIXED`, counted; up to
-/// 4 rows), and the few-items-per-tile experts taking their input as the norm staged it
-/// (`FP4FORGE_CUDA_MOE_STAGED`, counted) and their items grouped by expert in the router's
-/// top-k tail (counted; both against those experts without, as they run from 2 rows here), and
+/// 4 rows, and past 4 with `FP4FORGE_CUDA_MT_MIXED8`), and the few-items-per-tile experts taking
+/// their input as the norm staged it (`FP4FORGE_CUDA_MOE_STAGED`, counted), their items grouped
+/// by expert in the router's top-k tail (counted) and their shared expert's gate and up run in
+/// the router's launch (`FP4FORGE_CUDA_ROUTER_SHARED`, counted; all against those experts
+/// without, as they run from 2 rows here), and
 /// the per-item experts reading their input as the norm staged it (`FP4FORGE_CUDA_ITEM_STAGED`,
 /// counted), on
 /// the fused batched step of 5 and of 3 rows, at widths that norm
@@ -1514,6 +1518,8 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                     reduce_norm,
                     router_topk,
                     mt_mixed,
+                    mt_mixed8,
+                    router_shared,
                     moe_staged,
                     item_staged,
                     few,
@@ -1523,6 +1529,8 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                     reduce_norm,
                     router_topk,
                     mt_mixed,
+                    mt_mixed8,
+                    router_shared,
                     moe_staged,
                     item_staged,
                     l2_prefetch_rows: usize::from(l2_prefetch),
@@ -1536,6 +1544,7 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                         b.mixed_linears(),
                         b.moe_inputs_staged(),
                         b.grouped_in_router(),
+                        b.shared_in_router(),
                     ]
                 };
                 let before = counts(&backend);
@@ -1558,11 +1567,14 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                     "{label}: the step did not run on the fused sequence"
                 );
                 let after = counts(&backend);
-                let ran: Vec<usize> = (0..5).map(|i| after[i] - before[i]).collect();
+                let ran: Vec<usize> = (0..after.len()).map(|i| after[i] - before[i]).collect();
                 // every MoE layer's sum runs the next norm where both options are on; every MoE
                 // layer's router runs its top-k where it is on (bf16 routers on staged rows,
                 // nothing prefetched); every layer's q/k/v and gate run in one launch where
-                // it is on (lean: NVFP4 q/k/v, up to 4 rows); every MoE layer's experts take
+                // it is on (lean: NVFP4 q/k/v, up to 4 rows, more with mt_mixed8); every MoE
+                // layer's router also runs the shared expert's gate and up where that is on
+                // (staged rows, the top-k in its own launch, a few items per tile); every MoE
+                // layer's experts take
                 // their input as the norm staged it where it is on and they run a few items
                 // per tile (and the shared expert's down its input as the SiLU product staged
                 // it: Laguna has one in every MoE layer), and then the router's top-k also
@@ -1573,16 +1585,18 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                 let want = [
                     on(norm_stage && reduce_norm, moe_layers),
                     on(routed, moe_layers),
-                    on(mt_mixed && lean && rows <= 4, layers),
+                    on(mt_mixed && lean && (rows <= 4 || mt_mixed8), layers),
                     on(norm_stage && moe_staged && few, 2 * moe_layers)
                         + on(norm_stage && item_staged && !few, moe_layers),
                     on(routed && few, moe_layers),
+                    on(norm_stage && router_shared && !routed && few, moe_layers),
                 ];
                 assert_eq!(
                     ran, want,
                     "{label}, {rows} rows: sums that ran the next norm, routers that ran the \
                      top-k, layers whose q/k/v and gate ran in one launch, MoE layers whose \
-                     experts took staged rows, routers that grouped the items"
+                     experts took staged rows, routers that grouped the items, routers that ran \
+                     the shared expert's gate and up"
                 );
                 logits
             };
@@ -1643,6 +1657,14 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                     ),
                     (
                         Knobs {
+                            mt_mixed: true,
+                            mt_mixed8: true,
+                            ..staged
+                        },
+                        "mt_mixed8",
+                    ),
+                    (
+                        Knobs {
                             reduce_norm: true,
                             router_topk: true,
                             mt_mixed: true,
@@ -1685,6 +1707,23 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                         },
                         "moe_staged, reduce_norm and router_topk",
                     ),
+                    (
+                        Knobs {
+                            router_shared: true,
+                            ..few
+                        },
+                        "router_shared",
+                    ),
+                    (
+                        Knobs {
+                            moe_staged: true,
+                            router_shared: true,
+                            mt_mixed: true,
+                            mt_mixed8: true,
+                            ..few
+                        },
+                        "moe_staged, router_shared and mt_mixed8",
+                    ),
                 ] {
                     assert_eq!(
                         apart,
@@ -1695,7 +1734,8 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
             }
             println!(
                 "{label}: the same bits with and without norm_stage, l2_prefetch, reduce_norm, \
-                 router_topk, mt_mixed, moe_staged, item_staged (5 and 3 rows)"
+                 router_topk, mt_mixed, mt_mixed8, router_shared, moe_staged, item_staged (5 \
+                 and 3 rows)"
             );
         }
     }

@@ -207,9 +207,16 @@ impl CudaBackend {
     }
 
     /// Batched steps' inputs whose NVFP4 and bf16 linears ran in one launch (`gemv_mt_mixed4`,
-    /// `CudaOptions::mt_mixed`) on this backend (and its clones) so far.
+    /// `gemv_mt_mixed8`: `CudaOptions::mt_mixed`, `CudaOptions::mt_mixed8`) on this backend
+    /// (and its clones) so far.
     pub fn mixed_linears(&self) -> usize {
         self.inner.mixed_linears.load(Ordering::Relaxed)
+    }
+
+    /// Batched steps' MoE layers whose router's launch also ran the shared expert's gate and up
+    /// (`CudaOptions::router_shared`) on this backend (and its clones) so far.
+    pub fn shared_in_router(&self) -> usize {
+        self.inner.shared_in_router.load(Ordering::Relaxed)
     }
 
     /// `gemv_mt` launches that ran a deep variant (`gemv_mt_nv4_deep`, `gemv_mt_nv_deep`:
@@ -492,6 +499,8 @@ impl CudaBackend {
                     // the routed items grouped by expert by the router's launch, where the top-k
                     // runs there and the experts run a few items per tile
                     let mut tiles: Option<ExpertTiles> = None;
+                    // the shared expert's gate and up outputs, where the router's launch ran them
+                    let mut shared_gu: Option<(CudaSlice<f32>, CudaSlice<f32>)> = None;
                     if n == 1 && Self::norm_gemv_applies(&m.router) {
                         self.norm_gemv_raw(
                             &m.router,
@@ -541,9 +550,28 @@ impl CudaBackend {
                                 )?;
                                 routed = true;
                             }
-                            Some(input) => {
-                                self.gemv_mt(&router, input, n, DevPtr::NULL, DevPtr::NULL)?
-                            }
+                            Some(input) => match shared.as_ref() {
+                                Some(s)
+                                    if self.router_shared_applies(
+                                        &m.router,
+                                        Some(s),
+                                        path,
+                                        n,
+                                    ) =>
+                                {
+                                    let si = s.gate.rows;
+                                    let gu = (self.alloc_unset(n * si)?, self.alloc_unset(n * si)?);
+                                    let parts = [
+                                        router[0],
+                                        (s.gate, self.ptr(&gu.0)),
+                                        (s.up, self.ptr(&gu.1)),
+                                    ];
+                                    self.gemv_mt(&parts, input, n, DevPtr::NULL, DevPtr::NULL)?;
+                                    shared_gu = Some(gu);
+                                    self.inner.shared_in_router.fetch_add(1, Ordering::Relaxed);
+                                }
+                                _ => self.gemv_mt(&router, input, n, DevPtr::NULL, DevPtr::NULL)?,
+                            },
                             None => rows(&m.router, a, p(&bufs.router), DevPtr::NULL)?,
                         }
                         moe_input = (!moe_formats.is_empty()).then_some(staged);
@@ -560,6 +588,7 @@ impl CudaBackend {
                         resid: x,
                         staged: moe_input.as_ref(),
                         tiles: tiles.as_ref(),
+                        shared_gu: shared_gu.as_ref().map(|(g, u)| (p(g), p(u))),
                     };
                     // three f32 per layer: gate, up, down
                     let inv = shared_inv.add(3 * li);
@@ -644,7 +673,7 @@ impl CudaBackend {
         let input = |fmt: i32| staged.of(self, fmt).unwrap_or(MtInput::Rows(x));
         match groups.as_slice() {
             [(2, bf), (3, nv)]
-                if self.gemv_mt_mixed_applies(n)
+                if self.gemv_mt_mixed_applies(nv, n)
                     && nv.len() <= MultiLinear::MAX
                     && bf.len() <= MultiLinear::MAX =>
             {

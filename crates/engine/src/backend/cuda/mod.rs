@@ -121,8 +121,11 @@ pub(crate) struct Inner {
     sums_with_norm: std::sync::atomic::AtomicUsize,
     /// Routers whose top-k ran as their launch's tail (`gemv_mt_bf16_topk`) so far.
     routed_in_router: std::sync::atomic::AtomicUsize,
-    /// One input's NVFP4 and bf16 linears run in one launch (`gemv_mt_mixed4`) so far.
+    /// One input's NVFP4 and bf16 linears run in one launch (`gemv_mt_mixed4`,
+    /// `gemv_mt_mixed8`) so far.
     mixed_linears: std::sync::atomic::AtomicUsize,
+    /// Routers that ran their shared expert's gate and up in their launch so far.
+    shared_in_router: std::sync::atomic::AtomicUsize,
     /// `gemv_mt` launches on a deep variant (`gemv_mt_nv4_deep`, `gemv_mt_nv_deep`) so far.
     deep_linears: std::sync::atomic::AtomicUsize,
     /// `gemv_mt` launches on `gemv_mt_wide` so far.
@@ -250,6 +253,7 @@ impl CudaBackend {
                 sums_with_norm: std::sync::atomic::AtomicUsize::new(0),
                 routed_in_router: std::sync::atomic::AtomicUsize::new(0),
                 mixed_linears: std::sync::atomic::AtomicUsize::new(0),
+                shared_in_router: std::sync::atomic::AtomicUsize::new(0),
                 deep_linears: std::sync::atomic::AtomicUsize::new(0),
                 wide_linears: std::sync::atomic::AtomicUsize::new(0),
                 moe_inputs_staged: std::sync::atomic::AtomicUsize::new(0),
@@ -1196,6 +1200,7 @@ impl Backend for CudaBackend {
                 resid: DevPtr::NULL,
                 staged: None,
                 tiles: None,
+                shared_gu: None,
             },
             Epi::default(),
             None,

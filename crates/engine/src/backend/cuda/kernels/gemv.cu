@@ -1200,15 +1200,20 @@ __device__ __forceinline__ void mt_stash_cols(const float acc[G][4], float (*red
 // kernel per format (gemv_mt_bf16, gemv_mt_nv: FMT; U: chunks in flight a lane, G: groups of 4
 // NVFP4 tokens or of 2 bf16 tokens: a grid row's tokens), so that each gets the registers its own
 // path needs. U and G change no bit: each group accumulates its chunks in the same order.
+// The block of weight rows a gemv_mt block works on: blockIdx.x, or with `interleave` the grid's
+// blocks in launch order taking each block of weight rows' grid rows side by side.
+__device__ __forceinline__ int mt_block(const Segs& segs) {
+    return segs.interleave ? (blockIdx.x + blockIdx.y * gridDim.x) / gridDim.y : blockIdx.x;
+}
+
 template <int FMT, int U, int G, int D = 1>
 __device__ __forceinline__ void gemv_mt_impl(const Segs& segs, const uint2* __restrict__ xb,
                                              const float* __restrict__ xds, const float* __restrict__ bias,
                                              const float* resid, int K, int T, int ks) {
     __shared__ float red[8][4][16][8];
     // this block's block of weight rows (bid) and grid row (gy)
-    const int lin = blockIdx.x + blockIdx.y * gridDim.x;
-    const int bid = segs.interleave ? lin / gridDim.y : blockIdx.x;
-    const int gy = segs.interleave ? lin % gridDim.y : blockIdx.y;
+    const int bid = mt_block(segs);
+    const int gy = segs.interleave ? (blockIdx.x + blockIdx.y * gridDim.x) % gridDim.y : blockIdx.y;
     const Seg sg = segs.s[seg_index(segs, bid)];
     constexpr int fmt = FMT;
     const int N = sg.N;
@@ -1329,10 +1334,27 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     gemv_mt_mixed4(Segs nv, Segs bf, const uint2* __restrict__ xb_nv, const float* __restrict__ xds_nv,
                    const uint2* __restrict__ xb_bf, const float* __restrict__ xds_bf, int K, int T, int ks_nv,
                    int ks_bf) {
-    if ((int)blockIdx.x < bf.s[0].block0)
+    if (mt_block(nv) < bf.s[0].block0)
         gemv_mt_impl<3, MT_NV4_U, 1>(nv, xb_nv, xds_nv, nullptr, nullptr, K, T, ks_nv);
     else
         gemv_mt_impl<2, 1, 2>(bf, xb_bf, xds_bf, nullptr, nullptr, K, T, ks_bf);
+}
+
+// The same for 5 to 32 tokens, 8 a grid row: the blocks below the first NVFP4 block
+// (nv.s[0].block0) run gemv_mt_bf16's path over the segments `bf` with its 4 groups (8 tokens)
+// and one chunk in flight, the others gemv_mt_nv's over `nv` (its blocks numbered on from bf's),
+// two blocks a SM as gemv_mt_nv; each with its own K split: the bits of the two launches. The
+// few bf16 blocks (an attention gate's: a few tiles a grid row) come first in launch order, so
+// that they run beside q/k/v's first wave, not after its last; both segment lists interleave
+// alike (the same grid rows), so one block index picks the path.
+extern "C" __global__ void __launch_bounds__(256, 2)
+    gemv_mt_mixed8(Segs bf, Segs nv, const uint2* __restrict__ xb_bf, const float* __restrict__ xds_bf,
+                   const uint2* __restrict__ xb_nv, const float* __restrict__ xds_nv, int K, int T, int ks_bf,
+                   int ks_nv) {
+    if (mt_block(bf) < nv.s[0].block0)
+        gemv_mt_impl<2, 1, MT_BF_GROUPS>(bf, xb_bf, xds_bf, nullptr, nullptr, K, T, ks_bf);
+    else
+        gemv_mt_impl<3, MT_NV_U, MT_NV_GROUPS>(nv, xb_nv, xds_nv, nullptr, nullptr, K, T, ks_nv);
 }
 
 // ---- NVFP4 linears of 5-32 tokens, B in shared memory (gemv_mt_wide) ------------------------

@@ -61,6 +61,12 @@ kernels! {
         nv: Segs, bf: Segs, xb_nv: DevPtr<u32>, xds_nv: DevPtr<f32>, xb_bf: DevPtr<u32>,
         xds_bf: DevPtr<f32>, k: i32, t: i32, ks_nv: i32, ks_bf: i32,
     }
+    /// One input's bf16 linears (`bf`) and NVFP4 linears (`nv`, blocks numbered on from `bf`'s)
+    /// of 5 to 32 tokens in one launch: `gemv_mt_bf16`'s and `gemv_mt_nv`'s paths.
+    gemv_mt_mixed8 => GemvMtMixed8Args {
+        bf: Segs, nv: Segs, xb_bf: DevPtr<u32>, xds_bf: DevPtr<f32>, xb_nv: DevPtr<u32>,
+        xds_nv: DevPtr<f32>, k: i32, t: i32, ks_bf: i32, ks_nv: i32,
+    }
     /// 5 to 32 tokens' `y = resid + x · Wᵀ + bias` for each NVFP4 linear of `segs` (`x`
     /// staged by `xb_stage`; `bias`, `resid`: one segment only): grid (the segments' 128-row
     /// blocks, K splits), 256 threads; each block's run of chunks of B for all tokens in shared
@@ -1299,9 +1305,10 @@ impl CudaBackend {
     }
 
     /// [`gemv_mt`](Self::gemv_mt) of one input's NVFP4 linears `nv` and bf16 linears `bf` in
-    /// one launch (`gemv_mt_mixed4`), the input staged for each format (`nv_x`, `bf_x`):
-    /// where [`gemv_mt_mixed_applies`](Self::gemv_mt_mixed_applies); the bits of the two
-    /// launches.
+    /// one launch, the input staged for each format (`nv_x`, `bf_x`): up to 4 tokens on
+    /// `gemv_mt_mixed4` (`gemv_mt_nv4`'s path), more on `gemv_mt_mixed8` (`gemv_mt_nv`'s, the
+    /// bf16 blocks first); where [`gemv_mt_mixed_applies`](Self::gemv_mt_mixed_applies); the
+    /// bits of the two launches.
     pub(crate) fn gemv_mt_mixed(
         &self,
         (nv, nv_x): (&[(&CudaLinear, DevPtr<f32>)], MtInput),
@@ -1310,30 +1317,48 @@ impl CudaBackend {
     ) -> Result<()> {
         let pn = self.gemv_mt_plan(nv, nv_x, t, DevPtr::NULL, DevPtr::NULL)?;
         let pb = self.gemv_mt_plan(bf, bf_x, t, DevPtr::NULL, DevPtr::NULL)?;
+        let four = t <= GEMV_MT4_TOKENS;
         self.check(
-            // (the mixed kernel runs gemv_mt_nv4's path: the deep variant's bits too)
-            matches!(pn.variant, MT_NV4_VARIANT | MT_NV4_DEEP_VARIANT)
-                && pb.variant == MT_BF16_VARIANT
-                && pn.cols == pb.cols,
-            || format!("gemv_mt_mixed4 of {t} tokens"),
+            // (the deep variants have their plain kernel's bits)
+            if four {
+                matches!(pn.variant, MT_NV4_VARIANT | MT_NV4_DEEP_VARIANT)
+            } else {
+                matches!(pn.variant, MT_NV_VARIANT | MT_NV_DEEP_VARIANT)
+            } && pb.variant == MT_BF16_VARIANT
+                && pn.cols == pb.cols
+                && pn.grid.1 == pb.grid.1,
+            || format!("gemv_mt_mixed of {t} tokens"),
         )?;
-        ops::gemv::GemvMtMixed4Args {
-            nv: pn.segs,
-            bf: pb.segs.shifted(pn.grid.0),
-            xb_nv: pn.xb,
-            xds_nv: pn.xds,
-            xb_bf: pb.xb,
-            xds_bf: pb.xds,
-            k: pn.cols,
-            t: t as i32,
-            ks_nv: pn.ks,
-            ks_bf: pb.ks,
+        let grid = (pn.grid.0 + pb.grid.0, pn.grid.1, 1);
+        if four {
+            ops::gemv::GemvMtMixed4Args {
+                nv: pn.segs,
+                bf: pb.segs.shifted(pn.grid.0),
+                xb_nv: pn.xb,
+                xds_nv: pn.xds,
+                xb_bf: pb.xb,
+                xds_bf: pb.xds,
+                k: pn.cols,
+                t: t as i32,
+                ks_nv: pn.ks,
+                ks_bf: pb.ks,
+            }
+            .launch(self, grid, (32 * NV_WARPS, 1, 1))?;
+        } else {
+            ops::gemv::GemvMtMixed8Args {
+                bf: pb.segs,
+                nv: pn.segs.shifted(pb.grid.0),
+                xb_bf: pb.xb,
+                xds_bf: pb.xds,
+                xb_nv: pn.xb,
+                xds_nv: pn.xds,
+                k: pn.cols,
+                t: t as i32,
+                ks_bf: pb.ks,
+                ks_nv: pn.ks,
+            }
+            .launch(self, grid, (32 * NV_WARPS, 1, 1))?;
         }
-        .launch(
-            self,
-            (pn.grid.0 + pb.grid.0, pn.grid.1.max(pb.grid.1), 1),
-            (32 * NV_WARPS, 1, 1),
-        )?;
         self.inner
             .mixed_linears
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -1371,12 +1396,24 @@ impl CudaBackend {
             .then_some(splits)
     }
 
-    /// Whether [`gemv_mt_mixed`](Self::gemv_mt_mixed) runs one input's NVFP4 and bf16 linears
-    /// of `t` tokens (each on `gemv_mt`): switched on (`CudaOptions::mt_mixed`) and the NVFP4
-    /// ones on `gemv_mt_nv4` (at most four tokens).
-    pub(crate) fn gemv_mt_mixed_applies(&self, t: usize) -> bool {
-        let o = self.opts();
-        o.mt_mixed && o.mt_4_tokens && t <= GEMV_MT4_TOKENS
+    /// Whether [`gemv_mt_mixed`](Self::gemv_mt_mixed) runs one input's NVFP4 linears `nv` and
+    /// its bf16 linears of `t` tokens (each on `gemv_mt`): switched on (`CudaOptions::mt_mixed`)
+    /// and the NVFP4 ones on `gemv_mt_nv4` (at most four tokens), or, past four tokens, on
+    /// `gemv_mt_nv` (or its deep variant) where `CudaOptions::mt_mixed8` is on.
+    pub(crate) fn gemv_mt_mixed_applies(&self, nv: &[(&CudaLinear, DevPtr<f32>)], t: usize) -> bool {
+        let (on, four, eight) = {
+            let o = self.opts();
+            (
+                o.mt_mixed,
+                o.mt_4_tokens,
+                o.mt_mixed8 && !o.mt_16_tokens && !o.mt_one_block,
+            )
+        };
+        on && if t <= GEMV_MT4_TOKENS {
+            four
+        } else {
+            eight && self.wide_splits(nv, t).is_none()
+        }
     }
 
     /// The geometry of a [`gemv_mt`](Self::gemv_mt) launch (its checks, its input staged where
@@ -1392,11 +1429,9 @@ impl CudaBackend {
         let (fmt, cols) = parts.first().map_or((0, 0), |(w, _)| (w.fmt, w.cols));
         let (xb, xds, staged) = self.mt_input(parts, x, t, bias, resid)?;
         let rows: usize = parts.iter().map(|(w, _)| w.rows).sum();
-        let (fixed_split, fill, one_block, sixteen, four, deep, deep_all) = {
+        let (one_block, sixteen, four, deep, deep_all) = {
             let o = self.opts();
             (
-                o.mt_k_split,
-                o.mt_blocks_per_sm,
                 o.mt_one_block,
                 o.mt_16_tokens,
                 o.mt_4_tokens,
@@ -1405,7 +1440,7 @@ impl CudaBackend {
             )
         };
         let sms = self.inner.sms;
-        let ks = fixed_split.unwrap_or_else(|| mma_split(rows, cols, fill.max(1) * sms));
+        let ks = self.mt_k_split(rows, cols);
         let tile_rows = 16 * (NV_WARPS as usize / ks);
         let (mut segs, block0) = Segs::of(self, parts, |_| tile_rows);
         segs.l2_prefetch = i32::from(self.l2_prefetch(t));
@@ -1436,6 +1471,17 @@ impl CudaBackend {
             variant,
             grid: (block0, grid_rows as u32, 1),
         })
+    }
+
+    /// The K split (warps a 16-row tile) of a `gemv_mt` launch of `rows` weight rows (all its
+    /// parts') of `cols` columns: `CudaOptions::mt_k_split`, else [`mma_split`]'s aimed at
+    /// `CudaOptions::mt_blocks_per_sm` blocks a SM.
+    pub(crate) fn mt_k_split(&self, rows: usize, cols: usize) -> usize {
+        let (fixed, fill) = {
+            let o = self.opts();
+            (o.mt_k_split, o.mt_blocks_per_sm)
+        };
+        fixed.unwrap_or_else(|| mma_split(rows, cols, fill.max(1) * self.inner.sms))
     }
 
     /// The checks of a `gemv_mt` launch of `parts` over `t` tokens (one format and width, each

@@ -378,7 +378,9 @@ pub(crate) struct SharedProj {
 /// `staged`: `x`'s rows as the norm that produced them staged them for `gemv_mt`, if it did
 /// (the few-items-per-tile experts then stage nothing themselves where the format is there);
 /// `tiles`: the routed items already grouped by expert in tiles of [`FEW_TILE_ITEMS`] (by the
-/// router's top-k, [`router_topk`](CudaBackend::router_topk)), if they are.
+/// router's top-k, [`router_topk`](CudaBackend::router_topk)), if they are; `shared_gu`: the
+/// shared expert's gate and up outputs (`tokens × shared_inter` each), where the router's
+/// launch already computed them ([`router_shared_applies`](CudaBackend::router_shared_applies)).
 #[derive(Clone, Copy)]
 pub(crate) struct MoeBuffers<'a> {
     pub sel: &'a CudaSlice<i32>,
@@ -392,6 +394,7 @@ pub(crate) struct MoeBuffers<'a> {
     pub resid: DevPtr<f32>,
     pub staged: Option<&'a StagedRows>,
     pub tiles: Option<&'a ExpertTiles>,
+    pub shared_gu: Option<(DevPtr<f32>, DevPtr<f32>)>,
 }
 
 impl CudaBackend {
@@ -502,6 +505,9 @@ impl CudaBackend {
             path == MoePath::Grouped,
             path == MoePath::PerItem,
         );
+        self.check(io.shared_gu.is_none() || (grouped_few && shared.is_some()), || {
+            "a shared expert's gate and up computed for experts that do not take them".to_string()
+        })?;
         // (the routed items whose gate/up the top-k prefetches)
         let mut gu_prefetched = 0;
         let fused_route = match route {
@@ -691,6 +697,32 @@ impl CudaBackend {
             }
             _ => Vec::new(),
         }
+    }
+
+    /// Whether a batched step's router (`t` rows) and its shared expert's gate and up run in one
+    /// `gemv_mt` launch (the router's input staged for bf16, its top-k a launch of its own):
+    /// switched on (`CudaOptions::router_shared`), the experts a few items per tile (`path`), a
+    /// bf16 router, gate and up of one width, each on `gemv_mt`, and the launch's K split that
+    /// of the router alone and of the gate and up alone (so the bits of the two launches).
+    pub(crate) fn router_shared_applies(
+        &self,
+        router: &CudaLinear,
+        shared: Option<&SharedExpert<'_>>,
+        path: MoePath,
+        t: usize,
+    ) -> bool {
+        let Some(s) = shared else {
+            return false;
+        };
+        let ws = [router, s.gate, s.up];
+        let split = |rows: usize| self.mt_k_split(rows, router.cols);
+        self.opts().router_shared
+            && path == MoePath::GroupedFew
+            && ws
+                .iter()
+                .all(|w| w.fmt == 2 && w.cols == router.cols && self.gemv_mt_applies(w, t))
+            && split(router.rows) == split(router.rows + 2 * s.gate.rows)
+            && split(2 * s.gate.rows) == split(router.rows + 2 * s.gate.rows)
     }
 
     /// Whether a batched step's router (`t` rows) runs its top-k as the tail of its own launch
@@ -1054,6 +1086,7 @@ impl CudaBackend {
             h,
             part,
             staged,
+            shared_gu,
             ..
         } = io;
         let items = t * k;
@@ -1067,11 +1100,18 @@ impl CudaBackend {
         }
         if let Some(s) = shared {
             let si = s.gate.rows;
-            let g = self.alloc_unset(t * si)?;
-            let u = self.alloc_unset(t * si)?;
-            let (g, u) = (self.ptr(&g), self.ptr(&u));
-            let parts = [(s.gate, g), (s.up, u)];
-            self.linears_of_one_input(&parts, x, t, hidden, staged)?;
+            // (the buffers made here live until this call's launches are queued)
+            let made;
+            let (g, u) = match shared_gu {
+                Some(gu) => gu,
+                None => {
+                    made = (self.alloc_unset(t * si)?, self.alloc_unset(t * si)?);
+                    let (g, u) = (self.ptr(&made.0), self.ptr(&made.1));
+                    let parts = [(s.gate, g), (s.up, u)];
+                    self.linears_of_one_input(&parts, x, t, hidden, staged)?;
+                    (g, u)
+                }
+            };
             let out = part.add(items * hidden);
             if self.opts().moe_staged && s.down.fmt == 2 && self.gemv_mt_applies(s.down, t) {
                 // silu(g) · u staged for the down projection's gemv_mt as it is computed
