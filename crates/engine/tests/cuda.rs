@@ -1471,9 +1471,8 @@ struct Knobs {
 /// the router's launch (`FP4FORGE_CUDA_ROUTER_SHARED`, counted; all against those experts
 /// without, as they run from 2 rows here), and
 /// the per-item experts reading their input as the norm staged it (`FP4FORGE_CUDA_ITEM_STAGED`,
-/// counted), on
-/// the fused batched step of 5 and of 3 rows, at widths that norm
-/// on a warp (256), on `rms_norm`'s block of 128 threads (640) and of 512 (2,048, Laguna-XS's),
+/// counted), on the fused batched step of 5 and of 3 rows (mt_mixed8, router_shared and
+/// moe_staged also of 12: two grid rows of `gemv_mt`), at widths that norm on a warp (256), on `rms_norm`'s block of 128 threads (640) and of 512 (2,048, Laguna-XS's),
 /// stock (bf16 q/k/v: the bf16 staging) and lean (NVFP4).
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
@@ -1497,15 +1496,17 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
             let opts = ModelOptions::new().kv_dtype(KvDtype::Bf16);
             let model = Model::load_with_backend(&dir, opts, backend.clone()).unwrap();
             let vocab = model.info().vocab_size as u32;
-            let sessions: Vec<_> = (0..5usize)
+            // (the first 5 for the steps of 5 and 3 rows, all 12 for the step of two grid rows)
+            let sessions: Vec<_> = (0..12usize)
                 .map(|i| {
                     let mut s = model.new_session().unwrap();
-                    s.prefill(&common::token_ids(20 + 37 * i, vocab, 3 + i as u64))
+                    let len = if i < 5 { 20 + 37 * i } else { 3 + 9 * i };
+                    s.prefill(&common::token_ids(len, vocab, 3 + i as u64))
                         .unwrap();
                     s
                 })
                 .collect();
-            let toks: Vec<u32> = (0..5u32).map(|i| (5 * i + 1) % vocab).collect();
+            let toks: Vec<u32> = (0..12u32).map(|i| (5 * i + 1) % vocab).collect();
             let layers = config["num_hidden_layers"]
                 .as_u64()
                 .expect("num_hidden_layers") as usize;
@@ -1732,10 +1733,25 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                     );
                 }
             }
+            // 12 rows: two grid rows of gemv_mt, side by side (`mt_interleave`, the default):
+            // gemv_mt_mixed8's choice of path by the interleaved block index, and the router's
+            // launch with the shared expert's gate and up over both grid rows
+            let all = Knobs {
+                mt_mixed: true,
+                mt_mixed8: true,
+                router_shared: true,
+                moe_staged: true,
+                ..few
+            };
+            assert_eq!(
+                run(12, few),
+                run(12, all),
+                "{label}, 12 rows: mt_mixed8 and router_shared changed the logits"
+            );
             println!(
                 "{label}: the same bits with and without norm_stage, l2_prefetch, reduce_norm, \
                  router_topk, mt_mixed, mt_mixed8, router_shared, moe_staged, item_staged (5 \
-                 and 3 rows)"
+                 and 3 rows; the last three at 12)"
             );
         }
     }
