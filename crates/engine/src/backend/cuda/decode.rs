@@ -552,12 +552,7 @@ impl CudaBackend {
                             }
                             Some(input) => match shared.as_ref() {
                                 Some(s)
-                                    if self.router_shared_applies(
-                                        &m.router,
-                                        Some(s),
-                                        path,
-                                        n,
-                                    ) =>
+                                    if self.router_shared_applies(&m.router, Some(s), path, n) =>
                                 {
                                     let si = s.gate.rows;
                                     let gu = (self.alloc_unset(n * si)?, self.alloc_unset(n * si)?);

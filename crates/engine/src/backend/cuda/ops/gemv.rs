@@ -1400,7 +1400,11 @@ impl CudaBackend {
     /// its bf16 linears of `t` tokens (each on `gemv_mt`): switched on (`CudaOptions::mt_mixed`)
     /// and the NVFP4 ones on `gemv_mt_nv4` (at most four tokens), or, past four tokens, on
     /// `gemv_mt_nv` (or its deep variant) where `CudaOptions::mt_mixed8` is on.
-    pub(crate) fn gemv_mt_mixed_applies(&self, nv: &[(&CudaLinear, DevPtr<f32>)], t: usize) -> bool {
+    pub(crate) fn gemv_mt_mixed_applies(
+        &self,
+        nv: &[(&CudaLinear, DevPtr<f32>)],
+        t: usize,
+    ) -> bool {
         let (on, four, eight) = {
             let o = self.opts();
             (

@@ -505,9 +505,13 @@ impl CudaBackend {
             path == MoePath::Grouped,
             path == MoePath::PerItem,
         );
-        self.check(io.shared_gu.is_none() || (grouped_few && shared.is_some()), || {
-            "a shared expert's gate and up computed for experts that do not take them".to_string()
-        })?;
+        self.check(
+            io.shared_gu.is_none() || (grouped_few && shared.is_some()),
+            || {
+                "a shared expert's gate and up computed for experts that do not take them"
+                    .to_string()
+            },
+        )?;
         // (the routed items whose gate/up the top-k prefetches)
         let mut gu_prefetched = 0;
         let fused_route = match route {
