@@ -4,8 +4,11 @@
 //! token where it can, only ids come back); tokens/s of the whole batch and time per step.
 //!
 //! `cargo run --release -p fp4forge-lab [--features cuda] --example batch_decode_speed -- DIR
-//! [--device cuda] [--kv-dtype fp8] [--profile N] [STEPS] [BATCHES...]` (defaults: cpu, bf16
-//! caches, 32 steps, batches 1 2 4 8 16). `--profile N` (CUDA): the first N timed steps of each
+//! [--device cuda] [--kv-dtype fp8] [--top-k K] [--profile N] [STEPS] [BATCHES...]` (defaults:
+//! cpu, bf16 caches, greedy, 32 steps, batches 1 2 4 8 16). `--top-k K`: samplers at temperature
+//! 1 over the K most likely tokens (seeded), as the server samples for a checkpoint whose
+//! generation config asks for that (the synthetic ones: top-k 20) and a request that sets no
+//! sampling field. `--profile N` (CUDA): the first N timed steps of each
 //! batch run inside Nsight's capture range (`fp4forge_lab::profiler_capture`), so that
 //! `ncu --profile-from-start off` profiles exactly those steps' kernels (not the prompts'
 //! prefills or the warm-up step).
@@ -24,6 +27,8 @@ struct Measure {
     batches: Vec<usize>,
     /// Timed steps of each batch inside the profiler's capture range (0: none).
     profile: usize,
+    /// The samplers' top-k at temperature 1 (0: greedy).
+    top_k: usize,
 }
 
 impl WithModel for Measure {
@@ -43,7 +48,17 @@ impl WithModel for Measure {
                 .collect::<fp4forge_engine::Result<Vec<_>>>()?;
             let mut tokens: Vec<u32> = (0..b as u32).map(|i| (i * 31 + 5) % vocab).collect();
             let mut samplers: Vec<Sampler> = (0..b)
-                .map(|_| Sampler::new(SamplingParams::greedy()))
+                .map(|i| {
+                    Sampler::new(match self.top_k {
+                        0 => SamplingParams::greedy(),
+                        k => SamplingParams {
+                            temperature: 1.0,
+                            top_k: k,
+                            top_p: 1.0,
+                            seed: i as u64 + 1,
+                        },
+                    })
+                })
                 .collect();
             let wants = vec![Want::Last; b];
             let mut run = |tokens: &mut Vec<u32>| -> Result<(), Box<dyn std::error::Error>> {
@@ -54,7 +69,7 @@ impl WithModel for Measure {
                 for (t, o) in tokens.iter_mut().zip(outs) {
                     match o {
                         Output::Token(id) => *t = id,
-                        _ => return Err("a greedy sampler gave no token".into()),
+                        _ => return Err("a sampler gave no token".into()),
                     }
                 }
                 Ok(())
@@ -87,11 +102,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let device = fp4forge_lab::take_device(&mut args)?;
     let kv = fp4forge_lab::take_arg(&mut args, "--kv-dtype", KvDtype::Bf16)?;
     let profile = fp4forge_lab::take_arg(&mut args, "--profile", 0usize)?;
+    let top_k = fp4forge_lab::take_arg(&mut args, "--top-k", 0usize)?;
     if profile > 0 && device == fp4forge_engine::Device::Cpu {
         return Err("--profile captures CUDA work: it needs --device cuda".into());
     }
     let dir = args.first().ok_or(
-        "usage: batch_decode_speed DIR [--device D] [--kv-dtype T] [--profile N] [STEPS] [BATCHES...]",
+        "usage: batch_decode_speed DIR [--device D] [--kv-dtype T] [--top-k K] [--profile N] [STEPS] \
+         [BATCHES...]",
     )?;
     let steps: usize = args.get(1).map_or(Ok(32), |s| s.parse())?;
     let batches: Vec<usize> = if args.len() > 2 {
@@ -102,7 +119,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         vec![1, 2, 4, 8, 16]
     };
-    println!("{dir} on {device}, {kv:?} KV caches");
+    let sampling = match top_k {
+        0 => "greedy".to_string(),
+        k => format!("top-{k} sampling at temperature 1"),
+    };
+    println!("{dir} on {device}, {kv:?} KV caches, {sampling}");
     fp4forge_engine::open(
         device,
         Path::new(dir),
@@ -111,6 +132,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             steps,
             batches,
             profile,
+            top_k,
         },
     )?
 }
