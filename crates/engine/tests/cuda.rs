@@ -2002,9 +2002,11 @@ fn decode_steps<B: Backend>(m: &Model<B>, prompt: usize, steps: usize) -> Vec<f3
 /// Sampling on the device (`sample_logits`) picks exactly the host `Sampler`'s token for the same
 /// draw: greedy, and temperature with top-k (2..256) and top-p, over a 100,352-entry vocabulary
 /// and two small ones, with ties (repeated values: the lower index first), NaN (never picked) and
-/// -inf entries; all rows of all vocabularies and parameters in one call (one launch), so each
-/// block reads its own row's logits and parameters; top-k beyond 256 is left to the host (`None`
-/// for that row alone).
+/// -inf entries, and two rows of few distinct values (values in steps of 0.5: many keys equal to
+/// the k-th; all 5,000 equal: more keys reach the threads' k-th largest than the kernel gathers,
+/// so its radix select runs); all rows of all vocabularies and parameters in one call (one
+/// launch), so each block reads its own row's logits and parameters; top-k beyond 256 is left
+/// to the host (`None` for that row alone).
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
 fn gpu_sampling_picks_the_host_samplers_token() {
@@ -2012,8 +2014,13 @@ fn gpu_sampling_picks_the_host_samplers_token() {
     let b = gpu();
     let mut tensors = Vec::new();
     let mut hosts = Vec::new();
-    for (n, seed) in [(100_352usize, 1u64), (300, 2), (40, 3)] {
+    for (n, seed) in [(100_352usize, 1u64), (300, 2), (40, 3), (3_000, 4), (5_000, 5)] {
         let mut logits = values(n, seed, 6.0);
+        match seed {
+            4 => logits.iter_mut().for_each(|l| *l = (*l * 2.0).round() / 2.0),
+            5 => logits.fill(1.5),
+            _ => {}
+        }
         // ties: every 7th value repeats its predecessor; a few NaN and -inf entries
         for i in (7..n).step_by(7) {
             logits[i] = logits[i - 1];

@@ -31,6 +31,7 @@ extern "C" __global__ void fill(void* p, long n, u64 seed, int mode, float amp) 
 
 #define SAMPLE_THREADS 1024
 #define SAMPLE_K_MAX 256  // largest top_k sampled on the device (the host sorts beyond it)
+#define SAMPLE_CAND_MAX 2048  // keys a row's fast path gathers and ranks (more: the radix select)
 
 // An unsigned key ordering floats ascending (NaN never reaches it: skipped by the callers).
 __device__ __forceinline__ u32 order_key(float f) {
@@ -123,10 +124,25 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_logits(const
         }
         return;
     }
-    // Radix select (8 bits per pass, most significant first) of the top_k-th largest key.
-    if (tid == 0) { s_prefix = 0; s_mask = 0; s_need = top_k; }
+    // The k candidates (k = top_k, or fewer where fewer keys are valid), sorted by (key desc,
+    // index asc) into sorted_key / sorted_idx. Fast path, two reads of the row: each thread's
+    // largest key and the valid count; t0 = the k-th largest of the threads' largest keys (each
+    // is a different element, so at least k keys reach t0, and the k-th largest key does too);
+    // every key >= t0 gathered (usually a few more than k) and ranked among themselves. Where
+    // more than SAMPLE_CAND_MAX keys reach t0 (many equal values), the radix select below.
+    __shared__ float sorted_key[SAMPLE_K_MAX];
+    __shared__ int sorted_idx[SAMPLE_K_MAX];
+    __shared__ u32 tops[SAMPLE_THREADS];
+    __shared__ u32 gkey[SAMPLE_CAND_MAX];
+    __shared__ int gidx[SAMPLE_CAND_MAX];
+    u32 tmax = 0;  // (0: no valid key; every valid one's order key is above it)
     int valid = 0;
-    for (int i = tid; i < n; i += SAMPLE_THREADS) valid += !isnan(logits[i]);
+    for (int i = tid; i < n; i += SAMPLE_THREADS) {
+        const float l = logits[i];
+        if (isnan(l)) continue;
+        valid++;
+        tmax = max(tmax, order_key(l / temperature));
+    }
     int n_valid;
     block_exclusive_scan(valid, &n_valid);
     const int k = min(top_k, n_valid);
@@ -134,76 +150,127 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_logits(const
         if (tid == 0) *out = 0;
         return;
     }
-    if (tid == 0) s_need = k;
-    __syncthreads();
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int b = tid; b < 256; b += SAMPLE_THREADS) hist[b] = 0;
-        __syncthreads();
-        const u32 prefix = s_prefix, mask = s_mask;
-        for (int i = tid; i < n; i += SAMPLE_THREADS) {
-            const float l = logits[i];
-            if (isnan(l)) continue;
-            const u32 key = order_key(l / temperature);
-            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1u);
-        }
-        __syncthreads();
-        if (tid == 0) {
-            int need = s_need;
-            int d = 255;
-            for (; d > 0; d--) {
-                if ((int)hist[d] >= need) break;
-                need -= (int)hist[d];
-            }
-            s_need = need;  // how many of the keys with this digit are taken
-            s_prefix = prefix | ((u32)d << shift);
-            s_mask = mask | (255u << shift);
-        }
-        __syncthreads();
-    }
-    const u32 thr = s_prefix;     // the top_k-th largest key
-    const int ties_taken = s_need;  // keys equal to it that are taken (lowest indices first)
-    // Gather: every key above the threshold, and the first `ties_taken` equal to it by index
-    // (each thread scans one contiguous range, so an ordered scan ranks the ties).
+    // the threads' largest keys sorted descending (bitonic, in shared memory)
+    tops[tid] = tmax;
     if (tid == 0) s_count = 0;
-    const int per = (n + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
-    const int lo = min(n, tid * per), hi = min(n, lo + per);
-    int ties = 0;
-    for (int i = lo; i < hi; i++) {
-        const float l = logits[i];
-        if (!isnan(l) && order_key(l / temperature) == thr) ties++;
-    }
-    int total_ties;
-    int rank = block_exclusive_scan(ties, &total_ties);
     __syncthreads();
-    for (int i = lo; i < hi; i++) {
+    for (int size = 2; size <= SAMPLE_THREADS; size <<= 1) {
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            const int j = tid ^ stride;
+            if (j > tid) {
+                const u32 a = tops[tid], b = tops[j];
+                // (descending where tid's bit `size` is clear)
+                if (((tid & size) == 0) == (a < b)) {
+                    tops[tid] = b;
+                    tops[j] = a;
+                }
+            }
+            __syncthreads();
+        }
+    }
+    // (0 where fewer than k threads hold a key: every valid key is gathered)
+    const u32 t0 = tops[k - 1];
+    for (int i = tid; i < n; i += SAMPLE_THREADS) {
         const float l = logits[i];
         if (isnan(l)) continue;
-        const float key = l / temperature;
-        const u32 ok = order_key(key);
-        bool take = ok > thr;
-        if (ok == thr) take = rank++ < ties_taken;
-        if (take) {
+        const u32 ok = order_key(l / temperature);
+        if (ok >= t0) {
             const int slot = atomicAdd(&s_count, 1);
-            if (slot < SAMPLE_K_MAX) { cand_key[slot] = key; cand_idx[slot] = i; }
+            if (slot < SAMPLE_CAND_MAX) {
+                gkey[slot] = ok;
+                gidx[slot] = i;
+            }
         }
     }
     __syncthreads();
-    // Order the k candidates by (key desc, index asc): each one's rank by counting.
-    __shared__ float sorted_key[SAMPLE_K_MAX];
-    __shared__ int sorted_idx[SAMPLE_K_MAX];
-    if (tid < k) {
-        const float kk = cand_key[tid];
-        const u32 ok = order_key(kk);  // (total order, as the host's: -0 below +0)
-        const int ki = cand_idx[tid];
-        int r = 0;
-        for (int j = 0; j < k; j++) {
-            const u32 oj = order_key(cand_key[j]);
-            r += (oj > ok) || (oj == ok && cand_idx[j] < ki);
+    const int m = s_count;
+    if (m <= SAMPLE_CAND_MAX) {
+        // each gathered key's place by (key desc, index asc); the first k are the candidates
+        for (int c = tid; c < m; c += SAMPLE_THREADS) {
+            const u32 ok = gkey[c];
+            const int ki = gidx[c];
+            int r = 0;
+            for (int j = 0; j < m; j++) {
+                const u32 oj = gkey[j];
+                r += (oj > ok) || (oj == ok && gidx[j] < ki);
+            }
+            if (r < k) {
+                sorted_key[r] = logits[ki] / temperature;
+                sorted_idx[r] = ki;
+            }
         }
-        sorted_key[r] = kk;
-        sorted_idx[r] = ki;
+        __syncthreads();
+    } else {
+        // Radix select (8 bits per pass, most significant first) of the k-th largest key.
+        if (tid == 0) { s_prefix = 0; s_mask = 0; s_need = k; }
+        __syncthreads();
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            for (int b = tid; b < 256; b += SAMPLE_THREADS) hist[b] = 0;
+            __syncthreads();
+            const u32 prefix = s_prefix, mask = s_mask;
+            for (int i = tid; i < n; i += SAMPLE_THREADS) {
+                const float l = logits[i];
+                if (isnan(l)) continue;
+                const u32 key = order_key(l / temperature);
+                if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1u);
+            }
+            __syncthreads();
+            if (tid == 0) {
+                int need = s_need;
+                int d = 255;
+                for (; d > 0; d--) {
+                    if ((int)hist[d] >= need) break;
+                    need -= (int)hist[d];
+                }
+                s_need = need;  // how many of the keys with this digit are taken
+                s_prefix = prefix | ((u32)d << shift);
+                s_mask = mask | (255u << shift);
+            }
+            __syncthreads();
+        }
+        const u32 thr = s_prefix;       // the k-th largest key
+        const int ties_taken = s_need;  // keys equal to it that are taken (lowest indices first)
+        // Gather: every key above the threshold, and the first `ties_taken` equal to it by index
+        // (each thread scans one contiguous range, so an ordered scan ranks the ties).
+        if (tid == 0) s_count = 0;
+        const int per = (n + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
+        const int lo = min(n, tid * per), hi = min(n, lo + per);
+        int ties = 0;
+        for (int i = lo; i < hi; i++) {
+            const float l = logits[i];
+            if (!isnan(l) && order_key(l / temperature) == thr) ties++;
+        }
+        int total_ties;
+        int rank = block_exclusive_scan(ties, &total_ties);
+        __syncthreads();
+        for (int i = lo; i < hi; i++) {
+            const float l = logits[i];
+            if (isnan(l)) continue;
+            const float key = l / temperature;
+            const u32 ok = order_key(key);
+            bool take = ok > thr;
+            if (ok == thr) take = rank++ < ties_taken;
+            if (take) {
+                const int slot = atomicAdd(&s_count, 1);
+                if (slot < SAMPLE_K_MAX) { cand_key[slot] = key; cand_idx[slot] = i; }
+            }
+        }
+        __syncthreads();
+        // Order the k candidates by (key desc, index asc): each one's rank by counting.
+        if (tid < k) {
+            const float kk = cand_key[tid];
+            const u32 ok = order_key(kk);  // (total order, as the host's: -0 below +0)
+            const int ki = cand_idx[tid];
+            int r = 0;
+            for (int j = 0; j < k; j++) {
+                const u32 oj = order_key(cand_key[j]);
+                r += (oj > ok) || (oj == ok && cand_idx[j] < ki);
+            }
+            sorted_key[r] = kk;
+            sorted_idx[r] = ki;
+        }
+        __syncthreads();
     }
-    __syncthreads();
     if (tid == 0) {
         const float mx = sorted_key[0];
         double p[SAMPLE_K_MAX];
