@@ -2014,10 +2014,18 @@ fn gpu_sampling_picks_the_host_samplers_token() {
     let b = gpu();
     let mut tensors = Vec::new();
     let mut hosts = Vec::new();
-    for (n, seed) in [(100_352usize, 1u64), (300, 2), (40, 3), (3_000, 4), (5_000, 5)] {
+    for (n, seed) in [
+        (100_352usize, 1u64),
+        (300, 2),
+        (40, 3),
+        (3_000, 4),
+        (5_000, 5),
+    ] {
         let mut logits = values(n, seed, 6.0);
         match seed {
-            4 => logits.iter_mut().for_each(|l| *l = (*l * 2.0).round() / 2.0),
+            4 => logits
+                .iter_mut()
+                .for_each(|l| *l = (*l * 2.0).round() / 2.0),
             5 => logits.fill(1.5),
             _ => {}
         }

@@ -551,9 +551,7 @@ impl CudaBackend {
                                 routed = true;
                             }
                             Some(input) => match shared.as_ref() {
-                                Some(s)
-                                    if self.router_shared_applies(&m.router, Some(s), path, n) =>
-                                {
+                                Some(s) if self.router_shared_applies(&m.router, s, path, n) => {
                                     let si = s.gate.rows;
                                     let gu = (self.alloc_unset(n * si)?, self.alloc_unset(n * si)?);
                                     let parts = [

@@ -703,7 +703,7 @@ impl CudaBackend {
         }
     }
 
-    /// Whether a batched step's router (`t` rows) and its shared expert's gate and up run in one
+    /// Whether a batched step's router (`t` rows) and its shared expert `s`'s gate and up run in one
     /// `gemv_mt` launch (the router's input staged for bf16, its top-k a launch of its own):
     /// switched on (`CudaOptions::router_shared`), the experts a few items per tile (`path`), a
     /// bf16 router, gate and up of one width, each on `gemv_mt`, and the launch's K split that
@@ -711,13 +711,10 @@ impl CudaBackend {
     pub(crate) fn router_shared_applies(
         &self,
         router: &CudaLinear,
-        shared: Option<&SharedExpert<'_>>,
+        s: &SharedExpert<'_>,
         path: MoePath,
         t: usize,
     ) -> bool {
-        let Some(s) = shared else {
-            return false;
-        };
         let ws = [router, s.gate, s.up];
         let split = |rows: usize| self.mt_k_split(rows, router.cols);
         self.opts().router_shared
