@@ -135,14 +135,18 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_logits(const
     __shared__ u32 tops[SAMPLE_THREADS];
     __shared__ u32 gkey[SAMPLE_CAND_MAX];
     __shared__ int gidx[SAMPLE_CAND_MAX];
-    u32 tmax = 0;  // (0: no valid key; every valid one's order key is above it)
+    // (the largest logit divided once: division by temperature > 0 keeps the order, and where
+    // fmaxf takes -0 for +0 the key is one lower, which t0 may be: it stays a lower bound)
+    float lmax = __int_as_float(0xff800000);  // -inf
     int valid = 0;
     for (int i = tid; i < n; i += SAMPLE_THREADS) {
         const float l = logits[i];
         if (isnan(l)) continue;
         valid++;
-        tmax = max(tmax, order_key(l / temperature));
+        lmax = fmaxf(lmax, l);
     }
+    // (0: no valid key; every valid one's order key is above it)
+    const u32 tmax = valid > 0 ? order_key(lmax / temperature) : 0u;
     int n_valid;
     block_exclusive_scan(valid, &n_valid);
     const int k = min(top_k, n_valid);
