@@ -33,8 +33,8 @@
 //! | `FP4FORGE_CUDA_REDUCE_NORM` | `reduce_norm` | `1`: in a batched decode step the MoE's sum also runs the next norm and its staging (`experts_reduce_norm_stage`, one launch a layer fewer; with `norm_stage`) | off (H100, 2026-12-06: 1.3–2.8% slower at 2–32 rows) |
 //! | `FP4FORGE_CUDA_ROUTER_TOPK` | `router_topk` | `1`: in a batched decode step the router's top-k runs as the tail of the router's own launch (`gemv_mt_bf16_topk`: its last block to finish), not as a `route` launch, where that top-k prefetches nothing; where the experts run a few items per tile, that block also groups the items by expert (not a `moe_align` launch) | off (H100, 2026-12-06: 1.5–5.6% slower at 2–32 rows) |
 //! | `FP4FORGE_CUDA_MT_MIXED` | `mt_mixed` | `0`: a batched step of up to 4 rows runs one input's NVFP4 and bf16 linears (q/k/v and the attention's gate) one launch per format, not in one `gemv_mt_mixed4` launch | on (H100, 2026-12-06, three rounds: 2.0–3.7% faster at 2–4 rows, neutral at 8 and 32) |
-//! | `FP4FORGE_CUDA_MT_MIXED8` | `mt_mixed8` | `1`: with `mt_mixed`, a batched step of 5 to 32 rows also runs one input's NVFP4 and bf16 linears (q/k/v and the attention's gate) in one launch (`gemv_mt_mixed8`: the bf16 blocks first), not one launch per format | off (not yet measured) |
-//! | `FP4FORGE_CUDA_ROUTER_SHARED` | `router_shared` | `1`: in a batched decode step whose routed experts run a few items per tile, the router and the shared expert's gate/up (bf16, the same staged input) run in one `gemv_mt` launch, not two | off (not yet measured) |
+//! | `FP4FORGE_CUDA_MT_MIXED8` | `mt_mixed8` | `0`: a batched step of 5 to 32 rows runs one input's NVFP4 and bf16 linears (q/k/v and the attention's gate) one launch per format, not in one `gemv_mt_mixed8` launch (the bf16 blocks first; with `mt_mixed`) | on (H100, 2026-12-06, two rounds: 2.9% faster at 8 rows, 1.7% at 16, 1.0% at 32) |
+//! | `FP4FORGE_CUDA_ROUTER_SHARED` | `router_shared` | `0`: in a batched decode step whose routed experts run a few items per tile (32+ rows), the router and the shared expert's gate/up (bf16, the same staged input) run in two `gemv_mt` launches, not one | on (H100, 2026-12-06, two rounds: 0.6–0.7% faster at 32 rows, the only rows where it applies) |
 //! | `FP4FORGE_CUDA_MOE_STAGED` | `moe_staged` | `0`: in a batched decode step whose routed experts run a few items per tile (`experts_grouped_few`), the MoE's input and the shared expert's SiLU product are staged by `xb_stage` launches, not by the kernels that produce them (the MoE's input norm staging its rows for the experts and the shared expert's gate/up: two launches a layer fewer, with `norm_stage`; `silu_mul_stage` staging the SiLU product for the down projection: one fewer) | on (H100, 2026-12-06, three rounds: 2.8–3.5% faster at 32 rows, neutral at 2–8) |
 //! | `FP4FORGE_CUDA_ITEM_STAGED` | `item_staged` | `1`: in a batched decode step whose routed experts run one grid row per item (`experts_gate_up2`, below `FEW_MOE_MIN_TOKENS` rows), the MoE's input norm also stages its rows for NVFP4 and the items' tensor-core path reads them there, not each block staging its token's row into shared memory (the same bits; with `norm_stage`) | off (not yet measured) |
 //! | `FP4FORGE_CUDA_DOWN_B4` | `down_four_blocks` | `1`: the per-item experts' down projection (batched steps below `FEW_MOE_MIN_TOKENS` rows) at four blocks a SM (`experts_down2_b4`: at most 128 registers) | off |
@@ -195,8 +195,8 @@ impl Default for CudaOptions {
             reduce_norm: false,
             router_topk: false,
             mt_mixed: true,
-            mt_mixed8: false,
-            router_shared: false,
+            mt_mixed8: true,
+            router_shared: true,
             moe_staged: true,
             item_staged: false,
             down_four_blocks: false,
@@ -280,8 +280,8 @@ impl CudaOptions {
             reduce_norm: var("FP4FORGE_CUDA_REDUCE_NORM").as_deref() == Some(OsStr::new("1")),
             router_topk: var("FP4FORGE_CUDA_ROUTER_TOPK").as_deref() == Some(OsStr::new("1")),
             mt_mixed: on("FP4FORGE_CUDA_MT_MIXED"),
-            mt_mixed8: var("FP4FORGE_CUDA_MT_MIXED8").as_deref() == Some(OsStr::new("1")),
-            router_shared: var("FP4FORGE_CUDA_ROUTER_SHARED").as_deref() == Some(OsStr::new("1")),
+            mt_mixed8: on("FP4FORGE_CUDA_MT_MIXED8"),
+            router_shared: on("FP4FORGE_CUDA_ROUTER_SHARED"),
             moe_staged: on("FP4FORGE_CUDA_MOE_STAGED"),
             item_staged: var("FP4FORGE_CUDA_ITEM_STAGED").as_deref() == Some(OsStr::new("1")),
             down_four_blocks: var("FP4FORGE_CUDA_DOWN_B4").as_deref() == Some(OsStr::new("1")),
@@ -348,8 +348,8 @@ mod tests {
             ("FP4FORGE_CUDA_REDUCE_NORM", "1"),
             ("FP4FORGE_CUDA_ROUTER_TOPK", "1"),
             ("FP4FORGE_CUDA_MT_MIXED", "0"),
-            ("FP4FORGE_CUDA_MT_MIXED8", "1"),
-            ("FP4FORGE_CUDA_ROUTER_SHARED", "1"),
+            ("FP4FORGE_CUDA_MT_MIXED8", "0"),
+            ("FP4FORGE_CUDA_ROUTER_SHARED", "0"),
             ("FP4FORGE_CUDA_MOE_STAGED", "1"),
             ("FP4FORGE_CUDA_ITEM_STAGED", "1"),
             ("FP4FORGE_CUDA_DOWN_B4", "1"),
@@ -379,7 +379,7 @@ mod tests {
         assert!(!o.fused_batch && !o.h16_gemm && o.h16_one_block && o.mt_one_block);
         assert!(o.mt_16_tokens && !o.mt_4_tokens && !o.h16_merged && o.down_four_blocks);
         assert!(!o.norm_stage && o.reduce_norm && o.router_topk && !o.mt_mixed && o.moe_staged);
-        assert!(o.item_staged && o.down_eight_warps && o.mt_mixed8 && o.router_shared);
+        assert!(o.item_staged && o.down_eight_warps && !o.mt_mixed8 && !o.router_shared);
         assert_eq!(o.l2_prefetch_rows, 1);
         assert_eq!((o.nv_blocks_per_sm, o.nv_grid_per_sm), (3, 3));
         assert_eq!((o.nv_k_split, o.mma_k_split), (None, Some(4)));
