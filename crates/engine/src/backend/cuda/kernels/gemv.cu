@@ -1192,6 +1192,12 @@ __device__ __forceinline__ void mt_stash_cols(const float acc[G][4], float (*red
     }
 }
 
+// The block of weight rows a gemv_mt block works on: blockIdx.x, or with `interleave` the grid's
+// blocks in launch order taking each block of weight rows' grid rows side by side.
+__device__ __forceinline__ int mt_block(const Segs& segs) {
+    return segs.interleave ? (blockIdx.x + blockIdx.y * gridDim.x) / gridDim.y : blockIdx.x;
+}
+
 // y[t] = resid[t] + bias + W x[t] for the tokens [8 blockIdx.y, + 8) of `T` (x staged by
 // xb_stage as xb, xds) and each linear W of `segs` (segment s: blocks [block0, next block0), its
 // own y; all of one format, NVFP4 (fmt 3, sm_89+) or bf16 (fmt 2, sm_80+), [N, K], K % 128 ==
@@ -1200,12 +1206,6 @@ __device__ __forceinline__ void mt_stash_cols(const float acc[G][4], float (*red
 // kernel per format (gemv_mt_bf16, gemv_mt_nv: FMT; U: chunks in flight a lane, G: groups of 4
 // NVFP4 tokens or of 2 bf16 tokens: a grid row's tokens), so that each gets the registers its own
 // path needs. U and G change no bit: each group accumulates its chunks in the same order.
-// The block of weight rows a gemv_mt block works on: blockIdx.x, or with `interleave` the grid's
-// blocks in launch order taking each block of weight rows' grid rows side by side.
-__device__ __forceinline__ int mt_block(const Segs& segs) {
-    return segs.interleave ? (blockIdx.x + blockIdx.y * gridDim.x) / gridDim.y : blockIdx.x;
-}
-
 template <int FMT, int U, int G, int D = 1>
 __device__ __forceinline__ void gemv_mt_impl(const Segs& segs, const uint2* __restrict__ xb,
                                              const float* __restrict__ xds, const float* __restrict__ bias,
