@@ -1456,6 +1456,8 @@ struct Knobs {
     moe_staged: bool,
     item_staged: bool,
     few: bool,
+    /// The few-items-per-tile experts' grid rows: the tiles bound / this (0: the default).
+    few_grid: usize,
 }
 
 /// A batched step's norms staging their rows for `gemv_mt` (`FP4FORGE_CUDA_NORM_STAGE`) change
@@ -1468,12 +1470,14 @@ struct Knobs {
 /// 4 rows, and past 4 with `FP4FORGE_CUDA_MT_MIXED8`), and the few-items-per-tile experts taking
 /// their input as the norm staged it (`FP4FORGE_CUDA_MOE_STAGED`, counted), their items grouped
 /// by expert in the router's top-k tail (counted) and their shared expert's gate and up run in
-/// the router's launch (`FP4FORGE_CUDA_ROUTER_SHARED`, counted; all against those experts
-/// without, as they run from 2 rows here), and
-/// the per-item experts reading their input as the norm staged it (`FP4FORGE_CUDA_ITEM_STAGED`,
-/// counted), on the fused batched step of 5 and of 3 rows (mt_mixed8, router_shared and
-/// moe_staged also of 12: two grid rows of `gemv_mt`), at widths that norm on a warp (256), on `rms_norm`'s block of 128 threads (640) and of 512 (2,048, Laguna-XS's),
-/// stock (bf16 q/k/v: the bf16 staging) and lean (NVFP4).
+/// the router's launch (`FP4FORGE_CUDA_ROUTER_SHARED`, counted) and their launches over a third
+/// of the tiles bound's grid rows (`FP4FORGE_CUDA_FEW_GRID`: blocks looping over tiles; all
+/// against those experts without, as they run from 2 rows here), and the per-item experts
+/// reading their input as the norm staged it (`FP4FORGE_CUDA_ITEM_STAGED`, counted), on the
+/// fused batched step of 5 and of 3 rows (mt_mixed8, router_shared, moe_staged and few_grid
+/// also of 12: two grid rows of `gemv_mt`), at widths that norm on a warp (256), on
+/// `rms_norm`'s block of 128 threads (640) and of 512 (2,048, Laguna-XS's), stock (bf16 q/k/v:
+/// the bf16 staging) and lean (NVFP4).
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
 fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
@@ -1524,6 +1528,7 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                     moe_staged,
                     item_staged,
                     few,
+                    few_grid,
                 } = knobs;
                 backend.set_options(CudaOptions {
                     norm_stage,
@@ -1536,6 +1541,11 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                     item_staged,
                     l2_prefetch_rows: usize::from(l2_prefetch),
                     few_moe_min_tokens: if few { 2 } else { defaults.few_moe_min_tokens },
+                    few_grid_divisor: if few_grid > 0 {
+                        few_grid
+                    } else {
+                        defaults.few_grid_divisor
+                    },
                     ..defaults.clone()
                 });
                 let counts = |b: &CudaBackend| {
@@ -1725,6 +1735,10 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                         },
                         "moe_staged, router_shared and mt_mixed8",
                     ),
+                    (
+                        Knobs { few_grid: 3, ..few },
+                        "a third of the tiles bound's grid rows",
+                    ),
                 ] {
                     assert_eq!(
                         apart,
@@ -1741,17 +1755,18 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                 mt_mixed8: true,
                 router_shared: true,
                 moe_staged: true,
+                few_grid: 3,
                 ..few
             };
             assert_eq!(
                 run(12, few),
                 run(12, all),
-                "{label}, 12 rows: mt_mixed8 and router_shared changed the logits"
+                "{label}, 12 rows: mt_mixed8, router_shared and few_grid changed the logits"
             );
             println!(
                 "{label}: the same bits with and without norm_stage, l2_prefetch, reduce_norm, \
-                 router_topk, mt_mixed, mt_mixed8, router_shared, moe_staged, item_staged (5 \
-                 and 3 rows; the last three at 12)"
+                 router_topk, mt_mixed, mt_mixed8, router_shared, moe_staged, item_staged, \
+                 few_grid (5 and 3 rows; mt_mixed8, router_shared, moe_staged, few_grid at 12)"
             );
         }
     }

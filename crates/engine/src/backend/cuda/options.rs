@@ -35,6 +35,7 @@
 //! | `FP4FORGE_CUDA_MT_MIXED` | `mt_mixed` | `0`: a batched step of up to 4 rows runs one input's NVFP4 and bf16 linears (q/k/v and the attention's gate) one launch per format, not in one `gemv_mt_mixed4` launch | on (H100, 2026-12-06, three rounds: 2.0–3.7% faster at 2–4 rows, neutral at 8 and 32) |
 //! | `FP4FORGE_CUDA_MT_MIXED8` | `mt_mixed8` | `0`: a batched step of 5 to 32 rows runs one input's NVFP4 and bf16 linears (q/k/v and the attention's gate) one launch per format, not in one `gemv_mt_mixed8` launch (the bf16 blocks first; with `mt_mixed`) | on (H100, 2026-12-06, two rounds: 2.9% faster at 8 rows, 1.7% at 16, 1.0% at 32) |
 //! | `FP4FORGE_CUDA_ROUTER_SHARED` | `router_shared` | `0`: in a batched decode step whose routed experts run a few items per tile (32+ rows), the router and the shared expert's gate/up (bf16, the same staged input) run in two `gemv_mt` launches, not one | on (H100, 2026-12-06, two rounds: 0.6–0.7% faster at 32 rows, the only rows where it applies) |
+//! | `FP4FORGE_CUDA_FEW_GRID` | `few_grid_divisor` | `N`: the few-items-per-tile experts' launches (`experts_gate_up_mt`, `experts_down_mt`) take the tiles bound / N grid rows, each block looping over its tiles (the bound is about twice a 32-row step's tile count: with 1 the blocks past the count, about half of them, only read it and exit); the same bits | 1 (not yet measured) |
 //! | `FP4FORGE_CUDA_MOE_STAGED` | `moe_staged` | `0`: in a batched decode step whose routed experts run a few items per tile (`experts_grouped_few`), the MoE's input and the shared expert's SiLU product are staged by `xb_stage` launches, not by the kernels that produce them (the MoE's input norm staging its rows for the experts and the shared expert's gate/up: two launches a layer fewer, with `norm_stage`; `silu_mul_stage` staging the SiLU product for the down projection: one fewer) | on (H100, 2026-12-06, three rounds: 2.8–3.5% faster at 32 rows, neutral at 2–8) |
 //! | `FP4FORGE_CUDA_ITEM_STAGED` | `item_staged` | `1`: in a batched decode step whose routed experts run one grid row per item (`experts_gate_up2`, below `FEW_MOE_MIN_TOKENS` rows), the MoE's input norm also stages its rows for NVFP4 and the items' tensor-core path reads them there, not each block staging its token's row into shared memory (the same bits; with `norm_stage`) | off (not yet measured) |
 //! | `FP4FORGE_CUDA_DOWN_B4` | `down_four_blocks` | `1`: the per-item experts' down projection (batched steps below `FEW_MOE_MIN_TOKENS` rows) at four blocks a SM (`experts_down2_b4`: at most 128 registers) | off |
@@ -110,6 +111,9 @@ pub struct CudaOptions {
     /// `FP4FORGE_CUDA_ROUTER_SHARED`: a batched step's router and shared expert's gate/up in one
     /// launch (the few-items-per-tile experts' steps).
     pub router_shared: bool,
+    /// `FP4FORGE_CUDA_FEW_GRID`: the few-items-per-tile experts' grid rows are the tiles bound
+    /// divided by this (at least 1).
+    pub few_grid_divisor: usize,
     /// `FP4FORGE_CUDA_MOE_STAGED`: a batched step's MoE input norm also stages its rows for the
     /// few-items-per-tile experts and the shared expert, and the shared expert's SiLU product
     /// is staged for its down projection.
@@ -197,6 +201,7 @@ impl Default for CudaOptions {
             mt_mixed: true,
             mt_mixed8: true,
             router_shared: true,
+            few_grid_divisor: 1,
             moe_staged: true,
             item_staged: false,
             down_four_blocks: false,
@@ -282,6 +287,9 @@ impl CudaOptions {
             mt_mixed: on("FP4FORGE_CUDA_MT_MIXED"),
             mt_mixed8: on("FP4FORGE_CUDA_MT_MIXED8"),
             router_shared: on("FP4FORGE_CUDA_ROUTER_SHARED"),
+            few_grid_divisor: num("FP4FORGE_CUDA_FEW_GRID")
+                .filter(|&n| n > 0)
+                .unwrap_or(d.few_grid_divisor),
             moe_staged: on("FP4FORGE_CUDA_MOE_STAGED"),
             item_staged: var("FP4FORGE_CUDA_ITEM_STAGED").as_deref() == Some(OsStr::new("1")),
             down_four_blocks: var("FP4FORGE_CUDA_DOWN_B4").as_deref() == Some(OsStr::new("1")),
@@ -350,6 +358,7 @@ mod tests {
             ("FP4FORGE_CUDA_MT_MIXED", "0"),
             ("FP4FORGE_CUDA_MT_MIXED8", "0"),
             ("FP4FORGE_CUDA_ROUTER_SHARED", "0"),
+            ("FP4FORGE_CUDA_FEW_GRID", "2"),
             ("FP4FORGE_CUDA_MOE_STAGED", "1"),
             ("FP4FORGE_CUDA_ITEM_STAGED", "1"),
             ("FP4FORGE_CUDA_DOWN_B4", "1"),
@@ -386,6 +395,7 @@ mod tests {
         assert_eq!(o.mt_k_split, Some(8));
         assert!(!o.mt_deep && o.mt_deep_all);
         assert_eq!(o.mt_blocks_per_sm, 3);
+        assert_eq!(o.few_grid_divisor, 2);
         assert_eq!(o.kernels_source, Some(PathBuf::from("/tmp/k.cu")));
         let o = with(&[
             ("FP4FORGE_NV_MINB", "5"),

@@ -1066,11 +1066,13 @@ __device__ __forceinline__ void mt_stash(const float acc[4], float (*red)[16][MT
 }
 
 // h[item, o] = silu(gate_e . x[t]) * (up_e . x[t]) (h rows of `inter` values) for the items of
-// tile blockIdx.y (token t = item / k; x staged by xb_stage as xb, xds), rows o of
-// [16 blockIdx.x, + 16): warps 0-3 split the 16 gate rows' chunks, warps 4-7 the same up rows'.
-// Grid (ceil(inter / 16), tiles bound), 8 warps; NVFP4 gate and up, K % 128 == 0 (sm_89+).
-// `ahead` > 0: warp 7 also prefetches into L2 the rows of the block `ahead` tiles later (about a
-// wave ahead: that block finds its weights in L2 or on their way).
+// tiles blockIdx.y, + gridDim.y, ... below the tile count (token t = item / k; x staged by
+// xb_stage as xb, xds), rows o of [16 blockIdx.x, + 16): warps 0-3 split the 16 gate rows'
+// chunks, warps 4-7 the same up rows'. Grid (ceil(inter / 16), up to the tiles bound), 8 warps;
+// NVFP4 gate and up, K % 128 == 0 (sm_89+). A grid of fewer rows than the bound has fewer blocks
+// with no tile (the bound is about twice a step's tile count); each tile's arithmetic is the
+// same. `ahead` > 0: warp 7 also prefetches into L2 the rows of the tile `ahead` tiles later
+// (about a wave ahead: that block finds its weights in L2 or on their way).
 extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up_mt(ExpertProj gate, ExpertProj up,
                                                                      const int* __restrict__ tiles,
                                                                      const int* __restrict__ ntiles,
@@ -1083,45 +1085,48 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up_mt(ExpertPr
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     pdl_enter();  // (the tiles are moe_align's output)
     const int nt = *ntiles;
-    if ((int)blockIdx.y >= nt) return;
-    const int4 tile = ((const int4*)tiles)[blockIdx.y];
-    const long e = tile.x;
     const long ob = (long)blockIdx.x * 16;
     const int nrows = (int)min(16l, (long)inter - ob);
     const int nc = K >> 7, part = warp & 3;
-    MmaTile<MMA_U> m;
-    mma_start_group(m, warp >= 4 ? up : gate, e * inter + ob, nrows, K, part * nc / 4, (part + 1) * nc / 4);
-    if (ahead > 0 && warp == 7 && (int)blockIdx.y + ahead < nt) {
-        const long r = (long)((const int4*)tiles)[blockIdx.y + ahead].x * inter + ob;
-        l2_prefetch_nv_rows(gate.w, gate.scales, r, nrows, K, lane, 32);
-        l2_prefetch_nv_rows(up.w, up.scales, r, nrows, K, lane, 32);
-    }
-    const MtSlot sl = mt_slot(tile, order);
-    const uint4* xl = (const uint4*)(xb + (long)(sl.item / k) * (K / 2)) + 4 * (lane & 7);
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    m.run_staged<1>(xl, 0, sl.on ? 1u : 0u, (float(*)[4])acc);
-    mt_stash(acc, red);
-    if (threadIdx.x < 16 * MT_BN) {
-        const int r = threadIdx.x >> 2, s = threadIdx.x & 3;
-        if (r < nrows && s < tile.z) {
-            const int item = order[tile.y + s];
-            const float ds = xds[item / k];
-            float gv = 0.f, uv = 0.f;
-#pragma unroll
-            for (int p = 0; p < 4; p++) gv += red[p][r][s];
-#pragma unroll
-            for (int p = 0; p < 4; p++) uv += red[4 + p][r][s];
-            gv *= 64.f * ds * gate.inv_g[e];
-            uv *= 64.f * ds * up.inv_g[e];
-            h[(long)item * inter + ob + r] = silu_times(gv, uv);
+    for (int ty = blockIdx.y; ty < nt; ty += gridDim.y) {
+        const int4 tile = ((const int4*)tiles)[ty];
+        const long e = tile.x;
+        MmaTile<MMA_U> m;
+        mma_start_group(m, warp >= 4 ? up : gate, e * inter + ob, nrows, K, part * nc / 4, (part + 1) * nc / 4);
+        if (ahead > 0 && warp == 7 && ty + ahead < nt) {
+            const long r = (long)((const int4*)tiles)[ty + ahead].x * inter + ob;
+            l2_prefetch_nv_rows(gate.w, gate.scales, r, nrows, K, lane, 32);
+            l2_prefetch_nv_rows(up.w, up.scales, r, nrows, K, lane, 32);
         }
+        const MtSlot sl = mt_slot(tile, order);
+        const uint4* xl = (const uint4*)(xb + (long)(sl.item / k) * (K / 2)) + 4 * (lane & 7);
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        m.run_staged<1>(xl, 0, sl.on ? 1u : 0u, (float(*)[4])acc);
+        mt_stash(acc, red);
+        if (threadIdx.x < 16 * MT_BN) {
+            const int r = threadIdx.x >> 2, s = threadIdx.x & 3;
+            if (r < nrows && s < tile.z) {
+                const int item = order[tile.y + s];
+                const float ds = xds[item / k];
+                float gv = 0.f, uv = 0.f;
+#pragma unroll
+                for (int p = 0; p < 4; p++) gv += red[p][r][s];
+#pragma unroll
+                for (int p = 0; p < 4; p++) uv += red[4 + p][r][s];
+                gv *= 64.f * ds * gate.inv_g[e];
+                uv *= 64.f * ds * up.inv_g[e];
+                h[(long)item * inter + ob + r] = silu_times(gv, uv);
+            }
+        }
+        __syncthreads();  // (red is read above before the next tile's stash writes it)
     }
 }
 
-// part[item, o] = wts[item] * (down_e . h[item]) for the items of tile blockIdx.y (h staged by
-// xb_stage as hb, hds, one row per item), rows o of [64 blockIdx.x, + 64): 4 tiles of 16 rows,
-// 2 warps splitting each tile's chunks. Grid (ceil(H / 64), tiles bound), 8 warps; NVFP4 down,
-// inter % 128 == 0 (sm_89+). `ahead`: as in experts_gate_up_mt (the block's 64 rows).
+// part[item, o] = wts[item] * (down_e . h[item]) for the items of tiles blockIdx.y, + gridDim.y,
+// ... below the tile count (h staged by xb_stage as hb, hds, one row per item), rows o of
+// [64 blockIdx.x, + 64): 4 tiles of 16 rows, 2 warps splitting each tile's chunks. Grid
+// (ceil(H / 64), up to the tiles bound), 8 warps; NVFP4 down, inter % 128 == 0 (sm_89+).
+// `ahead`: as in experts_gate_up_mt (the block's 64 rows).
 extern "C" __global__ void __launch_bounds__(256, 2) experts_down_mt(ExpertProj down, const int* __restrict__ tiles,
                                                                   const int* __restrict__ ntiles,
                                                                   const int* __restrict__ order,
@@ -1134,40 +1139,42 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_down_mt(ExpertProj 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     pdl_enter();
     const int nt = *ntiles;
-    if ((int)blockIdx.y >= nt) return;
-    const int4 tile = ((const int4*)tiles)[blockIdx.y];
-    const long e = tile.x;
     const long ob = (long)blockIdx.x * 64 + (warp >> 1) * 16;
     const int nrows = (int)max(0l, min(16l, (long)H - ob));
     const int nc = inter >> 7, p = warp & 1;
-    MmaTile<MMA_U> m;
-    mma_start_group(m, down, e * H + ob, nrows, inter, p * nc / 2, (p + 1) * nc / 2);
-    if (ahead > 0 && warp == 7 && (int)blockIdx.y + ahead < nt) {
-        const long b0 = (long)blockIdx.x * 64, brows = max(0l, min(64l, (long)H - b0));
-        const long r = (long)((const int4*)tiles)[blockIdx.y + ahead].x * H + b0;
-        l2_prefetch_nv_rows(down.w, down.scales, r, brows, inter, lane, 32);
-    }
-    const MtSlot sl = mt_slot(tile, order);
-    const uint4* xl = (const uint4*)(hb + (long)sl.item * (inter / 2)) + 4 * (lane & 7);
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    if (nrows > 0) m.run_staged<1>(xl, 0, sl.on ? 1u : 0u, (float(*)[4])acc);
-    mt_stash(acc, red);
-    // warp pair w, w + 1 (w even): rows ob.. of its tile; thread (r, s) of the pair's first warp
-    if (p == 0 && nrows > 0) {
-        const int r = lane >> 2, s = lane & 3;
-        if (s < tile.z) {
-            const int item = order[tile.y + s];
-            const float gs = 64.f * hds[item] * down.inv_g[e] * wts[item];
+    for (int ty = blockIdx.y; ty < nt; ty += gridDim.y) {
+        const int4 tile = ((const int4*)tiles)[ty];
+        const long e = tile.x;
+        MmaTile<MMA_U> m;
+        mma_start_group(m, down, e * H + ob, nrows, inter, p * nc / 2, (p + 1) * nc / 2);
+        if (ahead > 0 && warp == 7 && ty + ahead < nt) {
+            const long b0 = (long)blockIdx.x * 64, brows = max(0l, min(64l, (long)H - b0));
+            const long r = (long)((const int4*)tiles)[ty + ahead].x * H + b0;
+            l2_prefetch_nv_rows(down.w, down.scales, r, brows, inter, lane, 32);
+        }
+        const MtSlot sl = mt_slot(tile, order);
+        const uint4* xl = (const uint4*)(hb + (long)sl.item * (inter / 2)) + 4 * (lane & 7);
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        if (nrows > 0) m.run_staged<1>(xl, 0, sl.on ? 1u : 0u, (float(*)[4])acc);
+        mt_stash(acc, red);
+        // warp pair w, w + 1 (w even): rows ob.. of its tile; thread (r, s) of the pair's first warp
+        if (p == 0 && nrows > 0) {
+            const int r = lane >> 2, s = lane & 3;
+            if (s < tile.z) {
+                const int item = order[tile.y + s];
+                const float gs = 64.f * hds[item] * down.inv_g[e] * wts[item];
 #pragma unroll
-            for (int h2 = 0; h2 < 2; h2++) {
-                const int row = r + 8 * h2;
-                if (row < nrows) {
-                    float v = 0.f;
-                    v += red[warp][row][s];
-                    v += red[warp + 1][row][s];
-                    part[(long)item * H + ob + row] = v * gs;
+                for (int h2 = 0; h2 < 2; h2++) {
+                    const int row = r + 8 * h2;
+                    if (row < nrows) {
+                        float v = 0.f;
+                        v += red[warp][row][s];
+                        v += red[warp + 1][row][s];
+                        part[(long)item * H + ob + row] = v * gs;
+                    }
                 }
             }
         }
+        __syncthreads();  // (red is read above before the next tile's stash writes it)
     }
 }

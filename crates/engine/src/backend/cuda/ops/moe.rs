@@ -61,16 +61,17 @@ kernels! {
         ntiles: DevPtr<i32>,
     }
     /// Gate/up (SiLU · up into `h`) of every tile of up to [`FEW_TILE_ITEMS`] items on the decode
-    /// GEMV's tensor-core core: grid (⌈inter / 16⌉, tiles bound), 256 threads; `ahead` > 0:
-    /// each block prefetches the weight rows of the block that many tiles later into L2.
+    /// GEMV's tensor-core core: grid (⌈inter / 16⌉, at most the tiles bound: a block takes
+    /// tiles `blockIdx.y`, `+ gridDim.y`, ... below the count), 256 threads; `ahead` > 0: each
+    /// block prefetches the weight rows of the tile that many tiles later into L2.
     experts_gate_up_mt => ExpertsGateUpMtArgs {
         gate: ExpertProj, up: ExpertProj, tiles: DevPtr<i32>, ntiles: DevPtr<i32>,
         order: DevPtr<i32>, k: i32, xb: DevPtr<u32>, xds: DevPtr<f32>, h: DevPtr<f32>,
         inter: i32, hidden: i32, ahead: i32,
     }
     /// Down (weighted, into each item's row of `part`) of every tile of up to
-    /// [`FEW_TILE_ITEMS`] items: grid (⌈hidden / 64⌉, tiles bound), 256 threads; `ahead` as
-    /// `experts_gate_up_mt`'s.
+    /// [`FEW_TILE_ITEMS`] items: grid (⌈hidden / 64⌉, at most the tiles bound), 256 threads;
+    /// the tiles and `ahead` as `experts_gate_up_mt`'s.
     experts_down_mt => ExpertsDownMtArgs {
         down: ExpertProj, tiles: DevPtr<i32>, ntiles: DevPtr<i32>, order: DevPtr<i32>,
         wts: DevPtr<f32>, hb: DevPtr<u32>, hds: DevPtr<f32>, part: DevPtr<f32>, inter: i32,
@@ -1153,6 +1154,8 @@ impl CudaBackend {
             }
         };
         let max_tiles = *max_tiles;
+        // (the bound is about twice a step's tile count: past the count a block has no tile)
+        let grid_rows = max_tiles.div_ceil(self.opts().few_grid_divisor.max(1)) as u32;
         // B entries: `cols / 2` pairs of f16 pairs (two u32) per row, all written by xb_stage
         // (or by the norm; `own` keeps this call's buffers until its launches are queued)
         let own;
@@ -1187,7 +1190,7 @@ impl CudaBackend {
         }
         .launch(
             self,
-            ((inter as u32).div_ceil(16), max_tiles as u32, 1),
+            ((inter as u32).div_ceil(16), grid_rows, 1),
             (256, 1, 1),
         )?;
         let hb = self.alloc_unset::<u32>(items * inter)?;
@@ -1215,7 +1218,7 @@ impl CudaBackend {
         }
         .launch(
             self,
-            ((hidden as u32).div_ceil(64), max_tiles as u32, 1),
+            ((hidden as u32).div_ceil(64), grid_rows, 1),
             (256, 1, 1),
         )
     }
