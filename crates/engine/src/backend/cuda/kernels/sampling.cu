@@ -93,8 +93,6 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_logits(const
     __shared__ u32 hist[256];
     __shared__ u32 s_prefix, s_mask;
     __shared__ int s_need;
-    __shared__ float cand_key[SAMPLE_K_MAX];
-    __shared__ int cand_idx[SAMPLE_K_MAX];
     __shared__ int s_count;
     const bool greedy = temperature <= 0.f || top_k == 1;
     if (greedy) {
@@ -129,7 +127,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_logits(const
     // largest key and the valid count; t0 = the k-th largest of the threads' largest keys (each
     // is a different element, so at least k keys reach t0, and the k-th largest key does too);
     // every key >= t0 gathered (usually a few more than k) and ranked among themselves. Where
-    // more than SAMPLE_CAND_MAX keys reach t0 (many equal values), the radix select below.
+    // more than SAMPLE_CAND_MAX keys reach t0 (many equal values), the radix select below
+    // gathers exactly the k candidates instead, ranked the same way.
     __shared__ float sorted_key[SAMPLE_K_MAX];
     __shared__ int sorted_idx[SAMPLE_K_MAX];
     __shared__ u32 tops[SAMPLE_THREADS];
@@ -187,24 +186,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_logits(const
         }
     }
     __syncthreads();
-    const int m = s_count;
-    if (m <= SAMPLE_CAND_MAX) {
-        // each gathered key's place by (key desc, index asc); the first k are the candidates
-        for (int c = tid; c < m; c += SAMPLE_THREADS) {
-            const u32 ok = gkey[c];
-            const int ki = gidx[c];
-            int r = 0;
-            for (int j = 0; j < m; j++) {
-                const u32 oj = gkey[j];
-                r += (oj > ok) || (oj == ok && gidx[j] < ki);
-            }
-            if (r < k) {
-                sorted_key[r] = logits[ki] / temperature;
-                sorted_idx[r] = ki;
-            }
-        }
-        __syncthreads();
-    } else {
+    int m = s_count;
+    if (m > SAMPLE_CAND_MAX) {
         // Radix select (8 bits per pass, most significant first) of the k-th largest key.
         if (tid == 0) { s_prefix = 0; s_mask = 0; s_need = k; }
         __syncthreads();
@@ -234,8 +217,9 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_logits(const
         }
         const u32 thr = s_prefix;       // the k-th largest key
         const int ties_taken = s_need;  // keys equal to it that are taken (lowest indices first)
-        // Gather: every key above the threshold, and the first `ties_taken` equal to it by index
-        // (each thread scans one contiguous range, so an ordered scan ranks the ties).
+        // Gather exactly the k candidates: every key above the threshold, and the first
+        // `ties_taken` equal to it by index (each thread scans one contiguous range, so an ordered
+        // scan ranks the ties).
         if (tid == 0) s_count = 0;
         const int per = (n + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
         const int lo = min(n, tid * per), hi = min(n, lo + per);
@@ -250,31 +234,36 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_logits(const
         for (int i = lo; i < hi; i++) {
             const float l = logits[i];
             if (isnan(l)) continue;
-            const float key = l / temperature;
-            const u32 ok = order_key(key);
+            const u32 ok = order_key(l / temperature);
             bool take = ok > thr;
             if (ok == thr) take = rank++ < ties_taken;
             if (take) {
                 const int slot = atomicAdd(&s_count, 1);
-                if (slot < SAMPLE_K_MAX) { cand_key[slot] = key; cand_idx[slot] = i; }
+                if (slot < SAMPLE_K_MAX) {
+                    gkey[slot] = ok;
+                    gidx[slot] = i;
+                }
             }
         }
         __syncthreads();
-        // Order the k candidates by (key desc, index asc): each one's rank by counting.
-        if (tid < k) {
-            const float kk = cand_key[tid];
-            const u32 ok = order_key(kk);  // (total order, as the host's: -0 below +0)
-            const int ki = cand_idx[tid];
-            int r = 0;
-            for (int j = 0; j < k; j++) {
-                const u32 oj = order_key(cand_key[j]);
-                r += (oj > ok) || (oj == ok && cand_idx[j] < ki);
-            }
-            sorted_key[r] = kk;
+        m = min(s_count, SAMPLE_K_MAX);
+    }
+    // each gathered key's place by (key desc, index asc; the order keys' total order, as the
+    // host's: -0 below +0); the first k are the candidates
+    for (int c = tid; c < m; c += SAMPLE_THREADS) {
+        const u32 ok = gkey[c];
+        const int ki = gidx[c];
+        int r = 0;
+        for (int j = 0; j < m; j++) {
+            const u32 oj = gkey[j];
+            r += (oj > ok) || (oj == ok && gidx[j] < ki);
+        }
+        if (r < k) {
+            sorted_key[r] = logits[ki] / temperature;
             sorted_idx[r] = ki;
         }
-        __syncthreads();
     }
+    __syncthreads();
     if (tid == 0) {
         const float mx = sorted_key[0];
         double p[SAMPLE_K_MAX];
