@@ -1346,11 +1346,11 @@ extern "C" __global__ void __launch_bounds__(256, 3)
 // two blocks a SM as gemv_mt_nv; each with its own K split: the bits of the two launches. The
 // few bf16 blocks (an attention gate's: a few tiles a grid row) come first in launch order, so
 // that they run beside q/k/v's first wave, not after its last; both segment lists interleave
-// alike (the same grid rows), so one block index picks the path.
+// alike (the same grid rows), so one block index picks the path. (gemv_mt_mixed4's parameters.)
 extern "C" __global__ void __launch_bounds__(256, 2)
-    gemv_mt_mixed8(Segs bf, Segs nv, const uint2* __restrict__ xb_bf, const float* __restrict__ xds_bf,
-                   const uint2* __restrict__ xb_nv, const float* __restrict__ xds_nv, int K, int T, int ks_bf,
-                   int ks_nv) {
+    gemv_mt_mixed8(Segs nv, Segs bf, const uint2* __restrict__ xb_nv, const float* __restrict__ xds_nv,
+                   const uint2* __restrict__ xb_bf, const float* __restrict__ xds_bf, int K, int T, int ks_nv,
+                   int ks_bf) {
     if (mt_block(bf) < nv.s[0].block0)
         gemv_mt_impl<2, 1, MT_BF_GROUPS>(bf, xb_bf, xds_bf, nullptr, nullptr, K, T, ks_bf);
     else

@@ -55,17 +55,14 @@ kernels! {
         segs: Segs, xb: DevPtr<u32>, xds: DevPtr<f32>, bias: DevPtr<f32>, resid: DevPtr<f32>,
         k: i32, t: i32, ks: i32,
     }
-    /// One input's NVFP4 linears (`nv`) and bf16 linears (`bf`, blocks numbered on from `nv`'s)
-    /// of at most four tokens in one launch: `gemv_mt_nv4`'s and `gemv_mt_bf16`'s paths.
-    gemv_mt_mixed4 => GemvMtMixed4Args {
+    /// One input's NVFP4 linears (`nv`) and bf16 linears (`bf`) in one launch, each path with
+    /// its own staged input and K split: `gemv_mt_mixed4` (at most four tokens: `gemv_mt_nv4`'s
+    /// and `gemv_mt_bf16`'s paths, `bf`'s blocks numbered on from `nv`'s) and `gemv_mt_mixed8`
+    /// (5 to 32 tokens: `gemv_mt_nv`'s and `gemv_mt_bf16`'s, `nv`'s blocks numbered on from
+    /// `bf`'s).
+    gemv_mt_mixed ["gemv_mt_mixed4", "gemv_mt_mixed8"] => GemvMtMixedArgs {
         nv: Segs, bf: Segs, xb_nv: DevPtr<u32>, xds_nv: DevPtr<f32>, xb_bf: DevPtr<u32>,
         xds_bf: DevPtr<f32>, k: i32, t: i32, ks_nv: i32, ks_bf: i32,
-    }
-    /// One input's bf16 linears (`bf`) and NVFP4 linears (`nv`, blocks numbered on from `bf`'s)
-    /// of 5 to 32 tokens in one launch: `gemv_mt_bf16`'s and `gemv_mt_nv`'s paths.
-    gemv_mt_mixed8 => GemvMtMixed8Args {
-        bf: Segs, nv: Segs, xb_bf: DevPtr<u32>, xds_bf: DevPtr<f32>, xb_nv: DevPtr<u32>,
-        xds_nv: DevPtr<f32>, k: i32, t: i32, ks_bf: i32, ks_nv: i32,
     }
     /// 5 to 32 tokens' `y = resid + x · Wᵀ + bias` for each NVFP4 linear of `segs` (`x`
     /// staged by `xb_stage`; `bias`, `resid`: one segment only): grid (the segments' 128-row
@@ -1329,36 +1326,31 @@ impl CudaBackend {
                 && pn.grid.1 == pb.grid.1,
             || format!("gemv_mt_mixed of {t} tokens"),
         )?;
-        let grid = (pn.grid.0 + pb.grid.0, pn.grid.1, 1);
-        if four {
-            ops::gemv::GemvMtMixed4Args {
-                nv: pn.segs,
-                bf: pb.segs.shifted(pn.grid.0),
-                xb_nv: pn.xb,
-                xds_nv: pn.xds,
-                xb_bf: pb.xb,
-                xds_bf: pb.xds,
-                k: pn.cols,
-                t: t as i32,
-                ks_nv: pn.ks,
-                ks_bf: pb.ks,
-            }
-            .launch(self, grid, (32 * NV_WARPS, 1, 1))?;
+        // (four tokens: the NVFP4 blocks first; more: the few bf16 blocks first, beside q/k/v's
+        // first wave)
+        let (variant, nv_segs, bf_segs) = if four {
+            (0, pn.segs, pb.segs.shifted(pn.grid.0))
         } else {
-            ops::gemv::GemvMtMixed8Args {
-                bf: pb.segs,
-                nv: pn.segs.shifted(pb.grid.0),
-                xb_bf: pb.xb,
-                xds_bf: pb.xds,
-                xb_nv: pn.xb,
-                xds_nv: pn.xds,
-                k: pn.cols,
-                t: t as i32,
-                ks_bf: pb.ks,
-                ks_nv: pn.ks,
-            }
-            .launch(self, grid, (32 * NV_WARPS, 1, 1))?;
+            (1, pn.segs.shifted(pb.grid.0), pb.segs)
+        };
+        ops::gemv::GemvMtMixedArgs {
+            nv: nv_segs,
+            bf: bf_segs,
+            xb_nv: pn.xb,
+            xds_nv: pn.xds,
+            xb_bf: pb.xb,
+            xds_bf: pb.xds,
+            k: pn.cols,
+            t: t as i32,
+            ks_nv: pn.ks,
+            ks_bf: pb.ks,
         }
+        .launch(
+            self,
+            variant,
+            (pn.grid.0 + pb.grid.0, pn.grid.1, 1),
+            (32 * NV_WARPS, 1, 1),
+        )?;
         self.inner
             .mixed_linears
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
