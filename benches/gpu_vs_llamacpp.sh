@@ -537,6 +537,10 @@ EOF
     measure "$m" ff-decode "$R/ff-decode.txt" "$R/ff-decode.log" "${FB[@]}" \
       --context "$FF_DECODE_CSV" --max-tokens "$GEN" --concurrency "$CONC_CSV" --sweep-context "$SWEEP_PROMPT" \
       --json "$R/ff-decode.json" --svg "$R/ff-decode.svg"
+    # The server's own account of its steps (fp4forge_engine_step_seconds against
+    # fp4forge_forward_seconds: the host's share of a step) and its KV memory.
+    "$PYTHON" -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())' \
+      "$URL/metrics" > "$R/ff-metrics.txt" || log "fp4forge serve: $URL/metrics did not answer"
     stop_serve
   fi
   if [[ $CLEANUP == 1 ]]; then

@@ -20,7 +20,8 @@
 # seconds each, default 130; TOOLS: word_tokenizer.py's folder, default ../shared/tools).
 # Results: OUTDIR/summary.txt (each step's exit status and time, the tests' result lines, the
 # A/B table, each served configuration's table), OUTDIR/tests.log, OUTDIR/xs.log,
-# OUTDIR/ab/ab.txt, OUTDIR/serve-NAME.{md,json,log}. Exit status 1 when a test
+# OUTDIR/ab/ab.txt, OUTDIR/serve-NAME.{md,json,log}, OUTDIR/serve-NAME-metrics.txt (the server's
+# /metrics after its runs). Exit status 1 when a test
 # failed, a step ran out of time or a script failed (a variant whose run fails is a "failed" cell
 # of the A/B table, its output in OUTDIR/ab/failed.log).
 set -uo pipefail
@@ -88,7 +89,7 @@ if [ ${#serve[@]} -gt 0 ]; then
         [ "$cfg" = default ] || settings=${cfg//,/ }
         name=${cfg//FP4FORGE_CUDA_/}
         name=${name//[=,]/-}
-        rm -f "$work/report.md" "$work/results.json"
+        rm -f "$work/report.md" "$work/results.json" "$work/runs/xs/ff-metrics.txt"
         # shellcheck disable=SC2086
         env $settings FP4FORGE_BIN=target/gpu-ab/fp4forge TOOLS="$tools" WORK="$work" SKIP_LLAMA=1 REPS=2 \
             PREFILL_DEPTH=0 PROMPTS=2048 DECODE_DEPTHS=2048 CONCURRENCY="1 4 16 32" \
@@ -98,6 +99,7 @@ if [ ${#serve[@]} -gt 0 ]; then
         [ $rc = 0 ] || status=1
         cp "$work/report.md" "$out/serve-$name.md" 2>/dev/null && grep -E '^\|' "$out/serve-$name.md" | tee -a "$summary"
         cp "$work/results.json" "$out/serve-$name.json" 2>/dev/null
+        cp "$work/runs/xs/ff-metrics.txt" "$out/serve-$name-metrics.txt" 2>/dev/null
     done
 fi
 exit $status

@@ -4,8 +4,10 @@
 //! token where it can, only ids come back); tokens/s of the whole batch and time per step.
 //!
 //! `cargo run --release -p fp4forge-lab [--features cuda] --example batch_decode_speed -- DIR
-//! [--device cuda] [--kv-dtype fp8] [--top-k K] [--profile N] [STEPS] [BATCHES...]` (defaults:
-//! cpu, bf16 caches, greedy, 32 steps, batches 1 2 4 8 16). `--top-k K`: samplers at temperature
+//! [--device cuda] [--kv-dtype fp8] [--top-k K] [--prompt P] [--profile N] [STEPS] [BATCHES...]`
+//! (defaults: cpu, bf16 caches, greedy, 4-token prompts, 32 steps, batches 1 2 4 8 16).
+//! `--prompt P`: each session prefills P tokens before the steps (e.g. 128, the serve
+//! benchmark's concurrency sweep, whose steps then attend over 128 to 256 positions). `--top-k K`: samplers at temperature
 //! 1 over the K most likely tokens (seeded), as the server samples for a checkpoint whose
 //! generation config asks for that (the synthetic ones: top-k 20) and a request that sets no
 //! sampling field. `--profile N` (CUDA): the first N timed steps of each
@@ -27,6 +29,8 @@ struct Measure {
     batches: Vec<usize>,
     /// Timed steps of each batch inside the profiler's capture range (0: none).
     profile: usize,
+    /// Tokens each session prefills before its steps.
+    prompt: usize,
     /// The samplers' top-k at temperature 1 (0: greedy).
     top_k: usize,
 }
@@ -42,7 +46,10 @@ impl WithModel for Measure {
             let mut sessions = (0..b)
                 .map(|i| {
                     let mut s = model.new_session()?;
-                    s.prefill(&[(7 * i as u32 + 3) % vocab, 11, 13, 17])?;
+                    let prompt: Vec<u32> = (0..self.prompt as u32)
+                        .map(|j| (7 * i as u32 + 3 + 11 * j) % vocab)
+                        .collect();
+                    s.prefill(&prompt)?;
                     Ok(s)
                 })
                 .collect::<fp4forge_engine::Result<Vec<_>>>()?;
@@ -103,12 +110,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let kv = fp4forge_lab::take_arg(&mut args, "--kv-dtype", KvDtype::Bf16)?;
     let profile = fp4forge_lab::take_arg(&mut args, "--profile", 0usize)?;
     let top_k = fp4forge_lab::take_arg(&mut args, "--top-k", 0usize)?;
+    let prompt = fp4forge_lab::take_arg(&mut args, "--prompt", 4usize)?;
+    if prompt == 0 {
+        return Err("--prompt: at least one token".into());
+    }
     if profile > 0 && device == fp4forge_engine::Device::Cpu {
         return Err("--profile captures CUDA work: it needs --device cuda".into());
     }
     let dir = args.first().ok_or(
-        "usage: batch_decode_speed DIR [--device D] [--kv-dtype T] [--top-k K] [--profile N] [STEPS] \
-         [BATCHES...]",
+        "usage: batch_decode_speed DIR [--device D] [--kv-dtype T] [--top-k K] [--prompt P] \
+         [--profile N] [STEPS] [BATCHES...]",
     )?;
     let steps: usize = args.get(1).map_or(Ok(32), |s| s.parse())?;
     let batches: Vec<usize> = if args.len() > 2 {
@@ -123,7 +134,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         0 => "greedy".to_string(),
         k => format!("top-{k} sampling at temperature 1"),
     };
-    println!("{dir} on {device}, {kv:?} KV caches, {sampling}");
+    println!("{dir} on {device}, {kv:?} KV caches, {sampling}, {prompt}-token prompts");
     fp4forge_engine::open(
         device,
         Path::new(dir),
@@ -132,6 +143,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             steps,
             batches,
             profile,
+            prompt,
             top_k,
         },
     )?

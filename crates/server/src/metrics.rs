@@ -11,6 +11,13 @@ const LATENCY_BUCKETS: [f64; 16] = [
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
+/// Upper bounds (seconds) of the engine-step histograms' buckets: finer than the latencies',
+/// a batched decode step takes a few milliseconds.
+const STEP_BUCKETS: [f64; 18] = [
+    0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.0175, 0.02, 0.025, 0.03,
+    0.05, 0.1, 0.25, 1.0, 5.0,
+];
+
 /// The finish reasons of `fp4forge_request_success_total`, as vLLM names them.
 pub(crate) const FINISH_REASONS: [&str; 3] = ["stop", "length", "abort"];
 
@@ -117,6 +124,10 @@ pub(crate) struct Metrics {
     pub itl: Histogram,
     /// Time from arrival to the last token.
     pub e2e: Histogram,
+    /// One engine step: admission, the forward pass, the new tokens delivered.
+    pub engine_step: Histogram,
+    /// The forward pass of one engine step (the model's call, the device's work included).
+    pub forward: Histogram,
 }
 
 impl Metrics {
@@ -147,6 +158,8 @@ impl Metrics {
             ttft: Histogram::new(&LATENCY_BUCKETS),
             itl: Histogram::new(&LATENCY_BUCKETS),
             e2e: Histogram::new(&LATENCY_BUCKETS),
+            engine_step: Histogram::new(&STEP_BUCKETS),
+            forward: Histogram::new(&STEP_BUCKETS),
         }
     }
 
@@ -334,6 +347,20 @@ impl Metrics {
             model,
             "fp4forge_request_latency_seconds",
             "Time from a sequence's arrival to its end.",
+        );
+        self.engine_step.render(
+            &mut out,
+            model,
+            "fp4forge_engine_step_seconds",
+            "One engine step: admission, the forward pass of the running batch and the new \
+             tokens delivered.",
+        );
+        self.forward.render(
+            &mut out,
+            model,
+            "fp4forge_forward_seconds",
+            "The forward pass of one engine step (its device work included); the rest of \
+             fp4forge_engine_step_seconds is the host's scheduling.",
         );
         out
     }

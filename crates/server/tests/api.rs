@@ -56,6 +56,9 @@ async fn models_health_and_metrics() {
         "# TYPE fp4forge_time_to_first_token_seconds histogram",
         "fp4forge_time_to_first_token_seconds_count{model_name=\"tiny\"} 1",
         "fp4forge_inter_token_latency_seconds_count{model_name=\"tiny\"} 3",
+        // one step for the prompt, three for the tokens after the first
+        "fp4forge_engine_step_seconds_count{model_name=\"tiny\"} 4",
+        "fp4forge_forward_seconds_count{model_name=\"tiny\"} 4",
     ] {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }

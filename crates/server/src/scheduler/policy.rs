@@ -163,10 +163,14 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                 self.abort_all();
                 break;
             }
+            let started = Instant::now();
             self.drop_cancelled();
             self.admit();
             if !self.active.is_empty() {
                 self.step();
+                // (before `retire` sends ended sequences' last events: a client that reads
+                // `/metrics` after its answer sees its steps counted)
+                self.metrics.engine_step.observe(started.elapsed());
                 self.retire();
             }
             self.publish_running();

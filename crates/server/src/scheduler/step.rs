@@ -74,9 +74,12 @@ impl<B: Backend> Scheduler<'_, B> {
                 samplers.push(pick.then_some(sampler));
             }
             let model = self.model;
-            std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let started = Instant::now();
+            let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 model.forward_batch_scored(&mut sessions, &tokens, &wanted, &mut samplers, &scores)
-            }))
+            }));
+            self.metrics.forward.observe(started.elapsed());
+            result
         };
         self.metrics.steps.fetch_add(1, Ordering::Relaxed);
         self.metrics
