@@ -1,5 +1,5 @@
 //! Decode throughput of batched steps against one session stepping alone, on any device: for
-//! each batch size B, B sessions with a short prompt each advance together through
+//! each batch size B, B sessions with a prompt each (4 tokens; `--prompt`) advance together through
 //! `Model::forward_batch_sampled` with greedy samplers (the server's call: the backend picks each
 //! token where it can, only ids come back); tokens/s of the whole batch and time per step.
 //!
@@ -7,11 +7,11 @@
 //! [--device cuda] [--kv-dtype fp8] [--top-k K] [--prompt P] [--profile N] [STEPS] [BATCHES...]`
 //! (defaults: cpu, bf16 caches, greedy, 4-token prompts, 32 steps, batches 1 2 4 8 16).
 //! `--prompt P`: each session prefills P tokens before the steps (e.g. 128, the serve
-//! benchmark's concurrency sweep, whose steps then attend over 128 to 256 positions). `--top-k K`: samplers at temperature
-//! 1 over the K most likely tokens (seeded), as the server samples for a checkpoint whose
-//! generation config asks for that (the synthetic ones: top-k 20) and a request that sets no
-//! sampling field. `--profile N` (CUDA): the first N timed steps of each
-//! batch run inside Nsight's capture range (`fp4forge_lab::profiler_capture`), so that
+//! benchmark's concurrency sweep, whose steps then attend over 128 to 256 positions).
+//! `--top-k K`: samplers at temperature 1 over the K most likely tokens (seeded), as the server
+//! samples for a checkpoint whose generation config asks for that (the synthetic ones: top-k 20)
+//! and a request that sets no sampling field. `--profile N` (CUDA): the first N timed steps of
+//! each batch run inside Nsight's capture range (`fp4forge_lab::profiler_capture`), so that
 //! `ncu --profile-from-start off` profiles exactly those steps' kernels (not the prompts'
 //! prefills or the warm-up step).
 
