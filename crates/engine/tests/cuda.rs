@@ -77,31 +77,37 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
     // (partial token tiles; NVFP4 with K % 64 == 0 on an sm_90 device: `gemm_h16`, also at 300,
     // there also its one-block variant, and at 130 with it off: `gemm_mma`'s f16 path; `gemv_mt`'s
     // one-block variant at 3 and 9, its 16-token grid rows at 9 and 30; NVFP4 at 9 and 30 again on
-    // `gemv_mt_wide`, its own K split); else the `linear` kernel
+    // `gemv_mt_wide`, its own K split; NVFP4 at 3, 17 and 32 on `gemm_h16_t32` and at 70 on
+    // `gemm_h16` with `h16_few_min` set); else the `linear` kernel
     // below 16 tokens and `gemm_tiled` from 16; 3, 9 and 70 again with both tensor-core paths off
     // (`linear`, `gemm_tiled`)
     let mma_on = b.options();
     let few = mma_on.few_token_max;
-    for (t, mma_gemm, few_token_max, h16_gemm, one_block, wide) in [
-        (1usize, true, few, true, false, false),
-        (3, true, few, true, false, false),
-        (9, true, few, true, false, false),
-        (3, true, few, true, true, false),
-        (9, true, few, true, true, false),
-        (16, true, few, true, false, false),
-        (30, true, few, true, false, false),
-        (9, true, few, true, false, true),
-        (30, true, few, true, false, true),
-        (3, true, 0, true, false, false),
-        (9, true, 0, true, false, false),
-        (70, true, few, true, false, false),
-        (130, true, few, true, false, false),
-        (300, true, few, true, false, false),
-        (300, true, few, true, true, false),
-        (130, true, few, false, false, false),
-        (3, false, 0, true, false, false),
-        (9, false, 0, true, false, false),
-        (70, false, few, true, false, false),
+    // (h16_few: CudaOptions::h16_few_min, NVFP4 of that many tokens up to 32 on gemm_h16_t32)
+    for (t, mma_gemm, few_token_max, h16_gemm, one_block, wide, h16_few) in [
+        (1usize, true, few, true, false, false, 0),
+        (3, true, few, true, false, false, 0),
+        (9, true, few, true, false, false, 0),
+        (3, true, few, true, true, false, 0),
+        (9, true, few, true, true, false, 0),
+        (16, true, few, true, false, false, 0),
+        (30, true, few, true, false, false, 0),
+        (9, true, few, true, false, true, 0),
+        (30, true, few, true, false, true, 0),
+        (3, true, few, true, false, false, 2),
+        (17, true, few, true, false, false, 9),
+        (32, true, few, true, false, false, 17),
+        (3, true, 0, true, false, false, 0),
+        (9, true, 0, true, false, false, 0),
+        (70, true, few, true, false, false, 0),
+        (70, true, few, true, false, false, 2),
+        (130, true, few, true, false, false, 0),
+        (300, true, few, true, false, false, 0),
+        (300, true, few, true, true, false, 0),
+        (130, true, few, false, false, false, 0),
+        (3, false, 0, true, false, false, 0),
+        (9, false, 0, true, false, false, 0),
+        (70, false, few, true, false, false, 0),
     ] {
         b.set_options(CudaOptions {
             mma_gemm,
@@ -112,16 +118,22 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
             // (gemv_mt_nv_b1 at 3 and 9 rows; 16 tokens a grid row at 30)
             mt_16_tokens: t == 30 && !wide,
             mt_wide_min_tokens: if wide { 5 } else { 0 },
+            h16_few_min: h16_few,
             ..mma_on.clone()
         });
         let x = values(t * cols, 7 + t as u64, 4.0);
         let xt = b.upload(t, cols, &x).unwrap();
-        let wide_before = b.wide_linears();
+        let (wide_before, h16_before) = (b.wide_linears(), b.few_h16_linears());
         let mut got = b.download(&b.linear(&xt, &lin, None).unwrap()).unwrap();
         assert_eq!(
             b.wide_linears() > wide_before,
             wide && nvfp4 && cols % 128 == 0,
             "{label} t={t}: gemv_mt_wide launched or not"
+        );
+        assert_eq!(
+            b.few_h16_linears() > h16_before,
+            h16_few > 0 && t <= 32 && nvfp4 && cols % 64 == 0 && b.h16_gemm_runs(),
+            "{label} t={t}: gemm_h16_t32 launched or not"
         );
         if t == 1 && CudaBackend::linear_multi_applies(cols) {
             // the same rows by the several-linears-in-one-launch kernel (q/k/v/gate of a decode
@@ -1796,19 +1808,21 @@ fn gpu_batched_steps_match_each_sequence_alone() {
         // shared expert on the multi-token linears, as from 32 rows at full size; stage: the
         // norms staging their rows for gemv_mt, the MoE sums running the next norm, the
         // routers their top-k and, at 35 sessions, the few-items-per-tile experts taking their
-        // input as the norm staged it)
-        for (kv, sessions, batched, fused, few, stage) in [
-            (KvDtype::Bf16, 5, true, true, false, false),
-            (KvDtype::Bf16, 35, true, true, false, false),
-            (KvDtype::Bf16, 5, true, false, false, false),
-            (KvDtype::Bf16, 35, true, false, false, false),
-            (KvDtype::Bf16, 5, false, true, false, false),
-            (KvDtype::Bf16, 5, true, true, true, false),
-            (KvDtype::Bf16, 5, true, true, false, true),
-            (KvDtype::Bf16, 35, true, true, false, true),
-            (KvDtype::Fp8E4m3, 5, true, true, false, false),
+        // input as the norm staged it; h16: the NVFP4 linears of 2-32 rows on gemm_h16_t32)
+        for (kv, sessions, batched, fused, few, stage, h16) in [
+            (KvDtype::Bf16, 5, true, true, false, false, false),
+            (KvDtype::Bf16, 35, true, true, false, false, false),
+            (KvDtype::Bf16, 5, true, false, false, false, false),
+            (KvDtype::Bf16, 35, true, false, false, false, false),
+            (KvDtype::Bf16, 5, false, true, false, false, false),
+            (KvDtype::Bf16, 5, true, true, true, false, false),
+            (KvDtype::Bf16, 5, true, true, false, true, false),
+            (KvDtype::Bf16, 35, true, true, false, true, false),
+            (KvDtype::Bf16, 5, true, true, false, false, true),
+            (KvDtype::Fp8E4m3, 5, true, true, false, false, false),
         ] {
             backend.set_options(CudaOptions {
+                h16_few_min: if h16 { 2 } else { 0 },
                 batched_attention: batched,
                 fused_batch: fused,
                 norm_stage: stage,
@@ -1826,7 +1840,7 @@ fn gpu_batched_steps_match_each_sequence_alone() {
             let model = Model::load_with_backend(&dir, opts, backend.clone()).unwrap();
             let vocab = model.info().vocab_size as u32;
             let label = format!(
-                "{name} {} {kv:?} {sessions} sessions{}{}{}{}",
+                "{name} {} {kv:?} {sessions} sessions{}{}{}{}{}",
                 dir.file_name().unwrap().to_string_lossy(),
                 if batched { "" } else { " (one launch off)" },
                 if fused { "" } else { " (generic ops)" },
@@ -1835,8 +1849,10 @@ fn gpu_batched_steps_match_each_sequence_alone() {
                     " (norms staging rows, sums norming, routers routing)"
                 } else {
                     ""
-                }
+                },
+                if h16 { " (NVFP4 linears on gemm_h16_t32)" } else { "" }
             );
+            let h16_before = backend.few_h16_linears();
             let mut ss: Vec<_> = (0..sessions)
                 .map(|i| {
                     let mut s = model.new_session().unwrap();
@@ -1900,6 +1916,14 @@ fn gpu_batched_steps_match_each_sequence_alone() {
                 "{label}: batched vs alone max {d:.2e} of the logit range, {over} of {} over 1e-4",
                 diffs.len()
             );
+            // (the widened lean checkpoints' attention is NVFP4 with K % 64 == 0)
+            let lean = dir.file_name().is_some_and(|n| n.to_string_lossy().contains("lean"));
+            if h16 && lean && name.starts_with("wide") && backend.h16_gemm_runs() {
+                assert!(
+                    backend.few_h16_linears() > h16_before,
+                    "{label}: no linear on gemm_h16_t32"
+                );
+            }
             // Summation order alone moves a logit by ~1e-6 of the range; where it moves a
             // random router's score across a near-tie, another expert is picked for that token
             // and layer (measured up to ~1e-3 of the range, also between the per-sequence ops
@@ -1913,6 +1937,7 @@ fn gpu_batched_steps_match_each_sequence_alone() {
     backend.set_options(CudaOptions {
         batched_attention: true,
         fused_batch: true,
+        h16_few_min: 0,
         norm_stage: CudaOptions::default().norm_stage,
         few_moe_min_tokens: CudaOptions::default().few_moe_min_tokens,
         ..backend.options()

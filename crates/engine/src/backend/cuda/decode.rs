@@ -231,6 +231,12 @@ impl CudaBackend {
         self.inner.wide_linears.load(Ordering::Relaxed)
     }
 
+    /// Linears of a few tokens that ran on `gemm_h16_t32` (`CudaOptions::h16_few_min`) on this
+    /// backend (and its clones) so far.
+    pub fn few_h16_linears(&self) -> usize {
+        self.inner.few_h16_linears.load(Ordering::Relaxed)
+    }
+
     /// Inputs of batched steps' few-items-per-tile experts staged by the kernel that produced
     /// them (`CudaOptions::moe_staged`: the MoE's input by its norm, one a layer; the shared
     /// expert's down projection's by its SiLU product, one a layer with a shared expert) on this

@@ -47,8 +47,8 @@ use kv_pool::{KvBlock, KvPool, KV_BLOCK};
 pub use ops::attention::{CudaKvLayer, CudaRope};
 pub use ops::moe::{CudaExperts, CudaRouting, ExpertArena};
 use ops::prefill::{
-    EXPERTS_H16_ITEMS, EXPERTS_H16_SMEM, GEMM_H16_ROWS, GEMM_H16_SMEM, GEMM_H16_TOKENS,
-    GEMM_MMA_ROWS, GEMM_MMA_TOKENS,
+    EXPERTS_H16_ITEMS, EXPERTS_H16_SMEM, GEMM_H16_FEW_TOKENS, GEMM_H16_ROWS, GEMM_H16_SMEM,
+    GEMM_H16_TOKENS, GEMM_MMA_ROWS, GEMM_MMA_TOKENS,
 };
 use ops::{attention::*, gemv::*, moe::*, DevPtr, Funcs};
 pub use options::CudaOptions;
@@ -130,6 +130,8 @@ pub(crate) struct Inner {
     deep_linears: std::sync::atomic::AtomicUsize,
     /// `gemv_mt` launches on `gemv_mt_wide` so far.
     wide_linears: std::sync::atomic::AtomicUsize,
+    /// `gemm_h16` launches on `gemm_h16_t32` (a few tokens) so far.
+    few_h16_linears: std::sync::atomic::AtomicUsize,
     /// Inputs of the few-items-per-tile experts staged by the kernel that produced them so far
     /// (the routed experts' by the norm, the shared expert's down projection's by
     /// `silu_mul_stage`).
@@ -220,6 +222,7 @@ impl CudaBackend {
             && [
                 (&f.prefill.gemm_h16[0], GEMM_H16_SMEM),
                 (&f.prefill.gemm_h16[1], GEMM_H16_SMEM),
+                (&f.prefill.gemm_h16[2], GEMM_H16_SMEM),
                 (&f.moe.experts_gate_up_h16[0], EXPERTS_H16_SMEM),
                 (&f.moe.experts_down_h16[0], EXPERTS_H16_SMEM),
             ]
@@ -256,6 +259,7 @@ impl CudaBackend {
                 shared_in_router: std::sync::atomic::AtomicUsize::new(0),
                 deep_linears: std::sync::atomic::AtomicUsize::new(0),
                 wide_linears: std::sync::atomic::AtomicUsize::new(0),
+                few_h16_linears: std::sync::atomic::AtomicUsize::new(0),
                 moe_inputs_staged: std::sync::atomic::AtomicUsize::new(0),
                 grouped_in_router: std::sync::atomic::AtomicUsize::new(0),
                 batched_attention_rows: std::sync::atomic::AtomicUsize::new(0),
@@ -366,6 +370,12 @@ impl CudaBackend {
         } else {
             Err(self.err(what()))
         }
+    }
+
+    /// Whether `gemm_h16` (and the grouped experts on its core) can run on this device: tensor
+    /// cores and their shared memory (sm_90).
+    pub fn h16_gemm_runs(&self) -> bool {
+        self.inner.h16_gemm
     }
 
     /// The device's streaming multiprocessors (what the launch geometries fill).

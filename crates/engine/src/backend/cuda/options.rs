@@ -44,6 +44,7 @@
 //! | `FP4FORGE_CUDA_MT_DEEP` | `mt_deep` | `0`: NVFP4 `gemv_mt` launches of at most one block a SM (a few rows' o projection) on `gemv_mt_nv4` / `gemv_mt_nv`, not on `gemv_mt_nv4_deep` / `gemv_mt_nv_deep` (each warp's whole run of chunks in flight and the tokens' B fetched 3 chunks ahead, one block a SM; the same bits) | on (H100, 2026-12-06, two rounds: 1.3% faster at 2 rows, 0.7–0.9% at 4, neutral at 8 and 32) |
 //! | `FP4FORGE_CUDA_MT_DEEP_ALL` | `mt_deep_all` | `1`: NVFP4 `gemv_mt` launches of any grid on the deep variants (with `mt_deep`), e.g. a 32-row step's q/k/v and o at one block a SM, each warp's whole run of chunks in flight | off (not yet measured) |
 //! | `FP4FORGE_CUDA_MT_WIDE` | `mt_wide_min_tokens` | `N`: NVFP4 `gemv_mt` launches of N or more tokens (at least 5: up to 4, `gemv_mt_nv4` and the mixed launch stay) on `gemv_mt_wide` (blocks of 128 rows over a run of at most 4 chunks, the run's B for all the step's tokens copied once into shared memory, each decoded weight fragment feeding up to 32 tokens; K split over blocks, the last block of each row block adding the splits in order); `0`: never | off (H100, 2026-12-06, two rounds: 0.3–7.3% slower at 6–32 rows; its 32-bit B addresses since not yet measured) |
+//! | `FP4FORGE_CUDA_H16_FEW` | `h16_few_min` | `N`: NVFP4 linears of N to 32 tokens (a batched decode step's q/k/v and o) on `gemm_h16`'s tiles of 32 tokens (`gemm_h16_t32`: each weight fragment decoded once for all the step's tokens, weights and x copied through shared memory three K steps ahead, K split over blocks and summed by `gemm_splitk_reduce`), not on `gemv_mt` (8 tokens a grid row); `0`: never | off (not yet measured) |
 //! | `FP4FORGE_CUDA_MT_INTERLEAVE` | `mt_interleave` | `0`: `gemv_mt` grids of several grid rows (more tokens than a grid row holds) launch each grid row's blocks one after another, not each block of weight rows' grid rows side by side (the weights then come from DRAM once and the other grid rows read them in L2; a 32-row step's lm_head is 411 MB of bf16 in four grid rows); the same bits | on (H100, 2026-12-06, two rounds: 2.8% faster at 32 rows, 1.8% at 16, neutral at 8) |
 //! | `FP4FORGE_CUDA_MT_FILL` | `mt_blocks_per_sm` | blocks a SM that `gemv_mt`'s K split aims its grid at (`mma_split`: warps per tile doubled while the grid is below this many blocks a SM and each warp keeps 2+ chunks; `gemv_mt_nv4` holds 3) | 1 (H100, 2026-12-06, two rounds: 3 was 2–3% slower at 8 and 32 rows, within 0.5% at 2 and 4) |
 //! | `FP4FORGE_CUDA_MT_KS` | `mt_k_split` | `1`, `2`, `4`, `8`: fixed K split (warps per tile) of `gemv_mt` | per shape (`mma_split`) |
@@ -161,6 +162,9 @@ pub struct CudaOptions {
     /// `FP4FORGE_CUDA_MT_INTERLEAVE`: `gemv_mt` blocks take one block of weight rows' grid rows
     /// side by side.
     pub mt_interleave: bool,
+    /// `FP4FORGE_CUDA_H16_FEW`: fewest tokens (0: never) of an NVFP4 linear of at most
+    /// `GEMM_H16_FEW_TOKENS` on `gemm_h16_t32` instead of `gemv_mt`.
+    pub h16_few_min: usize,
     /// `FP4FORGE_CUDA_MT_WIDE`: fewest tokens (at least 5) of an NVFP4 `gemv_mt` launch on
     /// `gemv_mt_wide` (0: never).
     pub mt_wide_min_tokens: usize,
@@ -220,6 +224,7 @@ impl Default for CudaOptions {
             mt_deep_all: false,
             mt_blocks_per_sm: 1,
             mt_wide_min_tokens: 0,
+            h16_few_min: 0,
             mt_interleave: true,
             few_token_max: GEMV_MT_MAX_TOKENS,
             few_moe_min_tokens: FEW_MOE_MIN_TOKENS,
@@ -312,6 +317,7 @@ impl CudaOptions {
             few_token_max: num("FP4FORGE_CUDA_MT_TOKENS").unwrap_or(d.few_token_max),
             few_moe_min_tokens: num("FP4FORGE_CUDA_FEW_MOE").unwrap_or(d.few_moe_min_tokens),
             mt_wide_min_tokens: num("FP4FORGE_CUDA_MT_WIDE").unwrap_or(d.mt_wide_min_tokens),
+            h16_few_min: num("FP4FORGE_CUDA_H16_FEW").unwrap_or(d.h16_few_min),
             mt_interleave: on("FP4FORGE_CUDA_MT_INTERLEAVE"),
             ..d
         }
@@ -378,8 +384,10 @@ mod tests {
             ("FP4FORGE_CUDA_FEW_MOE", "x"),
             ("FP4FORGE_CUDA_MT_WIDE", "9"),
             ("FP4FORGE_CUDA_MT_INTERLEAVE", "0"),
+            ("FP4FORGE_CUDA_H16_FEW", "17"),
         ]);
         assert_eq!(o.mt_wide_min_tokens, 9);
+        assert_eq!(o.h16_few_min, 17);
         assert!(!o.mt_interleave);
         assert_eq!(o.few_token_max, 0);
         assert_eq!(o.few_moe_min_tokens, FEW_MOE_MIN_TOKENS);

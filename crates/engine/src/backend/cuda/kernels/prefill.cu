@@ -726,15 +726,15 @@ __device__ __forceinline__ void gh_each(const float acc[2][BN / 16][4], F f) {
 // and each NVFP4 W of `segs` (segment s: the row tiles of blocks [block0, next block0), its own
 // W (N x K, K % 64 == 0; codes 16-byte and scales 4-byte aligned), inv_g and y; `bias`, `resid`
 // and a K split: one segment only), x given as x_split_h16's parts `xh`. Grid (the segments'
-// row tiles of GH_BM, ceil(T / 128), splits), 256 threads, GH_STAGES * sizeof(GhStage<128>) bytes
-// of dynamic shared memory. With splits > 1, block z takes K chunks [z kc, (z + 1) kc) of 32 (kc
-// even) and writes its raw sums to part[z][t][o], which gemm_splitk_reduce (fmt 3, the same xds)
-// finishes.
-template <bool AHEAD>
+// row tiles of GH_BM, ceil(T / BN), splits), 256 threads, GH_STAGES * sizeof(GhStage<BN>) bytes
+// of dynamic shared memory (or more). With splits > 1, block z takes K chunks [z kc, (z + 1) kc)
+// of 32 (kc even) and writes its raw sums to part[z][t][o], which gemm_splitk_reduce (fmt 3, the
+// same xds) finishes. A token's sums do not depend on BN or on the tile's other tokens, only on
+// the K split.
+template <int BN, bool AHEAD>
 __device__ __forceinline__ void gemm_h16_impl(const Segs& segs, const u16* __restrict__ xh,
                                               const float* __restrict__ bias, const float* resid, int K, int T,
                                               int kc, float* __restrict__ part, const float* __restrict__ xds) {
-    constexpr int BN = 128;
     DYNAMIC_SMEM(u8, gh_smem);
     __shared__ int xrow[BN];
     int si = 0;
@@ -778,16 +778,19 @@ __device__ __forceinline__ void gemm_h16_impl(const Segs& segs, const u16* __res
     });
 }
 
-#define GEMM_H16_KERNEL(NAME, BLOCKS, AHEAD)                                                                  \
+#define GEMM_H16_KERNEL(NAME, BN, BLOCKS, AHEAD)                                                              \
     extern "C" __global__ void __launch_bounds__(256, BLOCKS)                                                 \
         NAME(Segs segs, const u16* __restrict__ xh, const float* __restrict__ bias, const float* resid, int K, \
              int T, int kc, float* __restrict__ part, const float* __restrict__ xds) {                        \
-        gemm_h16_impl<AHEAD>(segs, xh, bias, resid, K, T, kc, part, xds);                                     \
+        gemm_h16_impl<BN, AHEAD>(segs, xh, bias, resid, K, T, kc, part, xds);                                 \
     }
 // gemm_h16: two blocks a SM (128 registers); gemm_h16_b1: one block of more registers, each
-// chunk's B fragments loaded ahead (CudaOptions::h16_one_block)
-GEMM_H16_KERNEL(gemm_h16, 2, false)
-GEMM_H16_KERNEL(gemm_h16_b1, 1, true)
+// chunk's B fragments loaded ahead (CudaOptions::h16_one_block); gemm_h16_t32: tiles of 32
+// tokens, two blocks a SM (a batched decode step's 17-32 rows: CudaOptions::h16_few_min), each
+// weight fragment decoded once for the step's tokens
+GEMM_H16_KERNEL(gemm_h16, 128, 2, false)
+GEMM_H16_KERNEL(gemm_h16_b1, 128, 1, true)
+GEMM_H16_KERNEL(gemm_h16_t32, 32, 2, false)
 
 // y[t, o] = resid + bias + gscale * (part[0][t][o] + part[1][t][o] + ...) over `splits` split-K
 // partial sums of gemm_mma (weights of format `fmt`, 1 / global scale `inv_g`, `xds` as given to

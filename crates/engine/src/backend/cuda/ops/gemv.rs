@@ -99,6 +99,9 @@ pub(crate) fn gemm_k_splits(tiles: usize, chunks: usize, sms: usize) -> usize {
     splits
 }
 
+/// `gemm_h16_t32`'s place among `gemm_h16`'s variants.
+const H16_FEW_VARIANT: usize = 2;
+
 /// Fewest 32-wide K chunks per split of `gemm_mma` (the pipeline's ramp costs a few).
 pub(crate) const GEMM_SPLIT_MIN_CHUNKS: usize = 8;
 
@@ -954,17 +957,44 @@ impl CudaBackend {
     }
 
     /// Whether `t` tokens of `w` run on `gemm_h16`: where `gemm_mma` would take its f16 path
-    /// (NVFP4, tensor cores) for more than one tile of its tokens, with K % 64 == 0, the codes
-    /// 16-byte and the scales 4-byte aligned (its `cp.async` copies), the device able
-    /// (`Inner::h16_gemm`) and `CudaOptions::h16_gemm` on.
+    /// (NVFP4, tensor cores) for more than one tile of its tokens (or
+    /// [`h16_few`](Self::h16_few)), where [`gemm_h16_able`](Self::gemm_h16_able).
     fn gemm_h16_takes(&self, w: &CudaLinear, t: usize) -> bool {
+        (t > GEMM_MMA_TOKENS as usize || self.h16_few(w, t))
+            && self.gemm_h16_able(w)
+            && self.gemm_mma_f16_applies(w, t)
+    }
+
+    /// Whether `gemm_h16` can take `w` at all: K % 64 == 0, the codes 16-byte and the scales
+    /// 4-byte aligned (its `cp.async` copies), the device able (`Inner::h16_gemm`) and
+    /// `CudaOptions::h16_gemm` on.
+    fn gemm_h16_able(&self, w: &CudaLinear) -> bool {
         self.inner.h16_gemm
             && self.opts().h16_gemm
-            && t > GEMM_MMA_TOKENS as usize
             && w.cols.is_multiple_of(64)
             && self.ptr(&w.data).aligned(16)
             && w.scales_ptr(self).aligned(4)
-            && self.gemm_mma_f16_applies(w, t)
+    }
+
+    /// Whether `t` tokens of `w` go to `gemm_h16_t32` instead of `gemv_mt`: NVFP4, `t` from
+    /// `CudaOptions::h16_few_min` (at least 2; 0: never) to [`GEMM_H16_FEW_TOKENS`].
+    fn h16_few(&self, w: &CudaLinear, t: usize) -> bool {
+        let min = self.opts().h16_few_min;
+        w.fmt == 3 && min > 0 && t >= min.max(2) && t <= GEMM_H16_FEW_TOKENS as usize
+    }
+
+    /// `gemm_h16`'s variant and tokens a tile for `t` tokens of `w`: `gemm_h16_t32` where
+    /// [`h16_few`](Self::h16_few), else `gemm_h16` (or `gemm_h16_b1`,
+    /// `CudaOptions::h16_one_block`).
+    fn h16_variant(&self, w: &CudaLinear, t: usize) -> (usize, usize) {
+        if self.h16_few(w, t) {
+            (H16_FEW_VARIANT, GEMM_H16_FEW_TOKENS as usize)
+        } else {
+            (
+                usize::from(self.opts().h16_one_block),
+                GEMM_H16_TOKENS as usize,
+            )
+        }
     }
 
     /// `gemv_raw` on `gemm_h16` (where [`gemm_h16_takes`](Self::gemm_h16_takes)): x split into
@@ -984,7 +1014,8 @@ impl CudaBackend {
         let xds = own_xds.as_ref().map_or(g.xds, |d| self.ptr(d));
         let xh = own_xh.as_ref().map_or(g.xh, |d| self.ptr(d));
         let (segs, row_tiles) = Segs::of(self, &[(w, g.y)], |_| GEMM_H16_ROWS as usize);
-        let token_tiles = (t as u32).div_ceil(GEMM_H16_TOKENS);
+        let (variant, tile) = self.h16_variant(w, t);
+        let token_tiles = t.div_ceil(tile) as u32;
         let chunks = k / 32;
         let splits = gemm_k_splits((row_tiles * token_tiles) as usize, chunks, self.inner.sms);
         let kc = chunks.div_ceil(splits).next_multiple_of(2);
@@ -1007,10 +1038,15 @@ impl CudaBackend {
         }
         .launch(
             self,
-            usize::from(self.opts().h16_one_block),
+            variant,
             (row_tiles, token_tiles, splits as u32),
             (256, 1, 1),
         )?;
+        if variant == H16_FEW_VARIANT {
+            self.inner
+                .few_h16_linears
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         match &part {
             Some(part) => self.gemm_splitk_reduce(w, g, self.ptr(part), splits, xds),
             None => Ok(()),
@@ -1042,7 +1078,12 @@ impl CudaBackend {
                 .iter()
                 .map(|&i| ws[i].0.rows.div_ceil(GEMM_H16_ROWS as usize))
                 .sum();
-            let tiles = row_tiles * t.div_ceil(GEMM_H16_TOKENS as usize);
+            let (variant, tile) = merged
+                .first()
+                .map_or((0, GEMM_H16_TOKENS as usize), |&i| {
+                    self.h16_variant(ws[i].0, t)
+                });
+            let tiles = row_tiles * t.div_ceil(tile);
             if self.opts().h16_merged
                 && merged.len() >= 2
                 && gemm_k_splits(tiles, k / 32, self.inner.sms) == 1
@@ -1067,10 +1108,15 @@ impl CudaBackend {
                 }
                 .launch(
                     self,
-                    usize::from(self.opts().h16_one_block),
-                    (row_tiles, t.div_ceil(GEMM_H16_TOKENS as usize) as u32, 1),
+                    variant,
+                    (row_tiles, t.div_ceil(tile) as u32, 1),
                     (256, 1, 1),
                 )?;
+                if variant == H16_FEW_VARIANT {
+                    self.inner
+                        .few_h16_linears
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
             }
         }
         ws.iter()
@@ -1238,6 +1284,7 @@ impl CudaBackend {
             && ((w.fmt == 3 && self.inner.mma) || (w.fmt == 2 && self.inner.sm80))
             && w.cols.is_multiple_of(MMA_CHUNK)
             && w.cols <= NV_MAX_K
+            && !(self.h16_few(w, t) && self.gemm_h16_able(w))
     }
 
     /// `y_i = resid + x · W_iᵀ + bias` for `t` tokens and each `(W_i, y_i)` of `parts` (at most

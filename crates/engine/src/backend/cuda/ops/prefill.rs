@@ -36,8 +36,9 @@ kernels! {
     /// rows' scales: [`GEMM_H16_ROWS`] × [`GEMM_H16_TOKENS`] tiles (grid x: the segments' row
     /// tiles), 256 threads, [`GEMM_H16_SMEM`] bytes of dynamic shared memory; grid z: K split in
     /// runs of `kc` (even) 32-wide chunks into `part`, as `gemm_mma`. `gemm_h16_b1`: one block a
-    /// SM with more registers (`CudaOptions::h16_one_block`).
-    gemm_h16 ["gemm_h16", "gemm_h16_b1"] shared GEMM_H16_SMEM => GemmH16Args {
+    /// SM with more registers (`CudaOptions::h16_one_block`); `gemm_h16_t32`: tiles of
+    /// [`GEMM_H16_FEW_TOKENS`] tokens (a batched decode step's rows: `CudaOptions::h16_few_min`).
+    gemm_h16 ["gemm_h16", "gemm_h16_b1", "gemm_h16_t32"] shared GEMM_H16_SMEM => GemmH16Args {
         segs: Segs, xh: DevPtr<u16>, bias: DevPtr<f32>, resid: DevPtr<f32>, k: i32, t: i32,
         kc: i32, part: DevPtr<f32>, xds: DevPtr<f32>,
     }
@@ -71,6 +72,9 @@ pub(crate) const GEMM_H16_ROWS: u32 = 128;
 
 /// Tokens of one `gemm_h16` block (`GH_BN`).
 pub(crate) const GEMM_H16_TOKENS: u32 = 128;
+
+/// Tokens of one `gemm_h16_t32` block.
+pub(crate) const GEMM_H16_FEW_TOKENS: u32 = 32;
 
 /// K steps of `gemm_h16` in flight (`GH_STAGES`).
 pub(crate) const GEMM_H16_STAGES: u32 = 3;
