@@ -1468,7 +1468,8 @@ struct Knobs {
     moe_staged: bool,
     item_staged: bool,
     few: bool,
-    /// The few-items-per-tile experts' grid rows: the tiles bound / this (0: the default).
+    /// The few-items-per-tile experts' grid rows: the tiles bound / this (0 as 1: one tile a
+    /// block, no block looping).
     few_grid: usize,
 }
 
@@ -1553,11 +1554,7 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                     item_staged,
                     l2_prefetch_rows: usize::from(l2_prefetch),
                     few_moe_min_tokens: if few { 2 } else { defaults.few_moe_min_tokens },
-                    few_grid_divisor: if few_grid > 0 {
-                        few_grid
-                    } else {
-                        defaults.few_grid_divisor
-                    },
+                    few_grid_divisor: few_grid.max(1),
                     ..defaults.clone()
                 });
                 let counts = |b: &CudaBackend| {
@@ -1850,7 +1847,11 @@ fn gpu_batched_steps_match_each_sequence_alone() {
                 } else {
                     ""
                 },
-                if h16 { " (NVFP4 linears on gemm_h16_t32)" } else { "" }
+                if h16 {
+                    " (NVFP4 linears on gemm_h16_t32)"
+                } else {
+                    ""
+                }
             );
             let h16_before = backend.few_h16_linears();
             let mut ss: Vec<_> = (0..sessions)
@@ -1917,7 +1918,9 @@ fn gpu_batched_steps_match_each_sequence_alone() {
                 diffs.len()
             );
             // (the widened lean checkpoints' attention is NVFP4 with K % 64 == 0)
-            let lean = dir.file_name().is_some_and(|n| n.to_string_lossy().contains("lean"));
+            let lean = dir
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().contains("lean"));
             if h16 && lean && name.starts_with("wide") && backend.h16_gemm_runs() {
                 assert!(
                     backend.few_h16_linears() > h16_before,

@@ -35,7 +35,7 @@
 //! | `FP4FORGE_CUDA_MT_MIXED` | `mt_mixed` | `0`: a batched step of up to 4 rows runs one input's NVFP4 and bf16 linears (q/k/v and the attention's gate) one launch per format, not in one `gemv_mt_mixed4` launch | on (H100, 2026-12-06, three rounds: 2.0–3.7% faster at 2–4 rows, neutral at 8 and 32) |
 //! | `FP4FORGE_CUDA_MT_MIXED8` | `mt_mixed8` | `0`: a batched step of 5 to 32 rows runs one input's NVFP4 and bf16 linears (q/k/v and the attention's gate) one launch per format, not in one `gemv_mt_mixed8` launch (the bf16 blocks first; with `mt_mixed`) | on (H100, 2026-12-06, two rounds: 2.9% faster at 8 rows, 1.7% at 16, 1.0% at 32) |
 //! | `FP4FORGE_CUDA_ROUTER_SHARED` | `router_shared` | `0`: in a batched decode step whose routed experts run a few items per tile (32+ rows), the router and the shared expert's gate/up (bf16, the same staged input) run in two `gemv_mt` launches, not one | on (H100, 2026-12-06, two rounds: 0.6–0.7% faster at 32 rows, the only rows where it applies) |
-//! | `FP4FORGE_CUDA_FEW_GRID` | `few_grid_divisor` | `N`: the few-items-per-tile experts' launches (`experts_gate_up_mt`, `experts_down_mt`) take the tiles bound / N grid rows, each block looping over its tiles (the bound is about twice a 32-row step's tile count: with 1 the blocks past the count, about half of them, only read it and exit); the same bits | 1 (not yet measured) |
+//! | `FP4FORGE_CUDA_FEW_GRID` | `few_grid_divisor` | `N`: the few-items-per-tile experts' launches (`experts_gate_up_mt`, `experts_down_mt`) take the tiles bound / N grid rows, each block looping over its tiles (the bound is about twice a 32-row step's tile count: with 1 the blocks past the count, about half of them, only read it and exit); the same bits | `FEW_GRID_DIVISOR` = 2 (H100, 2026-12-06, call S: a 32-row step 8.2% faster than with 1) |
 //! | `FP4FORGE_CUDA_MOE_STAGED` | `moe_staged` | `0`: in a batched decode step whose routed experts run a few items per tile (`experts_grouped_few`), the MoE's input and the shared expert's SiLU product are staged by `xb_stage` launches, not by the kernels that produce them (the MoE's input norm staging its rows for the experts and the shared expert's gate/up: two launches a layer fewer, with `norm_stage`; `silu_mul_stage` staging the SiLU product for the down projection: one fewer) | on (H100, 2026-12-06, three rounds: 2.8–3.5% faster at 32 rows, neutral at 2–8) |
 //! | `FP4FORGE_CUDA_ITEM_STAGED` | `item_staged` | `1`: in a batched decode step whose routed experts run one grid row per item (`experts_gate_up2`, below `FEW_MOE_MIN_TOKENS` rows), the MoE's input norm also stages its rows for NVFP4 and the items' tensor-core path reads them there, not each block staging its token's row into shared memory (the same bits; with `norm_stage`) | off (not yet measured) |
 //! | `FP4FORGE_CUDA_DOWN_B4` | `down_four_blocks` | `1`: the per-item experts' down projection (batched steps below `FEW_MOE_MIN_TOKENS` rows) at four blocks a SM (`experts_down2_b4`: at most 128 registers) | off |
@@ -44,7 +44,7 @@
 //! | `FP4FORGE_CUDA_MT_DEEP` | `mt_deep` | `0`: NVFP4 `gemv_mt` launches of at most one block a SM (a few rows' o projection) on `gemv_mt_nv4` / `gemv_mt_nv`, not on `gemv_mt_nv4_deep` / `gemv_mt_nv_deep` (each warp's whole run of chunks in flight and the tokens' B fetched 3 chunks ahead, one block a SM; the same bits) | on (H100, 2026-12-06, two rounds: 1.3% faster at 2 rows, 0.7–0.9% at 4, neutral at 8 and 32) |
 //! | `FP4FORGE_CUDA_MT_DEEP_ALL` | `mt_deep_all` | `1`: NVFP4 `gemv_mt` launches of any grid on the deep variants (with `mt_deep`), e.g. a 32-row step's q/k/v and o at one block a SM, each warp's whole run of chunks in flight | off (not yet measured) |
 //! | `FP4FORGE_CUDA_MT_WIDE` | `mt_wide_min_tokens` | `N`: NVFP4 `gemv_mt` launches of N or more tokens (at least 5: up to 4, `gemv_mt_nv4` and the mixed launch stay) on `gemv_mt_wide` (blocks of 128 rows over a run of at most 4 chunks, the run's B for all the step's tokens copied once into shared memory, each decoded weight fragment feeding up to 32 tokens; K split over blocks, the last block of each row block adding the splits in order); `0`: never | off (H100, 2026-12-06, two rounds: 0.3–7.3% slower at 6–32 rows; its 32-bit B addresses since not yet measured) |
-//! | `FP4FORGE_CUDA_H16_FEW` | `h16_few_min` | `N`: NVFP4 linears of N to 32 tokens (a batched decode step's q/k/v and o) on `gemm_h16`'s tiles of 32 tokens (`gemm_h16_t32`: each weight fragment decoded once for all the step's tokens, weights and x copied through shared memory three K steps ahead, K split over blocks and summed by `gemm_splitk_reduce`), not on `gemv_mt` (8 tokens a grid row); `0`: never | off (not yet measured) |
+//! | `FP4FORGE_CUDA_H16_FEW` | `h16_few_min` | `N`: NVFP4 linears of N to 32 tokens (a batched decode step's q/k/v and o) on `gemm_h16`'s tiles of 32 tokens (`gemm_h16_t32`: each weight fragment decoded once for all the step's tokens, weights and x copied through shared memory three K steps ahead, K split over blocks and summed by `gemm_splitk_reduce`), not on `gemv_mt` (8 tokens a grid row); `0`: never | off (H100, 2026-12-06, call S, `N` = 9: 10% slower at 16 rows, 2.2% at 32; at 32 rows `gemm_h16_t32` took 2.14 ms a step against `gemv_mt_nv`'s ~3.2, but `x_split_h16`, 4 blocks for 32 rows, 0.98 ms and the K splits' sums 0.60) |
 //! | `FP4FORGE_CUDA_MT_INTERLEAVE` | `mt_interleave` | `0`: `gemv_mt` grids of several grid rows (more tokens than a grid row holds) launch each grid row's blocks one after another, not each block of weight rows' grid rows side by side (the weights then come from DRAM once and the other grid rows read them in L2; a 32-row step's lm_head is 411 MB of bf16 in four grid rows); the same bits | on (H100, 2026-12-06, two rounds: 2.8% faster at 32 rows, 1.8% at 16, neutral at 8) |
 //! | `FP4FORGE_CUDA_MT_FILL` | `mt_blocks_per_sm` | blocks a SM that `gemv_mt`'s K split aims its grid at (`mma_split`: warps per tile doubled while the grid is below this many blocks a SM and each warp keeps 2+ chunks; `gemv_mt_nv4` holds 3) | 1 (H100, 2026-12-06, two rounds: 3 was 2–3% slower at 8 and 32 rows, within 0.5% at 2 and 4) |
 //! | `FP4FORGE_CUDA_MT_KS` | `mt_k_split` | `1`, `2`, `4`, `8`: fixed K split (warps per tile) of `gemv_mt` | per shape (`mma_split`) |
@@ -58,7 +58,7 @@ use std::path::PathBuf;
 
 use super::ops::attention::{ATTN_SHORT_KEYS, ATTN_SPLIT_BLOCKS_PER_SM, ATTN_SPLIT_MIN_KEYS};
 use super::ops::gemv::{GEMV_MT_MAX_TOKENS, NV_BLOCKS_PER_SM};
-use super::ops::moe::{FEW_MOE_MIN_TOKENS, L2_PREFETCH_MIN_ROWS};
+use super::ops::moe::{FEW_GRID_DIVISOR, FEW_MOE_MIN_TOKENS, L2_PREFETCH_MIN_ROWS};
 
 /// The CUDA backend's knobs (see the module's table for the `FP4FORGE_*` variable of each).
 /// `kernels_source`, `pdl` and `mma` take effect when a backend opens
@@ -205,7 +205,7 @@ impl Default for CudaOptions {
             mt_mixed: true,
             mt_mixed8: true,
             router_shared: true,
-            few_grid_divisor: 1,
+            few_grid_divisor: FEW_GRID_DIVISOR,
             moe_staged: true,
             item_staged: false,
             down_four_blocks: false,
@@ -364,7 +364,7 @@ mod tests {
             ("FP4FORGE_CUDA_MT_MIXED", "0"),
             ("FP4FORGE_CUDA_MT_MIXED8", "0"),
             ("FP4FORGE_CUDA_ROUTER_SHARED", "0"),
-            ("FP4FORGE_CUDA_FEW_GRID", "2"),
+            ("FP4FORGE_CUDA_FEW_GRID", "3"),
             ("FP4FORGE_CUDA_MOE_STAGED", "1"),
             ("FP4FORGE_CUDA_ITEM_STAGED", "1"),
             ("FP4FORGE_CUDA_DOWN_B4", "1"),
@@ -403,7 +403,7 @@ mod tests {
         assert_eq!(o.mt_k_split, Some(8));
         assert!(!o.mt_deep && o.mt_deep_all);
         assert_eq!(o.mt_blocks_per_sm, 3);
-        assert_eq!(o.few_grid_divisor, 2);
+        assert_eq!(o.few_grid_divisor, 3);
         assert_eq!(o.kernels_source, Some(PathBuf::from("/tmp/k.cu")));
         let o = with(&[
             ("FP4FORGE_NV_MINB", "5"),

@@ -1078,11 +1078,9 @@ impl CudaBackend {
                 .iter()
                 .map(|&i| ws[i].0.rows.div_ceil(GEMM_H16_ROWS as usize))
                 .sum();
-            let (variant, tile) = merged
-                .first()
-                .map_or((0, GEMM_H16_TOKENS as usize), |&i| {
-                    self.h16_variant(ws[i].0, t)
-                });
+            let (variant, tile) = merged.first().map_or((0, GEMM_H16_TOKENS as usize), |&i| {
+                self.h16_variant(ws[i].0, t)
+            });
             let tiles = row_tiles * t.div_ceil(tile);
             if self.opts().h16_merged
                 && merged.len() >= 2

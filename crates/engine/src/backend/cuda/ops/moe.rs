@@ -148,6 +148,13 @@ const FEW_ITEMS_PER_EXPERT: usize = 4;
 /// 64 rows 23.66 / 32.89.
 pub(crate) const FEW_MOE_MIN_TOKENS: usize = 32;
 
+/// The divisor of the few-items-per-tile experts' grid rows (`experts_gate_up_mt`,
+/// `experts_down_mt`: the tiles bound / this, each block looping over its tiles), unless
+/// overridden (`CudaOptions::few_grid_divisor`). The H100, lean Laguna-XS, 2026-12-06 (call S,
+/// one round): a 32-row step 13.34 ms with 1 (about half the blocks past the tile count), 12.24
+/// with 2.
+pub(crate) const FEW_GRID_DIVISOR: usize = 2;
+
 /// Fewest rows of a batched step that prefetches its weights into L2
 /// (`CudaOptions::l2_prefetch_rows`). The H100, lean Laguna-XS, 2026-12-05 (`batch_decode_speed`,
 /// ms per step, three rounds, with and without): 32 rows 14.46 / 14.83, but 2, 4 and 8 rows
