@@ -997,6 +997,16 @@ impl CudaBackend {
         }
     }
 
+    /// Counts a launch of `gemm_h16`'s `variant` if it is `gemm_h16_t32`
+    /// ([`few_h16_linears`](Self::few_h16_linears)).
+    fn count_h16_few(&self, variant: usize) {
+        if variant == H16_FEW_VARIANT {
+            self.inner
+                .few_h16_linears
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
     /// `gemv_raw` on `gemm_h16` (where [`gemm_h16_takes`](Self::gemm_h16_takes)): x split into
     /// its f16 parts once (`x_split_h16`), then the GEMM, K split as `gemm_mma` splits it (in
     /// even runs of 32-wide chunks: its steps are 64 wide).
@@ -1042,11 +1052,7 @@ impl CudaBackend {
             (row_tiles, token_tiles, splits as u32),
             (256, 1, 1),
         )?;
-        if variant == H16_FEW_VARIANT {
-            self.inner
-                .few_h16_linears
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
+        self.count_h16_few(variant);
         match &part {
             Some(part) => self.gemm_splitk_reduce(w, g, self.ptr(part), splits, xds),
             None => Ok(()),
@@ -1110,11 +1116,7 @@ impl CudaBackend {
                     (row_tiles, t.div_ceil(tile) as u32, 1),
                     (256, 1, 1),
                 )?;
-                if variant == H16_FEW_VARIANT {
-                    self.inner
-                        .few_h16_linears
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
+                self.count_h16_few(variant);
             }
         }
         ws.iter()
