@@ -1483,9 +1483,10 @@ struct Knobs {
 /// 4 rows, and past 4 with `FP4FORGE_CUDA_MT_MIXED8`), and the few-items-per-tile experts taking
 /// their input as the norm staged it (`FP4FORGE_CUDA_MOE_STAGED`, counted), their items grouped
 /// by expert in the router's top-k tail (counted) and their shared expert's gate and up run in
-/// the router's launch (`FP4FORGE_CUDA_ROUTER_SHARED`, counted) and their launches over a third
-/// of the tiles bound's grid rows (`FP4FORGE_CUDA_FEW_GRID`: blocks looping over tiles; all
-/// against those experts without, as they run from 2 rows here), and the per-item experts
+/// the router's launch (`FP4FORGE_CUDA_ROUTER_SHARED`, counted) and their launches over half
+/// and a third of the tiles bound's grid rows (`FP4FORGE_CUDA_FEW_GRID`: blocks looping over
+/// tiles, against one tile a block; all against those experts without, as they run from 2 rows
+/// here), and the per-item experts
 /// reading their input as the norm staged it (`FP4FORGE_CUDA_ITEM_STAGED`, counted), on the
 /// fused batched step of 5 and of 3 rows (mt_mixed8, router_shared, moe_staged and few_grid
 /// also of 12: two grid rows of `gemv_mt`), at widths that norm on a warp (256), on
@@ -1743,6 +1744,10 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                             ..few
                         },
                         "moe_staged, router_shared and mt_mixed8",
+                    ),
+                    (
+                        Knobs { few_grid: 2, ..few },
+                        "half the tiles bound's grid rows (the default)",
                     ),
                     (
                         Knobs { few_grid: 3, ..few },
