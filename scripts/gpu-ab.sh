@@ -19,7 +19,8 @@
 # has 10 minutes). Default: `builtin FP4FORGE_CUDA_H16_GEMM=0`.
 # Environment: XS (default /dev/shm/xs-lean: written by `synth --preset xs --stock-nvfp4` +
 # `quantize` when missing, ~80 s, 21.7 + 20 GB), ROUNDS (2), DECODE_BATCHES (default "1 4 32";
-# empty: no decode steps), NCU (default 1; 0: no per-kernel times), FP4FORGE_KERNEL_CACHE
+# empty: no decode steps), DECODE_ARGS (more flags of every batch_decode_speed run, e.g. "--prompt
+# 128 --top-k 20": the serve's contexts and sampler; default none), NCU (default 1; 0: no per-kernel times), FP4FORGE_KERNEL_CACHE
 # (default /dev/shm/fp4forge-kernels: each variant compiles once, ~80 s), NCU_BATCHES (e.g. "1 4":
 # also each listed batch's decode step per kernel under ncu, first variant: the NCU_STEPS
 # (default 2) steps after a warm-up that `batch_decode_speed --profile` runs inside the profiler's
@@ -130,8 +131,8 @@ step_ms() {
     local log
     [ ${#batches[@]} -gt 0 ] || return 0
     measures "$1" decode || { printf -- '- %.0s' "${batches[@]}"; return 0; }
-    # shellcheck disable=SC2046
-    if ! log=$(env $(settings "$1") "$(bin_of "$1")/batch_decode_speed" "$xs" --device cuda 64 "${batches[@]}" 2>&1); then
+    # shellcheck disable=SC2046,SC2086
+    if ! log=$(env $(settings "$1") "$(bin_of "$1")/batch_decode_speed" "$xs" --device cuda ${DECODE_ARGS:-} 64 "${batches[@]}" 2>&1); then
         echo "== $1 decode: $log" >> "$out/failed.log"
         printf 'failed %.0s' "${batches[@]}"
         return 0
@@ -244,10 +245,10 @@ fi
 # Only the steps that batch_decode_speed runs inside the profiler's capture range are profiled.
 steps=${NCU_STEPS:-2}
 for b in ${NCU_BATCHES:-}; do
-    # shellcheck disable=SC2046
+    # shellcheck disable=SC2046,SC2086
     env $(settings "${variants[0]}") "$ncu" --cache-control none --clock-control none --profile-from-start off \
         --metrics gpu__time_duration.sum --csv "$(bin_of "${variants[0]}")/batch_decode_speed" "$xs" --device cuda \
-        --profile "$steps" "$steps" "$b" > "$out/ncu-b$b.csv" 2> "$out/ncu-b$b.log" || true
+        ${DECODE_ARGS:-} --profile "$steps" "$steps" "$b" > "$out/ncu-b$b.csv" 2> "$out/ncu-b$b.log" || true
     say "kernels of $(basename "${variants[0]}") (ncu: a decode step of $b rows, mean of $steps, kernels alone and serialized)"
     ncu_table "$out/ncu-b$b.csv" steps "$steps" | tee -a "$report" || say "(no table: see $out/ncu-b$b.log)"
     # NCU_DETAIL: the named kernels' launches of one captured decode step, in depth.
@@ -255,12 +256,12 @@ for b in ${NCU_BATCHES:-}; do
         count=$(ncu_table "$out/ncu-b$b.csv" launches "$k" "$steps" 2> /dev/null) ||
             { say "NCU_DETAIL $k, $b rows: no table in $out/ncu-b$b.csv"; continue; }
         [ "${count:-0}" -gt 0 ] || { say "NCU_DETAIL $k, $b rows: not launched in a step"; continue; }
-        # shellcheck disable=SC2046
+        # shellcheck disable=SC2046,SC2086
         env $(settings "${variants[0]}") "$ncu" --cache-control none --clock-control none --profile-from-start off \
             --section SpeedOfLight --section Occupancy --section LaunchStats \
             --section MemoryWorkloadAnalysis --section WarpStateStats \
             --kernel-name "regex:^$k\$" "$(bin_of "${variants[0]}")/batch_decode_speed" "$xs" --device cuda \
-            --profile 1 1 "$b" > "$out/ncu-b$b-$k.txt" 2>&1 || true
+            ${DECODE_ARGS:-} --profile 1 1 "$b" > "$out/ncu-b$b-$k.txt" 2>&1 || true
         say "$k, a decode step of $b rows ($count launches, ncu sections; whole output: ncu-b$b-$k.txt)"
         python3 - "$out/ncu-b$b-$k.txt" <<'PY' | tee -a "$report" || true
 import collections, re, sys
