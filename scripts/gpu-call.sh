@@ -16,8 +16,8 @@
 # it names), SERVE (default none: configurations for `fp4forge serve` + `fp4forge bench` after
 # the A/B, each `default` or NAME=VALUE settings joined by `,`, in turn through
 # benches/gpu_vs_llamacpp.sh without llama.cpp on the A/B's lean XS: 2,048-token prefill,
-# decode at 128 and 2,048 context, 1 / 4 / 16 / 32 streams, two repetitions; SERVE_LIMIT
-# seconds each, default 130; TOOLS: word_tokenizer.py's folder, default ../shared/tools).
+# decode at 128 and 2,048 context, 1 / 4 / 16 / 32 streams, two repetitions; SERVE_PROMPTS:
+# the prefills' prompt lengths instead, e.g. "2048 16384"; SERVE_LIMIT seconds each, default 130; TOOLS: word_tokenizer.py's folder, default ../shared/tools).
 # Results: OUTDIR/summary.txt (each step's exit status and time, the tests' result lines, the
 # A/B table, each served configuration's table), OUTDIR/tests.log, OUTDIR/xs.log,
 # OUTDIR/ab/ab.txt, OUTDIR/serve-NAME.{md,json,log}, OUTDIR/serve-NAME-metrics.txt (the server's
@@ -92,7 +92,7 @@ if [ ${#serve[@]} -gt 0 ]; then
         rm -f "$work/report.md" "$work/results.json" "$work/runs/xs/ff-metrics.txt"
         # shellcheck disable=SC2086
         env $settings FP4FORGE_BIN=target/gpu-ab/fp4forge TOOLS="$tools" WORK="$work" SKIP_LLAMA=1 REPS=2 \
-            PREFILL_DEPTH=0 PROMPTS=2048 DECODE_DEPTHS=2048 CONCURRENCY="1 4 16 32" \
+            PREFILL_DEPTH=0 PROMPTS="${SERVE_PROMPTS:-2048}" DECODE_DEPTHS=2048 CONCURRENCY="1 4 16 32" \
             timeout $((left < limit ? left : limit)) benches/gpu_vs_llamacpp.sh > "$out/serve-$name.log" 2>&1
         rc=$?
         say "serve $cfg: exit status $rc at $SECONDS s"
