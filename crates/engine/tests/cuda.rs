@@ -858,7 +858,10 @@ fn gpu_attention_matches_cpu_on_bf16_and_fp8_caches() {
 /// chunks: the rope, the attention and the append in one `attn_dec_batch` launch) gives what the
 /// CPU backend gives (1e-4, as above), step after step over the rows the batch appended: bf16 and
 /// fp8 caches (fp8 with k/v scales), head_dim 64 and 128, full and sliding (a 64-key ring that
-/// some sequences have wrapped and others not), sequences at 1 to 300 positions.
+/// some sequences have wrapped and others not), sequences at 1 to 300 positions. With
+/// `CudaOptions::attn_g8` (a kv head's whole group of query heads in one block) the outputs of
+/// head_dim 128 are the same bits as without (the same key splits), also at Laguna-XS's 6 and 8
+/// query heads per kv head (two blocks of at most 4 without it), and the `_g8` kernels ran.
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
 fn gpu_batched_decode_attention_matches_cpu_on_bf16_and_fp8_caches() {
@@ -873,6 +876,8 @@ fn gpu_batched_decode_attention_matches_cpu_on_bf16_and_fp8_caches() {
         ((6, 2, 128), None, fp8),
         ((6, 2, 128), Some(64), bf16),
         ((6, 2, 128), Some(64), fp8),
+        ((48, 8, 128), None, bf16),
+        ((64, 8, 128), Some(64), fp8),
     ] {
         let (spec, p) = flash_spec((heads, kvh, d), window, cache);
         let dtype = cache.0;
@@ -899,6 +904,12 @@ fn gpu_batched_decode_attention_matches_cpu_on_bf16_and_fp8_caches() {
             .iter()
             .map(|(q, k, v, n)| cache_after(&gpu, &spec, &p, (q, k, v), *n))
             .collect();
+        // (the same caches for the g8 kernels, head_dim 128)
+        let mut g8caches: Vec<_> = prompts
+            .iter()
+            .filter(|_| d == 128)
+            .map(|(q, k, v, n)| cache_after(&gpu, &spec, &p, (q, k, v), *n))
+            .collect();
         let mut ccaches: Vec<_> = prompts
             .iter()
             .map(|(q, k, v, n)| cache_after(&cpu, &spec, &p, (q, k, v), *n))
@@ -920,6 +931,23 @@ fn gpu_batched_decode_attention_matches_cpu_on_bf16_and_fp8_caches() {
             let worst = max_abs_diff(&got, &want);
             println!("batched decode attention {label}, step {step}: max |gpu - cpu| {worst:.3e}");
             assert!(worst < 1e-4, "{label}, step {step}: {worst}");
+            if d == 128 {
+                let defaults = gpu.options();
+                gpu.set_options(CudaOptions {
+                    attn_g8: true,
+                    ..defaults.clone()
+                });
+                let before = gpu.g8_attention_rows();
+                let g8 = decode_pass(&gpu, &grope, &mut g8caches, &pos, (&q, &k, &v), &p);
+                let ran = gpu.g8_attention_rows() - before;
+                gpu.set_options(defaults);
+                assert_eq!(ran, s, "{label}: the g8 kernels did not run");
+                assert!(
+                    got.iter().zip(&g8).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{label}, step {step}: attn_g8 changed the output (max diff {:.3e})",
+                    max_abs_diff(&got, &g8)
+                );
+            }
         }
     }
 }

@@ -140,6 +140,8 @@ pub(crate) struct Inner {
     grouped_in_router: std::sync::atomic::AtomicUsize,
     /// Sequences attended in `attn_dec_batch` launches (`CudaBackend::batched_attention_rows`).
     batched_attention_rows: std::sync::atomic::AtomicUsize,
+    /// Of those, sequences attended on the `_g8` kernels (`CudaBackend::g8_attention_rows`).
+    g8_attention_rows: std::sync::atomic::AtomicUsize,
     /// The blocks of every KV cache.
     kv_pool: KvPool,
 }
@@ -263,6 +265,7 @@ impl CudaBackend {
                 moe_inputs_staged: std::sync::atomic::AtomicUsize::new(0),
                 grouped_in_router: std::sync::atomic::AtomicUsize::new(0),
                 batched_attention_rows: std::sync::atomic::AtomicUsize::new(0),
+                g8_attention_rows: std::sync::atomic::AtomicUsize::new(0),
                 kv_pool: KvPool::default(),
                 ctx,
                 stream,

@@ -408,7 +408,7 @@ __device__ __forceinline__ void head_norm_rope(float* v, const float* __restrict
 }
 
 // ks, vs: an fp8 cache's scales of keys and values (ignored for bf16).
-template <int D, bool FP8>
+template <int D, bool FP8, int GM = DEC_GMAX>
 __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restrict__ kch,
                               const float* __restrict__ vch, const u64* __restrict__ kt, float* __restrict__ out,
                               float* __restrict__ part_o, float* __restrict__ part_ml,
@@ -419,9 +419,9 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
     constexpr int KC = D / 8;   // 8-value chunks of a key row
     constexpr int VL = D / 32;  // value dims per lane (2 or 4)
     const float ks256 = ks * 256.f, vs256 = vs * 256.f;
-    __shared__ float qs[DEC_GMAX][D];
-    __shared__ float wm[AW][DEC_GMAX], wl[AW][DEC_GMAX];
-    __shared__ float wacc[AW][DEC_GMAX][D];
+    __shared__ float qs[GM][D];
+    __shared__ float wm[AW][GM], wl[AW][GM];
+    __shared__ float wacc[AW][GM][D];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const int kv = blockIdx.x / ngroups, grp = blockIdx.x % ngroups;
     const int GA = heads / kvh;
@@ -470,9 +470,9 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
         }
     }
 
-    float m[DEC_GMAX], l[DEC_GMAX], acc[DEC_GMAX][VL];
+    float m[GM], l[GM], acc[GM][VL];
 #pragma unroll
-    for (int g = 0; g < DEC_GMAX; g++) {
+    for (int g = 0; g < GM; g++) {
         m[g] = -INF_F;
         l[g] = 0.f;
 #pragma unroll
@@ -518,9 +518,9 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
             }
         }
         // ---- scores (pair-reduced) and online softmax
-        float sc[DEC_GMAX];
+        float sc[GM];
 #pragma unroll
-        for (int g = 0; g < DEC_GMAX; g++) sc[g] = 0.f;
+        for (int g = 0; g < GM; g++) sc[g] = 0.f;
         if (valid) {
 #pragma unroll
             for (int c = 0; c < KC / 2; c++) {
@@ -528,7 +528,7 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
                 Kv::key8(kr[c], kf, ks256);
                 const int qo = (half * (KC / 2) + c) * 8;
 #pragma unroll
-                for (int g = 0; g < DEC_GMAX; g++) {
+                for (int g = 0; g < GM; g++) {
                     if (g < G) {
                         const float4 qa = *(const float4*)&qs[g][qo], qb = *(const float4*)&qs[g][qo + 4];
                         sc[g] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4] +
@@ -537,9 +537,9 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
                 }
             }
         }
-        float pr[DEC_GMAX];
+        float pr[GM];
 #pragma unroll
-        for (int g = 0; g < DEC_GMAX; g++) {
+        for (int g = 0; g < GM; g++) {
             pr[g] = 0.f;
             if (g < G) {
                 const float full = sc[g] + __shfl_xor_sync(0xffffffffu, sc[g], 1);
@@ -569,7 +569,7 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
                     }
                 }
 #pragma unroll
-                for (int g = 0; g < DEC_GMAX; g++) {
+                for (int g = 0; g < GM; g++) {
                     if (g < G) {
                         const float pk = __shfl_sync(0xffffffffu, pr[g], 2 * kk);
 #pragma unroll
@@ -580,7 +580,7 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
         }
     }
 #pragma unroll
-    for (int g = 0; g < DEC_GMAX; g++) {
+    for (int g = 0; g < GM; g++) {
         if (g < G) {
             const float ls = warp_sum(l[g]);
             if (lane == 0) {
@@ -654,7 +654,10 @@ ATTN_KERNEL_DEC(attn_dec_fp8_128_short, 128, true, 2)
 // partials), and attends over its own cache seqs.s[b] (bf16 or fp8, every sequence's of one type
 // and scales) at its own position; the rope and the append are done inside (pp.on, the cache and
 // slot taken from seqs.s[b]; no per-head norms: the caller applied them). Up to ATTN_BATCH_MAX
-// sequences per launch; the descriptors are a kernel parameter (no upload).
+// sequences per launch; the descriptors are a kernel parameter (no upload). GM: the most query
+// heads of a kv head one block takes (DEC_GMAX; the _g8 kernels 8, a kv head's whole group of
+// Laguna's 6 or 8, so that its K/V rows are read by one block instead of two: the same
+// arithmetic per head, so the same bits at the same key splits).
 #define ATTN_BATCH_MAX 32
 struct AttnSeq {
     const u64* kt;  // the sequence's block table
@@ -665,7 +668,7 @@ struct AttnSeq {
 struct AttnSeqs {
     AttnSeq s[ATTN_BATCH_MAX];
 };
-#define ATTN_KERNEL_DEC_BATCH(NAME, D, FP8, MINB)                                                                      \
+#define ATTN_KERNEL_DEC_BATCH(NAME, D, FP8, MINB, GM)                                                                  \
     extern "C" __global__ void __launch_bounds__(AW * 32, MINB) NAME(                                                 \
         const float* q, const float* kch, const float* vch, float* out, float* part_o, float* part_ml, int heads,     \
         int kvh, float scale, int window, int splits, int ngroups, Prep pp, AttnSeqs seqs, float ks, float vs) {      \
@@ -677,17 +680,19 @@ struct AttnSeqs {
         ps.slot = sq.slot;                                                                                             \
         ps.gate = pp.gate ? pp.gate + b * heads : pp.gate;                                                             \
         const long qw = (long)heads * D, kw = (long)kvh * D;                                                           \
-        attn_dec_impl<D, FP8>(q + b * qw, kch + b * kw, vch + b * kw, sq.kt, out + b * qw,                             \
-                              part_o ? part_o + b * qw * splits : part_o,                                              \
-                              part_ml ? part_ml + 2l * b * heads * splits : part_ml, heads, kvh, scale, sq.pos0,       \
-                              window, splits, ngroups, ps, ks, vs);                                                    \
+        attn_dec_impl<D, FP8, GM>(q + b * qw, kch + b * kw, vch + b * kw, sq.kt, out + b * qw,                         \
+                                  part_o ? part_o + b * qw * splits : part_o,                                          \
+                                  part_ml ? part_ml + 2l * b * heads * splits : part_ml, heads, kvh, scale, sq.pos0,   \
+                                  window, splits, ngroups, ps, ks, vs);                                                \
     }
-ATTN_KERNEL_DEC_BATCH(attn_dec_batch_bf16_64, 64, false, 4)
-ATTN_KERNEL_DEC_BATCH(attn_dec_batch_bf16_128, 128, false, 4)
-ATTN_KERNEL_DEC_BATCH(attn_dec_batch_bf16_128_short, 128, false, 2)
-ATTN_KERNEL_DEC_BATCH(attn_dec_batch_fp8_64, 64, true, 4)
-ATTN_KERNEL_DEC_BATCH(attn_dec_batch_fp8_128, 128, true, 4)
-ATTN_KERNEL_DEC_BATCH(attn_dec_batch_fp8_128_short, 128, true, 2)
+ATTN_KERNEL_DEC_BATCH(attn_dec_batch_bf16_64, 64, false, 4, DEC_GMAX)
+ATTN_KERNEL_DEC_BATCH(attn_dec_batch_bf16_128, 128, false, 4, DEC_GMAX)
+ATTN_KERNEL_DEC_BATCH(attn_dec_batch_bf16_128_short, 128, false, 2, DEC_GMAX)
+ATTN_KERNEL_DEC_BATCH(attn_dec_batch_fp8_64, 64, true, 4, DEC_GMAX)
+ATTN_KERNEL_DEC_BATCH(attn_dec_batch_fp8_128, 128, true, 4, DEC_GMAX)
+ATTN_KERNEL_DEC_BATCH(attn_dec_batch_fp8_128_short, 128, true, 2, DEC_GMAX)
+ATTN_KERNEL_DEC_BATCH(attn_dec_batch_bf16_128_g8, 128, false, 2, 8)
+ATTN_KERNEL_DEC_BATCH(attn_dec_batch_fp8_128_g8, 128, true, 2, 8)
 ATTN_KERNEL(attn_f32_1, float, 1)
 ATTN_KERNEL(attn_f32_2, float, 2)
 ATTN_KERNEL(attn_f32_4, float, 4)

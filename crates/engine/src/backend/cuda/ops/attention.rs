@@ -47,10 +47,12 @@ kernels! {
     }
     /// One query row per sequence over each one's bf16 or fp8 cache (one type and scales for
     /// all), up to [`ATTN_BATCH_MAX`] sequences per launch (rope and append inside): head_dim
-    /// 64, 128, 128 for short spans (`3 · fp8 +` that).
+    /// 64, 128, 128 for short spans (`3 · fp8 +` that); then head_dim 128 with up to 8 query
+    /// heads a block ([`ATTN_G8_VARIANT`] `+ fp8`).
     attn_dec_batch [
         "attn_dec_batch_bf16_64", "attn_dec_batch_bf16_128", "attn_dec_batch_bf16_128_short",
         "attn_dec_batch_fp8_64", "attn_dec_batch_fp8_128", "attn_dec_batch_fp8_128_short",
+        "attn_dec_batch_bf16_128_g8", "attn_dec_batch_fp8_128_g8",
     ] => AttnDecBatchArgs {
         q: DevPtr<f32>, kch: DevPtr<f32>, vch: DevPtr<f32>, out: DevPtr<f32>,
         part_o: DevPtr<f32>, part_ml: DevPtr<f32>, heads: i32, kvh: i32, scale: f32,
@@ -112,6 +114,13 @@ unsafe impl DeviceRepr for KvTablePut {}
 
 /// Query heads of one KV head handled by one attention block (`GMAX`).
 pub(crate) const ATTN_GMAX: usize = 4;
+
+/// Query heads of one KV head handled by one block of the `_g8` batched decode kernels
+/// (`CudaOptions::attn_g8`).
+pub(crate) const ATTN_G8_GMAX: usize = 8;
+
+/// The first `_g8` kernel's place in `attn_dec_batch`'s table (bf16; fp8 the next).
+pub(crate) const ATTN_G8_VARIANT: usize = 6;
 
 /// Fewest keys per split of decode attention.
 pub(crate) const ATTN_SPLIT_MIN_KEYS: u32 = 64;
@@ -770,9 +779,19 @@ impl CudaBackend {
             keys = keys.max(window.map_or(c.pos0 + 1, |w| w.min(c.pos0 + 1)));
         }
         let d = p.head_dim;
-        let ngroups = (p.heads / p.kv_heads).div_ceil(ATTN_GMAX);
+        let heads_per_kv = p.heads / p.kv_heads;
+        // (the key splits are those of blocks of ATTN_GMAX heads either way: the same bits)
         let splits = self.splits_for_seqs(keys, p, n);
-        let variant = self.dec_variant(chunks[0].kv, d, keys);
+        let (ngroups, variant) = if self.opts().attn_g8 && d == 128 && heads_per_kv <= ATTN_G8_GMAX
+        {
+            let fp8 = usize::from(chunks[0].kv.kv_t == 1);
+            (1, ATTN_G8_VARIANT + fp8)
+        } else {
+            (
+                heads_per_kv.div_ceil(ATTN_GMAX),
+                self.dec_variant(chunks[0].kv, d, keys),
+            )
+        };
         let (ks, vs) = (chunks[0].kv.k_scale, chunks[0].kv.v_scale);
         // (every split writes all of its partials)
         let scratch = if splits > 1 {
@@ -851,6 +870,11 @@ impl CudaBackend {
         self.inner
             .batched_attention_rows
             .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        if variant >= ATTN_G8_VARIANT {
+            self.inner
+                .g8_attention_rows
+                .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        }
         Ok(())
     }
 
@@ -859,6 +883,14 @@ impl CudaBackend {
     pub fn batched_attention_rows(&self) -> usize {
         self.inner
             .batched_attention_rows
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Of [`batched_attention_rows`](Self::batched_attention_rows), the sequences attended on
+    /// the `_g8` kernels (`CudaOptions::attn_g8`).
+    pub fn g8_attention_rows(&self) -> usize {
+        self.inner
+            .g8_attention_rows
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
