@@ -15,7 +15,8 @@
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
 use crate::ir::{
-    Attention, AttentionParams, AttnChunk, Decoder, Layer, Mlp, Moe, SeqChunk, SwiGlu, Want,
+    Attention, AttentionParams, AttnChunk, Decoder, HeadNorms, Layer, Mlp, Moe, SeqChunk, SwiGlu,
+    Want,
 };
 
 /// Runs every chunk of `seqs` through `net` in one pass, appending to each one's cache. Returns,
@@ -80,7 +81,6 @@ fn attention<B: Backend>(
     seqs: &mut [SeqChunk<'_, B>],
     layer: usize,
 ) -> Result<()> {
-    let d = attn.params.head_dim;
     // q, k, v (and the output gate) read the same rows: one call.
     let mut ws = vec![
         (&attn.q, attn.q_bias.as_ref()),
@@ -96,13 +96,12 @@ fn attention<B: Backend>(
     } else {
         None
     };
-    let [mut q, mut k, v] = exactly(b, outs)?;
-    if let Some(n) = &attn.q_norm {
-        q = b.rms_norm(&q, n, net.eps, d)?;
-    }
-    if let Some(n) = &attn.k_norm {
-        k = b.rms_norm(&k, n, net.eps, d)?;
-    }
+    let [q, k, v] = exactly(b, outs)?;
+    let norms = HeadNorms {
+        q: attn.q_norm.as_ref(),
+        k: attn.k_norm.as_ref(),
+        eps: net.eps,
+    };
     let rope = &net.ropes[attn.rope];
     let mut chunks: Vec<AttnChunk<'_, B>> = seqs
         .iter_mut()
@@ -112,31 +111,32 @@ fn attention<B: Backend>(
             kv: &mut s.kv[layer],
         })
         .collect();
-    let o = b.attention_chunks(q, k, &v, rope, &mut chunks, &attn.params)?;
+    let o = b.attention_chunks((q, k, &v), norms, rope, &mut chunks, &attn.params)?;
     match &gate {
         Some(gate) => b.gated_linear_add(x, o, gate, &attn.o, attn.o_bias.as_ref()),
         None => b.linear_add(x, &o, &attn.o, attn.o_bias.as_ref()),
     }
 }
 
-/// [`Backend::attention_chunks`] chunk by chunk (its default): each chunk's rows rotated at its
-/// own positions and attending over its own cache, the outputs stacked again. One chunk's rows
-/// are the whole matrix (no copies); several are copied out and joined.
+/// [`Backend::attention_chunks`] chunk by chunk (its default): q and k normed per head, each
+/// chunk's rows rotated at its own positions and attending over its own cache, the outputs
+/// stacked again. One chunk's rows are the whole matrix (no copies; norm and rope in one
+/// [`Backend::norm_rope`]); several are normed together, then copied out and joined.
 pub fn attention_each<B: Backend>(
     b: &B,
-    mut q: B::Tensor,
-    mut k: B::Tensor,
-    v: &B::Tensor,
+    (mut q, mut k, v): (B::Tensor, B::Tensor, &B::Tensor),
+    norms: HeadNorms<'_, B>,
     rope: &B::Rope,
     chunks: &mut [AttnChunk<'_, B>],
     params: &AttentionParams,
 ) -> Result<B::Tensor> {
     let d = params.head_dim;
     if let [c] = chunks {
-        b.rope(&mut q, rope, d, c.pos0)?;
-        b.rope(&mut k, rope, d, c.pos0)?;
+        b.norm_rope(&mut q, norms.q, norms.eps, rope, (d, c.pos0))?;
+        b.norm_rope(&mut k, norms.k, norms.eps, rope, (d, c.pos0))?;
         return b.attention(&q, &k, v, c.kv, params);
     }
+    let (q, k) = head_normed(b, q, k, norms, d)?;
     let mut outs = Vec::with_capacity(chunks.len());
     let mut off = 0;
     for c in chunks.iter_mut() {
@@ -144,6 +144,21 @@ pub fn attention_each<B: Backend>(
         off += c.rows;
     }
     b.concat_rows(&outs.iter().collect::<Vec<_>>())
+}
+
+/// `q` and `k` with their per-head norms applied (each side that has one).
+pub fn head_normed<B: Backend>(
+    b: &B,
+    q: B::Tensor,
+    k: B::Tensor,
+    norms: HeadNorms<'_, B>,
+    head_dim: usize,
+) -> Result<(B::Tensor, B::Tensor)> {
+    let norm = |x: B::Tensor, w: Option<&B::Tensor>| match w {
+        Some(w) => b.rms_norm(&x, w, norms.eps, head_dim),
+        None => Ok(x),
+    };
+    Ok((norm(q, norms.q)?, norm(k, norms.k)?))
 }
 
 /// One chunk of [`attention_each`]: its rows `row..row + c.rows` of the stacked `q`, `k`, `v`

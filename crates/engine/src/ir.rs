@@ -135,6 +135,36 @@ pub struct AttnChunk<'a, B: Resident> {
     pub kv: &'a mut B::KvLayer,
 }
 
+/// The per-head RMSNorms of q and k that attention applies before the rope (Laguna's QK norms):
+/// each side's weight (`None`: that side has none) and epsilon.
+pub struct HeadNorms<'a, B: Resident> {
+    /// q's per-head norm weight `[1, head_dim]`.
+    pub q: Option<&'a B::Tensor>,
+    /// k's per-head norm weight `[1, head_dim]`.
+    pub k: Option<&'a B::Tensor>,
+    /// The norms' epsilon.
+    pub eps: f32,
+}
+
+impl<B: Resident> HeadNorms<'_, B> {
+    /// No norm on either side.
+    pub fn none() -> Self {
+        Self {
+            q: None,
+            k: None,
+            eps: 0.0,
+        }
+    }
+}
+
+impl<B: Resident> Clone for HeadNorms<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: Resident> Copy for HeadNorms<'_, B> {}
+
 /// Attention geometry of one call.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttentionParams {

@@ -328,11 +328,12 @@ fn gpu_linear_kernels_match_f64_matmul() {
 trait ElementwiseOn {
     fn rms_norm_of(&self, rows: usize, cols: usize, x: &[f32], w: &[f32], width: usize)
         -> Vec<f32>;
-    fn rope_of(
+    /// `Backend::norm_rope` of `x` (`[rows, cols]`; `norm`: the per-head norm's weight, eps
+    /// 1e-6).
+    fn norm_rope_of(
         &self,
-        rows: usize,
-        cols: usize,
-        x: &[f32],
+        x: (usize, usize, &[f32]),
+        norm: Option<&[f32]>,
         spec: &fp4forge_engine::rope::RopeSpec,
         head_dim: usize,
         pos0: usize,
@@ -364,17 +365,18 @@ impl<B: Backend> ElementwiseOn for B {
             .unwrap()
     }
 
-    fn rope_of(
+    fn norm_rope_of(
         &self,
-        rows: usize,
-        cols: usize,
-        x: &[f32],
+        (rows, cols, x): (usize, usize, &[f32]),
+        norm: Option<&[f32]>,
         spec: &fp4forge_engine::rope::RopeSpec,
         head_dim: usize,
         pos0: usize,
     ) -> Vec<f32> {
         let mut x = self.upload(rows, cols, x).unwrap();
-        self.rope(&mut x, &self.load_rope(spec).unwrap(), head_dim, pos0)
+        let w = norm.map(|w| self.upload(1, head_dim, w).unwrap());
+        let rope = self.load_rope(spec).unwrap();
+        self.norm_rope(&mut x, w.as_ref(), 1e-6, &rope, (head_dim, pos0))
             .unwrap();
         self.download(&x).unwrap()
     }
@@ -411,7 +413,8 @@ impl<B: Backend> ElementwiseOn for B {
 /// A prefill's element-wise ops and residual adds, GPU vs CPU, at the shapes each kernel variant
 /// takes: RMSNorm of narrow groups (per-head q/k norms: a warp each) and wide ones (hidden
 /// states: a block each, also widths not a multiple of 4), rope (full and partial rotary slices,
-/// the widest one the kernel takes), the softplus gate and `add_scaled` (four values a thread as
+/// the widest one the kernel takes) and the per-head norm and rope in one pass (`norm_rope`:
+/// also bit for bit against the norm, then the rope), the softplus gate and `add_scaled` (four values a thread as
 /// a float4 and element by element), `linears` of three NVFP4 weights sharing their rows' scales
 /// and f16 parts (bit for bit against `linear` of each, and against the CPU), `linear_add` (the
 /// add in the GEMM's epilogue; also against `linear` + `add_scaled` on the GPU) and
@@ -452,9 +455,34 @@ fn gpu_elementwise_ops_and_residual_adds_match_cpu() {
             attention_factor: 1.25,
         };
         let x = values(t * heads * hd, (t * heads + rdim) as u64, 4.0);
-        let rope = |b: &dyn ElementwiseOn| b.rope_of(t, heads * hd, &x, &spec, hd, pos0);
-        let label = format!("rope {t} rows, {heads} heads of {hd}, rotary {rdim}, from {pos0}");
-        close(&label, &rope(&gpu), &rope(&cpu), 1e-6);
+        let w = values(hd, hd as u64 + 5, 2.0);
+        let label = format!("{t} rows, {heads} heads of {hd}, rotary {rdim}, from {pos0}");
+        let rope = |b: &dyn ElementwiseOn, norm| {
+            b.norm_rope_of((t, heads * hd, &x), norm, &spec, hd, pos0)
+        };
+        close(
+            &format!("rope {label}"),
+            &rope(&gpu, None),
+            &rope(&cpu, None),
+            1e-6,
+        );
+        let fused = rope(&gpu, Some(&w));
+        close(
+            &format!("norm_rope {label}"),
+            &fused,
+            &rope(&cpu, Some(&w)),
+            1e-6,
+        );
+        // the norm and the rope in one pass give the bits of the norm, then the rope
+        let normed = gpu.rms_norm_of(t, heads * hd, &x, &w, hd);
+        let apart = gpu.norm_rope_of((t, heads * hd, &normed), None, &spec, hd, pos0);
+        assert!(
+            fused
+                .iter()
+                .zip(&apart)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "norm_rope {label}: not the bits of rms_norm then rope"
+        );
     }
     for (rows, heads, group) in [(6usize, 64usize, 128usize), (5, 3, 6), (3, 7, 4)] {
         let x = values(rows * heads * group, (heads * group) as u64, 4.0);
@@ -985,7 +1013,13 @@ fn decode_pass<B: Backend>(
         .map(|(kv, &pos0)| AttnChunk { pos0, rows: 1, kv })
         .collect();
     let out = b
-        .attention_chunks(up(q), up(k), &up(v), rope, &mut chunks, p)
+        .attention_chunks(
+            (up(q), up(k), &up(v)),
+            fp4forge_engine::backend::HeadNorms::none(),
+            rope,
+            &mut chunks,
+            p,
+        )
         .unwrap();
     b.download(&out).unwrap()
 }

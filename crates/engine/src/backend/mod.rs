@@ -26,7 +26,7 @@ use crate::rope::RopeSpec;
 use crate::sampling::SamplingParams;
 use crate::weights::{ExpertWeights, LinearWeight};
 
-pub use crate::ir::{AttentionParams, AttnChunk, Resident, RouterParams, RouterScoring};
+pub use crate::ir::{AttentionParams, AttnChunk, HeadNorms, Resident, RouterParams, RouterScoring};
 pub use cpu::CpuBackend;
 #[cfg(feature = "cuda")]
 pub use cuda::CudaBackend;
@@ -219,6 +219,23 @@ pub trait Backend: Resident {
         head_dim: usize,
         pos0: usize,
     ) -> Result<()>;
+    /// `x = rope(rms_norm(x))` per `head_dim`-wide head (`norm`: the per-head norm's weight,
+    /// `None`: the rope alone), row `t` at position `pos0 + t`: q or k of a chunk before
+    /// attention. The default runs [`Backend::rms_norm`] then [`Backend::rope`]; a device
+    /// backend may do both in one pass (the same values).
+    fn norm_rope(
+        &self,
+        x: &mut Self::Tensor,
+        norm: Option<&Self::Tensor>,
+        eps: f32,
+        rope: &Self::Rope,
+        (head_dim, pos0): (usize, usize),
+    ) -> Result<()> {
+        if let Some(w) = norm {
+            *x = self.rms_norm(x, w, eps, head_dim)?;
+        }
+        self.rope(x, rope, head_dim, pos0)
+    }
     /// Causal attention of `q [T, heads·d]` over the cache plus this chunk's `k, v
     /// [T, kv_heads·d]` (row `t` at position `pos0 + t`, where `pos0` is the number of positions
     /// already in `cache`), honouring the cache's sliding window; appends the chunk to the cache.
@@ -231,22 +248,21 @@ pub trait Backend: Resident {
         cache: &mut Self::KvLayer,
         params: &AttentionParams,
     ) -> Result<Self::Tensor>;
-    /// Rotation ([`Backend::rope`] of q and k) and [`Backend::attention`] of a pass's chunks:
-    /// `q`, `k`, `v` hold the chunks' rows one after another (chunk `i`: `chunks[i].rows` rows
-    /// at positions `chunks[i].pos0..`, attending over its own `chunks[i].kv`, to which they
-    /// are appended). Returns the outputs stacked the same way. The default rotates and attends
-    /// chunk by chunk ([`crate::forward::attention_each`]); a device backend may run all chunks
-    /// in one launch.
+    /// The per-head norms (`norms`), rotation ([`Backend::rope`] of q and k) and
+    /// [`Backend::attention`] of a pass's chunks: `q`, `k`, `v` hold the chunks' rows one after
+    /// another (chunk `i`: `chunks[i].rows` rows at positions `chunks[i].pos0..`, attending over
+    /// its own `chunks[i].kv`, to which they are appended). Returns the outputs stacked the same
+    /// way. The default norms all rows, then rotates and attends chunk by chunk
+    /// ([`crate::forward::attention_each`]); a device backend may run all chunks in one launch.
     fn attention_chunks(
         &self,
-        q: Self::Tensor,
-        k: Self::Tensor,
-        v: &Self::Tensor,
+        (q, k, v): (Self::Tensor, Self::Tensor, &Self::Tensor),
+        norms: HeadNorms<'_, Self>,
         rope: &Self::Rope,
         chunks: &mut [AttnChunk<'_, Self>],
         params: &AttentionParams,
     ) -> Result<Self::Tensor> {
-        crate::forward::attention_each(self, q, k, v, rope, chunks, params)
+        crate::forward::attention_each(self, (q, k, v), norms, rope, chunks, params)
     }
     /// `x[t, j] *= softplus(gate[t, j / group])` with `group = cols(x) / cols(gate)` (per-head
     /// output gate: `group = head_dim`), softplus in f32 with threshold 20.

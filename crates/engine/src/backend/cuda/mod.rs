@@ -61,8 +61,8 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::{
-    AttentionParams, AttnChunk, Backend, LogprobRequest, Resident, RouterParams, RouterScoring,
-    SampleRequest,
+    AttentionParams, AttnChunk, Backend, HeadNorms, LogprobRequest, Resident, RouterParams,
+    RouterScoring, SampleRequest,
 };
 use crate::error::{EngineError, Result};
 use crate::ir::{Decoder, KvDtype, KvLayerSpec, SeqChunk};
@@ -925,13 +925,24 @@ impl Backend for CudaBackend {
         head_dim: usize,
         pos0: usize,
     ) -> Result<()> {
+        self.norm_rope(x, None, 0.0, rope, (head_dim, pos0))
+    }
+
+    /// One `norm_rope` launch (a block a row: the norm as `rms_norm_warp` computes it, then the
+    /// rotation) where the heads fit it (`head_dim % 4 == 0`, at most `RMS_NORM_WARP_MAX_WIDTH`);
+    /// else `rms_norm` then the rotation alone.
+    fn norm_rope(
+        &self,
+        x: &mut CudaTensor,
+        norm: Option<&CudaTensor>,
+        eps: f32,
+        rope: &CudaRope,
+        (head_dim, pos0): (usize, usize),
+    ) -> Result<()> {
         self.check(
             head_dim > 0 && x.cols.is_multiple_of(head_dim) && rope.rotary_dim <= head_dim,
             || format!("rope of head_dim {head_dim} on {} columns", x.cols),
         )?;
-        if x.rows == 0 || rope.rotary_dim < 2 {
-            return Ok(());
-        }
         self.check(
             rope.rotary_dim / 2 <= ops::elementwise::ROPE_HALF_MAX,
             || {
@@ -942,12 +953,34 @@ impl Backend for CudaBackend {
                 )
             },
         )?;
-        ops::elementwise::RopeArgs {
+        let fits = ops::elementwise::norm_rope_takes(head_dim);
+        if let Some(w) = norm.filter(|_| !fits) {
+            *x = self.rms_norm(x, w, eps, head_dim)?;
+        }
+        let w = norm.filter(|_| fits);
+        if x.rows == 0 || (rope.rotary_dim < 2 && w.is_none()) {
+            return Ok(());
+        }
+        if let Some(w) = w {
+            self.check(w.rows * w.cols == head_dim, || {
+                format!(
+                    "a per-head norm of {} values for head_dim {head_dim}",
+                    w.rows * w.cols
+                )
+            })?;
+        }
+        ops::elementwise::NormRopeArgs {
             x: self.ptr(&x.buf),
+            w: w.map_or(DevPtr::NULL, |w| self.ptr(&w.buf)),
+            eps,
             inv_freq: self.ptr(&rope.inv_freq),
             heads: (x.cols / head_dim) as i32,
             hd: head_dim as i32,
-            rdim: rope.rotary_dim as i32,
+            rdim: if rope.rotary_dim < 2 {
+                0
+            } else {
+                rope.rotary_dim as i32
+            },
             attn_factor: rope.attention_factor,
             pos0: pos0 as i32,
         }
@@ -1037,9 +1070,8 @@ impl Backend for CudaBackend {
     /// others (prompt chunks, other caches) chunk by chunk; all write their rows of one output.
     fn attention_chunks(
         &self,
-        q: CudaTensor,
-        k: CudaTensor,
-        v: &CudaTensor,
+        (q, k, v): (CudaTensor, CudaTensor, &CudaTensor),
+        norms: HeadNorms<'_, Self>,
         rope: &CudaRope,
         chunks: &mut [AttnChunk<'_, Self>],
         p: &AttentionParams,
@@ -1048,8 +1080,9 @@ impl Backend for CudaBackend {
             .windows(2)
             .any(|w| w.iter().all(|c| Self::decode_batch_eligible(c, p)));
         if !runs || !self.opts().batched_attention {
-            return crate::forward::attention_each(self, q, k, v, rope, chunks, p);
+            return crate::forward::attention_each(self, (q, k, v), norms, rope, chunks, p);
         }
+        let (q, k) = crate::forward::head_normed(self, q, k, norms, p.head_dim)?;
         self.check(
             q.cols == p.heads * p.head_dim
                 && k.cols == p.kv_heads * p.head_dim

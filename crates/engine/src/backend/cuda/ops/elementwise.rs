@@ -19,11 +19,12 @@ kernels! {
         w: DevPtr<u16>, x: DevPtr<f32>, nw: DevPtr<f32>, eps: f32, xn: DevPtr<f32>,
         y: DevPtr<f32>, n: i32, k: i32,
     }
-    /// Rope over the first `rdim` dims of each head, in place, positions from `pos0` (one block
-    /// per row; `rdim / 2 <= ROPE_HALF_MAX`).
-    rope => RopeArgs {
-        x: DevPtr<f32>, inv_freq: DevPtr<f32>, heads: i32, hd: i32, rdim: i32, attn_factor: f32,
-        pos0: i32,
+    /// Per-head `w · rmsnorm(x)` (`w` null: none; as `rms_norm_warp` computes it) then rope over
+    /// the first `rdim` dims of each head, in place, positions from `pos0` (one block per row;
+    /// [`norm_rope_takes`] `hd`, `rdim / 2 <= ROPE_HALF_MAX`).
+    norm_rope => NormRopeArgs {
+        x: DevPtr<f32>, w: DevPtr<f32>, eps: f32, inv_freq: DevPtr<f32>, heads: i32, hd: i32,
+        rdim: i32, attn_factor: f32, pos0: i32,
     }
     /// One token's per-head q/k norms and rope, and its k and v rows written into cache `slot`.
     qk_norm_rope => QkNormRopeArgs {
@@ -74,8 +75,14 @@ pub(crate) fn norm_row_threads(width: usize) -> u32 {
     }
 }
 
-/// Most rotated pairs per head the `rope` kernel takes (`ROPE_HALF_MAX`).
+/// Most rotated pairs per head the `norm_rope` kernel takes (`ROPE_HALF_MAX`).
 pub(crate) const ROPE_HALF_MAX: usize = 256;
+
+/// Whether `norm_rope` takes heads of `head_dim` values (its warp holds a head as
+/// `rms_norm_warp` holds a group, so its norm is that kernel's: [`norm_row_threads`] a warp).
+pub(crate) fn norm_rope_takes(head_dim: usize) -> bool {
+    norm_row_threads(head_dim) == 32
+}
 
 /// Threads per block of the element-wise kernels that take four values a thread.
 const QUAD_THREADS: u32 = 256;
