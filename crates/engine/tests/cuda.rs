@@ -962,7 +962,7 @@ fn gpu_batched_decode_attention_matches_cpu_on_bf16_and_fp8_caches() {
             if d == 128 {
                 let defaults = gpu.options();
                 gpu.set_options(CudaOptions {
-                    attn_g8: true,
+                    attn_g8: 2,
                     ..defaults.clone()
                 });
                 let before = gpu.g8_attention_rows();

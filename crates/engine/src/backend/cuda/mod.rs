@@ -929,8 +929,8 @@ impl Backend for CudaBackend {
     }
 
     /// One `norm_rope` launch (a block a row: the norm as `rms_norm_warp` computes it, then the
-    /// rotation) where the heads fit it (`head_dim % 4 == 0`, at most `RMS_NORM_WARP_MAX_WIDTH`);
-    /// else `rms_norm` then the rotation alone.
+    /// rotation) where the heads fit it (`head_dim % 4 == 0`, at most `RMS_NORM_WARP_MAX`) and
+    /// `CudaOptions::norm_rope` is on; else `rms_norm` then the rotation alone (the same bits).
     fn norm_rope(
         &self,
         x: &mut CudaTensor,
@@ -953,7 +953,7 @@ impl Backend for CudaBackend {
                 )
             },
         )?;
-        let fits = ops::elementwise::norm_rope_takes(head_dim);
+        let fits = ops::elementwise::norm_rope_takes(head_dim) && self.opts().norm_rope;
         if let Some(w) = norm.filter(|_| !fits) {
             *x = self.rms_norm(x, w, eps, head_dim)?;
         }

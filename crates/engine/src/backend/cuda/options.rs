@@ -47,7 +47,8 @@
 //! | `FP4FORGE_CUDA_H16_FEW` | `h16_few_min` | `N`: NVFP4 linears of N to 32 tokens (a batched decode step's q/k/v and o) on `gemm_h16`'s tiles of 32 tokens (`gemm_h16_t32`: each weight fragment decoded once for all the step's tokens, weights and x copied through shared memory three K steps ahead, K split over blocks and summed by `gemm_splitk_reduce`), not on `gemv_mt` (8 tokens a grid row); `0`: never | off (H100, 2026-12-06, call S, `N` = 9: 10% slower at 16 rows, 2.2% at 32; at 32 rows `gemm_h16_t32` took 2.14 ms a step against `gemv_mt_nv`'s ~3.2, but `x_split_h16`, 4 blocks for 32 rows, 0.98 ms and the K splits' sums 0.60) |
 //! | `FP4FORGE_CUDA_MT_INTERLEAVE` | `mt_interleave` | `0`: `gemv_mt` grids of several grid rows (more tokens than a grid row holds) launch each grid row's blocks one after another, not each block of weight rows' grid rows side by side (the weights then come from DRAM once and the other grid rows read them in L2; a 32-row step's lm_head is 411 MB of bf16 in four grid rows); the same bits | on (H100, 2026-12-06, two rounds: 2.8% faster at 32 rows, 1.8% at 16, neutral at 8) |
 //! | `FP4FORGE_CUDA_MT_FILL` | `mt_blocks_per_sm` | blocks a SM that `gemv_mt`'s K split aims its grid at (`mma_split`: warps per tile doubled while the grid is below this many blocks a SM and each warp keeps 2+ chunks; `gemv_mt_nv4` holds 3) | 1 (H100, 2026-12-06, two rounds: 3 was 2–3% slower at 8 and 32 rows, within 0.5% at 2 and 4) |
-//! | `FP4FORGE_CUDA_ATTN_G8` | `attn_g8` | `1`: a batched decode step's attention with 128-wide heads takes all of a kv head's query heads (up to 8: Laguna's 6 or 8) in one block (`attn_dec_batch_*_128_g8`), not in blocks of 4 (`DEC_GMAX`), so that each cached K/V row is read by one block instead of two and a 32-row step's grid is one wave; the key splits as with 4, so the same bits | off (not yet measured) |
+//! | `FP4FORGE_CUDA_NORM_ROPE` | `norm_rope` | `0`: a prompt chunk's per-head q/k norms run as `rms_norm_warp` launches before the rope (`norm_rope` without a weight), not inside the rope's pass (`norm_rope`: one read and write of q and k fewer; the same bits) | on (not yet measured) |
+//! | `FP4FORGE_CUDA_ATTN_G8` | `attn_g8` | `1`: a batched decode step's attention with 128-wide heads takes all of a kv head's query heads (up to 8: Laguna's 6 or 8) in one block (`attn_dec_batch_*_128_g8`), not in blocks of 4 (`DEC_GMAX`), where blocks of 4 would take more than one wave (a 32-row step of Laguna-XS: 512 blocks for 264 slots on an H100; below that, halving the blocks halves the work in flight), so that each cached K/V row is read by one block instead of two; `2`: at any step (tests); the key splits as with 4, so the same bits | off (H200, 2026-12-06: at every step 2.7% faster at 32 rows, 5.1% slower at 4) |
 //! | `FP4FORGE_CUDA_MT_KS` | `mt_k_split` | `1`, `2`, `4`, `8`: fixed K split (warps per tile) of `gemv_mt` | per shape (`mma_split`) |
 //!
 //! The fields below the table's are not read from the environment: the decode attention split
@@ -169,9 +170,12 @@ pub struct CudaOptions {
     /// `FP4FORGE_CUDA_MT_WIDE`: fewest tokens (at least 5) of an NVFP4 `gemv_mt` launch on
     /// `gemv_mt_wide` (0: never).
     pub mt_wide_min_tokens: usize,
-    /// `FP4FORGE_CUDA_ATTN_G8`: a batched decode step's attention of 128-wide heads takes a kv
-    /// head's whole group of up to 8 query heads in one block.
-    pub attn_g8: bool,
+    /// `FP4FORGE_CUDA_NORM_ROPE`: a prompt chunk's per-head q/k norms inside the rope's pass.
+    pub norm_rope: bool,
+    /// `FP4FORGE_CUDA_ATTN_G8`: where a batched decode step's attention of 128-wide heads takes
+    /// a kv head's whole group of up to 8 query heads in one block: 0 never, 1 where blocks of
+    /// 4 would take more than a wave, 2 always.
+    pub attn_g8: usize,
     /// Fewest keys per split of decode attention (`ATTN_SPLIT_MIN_KEYS`).
     pub attn_split_min_keys: u32,
     /// Decode attention blocks per SM the split heuristic aims at (`ATTN_SPLIT_BLOCKS_PER_SM`;
@@ -229,7 +233,8 @@ impl Default for CudaOptions {
             mt_blocks_per_sm: 1,
             mt_wide_min_tokens: 0,
             h16_few_min: 0,
-            attn_g8: false,
+            attn_g8: 0,
+            norm_rope: true,
             mt_interleave: true,
             few_token_max: GEMV_MT_MAX_TOKENS,
             few_moe_min_tokens: FEW_MOE_MIN_TOKENS,
@@ -324,7 +329,8 @@ impl CudaOptions {
             mt_wide_min_tokens: num("FP4FORGE_CUDA_MT_WIDE").unwrap_or(d.mt_wide_min_tokens),
             h16_few_min: num("FP4FORGE_CUDA_H16_FEW").unwrap_or(d.h16_few_min),
             mt_interleave: on("FP4FORGE_CUDA_MT_INTERLEAVE"),
-            attn_g8: var("FP4FORGE_CUDA_ATTN_G8").as_deref() == Some(OsStr::new("1")),
+            attn_g8: num("FP4FORGE_CUDA_ATTN_G8").unwrap_or(d.attn_g8),
+            norm_rope: on("FP4FORGE_CUDA_NORM_ROPE"),
             ..d
         }
     }
@@ -392,8 +398,9 @@ mod tests {
             ("FP4FORGE_CUDA_MT_INTERLEAVE", "0"),
             ("FP4FORGE_CUDA_H16_FEW", "17"),
             ("FP4FORGE_CUDA_ATTN_G8", "1"),
+            ("FP4FORGE_CUDA_NORM_ROPE", "0"),
         ]);
-        assert!(o.attn_g8);
+        assert!(o.attn_g8 == 1 && !o.norm_rope);
         assert_eq!(o.mt_wide_min_tokens, 9);
         assert_eq!(o.h16_few_min, 17);
         assert!(!o.mt_interleave);

@@ -713,15 +713,28 @@ impl CudaBackend {
     /// [`splits_for`](Self::splits_for) a decode step of `seqs` sequences in one launch (the
     /// longest attending over `keys` keys).
     pub(crate) fn splits_for_seqs(&self, keys: usize, p: &AttentionParams, seqs: usize) -> usize {
-        // blocks per split: each kv head's query heads in groups of at most ATTN_GMAX
-        let blocks = seqs * p.kv_heads * (p.heads / p.kv_heads.max(1)).div_ceil(ATTN_GMAX);
-        let (min_keys, per_sm, short) = {
+        let min_keys = self.opts().attn_split_min_keys as usize;
+        key_splits(
+            keys,
+            Self::attn_blocks_per_split(p, seqs),
+            self.attn_wave_slots(keys, p),
+            min_keys,
+        )
+    }
+
+    /// Blocks of one key split of decode attention over `seqs` sequences: each kv head's query
+    /// heads in groups of at most [`ATTN_GMAX`].
+    fn attn_blocks_per_split(p: &AttentionParams, seqs: usize) -> usize {
+        seqs * p.kv_heads * (p.heads / p.kv_heads.max(1)).div_ceil(ATTN_GMAX)
+    }
+
+    /// The blocks of one wave of the decode attention kernel over `keys` keys that
+    /// [`splits_for_seqs`](Self::splits_for_seqs) aims at (`CudaOptions::attn_split_blocks_per_sm`
+    /// a SM, 0: the kernel's resident blocks).
+    fn attn_wave_slots(&self, keys: usize, p: &AttentionParams) -> usize {
+        let (per_sm, short) = {
             let o = self.opts();
-            (
-                o.attn_split_min_keys as usize,
-                o.attn_split_blocks_per_sm as usize,
-                o.attn_short_keys,
-            )
+            (o.attn_split_blocks_per_sm as usize, o.attn_short_keys)
         };
         let per_sm = if per_sm == 0 {
             // resident blocks per SM (`__launch_bounds__`): the short-span head_dim-128 kernel 2,
@@ -734,7 +747,7 @@ impl CudaBackend {
         } else {
             per_sm
         };
-        key_splits(keys, blocks, per_sm * self.inner.sms, min_keys)
+        per_sm * self.inner.sms
     }
 
     /// A decode step's attention for several sequences at once: row `i` of `io.q`, `io.k`,
@@ -782,8 +795,20 @@ impl CudaBackend {
         let heads_per_kv = p.heads / p.kv_heads;
         // (the key splits are those of blocks of ATTN_GMAX heads either way: the same bits)
         let splits = self.splits_for_seqs(keys, p, n);
-        let (ngroups, variant) = if self.opts().attn_g8 && d == 128 && heads_per_kv <= ATTN_G8_GMAX
-        {
+        // the g8 kernels (`attn_g8` 1) where blocks of ATTN_GMAX heads would take more than a
+        // wave (then the keys are not split: 32 rows of Laguna-XS are 512 blocks for 264 slots
+        // on an H100); below that, halving the blocks halves the work in flight
+        let g8 = d == 128
+            && heads_per_kv <= ATTN_G8_GMAX
+            && match self.opts().attn_g8 {
+                0 => false,
+                1 => {
+                    Self::attn_blocks_per_split(p, n.min(ATTN_BATCH_MAX))
+                        > self.attn_wave_slots(keys, p)
+                }
+                _ => true,
+            };
+        let (ngroups, variant) = if g8 {
             let fp8 = usize::from(chunks[0].kv.kv_t == 1);
             (1, ATTN_G8_VARIANT + fp8)
         } else {
