@@ -516,7 +516,24 @@ struct GhStage {
 // (group % 4 == 0; softplus_gate's product, so the same bits as that kernel then this one). One
 // warp per row, 8 rows a block of 256; 8 lanes per 32 values, lane j reading values 4j .. 4j + 3
 // (coalesced), which are exactly the pairs of two words of each part: (4j, 4j + 2) is word
-// 4 (j & 1) + j / 2, (4j + 1, 4j + 3) that plus 8.
+// 4 (j & 1) + j / 2, (4j + 1, 4j + 3) that plus 8. Rows of at most 128 * XS_REG_V values (a
+// prompt's hidden states, the experts' SiLU products) are loaded once, all of a lane's float4s
+// in flight together, and kept in registers for the scale and the parts; longer rows are read
+// twice (the max, then the parts), a few float4s in flight a lane. Either way the same values.
+#define XS_REG_V 16
+
+// Float4 i of a row (v, lane = i % 32), times xs, as its two words of each part (hi, lo: the
+// row's parts).
+__device__ __forceinline__ void x_split_store(u32* hi, u32* lo, int lane, int i, float4 v, float xs) {
+    const int word = 4 * (lane & 1) + ((lane >> 1) & 3);
+    const float a0 = v.x * xs, b0 = v.z * xs, a1 = v.y * xs, b1 = v.w * xs;
+    const int w = (i >> 3) * 16 + word;
+    hi[w] = f16x2_split(a0, b0);
+    lo[w] = f16x2_rn(a0, b0);
+    hi[w + 8] = f16x2_split(a1, b1);
+    lo[w + 8] = f16x2_rn(a1, b1);
+}
+
 extern "C" __global__ void __launch_bounds__(256)
     x_split_h16(const float* __restrict__ x, const float* __restrict__ xds, int T, int K, u16* __restrict__ xh,
                 float* __restrict__ xds_out, const float* __restrict__ gate, int group) {
@@ -538,6 +555,49 @@ extern "C" __global__ void __launch_bounds__(256)
         }
         return v;
     };
+    u32* hi = (u32*)(xh + r * K);
+    u32* lo = (u32*)(xh + (long)T * K + r * K);
+    const int n4 = K / 4;
+    if (K <= 128 * XS_REG_V) {
+        float4 v[XS_REG_V];
+#pragma unroll
+        for (int q = 0; q < XS_REG_V; q++) {
+            const int i = lane + 32 * q;
+            v[q] = i < n4 ? __ldg(row + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        if (grow) {
+#pragma unroll
+            for (int q = 0; q < XS_REG_V; q++) {
+                const int i = lane + 32 * q;
+                if (i < n4) {
+                    const float s = softplus(__ldg(grow + 4 * i / group));
+                    v[q].x *= s;
+                    v[q].y *= s;
+                    v[q].z *= s;
+                    v[q].w *= s;
+                }
+            }
+        }
+        float xs;
+        if (xds != nullptr) {
+            xs = gt_row_xs(xds, r);
+        } else {
+            // (max is exact in any order: the loop path's scale)
+            float m = 0.f;
+#pragma unroll
+            for (int q = 0; q < XS_REG_V; q++)
+                m = fmaxf(m, fmaxf(fmaxf(fabsf(v[q].x), fabsf(v[q].y)), fmaxf(fabsf(v[q].z), fabsf(v[q].w))));
+            const float ds = pow2f(-xb_exp(warp_max(m)));
+            if (lane == 0) xds_out[r] = ds;
+            xs = 1.f / ds;
+        }
+#pragma unroll
+        for (int q = 0; q < XS_REG_V; q++) {
+            const int i = lane + 32 * q;
+            if (i < n4) x_split_store(hi, lo, lane, i, v[q], xs);
+        }
+        return;
+    }
     float xs;
     if (xds != nullptr) {
         xs = gt_row_xs(xds, r);
@@ -552,19 +612,8 @@ extern "C" __global__ void __launch_bounds__(256)
         if (lane == 0) xds_out[r] = ds;
         xs = 1.f / ds;
     }
-    u32* hi = (u32*)(xh + r * K);
-    u32* lo = (u32*)(xh + (long)T * K + r * K);
-    const int word = 4 * (lane & 1) + ((lane >> 1) & 3);
 #pragma unroll 4
-    for (int i = lane; i < K / 4; i += 32) {
-        const float4 v = load(i);
-        float a0 = v.x * xs, b0 = v.z * xs, a1 = v.y * xs, b1 = v.w * xs;
-        const int w = (i >> 3) * 16 + word;
-        hi[w] = f16x2_split(a0, b0);
-        lo[w] = f16x2_rn(a0, b0);
-        hi[w + 8] = f16x2_split(a1, b1);
-        lo[w + 8] = f16x2_rn(a1, b1);
-    }
+    for (int i = lane; i < n4; i += 32) x_split_store(hi, lo, lane, i, load(i), xs);
 }
 
 // Where a block's gh_load copies from: this thread's weight row (tid / 2; null: zeros) and,
