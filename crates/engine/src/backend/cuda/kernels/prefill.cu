@@ -526,7 +526,7 @@ struct GhStage {
 // row's parts).
 __device__ __forceinline__ void x_split_store(u32* hi, u32* lo, int lane, int i, float4 v, float xs) {
     const int word = 4 * (lane & 1) + ((lane >> 1) & 3);
-    const float a0 = v.x * xs, b0 = v.z * xs, a1 = v.y * xs, b1 = v.w * xs;
+    float a0 = v.x * xs, b0 = v.z * xs, a1 = v.y * xs, b1 = v.w * xs;  // (f16x2_split leaves the remainders)
     const int w = (i >> 3) * 16 + word;
     hi[w] = f16x2_split(a0, b0);
     lo[w] = f16x2_rn(a0, b0);
