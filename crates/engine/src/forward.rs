@@ -215,7 +215,13 @@ fn mismatch<B: Backend>(b: &B, got: usize, want: usize) -> EngineError {
 
 /// The routed experts' weighted sum (plus the shared expert) of each row.
 fn mixture<B: Backend>(b: &B, moe: &Moe<B>, x: &B::Tensor) -> Result<B::Tensor> {
-    let logits = b.linear(x, &moe.router, None)?;
+    // the router and the shared expert's gate and up read the same rows: one call
+    let mut ws = vec![(&moe.router, None)];
+    if let Some(shared) = &moe.shared {
+        ws.extend([(&shared.gate, None), (&shared.up, None)]);
+    }
+    let mut outs = linears(b, x, &ws)?.into_iter();
+    let logits = outs.next().ok_or_else(|| mismatch(b, 0, ws.len()))?;
     let routing = b.route(
         &logits,
         moe.selection_bias.as_ref(),
@@ -223,8 +229,9 @@ fn mixture<B: Backend>(b: &B, moe: &Moe<B>, x: &B::Tensor) -> Result<B::Tensor> 
         moe.routed_scale,
     )?;
     let mut out = b.experts(x, &routing, &moe.experts)?;
-    if let Some(shared) = &moe.shared {
-        swiglu_add(b, shared, x, &mut out)?;
+    if let (Some(shared), Some(g), Some(u)) = (&moe.shared, outs.next(), outs.next()) {
+        let a = b.silu_mul(&g, &u)?;
+        b.linear_add(&mut out, &a, &shared.down, None)?;
     }
     Ok(out)
 }

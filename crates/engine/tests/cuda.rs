@@ -603,6 +603,69 @@ fn gpu_elementwise_ops_and_residual_adds_match_cpu() {
     }
 }
 
+/// A prompt's bf16 weights of one input (the MoE router and the shared expert's gate and up: 256,
+/// 1,024 and 1,024 rows) in one `gemm_mma_segs` launch (`CudaOptions::mma_merged`), none split
+/// over K, where each alone splits K: each output against `linear` of its weight alone on the GPU
+/// (a K split: another summation order) and against the CPU; and with the option off, not
+/// merged.
+#[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
+fn gpu_merged_bf16_linears_match_each_alone() {
+    let gpu = gpu();
+    let cpu = CpuBackend::new();
+    let (t, k) = (1100usize, 512usize);
+    let ws: Vec<LinearWeight> = [256usize, 1024, 1024]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let bits: Vec<u16> = values(n * k, 900 + i as u64, 0.2)
+                .iter()
+                .map(|x| half::bf16::from_f32(*x).to_bits())
+                .collect();
+            LinearWeight::from_bf16_bits(n, k, &bits)
+        })
+        .collect();
+    let gl: Vec<_> = ws
+        .iter()
+        .map(|w| gpu.load_linear("w", w.clone()).unwrap())
+        .collect();
+    let cl: Vec<_> = ws
+        .iter()
+        .map(|w| cpu.load_linear("w", w.clone()).unwrap())
+        .collect();
+    let x = values(t * k, 77, 4.0);
+    let (gx, cx) = (gpu.upload(t, k, &x).unwrap(), cpu.upload(t, k, &x).unwrap());
+    let parts: Vec<_> = gl.iter().map(|w| (w, None)).collect();
+    let defaults = gpu.options();
+    for merged in [true, false] {
+        gpu.set_options(CudaOptions {
+            mma_merged: merged,
+            ..defaults.clone()
+        });
+        let before = gpu.merged_bf16_linears();
+        let together = gpu.linears(&gx, &parts).unwrap();
+        assert_eq!(
+            gpu.merged_bf16_linears() - before,
+            if merged { 3 } else { 0 },
+            "merged {merged}: linears in gemm_mma_segs"
+        );
+        for (i, (w, c)) in gl.iter().zip(&cl).enumerate() {
+            let both = gpu.download(&together[i]).unwrap();
+            let alone = gpu.download(&gpu.linear(&gx, w, None).unwrap()).unwrap();
+            let want = cpu.download(&cpu.linear(&cx, c, None).unwrap()).unwrap();
+            for (label, other) in [("linear alone", &alone), ("the CPU", &want)] {
+                let worst = max_abs_diff(&both, other);
+                println!("merged {merged}, weight {i}: max |linears - {label}| {worst:.3e}");
+                assert!(
+                    worst <= 1e-5 * (1.0 + max_abs(other)),
+                    "merged {merged}, weight {i} vs {label}: {worst}"
+                );
+            }
+        }
+    }
+    gpu.set_options(defaults);
+}
+
 /// NVFP4 routed experts (gate/up, down, weighted sum) through the `Backend` trait, GPU vs CPU, at a
 /// shape where K % 128 == 0 (hidden 256, inter 128: the tensor-core decode path), one where it
 /// is not (hidden 96) and one of 40 experts: 1 to 3,000 tokens, top-3 of sigmoid-scored experts.

@@ -15,6 +15,7 @@
 //! | `FP4FORGE_CUDA_MMA_GEMM` | `mma_gemm` | `0`: multi-token bf16/NVFP4 linears on `gemm_tiled` (f32 FMA), not `gemm_mma` (tensor cores, sm_80+) | on |
 //! | `FP4FORGE_CUDA_H16_GEMM` | `h16_gemm` | `0`: prompts' NVFP4 linears (more than 64 tokens, K % 64 == 0) and grouped NVFP4 experts on `gemm_mma`'s core (f16 path), not on `gemm_h16`'s (x split once, K steps in flight; sm_90) | on |
 //! | `FP4FORGE_CUDA_H16_MERGE` | `h16_merged` | `0`: the weights of one input on `gemm_h16` (q/k/v of a prompt) one launch each, not in one launch where their tiles fill the device without a K split | on |
+//! | `FP4FORGE_CUDA_MMA_MERGE` | `mma_merged` | `0`: a prompt's bf16 weights of one input (the MoE router and the shared expert's gate and up) one `gemm_mma` launch each, each splitting K where its tiles alone do not fill the device (and adding the splits in a launch of its own), not in one `gemm_mma_segs` launch without a K split | on (not yet measured) |
 //! | `FP4FORGE_CUDA_H16_B1` | `h16_one_block` | `1`: `gemm_h16` as its variant of one block a SM with more registers, each chunk's B fragments loaded ahead | off |
 //! | `FP4FORGE_CUDA_GROUPED_MOE` | `grouped_moe` | `0`: multi-token routed experts on the per-item kernels, not grouped by expert on tensor cores (sm_80+) | on |
 //! | `FP4FORGE_CUDA_BATCH_ATTN` | `batched_attention` | `0`: a batched decode step's attention sequence by sequence (rope, attention, append per sequence), not in one `attn_dec_batch` launch | on |
@@ -170,6 +171,9 @@ pub struct CudaOptions {
     /// `FP4FORGE_CUDA_MT_WIDE`: fewest tokens (at least 5) of an NVFP4 `gemv_mt` launch on
     /// `gemv_mt_wide` (0: never).
     pub mt_wide_min_tokens: usize,
+    /// `FP4FORGE_CUDA_MMA_MERGE`: a prompt's bf16 weights of one input in one `gemm_mma_segs`
+    /// launch without a K split.
+    pub mma_merged: bool,
     /// `FP4FORGE_CUDA_NORM_ROPE`: a prompt chunk's per-head q/k norms inside the rope's pass.
     pub norm_rope: bool,
     /// `FP4FORGE_CUDA_ATTN_G8`: where a batched decode step's attention of 128-wide heads takes
@@ -235,6 +239,7 @@ impl Default for CudaOptions {
             h16_few_min: 0,
             attn_g8: 0,
             norm_rope: true,
+            mma_merged: true,
             mt_interleave: true,
             few_token_max: GEMV_MT_MAX_TOKENS,
             few_moe_min_tokens: FEW_MOE_MIN_TOKENS,
@@ -331,6 +336,7 @@ impl CudaOptions {
             mt_interleave: on("FP4FORGE_CUDA_MT_INTERLEAVE"),
             attn_g8: num("FP4FORGE_CUDA_ATTN_G8").unwrap_or(d.attn_g8),
             norm_rope: on("FP4FORGE_CUDA_NORM_ROPE"),
+            mma_merged: on("FP4FORGE_CUDA_MMA_MERGE"),
             ..d
         }
     }
@@ -399,8 +405,9 @@ mod tests {
             ("FP4FORGE_CUDA_H16_FEW", "17"),
             ("FP4FORGE_CUDA_ATTN_G8", "1"),
             ("FP4FORGE_CUDA_NORM_ROPE", "0"),
+            ("FP4FORGE_CUDA_MMA_MERGE", "0"),
         ]);
-        assert!(o.attn_g8 == 1 && !o.norm_rope);
+        assert!(o.attn_g8 == 1 && !o.norm_rope && !o.mma_merged);
         assert_eq!(o.mt_wide_min_tokens, 9);
         assert_eq!(o.h16_few_min, 17);
         assert!(!o.mt_interleave);

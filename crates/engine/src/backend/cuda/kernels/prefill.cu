@@ -413,15 +413,16 @@ __device__ __forceinline__ void gt_each(const float acc[2][4][4], F f) {
 // With splits > 1 (few tiles: a batched decode step's handful of tokens), block z takes K chunks
 // [z kc, (z + 1) kc) of GT_BK and writes its raw sums to part[z][t][o]; then gemm_splitk_reduce
 // adds the splits in order and applies the epilogue.
+// The block's row tile is `rtile` (the kernel's blockIdx.x, or its place in its segment).
 template <int PF>
 __device__ __forceinline__ void gemm_mma_impl(int fmt, const void* __restrict__ w, const u8* __restrict__ scales,
                                               float inv_g, const float* __restrict__ x, float* y,
                                               const float* __restrict__ bias, const float* resid, int N, int K,
                                               int T, int kc, float* __restrict__ part,
-                                              const float* __restrict__ xds) {
+                                              const float* __restrict__ xds, int rtile) {
     __shared__ __align__(16) GtStage smem[2];
     const int tid = threadIdx.x;
-    const long r0 = (long)blockIdx.x * GT_BM, t0 = (long)blockIdx.y * GT_BN;
+    const long r0 = (long)rtile * GT_BM, t0 = (long)blockIdx.y * GT_BN;
     const long wrow = r0 + (tid >> 1), xrow = t0 + (tid >> 2);
     const int k0 = (int)blockIdx.z * kc * GT_BK;
     const int kn = min(K - k0, kc * GT_BK);  // this split's K (> 0: the host sizes kc)
@@ -467,11 +468,24 @@ __device__ __forceinline__ void gemm_mma_impl(int fmt, const void* __restrict__ 
         NAME(int fmt, const void* __restrict__ w, const u8* __restrict__ scales, float inv_g,                  \
              const float* __restrict__ x, float* y, const float* __restrict__ bias, const float* resid, int N, \
              int K, int T, int kc, float* __restrict__ part, const float* __restrict__ xds) {                 \
-        gemm_mma_impl<PF>(fmt, w, scales, inv_g, x, y, bias, resid, N, K, T, kc, part, xds);                   \
+        gemm_mma_impl<PF>(fmt, w, scales, inv_g, x, y, bias, resid, N, K, T, kc, part, xds, blockIdx.x);       \
     }
 // gemm_mma: prefill-sized grids; gemm_mma_deep: one tile of tokens (a decode step's rows)
 GEMM_MMA_KERNEL(gemm_mma, 1)
 GEMM_MMA_KERNEL(gemm_mma_deep, GT_PF_DEEP)
+
+// gemm_mma of several bf16 weights on one input in one launch, none of them split over K (a
+// prompt's MoE router and shared expert's gate and up: alone, each has too few row tiles to
+// fill the device, so each would split K and add the splits in a launch of its own): segment
+// s's blocks take its row tiles, y_s = x . W_s^T. Each tile computes as gemm_mma's unsplit
+// tile. Grid (the segments' row tiles, ceil(T / GT_BN)), 256 threads.
+extern "C" __global__ void __launch_bounds__(256)
+    gemm_mma_segs(Segs segs, const float* __restrict__ x, int K, int T) {
+    const int si = seg_index(segs, blockIdx.x);
+    const Seg& g = segs.s[si];
+    gemm_mma_impl<1>(g.fmt, g.w, g.scales, g.inv_g, x, g.y, nullptr, nullptr, g.N, K, T, K / GT_BK, nullptr,
+                     nullptr, (int)blockIdx.x - g.block0);
+}
 
 // ---- prompts' NVFP4 linears on f16 tensor cores, several K steps in flight (gemm_h16) --------
 //

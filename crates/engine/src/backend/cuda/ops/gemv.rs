@@ -1119,6 +1119,7 @@ impl CudaBackend {
                 self.count_h16_few(variant);
             }
         }
+        self.merged_bf16_rows(x, ws, &mut outs)?;
         ws.iter()
             .zip(outs)
             .map(|(&(w, bias), out)| match out {
@@ -1126,6 +1127,79 @@ impl CudaBackend {
                 None => self.linear_rows(x, w, bias, &shared),
             })
             .collect()
+    }
+
+    /// [`linears_rows`](Self::linears_rows)' bf16 weights of `ws` without a bias that `gemv_raw`
+    /// would run on `gemm_mma` (a prompt's MoE router and shared expert's gate and up), into
+    /// `outs`, in one `gemm_mma_segs` launch where their row tiles together fill the device
+    /// without a K split and some of them alone would split K (and add the splits in a launch of
+    /// its own), unless `CudaOptions::mma_merged` is off; otherwise nothing.
+    fn merged_bf16_rows(
+        &self,
+        x: &CudaTensor,
+        ws: &[(&CudaLinear, Option<&CudaTensor>)],
+        outs: &mut [Option<CudaTensor>],
+    ) -> Result<()> {
+        let (t, k) = (x.rows, x.cols);
+        let (on, merge) = {
+            let o = self.opts();
+            (
+                o.tiled_prefill && o.mma_gemm && self.inner.sm80,
+                o.mma_merged,
+            )
+        };
+        let merged: Vec<usize> = (0..ws.len())
+            .filter(|&i| {
+                let w = ws[i].0;
+                outs[i].is_none()
+                    && ws[i].1.is_none()
+                    && w.fmt == 2
+                    && w.cols == k
+                    && !self.gemv_mt_applies(w, t)
+                    && Self::gemm_mma_takes(w, t, on)
+            })
+            .take(MultiLinear::MAX)
+            .collect();
+        let chunks = k / 32;
+        let token_tiles = t.div_ceil(GEMM_MMA_TOKENS as usize);
+        let tiles = |w: &CudaLinear| w.rows.div_ceil(GEMM_MMA_ROWS as usize) * token_tiles;
+        let all: usize = merged.iter().map(|&i| tiles(ws[i].0)).sum();
+        let sms = self.inner.sms;
+        if !merge
+            || merged.len() < 2
+            || gemm_k_splits(all, chunks, sms) > 1
+            || merged
+                .iter()
+                .all(|&i| gemm_k_splits(tiles(ws[i].0), chunks, sms) == 1)
+        {
+            return Ok(());
+        }
+        let mut parts = Vec::with_capacity(merged.len());
+        for &i in &merged {
+            let y = self.tensor(t, ws[i].0.rows)?;
+            parts.push((ws[i].0, self.ptr(&y.buf)));
+            outs[i] = Some(y);
+        }
+        let (segs, row_tiles) = Segs::of(self, &parts, |_| GEMM_MMA_ROWS as usize);
+        ops::prefill::GemmMmaSegsArgs {
+            segs,
+            x: self.ptr(&x.buf),
+            k: k as i32,
+            t: t as i32,
+        }
+        .launch(self, (row_tiles, token_tiles as u32, 1), (256, 1, 1))?;
+        self.inner
+            .merged_bf16_linears
+            .fetch_add(merged.len(), std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Linears run in `gemm_mma_segs` launches ([`linears_rows`](Self::linears_rows): several
+    /// bf16 weights on one prompt's rows) on this backend (and its clones) so far.
+    pub fn merged_bf16_linears(&self) -> usize {
+        self.inner
+            .merged_bf16_linears
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// x's f16 parts for `gemm_h16`: `t` rows of `k` values (`k % 32 == 0`) times their

@@ -24,6 +24,10 @@ kernels! {
         bias: DevPtr<f32>, resid: DevPtr<f32>, n: i32, k: i32, t: i32, kc: i32,
         part: DevPtr<f32>, xds: DevPtr<f32>,
     }
+    /// `y_s = x · W_sᵀ` for `t` tokens of each bf16 `W_s` of `segs` in one launch, none split
+    /// over K (`k % 32 == 0`): `gemm_mma`'s tiles (grid x: the segments' row tiles, y: the
+    /// tokens' tiles), 256 threads.
+    gemm_mma_segs => GemmMmaSegsArgs { segs: Segs, x: DevPtr<f32>, k: i32, t: i32 }
     /// `y = resid + bias + gscale · Σ_z part[z]` over `gemm_mma`'s K splits, in order (`xds` as
     /// given to `gemm_mma`).
     gemm_splitk_reduce => GemmSplitkReduceArgs {
