@@ -511,23 +511,13 @@ fn gpu_elementwise_ops_and_residual_adds_match_cpu() {
         .iter()
         .enumerate()
         .map(|(i, &n)| {
-            let bits: Vec<u16> = values(n * k, 500 + i as u64, 0.2)
-                .iter()
-                .map(|x| half::bf16::from_f32(*x).to_bits())
-                .collect();
+            let bits = bf16_bits(n * k, 500 + i as u64);
             let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
             let view = WeightView::new("w", SourceDtype::Bf16, n, k, &bytes).unwrap();
             LinearWeight::from_nvfp4(&quantize(&view).unwrap(), None)
         })
         .collect();
-    let gl: Vec<_> = ws
-        .iter()
-        .map(|w| gpu.load_linear("w", w.clone()).unwrap())
-        .collect();
-    let cl: Vec<_> = ws
-        .iter()
-        .map(|w| cpu.load_linear("w", w.clone()).unwrap())
-        .collect();
+    let (gl, cl) = (loaded(&gpu, &ws), loaded(&cpu, &ws));
     for t in [3usize, 40, 300] {
         let x = values(t * k, t as u64, 8.0);
         let (gx, cx) = (gpu.upload(t, k, &x).unwrap(), cpu.upload(t, k, &x).unwrap());
@@ -603,6 +593,21 @@ fn gpu_elementwise_ops_and_residual_adds_match_cpu() {
     }
 }
 
+/// `n` bf16 values (as bits) of weight scale, from `seed`.
+fn bf16_bits(n: usize, seed: u64) -> Vec<u16> {
+    values(n, seed, 0.2)
+        .iter()
+        .map(|x| half::bf16::from_f32(*x).to_bits())
+        .collect()
+}
+
+/// `ws` resident on `b`.
+fn loaded<B: Backend>(b: &B, ws: &[LinearWeight]) -> Vec<B::Linear> {
+    ws.iter()
+        .map(|w| b.load_linear("w", w.clone()).unwrap())
+        .collect()
+}
+
 /// A prompt's bf16 weights of one input (the MoE router and the shared expert's gate and up: 256,
 /// 1,024 and 1,024 rows) in one `gemm_mma_segs` launch (`CudaOptions::mma_merged`), none split
 /// over K, where each alone splits K: each output against `linear` of its weight alone on the GPU
@@ -617,22 +622,9 @@ fn gpu_merged_bf16_linears_match_each_alone() {
     let ws: Vec<LinearWeight> = [256usize, 1024, 1024]
         .iter()
         .enumerate()
-        .map(|(i, &n)| {
-            let bits: Vec<u16> = values(n * k, 900 + i as u64, 0.2)
-                .iter()
-                .map(|x| half::bf16::from_f32(*x).to_bits())
-                .collect();
-            LinearWeight::from_bf16_bits(n, k, &bits)
-        })
+        .map(|(i, &n)| LinearWeight::from_bf16_bits(n, k, &bf16_bits(n * k, 900 + i as u64)))
         .collect();
-    let gl: Vec<_> = ws
-        .iter()
-        .map(|w| gpu.load_linear("w", w.clone()).unwrap())
-        .collect();
-    let cl: Vec<_> = ws
-        .iter()
-        .map(|w| cpu.load_linear("w", w.clone()).unwrap())
-        .collect();
+    let (gl, cl) = (loaded(&gpu, &ws), loaded(&cpu, &ws));
     let x = values(t * k, 77, 4.0);
     let (gx, cx) = (gpu.upload(t, k, &x).unwrap(), cpu.upload(t, k, &x).unwrap());
     let parts: Vec<_> = gl.iter().map(|w| (w, None)).collect();

@@ -113,16 +113,11 @@ extern "C" __global__ void __launch_bounds__(512) norm_stage(const float* __rest
 // 128 * RNW_V): one warp per group, 8 groups per block of 256, `groups` in all. A block per
 // 128-value head (rms_norm) kept 32 of its threads busy and took 256 us for a 2,048-token q of
 // 64 heads on the H200.
-extern "C" __global__ void __launch_bounds__(256) rms_norm_warp(const float* __restrict__ x, const float* __restrict__ w,
-                                                               float* __restrict__ y, int width, float eps,
-                                                               long groups) {
-    pdl_enter();
-    const long g = (long)blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (g >= groups) return;
-    const int lane = threadIdx.x & 31;
-    const float* xr = x + g * width;
-    float* yr = y + g * width;
-    float4 v[RNW_V];
+// A warp's group of `width` values at xr normed in registers (rms_norm's formula, w the weight):
+// lane slot q holds values 4 (lane + 32 q) .. + 4 (zeros past width). The arithmetic of
+// rms_norm_warp and norm_rope, so both give the same bits.
+__device__ __forceinline__ void warp_norm_regs(const float* xr, const float* __restrict__ w, int width, float eps,
+                                               int lane, float4 (&v)[RNW_V]) {
     float ss = 0.f;
 #pragma unroll
     for (int q = 0; q < RNW_V; q++) {
@@ -137,9 +132,25 @@ extern "C" __global__ void __launch_bounds__(256) rms_norm_warp(const float* __r
         const int i = 4 * (lane + 32 * q);
         if (i < width) {
             const float4 wv = __ldg((const float4*)(w + i));
-            *(float4*)(yr + i) = make_float4(wv.x * (v[q].x * r), wv.y * (v[q].y * r), wv.z * (v[q].z * r),
-                                             wv.w * (v[q].w * r));
+            v[q] = make_float4(wv.x * (v[q].x * r), wv.y * (v[q].y * r), wv.z * (v[q].z * r), wv.w * (v[q].w * r));
         }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) rms_norm_warp(const float* __restrict__ x, const float* __restrict__ w,
+                                                               float* __restrict__ y, int width, float eps,
+                                                               long groups) {
+    pdl_enter();
+    const long g = (long)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (g >= groups) return;
+    const int lane = threadIdx.x & 31;
+    float* yr = y + g * width;
+    float4 v[RNW_V];
+    warp_norm_regs(x + g * width, w, width, eps, lane, v);
+#pragma unroll
+    for (int q = 0; q < RNW_V; q++) {
+        const int i = 4 * (lane + 32 * q);
+        if (i < width) *(float4*)(yr + i) = v[q];
     }
 }
 
@@ -212,8 +223,8 @@ extern "C" __global__ void __launch_bounds__(NG_WARPS * 32) norm_gemv_bf16(const
 // Per-head RMSNorm (w: its weight; null: none) then NeoX rotation within the first `rdim` dims,
 // in place, of x rows [T, heads * hd], row t at position pos0 + t (a prompt chunk's q or k). One
 // block of 256 threads per row: the row's cos and sin (f64 trigonometry of the f32 angle, times
-// attn_factor) once into shared memory, then each warp takes whole heads: rms_norm_warp's loads,
-// sum and products (the same bits as that kernel's output), the normed head into the warp's
+// attn_factor) once into shared memory, then each warp takes whole heads: rms_norm_warp's norm
+// (warp_norm_regs: the same bits as that kernel's output), the normed head into the warp's
 // shared buffer, then each dim rotated from there (consecutive lanes on consecutive dims). One
 // pass over the rows instead of rms_norm_warp's and a rope pass's (a 2,048-token q of 64 heads:
 // 67 MB read and written once less). hd % 4 == 0, hd <= 128 * RNW_V, rdim / 2 <= ROPE_HALF_MAX.
@@ -238,24 +249,13 @@ extern "C" __global__ void __launch_bounds__(256) norm_rope(float* x, const floa
     for (int h = wid; h < heads; h += 8) {
         float* xr = x + ((long)t * heads + h) * hd;
         float4 v[RNW_V];
-        float ss = 0.f;
-#pragma unroll
-        for (int q = 0; q < RNW_V; q++) {
-            const int i = 4 * (lane + 32 * q);
-            v[q] = i < hd ? *(const float4*)(xr + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-            ss += v[q].x * v[q].x + v[q].y * v[q].y + v[q].z * v[q].z + v[q].w * v[q].w;
-        }
         if (w) {
-            ss = warp_sum(ss);
-            const float r = 1.0f / sqrtf(ss / (float)hd + eps);
+            warp_norm_regs(xr, w, hd, eps, lane, v);
+        } else {
 #pragma unroll
             for (int q = 0; q < RNW_V; q++) {
                 const int i = 4 * (lane + 32 * q);
-                if (i < hd) {
-                    const float4 wv = __ldg((const float4*)(w + i));
-                    v[q] = make_float4(wv.x * (v[q].x * r), wv.y * (v[q].y * r), wv.z * (v[q].z * r),
-                                       wv.w * (v[q].w * r));
-                }
+                v[q] = i < hd ? *(const float4*)(xr + i) : make_float4(0.f, 0.f, 0.f, 0.f);
             }
         }
 #pragma unroll

@@ -1092,13 +1092,8 @@ impl CudaBackend {
                 && merged.len() >= 2
                 && gemm_k_splits(tiles, k / 32, self.inner.sms) == 1
             {
-                let mut parts = Vec::with_capacity(merged.len());
-                for &i in &merged {
-                    let y = self.tensor(t, ws[i].0.rows)?;
-                    parts.push((ws[i].0, self.ptr(&y.buf)));
-                    outs[i] = Some(y);
-                }
-                let (segs, row_tiles) = Segs::of(self, &parts, |_| GEMM_H16_ROWS as usize);
+                let (segs, row_tiles) =
+                    self.merged_segs(ws, &merged, (t, &mut outs), GEMM_H16_ROWS as usize)?;
                 ops::prefill::GemmH16Args {
                     segs,
                     xh: self.ptr(xh),
@@ -1127,6 +1122,25 @@ impl CudaBackend {
                 None => self.linear_rows(x, w, bias, &shared),
             })
             .collect()
+    }
+
+    /// The segments of one launch over the weights `merged` (indices into `ws`), each into a new
+    /// output of `t` rows put in its place of `outs`, a block covering `rows_per_block` rows;
+    /// and the blocks in all.
+    fn merged_segs(
+        &self,
+        ws: &[(&CudaLinear, Option<&CudaTensor>)],
+        merged: &[usize],
+        (t, outs): (usize, &mut [Option<CudaTensor>]),
+        rows_per_block: usize,
+    ) -> Result<(Segs, u32)> {
+        let mut parts = Vec::with_capacity(merged.len());
+        for &i in merged {
+            let y = self.tensor(t, ws[i].0.rows)?;
+            parts.push((ws[i].0, self.ptr(&y.buf)));
+            outs[i] = Some(y);
+        }
+        Ok(Segs::of(self, &parts, |_| rows_per_block))
     }
 
     /// [`linears_rows`](Self::linears_rows)' bf16 weights of `ws` without a bias that `gemv_raw`
@@ -1174,13 +1188,7 @@ impl CudaBackend {
         {
             return Ok(());
         }
-        let mut parts = Vec::with_capacity(merged.len());
-        for &i in &merged {
-            let y = self.tensor(t, ws[i].0.rows)?;
-            parts.push((ws[i].0, self.ptr(&y.buf)));
-            outs[i] = Some(y);
-        }
-        let (segs, row_tiles) = Segs::of(self, &parts, |_| GEMM_MMA_ROWS as usize);
+        let (segs, row_tiles) = self.merged_segs(ws, &merged, (t, outs), GEMM_MMA_ROWS as usize)?;
         ops::prefill::GemmMmaSegsArgs {
             segs,
             x: self.ptr(&x.buf),
