@@ -15,7 +15,7 @@
 //! | `FP4FORGE_CUDA_MMA_GEMM` | `mma_gemm` | `0`: multi-token bf16/NVFP4 linears on `gemm_tiled` (f32 FMA), not `gemm_mma` (tensor cores, sm_80+) | on |
 //! | `FP4FORGE_CUDA_H16_GEMM` | `h16_gemm` | `0`: prompts' NVFP4 linears (more than 64 tokens, K % 64 == 0) and grouped NVFP4 experts on `gemm_mma`'s core (f16 path), not on `gemm_h16`'s (x split once, K steps in flight; sm_90) | on |
 //! | `FP4FORGE_CUDA_H16_MERGE` | `h16_merged` | `0`: the weights of one input on `gemm_h16` (q/k/v of a prompt) one launch each, not in one launch where their tiles fill the device without a K split | on |
-//! | `FP4FORGE_CUDA_MMA_MERGE` | `mma_merged` | `0`: a prompt's bf16 weights of one input (the MoE router and the shared expert's gate and up) one `gemm_mma` launch each, each splitting K where its tiles alone do not fill the device (and adding the splits in a launch of its own), not in one `gemm_mma_segs` launch without a K split | on (not yet measured) |
+//! | `FP4FORGE_CUDA_MMA_MERGE` | `mma_merged` | `1`: a prompt's bf16 weights of one input (the MoE router and the shared expert's gate and up) in one `gemm_mma_segs` launch without a K split, where their tiles together fill the device and some alone would split K, not one `gemm_mma` launch each (each splitting K and adding the splits in a launch of its own) | off (not yet measured: at a 2K prompt of Laguna-XS the merged launch is 320 blocks for 264 slots, a second partial wave of whole-K tiles, against three launches of about a wave each and three sums) |
 //! | `FP4FORGE_CUDA_H16_B1` | `h16_one_block` | `1`: `gemm_h16` as its variant of one block a SM with more registers, each chunk's B fragments loaded ahead | off |
 //! | `FP4FORGE_CUDA_GROUPED_MOE` | `grouped_moe` | `0`: multi-token routed experts on the per-item kernels, not grouped by expert on tensor cores (sm_80+) | on |
 //! | `FP4FORGE_CUDA_BATCH_ATTN` | `batched_attention` | `0`: a batched decode step's attention sequence by sequence (rope, attention, append per sequence), not in one `attn_dec_batch` launch | on |
@@ -48,7 +48,7 @@
 //! | `FP4FORGE_CUDA_H16_FEW` | `h16_few_min` | `N`: NVFP4 linears of N to 32 tokens (a batched decode step's q/k/v and o) on `gemm_h16`'s tiles of 32 tokens (`gemm_h16_t32`: each weight fragment decoded once for all the step's tokens, weights and x copied through shared memory three K steps ahead, K split over blocks and summed by `gemm_splitk_reduce`), not on `gemv_mt` (8 tokens a grid row); `0`: never | off (H100, 2026-12-06, call S, `N` = 9: 10% slower at 16 rows, 2.2% at 32; at 32 rows `gemm_h16_t32` took 2.14 ms a step against `gemv_mt_nv`'s ~3.2, but `x_split_h16`, 4 blocks for 32 rows, 0.98 ms and the K splits' sums 0.60) |
 //! | `FP4FORGE_CUDA_MT_INTERLEAVE` | `mt_interleave` | `0`: `gemv_mt` grids of several grid rows (more tokens than a grid row holds) launch each grid row's blocks one after another, not each block of weight rows' grid rows side by side (the weights then come from DRAM once and the other grid rows read them in L2; a 32-row step's lm_head is 411 MB of bf16 in four grid rows); the same bits | on (H100, 2026-12-06, two rounds: 2.8% faster at 32 rows, 1.8% at 16, neutral at 8) |
 //! | `FP4FORGE_CUDA_MT_FILL` | `mt_blocks_per_sm` | blocks a SM that `gemv_mt`'s K split aims its grid at (`mma_split`: warps per tile doubled while the grid is below this many blocks a SM and each warp keeps 2+ chunks; `gemv_mt_nv4` holds 3) | 1 (H100, 2026-12-06, two rounds: 3 was 2–3% slower at 8 and 32 rows, within 0.5% at 2 and 4) |
-//! | `FP4FORGE_CUDA_NORM_ROPE` | `norm_rope` | `0`: a prompt chunk's per-head q/k norms run as `rms_norm_warp` launches before the rope (`norm_rope` without a weight), not inside the rope's pass (`norm_rope`: one read and write of q and k fewer; the same bits) | on (not yet measured) |
+//! | `FP4FORGE_CUDA_NORM_ROPE` | `norm_rope` | `0`: a prompt chunk's per-head q/k norms run as `rms_norm_warp` launches before the rope (`norm_rope` without a weight), not inside the rope's pass (`norm_rope`: one read and write of q and k fewer; the same bits) | on (not yet measured on a GPU: no device time was left; the H200's profile of 2026-12-06 gave the norms 1.72 ms and the rope 1.69 ms of a 2K prefill) |
 //! | `FP4FORGE_CUDA_ATTN_G8` | `attn_g8` | `1`: a batched decode step's attention with 128-wide heads takes all of a kv head's query heads (up to 8: Laguna's 6 or 8) in one block (`attn_dec_batch_*_128_g8`), not in blocks of 4 (`DEC_GMAX`), where blocks of 4 would take more than one wave (a 32-row step of Laguna-XS: 512 blocks for 264 slots on an H100; below that, halving the blocks halves the work in flight), so that each cached K/V row is read by one block instead of two; `2`: at any step (tests); the key splits as with 4, so the same bits | off (H200, 2026-12-06, at every step: 2.7% faster at 32 rows, 5.1% slower at 4; served, 5% slower at 4 and 16 streams, even at 32; the wave rule not yet measured) |
 //! | `FP4FORGE_CUDA_MT_KS` | `mt_k_split` | `1`, `2`, `4`, `8`: fixed K split (warps per tile) of `gemv_mt` | per shape (`mma_split`) |
 //!
@@ -239,7 +239,7 @@ impl Default for CudaOptions {
             h16_few_min: 0,
             attn_g8: 0,
             norm_rope: true,
-            mma_merged: true,
+            mma_merged: false,
             mt_interleave: true,
             few_token_max: GEMV_MT_MAX_TOKENS,
             few_moe_min_tokens: FEW_MOE_MIN_TOKENS,
@@ -336,7 +336,7 @@ impl CudaOptions {
             mt_interleave: on("FP4FORGE_CUDA_MT_INTERLEAVE"),
             attn_g8: num("FP4FORGE_CUDA_ATTN_G8").unwrap_or(d.attn_g8),
             norm_rope: on("FP4FORGE_CUDA_NORM_ROPE"),
-            mma_merged: on("FP4FORGE_CUDA_MMA_MERGE"),
+            mma_merged: var("FP4FORGE_CUDA_MMA_MERGE").as_deref() == Some(OsStr::new("1")),
             ..d
         }
     }
@@ -405,9 +405,9 @@ mod tests {
             ("FP4FORGE_CUDA_H16_FEW", "17"),
             ("FP4FORGE_CUDA_ATTN_G8", "1"),
             ("FP4FORGE_CUDA_NORM_ROPE", "0"),
-            ("FP4FORGE_CUDA_MMA_MERGE", "0"),
+            ("FP4FORGE_CUDA_MMA_MERGE", "1"),
         ]);
-        assert!(o.attn_g8 == 1 && !o.norm_rope && !o.mma_merged);
+        assert!(o.attn_g8 == 1 && !o.norm_rope && o.mma_merged);
         assert_eq!(o.mt_wide_min_tokens, 9);
         assert_eq!(o.h16_few_min, 17);
         assert!(!o.mt_interleave);

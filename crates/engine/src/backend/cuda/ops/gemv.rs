@@ -1147,7 +1147,7 @@ impl CudaBackend {
     /// would run on `gemm_mma` (a prompt's MoE router and shared expert's gate and up), into
     /// `outs`, in one `gemm_mma_segs` launch where their row tiles together fill the device
     /// without a K split and some of them alone would split K (and add the splits in a launch of
-    /// its own), unless `CudaOptions::mma_merged` is off; otherwise nothing.
+    /// its own), where `CudaOptions::mma_merged` is on; otherwise nothing.
     fn merged_bf16_rows(
         &self,
         x: &CudaTensor,
