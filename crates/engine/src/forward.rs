@@ -183,7 +183,17 @@ pub fn attend_rows<B: Backend>(
 /// `y += down(silu(gate x) ⊙ up x)`.
 fn swiglu_add<B: Backend>(b: &B, mlp: &SwiGlu<B>, x: &B::Tensor, y: &mut B::Tensor) -> Result<()> {
     let [g, u] = exactly(b, linears(b, x, &[(&mlp.gate, None), (&mlp.up, None)])?)?;
-    let a = b.silu_mul(&g, &u)?;
+    swiglu_down_add(b, mlp, (&g, &u), y)
+}
+
+/// `y += down(silu(g) ⊙ u)`: [`swiglu_add`] after its gate and up projections `g`, `u`.
+fn swiglu_down_add<B: Backend>(
+    b: &B,
+    mlp: &SwiGlu<B>,
+    (g, u): (&B::Tensor, &B::Tensor),
+    y: &mut B::Tensor,
+) -> Result<()> {
+    let a = b.silu_mul(g, u)?;
     b.linear_add(y, &a, &mlp.down, None)
 }
 
@@ -230,8 +240,7 @@ fn mixture<B: Backend>(b: &B, moe: &Moe<B>, x: &B::Tensor) -> Result<B::Tensor> 
     )?;
     let mut out = b.experts(x, &routing, &moe.experts)?;
     if let (Some(shared), Some(g), Some(u)) = (&moe.shared, outs.next(), outs.next()) {
-        let a = b.silu_mul(&g, &u)?;
-        b.linear_add(&mut out, &a, &shared.down, None)?;
+        swiglu_down_add(b, shared, (&g, &u), &mut out)?;
     }
     Ok(out)
 }

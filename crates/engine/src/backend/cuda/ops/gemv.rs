@@ -1154,14 +1154,10 @@ impl CudaBackend {
         ws: &[(&CudaLinear, Option<&CudaTensor>)],
         outs: &mut [Option<CudaTensor>],
     ) -> Result<()> {
+        if !self.opts().mma_merged {
+            return Ok(());
+        }
         let (t, k) = (x.rows, x.cols);
-        let (on, merge) = {
-            let o = self.opts();
-            (
-                o.tiled_prefill && o.mma_gemm && self.inner.sm80,
-                o.mma_merged,
-            )
-        };
         let merged: Vec<usize> = (0..ws.len())
             .filter(|&i| {
                 let w = ws[i].0;
@@ -1169,8 +1165,7 @@ impl CudaBackend {
                     && ws[i].1.is_none()
                     && w.fmt == 2
                     && w.cols == k
-                    && !self.gemv_mt_applies(w, t)
-                    && Self::gemm_mma_takes(w, t, on)
+                    && self.gemm_mma_runs(w, t)
             })
             .take(MultiLinear::MAX)
             .collect();
@@ -1179,8 +1174,7 @@ impl CudaBackend {
         let tiles = |w: &CudaLinear| w.rows.div_ceil(GEMM_MMA_ROWS as usize) * token_tiles;
         let all: usize = merged.iter().map(|&i| tiles(ws[i].0)).sum();
         let sms = self.inner.sms;
-        if !merge
-            || merged.len() < 2
+        if merged.len() < 2
             || gemm_k_splits(all, chunks, sms) > 1
             || merged
                 .iter()
@@ -1314,13 +1308,17 @@ impl CudaBackend {
     /// Whether `gemv_raw` runs `t` tokens of `w` on `gemm_mma`'s f16 path (so needs the rows'
     /// `row_pow2` scales).
     fn gemm_mma_f16_applies(&self, w: &CudaLinear, t: usize) -> bool {
+        self.gemm_mma_runs(w, t) && self.f16_mma_applies(w.fmt, w.cols)
+    }
+
+    /// Whether `gemv_raw` runs `t` tokens of `w` on `gemm_mma` (or, for NVFP4 there, on
+    /// `gemm_h16`): the few-token GEMV declines and the tensor-core GEMM is on.
+    fn gemm_mma_runs(&self, w: &CudaLinear, t: usize) -> bool {
         let on = {
             let o = self.opts();
             o.tiled_prefill && o.mma_gemm && self.inner.sm80
         };
-        !self.gemv_mt_applies(w, t)
-            && Self::gemm_mma_takes(w, t, on)
-            && self.f16_mma_applies(w.fmt, w.cols)
+        !self.gemv_mt_applies(w, t) && Self::gemm_mma_takes(w, t, on)
     }
 
     /// The `t` rows of `x` (`cols` values each) prepared once for those of `ws` (of `cols`
