@@ -944,7 +944,9 @@ fn gpu_attention_matches_cpu_on_bf16_and_fp8_caches() {
 /// some sequences have wrapped and others not), sequences at 1 to 300 positions. With
 /// `CudaOptions::attn_g8` (a kv head's whole group of query heads in one block) the outputs of
 /// head_dim 128 are the same bits as without (the same key splits), also at Laguna-XS's 6 and 8
-/// query heads per kv head (two blocks of at most 4 without it), and the `_g8` kernels ran.
+/// query heads per kv head (two blocks of at most 4 without it), and the `_g8` kernels ran; with
+/// `CudaOptions::attn_mma` (the tensor-core kernels) the outputs of head_dim 128 are the CPU's
+/// within the same bound, and those kernels ran.
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
 fn gpu_batched_decode_attention_matches_cpu_on_bf16_and_fp8_caches() {
@@ -987,8 +989,13 @@ fn gpu_batched_decode_attention_matches_cpu_on_bf16_and_fp8_caches() {
             .iter()
             .map(|(q, k, v, n)| cache_after(&gpu, &spec, &p, (q, k, v), *n))
             .collect();
-        // (the same caches for the g8 kernels, head_dim 128)
+        // (the same caches for the g8 and the tensor-core kernels, head_dim 128)
         let mut g8caches: Vec<_> = prompts
+            .iter()
+            .filter(|_| d == 128)
+            .map(|(q, k, v, n)| cache_after(&gpu, &spec, &p, (q, k, v), *n))
+            .collect();
+        let mut mma_caches: Vec<_> = prompts
             .iter()
             .filter(|_| d == 128)
             .map(|(q, k, v, n)| cache_after(&gpu, &spec, &p, (q, k, v), *n))
@@ -1023,13 +1030,26 @@ fn gpu_batched_decode_attention_matches_cpu_on_bf16_and_fp8_caches() {
                 let before = gpu.g8_attention_rows();
                 let g8 = decode_pass(&gpu, &grope, &mut g8caches, &pos, (&q, &k, &v), &p);
                 let ran = gpu.g8_attention_rows() - before;
-                gpu.set_options(defaults);
+                gpu.set_options(defaults.clone());
                 assert_eq!(ran, s, "{label}: the g8 kernels did not run");
                 assert!(
                     got.iter().zip(&g8).all(|(a, b)| a.to_bits() == b.to_bits()),
                     "{label}, step {step}: attn_g8 changed the output (max diff {:.3e})",
                     max_abs_diff(&got, &g8)
                 );
+                // the tensor-core kernels: other bits, the CPU's values within the same bound
+                gpu.set_options(CudaOptions {
+                    attn_mma: 1,
+                    ..defaults.clone()
+                });
+                let before = gpu.mma_attention_rows();
+                let mma = decode_pass(&gpu, &grope, &mut mma_caches, &pos, (&q, &k, &v), &p);
+                let ran = gpu.mma_attention_rows() - before;
+                gpu.set_options(defaults);
+                assert_eq!(ran, s, "{label}: the tensor-core kernels did not run");
+                let worst = max_abs_diff(&mma, &want);
+                println!("  on tensor cores: max |gpu - cpu| {worst:.3e}");
+                assert!(worst < 1e-4, "{label}, step {step}, tensor cores: {worst}");
             }
         }
     }

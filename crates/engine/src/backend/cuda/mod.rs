@@ -142,6 +142,9 @@ pub(crate) struct Inner {
     batched_attention_rows: std::sync::atomic::AtomicUsize,
     /// Of those, sequences attended on the `_g8` kernels (`CudaBackend::g8_attention_rows`).
     g8_attention_rows: std::sync::atomic::AtomicUsize,
+    /// Of those, sequences attended on the tensor-core kernels
+    /// (`CudaBackend::mma_attention_rows`).
+    mma_attention_rows: std::sync::atomic::AtomicUsize,
     /// Linears run in `gemm_mma_segs` launches (`CudaBackend::merged_bf16_linears`).
     merged_bf16_linears: std::sync::atomic::AtomicUsize,
     /// The blocks of every KV cache.
@@ -268,6 +271,7 @@ impl CudaBackend {
                 grouped_in_router: std::sync::atomic::AtomicUsize::new(0),
                 batched_attention_rows: std::sync::atomic::AtomicUsize::new(0),
                 g8_attention_rows: std::sync::atomic::AtomicUsize::new(0),
+                mma_attention_rows: std::sync::atomic::AtomicUsize::new(0),
                 merged_bf16_linears: std::sync::atomic::AtomicUsize::new(0),
                 kv_pool: KvPool::default(),
                 ctx,

@@ -50,6 +50,7 @@
 //! | `FP4FORGE_CUDA_MT_FILL` | `mt_blocks_per_sm` | blocks a SM that `gemv_mt`'s K split aims its grid at (`mma_split`: warps per tile doubled while the grid is below this many blocks a SM and each warp keeps 2+ chunks; `gemv_mt_nv4` holds 3) | 1 (H100, 2026-12-06, two rounds: 3 was 2–3% slower at 8 and 32 rows, within 0.5% at 2 and 4) |
 //! | `FP4FORGE_CUDA_NORM_ROPE` | `norm_rope` | `0`: a prompt chunk's per-head q/k norms run as `rms_norm_warp` launches before the rope (`norm_rope` without a weight), not inside the rope's pass (`norm_rope`: one read and write of q and k fewer; the same bits) | on (not yet measured on a GPU: no device time was left; the H200's profile of 2026-12-06 gave the norms 1.72 ms and the rope 1.69 ms of a 2K prefill) |
 //! | `FP4FORGE_CUDA_ATTN_G8` | `attn_g8` | `1`: a batched decode step's attention with 128-wide heads takes all of a kv head's query heads (up to 8: Laguna's 6 or 8) in one block (`attn_dec_batch_*_128_g8`), not in blocks of 4 (`DEC_GMAX`), where blocks of 4 would take more than one wave (a 32-row step of Laguna-XS: 512 blocks for 264 slots on an H100; below that, halving the blocks halves the work in flight), so that each cached K/V row is read by one block instead of two; `2`: at any step (tests); the key splits as with 4, so the same bits | off (H200, 2026-12-06, at every step: 2.7% faster at 32 rows, 5.1% slower at 4; served, 5% slower at 4 and 16 streams, even at 32; the wave rule not yet measured) |
+//! | `FP4FORGE_CUDA_ATTN_MMA` | `attn_mma` | `N`: batched decode steps of N or more rows attend on tensor cores (`attn_dec_batch_*_128_mma`: head_dim 128, up to 8 query heads per kv head; one block a kv head and sequence, its K/V rows read once from global memory into registers, 32 keys a warp in flight, scores and P V on `mma.m16n8k16` with q in three bf16 parts as the prefill's flash attention; other bits than the CUDA-core kernels, within the tests' tolerance), not on the CUDA-core kernels (a 32-row step's attention took 1.9 ms of 13.3 on an H200, ~0.5 TB/s, latency-bound); `0`: never | off (not yet measured on a GPU) |
 //! | `FP4FORGE_CUDA_MT_KS` | `mt_k_split` | `1`, `2`, `4`, `8`: fixed K split (warps per tile) of `gemv_mt` | per shape (`mma_split`) |
 //!
 //! The fields below the table's are not read from the environment: the decode attention split
@@ -180,6 +181,9 @@ pub struct CudaOptions {
     /// a kv head's whole group of up to 8 query heads in one block: 0 never, 1 where blocks of
     /// 4 would take more than a wave, 2 always.
     pub attn_g8: usize,
+    /// `FP4FORGE_CUDA_ATTN_MMA`: fewest rows of a batched decode step whose attention of
+    /// 128-wide heads (up to 8 query heads per kv head) runs on tensor cores (0: never).
+    pub attn_mma: usize,
     /// Fewest keys per split of decode attention (`ATTN_SPLIT_MIN_KEYS`).
     pub attn_split_min_keys: u32,
     /// Decode attention blocks per SM the split heuristic aims at (`ATTN_SPLIT_BLOCKS_PER_SM`;
@@ -238,6 +242,7 @@ impl Default for CudaOptions {
             mt_wide_min_tokens: 0,
             h16_few_min: 0,
             attn_g8: 0,
+            attn_mma: 0,
             norm_rope: true,
             mma_merged: false,
             mt_interleave: true,
@@ -335,6 +340,7 @@ impl CudaOptions {
             h16_few_min: num("FP4FORGE_CUDA_H16_FEW").unwrap_or(d.h16_few_min),
             mt_interleave: on("FP4FORGE_CUDA_MT_INTERLEAVE"),
             attn_g8: num("FP4FORGE_CUDA_ATTN_G8").unwrap_or(d.attn_g8),
+            attn_mma: num("FP4FORGE_CUDA_ATTN_MMA").unwrap_or(d.attn_mma),
             norm_rope: on("FP4FORGE_CUDA_NORM_ROPE"),
             mma_merged: var("FP4FORGE_CUDA_MMA_MERGE").as_deref() == Some(OsStr::new("1")),
             ..d
@@ -404,10 +410,12 @@ mod tests {
             ("FP4FORGE_CUDA_MT_INTERLEAVE", "0"),
             ("FP4FORGE_CUDA_H16_FEW", "17"),
             ("FP4FORGE_CUDA_ATTN_G8", "1"),
+            ("FP4FORGE_CUDA_ATTN_MMA", "5"),
             ("FP4FORGE_CUDA_NORM_ROPE", "0"),
             ("FP4FORGE_CUDA_MMA_MERGE", "1"),
         ]);
         assert!(o.attn_g8 == 1 && !o.norm_rope && o.mma_merged);
+        assert_eq!(o.attn_mma, 5);
         assert_eq!(o.mt_wide_min_tokens, 9);
         assert_eq!(o.h16_few_min, 17);
         assert!(!o.mt_interleave);

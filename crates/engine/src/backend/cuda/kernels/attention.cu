@@ -407,6 +407,97 @@ __device__ __forceinline__ void head_norm_rope(float* v, const float* __restrict
     __syncwarp();
 }
 
+// The shared memory of a decode block's preparation (dec_prepare): its query heads (times the
+// softmax scale), the rope table at the new position, and the new key and value rows (knew: the
+// key normalised and rotated; kcode / vcode: both in the storage type KT).
+template <int D, typename KT, int GM>
+struct DecPrepSmem {
+    float qs[GM][D];
+    float knew[D], rcs[D / 2], rsn[D / 2];
+    __align__(16) KT kcode[D];
+    __align__(16) KT vcode[D];
+};
+
+// A decode block's preparation (attn_dec_impl's and attn_dec_mma_impl's): its G query heads h0..
+// of kv head kv into sm.qs, times scale. With pp.on, q and the new key (position p) are
+// normalised and rotated here, and where the block's split holds position p (holds_new) the group
+// block grp 0 appends the key and value rows to the cache; otherwise q and k arrive normalised
+// and rotated and the cache row is written. Where the split holds p, the new rows in the storage
+// type (sm.kcode, sm.vcode) are made once by the block, one value a thread, and read by the
+// caller as a cached row is. Ends with the block synchronised.
+template <int D, bool FP8, int GM>
+__device__ __forceinline__ void dec_prepare(DecPrepSmem<D, typename DecKv<FP8>::T, GM>& sm,
+                                            const float* __restrict__ q, const float* __restrict__ kch,
+                                            const float* __restrict__ vch, int kv, int grp, int h0, int G, int p,
+                                            bool holds_new, long rw, float scale, const Prep& pp, float ks,
+                                            float vs) {
+    typedef DecKv<FP8> Kv;
+    typedef typename Kv::T KT;
+    const int wid = threadIdx.x >> 5;
+    const bool own_new = pp.on && holds_new;
+    if (pp.on) {
+        rope_table(sm.rcs, sm.rsn, pp, p);
+        __syncthreads();
+        for (int g = wid; g < G; g += AW)
+            head_norm_rope<D>(sm.qs[g], q + (long)(h0 + g) * D, pp.qn, pp, sm.rcs, sm.rsn, scale);
+        if (own_new && wid == AW - 1) head_norm_rope<D>(sm.knew, kch + (long)kv * D, pp.kn, pp, sm.rcs, sm.rsn, 1.f);
+    } else {
+        for (int i = threadIdx.x; i < G * D; i += blockDim.x) sm.qs[i / D][i % D] = q[(long)h0 * D + i] * scale;
+    }
+    __syncthreads();
+    if (holds_new) {  // (the same for every thread of the block)
+        const float* kin = pp.on ? sm.knew : kch + (long)kv * D;
+        for (int i = threadIdx.x; i < D; i += blockDim.x) {
+            sm.kcode[i] = (KT)Kv::put(kin[i], ks);
+            sm.vcode[i] = (KT)Kv::put(vch[(long)kv * D + i], vs);
+        }
+        __syncthreads();
+        if (own_new && grp == 0) {
+            for (int i = threadIdx.x; i < D; i += blockDim.x) {
+                kv_row<KT>(pp.kt, pp.slot, rw, 0)[(long)kv * D + i] = sm.kcode[i];
+                kv_row<KT>(pp.kt, pp.slot, rw, 1)[(long)kv * D + i] = sm.vcode[i];
+            }
+        }
+    }
+}
+
+// The end of a decode block (after a barrier): merges its AW warps' softmax states (wm: maxima in
+// natural-log units, -inf where a warp saw no key; wl: sums; wacc: unnormalised outputs, dim d of
+// head g at wacc[w][g * LDA + d + (SWZ ? d / 32 : 0)]) of its G heads h0.. into the output rows
+// (one split: times softplus(pp.gate) where set) or split z's partials for attn_combine.
+template <int D, int GM, int LDA, bool SWZ>
+__device__ __forceinline__ void dec_merge(const float (*wm)[GM], const float (*wl)[GM], const float (*wacc)[GM * LDA],
+                                          int G, int h0, int z, int splits, float* __restrict__ out,
+                                          float* __restrict__ part_o, float* __restrict__ part_ml, const Prep& pp) {
+    for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+        const int g = i / D, c = i % D;
+        const int at = g * LDA + c + (SWZ ? c / 32 : 0);
+        float M = -INF_F;
+#pragma unroll
+        for (int w = 0; w < AW; w++) M = fmaxf(M, wm[w][g]);
+        float L = 0.f, O = 0.f;
+        if (M != -INF_F) {
+#pragma unroll
+            for (int w = 0; w < AW; w++) {
+                const float f = wm[w][g] == -INF_F ? 0.f : expf(wm[w][g] - M);
+                L += wl[w][g] * f;
+                O += wacc[w][at] * f;
+            }
+        }
+        const long hh = h0 + g;
+        if (splits == 1) {
+            const float o = L > 0.f ? O / L : 0.f;
+            out[hh * D + c] = pp.gate ? o * softplus(pp.gate[hh]) : o;
+        } else {
+            part_o[(hh * splits + z) * D + c] = O;
+            if (c == 0) {
+                part_ml[(hh * splits + z) * 2] = M;
+                part_ml[(hh * splits + z) * 2 + 1] = L;
+            }
+        }
+    }
+}
+
 // ks, vs: an fp8 cache's scales of keys and values (ignored for bf16).
 template <int D, bool FP8, int GM = DEC_GMAX>
 __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restrict__ kch,
@@ -419,9 +510,9 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
     constexpr int KC = D / 8;   // 8-value chunks of a key row
     constexpr int VL = D / 32;  // value dims per lane (2 or 4)
     const float ks256 = ks * 256.f, vs256 = vs * 256.f;
-    __shared__ float qs[GM][D];
+    __shared__ DecPrepSmem<D, KT, GM> sp;
     __shared__ float wm[AW][GM], wl[AW][GM];
-    __shared__ float wacc[AW][GM][D];
+    __shared__ float wacc[AW][GM * D];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const int kv = blockIdx.x / ngroups, grp = blockIdx.x % ngroups;
     const int GA = heads / kvh;
@@ -437,39 +528,10 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
     const int s0 = first + z * per;
     const int s1 = min(s0 + per, p + 1);
     const long rw = (long)kvh * D;
-
-    // With pp.on, q and the new key (position p, in the block whose split holds it) are normalised
-    // and rotated here; the kv head's first group block appends the key and value rows. The new
-    // rows in the storage type (kcode, vcode) are made once by the block that holds them, one
-    // value a thread, and read below as a cached row is.
-    __shared__ float knew[D], rcs[D / 2], rsn[D / 2];
-    __shared__ __align__(16) KT kcode[D], vcode[D];
-    const bool holds_new = s0 <= p && p < s1;
-    const bool own_new = pp.on && holds_new;
-    if (pp.on) {
-        rope_table(rcs, rsn, pp, p);
-        __syncthreads();
-        for (int g = wid; g < G; g += AW) head_norm_rope<D>(qs[g], q + (long)(h0 + g) * D, pp.qn, pp, rcs, rsn, scale);
-        if (own_new && wid == AW - 1) head_norm_rope<D>(knew, kch + (long)kv * D, pp.kn, pp, rcs, rsn, 1.f);
-    } else {
-        for (int i = threadIdx.x; i < G * D; i += blockDim.x) qs[i / D][i % D] = q[(long)h0 * D + i] * scale;
-    }
-    __syncthreads();
-    if (holds_new) {  // (the same for every thread of the block)
-        const float* kin = pp.on ? knew : kch + (long)kv * D;
-        for (int i = threadIdx.x; i < D; i += blockDim.x) {
-            kcode[i] = (KT)Kv::put(kin[i], ks);
-            vcode[i] = (KT)Kv::put(vch[(long)kv * D + i], vs);
-        }
-        __syncthreads();
-        if (own_new && grp == 0) {
-            for (int i = threadIdx.x; i < D; i += blockDim.x) {
-                kv_row<KT>(pp.kt, pp.slot, rw, 0)[(long)kv * D + i] = kcode[i];
-                kv_row<KT>(pp.kt, pp.slot, rw, 1)[(long)kv * D + i] = vcode[i];
-            }
-        }
-    }
-
+    dec_prepare<D, FP8, GM>(sp, q, kch, vch, kv, grp, h0, G, p, s0 <= p && p < s1, rw, scale, pp, ks, vs);
+    const float(*qs)[D] = sp.qs;
+    const KT* kcode = sp.kcode;
+    const KT* vcode = sp.vcode;
     float m[GM], l[GM], acc[GM][VL];
 #pragma unroll
     for (int g = 0; g < GM; g++) {
@@ -588,36 +650,11 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
                 wl[wid][g] = ls;
             }
 #pragma unroll
-            for (int c = 0; c < VL; c++) wacc[wid][g][lane * VL + c] = acc[g][c];
+            for (int c = 0; c < VL; c++) wacc[wid][g * D + lane * VL + c] = acc[g][c];
         }
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
-        const int g = i / D, c = i % D;
-        float M = -INF_F;
-#pragma unroll
-        for (int w = 0; w < AW; w++) M = fmaxf(M, wm[w][g]);
-        float L = 0.f, O = 0.f;
-        if (M != -INF_F) {
-#pragma unroll
-            for (int w = 0; w < AW; w++) {
-                const float f = wm[w][g] == -INF_F ? 0.f : expf(wm[w][g] - M);
-                L += wl[w][g] * f;
-                O += wacc[w][g][c] * f;
-            }
-        }
-        const long hh = h0 + g;
-        if (splits == 1) {
-            const float o = L > 0.f ? O / L : 0.f;
-            out[hh * D + c] = pp.gate ? o * softplus(pp.gate[hh]) : o;
-        } else {
-            part_o[(hh * splits + z) * D + c] = O;
-            if (c == 0) {
-                part_ml[(hh * splits + z) * 2] = M;
-                part_ml[(hh * splits + z) * 2 + 1] = L;
-            }
-        }
-    }
+    dec_merge<D, GM, D, false>(wm, wl, wacc, G, h0, z, splits, out, part_o, part_ml, pp);
 }
 
 #define ATTN_KERNEL(NAME, KT, DPL)                                                                                     \
@@ -1122,6 +1159,273 @@ ATTN_FLASH(attn_flash_bf16_64, 64, false)
 ATTN_FLASH(attn_flash_bf16_128, 128, false)
 ATTN_FLASH(attn_flash_fp8_64, 64, true)
 ATTN_FLASH(attn_flash_fp8_128, 128, true)
+
+// ---- batched decode attention on tensor cores ----------------------------------------------------
+//
+// A batched decode step's attention (attn_dec_batch_*_128_mma; the host takes it for steps of
+// CudaOptions::attn_mma rows or more over bf16 or fp8 caches, head_dim 128, at most DMMA_GMAX
+// query heads per kv head): block (kv head, sequence, key split z) of AW warps over all G query
+// heads of the kv head, the rows of one mma.m16n8k16 tile (rows G..15 zero), so every cached K/V
+// row of the split is read once, by one warp, from global memory straight into registers (no
+// staging through shared memory). The warps take the split's chunks of DMMA_KEYS keys in turn, each
+// chunk's loads all issued before its first mma. Preparation (rope, append) as attn_dec_impl's
+// (dec_prepare), then per chunk (fragments as in attn_flash_impl's comment, g = lane / 4,
+// c = lane % 4):
+//   S = Q K^T  A = q * scale * log2(e) (fp8: also * ks * 2^8) in FA_QPARTS bf16 parts, made once a
+//              block into shared memory (qa), B = K: lane (g, c) loads dims 32 k2 + 8c .. + 7 of
+//              key g of each 8-key tile (16 contiguous bytes; fp8 8) and uses its words as the B
+//              words of k-steps 2 k2 and 2 k2 + 1: a permutation of the head dims, applied to q's
+//              fragments alike (a score's products summed in another order, f32-exact each).
+//   mask       keys past the split score -inf (their rows read as zeros).
+//   softmax    online, per row, base 2, as attn_flash_impl.
+//   O += P V   A = P as hi + lo bf16 (S's C fragments, as attn_flash_impl), B = V: lane (g, c)
+//              loads dims DT g .. DT g + DT - 1 (DT = D / 8) of keys 2c, 2c + 1, 2c + 8, 2c + 9 of
+//              each 16-key step and packs one dim of two keys per B word (__byte_perm): column n
+//              of output tile dt is dim DT n + dt.
+// The warps' states merge as attn_dec_impl's (dec_merge; wacc swizzled against bank conflicts).
+#define DMMA_KEYS 32  // keys per warp chunk
+#define DMMA_GMAX 8   // most query heads per kv head (rows of the 16-row tile)
+
+template <int D, bool FP8>
+__device__ void attn_dec_mma_impl(const float* __restrict__ q, const float* __restrict__ kch,
+                                  const float* __restrict__ vch, const u64* __restrict__ kt, float* __restrict__ out,
+                                  float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int kvh,
+                                  float scale, int pos0, int window, int splits, const Prep& pp, float ks, float vs) {
+    static_assert(D == 128, "the lanes' V slices are whole 16-byte pieces at head_dim 128");
+    typedef DecKv<FP8> Kv;
+    typedef typename Kv::T KT;
+    typedef typename Kv::KChunk KChunk;   // 8 key values
+    constexpr int GM = DMMA_GMAX;
+    constexpr int KS = D / 16;            // k-steps of Q K^T
+    constexpr int K2 = D / 32;            // key pieces a lane loads per key
+    constexpr int DT = D / 8;             // output tiles; a lane's V dims per key
+    constexpr int VU = DT * sizeof(KT) / 16;  // uint4 a lane loads per value row
+    constexpr int LDA = D + D / 32;       // wacc's row stride (swizzled: dim d at d + d / 32)
+    __shared__ DecPrepSmem<D, KT, GM> sp;
+    __shared__ uint2 qa[FA_QPARTS][KS][32];
+    __shared__ float wm[AW][GM], wl[AW][GM];
+    __shared__ float wacc[AW][GM * LDA];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int g = lane >> 2, c = lane & 3;
+    const int kv = blockIdx.x;
+    const int G = heads / kvh;  // (<= GM: the host's check)
+    const int h0 = kv * G;
+    const int z = blockIdx.z;
+    const int p = pos0;
+    const int first = window > 0 ? max(0, p + 1 - window) : 0;
+    const int nkeys = p - first + 1;
+    const int per = (nkeys + splits - 1) / splits;
+    const int s0 = first + z * per;
+    const int s1 = min(s0 + per, p + 1);
+    const long rw = (long)kvh * D;
+    dec_prepare<D, FP8, GM>(sp, q, kch, vch, kv, 0, h0, G, p, s0 <= p && p < s1, rw, scale, pp, ks, vs);
+
+    // q's A fragments (rows g < G; A[1], A[3] are rows 8.. and zero): qa[part][kk][lane] = {A[0], A[2]}
+    {
+        const float f = FA_LOG2E * (FP8 ? ks * FA_FP8_UNIT : 1.f);
+        for (int i = threadIdx.x; i < KS * 32; i += blockDim.x) {
+            const int kk = i / 32, ln = i % 32, gg = ln >> 2, cc = ln & 3;
+            const int d0 = 32 * (kk >> 1) + 8 * cc + 4 * (kk & 1);
+            float x0 = 0.f, x1 = 0.f, y0 = 0.f, y1 = 0.f;
+            if (gg < G) {
+                x0 = sp.qs[gg][d0] * f;
+                x1 = sp.qs[gg][d0 + 1] * f;
+                y0 = sp.qs[gg][d0 + 2] * f;
+                y1 = sp.qs[gg][d0 + 3] * f;
+            }
+#pragma unroll
+            for (int pt = 0; pt + 1 < FA_QPARTS; pt++) {
+                const u32 a = bf16x2_split(x0, x1);
+                qa[pt][kk][ln] = make_uint2(a, bf16x2_split(y0, y1));
+            }
+            qa[FA_QPARTS - 1][kk][ln] = make_uint2(bf16x2_rn(x0, x1), bf16x2_rn(y0, y1));
+        }
+    }
+    __syncthreads();
+
+    float o[DT][2];  // row g: dims DT (2c) + dt, DT (2c + 1) + dt
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++) o[dt][0] = o[dt][1] = 0.f;
+    float m = -INF_F, l = 0.f;
+    const long koff = (long)kv * D;
+    for (int jb = s0 + wid * DMMA_KEYS; jb < s1; jb += AW * DMMA_KEYS) {
+        // ---- loads (keys of the split; the others zero): K of keys jb + 8t + g, V of keys
+        // jb + 16st + {2c, 2c + 1, 2c + 8, 2c + 9}
+        KChunk kr[DMMA_KEYS / 8][K2];
+#pragma unroll
+        for (int t = 0; t < DMMA_KEYS / 8; t++) {
+            const int j = jb + 8 * t + g;
+            const long slot = window > 0 ? (long)(j % window) : (long)j;
+            const KChunk* src = j < p ? (const KChunk*)(kv_row<const KT>(kt, slot, rw, 0) + koff)
+                                      : (const KChunk*)sp.kcode;
+#pragma unroll
+            for (int k2 = 0; k2 < K2; k2++) {
+                KChunk v = {};
+                if (j < s1) v = j < p ? __ldg(src + 4 * k2 + c) : src[4 * k2 + c];
+                kr[t][k2] = v;
+            }
+        }
+        uint4 vr[DMMA_KEYS / 16][4][VU];
+#pragma unroll
+        for (int st = 0; st < DMMA_KEYS / 16; st++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int j = jb + 16 * st + 2 * c + (e & 1) + 8 * (e >> 1);
+                const long slot = window > 0 ? (long)(j % window) : (long)j;
+                const uint4* src =
+                    (const uint4*)((j < p ? kv_row<const KT>(kt, slot, rw, 1) + koff : sp.vcode) + DT * g);
+#pragma unroll
+                for (int u = 0; u < VU; u++) {
+                    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+                    if (j < s1) v = j < p ? __ldg(src + u) : src[u];
+                    vr[st][e][u] = v;
+                }
+            }
+        }
+        // ---- S = Q K^T
+        float s[DMMA_KEYS / 8][4];
+#pragma unroll
+        for (int t = 0; t < DMMA_KEYS / 8; t++) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) {
+            u32 a[FA_QPARTS][4];
+#pragma unroll
+            for (int pt = 0; pt < FA_QPARTS; pt++) {
+                const uint2 w = qa[pt][kk][lane];
+                a[pt][0] = w.x;
+                a[pt][1] = 0u;
+                a[pt][2] = w.y;
+                a[pt][3] = 0u;
+            }
+#pragma unroll
+            for (int t = 0; t < DMMA_KEYS / 8; t++) {
+                u32 b0, b1;
+                if constexpr (FP8) {
+                    e4m3x4_bf16((kk & 1) ? kr[t][kk >> 1].y : kr[t][kk >> 1].x, b0, b1);
+                } else {
+                    b0 = (kk & 1) ? kr[t][kk >> 1].z : kr[t][kk >> 1].x;
+                    b1 = (kk & 1) ? kr[t][kk >> 1].w : kr[t][kk >> 1].y;
+                }
+#pragma unroll
+                for (int pt = 0; pt < FA_QPARTS; pt++) mma_bf16(s[t], a[pt], b0, b1);
+            }
+        }
+        // ---- mask, online softmax (row g; the row's 4 lanes c hold its keys)
+        if (jb + DMMA_KEYS > s1) {
+#pragma unroll
+            for (int t = 0; t < DMMA_KEYS / 8; t++) {
+                if (jb + 8 * t + 2 * c >= s1) s[t][0] = -INF_F;
+                if (jb + 8 * t + 2 * c + 1 >= s1) s[t][1] = -INF_F;
+            }
+        }
+        float x = -INF_F;
+#pragma unroll
+        for (int t = 0; t < DMMA_KEYS / 8; t++) x = fmaxf(x, fmaxf(s[t][0], s[t][1]));
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+        const float mn = fmaxf(m, x);  // (finite: the chunk holds a key of the split)
+        const float corr = exp2f(m - mn);
+        m = mn;
+        float r = 0.f;
+#pragma unroll
+        for (int t = 0; t < DMMA_KEYS / 8; t++) {
+            s[t][0] = exp2f(s[t][0] - mn);
+            s[t][1] = exp2f(s[t][1] - mn);
+            r += s[t][0] + s[t][1];
+        }
+        l = l * corr + r;
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) {
+            o[dt][0] *= corr;
+            o[dt][1] *= corr;
+        }
+        // ---- O += P V
+#pragma unroll
+        for (int st = 0; st < DMMA_KEYS / 16; st++) {
+            u32 ph[4], pl[4];
+            float a0 = s[2 * st][0], a1 = s[2 * st][1], b0 = s[2 * st + 1][0], b1 = s[2 * st + 1][1];
+            ph[0] = bf16x2_split(a0, a1);
+            ph[2] = bf16x2_split(b0, b1);
+            pl[0] = bf16x2_rn(a0, a1);
+            pl[2] = bf16x2_rn(b0, b1);
+            ph[1] = ph[3] = pl[1] = pl[3] = 0u;
+            // the four keys' DT values as bf16 pairs (dims 2i, 2i + 1 in word i)
+            u32 vw[4][DT / 2];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+#pragma unroll
+                for (int u = 0; u < VU; u++) {
+                    const uint4 v = vr[st][e][u];
+                    if constexpr (FP8) {
+                        e4m3x4_bf16(v.x, vw[e][8 * u], vw[e][8 * u + 1]);
+                        e4m3x4_bf16(v.y, vw[e][8 * u + 2], vw[e][8 * u + 3]);
+                        e4m3x4_bf16(v.z, vw[e][8 * u + 4], vw[e][8 * u + 5]);
+                        e4m3x4_bf16(v.w, vw[e][8 * u + 6], vw[e][8 * u + 7]);
+                    } else {
+                        vw[e][4 * u] = v.x;
+                        vw[e][4 * u + 1] = v.y;
+                        vw[e][4 * u + 2] = v.z;
+                        vw[e][4 * u + 3] = v.w;
+                    }
+                }
+            }
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++) {
+                const u32 sel = (dt & 1) ? 0x7632u : 0x5410u;
+                const u32 bw0 = __byte_perm(vw[0][dt >> 1], vw[1][dt >> 1], sel);
+                const u32 bw1 = __byte_perm(vw[2][dt >> 1], vw[3][dt >> 1], sel);
+                float acc[4] = {o[dt][0], o[dt][1], 0.f, 0.f};
+                mma_bf16(acc, ph, bw0, bw1);
+                mma_bf16(acc, pl, bw0, bw1);
+                o[dt][0] = acc[0];
+                o[dt][1] = acc[1];
+            }
+        }
+    }
+
+    // ---- the warp's state into shared memory (natural-log maxima), then the block's merge
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (g < G) {
+        const float vm = FP8 ? vs * FA_FP8_UNIT : 1.f;
+        if (c == 0) {
+            wm[wid][g] = m == -INF_F ? -INF_F : m * FA_LN2;
+            wl[wid][g] = l;
+        }
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int d = DT * (2 * c + h) + dt;
+                wacc[wid][g * LDA + d + d / 32] = o[dt][h] * vm;
+            }
+        }
+    }
+    __syncthreads();
+    dec_merge<D, GM, LDA, true>(wm, wl, wacc, G, h0, z, splits, out, part_o, part_ml, pp);
+}
+
+// The batched decode step's attention on tensor cores (grid: kv heads, sequences, key splits;
+// sequences and Prep as ATTN_KERNEL_DEC_BATCH's). Two blocks a SM.
+#define ATTN_KERNEL_DEC_MMA(NAME, FP8)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(AW * 32, 2) NAME(                                                    \
+        const float* q, const float* kch, const float* vch, float* out, float* part_o, float* part_ml, int heads,     \
+        int kvh, float scale, int window, int splits, int ngroups, Prep pp, AttnSeqs seqs, float ks, float vs) {      \
+        pdl_enter();                                                                                                   \
+        const int b = blockIdx.y;                                                                                      \
+        const AttnSeq sq = seqs.s[b];                                                                                  \
+        Prep ps = pp;                                                                                                  \
+        ps.kt = sq.kt;                                                                                                 \
+        ps.slot = sq.slot;                                                                                             \
+        ps.gate = pp.gate ? pp.gate + b * heads : pp.gate;                                                             \
+        const long qw = (long)heads * 128, kw = (long)kvh * 128;                                                       \
+        attn_dec_mma_impl<128, FP8>(q + b * qw, kch + b * kw, vch + b * kw, sq.kt, out + b * qw,                       \
+                                    part_o ? part_o + b * qw * splits : part_o,                                        \
+                                    part_ml ? part_ml + 2l * b * heads * splits : part_ml, heads, kvh, scale,          \
+                                    sq.pos0, window, splits, ps, ks, vs);                                              \
+    }
+ATTN_KERNEL_DEC_MMA(attn_dec_batch_bf16_128_mma, false)
+ATTN_KERNEL_DEC_MMA(attn_dec_batch_fp8_128_mma, true)
 
 // Merges the splits: grid (heads, T), threads d. Optionally multiplies by softplus(gate[t, h]).
 extern "C" __global__ void attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,

@@ -48,11 +48,13 @@ kernels! {
     /// One query row per sequence over each one's bf16 or fp8 cache (one type and scales for
     /// all), up to [`ATTN_BATCH_MAX`] sequences per launch (rope and append inside): head_dim
     /// 64, 128, 128 for short spans (`3 · fp8 +` that); then head_dim 128 with up to 8 query
-    /// heads a block ([`ATTN_G8_VARIANT`] `+ fp8`).
+    /// heads a block ([`ATTN_G8_VARIANT`] `+ fp8`); then head_dim 128 on tensor cores, a kv
+    /// head's up to [`ATTN_MMA_GMAX`] query heads a block ([`ATTN_MMA_VARIANT`] `+ fp8`).
     attn_dec_batch [
         "attn_dec_batch_bf16_64", "attn_dec_batch_bf16_128", "attn_dec_batch_bf16_128_short",
         "attn_dec_batch_fp8_64", "attn_dec_batch_fp8_128", "attn_dec_batch_fp8_128_short",
         "attn_dec_batch_bf16_128_g8", "attn_dec_batch_fp8_128_g8",
+        "attn_dec_batch_bf16_128_mma", "attn_dec_batch_fp8_128_mma",
     ] => AttnDecBatchArgs {
         q: DevPtr<f32>, kch: DevPtr<f32>, vch: DevPtr<f32>, out: DevPtr<f32>,
         part_o: DevPtr<f32>, part_ml: DevPtr<f32>, heads: i32, kvh: i32, scale: f32,
@@ -121,6 +123,20 @@ pub(crate) const ATTN_G8_GMAX: usize = 8;
 
 /// The first `_g8` kernel's place in `attn_dec_batch`'s table (bf16; fp8 the next).
 pub(crate) const ATTN_G8_VARIANT: usize = 6;
+
+/// The first tensor-core kernel's place in `attn_dec_batch`'s table (bf16; fp8 the next).
+pub(crate) const ATTN_MMA_VARIANT: usize = 8;
+
+/// Most query heads of one KV head (the rows of one 16-row mma tile that a block fills) on the
+/// tensor-core batched decode kernels (`DMMA_GMAX`).
+pub(crate) const ATTN_MMA_GMAX: usize = 8;
+
+/// Fewest keys per split of the tensor-core batched decode kernels: a chunk of `DMMA_KEYS` (32)
+/// for each of a block's 4 warps.
+pub(crate) const ATTN_MMA_SPLIT_MIN_KEYS: usize = 128;
+
+/// Resident blocks a SM of the tensor-core batched decode kernels (`__launch_bounds__`).
+pub(crate) const ATTN_MMA_BLOCKS_PER_SM: usize = 2;
 
 /// Fewest keys per split of decode attention.
 pub(crate) const ATTN_SPLIT_MIN_KEYS: u32 = 64;
@@ -793,12 +809,27 @@ impl CudaBackend {
         }
         let d = p.head_dim;
         let heads_per_kv = p.heads / p.kv_heads;
-        // (the key splits are those of blocks of ATTN_GMAX heads either way: the same bits)
-        let splits = self.splits_for_seqs(keys, p, n);
+        let fp8 = usize::from(chunks[0].kv.kv_t == 1);
+        // the tensor-core kernels (`attn_mma` rows and more): one block a kv head and sequence,
+        // the key splits filling about a wave of them
+        let mma = self.decode_batch_mma_applies(p, n);
+        // (otherwise the key splits are those of blocks of ATTN_GMAX heads, with or without
+        // the g8 kernels: the same bits)
+        let splits = if mma {
+            key_splits(
+                keys,
+                n.min(ATTN_BATCH_MAX) * p.kv_heads,
+                ATTN_MMA_BLOCKS_PER_SM * self.inner.sms,
+                ATTN_MMA_SPLIT_MIN_KEYS.max(self.opts().attn_split_min_keys as usize),
+            )
+        } else {
+            self.splits_for_seqs(keys, p, n)
+        };
         // the g8 kernels (`attn_g8` 1) where blocks of ATTN_GMAX heads would take more than a
         // wave (then the keys are not split: 32 rows of Laguna-XS are 512 blocks for 264 slots
         // on an H100); below that, halving the blocks halves the work in flight
-        let g8 = d == 128
+        let g8 = !mma
+            && d == 128
             && heads_per_kv <= ATTN_G8_GMAX
             && match self.opts().attn_g8 {
                 0 => false,
@@ -808,8 +839,9 @@ impl CudaBackend {
                 }
                 _ => true,
             };
-        let (ngroups, variant) = if g8 {
-            let fp8 = usize::from(chunks[0].kv.kv_t == 1);
+        let (ngroups, variant) = if mma {
+            (1, ATTN_MMA_VARIANT + fp8)
+        } else if g8 {
             (1, ATTN_G8_VARIANT + fp8)
         } else {
             (
@@ -895,12 +927,29 @@ impl CudaBackend {
         self.inner
             .batched_attention_rows
             .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-        if variant >= ATTN_G8_VARIANT {
-            self.inner
-                .g8_attention_rows
-                .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        let counter = if mma {
+            Some(&self.inner.mma_attention_rows)
+        } else if g8 {
+            Some(&self.inner.g8_attention_rows)
+        } else {
+            None
+        };
+        if let Some(c) = counter {
+            c.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
         }
         Ok(())
+    }
+
+    /// Whether a batched decode step of `rows` sequences of `p` attends on the tensor-core
+    /// kernels (`attn_dec_batch_*_128_mma`): `CudaOptions::attn_mma` rows or more (0: never),
+    /// an sm_80+ device, head_dim 128, at most [`ATTN_MMA_GMAX`] query heads per kv head.
+    pub(crate) fn decode_batch_mma_applies(&self, p: &AttentionParams, rows: usize) -> bool {
+        let min_rows = self.opts().attn_mma;
+        min_rows > 0
+            && rows >= min_rows
+            && self.inner.sm80
+            && p.head_dim == 128
+            && p.heads <= ATTN_MMA_GMAX * p.kv_heads
     }
 
     /// Sequences attended together in `attn_dec_batch` launches (one query row each, over bf16
@@ -916,6 +965,14 @@ impl CudaBackend {
     pub fn g8_attention_rows(&self) -> usize {
         self.inner
             .g8_attention_rows
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Of [`batched_attention_rows`](Self::batched_attention_rows), the sequences attended on
+    /// the tensor-core kernels (`CudaOptions::attn_mma`).
+    pub fn mma_attention_rows(&self) -> usize {
+        self.inner
+            .mma_attention_rows
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
