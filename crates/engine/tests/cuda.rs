@@ -1933,7 +1933,8 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
 /// steps: sessions at different positions (1 to 300 prompt tokens: full-attention splits, sliding
 /// rings before and after wrapping), 5 sessions and 35 (more than one launch's 32), some passes
 /// with one session appending a 3-token chunk among the decoding ones, with the one-launch
-/// attention and with it off, on bf16 and fp8 caches (both on the fused batched step).
+/// attention and with it off, on bf16 and fp8 caches (both on the fused batched step), and with
+/// the attention of 128-wide heads on tensor cores (`CudaOptions::attn_mma`).
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
 fn gpu_batched_steps_match_each_sequence_alone() {
@@ -1947,21 +1948,25 @@ fn gpu_batched_steps_match_each_sequence_alone() {
         // shared expert on the multi-token linears, as from 32 rows at full size; stage: the
         // norms staging their rows for gemv_mt, the MoE sums running the next norm, the
         // routers their top-k and, at 35 sessions, the few-items-per-tile experts taking their
-        // input as the norm staged it; h16: the NVFP4 linears of 2-32 rows on gemm_h16_t32)
-        for (kv, sessions, batched, fused, few, stage, h16) in [
-            (KvDtype::Bf16, 5, true, true, false, false, false),
-            (KvDtype::Bf16, 35, true, true, false, false, false),
-            (KvDtype::Bf16, 5, true, false, false, false, false),
-            (KvDtype::Bf16, 35, true, false, false, false, false),
-            (KvDtype::Bf16, 5, false, true, false, false, false),
-            (KvDtype::Bf16, 5, true, true, true, false, false),
-            (KvDtype::Bf16, 5, true, true, false, true, false),
-            (KvDtype::Bf16, 35, true, true, false, true, false),
-            (KvDtype::Bf16, 5, true, true, false, false, true),
-            (KvDtype::Fp8E4m3, 5, true, true, false, false, false),
+        // input as the norm staged it; h16: the NVFP4 linears of 2-32 rows on gemm_h16_t32;
+        // mma: the attention on tensor cores, head_dim 128)
+        for (kv, sessions, batched, fused, few, stage, h16, mma) in [
+            (KvDtype::Bf16, 5, true, true, false, false, false, false),
+            (KvDtype::Bf16, 35, true, true, false, false, false, false),
+            (KvDtype::Bf16, 5, true, false, false, false, false, false),
+            (KvDtype::Bf16, 35, true, false, false, false, false, false),
+            (KvDtype::Bf16, 5, false, true, false, false, false, false),
+            (KvDtype::Bf16, 5, true, true, true, false, false, false),
+            (KvDtype::Bf16, 5, true, true, false, true, false, false),
+            (KvDtype::Bf16, 35, true, true, false, true, false, false),
+            (KvDtype::Bf16, 5, true, true, false, false, true, false),
+            (KvDtype::Fp8E4m3, 5, true, true, false, false, false, false),
+            (KvDtype::Bf16, 35, true, true, false, false, false, true),
+            (KvDtype::Fp8E4m3, 5, true, true, false, false, false, true),
         ] {
             backend.set_options(CudaOptions {
                 h16_few_min: if h16 { 2 } else { 0 },
+                attn_mma: usize::from(mma),
                 batched_attention: batched,
                 fused_batch: fused,
                 norm_stage: stage,
@@ -1993,9 +1998,15 @@ fn gpu_batched_steps_match_each_sequence_alone() {
                     " (NVFP4 linears on gemm_h16_t32)"
                 } else {
                     ""
+                },
+                if mma {
+                    " (attention on tensor cores)"
+                } else {
+                    ""
                 }
             );
             let h16_before = backend.few_h16_linears();
+            let mma_before = backend.mma_attention_rows();
             let mut ss: Vec<_> = (0..sessions)
                 .map(|i| {
                     let mut s = model.new_session().unwrap();
@@ -2063,6 +2074,12 @@ fn gpu_batched_steps_match_each_sequence_alone() {
             let lean = dir
                 .file_name()
                 .is_some_and(|n| n.to_string_lossy().contains("lean"));
+            if mma && name == "wide d128" {
+                assert!(
+                    backend.mma_attention_rows() > mma_before,
+                    "{label}: no attention on tensor cores"
+                );
+            }
             if h16 && lean && name.starts_with("wide") && backend.h16_gemm_runs() {
                 assert!(
                     backend.few_h16_linears() > h16_before,
@@ -2083,6 +2100,7 @@ fn gpu_batched_steps_match_each_sequence_alone() {
         batched_attention: true,
         fused_batch: true,
         h16_few_min: 0,
+        attn_mma: 0,
         norm_stage: CudaOptions::default().norm_stage,
         few_moe_min_tokens: CudaOptions::default().few_moe_min_tokens,
         ..backend.options()
