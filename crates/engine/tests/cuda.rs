@@ -1984,7 +1984,7 @@ fn gpu_batched_steps_match_each_sequence_alone() {
             let model = Model::load_with_backend(&dir, opts, backend.clone()).unwrap();
             let vocab = model.info().vocab_size as u32;
             let label = format!(
-                "{name} {} {kv:?} {sessions} sessions{}{}{}{}{}",
+                "{name} {} {kv:?} {sessions} sessions{}{}{}{}{}{}",
                 dir.file_name().unwrap().to_string_lossy(),
                 if batched { "" } else { " (one launch off)" },
                 if fused { "" } else { " (generic ops)" },
