@@ -859,10 +859,10 @@ impl CudaBackend {
         } else {
             None
         };
-        // (one split: the kernel writes the output, the gate applied on the way)
+        // (one split: the kernel writes the output, the gate applied on the way; each launch
+        // gets its own sequences' rows of it)
         let gate_inside = if splits == 1 { io.gate } else { DevPtr::NULL };
-        let prep =
-            AttnPrep::new(self, chunks[0].kv, 0, io.norms, rope.dev(self)).with_gate(gate_inside);
+        let prep = AttnPrep::new(self, chunks[0].kv, 0, io.norms, rope.dev(self));
         let qw = p.heads * d;
         let kw = p.kv_heads * d;
         for (gi, group) in chunks.chunks(ATTN_BATCH_MAX).enumerate() {
@@ -897,7 +897,11 @@ impl CudaBackend {
                 window: window.unwrap_or(0) as i32,
                 splits: splits as i32,
                 ngroups: ngroups as i32,
-                pp: prep,
+                pp: prep.with_gate(if gate_inside.is_null() {
+                    gate_inside
+                } else {
+                    gate_inside.add(b0 * p.heads)
+                }),
                 seqs,
                 ks,
                 vs,
