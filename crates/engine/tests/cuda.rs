@@ -938,10 +938,11 @@ fn gpu_attention_matches_cpu_on_bf16_and_fp8_caches() {
 }
 
 /// Decode attention of several sequences in one pass (`Backend::attention_chunks` over one-token
-/// chunks: the rope, the attention and the append in one `attn_dec_batch` launch) gives what the
-/// CPU backend gives (1e-4, as above), step after step over the rows the batch appended: bf16 and
-/// fp8 caches (fp8 with k/v scales), head_dim 64 and 128, full and sliding (a 64-key ring that
-/// some sequences have wrapped and others not), sequences at 1 to 300 positions. With
+/// chunks: the rope, the attention and the append in one `attn_dec_batch` launch, on the CUDA-core
+/// kernels: `CudaOptions::attn_mma` 0) gives what the CPU backend gives (1e-4, as above), step
+/// after step over the rows the batch appended: bf16 and fp8 caches (fp8 with k/v scales),
+/// head_dim 64 and 128, full and sliding (a 64-key ring that some sequences have wrapped and
+/// others not), sequences at 1 to 300 positions. With
 /// `CudaOptions::attn_g8` (a kv head's whole group of query heads in one block) the outputs of
 /// head_dim 128 are the same bits as without (the same key splits), also at Laguna-XS's 6 and 8
 /// query heads per kv head (two blocks of at most 4 without it), and the `_g8` kernels ran; with
@@ -952,6 +953,13 @@ fn gpu_attention_matches_cpu_on_bf16_and_fp8_caches() {
 fn gpu_batched_decode_attention_matches_cpu_on_bf16_and_fp8_caches() {
     let gpu = gpu();
     let cpu = CpuBackend::new();
+    // (the CUDA-core kernels first; the tensor-core ones below)
+    let original = gpu.options();
+    let defaults = CudaOptions {
+        attn_mma: 0,
+        ..original.clone()
+    };
+    gpu.set_options(defaults.clone());
     let lens = [1usize, 17, 70, 130, 300];
     let s = lens.len();
     let [bf16, fp8] = FLASH_CACHES;
@@ -1022,7 +1030,6 @@ fn gpu_batched_decode_attention_matches_cpu_on_bf16_and_fp8_caches() {
             println!("batched decode attention {label}, step {step}: max |gpu - cpu| {worst:.3e}");
             assert!(worst < 1e-4, "{label}, step {step}: {worst}");
             if d == 128 {
-                let defaults = gpu.options();
                 gpu.set_options(CudaOptions {
                     attn_g8: 2,
                     ..defaults.clone()
@@ -1045,7 +1052,7 @@ fn gpu_batched_decode_attention_matches_cpu_on_bf16_and_fp8_caches() {
                 let before = gpu.mma_attention_rows();
                 let mma = decode_pass(&gpu, &grope, &mut mma_caches, &pos, (&q, &k, &v), &p);
                 let ran = gpu.mma_attention_rows() - before;
-                gpu.set_options(defaults);
+                gpu.set_options(defaults.clone());
                 assert_eq!(ran, s, "{label}: the tensor-core kernels did not run");
                 let worst = max_abs_diff(&mma, &want);
                 println!("  on tensor cores: max |gpu - cpu| {worst:.3e}");
@@ -1053,6 +1060,7 @@ fn gpu_batched_decode_attention_matches_cpu_on_bf16_and_fp8_caches() {
             }
         }
     }
+    gpu.set_options(original);
 }
 
 /// A fresh cache of `spec` after `Backend::attention` of an `n`-row chunk `q`, `k`, `v`.

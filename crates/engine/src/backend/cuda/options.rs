@@ -45,12 +45,12 @@
 //! | `FP4FORGE_CUDA_MT_DEEP` | `mt_deep` | `0`: NVFP4 `gemv_mt` launches of at most one block a SM (a few rows' o projection) on `gemv_mt_nv4` / `gemv_mt_nv`, not on `gemv_mt_nv4_deep` / `gemv_mt_nv_deep` (each warp's whole run of chunks in flight and the tokens' B fetched 3 chunks ahead, one block a SM; the same bits) | on (H100, 2026-12-06, two rounds: 1.3% faster at 2 rows, 0.7–0.9% at 4, neutral at 8 and 32) |
 //! | `FP4FORGE_CUDA_MT_DEEP_ALL` | `mt_deep_all` | `1`: NVFP4 `gemv_mt` launches of any grid on the deep variants (with `mt_deep`), e.g. a 32-row step's q/k/v and o at one block a SM, each warp's whole run of chunks in flight | off (not yet measured) |
 //! | `FP4FORGE_CUDA_MT_WIDE` | `mt_wide_min_tokens` | `N`: NVFP4 `gemv_mt` launches of N or more tokens (at least 5: up to 4, `gemv_mt_nv4` and the mixed launch stay) on `gemv_mt_wide` (blocks of 128 rows over a run of at most 4 chunks, the run's B for all the step's tokens copied once into shared memory, each decoded weight fragment feeding up to 32 tokens; K split over blocks, the last block of each row block adding the splits in order); `0`: never | off (H100, 2026-12-06, two rounds: 0.3–7.3% slower at 6–32 rows; its 32-bit B addresses since not yet measured) |
-//! | `FP4FORGE_CUDA_H16_FEW` | `h16_few_min` | `N`: NVFP4 linears of N to 32 tokens (a batched decode step's q/k/v and o) on `gemm_h16`'s tiles of 32 tokens (`gemm_h16_t32`: each weight fragment decoded once for all the step's tokens, weights and x copied through shared memory three K steps ahead, K split over blocks and summed by `gemm_splitk_reduce`), not on `gemv_mt` (8 tokens a grid row); `0`: never | off (H100, 2026-12-06, call S, `N` = 9: 10% slower at 16 rows, 2.2% at 32; at 32 rows `gemm_h16_t32` took 2.14 ms a step against `gemv_mt_nv`'s ~3.2, but `x_split_h16`, 4 blocks for 32 rows, 0.98 ms and the K splits' sums 0.60) |
+//! | `FP4FORGE_CUDA_H16_FEW` | `h16_few_min` | `N`: NVFP4 linears of N to 32 tokens (a batched decode step's q/k/v and o) on `gemm_h16`'s tiles of 32 tokens (`gemm_h16_t32`: each weight fragment decoded once for all the step's tokens, weights and x copied through shared memory three K steps ahead, K split over blocks and summed by `gemm_splitk_reduce`), not on `gemv_mt` (8 tokens a grid row); `0`: never | off (H100, 2026-12-06, call S, `N` = 9: 10% slower at 16 rows, 2.2% at 32; at 32 rows `gemm_h16_t32` took 2.14 ms a step against `gemv_mt_nv`'s ~3.2, but `x_split_h16`, 4 blocks for 32 rows, 0.98 ms and the K splits' sums 0.60; H100, 2026-12-07, with `x_split_h16`'s register path, two rounds: still 1.2% slower at 32 rows) |
 //! | `FP4FORGE_CUDA_MT_INTERLEAVE` | `mt_interleave` | `0`: `gemv_mt` grids of several grid rows (more tokens than a grid row holds) launch each grid row's blocks one after another, not each block of weight rows' grid rows side by side (the weights then come from DRAM once and the other grid rows read them in L2; a 32-row step's lm_head is 411 MB of bf16 in four grid rows); the same bits | on (H100, 2026-12-06, two rounds: 2.8% faster at 32 rows, 1.8% at 16, neutral at 8) |
 //! | `FP4FORGE_CUDA_MT_FILL` | `mt_blocks_per_sm` | blocks a SM that `gemv_mt`'s K split aims its grid at (`mma_split`: warps per tile doubled while the grid is below this many blocks a SM and each warp keeps 2+ chunks; `gemv_mt_nv4` holds 3) | 1 (H100, 2026-12-06, two rounds: 3 was 2–3% slower at 8 and 32 rows, within 0.5% at 2 and 4) |
-//! | `FP4FORGE_CUDA_NORM_ROPE` | `norm_rope` | `0`: a prompt chunk's per-head q/k norms run as `rms_norm_warp` launches before the rope (`norm_rope` without a weight), not inside the rope's pass (`norm_rope`: one read and write of q and k fewer; the same bits) | on (not yet measured on a GPU: no device time was left; the H200's profile of 2026-12-06 gave the norms 1.72 ms and the rope 1.69 ms of a 2K prefill) |
-//! | `FP4FORGE_CUDA_ATTN_G8` | `attn_g8` | `1`: a batched decode step's attention with 128-wide heads takes all of a kv head's query heads (up to 8: Laguna's 6 or 8) in one block (`attn_dec_batch_*_128_g8`), not in blocks of 4 (`DEC_GMAX`), where blocks of 4 would take more than one wave (a 32-row step of Laguna-XS: 512 blocks for 264 slots on an H100; below that, halving the blocks halves the work in flight), so that each cached K/V row is read by one block instead of two; `2`: at any step (tests); the key splits as with 4, so the same bits | off (H200, 2026-12-06, at every step: 2.7% faster at 32 rows, 5.1% slower at 4; served, 5% slower at 4 and 16 streams, even at 32; the wave rule not yet measured) |
-//! | `FP4FORGE_CUDA_ATTN_MMA` | `attn_mma` | `N`: batched decode steps of N or more rows attend on tensor cores (`attn_dec_batch_*_128_mma`: head_dim 128, up to 8 query heads per kv head; one block a kv head and sequence, its K/V rows read once from global memory into registers, 32 keys a warp in flight, scores and P V on `mma.m16n8k16` with q in three bf16 parts as the prefill's flash attention; other bits than the CUDA-core kernels, within the tests' tolerance), not on the CUDA-core kernels (a 32-row step's attention took 1.9 ms of 13.3 on an H200, ~0.5 TB/s, latency-bound); `0`: never | off (not yet measured on a GPU) |
+//! | `FP4FORGE_CUDA_NORM_ROPE` | `norm_rope` | `0`: a prompt chunk's per-head q/k norms run as `rms_norm_warp` launches before the rope (`norm_rope` without a weight), not inside the rope's pass (`norm_rope`: one read and write of q and k fewer; the same bits) | on (H100, 2026-12-07, two rounds: a 2K prefill 140.2 ms against 142.5 with it off, 16K 1,318.7 against 1,330.9) |
+//! | `FP4FORGE_CUDA_ATTN_G8` | `attn_g8` | `1`: where the tensor-core kernels do not take it (`attn_mma`), a batched decode step's attention with 128-wide heads takes all of a kv head's query heads (up to 8: Laguna's 6 or 8) in one block (`attn_dec_batch_*_128_g8`), not in blocks of 4 (`DEC_GMAX`), where blocks of 4 would take more than one wave (a 32-row step of Laguna-XS: 512 blocks for 264 slots on an H100; below that, halving the blocks halves the work in flight), so that each cached K/V row is read by one block instead of two; `2`: at any step (tests); the key splits as with 4, so the same bits | off (H200, 2026-12-06, at every step: 2.7% faster at 32 rows, 5.1% slower at 4; served, 5% slower at 4 and 16 streams, even at 32; the wave rule not yet measured) |
+//! | `FP4FORGE_CUDA_ATTN_MMA` | `attn_mma` | `N`: batched decode steps of N or more rows attend on tensor cores (`attn_dec_batch_*_128_mma`: head_dim 128, up to 8 query heads per kv head; one block a kv head and sequence, its K/V rows read once from global memory into registers, 32 keys a warp in flight, scores and P V on `mma.m16n8k16` with q in three bf16 parts as the prefill's flash attention; other bits than the CUDA-core kernels, within the tests' tolerance), not on the CUDA-core kernels; `0`: never | `ATTN_MMA_MIN_ROWS` (4; H100, 2026-12-07, two rounds at the serve's contexts: a 32-row step 7.9% faster, 13.41 → 12.36 ms, a 4-row step 1.6%; served, 32 streams 2,374 against 2,152 tok/s; 2–3 rows not measured) |
 //! | `FP4FORGE_CUDA_MT_KS` | `mt_k_split` | `1`, `2`, `4`, `8`: fixed K split (warps per tile) of `gemv_mt` | per shape (`mma_split`) |
 //!
 //! The fields below the table's are not read from the environment: the decode attention split
@@ -60,7 +60,9 @@
 use std::ffi::OsStr;
 use std::path::PathBuf;
 
-use super::ops::attention::{ATTN_SHORT_KEYS, ATTN_SPLIT_BLOCKS_PER_SM, ATTN_SPLIT_MIN_KEYS};
+use super::ops::attention::{
+    ATTN_MMA_MIN_ROWS, ATTN_SHORT_KEYS, ATTN_SPLIT_BLOCKS_PER_SM, ATTN_SPLIT_MIN_KEYS,
+};
 use super::ops::gemv::{GEMV_MT_MAX_TOKENS, NV_BLOCKS_PER_SM};
 use super::ops::moe::{FEW_GRID_DIVISOR, FEW_MOE_MIN_TOKENS, L2_PREFETCH_MIN_ROWS};
 
@@ -182,7 +184,8 @@ pub struct CudaOptions {
     /// 4 would take more than a wave, 2 always.
     pub attn_g8: usize,
     /// `FP4FORGE_CUDA_ATTN_MMA`: fewest rows of a batched decode step whose attention of
-    /// 128-wide heads (up to 8 query heads per kv head) runs on tensor cores (0: never).
+    /// 128-wide heads (up to 8 query heads per kv head) runs on tensor cores (0: never;
+    /// default [`ATTN_MMA_MIN_ROWS`]).
     pub attn_mma: usize,
     /// Fewest keys per split of decode attention (`ATTN_SPLIT_MIN_KEYS`).
     pub attn_split_min_keys: u32,
@@ -242,7 +245,7 @@ impl Default for CudaOptions {
             mt_wide_min_tokens: 0,
             h16_few_min: 0,
             attn_g8: 0,
-            attn_mma: 0,
+            attn_mma: ATTN_MMA_MIN_ROWS,
             norm_rope: true,
             mma_merged: false,
             mt_interleave: true,

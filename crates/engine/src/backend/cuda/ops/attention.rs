@@ -138,6 +138,12 @@ pub(crate) const ATTN_MMA_SPLIT_MIN_KEYS: usize = 128;
 /// Resident blocks a SM of the tensor-core batched decode kernels (`__launch_bounds__`).
 pub(crate) const ATTN_MMA_BLOCKS_PER_SM: usize = 2;
 
+/// Fewest rows of a batched decode step whose attention runs on the tensor-core kernels by
+/// default (`CudaOptions::attn_mma`). H100, 2026-12-07, `batch_decode_speed --prompt 128
+/// --top-k 20`, two rounds: a 32-row step 12.36 ms against 13.41 on the CUDA-core kernels
+/// (−7.9%), a 4-row step 4.45 against 4.51 (−1.6%); 2–3 rows not measured.
+pub(crate) const ATTN_MMA_MIN_ROWS: usize = 4;
+
 /// Fewest keys per split of decode attention.
 pub(crate) const ATTN_SPLIT_MIN_KEYS: u32 = 64;
 
