@@ -2108,7 +2108,7 @@ fn gpu_batched_steps_match_each_sequence_alone() {
         batched_attention: true,
         fused_batch: true,
         h16_few_min: 0,
-        attn_mma: 0,
+        attn_mma: CudaOptions::default().attn_mma,
         norm_stage: CudaOptions::default().norm_stage,
         few_moe_min_tokens: CudaOptions::default().few_moe_min_tokens,
         ..backend.options()
