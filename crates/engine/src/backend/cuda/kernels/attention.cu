@@ -694,7 +694,8 @@ ATTN_KERNEL_DEC(attn_dec_fp8_128_short, 128, true, 2)
 // sequences per launch; the descriptors are a kernel parameter (no upload). GM: the most query
 // heads of a kv head one block takes (DEC_GMAX; the _g8 kernels 8, a kv head's whole group of
 // Laguna's 6 or 8, so that its K/V rows are read by one block instead of two: the same
-// arithmetic per head, so the same bits at the same key splits).
+// arithmetic per head, so the same bits at the same key splits). IMPL: attn_dec_impl (CUDA
+// cores) or attn_dec_mma_impl (tensor cores, after the prefill's flash attention below).
 #define ATTN_BATCH_MAX 32
 struct AttnSeq {
     const u64* kt;  // the sequence's block table
@@ -705,7 +706,7 @@ struct AttnSeq {
 struct AttnSeqs {
     AttnSeq s[ATTN_BATCH_MAX];
 };
-#define ATTN_KERNEL_DEC_BATCH(NAME, D, FP8, MINB, GM)                                                                  \
+#define ATTN_KERNEL_DEC_BATCH(NAME, D, FP8, MINB, GM, IMPL)                                                            \
     extern "C" __global__ void __launch_bounds__(AW * 32, MINB) NAME(                                                 \
         const float* q, const float* kch, const float* vch, float* out, float* part_o, float* part_ml, int heads,     \
         int kvh, float scale, int window, int splits, int ngroups, Prep pp, AttnSeqs seqs, float ks, float vs) {      \
@@ -717,19 +718,19 @@ struct AttnSeqs {
         ps.slot = sq.slot;                                                                                             \
         ps.gate = pp.gate ? pp.gate + b * heads : pp.gate;                                                             \
         const long qw = (long)heads * D, kw = (long)kvh * D;                                                           \
-        attn_dec_impl<D, FP8, GM>(q + b * qw, kch + b * kw, vch + b * kw, sq.kt, out + b * qw,                         \
-                                  part_o ? part_o + b * qw * splits : part_o,                                          \
-                                  part_ml ? part_ml + 2l * b * heads * splits : part_ml, heads, kvh, scale, sq.pos0,   \
-                                  window, splits, ngroups, ps, ks, vs);                                                \
+        IMPL<D, FP8, GM>(q + b * qw, kch + b * kw, vch + b * kw, sq.kt, out + b * qw,                                  \
+                         part_o ? part_o + b * qw * splits : part_o,                                                   \
+                         part_ml ? part_ml + 2l * b * heads * splits : part_ml, heads, kvh, scale, sq.pos0, window,    \
+                         splits, ngroups, ps, ks, vs);                                                                 \
     }
-ATTN_KERNEL_DEC_BATCH(attn_dec_batch_bf16_64, 64, false, 4, DEC_GMAX)
-ATTN_KERNEL_DEC_BATCH(attn_dec_batch_bf16_128, 128, false, 4, DEC_GMAX)
-ATTN_KERNEL_DEC_BATCH(attn_dec_batch_bf16_128_short, 128, false, 2, DEC_GMAX)
-ATTN_KERNEL_DEC_BATCH(attn_dec_batch_fp8_64, 64, true, 4, DEC_GMAX)
-ATTN_KERNEL_DEC_BATCH(attn_dec_batch_fp8_128, 128, true, 4, DEC_GMAX)
-ATTN_KERNEL_DEC_BATCH(attn_dec_batch_fp8_128_short, 128, true, 2, DEC_GMAX)
-ATTN_KERNEL_DEC_BATCH(attn_dec_batch_bf16_128_g8, 128, false, 2, 8)
-ATTN_KERNEL_DEC_BATCH(attn_dec_batch_fp8_128_g8, 128, true, 2, 8)
+ATTN_KERNEL_DEC_BATCH(attn_dec_batch_bf16_64, 64, false, 4, DEC_GMAX, attn_dec_impl)
+ATTN_KERNEL_DEC_BATCH(attn_dec_batch_bf16_128, 128, false, 4, DEC_GMAX, attn_dec_impl)
+ATTN_KERNEL_DEC_BATCH(attn_dec_batch_bf16_128_short, 128, false, 2, DEC_GMAX, attn_dec_impl)
+ATTN_KERNEL_DEC_BATCH(attn_dec_batch_fp8_64, 64, true, 4, DEC_GMAX, attn_dec_impl)
+ATTN_KERNEL_DEC_BATCH(attn_dec_batch_fp8_128, 128, true, 4, DEC_GMAX, attn_dec_impl)
+ATTN_KERNEL_DEC_BATCH(attn_dec_batch_fp8_128_short, 128, true, 2, DEC_GMAX, attn_dec_impl)
+ATTN_KERNEL_DEC_BATCH(attn_dec_batch_bf16_128_g8, 128, false, 2, 8, attn_dec_impl)
+ATTN_KERNEL_DEC_BATCH(attn_dec_batch_fp8_128_g8, 128, true, 2, 8, attn_dec_impl)
 ATTN_KERNEL(attn_f32_1, float, 1)
 ATTN_KERNEL(attn_f32_2, float, 2)
 ATTN_KERNEL(attn_f32_4, float, 4)
@@ -1186,16 +1187,18 @@ ATTN_FLASH(attn_flash_fp8_128, 128, true)
 #define DMMA_KEYS 32  // keys per warp chunk
 #define DMMA_GMAX 8   // most query heads per kv head (rows of the 16-row tile)
 
-template <int D, bool FP8>
+// (attn_dec_impl's parameters; ngroups is 1)
+template <int D, bool FP8, int GM>
 __device__ void attn_dec_mma_impl(const float* __restrict__ q, const float* __restrict__ kch,
                                   const float* __restrict__ vch, const u64* __restrict__ kt, float* __restrict__ out,
                                   float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int kvh,
-                                  float scale, int pos0, int window, int splits, const Prep& pp, float ks, float vs) {
+                                  float scale, int pos0, int window, int splits, int ngroups, const Prep& pp,
+                                  float ks, float vs) {
     static_assert(D == 128, "the lanes' V slices are whole 16-byte pieces at head_dim 128");
+    static_assert(GM == DMMA_GMAX, "a block's heads are the rows of one 16-row tile");
     typedef DecKv<FP8> Kv;
     typedef typename Kv::T KT;
     typedef typename Kv::KChunk KChunk;   // 8 key values
-    constexpr int GM = DMMA_GMAX;
     constexpr int KS = D / 16;            // k-steps of Q K^T
     constexpr int K2 = D / 32;            // key pieces a lane loads per key
     constexpr int DT = D / 8;             // output tiles; a lane's V dims per key
@@ -1405,27 +1408,10 @@ __device__ void attn_dec_mma_impl(const float* __restrict__ q, const float* __re
     dec_merge<D, GM, LDA, true>(wm, wl, wacc, G, h0, z, splits, out, part_o, part_ml, pp);
 }
 
-// The batched decode step's attention on tensor cores (grid: kv heads, sequences, key splits;
-// sequences and Prep as ATTN_KERNEL_DEC_BATCH's). Two blocks a SM.
-#define ATTN_KERNEL_DEC_MMA(NAME, FP8)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(AW * 32, 2) NAME(                                                    \
-        const float* q, const float* kch, const float* vch, float* out, float* part_o, float* part_ml, int heads,     \
-        int kvh, float scale, int window, int splits, int ngroups, Prep pp, AttnSeqs seqs, float ks, float vs) {      \
-        pdl_enter();                                                                                                   \
-        const int b = blockIdx.y;                                                                                      \
-        const AttnSeq sq = seqs.s[b];                                                                                  \
-        Prep ps = pp;                                                                                                  \
-        ps.kt = sq.kt;                                                                                                 \
-        ps.slot = sq.slot;                                                                                             \
-        ps.gate = pp.gate ? pp.gate + b * heads : pp.gate;                                                             \
-        const long qw = (long)heads * 128, kw = (long)kvh * 128;                                                       \
-        attn_dec_mma_impl<128, FP8>(q + b * qw, kch + b * kw, vch + b * kw, sq.kt, out + b * qw,                       \
-                                    part_o ? part_o + b * qw * splits : part_o,                                        \
-                                    part_ml ? part_ml + 2l * b * heads * splits : part_ml, heads, kvh, scale,          \
-                                    sq.pos0, window, splits, ps, ks, vs);                                              \
-    }
-ATTN_KERNEL_DEC_MMA(attn_dec_batch_bf16_128_mma, false)
-ATTN_KERNEL_DEC_MMA(attn_dec_batch_fp8_128_mma, true)
+// The batched decode step's attention on tensor cores (ATTN_KERNEL_DEC_BATCH's grid and
+// sequences; two blocks a SM).
+ATTN_KERNEL_DEC_BATCH(attn_dec_batch_bf16_128_mma, 128, false, 2, DMMA_GMAX, attn_dec_mma_impl)
+ATTN_KERNEL_DEC_BATCH(attn_dec_batch_fp8_128_mma, 128, true, 2, DMMA_GMAX, attn_dec_mma_impl)
 
 // Merges the splits: grid (heads, T), threads d. Optionally multiplies by softplus(gate[t, h]).
 extern "C" __global__ void attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,
