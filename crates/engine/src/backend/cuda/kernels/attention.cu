@@ -56,6 +56,16 @@ extern "C" __global__ void kv_table_put(u64* tab, int at, int n, KvTablePut put)
     if (i < n) tab[at + i] = put.e[i];
 }
 
+// The keys [x, y) of key split z of `splits` that a query row at position p attends over (the
+// window's last `window` positions through p, or all of them).
+__device__ __forceinline__ int2 split_keys(int p, int window, int splits, int z) {
+    const int first = window > 0 ? max(0, p + 1 - window) : 0;
+    const int nkeys = p - first + 1;
+    const int per = (nkeys + splits - 1) / splits;
+    const int s0 = first + z * per;
+    return make_int2(s0, min(s0 + per, p + 1));
+}
+
 #define GMAX 4
 #define AW 4  // warps per attention block
 
@@ -121,11 +131,8 @@ __device__ void attn_impl(const float* __restrict__ q, const float* __restrict__
     const int h0 = kv * G + g0;
     const int t = blockIdx.y, z = blockIdx.z;
     const int p = pos0 + t;
-    const int first = window > 0 ? max(0, p + 1 - window) : 0;
-    const int nkeys = p - first + 1;
-    const int per = (nkeys + splits - 1) / splits;
-    const int s0 = first + z * per;
-    const int s1 = min(s0 + per, p + 1);
+    const int2 span = split_keys(p, window, splits, z);
+    const int s0 = span.x, s1 = span.y;
     const long rw = (long)kvh * d;
 
     for (int i = threadIdx.x; i < GMAX * d; i += blockDim.x) {
@@ -522,11 +529,8 @@ __device__ void attn_dec_impl(const float* __restrict__ q, const float* __restri
     const int h0 = kv * GA + grp * gs;
     const int z = blockIdx.z;
     const int p = pos0;
-    const int first = window > 0 ? max(0, p + 1 - window) : 0;
-    const int nkeys = p - first + 1;
-    const int per = (nkeys + splits - 1) / splits;
-    const int s0 = first + z * per;
-    const int s1 = min(s0 + per, p + 1);
+    const int2 span = split_keys(p, window, splits, z);
+    const int s0 = span.x, s1 = span.y;
     const long rw = (long)kvh * D;
     dec_prepare<D, FP8, GM>(sp, q, kch, vch, kv, grp, h0, G, p, s0 <= p && p < s1, rw, scale, pp, ks, vs);
     const float(*qs)[D] = sp.qs;
@@ -1215,11 +1219,8 @@ __device__ void attn_dec_mma_impl(const float* __restrict__ q, const float* __re
     const int h0 = kv * G;
     const int z = blockIdx.z;
     const int p = pos0;
-    const int first = window > 0 ? max(0, p + 1 - window) : 0;
-    const int nkeys = p - first + 1;
-    const int per = (nkeys + splits - 1) / splits;
-    const int s0 = first + z * per;
-    const int s1 = min(s0 + per, p + 1);
+    const int2 span = split_keys(p, window, splits, z);
+    const int s0 = span.x, s1 = span.y;
     const long rw = (long)kvh * D;
     dec_prepare<D, FP8, GM>(sp, q, kch, vch, kv, 0, h0, G, p, s0 <= p && p < s1, rw, scale, pp, ks, vs);
 
