@@ -1932,6 +1932,46 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
     backend.set_options(defaults);
 }
 
+/// One configuration of [`gpu_batched_steps_match_each_sequence_alone`].
+#[derive(Clone, Copy)]
+struct BatchedRun {
+    kv: KvDtype,
+    sessions: usize,
+    /// The attention of a batched step in one launch (else sequence by sequence).
+    batched: bool,
+    /// The fused batched step (else the generic ops).
+    fused: bool,
+    /// The routed experts grouped a few items per expert tile from 2 rows, with the shared
+    /// expert on the multi-token linears, as from 32 rows at full size.
+    few: bool,
+    /// The norms staging their rows for gemv_mt, the MoE sums running the next norm, the
+    /// routers their top-k and, at 35 sessions, the few-items-per-tile experts taking their
+    /// input as the norm staged it.
+    stage: bool,
+    /// The NVFP4 linears of 2-32 rows on gemm_h16_t32.
+    h16: bool,
+    /// The attention on tensor cores (head_dim 128).
+    mma: bool,
+    /// The shared expert on gemv_mt beside the per-item routed experts from 2 rows.
+    shared_mt: bool,
+}
+
+impl Default for BatchedRun {
+    fn default() -> Self {
+        Self {
+            kv: KvDtype::Bf16,
+            sessions: 5,
+            batched: true,
+            fused: true,
+            few: false,
+            stage: false,
+            h16: false,
+            mma: false,
+            shared_mt: false,
+        }
+    }
+}
+
 /// A batched decode step (several sessions in one pass: the fused sequence over all rows where
 /// the caches are bf16, else stacked linears, experts grouped over the batch, every sequence's
 /// attention in one launch; the generic ops also with the fused sequence off) gives each
@@ -1951,27 +1991,75 @@ fn gpu_batched_steps_match_each_sequence_alone() {
     let mut failures = Vec::new();
     let mut fused_rows = 0;
     let mut fused_fp8_rows = 0;
+    let only = std::env::var("FP4FORGE_TEST_ONLY").ok();
     for (name, dir) in synthetic_laguna_variants(tmp.path()) {
-        // (few: the routed experts grouped a few items per expert tile from 2 rows, with the
-        // shared expert on the multi-token linears, as from 32 rows at full size; stage: the
-        // norms staging their rows for gemv_mt, the MoE sums running the next norm, the
-        // routers their top-k and, at 35 sessions, the few-items-per-tile experts taking their
-        // input as the norm staged it; h16: the NVFP4 linears of 2-32 rows on gemm_h16_t32;
-        // mma: the attention on tensor cores, head_dim 128)
-        for (kv, sessions, batched, fused, few, stage, h16, mma) in [
-            (KvDtype::Bf16, 5, true, true, false, false, false, false),
-            (KvDtype::Bf16, 35, true, true, false, false, false, false),
-            (KvDtype::Bf16, 5, true, false, false, false, false, false),
-            (KvDtype::Bf16, 35, true, false, false, false, false, false),
-            (KvDtype::Bf16, 5, false, true, false, false, false, false),
-            (KvDtype::Bf16, 5, true, true, true, false, false, false),
-            (KvDtype::Bf16, 5, true, true, false, true, false, false),
-            (KvDtype::Bf16, 35, true, true, false, true, false, false),
-            (KvDtype::Bf16, 5, true, true, false, false, true, false),
-            (KvDtype::Fp8E4m3, 5, true, true, false, false, false, false),
-            (KvDtype::Bf16, 35, true, true, false, false, false, true),
-            (KvDtype::Fp8E4m3, 5, true, true, false, false, false, true),
-        ] {
+        let base = BatchedRun::default();
+        let runs = [
+            base,
+            BatchedRun {
+                sessions: 35,
+                ..base
+            },
+            BatchedRun {
+                fused: false,
+                ..base
+            },
+            BatchedRun {
+                sessions: 35,
+                fused: false,
+                ..base
+            },
+            BatchedRun {
+                batched: false,
+                ..base
+            },
+            BatchedRun { few: true, ..base },
+            BatchedRun {
+                stage: true,
+                ..base
+            },
+            BatchedRun {
+                sessions: 35,
+                stage: true,
+                ..base
+            },
+            BatchedRun { h16: true, ..base },
+            BatchedRun {
+                kv: KvDtype::Fp8E4m3,
+                ..base
+            },
+            BatchedRun {
+                sessions: 35,
+                mma: true,
+                ..base
+            },
+            BatchedRun {
+                kv: KvDtype::Fp8E4m3,
+                mma: true,
+                ..base
+            },
+            BatchedRun {
+                shared_mt: true,
+                ..base
+            },
+            BatchedRun {
+                stage: true,
+                shared_mt: true,
+                ..base
+            },
+        ];
+        for run in runs {
+            let BatchedRun {
+                kv,
+                sessions,
+                batched,
+                fused,
+                few,
+                stage,
+                h16,
+                mma,
+                shared_mt,
+            } = run;
             backend.set_options(CudaOptions {
                 h16_few_min: if h16 { 2 } else { 0 },
                 attn_mma: usize::from(mma),
@@ -1986,13 +2074,11 @@ fn gpu_batched_steps_match_each_sequence_alone() {
                 } else {
                     CudaOptions::default().few_moe_min_tokens
                 },
+                shared_mt_min_rows: usize::from(shared_mt) * 2,
                 ..backend.options()
             });
-            let opts = ModelOptions::new().kv_dtype(kv);
-            let model = Model::load_with_backend(&dir, opts, backend.clone()).unwrap();
-            let vocab = model.info().vocab_size as u32;
             let label = format!(
-                "{name} {} {kv:?} {sessions} sessions{}{}{}{}{}{}",
+                "{name} {} {kv:?} {sessions} sessions{}{}{}{}{}{}{}",
                 dir.file_name().unwrap().to_string_lossy(),
                 if batched { "" } else { " (one launch off)" },
                 if fused { "" } else { " (generic ops)" },
@@ -2011,10 +2097,24 @@ fn gpu_batched_steps_match_each_sequence_alone() {
                     " (attention on tensor cores)"
                 } else {
                     ""
+                },
+                if shared_mt {
+                    " (shared expert on gemv_mt)"
+                } else {
+                    ""
                 }
             );
+            // (FP4FORGE_TEST_ONLY: only the configurations whose label contains it, e.g. to run
+            // one on the emulated GPU, where the whole test takes over half an hour)
+            if only.as_ref().is_some_and(|o| !label.contains(o.as_str())) {
+                continue;
+            }
+            let opts = ModelOptions::new().kv_dtype(kv);
+            let model = Model::load_with_backend(&dir, opts, backend.clone()).unwrap();
+            let vocab = model.info().vocab_size as u32;
             let h16_before = backend.few_h16_linears();
             let mma_before = backend.mma_attention_rows();
+            let shared_mt_before = backend.shared_on_mt();
             let mut ss: Vec<_> = (0..sessions)
                 .map(|i| {
                     let mut s = model.new_session().unwrap();
@@ -2088,6 +2188,13 @@ fn gpu_batched_steps_match_each_sequence_alone() {
                     "{label}: no attention on tensor cores"
                 );
             }
+            // (the tiny preset's widths are below gemv_mt's 128-wide chunks)
+            if shared_mt && name.starts_with("wide") {
+                assert!(
+                    backend.shared_on_mt() > shared_mt_before,
+                    "{label}: no shared expert on gemv_mt"
+                );
+            }
             if h16 && lean && name.starts_with("wide") && backend.h16_gemm_runs() {
                 assert!(
                     backend.few_h16_linears() > h16_before,
@@ -2110,14 +2217,18 @@ fn gpu_batched_steps_match_each_sequence_alone() {
         h16_few_min: 0,
         attn_mma: CudaOptions::default().attn_mma,
         norm_stage: CudaOptions::default().norm_stage,
+        reduce_norm: CudaOptions::default().reduce_norm,
+        router_topk: CudaOptions::default().router_topk,
+        moe_staged: CudaOptions::default().moe_staged,
         few_moe_min_tokens: CudaOptions::default().few_moe_min_tokens,
+        shared_mt_min_rows: CudaOptions::default().shared_mt_min_rows,
         ..backend.options()
     });
     assert!(failures.is_empty(), "batched steps differ: {failures:#?}");
     println!("{fused_rows} rows decoded on the fused batched step");
     assert!(fused_rows > 0, "no batched step took the fused sequence");
     assert!(
-        fused_fp8_rows > 0,
+        only.is_some() || fused_fp8_rows > 0,
         "no batched step over fp8 caches took the fused sequence"
     );
 }

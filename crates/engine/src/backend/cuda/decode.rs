@@ -245,6 +245,12 @@ impl CudaBackend {
         self.inner.moe_inputs_staged.load(Ordering::Relaxed)
     }
 
+    /// Batched steps' MoE layers whose shared expert ran on `gemv_mt` beside the per-item routed
+    /// experts (`CudaOptions::shared_mt_min_rows`) on this backend (and its clones) so far.
+    pub fn shared_on_mt(&self) -> usize {
+        self.inner.shared_on_mt.load(Ordering::Relaxed)
+    }
+
     /// Batched steps' MoE layers whose router's top-k tail also grouped the routed items by
     /// expert for the few-items-per-tile experts (`CudaOptions::router_topk`) on this backend
     /// (and its clones) so far.

@@ -138,6 +138,8 @@ pub(crate) struct Inner {
     moe_inputs_staged: std::sync::atomic::AtomicUsize,
     /// Routers whose top-k tail also grouped the items by expert so far.
     grouped_in_router: std::sync::atomic::AtomicUsize,
+    /// MoE calls whose shared expert ran on `gemv_mt` beside per-item routed experts so far.
+    shared_on_mt: std::sync::atomic::AtomicUsize,
     /// Sequences attended in `attn_dec_batch` launches (`CudaBackend::batched_attention_rows`).
     batched_attention_rows: std::sync::atomic::AtomicUsize,
     /// Of those, sequences attended on the `_g8` kernels (`CudaBackend::g8_attention_rows`).
@@ -268,6 +270,7 @@ impl CudaBackend {
                 wide_linears: std::sync::atomic::AtomicUsize::new(0),
                 few_h16_linears: std::sync::atomic::AtomicUsize::new(0),
                 moe_inputs_staged: std::sync::atomic::AtomicUsize::new(0),
+                shared_on_mt: std::sync::atomic::AtomicUsize::new(0),
                 grouped_in_router: std::sync::atomic::AtomicUsize::new(0),
                 batched_attention_rows: std::sync::atomic::AtomicUsize::new(0),
                 g8_attention_rows: std::sync::atomic::AtomicUsize::new(0),

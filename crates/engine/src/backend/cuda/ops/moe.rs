@@ -471,7 +471,9 @@ impl CudaBackend {
     /// inputs. `epi` runs after the sum (in its last block for one token). With `staged`
     /// (buffers from [`stage_buffers`](Self::stage_buffers) for `epi`, a norm of `io.out`), the
     /// sum and that norm run in one launch that also stages the normed rows into them
-    /// (`experts_reduce_norm_stage`: the bits of `experts_reduce`, then `norm_stage`).
+    /// (`experts_reduce_norm_stage`: the bits of `experts_reduce`, then `norm_stage`). Where
+    /// [`shared_mt_applies`](Self::shared_mt_applies), the shared expert runs on `gemv_mt`
+    /// before the per-item kernels take the routed items alone.
     pub(crate) fn experts_raw(
         &self,
         e: &CudaExperts,
@@ -507,6 +509,8 @@ impl CudaBackend {
         } = sp.unwrap_or_default();
         let has = i32::from(shared.is_some());
         let path = self.moe_path(e, shared.as_ref().map(|(s, _)| *s), k, t);
+        // (the shared expert on gemv_mt beside the per-item routed experts)
+        let shared_mt = self.shared_mt_applies(shared.as_ref().map(|(s, _)| *s), path, t);
         let (persistent, grouped_few, grouped, per_item) = (
             path == MoePath::Persistent,
             path == MoePath::GroupedFew,
@@ -514,7 +518,7 @@ impl CudaBackend {
             path == MoePath::PerItem,
         );
         self.check(
-            io.shared_gu.is_none() || (grouped_few && shared.is_some()),
+            io.shared_gu.is_none() || ((grouped_few || shared_mt) && shared.is_some()),
             || {
                 "a shared expert's gate and up computed for experts that do not take them"
                     .to_string()
@@ -597,6 +601,12 @@ impl CudaBackend {
             self.experts_grouped_few(e, shared.map(|(s, _)| s), io)?;
         } else if grouped {
             self.experts_grouped(e, io)?;
+        } else if let (true, Some((s, _))) = (shared_mt, shared.as_ref()) {
+            self.shared_expert_mt(s, e.hidden, &io)?;
+            self.inner
+                .shared_on_mt
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.experts_per_item(e, None, io, gu_prefetched)?;
         } else {
             self.experts_per_item(e, sp, io, gu_prefetched)?;
         }
@@ -693,21 +703,52 @@ impl CudaBackend {
             let o = self.opts();
             (o.moe_staged, o.item_staged)
         };
-        match path {
-            MoePath::PerItem if item_staged && self.per_item_mma(e) => vec![3],
+        // (the shared expert's gate/up formats, where it runs on gemv_mt)
+        let shared_formats = |s: &SharedExpert<'_>| {
+            self.gemv_mt_formats(&[(s.gate, DevPtr::NULL), (s.up, DevPtr::NULL)], t)
+        };
+        let mut formats = match path {
             MoePath::GroupedFew if moe_staged => {
-                let mut formats = match shared {
-                    Some(s) => {
-                        self.gemv_mt_formats(&[(s.gate, DevPtr::NULL), (s.up, DevPtr::NULL)], t)
-                    }
-                    None => Vec::new(),
-                };
+                let mut formats = shared.map_or_else(Vec::new, shared_formats);
                 formats.push(3);
-                formats.sort_unstable();
-                formats.dedup();
+                formats
+            }
+            MoePath::PerItem => {
+                let mut formats = match shared {
+                    Some(s) if moe_staged && self.shared_mt_applies(Some(s), path, t) => {
+                        shared_formats(s)
+                    }
+                    _ => Vec::new(),
+                };
+                if item_staged && self.per_item_mma(e) {
+                    formats.push(3);
+                }
                 formats
             }
             _ => Vec::new(),
+        };
+        formats.sort_unstable();
+        formats.dedup();
+        formats
+    }
+
+    /// Whether a batched step of `t` rows whose experts run one grid row per item (`path`)
+    /// leaves the shared expert `shared` to `gemv_mt` ([`shared_expert_mt`](Self::shared_expert_mt):
+    /// each weight read once for all rows, not once per row as an item of the per-item kernels):
+    /// `t` at least `CudaOptions::shared_mt_min_rows` (0: never) and its three projections on
+    /// `gemv_mt`.
+    pub(crate) fn shared_mt_applies(
+        &self,
+        shared: Option<&SharedExpert<'_>>,
+        path: MoePath,
+        t: usize,
+    ) -> bool {
+        let min = self.opts().shared_mt_min_rows;
+        match shared {
+            Some(s) if path == MoePath::PerItem && min != 0 && t >= min => [s.gate, s.up, s.down]
+                .iter()
+                .all(|w| self.gemv_mt_applies(w, t)),
+            _ => false,
         }
     }
 
@@ -726,7 +767,7 @@ impl CudaBackend {
         let ws = [router, s.gate, s.up];
         let split = |rows: usize| self.mt_k_split(rows, router.cols);
         self.opts().router_shared
-            && path == MoePath::GroupedFew
+            && (path == MoePath::GroupedFew || self.shared_mt_applies(Some(s), path, t))
             && ws
                 .iter()
                 .all(|w| w.fmt == 2 && w.cols == router.cols && self.gemv_mt_applies(w, t))
@@ -1070,6 +1111,60 @@ impl CudaBackend {
             && e.n <= MOE_ALIGN_MAX_EXPERTS
     }
 
+    /// The shared expert `s` of a MoE layer of `hidden` wide rows on `gemv_mt`, each weight read
+    /// once for all of `io`'s rows: its gate and up (unless the router's launch computed them,
+    /// `io.shared_gu`), the SiLU product (staged for the down projection's `gemv_mt` with
+    /// `CudaOptions::moe_staged`) and the down projection into the shared expert's rows of
+    /// `io.part` (after the routed items': what `experts_reduce` adds last).
+    fn shared_expert_mt(
+        &self,
+        s: &SharedExpert<'_>,
+        hidden: usize,
+        io: &MoeBuffers<'_>,
+    ) -> Result<()> {
+        let (t, x, part, shared_gu) = (io.tokens, io.x, io.part, io.shared_gu);
+        let items = t * io.top_k;
+        let unstaged = StagedRows::default();
+        let staged = io.staged.unwrap_or(&unstaged);
+        let si = s.gate.rows;
+        // (the buffers made here live until this call's launches are queued)
+        let made;
+        let (g, u) = match shared_gu {
+            Some(gu) => gu,
+            None => {
+                made = (self.alloc_unset(t * si)?, self.alloc_unset(t * si)?);
+                let (g, u) = (self.ptr(&made.0), self.ptr(&made.1));
+                let parts = [(s.gate, g), (s.up, u)];
+                self.linears_of_one_input(&parts, x, t, hidden, staged)?;
+                (g, u)
+            }
+        };
+        let out = part.add(items * hidden);
+        if self.opts().moe_staged && s.down.fmt == 2 && self.gemv_mt_applies(s.down, t) {
+            // silu(g) · u staged for the down projection's gemv_mt as it is computed
+            let xb = self.alloc_unset::<u32>(t * 3 * si / 2)?;
+            let xds = self.alloc_unset::<f32>(t)?;
+            let (xb, xds) = (self.ptr(&xb), self.ptr(&xds));
+            ops::elementwise::SiluMulStageArgs {
+                g,
+                u,
+                k: si as i32,
+                xb_bf: xb,
+                ds_bf: xds,
+            }
+            .launch(self, (t as u32, 1, 1), (128, 1, 1))?;
+            let input = MtInput::Staged(xb, xds);
+            self.gemv_mt(&[(s.down, out)], input, t, DevPtr::NULL, DevPtr::NULL)?;
+            self.inner
+                .moe_inputs_staged
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        } else {
+            self.silu_mul_raw(g, u, g, t * si)?;
+            self.gemv_raw(s.down, Gemv::rows(g, out, DevPtr::NULL, t))?;
+        }
+        Ok(())
+    }
+
     /// The routed items of `io` grouped by expert in tiles of up to [`FEW_TILE_ITEMS`]
     /// (`moe_align`, or already by the router: `io.tiles`), the tokens' inputs staged once as
     /// tensor-core operands (`xb_stage`, or as their norm staged them: `io.staged`), then gate/up
@@ -1095,7 +1190,6 @@ impl CudaBackend {
             h,
             part,
             staged,
-            shared_gu,
             ..
         } = io;
         let items = t * k;
@@ -1108,42 +1202,7 @@ impl CudaBackend {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         if let Some(s) = shared {
-            let si = s.gate.rows;
-            // (the buffers made here live until this call's launches are queued)
-            let made;
-            let (g, u) = match shared_gu {
-                Some(gu) => gu,
-                None => {
-                    made = (self.alloc_unset(t * si)?, self.alloc_unset(t * si)?);
-                    let (g, u) = (self.ptr(&made.0), self.ptr(&made.1));
-                    let parts = [(s.gate, g), (s.up, u)];
-                    self.linears_of_one_input(&parts, x, t, hidden, staged)?;
-                    (g, u)
-                }
-            };
-            let out = part.add(items * hidden);
-            if self.opts().moe_staged && s.down.fmt == 2 && self.gemv_mt_applies(s.down, t) {
-                // silu(g) · u staged for the down projection's gemv_mt as it is computed
-                let xb = self.alloc_unset::<u32>(t * 3 * si / 2)?;
-                let xds = self.alloc_unset::<f32>(t)?;
-                let (xb, xds) = (self.ptr(&xb), self.ptr(&xds));
-                ops::elementwise::SiluMulStageArgs {
-                    g,
-                    u,
-                    k: si as i32,
-                    xb_bf: xb,
-                    ds_bf: xds,
-                }
-                .launch(self, (t as u32, 1, 1), (128, 1, 1))?;
-                let input = MtInput::Staged(xb, xds);
-                self.gemv_mt(&[(s.down, out)], input, t, DevPtr::NULL, DevPtr::NULL)?;
-                self.inner
-                    .moe_inputs_staged
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            } else {
-                self.silu_mul_raw(g, u, g, t * si)?;
-                self.gemv_raw(s.down, Gemv::rows(g, out, DevPtr::NULL, t))?;
-            }
+            self.shared_expert_mt(s, hidden, &io)?;
         }
         // (the tiles made here live until this call's launches are queued)
         let made;
