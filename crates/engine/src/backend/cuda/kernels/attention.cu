@@ -958,10 +958,10 @@ __device__ void attn_flash_impl(const float* __restrict__ q, const u64* __restri
 #pragma unroll
                 for (int hf = 0; hf < 2; hf++) {
                     float2 v = t < T ? *(const float2*)(qr + 16 * k + 8 * hf) : make_float2(0.f, 0.f);
-                    float x = v.x * qs, y = v.y * qs;
+                    u32 part[FA_QPARTS];
+                    bf16x2_parts(v.x * qs, v.y * qs, part);
 #pragma unroll
-                    for (int p = 0; p + 1 < FA_QPARTS; p++) qf[p][k][rr + 2 * hf] = bf16x2_split(x, y);
-                    qf[FA_QPARTS - 1][k][rr + 2 * hf] = bf16x2_rn(x, y);
+                    for (int p = 0; p < FA_QPARTS; p++) qf[p][k][rr + 2 * hf] = part[p];
                 }
             }
         }
@@ -1086,15 +1086,17 @@ __device__ void attn_flash_impl(const float* __restrict__ q, const u64* __restri
         if (act) {
 #pragma unroll
             for (int st = 0; st < FA_BN / 16; st++) {
+                // P's A fragment as hi + lo (pairs: keys 2c, 2c + 1 of rows g, g + 8, then of
+                // the next 8 keys)
                 u32 ph[4], pl[4];
-                ph[0] = bf16x2_split(s[2 * st][0], s[2 * st][1]);
-                ph[1] = bf16x2_split(s[2 * st][2], s[2 * st][3]);
-                ph[2] = bf16x2_split(s[2 * st + 1][0], s[2 * st + 1][1]);
-                ph[3] = bf16x2_split(s[2 * st + 1][2], s[2 * st + 1][3]);
-                pl[0] = bf16x2_rn(s[2 * st][0], s[2 * st][1]);
-                pl[1] = bf16x2_rn(s[2 * st][2], s[2 * st][3]);
-                pl[2] = bf16x2_rn(s[2 * st + 1][0], s[2 * st + 1][1]);
-                pl[3] = bf16x2_rn(s[2 * st + 1][2], s[2 * st + 1][3]);
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const float* sp = s[2 * st + (i >> 1)] + 2 * (i & 1);
+                    u32 part[2];
+                    bf16x2_parts(sp[0], sp[1], part);
+                    ph[i] = part[0];
+                    pl[i] = part[1];
+                }
 #pragma unroll
                 for (int d2 = 0; d2 < DT / 2; d2++) {
                     u32 b[4];
@@ -1237,12 +1239,11 @@ __device__ void attn_dec_mma_impl(const float* __restrict__ q, const float* __re
                 y0 = sp.qs[gg][d0 + 2] * f;
                 y1 = sp.qs[gg][d0 + 3] * f;
             }
+            u32 px[FA_QPARTS], py[FA_QPARTS];
+            bf16x2_parts(x0, x1, px);
+            bf16x2_parts(y0, y1, py);
 #pragma unroll
-            for (int pt = 0; pt + 1 < FA_QPARTS; pt++) {
-                const u32 a = bf16x2_split(x0, x1);
-                qa[pt][kk][ln] = make_uint2(a, bf16x2_split(y0, y1));
-            }
-            qa[FA_QPARTS - 1][kk][ln] = make_uint2(bf16x2_rn(x0, x1), bf16x2_rn(y0, y1));
+            for (int pt = 0; pt < FA_QPARTS; pt++) qa[pt][kk][ln] = make_uint2(px[pt], py[pt]);
         }
     }
     __syncthreads();
@@ -1346,12 +1347,13 @@ __device__ void attn_dec_mma_impl(const float* __restrict__ q, const float* __re
         // ---- O += P V
 #pragma unroll
         for (int st = 0; st < DMMA_KEYS / 16; st++) {
-            u32 ph[4], pl[4];
-            float a0 = s[2 * st][0], a1 = s[2 * st][1], b0 = s[2 * st + 1][0], b1 = s[2 * st + 1][1];
-            ph[0] = bf16x2_split(a0, a1);
-            ph[2] = bf16x2_split(b0, b1);
-            pl[0] = bf16x2_rn(a0, a1);
-            pl[2] = bf16x2_rn(b0, b1);
+            u32 ph[4], pl[4], pa[2], pb[2];
+            bf16x2_parts(s[2 * st][0], s[2 * st][1], pa);
+            bf16x2_parts(s[2 * st + 1][0], s[2 * st + 1][1], pb);
+            ph[0] = pa[0];
+            pl[0] = pa[1];
+            ph[2] = pb[0];
+            pl[2] = pb[1];
             ph[1] = ph[3] = pl[1] = pl[3] = 0u;
             // the four keys' DT values as bf16 pairs (dims 2i, 2i + 1 in word i)
             u32 vw[4][DT / 2];

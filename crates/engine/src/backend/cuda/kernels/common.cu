@@ -322,6 +322,16 @@ __device__ __forceinline__ u32 bf16x2_split(float& x, float& y) {
     return h;
 }
 
+// (x, y) as N bf16 pairs (x in the low halves) that sum to it: each the pair nearest what the
+// ones before it leave, the last rounded, so about 8N significant bits of each (tensor-core A
+// operands of f32 values: q in FA_QPARTS parts, a probability as hi + lo).
+template <int N>
+__device__ __forceinline__ void bf16x2_parts(float x, float y, u32 (&part)[N]) {
+#pragma unroll
+    for (int i = 0; i + 1 < N; i++) part[i] = bf16x2_split(x, y);
+    part[N - 1] = bf16x2_rn(x, y);
+}
+
 // (x, y) rounded to f16, x in the low half.
 __device__ __forceinline__ u32 f16x2_rn(float x, float y) {
 #ifdef FP4FORGE_CPU_EMU

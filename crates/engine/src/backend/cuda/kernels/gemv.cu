@@ -1044,28 +1044,13 @@ extern "C" __global__ void __launch_bounds__(256) gemv_mma(const u8* __restrict_
 #define MT_DEEP_U 8     // NVFP4, gemv_mt_*_deep: chunk slots per lane (a warp's 8 of an 8-warp o projection tile)
 #define MT_DEEP_AHEAD 3 // NVFP4, gemv_mt_*_deep: B's chunks fetched ahead (a ring of 4)
 
-// f32 to bf16, round to nearest even (NaN stays a NaN).
-__device__ __forceinline__ u16 f32_to_bf16_rn(float f) {
-    const u32 u = __float_as_uint(f);
-    if (f != f) return (u16)((u >> 16) | 0x40);
-    return (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-// Part `part` (0: hi, 1: mid, 2: lo) of v's bf16 parts, two pairs: hi = bf16(v), mid =
-// bf16(v - hi), lo = bf16(v - hi - mid) (v = hi + mid + lo to 24 significant bits).
+// Part `part` (0: hi, 1: mid, 2: lo) of v's bf16 parts (`bf16x2_parts`), two pairs: hi =
+// bf16(v), mid = bf16(v - hi), lo = bf16(v - hi - mid) (v = hi + mid + lo to 24 significant bits).
 __device__ __forceinline__ uint2 bf16_part(float4 v, int part) {
-    float f[4] = {v.x, v.y, v.z, v.w};
-    u32 p[2];
-    for (int i = 0; i <= part; i++) {
-#pragma unroll
-        for (int q = 0; q < 2; q++) {
-            const u16 h0 = f32_to_bf16_rn(f[2 * q]), h1 = f32_to_bf16_rn(f[2 * q + 1]);
-            f[2 * q] -= __uint_as_float((u32)h0 << 16);
-            f[2 * q + 1] -= __uint_as_float((u32)h1 << 16);
-            p[q] = (u32)h0 | ((u32)h1 << 16);
-        }
-    }
-    return make_uint2(p[0], p[1]);
+    u32 a[3], b[3];
+    bf16x2_parts(v.x, v.y, a);
+    bf16x2_parts(v.z, v.w, b);
+    return part == 0 ? make_uint2(a[0], b[0]) : part == 1 ? make_uint2(a[1], b[1]) : make_uint2(a[2], b[2]);
 }
 
 // The three bf16 parts of x[col .. col + 3] = v (col % 4 == 0) into xr, one row's B entries in

@@ -280,14 +280,13 @@ __device__ __forceinline__ void gt_store(const GtSrc& s, const GtW& lw, const Gt
     }
     *(uint4*)&st.w[wr][gt_at(wr, 2 * s.half)] = a;
     *(uint4*)&st.w[wr][gt_at(wr, 2 * s.half + 1)] = b;
-    float v[8] = {l.xa.x, l.xa.y, l.xa.z, l.xa.w, l.xb.x, l.xb.y, l.xb.z, l.xb.w};
+    const float v[8] = {l.xa.x, l.xa.y, l.xa.z, l.xa.w, l.xb.x, l.xb.y, l.xb.z, l.xb.w};
+    u32 p[4][3];
 #pragma unroll
-    for (int part = 0; part < 3; part++) {
-        u32 p[4];
+    for (int i = 0; i < 4; i++) bf16x2_parts(v[2 * i], v[2 * i + 1], p[i]);
 #pragma unroll
-        for (int i = 0; i < 4; i++) p[i] = bf16x2_split(v[2 * i], v[2 * i + 1]);
-        *(uint4*)&st.x[part][xr][gt_at(xr, s.part)] = make_uint4(p[0], p[1], p[2], p[3]);
-    }
+    for (int part = 0; part < 3; part++)
+        *(uint4*)&st.x[part][xr][gt_at(xr, s.part)] = make_uint4(p[0][part], p[1][part], p[2][part], p[3][part]);
 }
 
 // The tensor-core work of one K step on stage `st`: the warp's 32 rows times its tokens, in
