@@ -237,10 +237,11 @@ impl CudaBackend {
         self.inner.few_h16_linears.load(Ordering::Relaxed)
     }
 
-    /// Inputs of batched steps' few-items-per-tile experts staged by the kernel that produced
-    /// them (`CudaOptions::moe_staged`: the MoE's input by its norm, one a layer; the shared
-    /// expert's down projection's by its SiLU product, one a layer with a shared expert) on this
-    /// backend (and its clones) so far.
+    /// Inputs of batched steps' experts staged by the kernel that produced them (the MoE's input
+    /// by its norm, one a layer, for the few-items-per-tile experts with `CudaOptions::moe_staged`
+    /// or the per-item ones with `CudaOptions::item_staged`; the shared expert's down projection's
+    /// on `gemv_mt` by its SiLU product, one a layer with a shared expert, with `moe_staged`) on
+    /// this backend (and its clones) so far.
     pub fn moe_inputs_staged(&self) -> usize {
         self.inner.moe_inputs_staged.load(Ordering::Relaxed)
     }

@@ -132,8 +132,8 @@ pub(crate) struct Inner {
     wide_linears: std::sync::atomic::AtomicUsize,
     /// `gemm_h16` launches on `gemm_h16_t32` (a few tokens) so far.
     few_h16_linears: std::sync::atomic::AtomicUsize,
-    /// Inputs of the few-items-per-tile experts staged by the kernel that produced them so far
-    /// (the routed experts' by the norm, the shared expert's down projection's by
+    /// Inputs of batched steps' experts staged by the kernel that produced them so far (the
+    /// routed experts' by the norm, the shared expert's down projection's on `gemv_mt` by
     /// `silu_mul_stage`).
     moe_inputs_staged: std::sync::atomic::AtomicUsize,
     /// Routers whose top-k tail also grouped the items by expert so far.
