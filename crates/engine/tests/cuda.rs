@@ -1954,6 +1954,10 @@ struct BatchedRun {
     mma: bool,
     /// The shared expert on gemv_mt beside the per-item routed experts from 2 rows.
     shared_mt: bool,
+    /// Every attention row in one key split: the kernel applies the per-head gate itself, so
+    /// each launch of at most 32 sequences must read its own rows of it (the rule Laguna-XS's
+    /// 8 kv heads meet at 33+ sequences, where the test model's 2 split their keys).
+    one_split: bool,
 }
 
 impl Default for BatchedRun {
@@ -1968,6 +1972,7 @@ impl Default for BatchedRun {
             h16: false,
             mma: false,
             shared_mt: false,
+            one_split: false,
         }
     }
 }
@@ -1981,8 +1986,11 @@ impl Default for BatchedRun {
 /// steps: sessions at different positions (1 to 300 prompt tokens: full-attention splits, sliding
 /// rings before and after wrapping), 5 sessions and 35 (more than one launch's 32), some passes
 /// with one session appending a 3-token chunk among the decoding ones, with the one-launch
-/// attention and with it off, on bf16 and fp8 caches (both on the fused batched step), and with
-/// the attention of 128-wide heads on tensor cores (`CudaOptions::attn_mma`).
+/// attention and with it off, on bf16 and fp8 caches (both on the fused batched step), with
+/// the attention of 128-wide heads on tensor cores (`CudaOptions::attn_mma`), with the shared
+/// expert on `gemv_mt` beside the per-item experts (`CudaOptions::shared_mt_min_rows`), and with
+/// 35 sessions' attention in one key split (each launch's own gate rows); the configurations in
+/// [`BatchedRun`] (`FP4FORGE_TEST_ONLY`: only those whose label contains it).
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
 fn gpu_batched_steps_match_each_sequence_alone() {
@@ -2047,6 +2055,11 @@ fn gpu_batched_steps_match_each_sequence_alone() {
                 shared_mt: true,
                 ..base
             },
+            BatchedRun {
+                sessions: 35,
+                one_split: true,
+                ..base
+            },
         ];
         for run in runs {
             let BatchedRun {
@@ -2059,6 +2072,7 @@ fn gpu_batched_steps_match_each_sequence_alone() {
                 h16,
                 mma,
                 shared_mt,
+                one_split,
             } = run;
             backend.set_options(CudaOptions {
                 h16_few_min: if h16 { 2 } else { 0 },
@@ -2075,10 +2089,15 @@ fn gpu_batched_steps_match_each_sequence_alone() {
                     CudaOptions::default().few_moe_min_tokens
                 },
                 shared_mt_min_rows: usize::from(shared_mt) * 2,
+                attn_split_min_keys: if one_split {
+                    1 << 20
+                } else {
+                    CudaOptions::default().attn_split_min_keys
+                },
                 ..backend.options()
             });
             let label = format!(
-                "{name} {} {kv:?} {sessions} sessions{}{}{}{}{}{}{}",
+                "{name} {} {kv:?} {sessions} sessions{}{}{}{}{}{}{}{}",
                 dir.file_name().unwrap().to_string_lossy(),
                 if batched { "" } else { " (one launch off)" },
                 if fused { "" } else { " (generic ops)" },
@@ -2102,7 +2121,8 @@ fn gpu_batched_steps_match_each_sequence_alone() {
                     " (shared expert on gemv_mt)"
                 } else {
                     ""
-                }
+                },
+                if one_split { " (one key split)" } else { "" }
             );
             // (FP4FORGE_TEST_ONLY: only the configurations whose label contains it, e.g. to run
             // one on the emulated GPU, where the whole test takes over half an hour)
@@ -2222,6 +2242,7 @@ fn gpu_batched_steps_match_each_sequence_alone() {
         moe_staged: CudaOptions::default().moe_staged,
         few_moe_min_tokens: CudaOptions::default().few_moe_min_tokens,
         shared_mt_min_rows: CudaOptions::default().shared_mt_min_rows,
+        attn_split_min_keys: CudaOptions::default().attn_split_min_keys,
         ..backend.options()
     });
     assert!(failures.is_empty(), "batched steps differ: {failures:#?}");
