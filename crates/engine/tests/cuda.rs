@@ -2000,67 +2000,67 @@ fn gpu_batched_steps_match_each_sequence_alone() {
     let mut fused_rows = 0;
     let mut fused_fp8_rows = 0;
     let only = std::env::var("FP4FORGE_TEST_ONLY").ok();
+    let base = BatchedRun::default();
+    let runs = [
+        base,
+        BatchedRun {
+            sessions: 35,
+            ..base
+        },
+        BatchedRun {
+            fused: false,
+            ..base
+        },
+        BatchedRun {
+            sessions: 35,
+            fused: false,
+            ..base
+        },
+        BatchedRun {
+            batched: false,
+            ..base
+        },
+        BatchedRun { few: true, ..base },
+        BatchedRun {
+            stage: true,
+            ..base
+        },
+        BatchedRun {
+            sessions: 35,
+            stage: true,
+            ..base
+        },
+        BatchedRun { h16: true, ..base },
+        BatchedRun {
+            kv: KvDtype::Fp8E4m3,
+            ..base
+        },
+        BatchedRun {
+            sessions: 35,
+            mma: true,
+            ..base
+        },
+        BatchedRun {
+            kv: KvDtype::Fp8E4m3,
+            mma: true,
+            ..base
+        },
+        BatchedRun {
+            shared_mt: true,
+            ..base
+        },
+        BatchedRun {
+            stage: true,
+            shared_mt: true,
+            ..base
+        },
+        BatchedRun {
+            sessions: 35,
+            one_split: true,
+            ..base
+        },
+    ];
     for (name, dir) in synthetic_laguna_variants(tmp.path()) {
-        let base = BatchedRun::default();
-        let runs = [
-            base,
-            BatchedRun {
-                sessions: 35,
-                ..base
-            },
-            BatchedRun {
-                fused: false,
-                ..base
-            },
-            BatchedRun {
-                sessions: 35,
-                fused: false,
-                ..base
-            },
-            BatchedRun {
-                batched: false,
-                ..base
-            },
-            BatchedRun { few: true, ..base },
-            BatchedRun {
-                stage: true,
-                ..base
-            },
-            BatchedRun {
-                sessions: 35,
-                stage: true,
-                ..base
-            },
-            BatchedRun { h16: true, ..base },
-            BatchedRun {
-                kv: KvDtype::Fp8E4m3,
-                ..base
-            },
-            BatchedRun {
-                sessions: 35,
-                mma: true,
-                ..base
-            },
-            BatchedRun {
-                kv: KvDtype::Fp8E4m3,
-                mma: true,
-                ..base
-            },
-            BatchedRun {
-                shared_mt: true,
-                ..base
-            },
-            BatchedRun {
-                stage: true,
-                shared_mt: true,
-                ..base
-            },
-            BatchedRun {
-                sessions: 35,
-                one_split: true,
-                ..base
-            },
-        ];
         for run in runs {
             let BatchedRun {
                 kv,
