@@ -1958,6 +1958,8 @@ struct BatchedRun {
     /// each launch of at most 32 sequences must read its own rows of it (the rule Laguna-XS's
     /// 8 kv heads meet at 33+ sequences, where the test model's 2 split their keys).
     one_split: bool,
+    /// The MoE's input norm inside the router's launch (`norm_gemv_bf16`) at up to 4 rows.
+    norm_router: bool,
 }
 
 impl Default for BatchedRun {
@@ -1973,6 +1975,7 @@ impl Default for BatchedRun {
             mma: false,
             shared_mt: false,
             one_split: false,
+            norm_router: false,
         }
     }
 }
@@ -1989,7 +1992,8 @@ impl Default for BatchedRun {
 /// attention and with it off, on bf16 and fp8 caches (both on the fused batched step), with
 /// the attention of 128-wide heads on tensor cores (`CudaOptions::attn_mma`), with the shared
 /// expert on `gemv_mt` beside the per-item experts (`CudaOptions::shared_mt_min_rows`), and with
-/// 35 sessions' attention in one key split (each launch's own gate rows); the configurations in
+/// 35 sessions' attention in one key split (each launch's own gate rows), and with 4 sessions'
+/// MoE input norm inside the router's launch (`CudaOptions::norm_router_rows`); the configurations in
 /// [`BatchedRun`] (`FP4FORGE_TEST_ONLY`: only those whose label contains it).
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
@@ -2059,6 +2063,11 @@ fn gpu_batched_steps_match_each_sequence_alone() {
             one_split: true,
             ..base
         },
+        BatchedRun {
+            sessions: 4,
+            norm_router: true,
+            ..base
+        },
     ];
     for (name, dir) in synthetic_laguna_variants(tmp.path()) {
         for run in runs {
@@ -2073,6 +2082,7 @@ fn gpu_batched_steps_match_each_sequence_alone() {
                 mma,
                 shared_mt,
                 one_split,
+                norm_router,
             } = run;
             backend.set_options(CudaOptions {
                 h16_few_min: if h16 { 2 } else { 0 },
@@ -2089,6 +2099,7 @@ fn gpu_batched_steps_match_each_sequence_alone() {
                     CudaOptions::default().few_moe_min_tokens
                 },
                 shared_mt_min_rows: usize::from(shared_mt) * 2,
+                norm_router_rows: usize::from(norm_router) * 4,
                 attn_split_min_keys: if one_split {
                     1 << 20
                 } else {
@@ -2097,7 +2108,7 @@ fn gpu_batched_steps_match_each_sequence_alone() {
                 ..backend.options()
             });
             let label = format!(
-                "{name} {} {kv:?} {sessions} sessions{}{}{}{}{}{}{}{}",
+                "{name} {} {kv:?} {sessions} sessions{}{}{}{}{}{}{}{}{}",
                 dir.file_name().unwrap().to_string_lossy(),
                 if batched { "" } else { " (one launch off)" },
                 if fused { "" } else { " (generic ops)" },
@@ -2122,7 +2133,12 @@ fn gpu_batched_steps_match_each_sequence_alone() {
                 } else {
                     ""
                 },
-                if one_split { " (one key split)" } else { "" }
+                if one_split { " (one key split)" } else { "" },
+                if norm_router {
+                    " (norm in the router)"
+                } else {
+                    ""
+                }
             );
             // (FP4FORGE_TEST_ONLY: only the configurations whose label contains it, e.g. to run
             // one on the emulated GPU, where the whole test takes over half an hour)
@@ -2135,6 +2151,7 @@ fn gpu_batched_steps_match_each_sequence_alone() {
             let h16_before = backend.few_h16_linears();
             let mma_before = backend.mma_attention_rows();
             let shared_mt_before = backend.shared_on_mt();
+            let norm_router_before = backend.routers_with_norm();
             let mut ss: Vec<_> = (0..sessions)
                 .map(|i| {
                     let mut s = model.new_session().unwrap();
@@ -2215,6 +2232,13 @@ fn gpu_batched_steps_match_each_sequence_alone() {
                     "{label}: no shared expert on gemv_mt"
                 );
             }
+            // (the tiny preset's hidden width is below the kernel's 256-wide rows)
+            if norm_router && name.starts_with("wide") {
+                assert!(
+                    backend.routers_with_norm() > norm_router_before,
+                    "{label}: no norm in the router's launch"
+                );
+            }
             if h16 && lean && name.starts_with("wide") && backend.h16_gemm_runs() {
                 assert!(
                     backend.few_h16_linears() > h16_before,
@@ -2242,6 +2266,7 @@ fn gpu_batched_steps_match_each_sequence_alone() {
         moe_staged: CudaOptions::default().moe_staged,
         few_moe_min_tokens: CudaOptions::default().few_moe_min_tokens,
         shared_mt_min_rows: CudaOptions::default().shared_mt_min_rows,
+        norm_router_rows: CudaOptions::default().norm_router_rows,
         attn_split_min_keys: CudaOptions::default().attn_split_min_keys,
         ..backend.options()
     });

@@ -20,7 +20,9 @@
 //! sequence over its own cache at its own position), the routed experts per item with the shared
 //! expert as one more item per token below `FEW_MOE_MIN_TOKENS` rows, from there grouped a few
 //! items per expert tile on the same tensor-core tiles (`experts_grouped_few`, the shared expert
-//! on the multi-token linears); norms as one launch over all rows. The H200, lean XS, 2026-12-03
+//! on the multi-token linears); norms as one launch over all rows (up to 4 rows, with
+//! `CudaOptions::norm_router_rows`, the MoE's input norm inside the router's launch as for one
+//! row). The H200, lean XS, 2026-12-03
 //! (`batch_decode_speed`, ms a step at 1 / 2 / 4 / 8 / 16 / 32 / 64 rows): 2.56 / 4.28 / 5.16 /
 //! 7.36 / 11.29 / 17.92 / 23.98 (before `gemv_mt` and the grouped experts: 2.57 / 6.95 / 7.79 /
 //! 9.40 / 12.66 / 20.12 / 32.89). No allocation but the logits, the staged operands and the
@@ -250,6 +252,12 @@ impl CudaBackend {
     /// experts (`CudaOptions::shared_mt_min_rows`) on this backend (and its clones) so far.
     pub fn shared_on_mt(&self) -> usize {
         self.inner.shared_on_mt.load(Ordering::Relaxed)
+    }
+
+    /// Batched steps' MoE layers whose input norm and router ran in one `norm_gemv_bf16` launch
+    /// (`CudaOptions::norm_router_rows`) on this backend (and its clones) so far.
+    pub fn routers_with_norm(&self) -> usize {
+        self.inner.routers_with_norm.load(Ordering::Relaxed)
     }
 
     /// Batched steps' MoE layers whose router's top-k tail also grouped the routed items by
@@ -514,7 +522,14 @@ impl CudaBackend {
                     let mut tiles: Option<ExpertTiles> = None;
                     // the shared expert's gate and up outputs, where the router's launch ran them
                     let mut shared_gu: Option<(CudaSlice<f32>, CudaSlice<f32>)> = None;
-                    if n == 1 && Self::norm_gemv_applies(&m.router) {
+                    // the norm inside the router's launch: always for one row, where it
+                    // applies for several
+                    let norm_router = if several {
+                        self.norm_router_applies(&m.experts, shared.as_ref(), &m.router, k, n)
+                    } else {
+                        Self::norm_gemv_applies(&m.router, 1)
+                    };
+                    if norm_router {
                         self.norm_gemv_raw(
                             &m.router,
                             NormGemv {
@@ -523,8 +538,12 @@ impl CudaBackend {
                                 eps: d.eps,
                                 xn: a,
                                 y: p(&bufs.router),
+                                rows: n,
                             },
                         )?;
+                        if several {
+                            self.inner.routers_with_norm.fetch_add(1, Ordering::Relaxed);
+                        }
                     } else {
                         let router = [(&m.router, p(&bufs.router))];
                         let path = self.moe_path(&m.experts, shared.as_ref(), k, n);

@@ -140,6 +140,8 @@ pub(crate) struct Inner {
     grouped_in_router: std::sync::atomic::AtomicUsize,
     /// MoE calls whose shared expert ran on `gemv_mt` beside per-item routed experts so far.
     shared_on_mt: std::sync::atomic::AtomicUsize,
+    /// Batched steps' MoE layers whose input norm ran in the router's launch (`routers_with_norm`).
+    routers_with_norm: std::sync::atomic::AtomicUsize,
     /// Sequences attended in `attn_dec_batch` launches (`CudaBackend::batched_attention_rows`).
     batched_attention_rows: std::sync::atomic::AtomicUsize,
     /// Of those, sequences attended on the `_g8` kernels (`CudaBackend::g8_attention_rows`).
@@ -271,6 +273,7 @@ impl CudaBackend {
                 few_h16_linears: std::sync::atomic::AtomicUsize::new(0),
                 moe_inputs_staged: std::sync::atomic::AtomicUsize::new(0),
                 shared_on_mt: std::sync::atomic::AtomicUsize::new(0),
+                routers_with_norm: std::sync::atomic::AtomicUsize::new(0),
                 grouped_in_router: std::sync::atomic::AtomicUsize::new(0),
                 batched_attention_rows: std::sync::atomic::AtomicUsize::new(0),
                 g8_attention_rows: std::sync::atomic::AtomicUsize::new(0),

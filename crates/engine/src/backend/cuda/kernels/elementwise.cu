@@ -156,19 +156,23 @@ extern "C" __global__ void __launch_bounds__(256) rms_norm_warp(const float* __r
 
 #define NG_SLOTS 16  // 16-byte weight loads per lane of a row in norm_gemv_bf16 (K <= 32 * 8 * NG_SLOTS)
 #define NG_WARPS 4
+#define NG_ROWS 4     // most tokens of norm_gemv_bf16
+#define NG_XS 8192    // most normed values norm_gemv_bf16 holds (tokens * K)
 
-// y[r] = W[r, :] . xn for one token, xn = nw * (x * rsqrt(mean(x^2) + eps)) (the rms_norm
-// kernel's formula): the norm feeding a small BF16 GEMV (the MoE router) in the same launch.
-// One row per warp, NG_WARPS warps per block; each warp's whole row is loaded before the wait
-// (weights are never written by kernels), so the loads overlap the previous kernel. Every block
-// normalises x itself; block 0 also writes xn (the experts' input). Requires K % 256 == 0,
-// K <= 256 * NG_SLOTS.
+// y[t] = W . xn[t] for each of `rows` tokens (at most NG_ROWS), xn[t] = nw * (x[t] * rsqrt(mean(
+// x[t]^2) + eps)) (the rms_norm kernel's formula): the norm feeding a small BF16 GEMV (the MoE
+// router) in the same launch. One row of W per warp, NG_WARPS warps per block; each warp's whole
+// row is loaded before the wait (weights are never written by kernels), so the loads overlap the
+// previous kernel, and each load serves every token. Every block normalises the tokens itself;
+// block 0 also writes xn (the experts' input). Each token's arithmetic is that of one token
+// alone (the same bits at any `rows`). Requires K % 256 == 0, K <= 256 * NG_SLOTS,
+// rows * K <= NG_XS.
 extern "C" __global__ void __launch_bounds__(NG_WARPS * 32) norm_gemv_bf16(const u16* __restrict__ w,
                                                                          const float* __restrict__ x,
                                                                          const float* __restrict__ nw, float eps,
                                                                          float* __restrict__ xn, float* __restrict__ y,
-                                                                         int N, int K) {
-    __shared__ float4 xs[256 * NG_SLOTS / 4];
+                                                                         int N, int K, int rows) {
+    __shared__ float4 xs[NG_XS / 4];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long row = (long)blockIdx.x * NG_WARPS + warp;
     const int slots = K >> 8;
@@ -181,41 +185,45 @@ extern "C" __global__ void __launch_bounds__(NG_WARPS * 32) norm_gemv_bf16(const
     }
     pdl_enter();
     constexpr int XQ = 256 * NG_SLOTS / 4 / (NG_WARPS * 32);  // float4s of x per thread
-    const float4* x4 = (const float4*)x;
     const int n4 = K >> 2;
-    float4 v[XQ];
-    float ss = 0.f;
+    for (int t = 0; t < rows; t++) {
+        const float4* x4 = (const float4*)(x + (long)t * K);
+        float4 v[XQ];
+        float ss = 0.f;
 #pragma unroll
-    for (int q = 0; q < XQ; q++) {
-        const int i = threadIdx.x + q * NG_WARPS * 32;
-        v[q] = i < n4 ? x4[i] : make_float4(0.f, 0.f, 0.f, 0.f);
-        ss += v[q].x * v[q].x + v[q].y * v[q].y + v[q].z * v[q].z + v[q].w * v[q].w;
-    }
-    ss = block_sum(ss);
-    const float r = 1.0f / sqrtf(ss / (float)K + eps);
+        for (int q = 0; q < XQ; q++) {
+            const int i = threadIdx.x + q * NG_WARPS * 32;
+            v[q] = i < n4 ? x4[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+            ss += v[q].x * v[q].x + v[q].y * v[q].y + v[q].z * v[q].z + v[q].w * v[q].w;
+        }
+        ss = block_sum(ss);
+        const float r = 1.0f / sqrtf(ss / (float)K + eps);
 #pragma unroll
-    for (int q = 0; q < XQ; q++) {
-        const int i = threadIdx.x + q * NG_WARPS * 32;
-        if (i < n4) {
-            const float4 g = __ldg((const float4*)nw + i);
-            const float4 o = make_float4(g.x * (v[q].x * r), g.y * (v[q].y * r), g.z * (v[q].z * r), g.w * (v[q].w * r));
-            xs[i] = o;
-            if (blockIdx.x == 0) ((float4*)xn)[i] = o;
+        for (int q = 0; q < XQ; q++) {
+            const int i = threadIdx.x + q * NG_WARPS * 32;
+            if (i < n4) {
+                const float4 g = __ldg((const float4*)nw + i);
+                const float4 o = make_float4(g.x * (v[q].x * r), g.y * (v[q].y * r), g.z * (v[q].z * r), g.w * (v[q].w * r));
+                xs[t * n4 + i] = o;
+                if (blockIdx.x == 0) ((float4*)(xn + (long)t * K))[i] = o;
+            }
         }
     }
     __syncthreads();
     if (row >= N) return;
-    float acc = 0.f;
+    for (int t = 0; t < rows; t++) {
+        const float4* xt = xs + t * n4;
+        float acc = 0.f;
 #pragma unroll
-    for (int j = 0; j < NG_SLOTS; j++) {
-        if (j < slots) {
-            const int i = lane + 32 * j;  // elements 8 i .. 8 i + 7
-            const float4 a = xs[2 * i], b = xs[2 * i + 1];
-            acc += dot_bf16x8(wv[j], a, b);
+        for (int j = 0; j < NG_SLOTS; j++) {
+            if (j < slots) {
+                const int i = lane + 32 * j;  // elements 8 i .. 8 i + 7
+                acc += dot_bf16x8(wv[j], xt[2 * i], xt[2 * i + 1]);
+            }
         }
+        acc = warp_sum(acc);
+        if (lane == 0) y[(long)t * N + row] = acc;
     }
-    acc = warp_sum(acc);
-    if (lane == 0) y[row] = acc;
 }
 
 #define ROPE_HALF_MAX 256  // most rotated pairs per head (rdim <= 512)

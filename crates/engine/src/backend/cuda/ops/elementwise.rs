@@ -14,10 +14,11 @@ kernels! {
     rms_norm_warp => RmsNormWarpArgs {
         x: DevPtr<f32>, w: DevPtr<f32>, y: DevPtr<f32>, width: i32, eps: f32, groups: i64,
     }
-    /// One token: `xn = nw · rmsnorm(x)` and `y = xn · Wᵀ` (BF16 `w`, `N` rows of `K`).
+    /// `rows` tokens (at most `NG_ROWS`): `xn = nw · rmsnorm(x)` and `y = xn · Wᵀ` (BF16 `w`,
+    /// `N` rows of `K`), each token's bits those of the token alone.
     norm_gemv_bf16 => NormGemvBf16Args {
         w: DevPtr<u16>, x: DevPtr<f32>, nw: DevPtr<f32>, eps: f32, xn: DevPtr<f32>,
-        y: DevPtr<f32>, n: i32, k: i32,
+        y: DevPtr<f32>, n: i32, k: i32, rows: i32,
     }
     /// Per-head `w · rmsnorm(x)` (`w` null: none; as `rms_norm_warp` computes it) then rope over
     /// the first `rdim` dims of each head, in place, positions from `pos0` (one block per row;

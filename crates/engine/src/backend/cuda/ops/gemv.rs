@@ -484,8 +484,8 @@ impl Gemv {
     }
 }
 
-/// The operands of one `norm_gemv_raw` call (one token): `xn = norm_w · rmsnorm(x)` (epsilon
-/// `eps`) and `y = xn · Wᵀ`.
+/// The operands of one `norm_gemv_raw` call (`rows` tokens, one after another in `x`, `xn` and
+/// `y`): `xn = norm_w · rmsnorm(x)` (epsilon `eps`) and `y = xn · Wᵀ`.
 #[derive(Clone, Copy)]
 pub(crate) struct NormGemv {
     pub x: DevPtr<f32>,
@@ -493,7 +493,14 @@ pub(crate) struct NormGemv {
     pub eps: f32,
     pub xn: DevPtr<f32>,
     pub y: DevPtr<f32>,
+    pub rows: usize,
 }
+
+/// Most tokens of one `norm_gemv_raw` call (`NG_ROWS` in kernels/elementwise.cu).
+pub(crate) const NORM_GEMV_MAX_ROWS: usize = 4;
+
+/// Most normed values (tokens · columns) one `norm_gemv_raw` call holds (`NG_XS`).
+const NORM_GEMV_MAX_VALUES: usize = 8192;
 
 impl CudaBackend {
     /// Runs an epilogue as its own launch (for `rows` rows).
@@ -592,18 +599,24 @@ impl CudaBackend {
         formats
     }
 
-    /// Whether `norm_gemv_raw` takes `w`: BF16, `cols` a multiple of 256 and at most 4,096.
-    pub(crate) fn norm_gemv_applies(w: &CudaLinear) -> bool {
-        w.fmt == 2 && w.cols.is_multiple_of(256) && w.cols <= 4096
+    /// Whether `norm_gemv_raw` takes `w` for `rows` tokens: BF16, `cols` a multiple of 256 and
+    /// at most 4,096, `rows` from 1 to [`NORM_GEMV_MAX_ROWS`] and `rows · cols` at most 8,192.
+    pub(crate) fn norm_gemv_applies(w: &CudaLinear, rows: usize) -> bool {
+        w.fmt == 2
+            && w.cols.is_multiple_of(256)
+            && w.cols <= 4096
+            && (1..=NORM_GEMV_MAX_ROWS).contains(&rows)
+            && rows * w.cols <= NORM_GEMV_MAX_VALUES
     }
 
-    /// One token: `xn = norm_w * rmsnorm(x)` (written to `xn`) and `y = xn · Wᵀ`, in one launch
-    /// (`norm_gemv_bf16`; `norm_gemv_applies(w)` must hold).
+    /// `a.rows` tokens: `xn = norm_w * rmsnorm(x)` (written to `xn`) and `y = xn · Wᵀ`, in one
+    /// launch (`norm_gemv_bf16`; `norm_gemv_applies(w, a.rows)` must hold).
     pub(crate) fn norm_gemv_raw(&self, w: &CudaLinear, a: NormGemv) -> Result<()> {
-        self.check(Self::norm_gemv_applies(w), || {
+        self.check(Self::norm_gemv_applies(w, a.rows), || {
             format!(
-                "norm_gemv: {} is not BF16 with columns a multiple of 256 up to 4,096",
-                w.name
+                "norm_gemv: {} is not BF16 with columns a multiple of 256 up to 4,096, or {} \
+                 tokens are more than it holds",
+                w.name, a.rows
             )
         })?;
         const WARPS: usize = 4; // NG_WARPS
@@ -616,6 +629,7 @@ impl CudaBackend {
             y: a.y,
             n: w.rows as i32,
             k: w.cols as i32,
+            rows: a.rows as i32,
         }
         .launch(
             self,

@@ -798,6 +798,27 @@ impl CudaBackend {
             && !prefetches
     }
 
+    /// Whether a batched step of `t` rows (2+) runs its MoE input norm and its `router` in one
+    /// `norm_gemv_bf16` launch, as one row does ([`norm_gemv_raw`](Self::norm_gemv_raw)): `t`
+    /// at most `CudaOptions::norm_router_rows`, rows the launch holds, nothing that takes the
+    /// MoE's input staged ([`moe_input_formats`](Self::moe_input_formats) empty) and a top-k of
+    /// its own launch (not [`router_topk_applies`](Self::router_topk_applies)).
+    pub(crate) fn norm_router_applies(
+        &self,
+        e: &CudaExperts,
+        shared: Option<&SharedExpert<'_>>,
+        router: &CudaLinear,
+        k: usize,
+        t: usize,
+    ) -> bool {
+        t <= self.opts().norm_router_rows
+            && Self::norm_gemv_applies(router, t)
+            && self
+                .moe_input_formats(e, self.moe_path(e, shared, k, t), shared, t)
+                .is_empty()
+            && !self.router_topk_applies(e, shared, router, k, t)
+    }
+
     /// The router's logits of `t` rows (`x`, [`gemv_mt`](Self::gemv_mt) on bf16 `router` into
     /// `logits`) and their top-k by `route` into `sel` / `wts`, in one launch
     /// (`gemv_mt_bf16_topk`: the last block to finish routes; the bits of `gemv_mt` then
