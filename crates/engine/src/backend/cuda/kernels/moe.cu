@@ -508,7 +508,6 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 // (the per-item kernels above restage x in every block and run in several waves). A block's
 // groups are reduced through shared memory double-buffered by group parity: one barrier each.
 
-
 template <int PER>
 __device__ void route_impl(const float* __restrict__ logits, const float* __restrict__ bias, int n, int k,
                            int softmax, int normalize, float softcap, float scale, int* __restrict__ sel,
