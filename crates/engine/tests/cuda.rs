@@ -1612,8 +1612,6 @@ struct Knobs {
     router_shared: bool,
     moe_staged: bool,
     item_staged: bool,
-    /// The per-item experts' gate/up blocks computing the top-k (`CudaOptions::item_route`).
-    item_route: bool,
     few: bool,
     /// The few-items-per-tile experts' grid rows: the tiles bound / this (0 as 1: one tile a
     /// block, no block looping).
@@ -1634,9 +1632,7 @@ struct Knobs {
 /// and a third of the tiles bound's grid rows (`FP4FORGE_CUDA_FEW_GRID`: blocks looping over
 /// tiles, against one tile a block; all against those experts without, as they run from 2 rows
 /// here), and the per-item experts
-/// reading their input as the norm staged it (`FP4FORGE_CUDA_ITEM_STAGED`, counted) and their
-/// gate/up blocks computing the top-k (`FP4FORGE_CUDA_ITEM_ROUTE`, counted; not at a step that
-/// prefetches), on the
+/// reading their input as the norm staged it (`FP4FORGE_CUDA_ITEM_STAGED`, counted), on the
 /// fused batched step of 5 and of 3 rows (mt_mixed8, router_shared, moe_staged and few_grid
 /// also of 12: two grid rows of `gemv_mt`), at widths that norm on a warp (256), on
 /// `rms_norm`'s block of 128 threads (640) and of 512 (2,048, Laguna-XS's), stock (bf16 q/k/v:
@@ -1690,7 +1686,6 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                     router_shared,
                     moe_staged,
                     item_staged,
-                    item_route,
                     few,
                     few_grid,
                 } = knobs;
@@ -1703,7 +1698,6 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                     router_shared,
                     moe_staged,
                     item_staged,
-                    item_route,
                     l2_prefetch_rows: usize::from(l2_prefetch),
                     few_moe_min_tokens: if few { 2 } else { defaults.few_moe_min_tokens },
                     few_grid_divisor: few_grid.max(1),
@@ -1717,7 +1711,6 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                         b.moe_inputs_staged(),
                         b.grouped_in_router(),
                         b.shared_in_router(),
-                        b.routed_in_items(),
                     ]
                 };
                 let before = counts(&backend);
@@ -1763,14 +1756,13 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                         + on(norm_stage && item_staged && !few, moe_layers),
                     on(routed && few, moe_layers),
                     on(norm_stage && router_shared && !routed && few, moe_layers),
-                    on(item_route && !routed && !few && !l2_prefetch, moe_layers),
                 ];
                 assert_eq!(
                     ran, want,
                     "{label}, {rows} rows: sums that ran the next norm, routers that ran the \
                      top-k, layers whose q/k/v and gate ran in one launch, MoE layers whose \
                      experts took staged rows, routers that grouped the items, routers that ran \
-                     the shared expert's gate and up, per-item experts that ran the top-k"
+                     the shared expert's gate and up"
                 );
                 logits
             };
@@ -1831,29 +1823,6 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                     ),
                     (
                         Knobs {
-                            item_route: true,
-                            ..Knobs::default()
-                        },
-                        "item_route",
-                    ),
-                    (
-                        Knobs {
-                            item_route: true,
-                            item_staged: true,
-                            ..staged
-                        },
-                        "item_route with item_staged",
-                    ),
-                    (
-                        Knobs {
-                            item_route: true,
-                            l2_prefetch: true,
-                            ..Knobs::default()
-                        },
-                        "item_route at a prefetching step (the top-k's own launch)",
-                    ),
-                    (
-                        Knobs {
                             mt_mixed: true,
                             mt_mixed8: true,
                             ..staged
@@ -1865,7 +1834,6 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
                             reduce_norm: true,
                             router_topk: true,
                             mt_mixed: true,
-                            item_route: true,
                             ..staged
                         },
                         "all of them",
@@ -1957,7 +1925,7 @@ fn gpu_norm_stage_and_l2_prefetch_change_no_bit_of_a_batched_step() {
             println!(
                 "{label}: the same bits with and without norm_stage, l2_prefetch, reduce_norm, \
                  router_topk, mt_mixed, mt_mixed8, router_shared, moe_staged, item_staged, \
-                 item_route, few_grid (5 and 3 rows; mt_mixed8, router_shared, moe_staged, few_grid at 12)"
+                 few_grid (5 and 3 rows; mt_mixed8, router_shared, moe_staged, few_grid at 12)"
             );
         }
     }

@@ -47,9 +47,6 @@ const SPILL_BUDGETS: &[(&str, u32, u32)] = &[
     // 64 accumulators, the A fragments of two mma chunks and the B loads at 128 registers
     ("gemm_h16", 72, 72),
     ("gemv_mma", 8, 8),
-    // the per-item experts' gate/up with the top-k's 16 scores at 128 registers (the variant
-    // without the top-k spills nothing)
-    ("experts_gate_up2_route", 16, 32),
 ];
 
 /// ptxas's resources for every kernel on sm_90 (the H200), printed as a table (`--nocapture`),

@@ -260,12 +260,6 @@ impl CudaBackend {
         self.inner.routers_with_norm.load(Ordering::Relaxed)
     }
 
-    /// MoE layers whose per-item experts' gate/up blocks computed the router's top-k themselves
-    /// (`CudaOptions::item_route`) on this backend (and its clones) so far.
-    pub fn routed_in_items(&self) -> usize {
-        self.inner.routed_in_items.load(Ordering::Relaxed)
-    }
-
     /// Batched steps' MoE layers whose router's top-k tail also grouped the routed items by
     /// expert for the few-items-per-tile experts (`CudaOptions::router_topk`) on this backend
     /// (and its clones) so far.

@@ -142,8 +142,6 @@ pub(crate) struct Inner {
     shared_on_mt: std::sync::atomic::AtomicUsize,
     /// Batched steps' MoE layers whose input norm ran in the router's launch (`routers_with_norm`).
     routers_with_norm: std::sync::atomic::AtomicUsize,
-    /// MoE layers whose per-item gate/up blocks computed the top-k (`routed_in_items`).
-    routed_in_items: std::sync::atomic::AtomicUsize,
     /// Sequences attended in `attn_dec_batch` launches (`CudaBackend::batched_attention_rows`).
     batched_attention_rows: std::sync::atomic::AtomicUsize,
     /// Of those, sequences attended on the `_g8` kernels (`CudaBackend::g8_attention_rows`).
@@ -276,7 +274,6 @@ impl CudaBackend {
                 moe_inputs_staged: std::sync::atomic::AtomicUsize::new(0),
                 shared_on_mt: std::sync::atomic::AtomicUsize::new(0),
                 routers_with_norm: std::sync::atomic::AtomicUsize::new(0),
-                routed_in_items: std::sync::atomic::AtomicUsize::new(0),
                 grouped_in_router: std::sync::atomic::AtomicUsize::new(0),
                 batched_attention_rows: std::sync::atomic::AtomicUsize::new(0),
                 g8_attention_rows: std::sync::atomic::AtomicUsize::new(0),

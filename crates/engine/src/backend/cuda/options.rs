@@ -41,7 +41,6 @@
 //! | `FP4FORGE_CUDA_ITEM_STAGED` | `item_staged` | `1`: in a batched decode step whose routed experts run one grid row per item (`experts_gate_up2`, below `FEW_MOE_MIN_TOKENS` rows), the MoE's input norm also stages its rows for NVFP4 and the items' tensor-core path reads them there, not each block staging its token's row into shared memory (the same bits; with `norm_stage`) | off (not yet measured) |
 //! | `FP4FORGE_CUDA_SHARED_MT` | `shared_mt_min_rows` | `N`: batched decode steps of N or more rows whose routed experts run one grid row per item (`experts_gate_up2`, below `FEW_MOE_MIN_TOKENS` rows) run the shared expert on `gemv_mt` (its gate and up in the router's launch where `router_shared` allows, its SiLU product staged by `silu_mul_stage` with `moe_staged`, its down one launch), each weight read once for all the step's rows, not as one more item per row of the per-item kernels (its bf16 rows read once per row, on CUDA cores); other bits, within the tests' tolerance; `0`: never | 0 (not yet measured) |
 //! | `FP4FORGE_CUDA_NORM_ROUTER` | `norm_router_rows` | `N`: batched decode steps of 2 to N rows (at most 4) whose MoE input is staged for nothing (the per-item experts, without `item_staged` or `shared_mt_min_rows`) and whose top-k keeps its own launch run the MoE's input norm and the bf16 router in one `norm_gemv_bf16` launch, as one row does (each block norms the rows itself, block 0 writes them for the experts; the router on CUDA cores, each weight row read once for all rows), not a `norm_stage` launch and a `gemv_mt` one: one launch a MoE layer fewer, and each row's router logits the bits of that row alone; `0`: never | 0 (not yet measured) |
-//! | `FP4FORGE_CUDA_ITEM_ROUTE` | `item_route` | `1`: in a batched decode step whose routed experts run one grid row per item (`experts_gate_up2`, below `FEW_MOE_MIN_TOKENS` rows) and that prefetches no expert weights (`l2_prefetch_rows`), with at most 256 experts, each gate/up block computes its token's top-k itself (`route`'s function: the same bits; the blocks of grid column 0 write `sel` / `wts` for the down projection and the sum), not a `route` launch first: one launch a MoE layer fewer | off (not yet measured) |
 //! | `FP4FORGE_CUDA_DOWN_B4` | `down_four_blocks` | `1`: the per-item experts' down projection (batched steps below `FEW_MOE_MIN_TOKENS` rows) at four blocks a SM (`experts_down2_b4`: at most 128 registers) | off |
 //! | `FP4FORGE_CUDA_DOWN_W8` | `down_eight_warps` | `1`: the per-item experts' down projection in blocks of 8 warps (`experts_down2_w8`: 64 rows a block on the tensor-core path, half the blocks, two a SM; the same bits) | off (not yet measured) |
 //! | `FP4FORGE_CUDA_L2_PREFETCH` | `l2_prefetch_rows` | `N`: batched decode steps of N or more rows prefetch weights into L2 ahead of their loads (sm_90): the routed experts' gate/up by the router's top-k, their down by the gate/up blocks (per-item experts, as many items as fit in L2), the next wave's by the grouped experts' blocks, each `gemv_mt` block's rows before it waits for its input; `0`: never, `1`: every batched step | `L2_PREFETCH_MIN_ROWS` (32) |
@@ -137,9 +136,6 @@ pub struct CudaOptions {
     /// `FP4FORGE_CUDA_NORM_ROUTER`: most rows (0: never; at most 4 apply) of a batched step
     /// whose MoE input norm and router run in one `norm_gemv_bf16` launch.
     pub norm_router_rows: usize,
-    /// `FP4FORGE_CUDA_ITEM_ROUTE`: a batched step's per-item experts' gate/up blocks compute
-    /// the router's top-k themselves (no `route` launch).
-    pub item_route: bool,
     /// `FP4FORGE_CUDA_DOWN_B4`: the per-item experts' down projection at four blocks a SM.
     pub down_four_blocks: bool,
     /// `FP4FORGE_CUDA_DOWN_W8`: the per-item experts' down projection in blocks of 8 warps.
@@ -241,7 +237,6 @@ impl Default for CudaOptions {
             item_staged: false,
             shared_mt_min_rows: 0,
             norm_router_rows: 0,
-            item_route: false,
             down_four_blocks: false,
             down_eight_warps: false,
             l2_prefetch_rows: L2_PREFETCH_MIN_ROWS,
@@ -361,7 +356,6 @@ impl CudaOptions {
             attn_mma: num("FP4FORGE_CUDA_ATTN_MMA").unwrap_or(d.attn_mma),
             shared_mt_min_rows: num("FP4FORGE_CUDA_SHARED_MT").unwrap_or(d.shared_mt_min_rows),
             norm_router_rows: num("FP4FORGE_CUDA_NORM_ROUTER").unwrap_or(d.norm_router_rows),
-            item_route: var("FP4FORGE_CUDA_ITEM_ROUTE").as_deref() == Some(OsStr::new("1")),
             norm_rope: on("FP4FORGE_CUDA_NORM_ROPE"),
             mma_merged: var("FP4FORGE_CUDA_MMA_MERGE").as_deref() == Some(OsStr::new("1")),
             ..d
@@ -434,7 +428,6 @@ mod tests {
             ("FP4FORGE_CUDA_ATTN_MMA", "5"),
             ("FP4FORGE_CUDA_SHARED_MT", "2"),
             ("FP4FORGE_CUDA_NORM_ROUTER", "4"),
-            ("FP4FORGE_CUDA_ITEM_ROUTE", "1"),
             ("FP4FORGE_CUDA_NORM_ROPE", "0"),
             ("FP4FORGE_CUDA_MMA_MERGE", "1"),
         ]);
@@ -442,7 +435,6 @@ mod tests {
         assert_eq!(o.attn_mma, 5);
         assert_eq!(o.shared_mt_min_rows, 2);
         assert_eq!(o.norm_router_rows, 4);
-        assert!(o.item_route);
         assert_eq!(o.mt_wide_min_tokens, 9);
         assert_eq!(o.h16_few_min, 17);
         assert!(!o.mt_interleave);

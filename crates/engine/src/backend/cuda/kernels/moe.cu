@@ -108,43 +108,6 @@ __device__ void route_token(const float* __restrict__ logits, const float* __res
         route_impl<32>(logits, bias, n, k, softmax, normalize, softcap, scale, sel, wts, t);
 }
 
-// The router's top-k (k <= 32), computed by the experts' gate/up kernels from the router logits
-// in place of a `route` launch: by every block of experts_gate_up_p (n <= 256 experts; block 0
-// also writes sel / wts for the kernels after it) or of experts_gate_up2 (n <= 256; item_expert).
-// `logits` null: sel / wts are inputs (already routed).
-struct Route {
-    const float* logits;
-    const float* bias;
-    float softcap;
-    float scale;
-    int n;
-    int softmax;
-    int normalize;
-    int pad;
-};
-
-// Routed item j's expert (token j / k, its (j % k)-th choice): sel[j], or with rt.logits the
-// token's top-k computed here by warp 0 (route_impl<8>: `route`'s bits for rt.n <= 256; the
-// smaller PER of route_token's narrower routers skip the same padding), the block of grid column
-// 0 also writing sel[j] and wts[j] for the kernels after it. Every thread of the block calls it
-// (a barrier).
-__device__ __forceinline__ long item_expert(Route rt, int* sel, float* __restrict__ wts, int j, int k) {
-    __shared__ int rsel[32];
-    __shared__ float rwts[32];
-    if (!rt.logits) return sel[j];
-    if ((threadIdx.x >> 5) == 0) {
-        route_impl<8>(rt.logits + (long)(j / k) * rt.n, rt.bias, rt.n, k, rt.softmax, rt.normalize, rt.softcap,
-                      rt.scale, rsel, rwts, 0);
-        __syncwarp();
-        if (blockIdx.x == 0 && threadIdx.x == 0) {
-            sel[j] = rsel[j % k];
-            wts[j] = rwts[j % k];
-        }
-    }
-    __syncthreads();
-    return rsel[j % k];
-}
-
 // Expert weights to prefetch into L2 once an item's expert e is known: for each part i with a
 // base, bytes[i] bytes at base[i] + e * bytes[i] (one projection's weights or scales, stacked per
 // expert), for the items below `items` (0: none).
@@ -287,29 +250,19 @@ __device__ __forceinline__ int expert_item(int has_shared, int T, int k, int y =
 // one the top-k did not prefetch (items from `gu_prefetched` on). `xbs` (null: none): the T rows of
 // x already staged as xb_stage writes them for NVFP4 (entries xbs, scales xds, e.g. by the norm
 // that produced x): the tensor-core path then reads its B there instead of staging x itself (the
-// same entries and scale, so the same bits). ROUTE (`experts_gate_up2_route`): the routed
-// items' experts are the router's top-k of `rt`, computed by each block (item_expert), not read
-// from sel (then `ahead` and `dpf` must be off: they read other items' experts), and sel / wts
-// are outputs; without, `rt` and `wts` are unused (the code of the kernel before ROUTE: its
-// registers and stack unchanged).
-template <bool ROUTE>
-__device__ __forceinline__ void experts_gate_up2_impl(ExpertProj gate, ExpertProj up, ExpertProj sgate, ExpertProj sup,
-                                                      int has_shared, int shared_inter, int* sel, float* __restrict__ wts,
-                                                      int k, int T, const float* __restrict__ x, float* __restrict__ h,
-                                                      int inter, int K, int mma, int experts, ExpertPrefetch dpf,
-                                                      int ahead, int gu_prefetched, const uint2* __restrict__ xbs,
-                                                      const float* __restrict__ xds, const Route& rt) {
+// same entries and scale, so the same bits).
+extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up2(ExpertProj gate, ExpertProj up, ExpertProj sgate, ExpertProj sup,
+                                           int has_shared, int shared_inter, const int* __restrict__ sel, int k,
+                                           int T, const float* __restrict__ x, float* __restrict__ h, int inter,
+                                           int K, int mma, int experts, ExpertPrefetch dpf, int ahead,
+                                           int gu_prefetched, const uint2* __restrict__ xbs,
+                                           const float* __restrict__ xds) {
     const int warps = blockDim.x >> 5;
     const long o = ((long)blockIdx.x * warps + (threadIdx.x >> 5)) * XR;
     const int j = expert_item(has_shared, T, k);
     const bool sh = j >= T * k;
     const int n = sh ? shared_inter : inter;
     __shared__ float4 xs[XS_MAX / 4];
-    long ej = 0;  // (ROUTE: the routed item's expert, from the top-k computed here)
-    if (ROUTE) {
-        pdl_enter();
-        if (!sh) ej = item_expert(rt, sel, wts, j, k);
-    }
     if (mma && !sh && gate.fmt == 3 && up.fmt == 3 && (K & 127) == 0 && K <= XS_MAX && warps == 8 && XR == 2) {
         __shared__ float red[8][16];
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -318,8 +271,8 @@ __device__ __forceinline__ void experts_gate_up2_impl(ExpertProj gate, ExpertPro
         const bool is_up = warp >= 4;
         const ExpertProj P = is_up ? up : gate;
         const int nc = K >> 7, part = warp & 3;
-        if (!ROUTE) pdl_enter();  // (sel is the router's output: the weights' address is known only after it)
-        const long ee = ROUTE ? ej : sel[j];
+        pdl_enter();  // (sel is the router's output: the weights' address is known only after it)
+        const long ee = sel[j];
         const long r0 = ee * (long)n + ob;
         MmaTile<MMA_U> m;
         mma_start_group(m, P, r0, nrows, K, part * nc / 4, (part + 1) * nc / 4);
@@ -355,14 +308,14 @@ __device__ __forceinline__ void experts_gate_up2_impl(ExpertProj gate, ExpertPro
         if (warp == 1 && j < dpf.items) expert_prefetch(dpf, ee, experts, blockIdx.x, gridDim.x, lane, 32);
         return;
     }
-    if (!ROUTE) pdl_enter();
+    pdl_enter();
     const bool active = o < n;  // (no early exit: the NVFP4 path synchronises the block)
     const int nrows = active ? min((long)XR, n - o) : 0;
     const int t = sh ? j - T * k : j / k;
     const float* xt = x + (long)t * K;
     const ExpertProj G = pick(sh, sgate, gate);
     const ExpertProj U = pick(sh, sup, up);
-    const long e = sh ? 0 : ROUTE ? ej : sel[j];
+    const long e = sh ? 0 : sel[j];
     const long r0 = e * (long)n + (active ? o : 0);
     const float gg = nv_gscale(G.fmt, G.fmt == 3 ? G.inv_g[e] : 1.f);
     const float gu = nv_gscale(U.fmt, U.fmt == 3 ? U.inv_g[e] : 1.f);
@@ -403,18 +356,6 @@ __device__ __forceinline__ void experts_gate_up2_impl(ExpertProj gate, ExpertPro
         if ((threadIdx.x & 31) == 0 && r < nrows) h[(long)j * width + o + r] = silu_times(gv, uv);
     }
 }
-
-#define EXPERTS_GATE_UP2(NAME, ROUTE)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(256, 2)                                                               \
-        NAME(ExpertProj gate, ExpertProj up, ExpertProj sgate, ExpertProj sup, int has_shared, int shared_inter,       \
-             int* sel, float* __restrict__ wts, int k, int T, const float* __restrict__ x, float* __restrict__ h,      \
-             int inter, int K, int mma, int experts, ExpertPrefetch dpf, int ahead, int gu_prefetched,                 \
-             const uint2* __restrict__ xbs, const float* __restrict__ xds, Route rt) {                                 \
-        experts_gate_up2_impl<ROUTE>(gate, up, sgate, sup, has_shared, shared_inter, sel, wts, k, T, x, h, inter, K,   \
-                                     mma, experts, dpf, ahead, gu_prefetched, xbs, xds, rt);                           \
-    }
-EXPERTS_GATE_UP2(experts_gate_up2, false)
-EXPERTS_GATE_UP2(experts_gate_up2_route, true)
 
 // part[j, o] = w_j * down_{sel[j]}[o] . h[j] (w = 1 for the shared expert's items j >= T*k).
 // grid (ceil(H / (warps * XRD)), T*k (+ T)).
@@ -507,6 +448,20 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 // item's h (down) is staged once per block, and all groups run in one wave
 // (the per-item kernels above restage x in every block and run in several waves). A block's
 // groups are reduced through shared memory double-buffered by group parity: one barrier each.
+
+// The router's top-k (n <= 256 experts, k <= 32), computed by every block of experts_gate_up_p
+// from the router logits (in place of a separate launch; block 0 also writes sel / wts for the
+// kernels after it). `logits` null: sel / wts are inputs (already routed).
+struct Route {
+    const float* logits;
+    const float* bias;
+    float softcap;
+    float scale;
+    int n;
+    int softmax;
+    int normalize;
+    int pad;
+};
 
 template <int PER>
 __device__ void route_impl(const float* __restrict__ logits, const float* __restrict__ bias, int n, int k,

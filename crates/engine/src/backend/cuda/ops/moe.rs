@@ -28,13 +28,11 @@ kernels! {
     /// projections (of `experts`) into L2; with `ahead`, first the gate/up rows of the block
     /// that many grid rows later (routed items from `gu_prefetched` on). With `xbs` (else null),
     /// the routed items read x's rows as already staged for NVFP4 (`xbs`, scales `xds`).
-    /// `experts_gate_up2_route`: each block computes its token's top-k of `rt` itself (`route`'s
-    /// bits) and `sel` / `wts` are outputs (no prefetches then); else `rt` and `wts` are unused.
-    experts_gate_up2 ["experts_gate_up2", "experts_gate_up2_route"] => ExpertsGateUp2Args {
+    experts_gate_up2 => ExpertsGateUp2Args {
         gate: ExpertProj, up: ExpertProj, sgate: ExpertProj, sup: ExpertProj, has_shared: i32,
-        shared_inter: i32, sel: DevPtr<i32>, wts: DevPtr<f32>, k: i32, t: i32, x: DevPtr<f32>,
-        h: DevPtr<f32>, inter: i32, hidden: i32, mma: i32, experts: i32, dpf: ExpertPrefetch,
-        ahead: i32, gu_prefetched: i32, xbs: DevPtr<u32>, xds: DevPtr<f32>, rt: Route,
+        shared_inter: i32, sel: DevPtr<i32>, k: i32, t: i32, x: DevPtr<f32>, h: DevPtr<f32>,
+        inter: i32, hidden: i32, mma: i32, experts: i32, dpf: ExpertPrefetch, ahead: i32,
+        gu_prefetched: i32, xbs: DevPtr<u32>, xds: DevPtr<f32>,
     }
     /// Down of each item into its row of `part` (weighted), one grid row per item, 128 threads.
     /// `experts_down2_b4`: four blocks a SM (`CudaOptions::down_four_blocks`);
@@ -193,8 +191,7 @@ pub(crate) enum MoePath {
 pub(crate) const ROUTE_TAIL_MAX_EXPERTS: usize = 256;
 
 /// The router's top-k for `experts_raw` (`Route` in kernels/moe.cu; layout identical): computed
-/// inside the persistent gate/up kernel where it applies, inside the per-item one where
-/// [`CudaBackend::item_route_applies`], else by the `route` kernel first.
+/// inside the persistent gate/up kernel where it applies, else by the `route` kernel first.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Route {
@@ -529,17 +526,8 @@ impl CudaBackend {
         )?;
         // (the routed items whose gate/up the top-k prefetches)
         let mut gu_prefetched = 0;
-        // (the per-item experts' blocks computing the top-k themselves, `item_route`)
-        let mut item_route = Route::default();
         let fused_route = match route {
             Some(r) if persistent && r.n <= 256 && k <= 32 => *r,
-            Some(r) if per_item && self.item_route_applies(r, k, t) => {
-                item_route = *r;
-                self.inner
-                    .routed_in_items
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                Route::default()
-            }
             Some(r) => {
                 self.check(k <= 32, || format!("top-{k} routing"))?;
                 // (per item: the routed items' gate/up prefetched into L2 as they are chosen)
@@ -618,9 +606,9 @@ impl CudaBackend {
             self.inner
                 .shared_on_mt
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.experts_per_item(e, None, io, (gu_prefetched, item_route))?;
+            self.experts_per_item(e, None, io, gu_prefetched)?;
         } else {
-            self.experts_per_item(e, sp, io, (gu_prefetched, item_route))?;
+            self.experts_per_item(e, sp, io, gu_prefetched)?;
         }
         if let Some(staged) = staged {
             let threads = ops::elementwise::norm_row_threads(e.hidden);
@@ -785,15 +773,6 @@ impl CudaBackend {
                 .all(|w| w.fmt == 2 && w.cols == router.cols && self.gemv_mt_applies(w, t))
             && split(router.rows) == split(router.rows + 2 * s.gate.rows)
             && split(2 * s.gate.rows) == split(router.rows + 2 * s.gate.rows)
-    }
-
-    /// Whether the per-item experts' gate/up blocks of a batched step of `t` rows compute the
-    /// router's top-k `r` themselves (`experts_gate_up2`'s `rt`: `route`'s bits, one launch a
-    /// MoE layer fewer): switched on (`CudaOptions::item_route`), at most 256 experts, top-32
-    /// at most, and a step that prefetches no expert weights into L2 (the prefetches read other
-    /// items' experts).
-    pub(crate) fn item_route_applies(&self, r: &Route, k: usize, t: usize) -> bool {
-        self.opts().item_route && r.n <= 256 && k <= 32 && !self.l2_prefetch(t)
     }
 
     /// Whether a batched step's router (`t` rows) runs its top-k as the tail of its own launch
@@ -1344,16 +1323,14 @@ impl CudaBackend {
 
     /// Gate/up and down of `items` (token, expert) pairs, one grid row per item (the shared
     /// expert, if any, one more item per token); the routed items below `gu_prefetched` had
-    /// their gate/up prefetched into L2 by the top-k; with `route` (else its default: `io.sel`
-    /// and `io.wts` hold the top-k) the gate/up blocks compute the top-k themselves and write
-    /// them (where [`item_route_applies`](Self::item_route_applies)). Where `io.staged` holds
-    /// the input staged for NVFP4 (and the tensor-core path runs), the routed items read it there.
+    /// their gate/up prefetched into L2 by the top-k. Where `io.staged` holds the input staged
+    /// for NVFP4 (and the tensor-core path runs), the routed items read it there.
     pub(crate) fn experts_per_item(
         &self,
         e: &CudaExperts,
         shared: Option<SharedProj>,
         io: MoeBuffers<'_>,
-        (gu_prefetched, route): (usize, Route),
+        gu_prefetched: usize,
     ) -> Result<()> {
         let MoeBuffers {
             sel,
@@ -1392,7 +1369,6 @@ impl CudaBackend {
             has_shared: has,
             shared_inter: sinter as i32,
             sel: self.ptr(sel),
-            wts: self.ptr(wts),
             k: k as i32,
             t: t as i32,
             x,
@@ -1406,11 +1382,9 @@ impl CudaBackend {
             gu_prefetched: gu_prefetched as i32,
             xbs,
             xds,
-            rt: route,
         }
         .launch(
             self,
-            usize::from(!route.logits.is_null()),
             (
                 rows.div_ceil(EXPERT_GU_WARPS * EXPERT_GU_ROWS),
                 items as u32,
