@@ -39,8 +39,8 @@
 //! | `FP4FORGE_CUDA_FEW_GRID` | `few_grid_divisor` | `N`: the few-items-per-tile experts' launches (`experts_gate_up_mt`, `experts_down_mt`) take the tiles bound / N grid rows, each block looping over its tiles (the bound is about twice a 32-row step's tile count: with 1 the blocks past the count, about half of them, only read it and exit); the same bits | `FEW_GRID_DIVISOR` = 2 (H100, 2026-12-06, call S: a 32-row step 8.2% faster than with 1) |
 //! | `FP4FORGE_CUDA_MOE_STAGED` | `moe_staged` | `0`: in a batched decode step whose routed experts run a few items per tile (`experts_grouped_few`), the MoE's input and the shared expert's SiLU product are staged by `xb_stage` launches, not by the kernels that produce them (the MoE's input norm staging its rows for the experts and the shared expert's gate/up: two launches a layer fewer, with `norm_stage`; `silu_mul_stage` staging the SiLU product for the down projection: one fewer) | on (H100, 2026-12-06, three rounds: 2.8–3.5% faster at 32 rows, neutral at 2–8) |
 //! | `FP4FORGE_CUDA_ITEM_STAGED` | `item_staged` | `1`: in a batched decode step whose routed experts run one grid row per item (`experts_gate_up2`, below `FEW_MOE_MIN_TOKENS` rows), the MoE's input norm also stages its rows for NVFP4 and the items' tensor-core path reads them there, not each block staging its token's row into shared memory (the same bits; with `norm_stage`) | off (not yet measured) |
-//! | `FP4FORGE_CUDA_SHARED_MT` | `shared_mt_min_rows` | `N`: batched decode steps of N or more rows whose routed experts run one grid row per item (`experts_gate_up2`, below `FEW_MOE_MIN_TOKENS` rows) run the shared expert on `gemv_mt` (its gate and up in the router's launch where `router_shared` allows, its SiLU product staged by `silu_mul_stage` with `moe_staged`, its down one launch), each weight read once for all the step's rows, not as one more item per row of the per-item kernels (its bf16 rows read once per row, on CUDA cores); other bits, within the tests' tolerance; `0`: never | 0 (not yet measured) |
-//! | `FP4FORGE_CUDA_NORM_ROUTER` | `norm_router_rows` | `N`: batched decode steps of 2 to N rows (at most 4) whose MoE input is staged for nothing (the per-item experts, without `item_staged` or `shared_mt_min_rows`) and whose top-k keeps its own launch run the MoE's input norm and the bf16 router in one `norm_gemv_bf16` launch, as one row does (each block norms the rows itself, block 0 writes them for the experts; the router on CUDA cores, each weight row read once for all rows), not a `norm_stage` launch and a `gemv_mt` one: one launch a MoE layer fewer, and each row's router logits the bits of that row alone; `0`: never | 0 (not yet measured) |
+//! | `FP4FORGE_CUDA_SHARED_MT` | `shared_mt_min_rows` | `N`: batched decode steps of N or more rows whose routed experts run one grid row per item (`experts_gate_up2`, below `FEW_MOE_MIN_TOKENS` rows) run the shared expert on `gemv_mt` (its gate and up in the router's launch where `router_shared` allows, its SiLU product staged by `silu_mul_stage` with `moe_staged`, its down one launch), each weight read once for all the step's rows, not as one more item per row of the per-item kernels (its bf16 rows read once per row, on CUDA cores); other bits, within the tests' tolerance; `0`: never | `SHARED_MT_MIN_ROWS` (16; H100, 2026-12-07, call 13, two rounds: a 16-row step 2.5% faster, 10.79 → 10.52 ms, a 4-row step 3.0% slower, 4.45 → 4.58; 5–15 rows not measured) |
+//! | `FP4FORGE_CUDA_NORM_ROUTER` | `norm_router_rows` | `N`: batched decode steps of 2 to N rows (at most 4) whose MoE input is staged for nothing (the per-item experts, without `item_staged` or `shared_mt_min_rows`) and whose top-k keeps its own launch run the MoE's input norm and the bf16 router in one `norm_gemv_bf16` launch, as one row does (each block norms the rows itself, block 0 writes them for the experts; the router on CUDA cores, each weight row read once for all rows), not a `norm_stage` launch and a `gemv_mt` one: one launch a MoE layer fewer, and each row's router logits the bits of that row alone; `0`: never | 0 (H100, 2026-12-07, call 13, two rounds: a 4-row step 3.4% slower, 4.45 → 4.60 ms; not profiled: the router's dot products on CUDA cores and every block norming the rows are the likely cost) |
 //! | `FP4FORGE_CUDA_DOWN_B4` | `down_four_blocks` | `1`: the per-item experts' down projection (batched steps below `FEW_MOE_MIN_TOKENS` rows) at four blocks a SM (`experts_down2_b4`: at most 128 registers) | off |
 //! | `FP4FORGE_CUDA_DOWN_W8` | `down_eight_warps` | `1`: the per-item experts' down projection in blocks of 8 warps (`experts_down2_w8`: 64 rows a block on the tensor-core path, half the blocks, two a SM; the same bits) | off (not yet measured) |
 //! | `FP4FORGE_CUDA_L2_PREFETCH` | `l2_prefetch_rows` | `N`: batched decode steps of N or more rows prefetch weights into L2 ahead of their loads (sm_90): the routed experts' gate/up by the router's top-k, their down by the gate/up blocks (per-item experts, as many items as fit in L2), the next wave's by the grouped experts' blocks, each `gemv_mt` block's rows before it waits for its input; `0`: never, `1`: every batched step | `L2_PREFETCH_MIN_ROWS` (32) |
@@ -66,7 +66,9 @@ use super::ops::attention::{
     ATTN_MMA_MIN_ROWS, ATTN_SHORT_KEYS, ATTN_SPLIT_BLOCKS_PER_SM, ATTN_SPLIT_MIN_KEYS,
 };
 use super::ops::gemv::{GEMV_MT_MAX_TOKENS, NV_BLOCKS_PER_SM};
-use super::ops::moe::{FEW_GRID_DIVISOR, FEW_MOE_MIN_TOKENS, L2_PREFETCH_MIN_ROWS};
+use super::ops::moe::{
+    FEW_GRID_DIVISOR, FEW_MOE_MIN_TOKENS, L2_PREFETCH_MIN_ROWS, SHARED_MT_MIN_ROWS,
+};
 
 /// The CUDA backend's knobs (see the module's table for the `FP4FORGE_*` variable of each).
 /// `kernels_source`, `pdl` and `mma` take effect when a backend opens
@@ -130,8 +132,9 @@ pub struct CudaOptions {
     /// `FP4FORGE_CUDA_ITEM_STAGED`: a batched step's per-item experts read their input as the
     /// MoE's norm staged it.
     pub item_staged: bool,
-    /// `FP4FORGE_CUDA_SHARED_MT`: fewest rows (0: never) of a batched step whose per-item
-    /// experts leave the shared expert to `gemv_mt` (each weight read once for all rows).
+    /// `FP4FORGE_CUDA_SHARED_MT`: fewest rows (0: never; default [`SHARED_MT_MIN_ROWS`]) of a
+    /// batched step whose per-item experts leave the shared expert to `gemv_mt` (each weight
+    /// read once for all rows).
     pub shared_mt_min_rows: usize,
     /// `FP4FORGE_CUDA_NORM_ROUTER`: most rows (0: never; at most 4 apply) of a batched step
     /// whose MoE input norm and router run in one `norm_gemv_bf16` launch.
@@ -235,7 +238,7 @@ impl Default for CudaOptions {
             few_grid_divisor: FEW_GRID_DIVISOR,
             moe_staged: true,
             item_staged: false,
-            shared_mt_min_rows: 0,
+            shared_mt_min_rows: SHARED_MT_MIN_ROWS,
             norm_router_rows: 0,
             down_four_blocks: false,
             down_eight_warps: false,

@@ -148,6 +148,12 @@ const FEW_ITEMS_PER_EXPERT: usize = 4;
 /// 64 rows 23.66 / 32.89.
 pub(crate) const FEW_MOE_MIN_TOKENS: usize = 32;
 
+/// Fewest rows of a batched step whose per-item routed experts leave the shared expert to
+/// `gemv_mt` ([`CudaBackend::shared_mt_applies`]). An H100, lean Laguna-XS, 2026-12-07 (two
+/// rounds, ms a step, per item / on `gemv_mt`): 4 rows 4.45 / 4.58, 16 rows 10.79 / 10.52;
+/// 5–15 rows not measured.
+pub(crate) const SHARED_MT_MIN_ROWS: usize = 16;
+
 /// The divisor of the few-items-per-tile experts' grid rows (`experts_gate_up_mt`,
 /// `experts_down_mt`: the tiles bound / this, each block looping over its tiles), unless
 /// overridden (`CudaOptions::few_grid_divisor`). The H100, lean Laguna-XS, 2026-12-06 (call S,
