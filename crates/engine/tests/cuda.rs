@@ -1993,8 +1993,8 @@ impl Default for BatchedRun {
 /// the attention of 128-wide heads on tensor cores (`CudaOptions::attn_mma`), with the shared
 /// expert on `gemv_mt` beside the per-item experts (`CudaOptions::shared_mt_min_rows`), and with
 /// 35 sessions' attention in one key split (each launch's own gate rows), and with 4 sessions'
-/// MoE input norm inside the router's launch (`CudaOptions::norm_router_rows`); the configurations in
-/// [`BatchedRun`] (`FP4FORGE_TEST_ONLY`: only those whose label contains it).
+/// MoE input norm inside the router's launch (`CudaOptions::norm_router_rows`); the
+/// configurations in [`BatchedRun`] (`FP4FORGE_TEST_ONLY`: only those whose label contains it).
 #[test]
 #[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
 fn gpu_batched_steps_match_each_sequence_alone() {
