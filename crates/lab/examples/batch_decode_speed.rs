@@ -4,7 +4,8 @@
 //! token where it can, only ids come back); tokens/s of the whole batch and time per step.
 //!
 //! `cargo run --release -p fp4forge-lab [--features cuda] --example batch_decode_speed -- DIR
-//! [--device cuda] [--kv-dtype fp8] [--top-k K] [--prompt P] [--profile N] [STEPS] [BATCHES...]`
+//! [--device cuda] [--kv-dtype fp8] [--top-k K] [--prompt P] [--profile N] [--timeline N] [STEPS]
+//! [BATCHES...]`
 //! (defaults: cpu, bf16 caches, greedy, 4-token prompts, 32 steps, batches 1 2 4 8 16).
 //! `--prompt P`: each session prefills P tokens before the steps (e.g. 128, the serve
 //! benchmark's concurrency sweep, whose steps then attend over 128 to 256 positions).
@@ -13,7 +14,10 @@
 //! and a request that sets no sampling field. `--profile N` (CUDA): the first N timed steps of
 //! each batch run inside Nsight's capture range (`fp4forge_lab::profiler_capture`), so that
 //! `ncu --profile-from-start off` profiles exactly those steps' kernels (not the prompts'
-//! prefills or the warm-up step).
+//! prefills or the warm-up step). `--timeline N` (CUDA, CUPTI's library on the loader's path):
+//! N more steps of each batch, after the warm-up and before the timed ones, traced with CUPTI
+//! (`fp4forge_lab::timeline`): per step the GPU's busy and idle time, the gaps between kernels,
+//! the launches; the timed steps that follow run untraced.
 
 use std::path::Path;
 use std::time::Instant;
@@ -29,6 +33,8 @@ struct Measure {
     batches: Vec<usize>,
     /// Timed steps of each batch inside the profiler's capture range (0: none).
     profile: usize,
+    /// Steps of each batch traced with CUPTI before the timed ones (0: none).
+    timeline: usize,
     /// Tokens each session prefills before its steps.
     prompt: usize,
     /// The samplers' top-k at temperature 1 (0: greedy).
@@ -83,6 +89,11 @@ impl WithModel for Measure {
             };
             // one warm-up step (kernel compilation, buffers)
             run(&mut tokens)?;
+            let timeline = if self.timeline > 0 {
+                Some(trace_steps(self.timeline, || run(&mut tokens))?)
+            } else {
+                None
+            };
             let start = Instant::now();
             for step in 0..self.steps {
                 if step == 0 && self.profile > 0 {
@@ -99,9 +110,37 @@ impl WithModel for Measure {
                 1e3 * s / self.steps as f64,
                 (b * self.steps) as f64 / s
             );
+            if let Some(t) = timeline {
+                print!("{}", t.render(&format!("{b} rows")));
+            }
         }
         Ok(())
     }
+}
+
+/// Runs `steps` steps under a CUPTI trace, a mark before each and after the last.
+#[cfg(feature = "cuda")]
+fn trace_steps(
+    steps: usize,
+    mut step: impl FnMut() -> Result<(), Box<dyn std::error::Error>>,
+) -> Result<fp4forge_lab::timeline::Timeline, Box<dyn std::error::Error>> {
+    let mut trace = fp4forge_lab::timeline::KernelTrace::start()?;
+    for _ in 0..steps {
+        trace.mark()?;
+        step()?;
+    }
+    trace.mark()?;
+    let (spans, marks) = trace.finish()?;
+    Ok(fp4forge_lab::timeline::summarize(&spans, &marks))
+}
+
+/// Without the `cuda` feature there is no GPU work to trace: refused.
+#[cfg(not(feature = "cuda"))]
+fn trace_steps(
+    _steps: usize,
+    _step: impl FnMut() -> Result<(), Box<dyn std::error::Error>>,
+) -> Result<fp4forge_lab::timeline::Timeline, Box<dyn std::error::Error>> {
+    Err("--timeline traces CUDA work: it needs the lab's `cuda` feature".into())
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -109,6 +148,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let device = fp4forge_lab::take_device(&mut args)?;
     let kv = fp4forge_lab::take_arg(&mut args, "--kv-dtype", KvDtype::Bf16)?;
     let profile = fp4forge_lab::take_arg(&mut args, "--profile", 0usize)?;
+    let timeline = fp4forge_lab::take_arg(&mut args, "--timeline", 0usize)?;
     let top_k = fp4forge_lab::take_arg(&mut args, "--top-k", 0usize)?;
     let prompt = fp4forge_lab::take_arg(&mut args, "--prompt", 4usize)?;
     if prompt == 0 {
@@ -117,9 +157,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if profile > 0 && device == fp4forge_engine::Device::Cpu {
         return Err("--profile captures CUDA work: it needs --device cuda".into());
     }
+    if timeline > 0 && device == fp4forge_engine::Device::Cpu {
+        return Err("--timeline traces CUDA work: it needs --device cuda".into());
+    }
     let dir = args.first().ok_or(
         "usage: batch_decode_speed DIR [--device D] [--kv-dtype T] [--top-k K] [--prompt P] \
-         [--profile N] [STEPS] [BATCHES...]",
+         [--profile N] [--timeline N] [STEPS] [BATCHES...]",
     )?;
     let steps: usize = args.get(1).map_or(Ok(32), |s| s.parse())?;
     let batches: Vec<usize> = if args.len() > 2 {
@@ -143,6 +186,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             steps,
             batches,
             profile,
+            timeline,
             prompt,
             top_k,
         },

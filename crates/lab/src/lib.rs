@@ -6,7 +6,9 @@
 //! - [`stream_probe`] (feature `cuda`): how close to the copy bandwidth a batch-1 decode step's
 //!   byte stream can get in three kernel organisations;
 //! - [`geometry`]: the shapes both read from a Laguna `config.json`;
-//! - [`op_profile`]: any backend with every op timed (the `cpu_op_profile` example).
+//! - [`op_profile`]: any backend with every op timed (the `cpu_op_profile` example);
+//! - [`timeline`]: where a step leaves the GPU idle (CUPTI's kernel records, feature `cuda`;
+//!   `batch_decode_speed --timeline N`).
 //!
 //! Binaries: `cuda_decode_bench` (feature `cuda`). Examples: `decode_speed` and `cpu_op_profile`
 //! (the CPU backend on a checkpoint), `batch_decode_speed` and `prefill_speed` (any device).
@@ -19,6 +21,7 @@ pub mod gpu;
 pub mod op_profile;
 #[cfg(feature = "cuda")]
 pub mod stream_probe;
+pub mod timeline;
 
 /// Opens (`on`) or closes Nsight's capture range: `cuProfilerStart` / `cuProfilerStop` on the
 /// calling thread's CUDA context, so that a tool started with `--profile-from-start off` (ncu,
