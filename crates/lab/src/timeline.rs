@@ -130,7 +130,7 @@ pub fn summarize(spans: &[Span], marks: &[u64]) -> Timeline {
         t.gap_buckets[b].0 += 1.0 / n;
         t.gap_buckets[b].1 += g.ns as f64 / 1e6 / n;
     }
-    gaps.sort_by(|a, b| b.ns.cmp(&a.ns));
+    gaps.sort_by_key(|g| std::cmp::Reverse(g.ns));
     gaps.truncate(8);
     t.longest = gaps;
     t.by_name = names
