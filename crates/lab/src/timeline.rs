@@ -34,6 +34,21 @@ pub struct Gap {
     pub before: String,
 }
 
+/// One kernel name's share of a step (means over the steps).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NameTime {
+    /// The kernel's name (or `[copy]`, `[set]`).
+    pub name: String,
+    /// Launches a step.
+    pub count: f64,
+    /// Its spans' lengths a step, ms. Spans overlap: under PDL a kernel starts before its
+    /// predecessor ends and waits, so this counts some of the predecessor's time as well.
+    pub span_ms: f64,
+    /// The busy time it added a step, ms: each span's part after the end of all work that
+    /// started before it (the step's busy time, divided among the kernels without overlap).
+    pub busy_ms: f64,
+}
+
 /// What a run of steps did on the GPU, per step (means over the steps).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Timeline {
@@ -58,9 +73,8 @@ pub struct Timeline {
     pub gap_buckets: [(f64, f64); 5],
     /// The longest gaps of all steps, longest first (at most 8).
     pub longest: Vec<Gap>,
-    /// Per kernel name: launches a step and time a step in ms (its spans' lengths, overlap
-    /// included), most time first.
-    pub by_name: Vec<(String, f64, f64)>,
+    /// Per kernel name, most busy time first.
+    pub by_name: Vec<NameTime>,
 }
 
 /// Summarises `spans` (any order) over the steps between consecutive `marks` (ascending, in the
@@ -71,7 +85,8 @@ pub fn summarize(spans: &[Span], marks: &[u64]) -> Timeline {
     let mut sorted: Vec<&Span> = spans.iter().collect();
     sorted.sort_by_key(|s| (s.start, s.end));
     let mut gaps: Vec<Gap> = Vec::new();
-    let mut names: std::collections::BTreeMap<&str, (usize, u64)> = Default::default();
+    // per name: launches, span time, busy time added (ns)
+    let mut names: std::collections::BTreeMap<&str, (usize, u64, u64)> = Default::default();
     for w in marks.windows(2) {
         let (m0, m1) = (w[0], w[1]);
         let step: Vec<&Span> = sorted
@@ -93,8 +108,13 @@ pub fn summarize(spans: &[Span], marks: &[u64]) -> Timeline {
                 });
                 t.inner_idle_ms += (s.start - end) as f64 / 1e6;
             }
+            let e = names.entry(&s.name).or_default();
+            e.0 += 1;
+            e.1 += s.end - s.start;
             if s.end > end {
-                t.busy_ms += (s.end - s.start.max(end)) as f64 / 1e6;
+                let added = s.end - s.start.max(end);
+                t.busy_ms += added as f64 / 1e6;
+                e.2 += added;
                 end = s.end;
                 last = s;
             }
@@ -103,9 +123,6 @@ pub fn summarize(spans: &[Span], marks: &[u64]) -> Timeline {
             } else {
                 t.kernels += 1.0;
             }
-            let e = names.entry(&s.name).or_default();
-            e.0 += 1;
-            e.1 += s.end - s.start;
         }
         t.tail_ms += m1.saturating_sub(end) as f64 / 1e6;
     }
@@ -135,9 +152,14 @@ pub fn summarize(spans: &[Span], marks: &[u64]) -> Timeline {
     t.longest = gaps;
     t.by_name = names
         .into_iter()
-        .map(|(k, (c, ns))| (k.to_string(), c as f64 / n, ns as f64 / 1e6 / n))
+        .map(|(k, (c, span, busy))| NameTime {
+            name: k.to_string(),
+            count: c as f64 / n,
+            span_ms: span as f64 / 1e6 / n,
+            busy_ms: busy as f64 / 1e6 / n,
+        })
         .collect();
-    t.by_name.sort_by(|a, b| b.2.total_cmp(&a.2));
+    t.by_name.sort_by(|a, b| b.busy_ms.total_cmp(&a.busy_ms));
     t
 }
 
@@ -190,8 +212,20 @@ impl Timeline {
                 g.before
             );
         }
-        for (name, count, ms) in self.by_name.iter().take(16) {
-            let _ = writeln!(s, "  {:>8.1} us {count:>6.1} x  {name}", 1e3 * ms);
+        let _ = writeln!(
+            s,
+            "  {:>10} {:>10} {:>8}  kernel (busy: the step's busy time it added)",
+            "busy us", "span us", "launches"
+        );
+        for k in self.by_name.iter().take(16) {
+            let _ = writeln!(
+                s,
+                "  {:>10.1} {:>10.1} {:>8.1}  {}",
+                1e3 * k.busy_ms,
+                1e3 * k.span_ms,
+                k.count,
+                k.name
+            );
         }
         s
     }
@@ -403,7 +437,21 @@ mod tests {
         );
         // the gap before the copy follows b (the span that ended last), not a
         assert_eq!(t.longest[1].after, "b");
-        assert_eq!(t.by_name[0].0, "[copy]");
+        // busy added: a 2_000 (its own), b 1_000 (after a's end), the copy 2_500, c 500,
+        // late 2_000; b's span is 1_500
+        let k = |n: &str| {
+            t.by_name
+                .iter()
+                .find(|k| k.name == n)
+                .cloned()
+                .unwrap_or_default()
+        };
+        assert_eq!(t.by_name[0].name, "[copy]");
+        assert!((k("b").busy_ms - 1_000.0 / 2.0 / 1e6).abs() < 1e-12);
+        assert!((k("b").span_ms - 1_500.0 / 2.0 / 1e6).abs() < 1e-12);
+        assert!((k("a").busy_ms - 2_000.0 / 2.0 / 1e6).abs() < 1e-12);
+        let added: f64 = t.by_name.iter().map(|k| k.busy_ms).sum();
+        assert!((added - t.busy_ms).abs() < 1e-12);
         // busy + inner idle + lead + tail = wall
         let sum = t.busy_ms + t.inner_idle_ms + t.lead_ms + t.tail_ms;
         assert!((sum - t.wall_ms).abs() < 1e-12);

@@ -54,9 +54,10 @@
 //! | `FP4FORGE_CUDA_ATTN_G8` | `attn_g8` | `1`: where the tensor-core kernels do not take it (`attn_mma`), a batched decode step's attention with 128-wide heads takes all of a kv head's query heads (up to 8: Laguna's 6 or 8) in one block (`attn_dec_batch_*_128_g8`), not in blocks of 4 (`DEC_GMAX`), where blocks of 4 would take more than one wave (a 32-row step of Laguna-XS: 512 blocks for 264 slots on an H100; below that, halving the blocks halves the work in flight), so that each cached K/V row is read by one block instead of two; `2`: at any step (tests); the key splits as with 4, so the same bits | off (H200, 2026-12-06, at every step: 2.7% faster at 32 rows, 5.1% slower at 4; served, 5% slower at 4 and 16 streams, even at 32; the wave rule not yet measured) |
 //! | `FP4FORGE_CUDA_ATTN_MMA` | `attn_mma` | `N`: batched decode steps of N or more rows attend on tensor cores (`attn_dec_batch_*_128_mma`: head_dim 128, up to 8 query heads per kv head; one block a kv head and sequence, its K/V rows read once from global memory into registers, 32 keys a warp in flight, scores and P V on `mma.m16n8k16` with q in three bf16 parts as the prefill's flash attention; other bits than the CUDA-core kernels, within the tests' tolerance), not on the CUDA-core kernels; `0`: never | `ATTN_MMA_MIN_ROWS` (4; H100, 2026-12-07, two rounds at the serve's contexts: a 32-row step 7.9% faster, 13.41 → 12.36 ms, a 4-row step 1.6%; served, 32 streams 2,374 against 2,152 tok/s; 2–3 rows not measured) |
 //! | `FP4FORGE_CUDA_MT_KS` | `mt_k_split` | `1`, `2`, `4`, `8`: fixed K split (warps per tile) of `gemv_mt` | per shape (`mma_split`) |
+//! | `FP4FORGE_CUDA_ATTN_MIN_KEYS` | `attn_split_min_keys` | `N` > 0: fewest keys per key split of decode attention (the tensor-core batched kernels: at least 128); a step whose keys make one split launches no `attn_combine` | [`ATTN_SPLIT_MIN_KEYS`] |
 //!
-//! The fields below the table's are not read from the environment: the decode attention split
-//! heuristic, the short-span attention threshold and the persistent MoE grid cap, which the
+//! The fields below the table's are not read from the environment: the rest of the decode
+//! attention split heuristic, the short-span attention threshold and the persistent MoE grid cap, which the
 //! decode benchmark sweeps and the GPU tests vary.
 
 use std::ffi::OsStr;
@@ -198,7 +199,8 @@ pub struct CudaOptions {
     /// 128-wide heads (up to 8 query heads per kv head) runs on tensor cores (0: never;
     /// default [`ATTN_MMA_MIN_ROWS`]).
     pub attn_mma: usize,
-    /// Fewest keys per split of decode attention (`ATTN_SPLIT_MIN_KEYS`).
+    /// `FP4FORGE_CUDA_ATTN_MIN_KEYS`: fewest keys per split of decode attention
+    /// (`ATTN_SPLIT_MIN_KEYS`).
     pub attn_split_min_keys: u32,
     /// Decode attention blocks per SM the split heuristic aims at (`ATTN_SPLIT_BLOCKS_PER_SM`;
     /// 0: one wave of the kernel launched).
@@ -361,6 +363,10 @@ impl CudaOptions {
             norm_router_rows: num("FP4FORGE_CUDA_NORM_ROUTER").unwrap_or(d.norm_router_rows),
             norm_rope: on("FP4FORGE_CUDA_NORM_ROPE"),
             mma_merged: var("FP4FORGE_CUDA_MMA_MERGE").as_deref() == Some(OsStr::new("1")),
+            attn_split_min_keys: num("FP4FORGE_CUDA_ATTN_MIN_KEYS")
+                .filter(|&n| n > 0)
+                .and_then(|n| u32::try_from(n).ok())
+                .unwrap_or(d.attn_split_min_keys),
             ..d
         }
     }
@@ -433,7 +439,9 @@ mod tests {
             ("FP4FORGE_CUDA_NORM_ROUTER", "4"),
             ("FP4FORGE_CUDA_NORM_ROPE", "0"),
             ("FP4FORGE_CUDA_MMA_MERGE", "1"),
+            ("FP4FORGE_CUDA_ATTN_MIN_KEYS", "256"),
         ]);
+        assert_eq!(o.attn_split_min_keys, 256);
         assert!(o.attn_g8 == 1 && !o.norm_rope && o.mma_merged);
         assert_eq!(o.attn_mma, 5);
         assert_eq!(o.shared_mt_min_rows, 2);
@@ -461,7 +469,9 @@ mod tests {
             ("FP4FORGE_NV_MINB", "5"),
             ("FP4FORGE_NV_GRID", "0"),
             ("FP4FORGE_CUDA_MT_FILL", "0"),
+            ("FP4FORGE_CUDA_ATTN_MIN_KEYS", "0"),
         ]);
+        assert_eq!(o.attn_split_min_keys, ATTN_SPLIT_MIN_KEYS);
         assert_eq!((o.nv_blocks_per_sm, o.nv_grid_per_sm), (2, 0));
         assert_eq!(o.mt_blocks_per_sm, 1);
     }
