@@ -758,6 +758,28 @@ fn gpu_nvfp4_experts_match_cpu() {
                     eight, per_item,
                     "per-item down in blocks of eight warps, t {t}"
                 );
+                // (the down projection's tensor-core-only kernel where it applies, at inter % 128
+                // == 0: the same arithmetic)
+                gpu.set_options(CudaOptions {
+                    down_eight_warps: false,
+                    item_tc: true,
+                    ..gpu.options()
+                });
+                let before = gpu.tc_item_launches();
+                let tc = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
+                assert_eq!(
+                    gpu.tc_item_launches() - before,
+                    usize::from(inter % 128 == 0),
+                    "tensor-core-only down launches, inter {inter}"
+                );
+                assert_eq!(
+                    tc, per_item,
+                    "per-item on the tensor-core-only kernels, t {t}"
+                );
+                gpu.set_options(CudaOptions {
+                    item_tc: false,
+                    ..gpu.options()
+                });
                 // (the gate/up blocks prefetching the items' down weights into L2: a hint, the
                 // same results; the top-k's own prefetch runs in the batched-step test below)
                 gpu.set_options(CudaOptions {

@@ -248,6 +248,12 @@ impl CudaBackend {
         self.inner.moe_inputs_staged.load(Ordering::Relaxed)
     }
 
+    /// Per-item experts' down projections on their tensor-core-only kernel
+    /// (`CudaOptions::item_tc`) on this backend (and its clones) so far.
+    pub fn tc_item_launches(&self) -> usize {
+        self.inner.tc_item_launches.load(Ordering::Relaxed)
+    }
+
     /// Batched steps' MoE layers whose shared expert ran on `gemv_mt` beside the per-item routed
     /// experts (`CudaOptions::shared_mt_min_rows`) on this backend (and its clones) so far.
     pub fn shared_on_mt(&self) -> usize {

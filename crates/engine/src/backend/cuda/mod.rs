@@ -136,6 +136,8 @@ pub(crate) struct Inner {
     /// routed experts' by the norm, the shared expert's down projection's on `gemv_mt` by
     /// `silu_mul_stage`).
     moe_inputs_staged: std::sync::atomic::AtomicUsize,
+    /// Per-item experts' down projections on their tensor-core-only kernel so far.
+    tc_item_launches: std::sync::atomic::AtomicUsize,
     /// Routers whose top-k tail also grouped the items by expert so far.
     grouped_in_router: std::sync::atomic::AtomicUsize,
     /// MoE calls whose shared expert ran on `gemv_mt` beside per-item routed experts so far.
@@ -272,6 +274,7 @@ impl CudaBackend {
                 wide_linears: std::sync::atomic::AtomicUsize::new(0),
                 few_h16_linears: std::sync::atomic::AtomicUsize::new(0),
                 moe_inputs_staged: std::sync::atomic::AtomicUsize::new(0),
+                tc_item_launches: std::sync::atomic::AtomicUsize::new(0),
                 shared_on_mt: std::sync::atomic::AtomicUsize::new(0),
                 routers_with_norm: std::sync::atomic::AtomicUsize::new(0),
                 grouped_in_router: std::sync::atomic::AtomicUsize::new(0),

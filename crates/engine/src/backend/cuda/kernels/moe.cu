@@ -361,14 +361,19 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up2(ExpertProj
 // grid (ceil(H / (warps * XRD)), T*k (+ T)).
 // With `mma` (blocks of 4 or 8 warps), NVFP4 experts with K % 128 == 0 take the tensor-core path:
 // the block's 32 or 64 rows are tiles of 2 warps each (the same arithmetic per row either way).
+// TC_ONLY (`experts_down2_tc`): the tensor-core path alone, for launches the host has checked it
+// covers (no shared items, NVFP4 down, inter % 128 == 0 and at most XSD_TC, 4 warps): h staged
+// in a smaller shared array, fewer registers, five blocks a SM (experts_down2: three).
+#define XSD_TC 2048  // floats of h in experts_down2_tc's shared memory
+template <bool TC_ONLY = false>
 __device__ __forceinline__ void experts_down2_impl(ExpertProj down, ExpertProj sdown, int shared_inter,
                                                    const int* __restrict__ sel, const float* __restrict__ wts, int k,
                                                    int T, const float* __restrict__ h, int inter,
                                                    float* __restrict__ part, int H, int mma) {
     const int warps = blockDim.x >> 5;
-    __shared__ float4 xs[XS_MAX / 4];
-    if (mma && down.fmt == 3 && (inter & 127) == 0 && inter <= XS_MAX && (warps == 4 || warps == 8) && XRD == 8 &&
-        expert_item(gridDim.y > T * k, T, k) < T * k) {
+    __shared__ float4 xs[(TC_ONLY ? XSD_TC : XS_MAX) / 4];
+    if (TC_ONLY || (mma && down.fmt == 3 && (inter & 127) == 0 && inter <= XS_MAX && (warps == 4 || warps == 8) &&
+                    XRD == 8 && expert_item(gridDim.y > T * k, T, k) < T * k)) {
         __shared__ float red[8][16];
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
         const int j = expert_item(gridDim.y > T * k, T, k);
@@ -387,6 +392,7 @@ __device__ __forceinline__ void experts_down2_impl(ExpertProj down, ExpertProj s
         if (p == 0 && lane < nrows) part[(long)j * H + ob + lane] = v * (64.f * ds * down.inv_g[e] * wts[j]);
         return;
     }
+    if (TC_ONLY) return;
     const long o0 = ((long)blockIdx.x * warps + (threadIdx.x >> 5)) * XRD;
     const bool active = o0 < H;  // (no early exit: the NVFP4 path synchronises the block)
     const long o = active ? o0 : 0;
@@ -417,7 +423,8 @@ __device__ __forceinline__ void experts_down2_impl(ExpertProj down, ExpertProj s
     }
 }
 
-// experts_down2: ptxas's choice of registers (133: three blocks of 4 warps a SM); experts_down2_b4:
+// experts_down2: ptxas's choice of registers (133: three blocks of 4 warps a SM); experts_down2_tc:
+// the tensor-core path alone at five (93 registers, CudaOptions::item_tc); experts_down2_b4:
 // at most 128, four blocks a SM, a third more weight loads in flight
 // (CudaOptions::down_four_blocks); experts_down2_w8: blocks of 8 warps (64 rows each on the
 // tensor-core path, half the blocks: each block's item lookup and staging of h serve twice the
@@ -439,6 +446,12 @@ extern "C" __global__ void __launch_bounds__(256, 2)
                      const float* __restrict__ wts, int k, int T, const float* __restrict__ h, int inter,
                      float* __restrict__ part, int H, int mma) {
     experts_down2_impl(down, sdown, shared_inter, sel, wts, k, T, h, inter, part, H, mma);
+}
+extern "C" __global__ void __launch_bounds__(128, 5)
+    experts_down2_tc(ExpertProj down, ExpertProj sdown, int shared_inter, const int* __restrict__ sel,
+                     const float* __restrict__ wts, int k, int T, const float* __restrict__ h, int inter,
+                     float* __restrict__ part, int H, int mma) {
+    experts_down2_impl<true>(down, sdown, shared_inter, sel, wts, k, T, h, inter, part, H, mma);
 }
 
 // ---- persistent decode MoE (one token, NVFP4 routed experts on tensor cores) ------------------

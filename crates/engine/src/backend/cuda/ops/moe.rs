@@ -36,8 +36,10 @@ kernels! {
     }
     /// Down of each item into its row of `part` (weighted), one grid row per item, 128 threads.
     /// `experts_down2_b4`: four blocks a SM (`CudaOptions::down_four_blocks`);
-    /// `experts_down2_w8`: blocks of 8 warps, 256 threads (`CudaOptions::down_eight_warps`).
-    experts_down2 ["experts_down2", "experts_down2_b4", "experts_down2_w8"] => ExpertsDown2Args {
+    /// `experts_down2_w8`: blocks of 8 warps, 256 threads (`CudaOptions::down_eight_warps`);
+    /// `experts_down2_tc`: the tensor-core path alone (routed items, NVFP4, `inter` at most
+    /// [`DOWN_TC_MAX_INTER`]), five blocks a SM (`CudaOptions::item_tc`).
+    experts_down2 ["experts_down2", "experts_down2_b4", "experts_down2_w8", "experts_down2_tc"] => ExpertsDown2Args {
         down: ExpertProj, sdown: ExpertProj, shared_inter: i32, sel: DevPtr<i32>,
         wts: DevPtr<f32>, k: i32, t: i32, h: DevPtr<f32>, inter: i32, part: DevPtr<f32>,
         hidden: i32, mma: i32,
@@ -175,6 +177,10 @@ pub(crate) const EXPERT_GU_ROWS: u32 = 2;
 
 /// Warps per block of `experts_gate_up2` (x is staged in shared memory once per block).
 pub(crate) const EXPERT_GU_WARPS: u32 = 8;
+
+/// Widest expert (`inter`) whose down projection `experts_down2_tc` takes (`XSD_TC`: its h in
+/// shared memory).
+pub(crate) const DOWN_TC_MAX_INTER: usize = 2048;
 
 /// Rows per warp of `experts_down2` (`XRD`).
 pub(crate) const EXPERT_DOWN_ROWS: u32 = 8;
@@ -1367,6 +1373,19 @@ impl CudaBackend {
             }
             _ => (DevPtr::NULL, DevPtr::NULL),
         };
+        // The down projection's tensor-core-only kernel: routed items only, NVFP4 weights narrow
+        // enough for its shared memory.
+        let down_tc = self.opts().item_tc
+            && has == 0
+            && self.inner.mma
+            && e.down.fmt == 3
+            && e.inter.is_multiple_of(128)
+            && e.inter <= DOWN_TC_MAX_INTER;
+        if down_tc {
+            self.inner
+                .tc_item_launches
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         ops::moe::ExpertsGateUp2Args {
             gate: e.gate.proj(self),
             up: e.up.proj(self),
@@ -1398,10 +1417,13 @@ impl CudaBackend {
             ),
             (32 * EXPERT_GU_WARPS, 1, 1),
         )?;
-        // (experts_down2, its four-blocks-a-SM variant or its eight-warp one)
+        // (experts_down2, its tensor-core-only variant, its four-blocks-a-SM one or its
+        // eight-warp one)
         let (variant, warps) = {
             let o = self.opts();
-            if o.down_eight_warps {
+            if down_tc {
+                (3, GEMV_WARPS)
+            } else if o.down_eight_warps {
                 (2, 2 * GEMV_WARPS)
             } else {
                 (usize::from(o.down_four_blocks), GEMV_WARPS)
