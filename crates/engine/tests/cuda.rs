@@ -2013,7 +2013,8 @@ impl Default for BatchedRun {
 /// with one session appending a 3-token chunk among the decoding ones, with the one-launch
 /// attention and with it off, on bf16 and fp8 caches (both on the fused batched step), with
 /// the attention of 128-wide heads on tensor cores (`CudaOptions::attn_mma`), with the shared
-/// expert on `gemv_mt` beside the per-item experts (`CudaOptions::shared_mt_min_rows`), and with
+/// expert on `gemv_mt` beside the per-item experts (`CudaOptions::shared_mt_min_rows`: their
+/// down projection then on its tensor-core-only kernel, `CudaOptions::item_tc`), and with
 /// 35 sessions' attention in one key split (each launch's own gate rows), and with 4 sessions'
 /// MoE input norm inside the router's launch (`CudaOptions::norm_router_rows`); the
 /// configurations in [`BatchedRun`] (`FP4FORGE_TEST_ONLY`: only those whose label contains it).
@@ -2173,6 +2174,7 @@ fn gpu_batched_steps_match_each_sequence_alone() {
             let h16_before = backend.few_h16_linears();
             let mma_before = backend.mma_attention_rows();
             let shared_mt_before = backend.shared_on_mt();
+            let tc_before = backend.tc_item_launches();
             let norm_router_before = backend.routers_with_norm();
             let mut ss: Vec<_> = (0..sessions)
                 .map(|i| {
@@ -2252,6 +2254,12 @@ fn gpu_batched_steps_match_each_sequence_alone() {
                 assert!(
                     backend.shared_on_mt() > shared_mt_before,
                     "{label}: no shared expert on gemv_mt"
+                );
+                // (the routed experts' down projection then on its tensor-core-only kernel:
+                // `item_tc` on by default, the wide checkpoints' experts 128 wide)
+                assert!(
+                    backend.tc_item_launches() > tc_before,
+                    "{label}: no down projection on experts_down2_tc"
                 );
             }
             // (the tiny preset's hidden width is below the kernel's 256-wide rows)

@@ -15,7 +15,8 @@
 //! each batch run inside Nsight's capture range (`fp4forge_lab::profiler_capture`), so that
 //! `ncu --profile-from-start off` profiles exactly those steps' kernels (not the prompts'
 //! prefills or the warm-up step). `--timeline N` (CUDA, CUPTI's library on the loader's path):
-//! N more steps of each batch, after the warm-up and before the timed ones, traced with CUPTI
+//! N more steps of each batch (after one more untimed), after the warm-up and before the timed
+//! ones, traced with CUPTI
 //! (`fp4forge_lab::timeline`): per step the GPU's busy and idle time, the gaps between kernels,
 //! the launches; the timed steps that follow run untraced.
 
@@ -118,13 +119,16 @@ impl WithModel for Measure {
     }
 }
 
-/// Runs `steps` steps under a CUPTI trace, a mark before each and after the last.
+/// Runs `steps` steps under a CUPTI trace, a mark before each and after the last. One step
+/// runs before the first mark: the first traced step carried a ~0.8 ms gap (CUPTI's own start,
+/// H100, 2026-12-07), which the summary leaves out this way.
 #[cfg(feature = "cuda")]
 fn trace_steps(
     steps: usize,
     mut step: impl FnMut() -> Result<(), Box<dyn std::error::Error>>,
 ) -> Result<fp4forge_lab::timeline::Timeline, Box<dyn std::error::Error>> {
     let mut trace = fp4forge_lab::timeline::KernelTrace::start()?;
+    step()?;
     for _ in 0..steps {
         trace.mark()?;
         step()?;

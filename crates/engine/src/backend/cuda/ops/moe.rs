@@ -151,10 +151,13 @@ const FEW_ITEMS_PER_EXPERT: usize = 4;
 pub(crate) const FEW_MOE_MIN_TOKENS: usize = 32;
 
 /// Fewest rows of a batched step whose per-item routed experts leave the shared expert to
-/// `gemv_mt` ([`CudaBackend::shared_mt_applies`]). An H100, lean Laguna-XS, 2026-12-07 (two
-/// rounds, ms a step, per item / on `gemv_mt`): 4 rows 4.45 / 4.58, 16 rows 10.79 / 10.52;
-/// 5–15 rows not measured.
-pub(crate) const SHARED_MT_MIN_ROWS: usize = 16;
+/// `gemv_mt` ([`CudaBackend::shared_mt_applies`]), so that their down projection runs on its
+/// tensor-core-only kernel (`CudaOptions::item_tc`). An H100, lean Laguna-XS, 2026-12-07 (two
+/// rounds each, ms a step): per item / on `gemv_mt` 4 rows 4.45 / 4.58, 16 rows 10.79 / 10.52
+/// (third session); per item / on `gemv_mt` / on `gemv_mt` with the down on `experts_down2_tc`:
+/// 4 rows 4.41 / 4.53 / 4.44, 8 rows 6.58 / 6.58 / 6.35, 16 rows 10.57 / 10.61 / 10.16 (fourth
+/// session); 5–7 rows not measured.
+pub(crate) const SHARED_MT_MIN_ROWS: usize = 8;
 
 /// The divisor of the few-items-per-tile experts' grid rows (`experts_gate_up_mt`,
 /// `experts_down_mt`: the tiles bound / this, each block looping over its tiles), unless
