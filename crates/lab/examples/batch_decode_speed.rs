@@ -16,9 +16,9 @@
 //! `ncu --profile-from-start off` profiles exactly those steps' kernels (not the prompts'
 //! prefills or the warm-up step). `--timeline N` (CUDA, CUPTI's library on the loader's path):
 //! N more steps of each batch (after one more untimed), after the warm-up and before the timed
-//! ones, traced with CUPTI
-//! (`fp4forge_lab::timeline`): per step the GPU's busy and idle time, the gaps between kernels,
-//! the launches; the timed steps that follow run untraced.
+//! ones, traced with CUPTI (`fp4forge_lab::timeline`): per step the GPU's busy and idle time,
+//! the gaps between kernels, each kernel's share of the busy time; the timed steps that follow
+//! run untraced.
 
 use std::path::Path;
 use std::time::Instant;
