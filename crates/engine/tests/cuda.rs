@@ -735,8 +735,12 @@ fn gpu_nvfp4_experts_match_cpu() {
                 "hidden {hidden} t {t} grid {grid}: {d} vs scale {scale}"
             );
             if t >= 2 {
+                // (per item on `experts_gate_up2` / `experts_down2`, the kernels with the shared
+                // expert's CUDA-core path: the tensor-core-only ones are compared below)
                 gpu.set_options(CudaOptions {
                     grouped_moe: false,
+                    item_tc: false,
+                    gate_up_tc: false,
                     ..gpu.options()
                 });
                 let per_item = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
@@ -758,26 +762,28 @@ fn gpu_nvfp4_experts_match_cpu() {
                     eight, per_item,
                     "per-item down in blocks of eight warps, t {t}"
                 );
-                // (the down projection's tensor-core-only kernel where it applies, at inter % 128
-                // == 0: the same arithmetic)
+                // (the tensor-core-only kernels where they apply, the down projection's at inter
+                // % 128 == 0, the gate/up's at hidden % 128 == 0: the same arithmetic)
                 gpu.set_options(CudaOptions {
                     down_eight_warps: false,
                     item_tc: true,
+                    gate_up_tc: true,
                     ..gpu.options()
                 });
                 let before = gpu.tc_item_launches();
                 let tc = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
                 assert_eq!(
                     gpu.tc_item_launches() - before,
-                    usize::from(inter % 128 == 0),
-                    "tensor-core-only down launches, inter {inter}"
+                    usize::from(inter % 128 == 0) + usize::from(hidden % 128 == 0),
+                    "tensor-core-only launches, hidden {hidden} inter {inter}"
                 );
                 assert_eq!(
                     tc, per_item,
                     "per-item on the tensor-core-only kernels, t {t}"
                 );
                 gpu.set_options(CudaOptions {
-                    item_tc: false,
+                    item_tc: CudaOptions::default().item_tc,
+                    gate_up_tc: CudaOptions::default().gate_up_tc,
                     ..gpu.options()
                 });
                 // (the gate/up blocks prefetching the items' down weights into L2: a hint, the

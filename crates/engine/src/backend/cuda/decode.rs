@@ -248,8 +248,9 @@ impl CudaBackend {
         self.inner.moe_inputs_staged.load(Ordering::Relaxed)
     }
 
-    /// Per-item experts' down projections on their tensor-core-only kernel
-    /// (`CudaOptions::item_tc`) on this backend (and its clones) so far.
+    /// Per-item experts' launches (gate/up and down each count) on their tensor-core-only
+    /// kernels (`CudaOptions::item_tc`, `CudaOptions::gate_up_tc`) on this backend (and its
+    /// clones) so far.
     pub fn tc_item_launches(&self) -> usize {
         self.inner.tc_item_launches.load(Ordering::Relaxed)
     }

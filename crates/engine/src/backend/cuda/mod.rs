@@ -136,7 +136,7 @@ pub(crate) struct Inner {
     /// routed experts' by the norm, the shared expert's down projection's on `gemv_mt` by
     /// `silu_mul_stage`).
     moe_inputs_staged: std::sync::atomic::AtomicUsize,
-    /// Per-item experts' down projections on their tensor-core-only kernel so far.
+    /// Per-item experts' launches on their tensor-core-only kernels so far.
     tc_item_launches: std::sync::atomic::AtomicUsize,
     /// Routers whose top-k tail also grouped the items by expert so far.
     grouped_in_router: std::sync::atomic::AtomicUsize,

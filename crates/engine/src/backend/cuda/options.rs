@@ -44,6 +44,7 @@
 //! | `FP4FORGE_CUDA_DOWN_B4` | `down_four_blocks` | `1`: the per-item experts' down projection (batched steps below `FEW_MOE_MIN_TOKENS` rows) at four blocks a SM (`experts_down2_b4`: at most 128 registers) | off |
 //! | `FP4FORGE_CUDA_DOWN_W8` | `down_eight_warps` | `1`: the per-item experts' down projection in blocks of 8 warps (`experts_down2_w8`: 64 rows a block on the tensor-core path, half the blocks, two a SM; the same bits) | off (H100, 2026-12-07, two rounds: +2.0% at 8 rows, within 0.5% at 4 and 32; 2026-12-06: +0.6–12.7% at 2–32) |
 //! | `FP4FORGE_CUDA_ITEM_TC` | `item_tc` | `0`: a batched step's per-item routed experts' down projection on `experts_down2` (three blocks a SM) where no shared expert rides in its launch (`FP4FORGE_CUDA_SHARED_MT` covers the step, or the model has none), not on its tensor-core-only kernel (`experts_down2_tc`: 93 registers, five blocks a SM; the same arithmetic, so the same bits) | on (H100, 2026-12-07, two rounds, with the shared expert on `gemv_mt`: 3.5% faster at 8 rows, 3.8% at 16, 2% at 4) |
+//! | `FP4FORGE_CUDA_GU_TC` | `gate_up_tc` | `1`: where no shared expert rides in the per-item routed experts' gate/up launch (as for `item_tc`), that launch on its tensor-core-only kernel (`experts_gate_up2_tc`: 2 chunk slots a lane instead of 4, under 85 registers, three blocks a SM instead of two; the same arithmetic, so the same bits) | off (not yet measured) |
 //! | `FP4FORGE_CUDA_L2_PREFETCH` | `l2_prefetch_rows` | `N`: batched decode steps of N or more rows prefetch weights into L2 ahead of their loads (sm_90): the routed experts' gate/up by the router's top-k, their down by the gate/up blocks (per-item experts, as many items as fit in L2), the next wave's by the grouped experts' blocks, each `gemv_mt` block's rows before it waits for its input; `0`: never, `1`: every batched step | `L2_PREFETCH_MIN_ROWS` (32) |
 //! | `FP4FORGE_CUDA_MT_DEEP` | `mt_deep` | `0`: NVFP4 `gemv_mt` launches of at most one block a SM (a few rows' o projection) on `gemv_mt_nv4` / `gemv_mt_nv`, not on `gemv_mt_nv4_deep` / `gemv_mt_nv_deep` (each warp's whole run of chunks in flight and the tokens' B fetched 3 chunks ahead, one block a SM; the same bits) | on (H100, 2026-12-06, two rounds: 1.3% faster at 2 rows, 0.7–0.9% at 4, neutral at 8 and 32) |
 //! | `FP4FORGE_CUDA_MT_DEEP_ALL` | `mt_deep_all` | `1`: NVFP4 `gemv_mt` launches of any grid on the deep variants (with `mt_deep`), e.g. a 32-row step's q/k/v and o at one block a SM, each warp's whole run of chunks in flight | off (H100, 2026-12-07: 5.8% slower at 32 rows, within 1% at 4 and 8; 2026-12-06: +2.4–10.2% at 2–32) |
@@ -148,6 +149,9 @@ pub struct CudaOptions {
     /// `FP4FORGE_CUDA_ITEM_TC` (`0`: off): the per-item routed experts' down projection on its
     /// tensor-core-only kernel where that applies (more blocks a SM).
     pub item_tc: bool,
+    /// `FP4FORGE_CUDA_GU_TC`: the per-item routed experts' gate/up on its tensor-core-only
+    /// kernel where that applies (three blocks a SM).
+    pub gate_up_tc: bool,
     /// `FP4FORGE_CUDA_L2_PREFETCH`: fewest rows of a batched step whose weights are prefetched
     /// into L2 ahead of their loads (sm_90; 0: never).
     pub l2_prefetch_rows: usize,
@@ -249,6 +253,7 @@ impl Default for CudaOptions {
             down_four_blocks: false,
             down_eight_warps: false,
             item_tc: true,
+            gate_up_tc: false,
             l2_prefetch_rows: L2_PREFETCH_MIN_ROWS,
             grouped_moe: true,
             batched_attention: true,
@@ -343,6 +348,7 @@ impl CudaOptions {
             down_four_blocks: var("FP4FORGE_CUDA_DOWN_B4").as_deref() == Some(OsStr::new("1")),
             down_eight_warps: var("FP4FORGE_CUDA_DOWN_W8").as_deref() == Some(OsStr::new("1")),
             item_tc: on("FP4FORGE_CUDA_ITEM_TC"),
+            gate_up_tc: var("FP4FORGE_CUDA_GU_TC").as_deref() == Some(OsStr::new("1")),
             l2_prefetch_rows: num("FP4FORGE_CUDA_L2_PREFETCH").unwrap_or(d.l2_prefetch_rows),
             grouped_moe: on("FP4FORGE_CUDA_GROUPED_MOE"),
             batched_attention: on("FP4FORGE_CUDA_BATCH_ATTN"),
@@ -447,8 +453,9 @@ mod tests {
             ("FP4FORGE_CUDA_MMA_MERGE", "1"),
             ("FP4FORGE_CUDA_ATTN_MIN_KEYS", "256"),
             ("FP4FORGE_CUDA_ITEM_TC", "0"),
+            ("FP4FORGE_CUDA_GU_TC", "1"),
         ]);
-        assert!(!o.item_tc);
+        assert!(!o.item_tc && o.gate_up_tc);
         assert_eq!(o.attn_split_min_keys, 256);
         assert!(o.attn_g8 == 1 && !o.norm_rope && o.mma_merged);
         assert_eq!(o.attn_mma, 5);

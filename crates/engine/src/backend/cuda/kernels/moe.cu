@@ -212,7 +212,8 @@ struct ExpertProj {
 };
 
 // Where a warp of an expert's 16-row tile reads: tile rows `row0..` of projection P, chunks [c0, c1).
-__device__ __forceinline__ void mma_start_group(MmaTile<MMA_U>& m, const ExpertProj& P, long row0, int nrows, int K,
+template <int U>
+__device__ __forceinline__ void mma_start_group(MmaTile<U>& m, const ExpertProj& P, long row0, int nrows, int K,
                                                 int c0, int c1) {
     if (nrows > 0) m.start((const u8*)P.w + row0 * (K / 2), P.scales + row0 * (K / 16), K / 2, K / 16, nrows, c0, c1);
 }
@@ -251,19 +252,23 @@ __device__ __forceinline__ int expert_item(int has_shared, int T, int k, int y =
 // x already staged as xb_stage writes them for NVFP4 (entries xbs, scales xds, e.g. by the norm
 // that produced x): the tensor-core path then reads its B there instead of staging x itself (the
 // same entries and scale, so the same bits).
-extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up2(ExpertProj gate, ExpertProj up, ExpertProj sgate, ExpertProj sup,
-                                           int has_shared, int shared_inter, const int* __restrict__ sel, int k,
-                                           int T, const float* __restrict__ x, float* __restrict__ h, int inter,
-                                           int K, int mma, int experts, ExpertPrefetch dpf, int ahead,
-                                           int gu_prefetched, const uint2* __restrict__ xbs,
-                                           const float* __restrict__ xds) {
+// TC_ONLY (`experts_gate_up2_tc`): the tensor-core path alone, for launches the host has checked
+// it covers (no shared items, NVFP4 gate and up, K % 128 == 0, K <= XS_MAX, 8 warps), with SLOTS
+// chunk slots a lane: without the CUDA-core path and at 2 slots, under 85 registers, so three
+// blocks a SM (the default: two, at MMA_U).
+template <bool TC_ONLY, int SLOTS>
+__device__ __forceinline__ void experts_gate_up2_impl(ExpertProj gate, ExpertProj up, ExpertProj sgate, ExpertProj sup,
+                                                      int has_shared, int shared_inter, const int* __restrict__ sel,
+                                                      int k, int T, const float* __restrict__ x, float* __restrict__ h,
+                                                      int inter, int K, int mma, int experts, ExpertPrefetch dpf,
+                                                      int ahead, int gu_prefetched, const uint2* __restrict__ xbs,
+                                                      const float* __restrict__ xds, float4* xs) {
     const int warps = blockDim.x >> 5;
     const long o = ((long)blockIdx.x * warps + (threadIdx.x >> 5)) * XR;
     const int j = expert_item(has_shared, T, k);
     const bool sh = j >= T * k;
     const int n = sh ? shared_inter : inter;
-    __shared__ float4 xs[XS_MAX / 4];
-    if (mma && !sh && gate.fmt == 3 && up.fmt == 3 && (K & 127) == 0 && K <= XS_MAX && warps == 8 && XR == 2) {
+    if (TC_ONLY || (mma && !sh && gate.fmt == 3 && up.fmt == 3 && (K & 127) == 0 && K <= XS_MAX && warps == 8 && XR == 2)) {
         __shared__ float red[8][16];
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
         const long ob = (long)blockIdx.x * 16;
@@ -274,7 +279,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up2(ExpertProj
         pdl_enter();  // (sel is the router's output: the weights' address is known only after it)
         const long ee = sel[j];
         const long r0 = ee * (long)n + ob;
-        MmaTile<MMA_U> m;
+        MmaTile<SLOTS> m;
         mma_start_group(m, P, r0, nrows, K, part * nc / 4, (part + 1) * nc / 4);
         if (ahead > 0 && warp == 7 && (int)blockIdx.y + ahead < (int)gridDim.y) {
             const int j2 = expert_item(has_shared, T, k, blockIdx.y + ahead);
@@ -291,7 +296,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up2(ExpertProj
             // lanes 0-7 feed the item's token (run's B lanes), the others zeros
             ds = xds[t];
             const uint4* xl = (const uint4*)(xbs + (long)t * (K / 2)) + 4 * (lane & 7);
-            if (nrows > 0) m.run_staged<1>(xl, 0, lane < 8 ? 1u : 0u, (float(*)[4])acc);
+            if (nrows > 0) m.template run_staged<1>(xl, 0, lane < 8 ? 1u : 0u, (float(*)[4])acc);
         } else {
             ds = xb_fill((uint2*)xs, x + (long)t * K, K);
             if (nrows > 0) m.run((const uint2*)xs, acc);
@@ -308,6 +313,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up2(ExpertProj
         if (warp == 1 && j < dpf.items) expert_prefetch(dpf, ee, experts, blockIdx.x, gridDim.x, lane, 32);
         return;
     }
+    if (TC_ONLY) return;
     pdl_enter();
     const bool active = o < n;  // (no early exit: the NVFP4 path synchronises the block)
     const int nrows = active ? min((long)XR, n - o) : 0;
@@ -355,6 +361,27 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up2(ExpertProj
         float gv = warp_sum(g[r]) * gg, uv = warp_sum(u[r]) * gu;
         if ((threadIdx.x & 31) == 0 && r < nrows) h[(long)j * width + o + r] = silu_times(gv, uv);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up2(ExpertProj gate, ExpertProj up, ExpertProj sgate, ExpertProj sup,
+                                           int has_shared, int shared_inter, const int* __restrict__ sel, int k,
+                                           int T, const float* __restrict__ x, float* __restrict__ h, int inter,
+                                           int K, int mma, int experts, ExpertPrefetch dpf, int ahead,
+                                           int gu_prefetched, const uint2* __restrict__ xbs,
+                                           const float* __restrict__ xds) {
+    __shared__ float4 xs[XS_MAX / 4];
+    experts_gate_up2_impl<false, MMA_U>(gate, up, sgate, sup, has_shared, shared_inter, sel, k, T, x, h, inter, K,
+                                        mma, experts, dpf, ahead, gu_prefetched, xbs, xds, xs);
+}
+extern "C" __global__ void __launch_bounds__(256, 3) experts_gate_up2_tc(ExpertProj gate, ExpertProj up, ExpertProj sgate, ExpertProj sup,
+                                           int has_shared, int shared_inter, const int* __restrict__ sel, int k,
+                                           int T, const float* __restrict__ x, float* __restrict__ h, int inter,
+                                           int K, int mma, int experts, ExpertPrefetch dpf, int ahead,
+                                           int gu_prefetched, const uint2* __restrict__ xbs,
+                                           const float* __restrict__ xds) {
+    __shared__ float4 xs[XS_MAX / 4];
+    experts_gate_up2_impl<true, 2>(gate, up, sgate, sup, has_shared, shared_inter, sel, k, T, x, h, inter, K, mma,
+                                   experts, dpf, ahead, gu_prefetched, xbs, xds, xs);
 }
 
 // part[j, o] = w_j * down_{sel[j]}[o] . h[j] (w = 1 for the shared expert's items j >= T*k).

@@ -28,7 +28,9 @@ kernels! {
     /// projections (of `experts`) into L2; with `ahead`, first the gate/up rows of the block
     /// that many grid rows later (routed items from `gu_prefetched` on). With `xbs` (else null),
     /// the routed items read x's rows as already staged for NVFP4 (`xbs`, scales `xds`).
-    experts_gate_up2 => ExpertsGateUp2Args {
+    /// `experts_gate_up2_tc`: the tensor-core path alone (routed items, NVFP4) at 2 chunk slots a
+    /// lane, three blocks a SM (`CudaOptions::gate_up_tc`).
+    experts_gate_up2 ["experts_gate_up2", "experts_gate_up2_tc"] => ExpertsGateUp2Args {
         gate: ExpertProj, up: ExpertProj, sgate: ExpertProj, sup: ExpertProj, has_shared: i32,
         shared_inter: i32, sel: DevPtr<i32>, k: i32, t: i32, x: DevPtr<f32>, h: DevPtr<f32>,
         inter: i32, hidden: i32, mma: i32, experts: i32, dpf: ExpertPrefetch, ahead: i32,
@@ -1376,18 +1378,24 @@ impl CudaBackend {
             }
             _ => (DevPtr::NULL, DevPtr::NULL),
         };
-        // The down projection's tensor-core-only kernel: routed items only, NVFP4 weights narrow
-        // enough for its shared memory.
-        let down_tc = self.opts().item_tc
-            && has == 0
+        // The tensor-core-only kernels: routed items only; the down projection's on NVFP4 weights
+        // narrow enough for its shared memory, the gate/up's where the tensor-core path takes
+        // the items.
+        let (item_tc, gate_up_tc) = {
+            let o = self.opts();
+            (o.item_tc && has == 0, o.gate_up_tc && has == 0)
+        };
+        let down_tc = item_tc
             && self.inner.mma
             && e.down.fmt == 3
             && e.inter.is_multiple_of(128)
             && e.inter <= DOWN_TC_MAX_INTER;
-        if down_tc {
+        let gate_up_tc = gate_up_tc && self.per_item_mma(e);
+        let tc = usize::from(down_tc) + usize::from(gate_up_tc);
+        if tc > 0 {
             self.inner
                 .tc_item_launches
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                .fetch_add(tc, std::sync::atomic::Ordering::Relaxed);
         }
         ops::moe::ExpertsGateUp2Args {
             gate: e.gate.proj(self),
@@ -1413,6 +1421,7 @@ impl CudaBackend {
         }
         .launch(
             self,
+            usize::from(gate_up_tc),
             (
                 rows.div_ceil(EXPERT_GU_WARPS * EXPERT_GU_ROWS),
                 items as u32,
