@@ -32,6 +32,7 @@ cupti=$(ls /usr/local/cuda/extras/CUPTI/lib64/libcupti.so* /usr/local/cuda-*/ext
 [ -n "$cupti" ] || cupti=$(find / -name 'libcupti.so*' -not -path '/proc/*' 2> /dev/null | head -1 || true)
 [ -n "$cupti" ] || { echo "no libcupti.so on this machine" | tee "$out/timeline.txt"; exit 1; }
 link=$(mktemp -d)
+trap 'rm -rf "$link"' EXIT
 ln -s "$(realpath "$cupti")" "$link/libcupti.so"
 export LD_LIBRARY_PATH="$link:$(dirname "$(realpath "$cupti")"):${LD_LIBRARY_PATH:-}"
 echo "CUPTI: $cupti" | tee "$out/timeline.txt"

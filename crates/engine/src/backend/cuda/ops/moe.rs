@@ -1381,9 +1381,14 @@ impl CudaBackend {
         // The tensor-core-only kernels: routed items only; the down projection's on NVFP4 weights
         // narrow enough for its shared memory, the gate/up's where the tensor-core path takes
         // the items.
-        let (item_tc, gate_up_tc) = {
+        let (item_tc, gate_up_tc, down_eight_warps, down_four_blocks) = {
             let o = self.opts();
-            (o.item_tc && has == 0, o.gate_up_tc && has == 0)
+            (
+                o.item_tc && has == 0,
+                o.gate_up_tc && has == 0,
+                o.down_eight_warps,
+                o.down_four_blocks,
+            )
         };
         let down_tc = item_tc
             && self.inner.mma
@@ -1431,15 +1436,12 @@ impl CudaBackend {
         )?;
         // (experts_down2, its tensor-core-only variant, its four-blocks-a-SM one or its
         // eight-warp one)
-        let (variant, warps) = {
-            let o = self.opts();
-            if down_tc {
-                (3, GEMV_WARPS)
-            } else if o.down_eight_warps {
-                (2, 2 * GEMV_WARPS)
-            } else {
-                (usize::from(o.down_four_blocks), GEMV_WARPS)
-            }
+        let (variant, warps) = if down_tc {
+            (3, GEMV_WARPS)
+        } else if down_eight_warps {
+            (2, 2 * GEMV_WARPS)
+        } else {
+            (usize::from(down_four_blocks), GEMV_WARPS)
         };
         ops::moe::ExpertsDown2Args {
             down: e.down.proj(self),
