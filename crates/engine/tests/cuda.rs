@@ -275,6 +275,39 @@ fn check_linear(w: LinearWeight, dense: &[f32], label: &str) {
             );
         }
     }
+    // a K split's sums added by each tile's last block (`splitk_last`): gemm_splitk_reduce's
+    // bits; at 9 tokens (gemm_mma, one tile of tokens) every bf16 / NVFP4 weight of 512+
+    // columns splits K; at 70 and 130 NVFP4 runs on gemm_h16 where it can
+    for t in [9usize, 70, 130] {
+        let x = values(t * cols, 90 + t as u64, 4.0);
+        let xt = b.upload(t, cols, &x).unwrap();
+        let run = |splitk_last: bool| {
+            b.set_options(CudaOptions {
+                splitk_last,
+                few_token_max: 0,
+                ..mma_on.clone()
+            });
+            let before = b.splitk_last_launches();
+            let y = b.download(&b.linear(&xt, &lin, None).unwrap()).unwrap();
+            (y, b.splitk_last_launches() > before)
+        };
+        let (want, ran_off) = run(false);
+        assert!(!ran_off, "{label} t={t}: splits added by tiles while off");
+        let (got, ran) = run(true);
+        if t == 9 {
+            let splits = !label.starts_with("f32") && cols % 32 == 0 && cols >= 512;
+            assert_eq!(
+                ran, splits,
+                "{label} t={t}: splits added by the tiles' last blocks"
+            );
+        }
+        if ran {
+            assert_eq!(
+                want, got,
+                "{label} t={t}: splits added by the tiles' last blocks"
+            );
+        }
+    }
     b.set_options(mma_on);
     println!("{label}: ok");
 }

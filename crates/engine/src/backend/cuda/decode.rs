@@ -239,6 +239,13 @@ impl CudaBackend {
         self.inner.few_h16_linears.load(Ordering::Relaxed)
     }
 
+    /// K-split `gemm_mma` / `gemm_h16` launches whose splits were added by each tile's last
+    /// block (`CudaOptions::splitk_last`), not by `gemm_splitk_reduce`, on this backend (and its
+    /// clones) so far.
+    pub fn splitk_last_launches(&self) -> usize {
+        self.inner.splitk_last_launches.load(Ordering::Relaxed)
+    }
+
     /// Inputs of batched steps' experts staged by the kernel that produced them (the MoE's input
     /// by its norm, one a layer, for the few-items-per-tile experts with `CudaOptions::moe_staged`
     /// or the per-item ones with `CudaOptions::item_staged`; the shared expert's down projection's

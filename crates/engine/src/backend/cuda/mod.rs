@@ -107,9 +107,10 @@ pub(crate) struct Inner {
     pub mt_wide: bool,
     /// Completion counter of the fused epilogues (`Epi` in kernels/common.cu).
     counters: CudaSlice<u32>,
-    /// `gemv_mt_wide`'s tickets, one a row block (zero between launches: each launch's last
-    /// block of a row block resets its own).
-    pub wide_tickets: CudaSlice<u32>,
+    /// The tickets of the launches whose last block adds their K splits: `gemv_mt_wide`'s, one
+    /// a row block, and `gemm_mma`'s / `gemm_h16`'s, one a tile (`CudaOptions::splitk_last`);
+    /// zero between launches (each launch's last block of a row block or tile resets its own).
+    pub split_tickets: CudaSlice<u32>,
     /// The knobs (`CudaOptions::from_env` unless opened `with_options`); `pdl` and `mma` above
     /// are fixed when the backend opens, the rest is read at each use.
     options: RwLock<CudaOptions>,
@@ -132,6 +133,8 @@ pub(crate) struct Inner {
     wide_linears: std::sync::atomic::AtomicUsize,
     /// `gemm_h16` launches on `gemm_h16_t32` (a few tokens) so far.
     few_h16_linears: std::sync::atomic::AtomicUsize,
+    /// K-split `gemm_mma` / `gemm_h16` launches whose tiles' last blocks added the splits so far.
+    splitk_last_launches: std::sync::atomic::AtomicUsize,
     /// Inputs of batched steps' experts staged by the kernel that produced them so far (the
     /// routed experts' by the norm, the shared expert's down projection's on `gemv_mt` by
     /// `silu_mul_stage`).
@@ -257,13 +260,13 @@ impl CudaBackend {
         let counters = stream
             .alloc_zeros::<u32>(1)
             .map_err(|e| backend_err(format!("{e:?}")))?;
-        let wide_tickets = stream
-            .alloc_zeros::<u32>(MT_WIDE_TICKETS)
+        let split_tickets = stream
+            .alloc_zeros::<u32>(SPLIT_TICKETS)
             .map_err(|e| backend_err(format!("{e:?}")))?;
         Ok(Self {
             inner: Arc::new(Inner {
                 counters,
-                wide_tickets,
+                split_tickets,
                 decode: Mutex::new(None),
                 fused_steps: std::sync::atomic::AtomicUsize::new(0),
                 sums_with_norm: std::sync::atomic::AtomicUsize::new(0),
@@ -273,6 +276,7 @@ impl CudaBackend {
                 deep_linears: std::sync::atomic::AtomicUsize::new(0),
                 wide_linears: std::sync::atomic::AtomicUsize::new(0),
                 few_h16_linears: std::sync::atomic::AtomicUsize::new(0),
+                splitk_last_launches: std::sync::atomic::AtomicUsize::new(0),
                 moe_inputs_staged: std::sync::atomic::AtomicUsize::new(0),
                 tc_item_launches: std::sync::atomic::AtomicUsize::new(0),
                 shared_on_mt: std::sync::atomic::AtomicUsize::new(0),

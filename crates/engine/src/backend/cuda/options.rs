@@ -16,6 +16,7 @@
 //! | `FP4FORGE_CUDA_H16_GEMM` | `h16_gemm` | `0`: prompts' NVFP4 linears (more than 64 tokens, K % 64 == 0) and grouped NVFP4 experts on `gemm_mma`'s core (f16 path), not on `gemm_h16`'s (x split once, K steps in flight; sm_90) | on |
 //! | `FP4FORGE_CUDA_H16_MERGE` | `h16_merged` | `0`: the weights of one input on `gemm_h16` (q/k/v of a prompt) one launch each, not in one launch where their tiles fill the device without a K split | on |
 //! | `FP4FORGE_CUDA_MMA_MERGE` | `mma_merged` | `1`: a prompt's bf16 weights of one input (the MoE router and the shared expert's gate and up) in one `gemm_mma_segs` launch without a K split, where their tiles together fill the device and some alone would split K, not one `gemm_mma` launch each (each splitting K and adding the splits in a launch of its own) | off (H100, 2026-12-07, two rounds: a 2K prompt 2.3% slower, 16K 1.5%: the merged grid's partial second wave of whole-K tiles costs more than three launches and their sums) |
+//! | `FP4FORGE_CUDA_SPLITK_LAST` | `splitk_last` | `1`: a K-split `gemm_mma` / `gemm_h16` launch (a prompt's router, shared expert and attention gate: too few tiles to fill the device) adds its splits in the last block of each tile to finish (a ticket a tile), not in a `gemm_splitk_reduce` launch of its own; the same bits | off (not yet measured) |
 //! | `FP4FORGE_CUDA_H16_B1` | `h16_one_block` | `1`: `gemm_h16` as its variant of one block a SM with more registers, each chunk's B fragments loaded ahead | off |
 //! | `FP4FORGE_CUDA_GROUPED_MOE` | `grouped_moe` | `0`: multi-token routed experts on the per-item kernels, not grouped by expert on tensor cores (sm_80+) | on |
 //! | `FP4FORGE_CUDA_BATCH_ATTN` | `batched_attention` | `0`: a batched decode step's attention sequence by sequence (rope, attention, append per sequence), not in one `attn_dec_batch` launch | on |
@@ -197,6 +198,9 @@ pub struct CudaOptions {
     /// `FP4FORGE_CUDA_MMA_MERGE`: a prompt's bf16 weights of one input in one `gemm_mma_segs`
     /// launch without a K split.
     pub mma_merged: bool,
+    /// `FP4FORGE_CUDA_SPLITK_LAST`: a K-split `gemm_mma` / `gemm_h16` launch adds its splits in
+    /// each tile's last block, without a `gemm_splitk_reduce` launch.
+    pub splitk_last: bool,
     /// `FP4FORGE_CUDA_NORM_ROPE`: a prompt chunk's per-head q/k norms inside the rope's pass.
     pub norm_rope: bool,
     /// `FP4FORGE_CUDA_ATTN_G8`: where a batched decode step's attention of 128-wide heads takes
@@ -273,6 +277,7 @@ impl Default for CudaOptions {
             attn_mma: ATTN_MMA_MIN_ROWS,
             norm_rope: true,
             mma_merged: false,
+            splitk_last: false,
             mt_interleave: true,
             few_token_max: GEMV_MT_MAX_TOKENS,
             few_moe_min_tokens: FEW_MOE_MIN_TOKENS,
@@ -375,6 +380,7 @@ impl CudaOptions {
             norm_router_rows: num("FP4FORGE_CUDA_NORM_ROUTER").unwrap_or(d.norm_router_rows),
             norm_rope: on("FP4FORGE_CUDA_NORM_ROPE"),
             mma_merged: var("FP4FORGE_CUDA_MMA_MERGE").as_deref() == Some(OsStr::new("1")),
+            splitk_last: var("FP4FORGE_CUDA_SPLITK_LAST").as_deref() == Some(OsStr::new("1")),
             attn_split_min_keys: num("FP4FORGE_CUDA_ATTN_MIN_KEYS")
                 .filter(|&n| n > 0)
                 .and_then(|n| u32::try_from(n).ok())
@@ -454,8 +460,9 @@ mod tests {
             ("FP4FORGE_CUDA_ATTN_MIN_KEYS", "256"),
             ("FP4FORGE_CUDA_ITEM_TC", "0"),
             ("FP4FORGE_CUDA_GU_TC", "1"),
+            ("FP4FORGE_CUDA_SPLITK_LAST", "1"),
         ]);
-        assert!(!o.item_tc && o.gate_up_tc);
+        assert!(!o.item_tc && o.gate_up_tc && o.splitk_last);
         assert_eq!(o.attn_split_min_keys, 256);
         assert!(o.attn_g8 == 1 && !o.norm_rope && o.mma_merged);
         assert_eq!(o.attn_mma, 5);

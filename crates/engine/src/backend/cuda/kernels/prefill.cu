@@ -406,19 +406,92 @@ __device__ __forceinline__ void gt_each(const float acc[2][4][4], F f) {
                 f(32 * wm + 16 * i + g + 8 * (c >> 1), 32 * wn + 8 * j + 2 * tq + (c & 1), acc[i][j][c]);
 }
 
+#define SK_AHEAD 8  // splits' partial sums in flight a thread in splitk_last_sum
+
+// splitk_last_sum's sums, V values of a row a thread (4: a float4, every row 16-byte aligned).
+template <int V>
+__device__ __forceinline__ void splitk_tile_sum(const float* part, int splits, float* y, const float* __restrict__ bias,
+                                                const float* resid, float gs, const float* __restrict__ xds, int N,
+                                                int T, long r0, int rows, long t0, int toks) {
+    const long n = (long)N * T;
+    const int g = rows / V;
+    for (int i = threadIdx.x; i < g * toks; i += blockDim.x) {
+        const long t = t0 + i / g, o = r0 + V * (i % g), idx = t * N + o;
+        float v[V];
+#pragma unroll
+        for (int e = 0; e < V; e++) v[e] = 0.f;
+        for (int z0 = 0; z0 < splits; z0 += SK_AHEAD) {
+            float p[SK_AHEAD][V];
+#pragma unroll
+            for (int q = 0; q < SK_AHEAD; q++) {
+                if (z0 + q >= splits) continue;
+                const float* src = part + (z0 + q) * n + idx;
+                if (V == 4) {
+                    const float4 f = ld_cg4(src);
+                    p[q][0] = f.x;
+                    p[q][V > 1 ? 1 : 0] = f.y;
+                    p[q][V > 2 ? 2 : 0] = f.z;
+                    p[q][V > 3 ? 3 : 0] = f.w;
+                } else {
+                    p[q][0] = ld_cg(src);
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < SK_AHEAD; q++)
+                if (z0 + q < splits)
+#pragma unroll
+                    for (int e = 0; e < V; e++) v[e] += p[q][e];
+        }
+        const float s = xds ? gs * xds[t] : gs;
+#pragma unroll
+        for (int e = 0; e < V; e++) {
+            float c = v[e] * s;
+            if (bias) c += bias[o + e];
+            if (resid) c += resid[idx + e];
+            y[idx + e] = c;
+        }
+    }
+}
+
+// The end of one block of a K-split GEMM (gemm_mma, gemm_h16) given tickets: its raw sums of the
+// tile (rows r0 .. r0 + bm of N, tokens t0 .. t0 + bn of T) are written to part[blockIdx.z]. The
+// last of the tile's gridDim.z splits to finish (`ticket`: zero between launches, reset here) adds
+// them in split order and applies gemm_splitk_reduce's epilogue (gs, and xds: null or the f16
+// path's row scales), so y gets that launch's bits without the launch.
+__device__ __forceinline__ void splitk_last_sum(const float* part, u32* ticket, float* y, const float* __restrict__ bias,
+                                                const float* resid, float gs, const float* __restrict__ xds, int N,
+                                                int T, long r0, int bm, long t0, int bn) {
+    __shared__ int last;
+    __syncthreads();  // (the block's partial sums written)
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(ticket, 1u) == gridDim.z - 1u;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int rows = (int)min((long)bm, N - r0), toks = (int)min((long)bn, T - t0);
+    if ((N & 3) == 0)
+        splitk_tile_sum<4>(part, gridDim.z, y, bias, resid, gs, xds, N, T, r0, rows, t0, toks);
+    else
+        splitk_tile_sum<1>(part, gridDim.z, y, bias, resid, gs, xds, N, T, r0, rows, t0, toks);
+    if (threadIdx.x == 0) *ticket = 0u;
+}
+
 // y[t, o] = resid[t, o] + bias[o] + gscale * W[o, :] . x[t, :] for T tokens on tensor cores;
 // W bf16 (fmt 2) or NVFP4 (fmt 3), K % 32 == 0; xds: null, or (NVFP4, sm_89+) the rows' scales
 // by row_pow2 for the f16 path. Grid (ceil(N / GT_BM), ceil(T / GT_BN), splits), 256 threads.
 // With splits > 1 (few tiles: a batched decode step's handful of tokens), block z takes K chunks
 // [z kc, (z + 1) kc) of GT_BK and writes its raw sums to part[z][t][o]; then gemm_splitk_reduce
-// adds the splits in order and applies the epilogue.
+// adds the splits in order and applies the epilogue, or with `tickets` (one a tile, zero between
+// launches) the tile's last split does (splitk_last_sum: the same bits).
 // The block's row tile is `rtile` (the kernel's blockIdx.x, or its place in its segment).
 template <int PF>
 __device__ __forceinline__ void gemm_mma_impl(int fmt, const void* __restrict__ w, const u8* __restrict__ scales,
                                               float inv_g, const float* __restrict__ x, float* y,
                                               const float* __restrict__ bias, const float* resid, int N, int K,
                                               int T, int kc, float* __restrict__ part,
-                                              const float* __restrict__ xds, int rtile) {
+                                              const float* __restrict__ xds, int rtile, u32* tickets) {
     __shared__ __align__(16) GtStage smem[2];
     const int tid = threadIdx.x;
     const long r0 = (long)rtile * GT_BM, t0 = (long)blockIdx.y * GT_BN;
@@ -447,6 +520,9 @@ __device__ __forceinline__ void gemm_mma_impl(int fmt, const void* __restrict__ 
             const long o = r0 + r, t = t0 + j;
             if (o < N && t < T) pz[t * N + o] = v;
         });
+        if (tickets)
+            splitk_last_sum(part, tickets + rtile + gridDim.x * blockIdx.y, y, bias, resid, gt_gscale(fmt, inv_g, h16),
+                            h16 ? xds : nullptr, N, T, r0, GT_BM, t0, GT_BN);
         return;
     }
     const float gs = gt_gscale(fmt, inv_g, h16);
@@ -466,8 +542,9 @@ __device__ __forceinline__ void gemm_mma_impl(int fmt, const void* __restrict__ 
     extern "C" __global__ void __launch_bounds__(256)                                                          \
         NAME(int fmt, const void* __restrict__ w, const u8* __restrict__ scales, float inv_g,                  \
              const float* __restrict__ x, float* y, const float* __restrict__ bias, const float* resid, int N, \
-             int K, int T, int kc, float* __restrict__ part, const float* __restrict__ xds) {                 \
-        gemm_mma_impl<PF>(fmt, w, scales, inv_g, x, y, bias, resid, N, K, T, kc, part, xds, blockIdx.x);       \
+             int K, int T, int kc, float* __restrict__ part, const float* __restrict__ xds, u32* tickets) {   \
+        gemm_mma_impl<PF>(fmt, w, scales, inv_g, x, y, bias, resid, N, K, T, kc, part, xds, blockIdx.x,        \
+                          tickets);                                                                            \
     }
 // gemm_mma: prefill-sized grids; gemm_mma_deep: one tile of tokens (a decode step's rows)
 GEMM_MMA_KERNEL(gemm_mma, 1)
@@ -483,7 +560,7 @@ extern "C" __global__ void __launch_bounds__(256)
     const int si = seg_index(segs, blockIdx.x);
     const Seg& g = segs.s[si];
     gemm_mma_impl<1>(g.fmt, g.w, g.scales, g.inv_g, x, g.y, nullptr, nullptr, g.N, K, T, K / GT_BK, nullptr,
-                     nullptr, (int)blockIdx.x - g.block0);
+                     nullptr, (int)blockIdx.x - g.block0, nullptr);
 }
 
 // ---- prompts' NVFP4 linears on f16 tensor cores, several K steps in flight (gemm_h16) --------
@@ -791,12 +868,13 @@ __device__ __forceinline__ void gh_each(const float acc[2][BN / 16][4], F f) {
 // row tiles of GH_BM, ceil(T / BN), splits), 256 threads, GH_STAGES * sizeof(GhStage<BN>) bytes
 // of dynamic shared memory (or more). With splits > 1, block z takes K chunks [z kc, (z + 1) kc)
 // of 32 (kc even) and writes its raw sums to part[z][t][o], which gemm_splitk_reduce (fmt 3, the
-// same xds) finishes. A token's sums do not depend on BN or on the tile's other tokens, only on
-// the K split.
+// same xds) finishes, or with `tickets` the tile's last split (splitk_last_sum, as gemm_mma).
+// A token's sums do not depend on BN or on the tile's other tokens, only on the K split.
 template <int BN, bool AHEAD>
 __device__ __forceinline__ void gemm_h16_impl(const Segs& segs, const u16* __restrict__ xh,
                                               const float* __restrict__ bias, const float* resid, int K, int T,
-                                              int kc, float* __restrict__ part, const float* __restrict__ xds) {
+                                              int kc, float* __restrict__ part, const float* __restrict__ xds,
+                                              u32* tickets) {
     DYNAMIC_SMEM(u8, gh_smem);
     __shared__ int xrow[BN];
     int si = 0;
@@ -838,13 +916,16 @@ __device__ __forceinline__ void gemm_h16_impl(const Segs& segs, const u16* __res
         if (resid) v += resid[idx];
         y[idx] = v;
     });
+    if (gridDim.z > 1 && tickets)
+        splitk_last_sum(part, tickets + blockIdx.x + gridDim.x * blockIdx.y, y, bias, resid, gt_gscale(3, sg.inv_g, true),
+                        xds, N, T, r0, GH_BM, t0, BN);
 }
 
 #define GEMM_H16_KERNEL(NAME, BN, BLOCKS, AHEAD)                                                              \
     extern "C" __global__ void __launch_bounds__(256, BLOCKS)                                                 \
         NAME(Segs segs, const u16* __restrict__ xh, const float* __restrict__ bias, const float* resid, int K, \
-             int T, int kc, float* __restrict__ part, const float* __restrict__ xds) {                        \
-        gemm_h16_impl<BN, AHEAD>(segs, xh, bias, resid, K, T, kc, part, xds);                                 \
+             int T, int kc, float* __restrict__ part, const float* __restrict__ xds, u32* tickets) {          \
+        gemm_h16_impl<BN, AHEAD>(segs, xh, bias, resid, K, T, kc, part, xds, tickets);                        \
     }
 // gemm_h16: two blocks a SM (128 registers); gemm_h16_b1: one block of more registers, each
 // chunk's B fragments loaded ahead (CudaOptions::h16_one_block); gemm_h16_t32: tiles of 32

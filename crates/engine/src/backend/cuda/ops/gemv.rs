@@ -131,8 +131,9 @@ pub(crate) const MT_WIDE_ROWS: usize = 128;
 /// `gemv_mt_wide`'s dynamic shared memory: a run's B entries for its most tokens (512 bytes a
 /// token a chunk).
 pub(crate) const MT_WIDE_SMEM: u32 = (MT_WIDE_TOKENS * MT_WIDE_RUN * 512) as u32;
-/// Row blocks `gemv_mt_wide`'s tickets cover (`Inner::wide_tickets`): 512 Ki rows.
-pub(crate) const MT_WIDE_TICKETS: usize = 4096;
+/// Tickets of the launches whose last block adds their K splits (`Inner::split_tickets`): a
+/// `gemv_mt_wide` row block (512 Ki rows in all) or a `gemm_mma` / `gemm_h16` tile.
+pub(crate) const SPLIT_TICKETS: usize = 4096;
 
 /// Tokens per grid row of `gemv_mt` (`MT_TOKENS` in the source).
 const GEMV_MT_TOKENS: usize = 8;
@@ -865,6 +866,7 @@ impl CudaBackend {
             } else {
                 None
             };
+            let tickets = self.splitk_tickets(splits, (tiles.0 * tiles.1) as usize);
             let own = if given_xds.is_null() {
                 self.row_scales_for_f16_mma(w.fmt, x, t, w.cols)?
             } else {
@@ -890,6 +892,7 @@ impl CudaBackend {
                 kc: kc as i32,
                 part: part.as_ref().map_or(DevPtr::NULL, |p| self.ptr(p)),
                 xds: xds_ptr,
+                tickets,
             }
             .launch(
                 self,
@@ -897,7 +900,7 @@ impl CudaBackend {
                 (tiles.0, tiles.1, splits as u32),
                 (256, 1, 1),
             )?;
-            if let Some(part) = &part {
+            if let (Some(part), true) = (&part, tickets.is_null()) {
                 self.gemm_splitk_reduce(w, g, self.ptr(part), splits, xds_ptr)?;
             }
             return Ok(());
@@ -1049,6 +1052,7 @@ impl CudaBackend {
         } else {
             None
         };
+        let tickets = self.splitk_tickets(splits, (row_tiles * token_tiles) as usize);
         ops::prefill::GemmH16Args {
             segs,
             xh,
@@ -1059,6 +1063,7 @@ impl CudaBackend {
             kc: kc as i32,
             part: part.as_ref().map_or(DevPtr::NULL, |p| self.ptr(p)),
             xds,
+            tickets,
         }
         .launch(
             self,
@@ -1068,9 +1073,25 @@ impl CudaBackend {
         )?;
         self.count_h16_few(variant);
         match &part {
-            Some(part) => self.gemm_splitk_reduce(w, g, self.ptr(part), splits, xds),
-            None => Ok(()),
+            Some(part) if tickets.is_null() => {
+                self.gemm_splitk_reduce(w, g, self.ptr(part), splits, xds)
+            }
+            _ => Ok(()),
         }
+    }
+
+    /// The tickets of a `gemm_mma` / `gemm_h16` launch of `tiles` tiles split `splits` ways
+    /// over K whose tiles' last blocks add the splits (`CudaOptions::splitk_last`; counted in
+    /// `splitk_last_launches`); null where they do not (one split, the option off, more tiles
+    /// than [`SPLIT_TICKETS`]): `gemm_splitk_reduce` adds them.
+    fn splitk_tickets(&self, splits: usize, tiles: usize) -> DevPtr<u32> {
+        if splits < 2 || tiles > SPLIT_TICKETS || !self.opts().splitk_last {
+            return DevPtr::NULL;
+        }
+        self.inner
+            .splitk_last_launches
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.ptr(&self.inner.split_tickets)
     }
 
     /// [`Backend::linears`](crate::Backend::linears): x's rows prepared once for the weights
@@ -1118,6 +1139,7 @@ impl CudaBackend {
                     kc: (k / 32).next_multiple_of(2) as i32,
                     part: DevPtr::NULL,
                     xds: self.ptr(xds),
+                    tickets: DevPtr::NULL,
                 }
                 .launch(
                     self,
@@ -1414,7 +1436,7 @@ impl CudaBackend {
                 k: parts[0].0.cols as i32,
                 t: t as i32,
                 part: part.as_ref().map_or(DevPtr::NULL, |p| self.ptr(p)),
-                tickets: self.ptr(&self.inner.wide_tickets),
+                tickets: self.ptr(&self.inner.split_tickets),
             }
             .launch(self, (blocks, splits as u32, 1), (32 * NV_WARPS, 1, 1))?;
             self.inner
@@ -1525,7 +1547,7 @@ impl CudaBackend {
             .sum();
         let chunks = cols / MMA_CHUNK;
         let splits = fixed.unwrap_or_else(|| wide_split(blocks, chunks, 2 * self.inner.sms));
-        (blocks <= MT_WIDE_TICKETS && splits <= chunks && chunks.div_ceil(splits) <= MT_WIDE_RUN)
+        (blocks <= SPLIT_TICKETS && splits <= chunks && chunks.div_ceil(splits) <= MT_WIDE_RUN)
             .then_some(splits)
     }
 

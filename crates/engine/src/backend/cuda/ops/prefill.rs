@@ -18,11 +18,12 @@ kernels! {
     /// `kc` 32-wide chunks, each split's raw sums into its slice of `part` (one split: `y`).
     /// `xds`: null, or for NVFP4 on sm_89+ the rows' `row_pow2` scales (the f16 path: x in two
     /// f16 parts). `gemm_mma_deep`: 4 K steps of weights in flight (one tile of tokens: a decode
-    /// step).
+    /// step). `tickets` (null: none; else one a tile, zero between launches): each tile's last
+    /// split to finish adds the splits into `y` (else `gemm_splitk_reduce` does).
     gemm_mma ["gemm_mma", "gemm_mma_deep"] => GemmMmaArgs {
         fmt: i32, w: DevPtr<u8>, scales: DevPtr<u8>, inv_g: f32, x: DevPtr<f32>, y: DevPtr<f32>,
         bias: DevPtr<f32>, resid: DevPtr<f32>, n: i32, k: i32, t: i32, kc: i32,
-        part: DevPtr<f32>, xds: DevPtr<f32>,
+        part: DevPtr<f32>, xds: DevPtr<f32>, tickets: DevPtr<u32>,
     }
     /// `y_s = x · W_sᵀ` for `t` tokens of each bf16 `W_s` of `segs` in one launch, none split
     /// over K (`k % 32 == 0`): `gemm_mma`'s tiles (grid x: the segments' row tiles, y: the
@@ -39,12 +40,13 @@ kernels! {
     /// [`GEMM_H16_STAGES`] K steps in flight, x given as `x_split_h16`'s parts `xh` and `xds` its
     /// rows' scales: [`GEMM_H16_ROWS`] × [`GEMM_H16_TOKENS`] tiles (grid x: the segments' row
     /// tiles), 256 threads, [`GEMM_H16_SMEM`] bytes of dynamic shared memory; grid z: K split in
-    /// runs of `kc` (even) 32-wide chunks into `part`, as `gemm_mma`. `gemm_h16_b1`: one block a
-    /// SM with more registers (`CudaOptions::h16_one_block`); `gemm_h16_t32`: tiles of
-    /// [`GEMM_H16_FEW_TOKENS`] tokens (a batched decode step's rows: `CudaOptions::h16_few_min`).
+    /// runs of `kc` (even) 32-wide chunks into `part` (and `tickets`), as `gemm_mma`.
+    /// `gemm_h16_b1`: one block a SM with more registers (`CudaOptions::h16_one_block`);
+    /// `gemm_h16_t32`: tiles of [`GEMM_H16_FEW_TOKENS`] tokens (a batched decode step's rows:
+    /// `CudaOptions::h16_few_min`).
     gemm_h16 ["gemm_h16", "gemm_h16_b1", "gemm_h16_t32"] shared GEMM_H16_SMEM => GemmH16Args {
         segs: Segs, xh: DevPtr<u16>, bias: DevPtr<f32>, resid: DevPtr<f32>, k: i32, t: i32,
-        kc: i32, part: DevPtr<f32>, xds: DevPtr<f32>,
+        kc: i32, part: DevPtr<f32>, xds: DevPtr<f32>, tickets: DevPtr<u32>,
     }
     /// `xh` = the f16 high parts and remainders of `x · 2^e` (`2^e = 1 / xds[row]`), `t` rows of
     /// `k` values (`k % 32 == 0`), in `gemm_h16`'s fragment order; `xds` null: the rows'
