@@ -13,8 +13,9 @@
 //! 3. runs it as ONE batched pass
 //!    ([`Model::forward_batch_scored`](fp4forge_engine::Model::forward_batch_scored));
 //! 4. samples each sequence's next token (in the pass itself, on the device where the backend
-//!    samples, for a decoding sequence that needs no logits on the host: no logit adjustments,
-//!    no constraint, no stop tokens to mask; else from its downloaded logits) and sends it
+//!    samples, for a decoding sequence or a prompt's last chunk that needs no logits on the
+//!    host: no logit adjustments, no constraint, no stop tokens to mask; else from its
+//!    downloaded logits) and sends it
 //!    (with logprobs, when asked: scored where the logits are, like prompt logprobs, so only
 //!    the scores leave the device), ending sequences at EOS, `max_tokens` or the context limit.
 //!

@@ -18,8 +18,9 @@ impl<B: Backend> Scheduler<'_, B> {
         if plan.is_empty() {
             return;
         }
-        // Decoding sequences whose next token needs no logits on the host have it picked in
-        // the pass (on the device where the backend samples: only the token id comes back).
+        // Sequences (decoding, or at their prompt's end) whose next token needs no logits on
+        // the host have it picked in the pass (on the device where the backend samples: only
+        // the token id comes back).
         let picks: Vec<bool> = plan
             .iter()
             .map(|&(i, _, w)| w == Want::Last && self.picks_without_logits(i))
@@ -92,34 +93,28 @@ impl<B: Backend> Scheduler<'_, B> {
         };
         for (&(i, n, _), output) in plan.iter().zip(outputs) {
             let s = &mut self.active[i];
-            let (logits, scored) = match output {
-                Output::Token(next) => {
-                    s.fed.push(s.next);
-                    self.deliver(i, next, None);
-                    continue;
-                }
+            // a token picked in the pass (with its logprobs, if asked), else logits / scores
+            let (picked, logits, scored) = match output {
+                Output::Token(next) => (Some((next, None)), None, None),
                 Output::Scored {
                     token: Some(next),
                     mut logprobs,
                     ..
-                } => {
-                    s.fed.push(s.next);
-                    self.deliver(i, next, logprobs.pop());
-                    continue;
-                }
+                } => (Some((next, logprobs.pop())), None, None),
                 Output::Scored {
                     token: None,
                     logprobs,
                     logits,
-                } => (logits, Some(logprobs)),
-                Output::Logits(l) => (Some(l), None),
-                Output::None => (None, None),
+                } => (None, logits, Some(logprobs)),
+                Output::Logits(l) => (None, Some(l), None),
+                Output::None => (None, None, None),
             };
             if s.decoding {
                 s.fed.push(s.next);
-                match logits {
-                    Some(mut l) => self.emit(i, &mut l.data),
-                    None => self.fail_one(i, "no logits for a decode step"),
+                match (picked, logits) {
+                    (Some((next, lp)), _) => self.deliver(i, next, lp),
+                    (None, Some(mut l)) => self.emit(i, &mut l.data),
+                    (None, None) => self.fail_one(i, "no logits for a decode step"),
                 }
                 continue;
             }
@@ -162,8 +157,9 @@ impl<B: Backend> Scheduler<'_, B> {
                 self.finish(i, Finish::Length, None);
                 continue;
             }
-            match logits {
-                Some(l) if l.rows > 0 => {
+            match (picked, logits) {
+                (Some((next, lp)), _) => self.deliver(i, next, lp),
+                (None, Some(l)) if l.rows > 0 => {
                     let mut last = l.row(l.rows - 1).to_vec();
                     self.emit(i, &mut last);
                 }
@@ -172,13 +168,17 @@ impl<B: Backend> Scheduler<'_, B> {
         }
     }
 
-    /// Whether sequence `i`'s next token needs no logits on the host: it is decoding, asks for
-    /// no logit adjustments, no structured-output constraint and may already sample its stop
-    /// tokens (nothing to mask). Its logprobs, if asked for, are scored where the logits are.
+    /// Whether sequence `i`'s next token needs no logits on the host: it is decoding, or its
+    /// prompt ends in this pass (`Want::Last` of a prefilling sequence: its last chunk, no
+    /// prompt logprobs, not a rebuild) and it asks for a token at all; it asks for no logit
+    /// adjustments, no structured-output constraint and may already sample its stop tokens
+    /// (nothing to mask). Its logprobs, if asked for, are scored where the logits are, and its
+    /// token is picked in the pass (on the device where the backend samples: the prompt's last
+    /// logits never leave it).
     fn picks_without_logits(&self, i: usize) -> bool {
         let s = &self.active[i];
         let req = &s.job.req;
-        s.decoding
+        (s.decoding || (s.recompute.is_none() && req.max_tokens > 0))
             && req.adjust.is_none()
             && s.constraint.is_none()
             && (s.generated >= req.min_tokens || req.stop_ids.is_empty())
