@@ -40,12 +40,12 @@
 //! | `FP4FORGE_CUDA_FEW_GRID` | `few_grid_divisor` | `N`: the few-items-per-tile experts' launches (`experts_gate_up_mt`, `experts_down_mt`) take the tiles bound / N grid rows, each block looping over its tiles (the bound is about twice a 32-row step's tile count: with 1 the blocks past the count, about half of them, only read it and exit); the same bits | `FEW_GRID_DIVISOR` = 2 (H100, 2026-12-06, call S: a 32-row step 8.2% faster than with 1) |
 //! | `FP4FORGE_CUDA_MOE_STAGED` | `moe_staged` | `0`: in a batched decode step whose routed experts run a few items per tile (`experts_grouped_few`), the MoE's input and the shared expert's SiLU product are staged by `xb_stage` launches, not by the kernels that produce them (the MoE's input norm staging its rows for the experts and the shared expert's gate/up: two launches a layer fewer, with `norm_stage`; `silu_mul_stage` staging the SiLU product for the down projection: one fewer) | on (H100, 2026-12-06, three rounds: 2.8–3.5% faster at 32 rows, neutral at 2–8) |
 //! | `FP4FORGE_CUDA_ITEM_STAGED` | `item_staged` | `1`: in a batched decode step whose routed experts run one grid row per item (`experts_gate_up2`, below `FEW_MOE_MIN_TOKENS` rows), the MoE's input norm also stages its rows for NVFP4 and the items' tensor-core path reads them there, not each block staging its token's row into shared memory (the same bits; with `norm_stage`) | off (H100, 2026-12-07, two rounds: +1.3% at 4 rows, +1.1% at 8, the same at 32; 2026-12-06: +1.1–8.3% at 2–8) |
-//! | `FP4FORGE_CUDA_SHARED_MT` | `shared_mt_min_rows` | `N`: batched decode steps of N or more rows whose routed experts run one grid row per item (`experts_gate_up2`, below `FEW_MOE_MIN_TOKENS` rows) run the shared expert on `gemv_mt` (its gate and up in the router's launch where `router_shared` allows, its SiLU product staged by `silu_mul_stage` with `moe_staged`, its down one launch), each weight read once for all the step's rows, not as one more item per row of the per-item kernels (its bf16 rows read once per row, on CUDA cores); other bits, within the tests' tolerance; `0`: never | `SHARED_MT_MIN_ROWS` (8; H100, 2026-12-07, two rounds each: a 16-row step 2.5% faster, 10.79 → 10.52 ms, a 4-row step 3.0% slower, 4.45 → 4.58 (call 13); with the routed down then on `experts_down2_tc` (`item_tc`), 8 rows 6.58 → 6.35 ms, 16 rows 10.57 → 10.16, 4 rows 4.41 → 4.44 (call 18); 5–7 rows not measured) |
+//! | `FP4FORGE_CUDA_SHARED_MT` | `shared_mt_min_rows` | `N`: batched decode steps of N or more rows whose routed experts run one grid row per item (`experts_gate_up2`, below `FEW_MOE_MIN_TOKENS` rows) run the shared expert on `gemv_mt` (its gate and up in the router's launch where `router_shared` allows, its SiLU product staged by `silu_mul_stage` with `moe_staged`, its down one launch), each weight read once for all the step's rows, not as one more item per row of the per-item kernels (its bf16 rows read once per row, on CUDA cores); other bits, within the tests' tolerance; `0`: never | `SHARED_MT_MIN_ROWS` (4; H100, 2026-12-07, two rounds each: a 16-row step 2.5% faster, 10.79 → 10.52 ms, a 4-row step 3.0% slower, 4.45 → 4.58 (call 13); with the routed down then on `experts_down2_tc` (`item_tc`), 8 rows 6.58 → 6.35 ms, 16 rows 10.57 → 10.16, 4 rows 4.41 → 4.44 (call 18); H200, with the routed gate/up also on `experts_gate_up2_tc` (`gate_up_tc`), 4 rows 4.27 → 4.08 (call 20); 2–3 rows not measured) |
 //! | `FP4FORGE_CUDA_NORM_ROUTER` | `norm_router_rows` | `N`: batched decode steps of 2 to N rows (at most 4) whose MoE input is staged for nothing (the per-item experts, without `item_staged` or `shared_mt_min_rows`) and whose top-k keeps its own launch run the MoE's input norm and the bf16 router in one `norm_gemv_bf16` launch, as one row does (each block norms the rows itself, block 0 writes them for the experts; the router on CUDA cores, each weight row read once for all rows), not a `norm_stage` launch and a `gemv_mt` one: one launch a MoE layer fewer, and each row's router logits the bits of that row alone; `0`: never | 0 (H100, 2026-12-07, call 13, two rounds: a 4-row step 3.4% slower, 4.45 → 4.60 ms; not profiled: the router's dot products on CUDA cores and every block norming the rows are the likely cost) |
 //! | `FP4FORGE_CUDA_DOWN_B4` | `down_four_blocks` | `1`: the per-item experts' down projection (batched steps below `FEW_MOE_MIN_TOKENS` rows) at four blocks a SM (`experts_down2_b4`: at most 128 registers) | off |
 //! | `FP4FORGE_CUDA_DOWN_W8` | `down_eight_warps` | `1`: the per-item experts' down projection in blocks of 8 warps (`experts_down2_w8`: 64 rows a block on the tensor-core path, half the blocks, two a SM; the same bits) | off (H100, 2026-12-07, two rounds: +2.0% at 8 rows, within 0.5% at 4 and 32; 2026-12-06: +0.6–12.7% at 2–32) |
 //! | `FP4FORGE_CUDA_ITEM_TC` | `item_tc` | `0`: a batched step's per-item routed experts' down projection on `experts_down2` (three blocks a SM) where no shared expert rides in its launch (`FP4FORGE_CUDA_SHARED_MT` covers the step, or the model has none), not on its tensor-core-only kernel (`experts_down2_tc`: 93 registers, five blocks a SM; the same arithmetic, so the same bits) | on (H100, 2026-12-07, two rounds, with the shared expert on `gemv_mt`: 3.5% faster at 8 rows, 3.8% at 16, 2% at 4) |
-//! | `FP4FORGE_CUDA_GU_TC` | `gate_up_tc` | `1`: where no shared expert rides in the per-item routed experts' gate/up launch (as for `item_tc`), that launch on its tensor-core-only kernel (`experts_gate_up2_tc`: 2 chunk slots a lane instead of 4, under 85 registers, three blocks a SM instead of two; the same arithmetic, so the same bits) | off (not yet measured) |
+//! | `FP4FORGE_CUDA_GU_TC` | `gate_up_tc` | `0`: not, where no shared expert rides in the per-item routed experts' gate/up launch (as for `item_tc`), that launch on its tensor-core-only kernel (`experts_gate_up2_tc`: 2 chunk slots a lane instead of 4, under 85 registers, three blocks a SM instead of two; the same arithmetic, so the same bits) | on (H200, 2026-12-07, two rounds: 5.6% faster at 8 rows, 6.6% at 16; with the shared expert on `gemv_mt` from 2 rows, 4.6% faster at 4) |
 //! | `FP4FORGE_CUDA_L2_PREFETCH` | `l2_prefetch_rows` | `N`: batched decode steps of N or more rows prefetch weights into L2 ahead of their loads (sm_90): the routed experts' gate/up by the router's top-k, their down by the gate/up blocks (per-item experts, as many items as fit in L2), the next wave's by the grouped experts' blocks, each `gemv_mt` block's rows before it waits for its input; `0`: never, `1`: every batched step | `L2_PREFETCH_MIN_ROWS` (32) |
 //! | `FP4FORGE_CUDA_MT_DEEP` | `mt_deep` | `0`: NVFP4 `gemv_mt` launches of at most one block a SM (a few rows' o projection) on `gemv_mt_nv4` / `gemv_mt_nv`, not on `gemv_mt_nv4_deep` / `gemv_mt_nv_deep` (each warp's whole run of chunks in flight and the tokens' B fetched 3 chunks ahead, one block a SM; the same bits) | on (H100, 2026-12-06, two rounds: 1.3% faster at 2 rows, 0.7–0.9% at 4, neutral at 8 and 32) |
 //! | `FP4FORGE_CUDA_MT_DEEP_ALL` | `mt_deep_all` | `1`: NVFP4 `gemv_mt` launches of any grid on the deep variants (with `mt_deep`), e.g. a 32-row step's q/k/v and o at one block a SM, each warp's whole run of chunks in flight | off (H100, 2026-12-07: 5.8% slower at 32 rows, within 1% at 4 and 8; 2026-12-06: +2.4–10.2% at 2–32) |
@@ -150,8 +150,8 @@ pub struct CudaOptions {
     /// `FP4FORGE_CUDA_ITEM_TC` (`0`: off): the per-item routed experts' down projection on its
     /// tensor-core-only kernel where that applies (more blocks a SM).
     pub item_tc: bool,
-    /// `FP4FORGE_CUDA_GU_TC`: the per-item routed experts' gate/up on its tensor-core-only
-    /// kernel where that applies (three blocks a SM).
+    /// `FP4FORGE_CUDA_GU_TC` (`0`: off): the per-item routed experts' gate/up on its
+    /// tensor-core-only kernel where that applies (three blocks a SM).
     pub gate_up_tc: bool,
     /// `FP4FORGE_CUDA_L2_PREFETCH`: fewest rows of a batched step whose weights are prefetched
     /// into L2 ahead of their loads (sm_90; 0: never).
@@ -257,7 +257,7 @@ impl Default for CudaOptions {
             down_four_blocks: false,
             down_eight_warps: false,
             item_tc: true,
-            gate_up_tc: false,
+            gate_up_tc: true,
             l2_prefetch_rows: L2_PREFETCH_MIN_ROWS,
             grouped_moe: true,
             batched_attention: true,
@@ -353,7 +353,7 @@ impl CudaOptions {
             down_four_blocks: var("FP4FORGE_CUDA_DOWN_B4").as_deref() == Some(OsStr::new("1")),
             down_eight_warps: var("FP4FORGE_CUDA_DOWN_W8").as_deref() == Some(OsStr::new("1")),
             item_tc: on("FP4FORGE_CUDA_ITEM_TC"),
-            gate_up_tc: var("FP4FORGE_CUDA_GU_TC").as_deref() == Some(OsStr::new("1")),
+            gate_up_tc: on("FP4FORGE_CUDA_GU_TC"),
             l2_prefetch_rows: num("FP4FORGE_CUDA_L2_PREFETCH").unwrap_or(d.l2_prefetch_rows),
             grouped_moe: on("FP4FORGE_CUDA_GROUPED_MOE"),
             batched_attention: on("FP4FORGE_CUDA_BATCH_ATTN"),
@@ -459,10 +459,10 @@ mod tests {
             ("FP4FORGE_CUDA_MMA_MERGE", "1"),
             ("FP4FORGE_CUDA_ATTN_MIN_KEYS", "256"),
             ("FP4FORGE_CUDA_ITEM_TC", "0"),
-            ("FP4FORGE_CUDA_GU_TC", "1"),
+            ("FP4FORGE_CUDA_GU_TC", "0"),
             ("FP4FORGE_CUDA_SPLITK_LAST", "1"),
         ]);
-        assert!(!o.item_tc && o.gate_up_tc && o.splitk_last);
+        assert!(!o.item_tc && !o.gate_up_tc && o.splitk_last);
         assert_eq!(o.attn_split_min_keys, 256);
         assert!(o.attn_g8 == 1 && !o.norm_rope && o.mma_merged);
         assert_eq!(o.attn_mma, 5);

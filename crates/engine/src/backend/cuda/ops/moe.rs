@@ -158,8 +158,11 @@ pub(crate) const FEW_MOE_MIN_TOKENS: usize = 32;
 /// rounds each, ms a step): per item / on `gemv_mt` 4 rows 4.45 / 4.58, 16 rows 10.79 / 10.52
 /// (third session); per item / on `gemv_mt` / on `gemv_mt` with the down on `experts_down2_tc`:
 /// 4 rows 4.41 / 4.53 / 4.44, 8 rows 6.58 / 6.58 / 6.35, 16 rows 10.57 / 10.61 / 10.16 (fourth
-/// session); 5–7 rows not measured.
-pub(crate) const SHARED_MT_MIN_ROWS: usize = 8;
+/// session). An H200, 2026-12-07 (fifth session, two rounds), the defaults of `526371a` / the
+/// routed gate/up on its tensor-core-only kernel too (`CudaOptions::gate_up_tc`) / that and the
+/// shared expert on `gemv_mt` from 2 rows: 4 rows 4.27 / 4.31 / 4.08, 8 rows 6.10 / 5.75 / 5.75,
+/// 16 rows 9.90 / 9.25 / 9.26; 2–3 rows not measured.
+pub(crate) const SHARED_MT_MIN_ROWS: usize = 4;
 
 /// The divisor of the few-items-per-tile experts' grid rows (`experts_gate_up_mt`,
 /// `experts_down_mt`: the tiles bound / this, each block looping over its tiles), unless
