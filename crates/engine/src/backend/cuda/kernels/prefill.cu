@@ -408,6 +408,17 @@ __device__ __forceinline__ void gt_each(const float acc[2][4][4], F f) {
 
 #define SK_AHEAD 8  // splits' partial sums in flight a thread in splitk_last_sum
 
+// The epilogue of a K split's sum v of output (t, o) (idx = t * N + o): times s (the global
+// scale, times the row's xds on the f16 path), then the bias, then the residual; in this order
+// wherever splits are added (gemm_splitk_reduce, splitk_last_sum), so both give the same bits.
+__device__ __forceinline__ float splitk_epilogue(float v, float s, const float* __restrict__ bias, long o,
+                                                 const float* resid, long idx) {
+    v *= s;
+    if (bias) v += bias[o];
+    if (resid) v += resid[idx];
+    return v;
+}
+
 // splitk_last_sum's sums, V values of a row a thread (4: a float4, every row 16-byte aligned).
 template <int V>
 __device__ __forceinline__ void splitk_tile_sum(const float* part, int splits, float* y, const float* __restrict__ bias,
@@ -444,12 +455,7 @@ __device__ __forceinline__ void splitk_tile_sum(const float* part, int splits, f
         }
         const float s = xds ? gs * xds[t] : gs;
 #pragma unroll
-        for (int e = 0; e < V; e++) {
-            float c = v[e] * s;
-            if (bias) c += bias[o + e];
-            if (resid) c += resid[idx + e];
-            y[idx + e] = c;
-        }
+        for (int e = 0; e < V; e++) y[idx + e] = splitk_epilogue(v[e], s, bias, o + e, resid, idx + e);
     }
 }
 
@@ -949,10 +955,7 @@ extern "C" __global__ void gemm_splitk_reduce(const float* __restrict__ part, in
     if (i >= n) return;
     float v = 0.f;
     for (int z = 0; z < splits; z++) v += part[z * n + i];
-    v *= h16 ? gs * xds[i / N] : gs;
-    if (bias) v += bias[i % N];
-    if (resid) v += resid[i];
-    y[i] = v;
+    y[i] = splitk_epilogue(v, h16 ? gs * xds[i / N] : gs, bias, i % N, resid, i);
 }
 
 // ds[r] = 2^-e for each of `rows` rows of x (K values, K % 4 == 0), 2^e the power of two that puts
