@@ -847,6 +847,23 @@ fn gpu_nvfp4_experts_match_cpu() {
                     // a few items per tile (hidden and inter multiples of 128: inter 64 runs
                     // grouped on the tiled GEMM): the per-item tensor-core arithmetic, bit for bit
                     assert_eq!(d, 0.0, "few items per tile vs per-item t {t}");
+                    // (and at three blocks a SM, 2 chunk slots a lane: the same arithmetic)
+                    gpu.set_options(CudaOptions {
+                        few_three_blocks: true,
+                        ..gpu.options()
+                    });
+                    let before = gpu.few_b3_launches();
+                    let three = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
+                    assert_eq!(
+                        gpu.few_b3_launches() - before,
+                        2,
+                        "few-items-per-tile launches at three blocks a SM, t {t}"
+                    );
+                    assert_eq!(three, got, "few items per tile at three blocks a SM, t {t}");
+                    gpu.set_options(CudaOptions {
+                        few_three_blocks: false,
+                        ..gpu.options()
+                    });
                 }
             }
             if t >= 40 {

@@ -262,6 +262,13 @@ impl CudaBackend {
         self.inner.tc_item_launches.load(Ordering::Relaxed)
     }
 
+    /// Few-items-per-tile experts' launches (gate/up and down each count) on their variants of
+    /// three blocks a SM (`CudaOptions::few_three_blocks`) on this backend (and its clones) so
+    /// far.
+    pub fn few_b3_launches(&self) -> usize {
+        self.inner.few_b3_launches.load(Ordering::Relaxed)
+    }
+
     /// Batched steps' MoE layers whose shared expert ran on `gemv_mt` beside the per-item routed
     /// experts (`CudaOptions::shared_mt_min_rows`) on this backend (and its clones) so far.
     pub fn shared_on_mt(&self) -> usize {

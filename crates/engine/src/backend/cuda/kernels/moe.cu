@@ -1113,14 +1113,12 @@ __device__ __forceinline__ void mt_stash(const float acc[4], float (*red)[16][MT
 // with no tile (the bound is about twice a step's tile count); each tile's arithmetic is the
 // same. `ahead` > 0: warp 7 also prefetches into L2 the rows of the tile `ahead` tiles later
 // (about a wave ahead: that block finds its weights in L2 or on their way).
-extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up_mt(ExpertProj gate, ExpertProj up,
-                                                                     const int* __restrict__ tiles,
-                                                                     const int* __restrict__ ntiles,
-                                                                     const int* __restrict__ order, int k,
-                                                                     const uint2* __restrict__ xb,
-                                                                     const float* __restrict__ xds,
-                                                                     float* __restrict__ h, int inter, int K,
-                                                                     int ahead) {
+template <int SLOTS>
+__device__ __forceinline__ void experts_gate_up_mt_impl(ExpertProj gate, ExpertProj up, const int* __restrict__ tiles,
+                                                        const int* __restrict__ ntiles, const int* __restrict__ order,
+                                                        int k, const uint2* __restrict__ xb,
+                                                        const float* __restrict__ xds, float* __restrict__ h,
+                                                        int inter, int K, int ahead) {
     __shared__ float red[8][16][MT_BN];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     pdl_enter();  // (the tiles are moe_align's output)
@@ -1131,7 +1129,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up_mt(ExpertPr
     for (int ty = blockIdx.y; ty < nt; ty += gridDim.y) {
         const int4 tile = ((const int4*)tiles)[ty];
         const long e = tile.x;
-        MmaTile<MMA_U> m;
+        MmaTile<SLOTS> m;
         mma_start_group(m, warp >= 4 ? up : gate, e * inter + ob, nrows, K, part * nc / 4, (part + 1) * nc / 4);
         if (ahead > 0 && warp == 7 && ty + ahead < nt) {
             const long r = (long)((const int4*)tiles)[ty + ahead].x * inter + ob;
@@ -1141,7 +1139,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up_mt(ExpertPr
         const MtSlot sl = mt_slot(tile, order);
         const uint4* xl = (const uint4*)(xb + (long)(sl.item / k) * (K / 2)) + 4 * (lane & 7);
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        m.run_staged<1>(xl, 0, sl.on ? 1u : 0u, (float(*)[4])acc);
+        m.template run_staged<1>(xl, 0, sl.on ? 1u : 0u, (float(*)[4])acc);
         mt_stash(acc, red);
         if (threadIdx.x < 16 * MT_BN) {
             const int r = threadIdx.x >> 2, s = threadIdx.x & 3;
@@ -1162,19 +1160,32 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_gate_up_mt(ExpertPr
     }
 }
 
+// experts_gate_up_mt: MMA_U chunk slots a lane, two blocks a SM; experts_gate_up_mt3: 2 slots,
+// under 85 registers, three blocks a SM (CudaOptions::few_three_blocks). The same arithmetic.
+extern "C" __global__ void __launch_bounds__(256, 2)
+    experts_gate_up_mt(ExpertProj gate, ExpertProj up, const int* __restrict__ tiles, const int* __restrict__ ntiles,
+                       const int* __restrict__ order, int k, const uint2* __restrict__ xb,
+                       const float* __restrict__ xds, float* __restrict__ h, int inter, int K, int ahead) {
+    experts_gate_up_mt_impl<MMA_U>(gate, up, tiles, ntiles, order, k, xb, xds, h, inter, K, ahead);
+}
+extern "C" __global__ void __launch_bounds__(256, 3)
+    experts_gate_up_mt3(ExpertProj gate, ExpertProj up, const int* __restrict__ tiles, const int* __restrict__ ntiles,
+                        const int* __restrict__ order, int k, const uint2* __restrict__ xb,
+                        const float* __restrict__ xds, float* __restrict__ h, int inter, int K, int ahead) {
+    experts_gate_up_mt_impl<2>(gate, up, tiles, ntiles, order, k, xb, xds, h, inter, K, ahead);
+}
+
 // part[item, o] = wts[item] * (down_e . h[item]) for the items of tiles blockIdx.y, + gridDim.y,
 // ... below the tile count (h staged by xb_stage as hb, hds, one row per item), rows o of
 // [64 blockIdx.x, + 64): 4 tiles of 16 rows, 2 warps splitting each tile's chunks. Grid
 // (ceil(H / 64), up to the tiles bound), 8 warps; NVFP4 down, inter % 128 == 0 (sm_89+).
 // `ahead`: as in experts_gate_up_mt (the block's 64 rows).
-extern "C" __global__ void __launch_bounds__(256, 2) experts_down_mt(ExpertProj down, const int* __restrict__ tiles,
-                                                                  const int* __restrict__ ntiles,
-                                                                  const int* __restrict__ order,
-                                                                  const float* __restrict__ wts,
-                                                                  const uint2* __restrict__ hb,
-                                                                  const float* __restrict__ hds,
-                                                                  float* __restrict__ part, int inter, int H,
-                                                                  int ahead) {
+template <int SLOTS>
+__device__ __forceinline__ void experts_down_mt_impl(ExpertProj down, const int* __restrict__ tiles,
+                                                     const int* __restrict__ ntiles, const int* __restrict__ order,
+                                                     const float* __restrict__ wts, const uint2* __restrict__ hb,
+                                                     const float* __restrict__ hds, float* __restrict__ part,
+                                                     int inter, int H, int ahead) {
     __shared__ float red[8][16][MT_BN];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     pdl_enter();
@@ -1185,7 +1196,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_down_mt(ExpertProj 
     for (int ty = blockIdx.y; ty < nt; ty += gridDim.y) {
         const int4 tile = ((const int4*)tiles)[ty];
         const long e = tile.x;
-        MmaTile<MMA_U> m;
+        MmaTile<SLOTS> m;
         mma_start_group(m, down, e * H + ob, nrows, inter, p * nc / 2, (p + 1) * nc / 2);
         if (ahead > 0 && warp == 7 && ty + ahead < nt) {
             const long b0 = (long)blockIdx.x * 64, brows = max(0l, min(64l, (long)H - b0));
@@ -1195,7 +1206,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_down_mt(ExpertProj 
         const MtSlot sl = mt_slot(tile, order);
         const uint4* xl = (const uint4*)(hb + (long)sl.item * (inter / 2)) + 4 * (lane & 7);
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        if (nrows > 0) m.run_staged<1>(xl, 0, sl.on ? 1u : 0u, (float(*)[4])acc);
+        if (nrows > 0) m.template run_staged<1>(xl, 0, sl.on ? 1u : 0u, (float(*)[4])acc);
         mt_stash(acc, red);
         // warp pair w, w + 1 (w even): rows ob.. of its tile; thread (r, s) of the pair's first warp
         if (p == 0 && nrows > 0) {
@@ -1217,4 +1228,18 @@ extern "C" __global__ void __launch_bounds__(256, 2) experts_down_mt(ExpertProj 
         }
         __syncthreads();  // (red is read above before the next tile's stash writes it)
     }
+}
+
+// experts_down_mt / experts_down_mt3: as the gate/up's pair (CudaOptions::few_three_blocks).
+extern "C" __global__ void __launch_bounds__(256, 2)
+    experts_down_mt(ExpertProj down, const int* __restrict__ tiles, const int* __restrict__ ntiles,
+                    const int* __restrict__ order, const float* __restrict__ wts, const uint2* __restrict__ hb,
+                    const float* __restrict__ hds, float* __restrict__ part, int inter, int H, int ahead) {
+    experts_down_mt_impl<MMA_U>(down, tiles, ntiles, order, wts, hb, hds, part, inter, H, ahead);
+}
+extern "C" __global__ void __launch_bounds__(256, 3)
+    experts_down_mt3(ExpertProj down, const int* __restrict__ tiles, const int* __restrict__ ntiles,
+                     const int* __restrict__ order, const float* __restrict__ wts, const uint2* __restrict__ hb,
+                     const float* __restrict__ hds, float* __restrict__ part, int inter, int H, int ahead) {
+    experts_down_mt_impl<2>(down, tiles, ntiles, order, wts, hb, hds, part, inter, H, ahead);
 }

@@ -68,15 +68,18 @@ kernels! {
     /// GEMV's tensor-core core: grid (⌈inter / 16⌉, at most the tiles bound: a block takes
     /// tiles `blockIdx.y`, `+ gridDim.y`, ... below the count), 256 threads; `ahead` > 0: each
     /// block prefetches the weight rows of the tile that many tiles later into L2.
-    experts_gate_up_mt => ExpertsGateUpMtArgs {
+    /// `experts_gate_up_mt3`: 2 chunk slots a lane, three blocks a SM
+    /// (`CudaOptions::few_three_blocks`).
+    experts_gate_up_mt ["experts_gate_up_mt", "experts_gate_up_mt3"] => ExpertsGateUpMtArgs {
         gate: ExpertProj, up: ExpertProj, tiles: DevPtr<i32>, ntiles: DevPtr<i32>,
         order: DevPtr<i32>, k: i32, xb: DevPtr<u32>, xds: DevPtr<f32>, h: DevPtr<f32>,
         inter: i32, hidden: i32, ahead: i32,
     }
     /// Down (weighted, into each item's row of `part`) of every tile of up to
     /// [`FEW_TILE_ITEMS`] items: grid (⌈hidden / 64⌉, at most the tiles bound), 256 threads;
-    /// the tiles and `ahead` as `experts_gate_up_mt`'s.
-    experts_down_mt => ExpertsDownMtArgs {
+    /// the tiles and `ahead` as `experts_gate_up_mt`'s. `experts_down_mt3`: three blocks a SM,
+    /// as `experts_gate_up_mt3`.
+    experts_down_mt ["experts_down_mt", "experts_down_mt3"] => ExpertsDownMtArgs {
         down: ExpertProj, tiles: DevPtr<i32>, ntiles: DevPtr<i32>, order: DevPtr<i32>,
         wts: DevPtr<f32>, hb: DevPtr<u32>, hds: DevPtr<f32>, part: DevPtr<f32>, inter: i32,
         hidden: i32, ahead: i32,
@@ -273,6 +276,10 @@ const L2_PREFETCH_SHARE: (usize, usize) = (3, 4);
 /// gate/up (`experts_gate_up2`): `__launch_bounds__(256, 2)`.
 const MT_BLOCKS_PER_SM: usize = 2;
 
+/// Resident blocks per SM of those kernels' variants of 2 chunk slots a lane
+/// (`experts_*_mt3`, `experts_gate_up2_tc`): `__launch_bounds__(256, 3)`.
+const MT3_BLOCKS_PER_SM: usize = 3;
+
 /// Resident blocks per SM of the persistent MoE kernels (`__launch_bounds__(256, 2)`).
 pub(crate) const PERSIST_BLOCKS_PER_SM: usize = 2;
 
@@ -331,14 +338,15 @@ impl CudaBackend {
         min != 0 && rows >= min
     }
 
-    /// Grid rows between a block of a grid `row_blocks` blocks wide (two resident a SM: the
-    /// few-items-per-tile and per-item gate/up kernels) and the one about a wave later, whose
-    /// weights it prefetches into L2; 0 (none) where a step of `tokens` rows does not prefetch.
-    fn wave_ahead(&self, row_blocks: usize, tokens: usize) -> i32 {
+    /// Grid rows between a block of a grid `row_blocks` blocks wide (`per_sm` resident a SM:
+    /// the few-items-per-tile and per-item gate/up kernels) and the one about a wave later,
+    /// whose weights it prefetches into L2; 0 (none) where a step of `tokens` rows does not
+    /// prefetch.
+    fn wave_ahead(&self, row_blocks: usize, per_sm: usize, tokens: usize) -> i32 {
         if !self.l2_prefetch(tokens) || row_blocks == 0 {
             return 0;
         }
-        (MT_BLOCKS_PER_SM * self.inner.sms).div_ceil(row_blocks) as i32
+        (per_sm * self.inner.sms).div_ceil(row_blocks) as i32
     }
 }
 
@@ -1262,7 +1270,21 @@ impl CudaBackend {
         };
         let max_tiles = *max_tiles;
         // (the bound is about twice a step's tile count: past the count a block has no tile)
-        let grid_rows = max_tiles.div_ceil(self.opts().few_grid_divisor.max(1)) as u32;
+        let (grid_rows, three) = {
+            let o = self.opts();
+            (
+                max_tiles.div_ceil(o.few_grid_divisor.max(1)) as u32,
+                o.few_three_blocks,
+            )
+        };
+        let per_sm = if three {
+            self.inner
+                .few_b3_launches
+                .fetch_add(2, std::sync::atomic::Ordering::Relaxed);
+            MT3_BLOCKS_PER_SM
+        } else {
+            MT_BLOCKS_PER_SM
+        };
         // B entries: `cols / 2` pairs of f16 pairs (two u32) per row, all written by xb_stage
         // (or by the norm; `own` keeps this call's buffers until its launches are queued)
         let own;
@@ -1293,10 +1315,11 @@ impl CudaBackend {
             h,
             inter: inter as i32,
             hidden: hidden as i32,
-            ahead: self.wave_ahead(inter.div_ceil(16), t),
+            ahead: self.wave_ahead(inter.div_ceil(16), per_sm, t),
         }
         .launch(
             self,
+            usize::from(three),
             ((inter as u32).div_ceil(16), grid_rows, 1),
             (256, 1, 1),
         )?;
@@ -1321,10 +1344,11 @@ impl CudaBackend {
             part,
             inter: inter as i32,
             hidden: hidden as i32,
-            ahead: self.wave_ahead(hidden.div_ceil(64), t),
+            ahead: self.wave_ahead(hidden.div_ceil(64), per_sm, t),
         }
         .launch(
             self,
+            usize::from(three),
             ((hidden as u32).div_ceil(64), grid_rows, 1),
             (256, 1, 1),
         )
@@ -1422,7 +1446,15 @@ impl CudaBackend {
             mma: i32::from(self.inner.mma),
             experts: e.n as i32,
             dpf: e.prefetch(self, &[&e.down], t, k),
-            ahead: self.wave_ahead(rows.div_ceil(EXPERT_GU_WARPS * EXPERT_GU_ROWS) as usize, t),
+            ahead: self.wave_ahead(
+                rows.div_ceil(EXPERT_GU_WARPS * EXPERT_GU_ROWS) as usize,
+                if gate_up_tc {
+                    MT3_BLOCKS_PER_SM
+                } else {
+                    MT_BLOCKS_PER_SM
+                },
+                t,
+            ),
             gu_prefetched: gu_prefetched as i32,
             xbs,
             xds,
