@@ -164,7 +164,9 @@ pub(crate) const FEW_MOE_MIN_TOKENS: usize = 32;
 /// session). An H200, 2026-12-07 (fifth session, two rounds), the defaults of `526371a` / the
 /// routed gate/up on its tensor-core-only kernel too (`CudaOptions::gate_up_tc`) / that and the
 /// shared expert on `gemv_mt` from 2 rows: 4 rows 4.27 / 4.31 / 4.08, 8 rows 6.10 / 5.75 / 5.75,
-/// 16 rows 9.90 / 9.25 / 9.26; 2–3 rows not measured.
+/// 16 rows 9.90 / 9.25 / 9.26. An H100, 2026-12-07 (sixth session, two rounds), per item / on
+/// `gemv_mt`: 2 rows 3.67 / 4.06, 3 rows 4.12 / 4.30 (one round of each faster, the other far
+/// slower: kept per item below 4 rows).
 pub(crate) const SHARED_MT_MIN_ROWS: usize = 4;
 
 /// The divisor of the few-items-per-tile experts' grid rows (`experts_gate_up_mt`,
