@@ -847,21 +847,35 @@ fn gpu_nvfp4_experts_match_cpu() {
                     // a few items per tile (hidden and inter multiples of 128: inter 64 runs
                     // grouped on the tiled GEMM): the per-item tensor-core arithmetic, bit for bit
                     assert_eq!(d, 0.0, "few items per tile vs per-item t {t}");
-                    // (and at three blocks a SM, 2 chunk slots a lane: the same arithmetic)
-                    gpu.set_options(CudaOptions {
-                        few_three_blocks: true,
-                        ..gpu.options()
-                    });
-                    let before = gpu.few_b3_launches();
-                    let three = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
-                    assert_eq!(
-                        gpu.few_b3_launches() - before,
-                        2,
-                        "few-items-per-tile launches at three blocks a SM, t {t}"
-                    );
-                    assert_eq!(three, got, "few items per tile at three blocks a SM, t {t}");
+                    // (and at three blocks a SM, 2 chunk slots a lane, and each block's next
+                    // tile's loads issued before the current one's sums: the same arithmetic;
+                    // grids of a quarter and an eighth of the tiles bound, so that blocks take
+                    // several tiles each)
+                    for (three, pipelined, divisor) in
+                        [(true, false, 2), (false, true, 4), (true, true, 8)]
+                    {
+                        gpu.set_options(CudaOptions {
+                            few_three_blocks: three,
+                            few_pipelined: pipelined,
+                            few_grid_divisor: divisor,
+                            ..gpu.options()
+                        });
+                        let before = gpu.few_variant_launches();
+                        let variant = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
+                        assert_eq!(
+                            gpu.few_variant_launches() - before,
+                            2,
+                            "few-items-per-tile variant launches, t {t}"
+                        );
+                        assert_eq!(
+                            variant, got,
+                            "few items per tile, three blocks {three}, pipelined {pipelined}, t {t}"
+                        );
+                    }
                     gpu.set_options(CudaOptions {
                         few_three_blocks: false,
+                        few_pipelined: false,
+                        few_grid_divisor: CudaOptions::default().few_grid_divisor,
                         ..gpu.options()
                     });
                 }

@@ -69,17 +69,17 @@ kernels! {
     /// tiles `blockIdx.y`, `+ gridDim.y`, ... below the count), 256 threads; `ahead` > 0: each
     /// block prefetches the weight rows of the tile that many tiles later into L2.
     /// `experts_gate_up_mt3`: 2 chunk slots a lane, three blocks a SM
-    /// (`CudaOptions::few_three_blocks`).
-    experts_gate_up_mt ["experts_gate_up_mt", "experts_gate_up_mt3"] => ExpertsGateUpMtArgs {
+    /// (`CudaOptions::few_three_blocks`); `_p`: each block's next tile's loads issued before
+    /// the current one's sums are reduced (`CudaOptions::few_pipelined`).
+    experts_gate_up_mt ["experts_gate_up_mt", "experts_gate_up_mt3", "experts_gate_up_mt_p", "experts_gate_up_mt3_p"] => ExpertsGateUpMtArgs {
         gate: ExpertProj, up: ExpertProj, tiles: DevPtr<i32>, ntiles: DevPtr<i32>,
         order: DevPtr<i32>, k: i32, xb: DevPtr<u32>, xds: DevPtr<f32>, h: DevPtr<f32>,
         inter: i32, hidden: i32, ahead: i32,
     }
     /// Down (weighted, into each item's row of `part`) of every tile of up to
     /// [`FEW_TILE_ITEMS`] items: grid (⌈hidden / 64⌉, at most the tiles bound), 256 threads;
-    /// the tiles and `ahead` as `experts_gate_up_mt`'s. `experts_down_mt3`: three blocks a SM,
-    /// as `experts_gate_up_mt3`.
-    experts_down_mt ["experts_down_mt", "experts_down_mt3"] => ExpertsDownMtArgs {
+    /// the tiles, `ahead` and the variants as `experts_gate_up_mt`'s.
+    experts_down_mt ["experts_down_mt", "experts_down_mt3", "experts_down_mt_p", "experts_down_mt3_p"] => ExpertsDownMtArgs {
         down: ExpertProj, tiles: DevPtr<i32>, ntiles: DevPtr<i32>, order: DevPtr<i32>,
         wts: DevPtr<f32>, hb: DevPtr<u32>, hds: DevPtr<f32>, part: DevPtr<f32>, inter: i32,
         hidden: i32, ahead: i32,
@@ -173,7 +173,8 @@ pub(crate) const SHARED_MT_MIN_ROWS: usize = 4;
 /// `experts_down_mt`: the tiles bound / this, each block looping over its tiles), unless
 /// overridden (`CudaOptions::few_grid_divisor`). The H100, lean Laguna-XS, 2026-12-06 (call S,
 /// one round): a 32-row step 13.34 ms with 1 (about half the blocks past the tile count), 12.24
-/// with 2.
+/// with 2; at three blocks a SM (`CudaOptions::few_three_blocks`), 2026-12-07 (call 23, two
+/// rounds), 12.76 with 1, 11.73 with 2.
 pub(crate) const FEW_GRID_DIVISOR: usize = 2;
 
 /// Fewest rows of a batched step that prefetches its weights into L2
@@ -1272,21 +1273,26 @@ impl CudaBackend {
         };
         let max_tiles = *max_tiles;
         // (the bound is about twice a step's tile count: past the count a block has no tile)
-        let (grid_rows, three) = {
+        let (grid_rows, three, pipelined) = {
             let o = self.opts();
             (
                 max_tiles.div_ceil(o.few_grid_divisor.max(1)) as u32,
                 o.few_three_blocks,
+                o.few_pipelined,
             )
         };
         let per_sm = if three {
-            self.inner
-                .few_b3_launches
-                .fetch_add(2, std::sync::atomic::Ordering::Relaxed);
             MT3_BLOCKS_PER_SM
         } else {
             MT_BLOCKS_PER_SM
         };
+        // (the kernels' variants: three blocks a SM, pipelined, both)
+        let variant = usize::from(three) + 2 * usize::from(pipelined);
+        if variant > 0 {
+            self.inner
+                .few_variant_launches
+                .fetch_add(2, std::sync::atomic::Ordering::Relaxed);
+        }
         // B entries: `cols / 2` pairs of f16 pairs (two u32) per row, all written by xb_stage
         // (or by the norm; `own` keeps this call's buffers until its launches are queued)
         let own;
@@ -1321,7 +1327,7 @@ impl CudaBackend {
         }
         .launch(
             self,
-            usize::from(three),
+            variant,
             ((inter as u32).div_ceil(16), grid_rows, 1),
             (256, 1, 1),
         )?;
@@ -1350,7 +1356,7 @@ impl CudaBackend {
         }
         .launch(
             self,
-            usize::from(three),
+            variant,
             ((hidden as u32).div_ceil(64), grid_rows, 1),
             (256, 1, 1),
         )
