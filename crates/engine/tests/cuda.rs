@@ -847,34 +847,29 @@ fn gpu_nvfp4_experts_match_cpu() {
                     // a few items per tile (hidden and inter multiples of 128: inter 64 runs
                     // grouped on the tiled GEMM): the per-item tensor-core arithmetic, bit for bit
                     assert_eq!(d, 0.0, "few items per tile vs per-item t {t}");
-                    // (and at three blocks a SM, 2 chunk slots a lane, and each block's next
-                    // tile's loads issued before the current one's sums: the same arithmetic;
-                    // grids of a quarter and an eighth of the tiles bound, so that blocks take
-                    // several tiles each)
-                    for (three, pipelined, divisor) in
-                        [(true, false, 2), (false, true, 4), (true, true, 8)]
-                    {
+                    // (and at three blocks a SM, 2 chunk slots a lane, the default, against two
+                    // blocks a SM at 4: the same arithmetic; grids of a half and a quarter of the
+                    // tiles bound, so that blocks take several tiles each)
+                    for (three, divisor) in [(false, 2), (true, 4), (false, 4)] {
                         gpu.set_options(CudaOptions {
                             few_three_blocks: three,
-                            few_pipelined: pipelined,
                             few_grid_divisor: divisor,
                             ..gpu.options()
                         });
-                        let before = gpu.few_variant_launches();
+                        let before = gpu.few_b3_launches();
                         let variant = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
                         assert_eq!(
-                            gpu.few_variant_launches() - before,
-                            2,
-                            "few-items-per-tile variant launches, t {t}"
+                            gpu.few_b3_launches() - before,
+                            2 * usize::from(three),
+                            "few-items-per-tile launches at three blocks a SM, t {t}"
                         );
                         assert_eq!(
                             variant, got,
-                            "few items per tile, three blocks {three}, pipelined {pipelined}, t {t}"
+                            "few items per tile, three blocks a SM {three}, grid 1/{divisor}, t {t}"
                         );
                     }
                     gpu.set_options(CudaOptions {
-                        few_three_blocks: false,
-                        few_pipelined: false,
+                        few_three_blocks: CudaOptions::default().few_three_blocks,
                         few_grid_divisor: CudaOptions::default().few_grid_divisor,
                         ..gpu.options()
                     });

@@ -263,10 +263,10 @@ impl CudaBackend {
     }
 
     /// Few-items-per-tile experts' launches (gate/up and down each count) on their variants of
-    /// three blocks a SM or pipelined tiles (`CudaOptions::few_three_blocks`,
-    /// `CudaOptions::few_pipelined`) on this backend (and its clones) so far.
-    pub fn few_variant_launches(&self) -> usize {
-        self.inner.few_variant_launches.load(Ordering::Relaxed)
+    /// three blocks a SM (`CudaOptions::few_three_blocks`) on this backend (and its clones) so
+    /// far.
+    pub fn few_b3_launches(&self) -> usize {
+        self.inner.few_b3_launches.load(Ordering::Relaxed)
     }
 
     /// Batched steps' MoE layers whose shared expert ran on `gemv_mt` beside the per-item routed

@@ -141,8 +141,8 @@ pub(crate) struct Inner {
     moe_inputs_staged: std::sync::atomic::AtomicUsize,
     /// Per-item experts' launches on their tensor-core-only kernels so far.
     tc_item_launches: std::sync::atomic::AtomicUsize,
-    /// Few-items-per-tile experts' launches on their variants so far.
-    few_variant_launches: std::sync::atomic::AtomicUsize,
+    /// Few-items-per-tile experts' launches at three blocks a SM so far.
+    few_b3_launches: std::sync::atomic::AtomicUsize,
     /// Routers whose top-k tail also grouped the items by expert so far.
     grouped_in_router: std::sync::atomic::AtomicUsize,
     /// MoE calls whose shared expert ran on `gemv_mt` beside per-item routed experts so far.
@@ -281,7 +281,7 @@ impl CudaBackend {
                 splitk_last_launches: std::sync::atomic::AtomicUsize::new(0),
                 moe_inputs_staged: std::sync::atomic::AtomicUsize::new(0),
                 tc_item_launches: std::sync::atomic::AtomicUsize::new(0),
-                few_variant_launches: std::sync::atomic::AtomicUsize::new(0),
+                few_b3_launches: std::sync::atomic::AtomicUsize::new(0),
                 shared_on_mt: std::sync::atomic::AtomicUsize::new(0),
                 routers_with_norm: std::sync::atomic::AtomicUsize::new(0),
                 grouped_in_router: std::sync::atomic::AtomicUsize::new(0),

@@ -39,7 +39,6 @@
 //! | `FP4FORGE_CUDA_ROUTER_SHARED` | `router_shared` | `0`: in a batched decode step whose routed experts run a few items per tile (32+ rows), the router and the shared expert's gate/up (bf16, the same staged input) run in two `gemv_mt` launches, not one | on (H100, 2026-12-06, two rounds: 0.6–0.7% faster at 32 rows, the only rows where it applies) |
 //! | `FP4FORGE_CUDA_FEW_GRID` | `few_grid_divisor` | `N`: the few-items-per-tile experts' launches (`experts_gate_up_mt`, `experts_down_mt`) take the tiles bound / N grid rows, each block looping over its tiles (the bound is about twice a 32-row step's tile count: with 1 the blocks past the count, about half of them, only read it and exit); the same bits | `FEW_GRID_DIVISOR` = 2 (H100, 2026-12-06, call S: a 32-row step 8.2% faster than with 1) |
 //! | `FP4FORGE_CUDA_FEW_B3` | `few_three_blocks` | `0`: the few-items-per-tile experts (`experts_gate_up_mt`, `experts_down_mt`: batched steps of `FEW_MOE_MIN_TOKENS` rows or more, prompts of a few items per expert) at 4 chunk slots a lane and two blocks a SM (128 registers), not on their variants of 2 slots, 80 registers, three blocks a SM (`experts_gate_up_mt3`, `experts_down_mt3`; the same arithmetic, so the same bits) | on (H100, 2026-12-07, call 23, two rounds: a 32-row step 12.27 → 11.73 ms, −4.4%; 64 rows 19.50 → 18.29, −6.2%; with `FEW_GRID=1` as well, 12.76 and 19.42) |
-//! | `FP4FORGE_CUDA_FEW_PIPE` | `few_pipelined` | `1`: the few-items-per-tile experts (as `FEW_B3`) on their variants that issue a block's next tile's weight loads before reducing and writing the current tile's sums (`experts_gate_up_mt_p`, `experts_down_mt_p`, and `_mt3_p` with `FEW_B3`): a block's loads no longer wait out each tile's reduction and writes; the same arithmetic, so the same bits | off (not yet measured) |
 //! | `FP4FORGE_CUDA_MOE_STAGED` | `moe_staged` | `0`: in a batched decode step whose routed experts run a few items per tile (`experts_grouped_few`), the MoE's input and the shared expert's SiLU product are staged by `xb_stage` launches, not by the kernels that produce them (the MoE's input norm staging its rows for the experts and the shared expert's gate/up: two launches a layer fewer, with `norm_stage`; `silu_mul_stage` staging the SiLU product for the down projection: one fewer) | on (H100, 2026-12-06, three rounds: 2.8–3.5% faster at 32 rows, neutral at 2–8) |
 //! | `FP4FORGE_CUDA_ITEM_STAGED` | `item_staged` | `1`: in a batched decode step whose routed experts run one grid row per item (`experts_gate_up2`, below `FEW_MOE_MIN_TOKENS` rows), the MoE's input norm also stages its rows for NVFP4 and the items' tensor-core path reads them there, not each block staging its token's row into shared memory (the same bits; with `norm_stage`) | off (H100, 2026-12-07, two rounds: +1.3% at 4 rows, +1.1% at 8, the same at 32; 2026-12-06: +1.1–8.3% at 2–8) |
 //! | `FP4FORGE_CUDA_SHARED_MT` | `shared_mt_min_rows` | `N`: batched decode steps of N or more rows whose routed experts run one grid row per item (`experts_gate_up2`, below `FEW_MOE_MIN_TOKENS` rows) run the shared expert on `gemv_mt` (its gate and up in the router's launch where `router_shared` allows, its SiLU product staged by `silu_mul_stage` with `moe_staged`, its down one launch), each weight read once for all the step's rows, not as one more item per row of the per-item kernels (its bf16 rows read once per row, on CUDA cores); other bits, within the tests' tolerance; `0`: never | `SHARED_MT_MIN_ROWS` (4; H100, 2026-12-07, two rounds each: a 16-row step 2.5% faster, 10.79 → 10.52 ms, a 4-row step 3.0% slower, 4.45 → 4.58 (call 13); with the routed down then on `experts_down2_tc` (`item_tc`), 8 rows 6.58 → 6.35 ms, 16 rows 10.57 → 10.16, 4 rows 4.41 → 4.44 (call 18); H200, with the routed gate/up also on `experts_gate_up2_tc` (`gate_up_tc`), 4 rows 4.27 → 4.08 (call 20); H100, from 2 rows: 2 rows 3.67 → 4.06, 3 rows 4.12 → 4.30 (call 21, two rounds, noisy: one round of each faster)) |
@@ -134,9 +133,6 @@ pub struct CudaOptions {
     /// `FP4FORGE_CUDA_FEW_B3` (`0`: off): the few-items-per-tile experts at three blocks a SM
     /// (2 chunk slots a lane).
     pub few_three_blocks: bool,
-    /// `FP4FORGE_CUDA_FEW_PIPE`: the few-items-per-tile experts issue each block's next tile's
-    /// loads before reducing the current one's sums.
-    pub few_pipelined: bool,
     /// `FP4FORGE_CUDA_MOE_STAGED`: a batched step's MoE input norm also stages its rows for the
     /// few-items-per-tile experts and the shared expert, and the shared expert's SiLU product
     /// is staged for its down projection.
@@ -259,7 +255,6 @@ impl Default for CudaOptions {
             router_shared: true,
             few_grid_divisor: FEW_GRID_DIVISOR,
             few_three_blocks: true,
-            few_pipelined: false,
             moe_staged: true,
             item_staged: false,
             shared_mt_min_rows: SHARED_MT_MIN_ROWS,
@@ -359,7 +354,6 @@ impl CudaOptions {
                 .filter(|&n| n > 0)
                 .unwrap_or(d.few_grid_divisor),
             few_three_blocks: on("FP4FORGE_CUDA_FEW_B3"),
-            few_pipelined: var("FP4FORGE_CUDA_FEW_PIPE").as_deref() == Some(OsStr::new("1")),
             moe_staged: on("FP4FORGE_CUDA_MOE_STAGED"),
             item_staged: var("FP4FORGE_CUDA_ITEM_STAGED").as_deref() == Some(OsStr::new("1")),
             down_four_blocks: var("FP4FORGE_CUDA_DOWN_B4").as_deref() == Some(OsStr::new("1")),
@@ -474,10 +468,8 @@ mod tests {
             ("FP4FORGE_CUDA_GU_TC", "0"),
             ("FP4FORGE_CUDA_SPLITK_LAST", "1"),
             ("FP4FORGE_CUDA_FEW_B3", "0"),
-            ("FP4FORGE_CUDA_FEW_PIPE", "1"),
         ]);
         assert!(!o.item_tc && !o.gate_up_tc && o.splitk_last && !o.few_three_blocks);
-        assert!(o.few_pipelined);
         assert_eq!(o.attn_split_min_keys, 256);
         assert!(o.attn_g8 == 1 && !o.norm_rope && o.mma_merged);
         assert_eq!(o.attn_mma, 5);

@@ -1113,7 +1113,7 @@ __device__ __forceinline__ void mt_stash(const float acc[4], float (*red)[16][MT
 // with no tile (the bound is about twice a step's tile count); each tile's arithmetic is the
 // same. `ahead` > 0: warp 7 also prefetches into L2 the rows of the tile `ahead` tiles later
 // (about a wave ahead: that block finds its weights in L2 or on their way).
-template <int SLOTS, bool PIPE>
+template <int SLOTS>
 __device__ __forceinline__ void experts_gate_up_mt_impl(ExpertProj gate, ExpertProj up, const int* __restrict__ tiles,
                                                         const int* __restrict__ ntiles, const int* __restrict__ order,
                                                         int k, const uint2* __restrict__ xb,
@@ -1126,20 +1126,11 @@ __device__ __forceinline__ void experts_gate_up_mt_impl(ExpertProj gate, ExpertP
     const long ob = (long)blockIdx.x * 16;
     const int nrows = (int)min(16l, (long)inter - ob);
     const int nc = K >> 7, part = warp & 3;
-    MmaTile<SLOTS> m;
-    int4 tile = make_int4(0, 0, 0, 0);
-    if (PIPE && (int)blockIdx.y < nt) {
-        tile = ((const int4*)tiles)[blockIdx.y];
-        mma_start_group(m, warp >= 4 ? up : gate, tile.x * (long)inter + ob, nrows, K, part * nc / 4,
-                        (part + 1) * nc / 4);
-    }
     for (int ty = blockIdx.y; ty < nt; ty += gridDim.y) {
-        if (!PIPE) {
-            tile = ((const int4*)tiles)[ty];
-            mma_start_group(m, warp >= 4 ? up : gate, tile.x * (long)inter + ob, nrows, K, part * nc / 4,
-                            (part + 1) * nc / 4);
-        }
+        const int4 tile = ((const int4*)tiles)[ty];
         const long e = tile.x;
+        MmaTile<SLOTS> m;
+        mma_start_group(m, warp >= 4 ? up : gate, e * inter + ob, nrows, K, part * nc / 4, (part + 1) * nc / 4);
         if (ahead > 0 && warp == 7 && ty + ahead < nt) {
             const long r = (long)((const int4*)tiles)[ty + ahead].x * inter + ob;
             l2_prefetch_nv_rows(gate.w, gate.scales, r, nrows, K, lane, 32);
@@ -1149,13 +1140,6 @@ __device__ __forceinline__ void experts_gate_up_mt_impl(ExpertProj gate, ExpertP
         const uint4* xl = (const uint4*)(xb + (long)(sl.item / k) * (K / 2)) + 4 * (lane & 7);
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
         m.template run_staged<1>(xl, 0, sl.on ? 1u : 0u, (float(*)[4])acc);
-        // PIPE: the next tile's weights in flight while this one's sums are reduced and written
-        int4 next = tile;
-        if (PIPE && ty + (int)gridDim.y < nt) {
-            next = ((const int4*)tiles)[ty + gridDim.y];
-            mma_start_group(m, warp >= 4 ? up : gate, next.x * (long)inter + ob, nrows, K, part * nc / 4,
-                            (part + 1) * nc / 4);
-        }
         mt_stash(acc, red);
         if (threadIdx.x < 16 * MT_BN) {
             const int r = threadIdx.x >> 2, s = threadIdx.x & 3;
@@ -1173,37 +1157,22 @@ __device__ __forceinline__ void experts_gate_up_mt_impl(ExpertProj gate, ExpertP
             }
         }
         __syncthreads();  // (red is read above before the next tile's stash writes it)
-        tile = next;
     }
 }
 
 // experts_gate_up_mt: MMA_U chunk slots a lane, two blocks a SM; experts_gate_up_mt3: 2 slots,
-// under 85 registers, three blocks a SM (CudaOptions::few_three_blocks); the `_p` variants issue
-// the loads of a block's next tile before reducing and writing the current one's sums
-// (CudaOptions::few_pipelined). The same arithmetic.
+// under 85 registers, three blocks a SM (CudaOptions::few_three_blocks). The same arithmetic.
 extern "C" __global__ void __launch_bounds__(256, 2)
     experts_gate_up_mt(ExpertProj gate, ExpertProj up, const int* __restrict__ tiles, const int* __restrict__ ntiles,
                        const int* __restrict__ order, int k, const uint2* __restrict__ xb,
                        const float* __restrict__ xds, float* __restrict__ h, int inter, int K, int ahead) {
-    experts_gate_up_mt_impl<MMA_U, false>(gate, up, tiles, ntiles, order, k, xb, xds, h, inter, K, ahead);
+    experts_gate_up_mt_impl<MMA_U>(gate, up, tiles, ntiles, order, k, xb, xds, h, inter, K, ahead);
 }
 extern "C" __global__ void __launch_bounds__(256, 3)
     experts_gate_up_mt3(ExpertProj gate, ExpertProj up, const int* __restrict__ tiles, const int* __restrict__ ntiles,
                         const int* __restrict__ order, int k, const uint2* __restrict__ xb,
                         const float* __restrict__ xds, float* __restrict__ h, int inter, int K, int ahead) {
-    experts_gate_up_mt_impl<2, false>(gate, up, tiles, ntiles, order, k, xb, xds, h, inter, K, ahead);
-}
-extern "C" __global__ void __launch_bounds__(256, 2)
-    experts_gate_up_mt_p(ExpertProj gate, ExpertProj up, const int* __restrict__ tiles, const int* __restrict__ ntiles,
-                         const int* __restrict__ order, int k, const uint2* __restrict__ xb,
-                         const float* __restrict__ xds, float* __restrict__ h, int inter, int K, int ahead) {
-    experts_gate_up_mt_impl<MMA_U, true>(gate, up, tiles, ntiles, order, k, xb, xds, h, inter, K, ahead);
-}
-extern "C" __global__ void __launch_bounds__(256, 3)
-    experts_gate_up_mt3_p(ExpertProj gate, ExpertProj up, const int* __restrict__ tiles, const int* __restrict__ ntiles,
-                          const int* __restrict__ order, int k, const uint2* __restrict__ xb,
-                          const float* __restrict__ xds, float* __restrict__ h, int inter, int K, int ahead) {
-    experts_gate_up_mt_impl<2, true>(gate, up, tiles, ntiles, order, k, xb, xds, h, inter, K, ahead);
+    experts_gate_up_mt_impl<2>(gate, up, tiles, ntiles, order, k, xb, xds, h, inter, K, ahead);
 }
 
 // part[item, o] = wts[item] * (down_e . h[item]) for the items of tiles blockIdx.y, + gridDim.y,
@@ -1211,7 +1180,7 @@ extern "C" __global__ void __launch_bounds__(256, 3)
 // [64 blockIdx.x, + 64): 4 tiles of 16 rows, 2 warps splitting each tile's chunks. Grid
 // (ceil(H / 64), up to the tiles bound), 8 warps; NVFP4 down, inter % 128 == 0 (sm_89+).
 // `ahead`: as in experts_gate_up_mt (the block's 64 rows).
-template <int SLOTS, bool PIPE>
+template <int SLOTS>
 __device__ __forceinline__ void experts_down_mt_impl(ExpertProj down, const int* __restrict__ tiles,
                                                      const int* __restrict__ ntiles, const int* __restrict__ order,
                                                      const float* __restrict__ wts, const uint2* __restrict__ hb,
@@ -1224,18 +1193,11 @@ __device__ __forceinline__ void experts_down_mt_impl(ExpertProj down, const int*
     const long ob = (long)blockIdx.x * 64 + (warp >> 1) * 16;
     const int nrows = (int)max(0l, min(16l, (long)H - ob));
     const int nc = inter >> 7, p = warp & 1;
-    MmaTile<SLOTS> m;
-    int4 tile = make_int4(0, 0, 0, 0);
-    if (PIPE && (int)blockIdx.y < nt) {
-        tile = ((const int4*)tiles)[blockIdx.y];
-        mma_start_group(m, down, tile.x * (long)H + ob, nrows, inter, p * nc / 2, (p + 1) * nc / 2);
-    }
     for (int ty = blockIdx.y; ty < nt; ty += gridDim.y) {
-        if (!PIPE) {
-            tile = ((const int4*)tiles)[ty];
-            mma_start_group(m, down, tile.x * (long)H + ob, nrows, inter, p * nc / 2, (p + 1) * nc / 2);
-        }
+        const int4 tile = ((const int4*)tiles)[ty];
         const long e = tile.x;
+        MmaTile<SLOTS> m;
+        mma_start_group(m, down, e * H + ob, nrows, inter, p * nc / 2, (p + 1) * nc / 2);
         if (ahead > 0 && warp == 7 && ty + ahead < nt) {
             const long b0 = (long)blockIdx.x * 64, brows = max(0l, min(64l, (long)H - b0));
             const long r = (long)((const int4*)tiles)[ty + ahead].x * H + b0;
@@ -1245,12 +1207,6 @@ __device__ __forceinline__ void experts_down_mt_impl(ExpertProj down, const int*
         const uint4* xl = (const uint4*)(hb + (long)sl.item * (inter / 2)) + 4 * (lane & 7);
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
         if (nrows > 0) m.template run_staged<1>(xl, 0, sl.on ? 1u : 0u, (float(*)[4])acc);
-        // PIPE: the next tile's weights in flight while this one's sums are reduced and written
-        int4 next = tile;
-        if (PIPE && ty + (int)gridDim.y < nt) {
-            next = ((const int4*)tiles)[ty + gridDim.y];
-            mma_start_group(m, down, next.x * (long)H + ob, nrows, inter, p * nc / 2, (p + 1) * nc / 2);
-        }
         mt_stash(acc, red);
         // warp pair w, w + 1 (w even): rows ob.. of its tile; thread (r, s) of the pair's first warp
         if (p == 0 && nrows > 0) {
@@ -1271,33 +1227,19 @@ __device__ __forceinline__ void experts_down_mt_impl(ExpertProj down, const int*
             }
         }
         __syncthreads();  // (red is read above before the next tile's stash writes it)
-        tile = next;
     }
 }
 
-// experts_down_mt / _mt3 / _mt_p / _mt3_p: as the gate/up's (CudaOptions::few_three_blocks,
-// CudaOptions::few_pipelined).
+// experts_down_mt / experts_down_mt3: as the gate/up's pair (CudaOptions::few_three_blocks).
 extern "C" __global__ void __launch_bounds__(256, 2)
     experts_down_mt(ExpertProj down, const int* __restrict__ tiles, const int* __restrict__ ntiles,
                     const int* __restrict__ order, const float* __restrict__ wts, const uint2* __restrict__ hb,
                     const float* __restrict__ hds, float* __restrict__ part, int inter, int H, int ahead) {
-    experts_down_mt_impl<MMA_U, false>(down, tiles, ntiles, order, wts, hb, hds, part, inter, H, ahead);
+    experts_down_mt_impl<MMA_U>(down, tiles, ntiles, order, wts, hb, hds, part, inter, H, ahead);
 }
 extern "C" __global__ void __launch_bounds__(256, 3)
     experts_down_mt3(ExpertProj down, const int* __restrict__ tiles, const int* __restrict__ ntiles,
                      const int* __restrict__ order, const float* __restrict__ wts, const uint2* __restrict__ hb,
                      const float* __restrict__ hds, float* __restrict__ part, int inter, int H, int ahead) {
-    experts_down_mt_impl<2, false>(down, tiles, ntiles, order, wts, hb, hds, part, inter, H, ahead);
-}
-extern "C" __global__ void __launch_bounds__(256, 2)
-    experts_down_mt_p(ExpertProj down, const int* __restrict__ tiles, const int* __restrict__ ntiles,
-                      const int* __restrict__ order, const float* __restrict__ wts, const uint2* __restrict__ hb,
-                      const float* __restrict__ hds, float* __restrict__ part, int inter, int H, int ahead) {
-    experts_down_mt_impl<MMA_U, true>(down, tiles, ntiles, order, wts, hb, hds, part, inter, H, ahead);
-}
-extern "C" __global__ void __launch_bounds__(256, 3)
-    experts_down_mt3_p(ExpertProj down, const int* __restrict__ tiles, const int* __restrict__ ntiles,
-                       const int* __restrict__ order, const float* __restrict__ wts, const uint2* __restrict__ hb,
-                       const float* __restrict__ hds, float* __restrict__ part, int inter, int H, int ahead) {
-    experts_down_mt_impl<2, true>(down, tiles, ntiles, order, wts, hb, hds, part, inter, H, ahead);
+    experts_down_mt_impl<2>(down, tiles, ntiles, order, wts, hb, hds, part, inter, H, ahead);
 }

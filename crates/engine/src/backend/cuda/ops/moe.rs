@@ -69,17 +69,16 @@ kernels! {
     /// tiles `blockIdx.y`, `+ gridDim.y`, ... below the count), 256 threads; `ahead` > 0: each
     /// block prefetches the weight rows of the tile that many tiles later into L2.
     /// `experts_gate_up_mt3`: 2 chunk slots a lane, three blocks a SM
-    /// (`CudaOptions::few_three_blocks`); `_p`: each block's next tile's loads issued before
-    /// the current one's sums are reduced (`CudaOptions::few_pipelined`).
-    experts_gate_up_mt ["experts_gate_up_mt", "experts_gate_up_mt3", "experts_gate_up_mt_p", "experts_gate_up_mt3_p"] => ExpertsGateUpMtArgs {
+    /// (`CudaOptions::few_three_blocks`).
+    experts_gate_up_mt ["experts_gate_up_mt", "experts_gate_up_mt3"] => ExpertsGateUpMtArgs {
         gate: ExpertProj, up: ExpertProj, tiles: DevPtr<i32>, ntiles: DevPtr<i32>,
         order: DevPtr<i32>, k: i32, xb: DevPtr<u32>, xds: DevPtr<f32>, h: DevPtr<f32>,
         inter: i32, hidden: i32, ahead: i32,
     }
     /// Down (weighted, into each item's row of `part`) of every tile of up to
     /// [`FEW_TILE_ITEMS`] items: grid (⌈hidden / 64⌉, at most the tiles bound), 256 threads;
-    /// the tiles, `ahead` and the variants as `experts_gate_up_mt`'s.
-    experts_down_mt ["experts_down_mt", "experts_down_mt3", "experts_down_mt_p", "experts_down_mt3_p"] => ExpertsDownMtArgs {
+    /// the tiles, `ahead` and the variant as `experts_gate_up_mt`'s.
+    experts_down_mt ["experts_down_mt", "experts_down_mt3"] => ExpertsDownMtArgs {
         down: ExpertProj, tiles: DevPtr<i32>, ntiles: DevPtr<i32>, order: DevPtr<i32>,
         wts: DevPtr<f32>, hb: DevPtr<u32>, hds: DevPtr<f32>, part: DevPtr<f32>, inter: i32,
         hidden: i32, ahead: i32,
@@ -1273,26 +1272,21 @@ impl CudaBackend {
         };
         let max_tiles = *max_tiles;
         // (the bound is about twice a step's tile count: past the count a block has no tile)
-        let (grid_rows, three, pipelined) = {
+        let (grid_rows, three) = {
             let o = self.opts();
             (
                 max_tiles.div_ceil(o.few_grid_divisor.max(1)) as u32,
                 o.few_three_blocks,
-                o.few_pipelined,
             )
         };
         let per_sm = if three {
+            self.inner
+                .few_b3_launches
+                .fetch_add(2, std::sync::atomic::Ordering::Relaxed);
             MT3_BLOCKS_PER_SM
         } else {
             MT_BLOCKS_PER_SM
         };
-        // (the kernels' variants: three blocks a SM, pipelined, both)
-        let variant = usize::from(three) + 2 * usize::from(pipelined);
-        if variant > 0 {
-            self.inner
-                .few_variant_launches
-                .fetch_add(2, std::sync::atomic::Ordering::Relaxed);
-        }
         // B entries: `cols / 2` pairs of f16 pairs (two u32) per row, all written by xb_stage
         // (or by the norm; `own` keeps this call's buffers until its launches are queued)
         let own;
@@ -1327,7 +1321,7 @@ impl CudaBackend {
         }
         .launch(
             self,
-            variant,
+            usize::from(three),
             ((inter as u32).div_ceil(16), grid_rows, 1),
             (256, 1, 1),
         )?;
@@ -1356,7 +1350,7 @@ impl CudaBackend {
         }
         .launch(
             self,
-            variant,
+            usize::from(three),
             ((hidden as u32).div_ceil(64), grid_rows, 1),
             (256, 1, 1),
         )
