@@ -50,6 +50,7 @@ use ops::prefill::{
     EXPERTS_H16_ITEMS, EXPERTS_H16_SMEM, GEMM_H16_FEW_TOKENS, GEMM_H16_ROWS, GEMM_H16_SMEM,
     GEMM_H16_TOKENS, GEMM_MMA_ROWS, GEMM_MMA_TOKENS,
 };
+use ops::sampling::SORTED_SCRATCH_BYTES;
 use ops::{attention::*, gemv::*, moe::*, DevPtr, Funcs};
 pub use options::CudaOptions;
 
@@ -548,7 +549,8 @@ impl CudaBackend {
     }
 }
 
-/// Largest top-k the device samples (`SAMPLE_K_MAX`); beyond it the host sorts.
+/// Largest top-k `sample_logits` samples (`SAMPLE_K_MAX`); top-k 0 (every candidate) and
+/// beyond run on `sample_sorted`.
 const SAMPLE_K_MAX: usize = 256;
 
 /// Most alternatives per row the device scores (one pass over the row each); beyond it the host
@@ -1278,50 +1280,101 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
+    /// Every single-row request in one download of the ids: greedy rows and top-k 2..=256 in one
+    /// `sample_logits` launch (the candidates selected in shared memory), the others (top-k 0:
+    /// the whole vocabulary, or more than 256) in one `sample_sorted` launch (each row sorted in
+    /// scratch of [`SORTED_SCRATCH_BYTES`] a logit).
     fn sample(&self, rows: &[SampleRequest<'_, CudaTensor>]) -> Result<Vec<Option<u32>>> {
         let mut picked = vec![None; rows.len()];
-        let mut table = Vec::with_capacity(rows.len());
-        let mut at = Vec::with_capacity(rows.len());
+        let (mut table, mut sorted) = (Vec::new(), Vec::new());
+        let (mut at, mut sorted_at) = (Vec::new(), Vec::new());
         for (i, r) in rows.iter().enumerate() {
-            let greedy = r.params.is_greedy() || r.u.is_none();
-            if r.logits.rows != 1 || !(greedy || (2..=SAMPLE_K_MAX).contains(&r.params.top_k)) {
+            if r.logits.rows != 1 || r.logits.cols > i32::MAX as usize {
                 continue;
             }
+            let greedy = r.params.is_greedy() || r.u.is_none();
             let (temperature, top_k) = if greedy {
                 (0.0, 1)
             } else {
-                (r.params.temperature, r.params.top_k as i32)
+                (r.params.temperature, r.params.top_k)
             };
-            table.push(ops::sampling::SampleRow {
+            let row = ops::sampling::SampleRow {
                 logits: self.ptr(&r.logits.buf),
                 n: r.logits.cols as i32,
                 temperature,
-                top_k,
+                top_k: top_k.min(i32::MAX as usize) as i32,
                 top_p: r.params.top_p,
                 u: r.u.unwrap_or(0.0),
-            });
-            at.push(i);
+            };
+            if greedy || (2..=SAMPLE_K_MAX).contains(&top_k) {
+                table.push(row);
+                at.push(i);
+            } else {
+                sorted.push(row);
+                sorted_at.push(i);
+            }
         }
-        if table.is_empty() {
+        let count = at.len() + sorted_at.len();
+        if count == 0 {
             return Ok(picked);
         }
-        let table = self
-            .inner
-            .stream
-            .clone_htod(&table)
-            .map_err(|e| self.err(format!("upload: {e:?}")))?;
-        let out = self.alloc_unset::<u32>(at.len())?;
-        ops::sampling::SampleLogitsArgs {
-            rows: self.ptr(&table),
-            out: self.ptr(&out),
-        }
-        .launch(self, (at.len() as u32, 1, 1), (1024, 1, 1))?;
+        let out = self.alloc_unset::<u32>(count)?;
+        let upload = |what: &'static str| {
+            move |e: cudarc::driver::DriverError| self.err(format!("upload of {what}: {e:?}"))
+        };
+        // (kept until the launches are queued)
+        let _table = if table.is_empty() {
+            None
+        } else {
+            let t = self
+                .inner
+                .stream
+                .clone_htod(&table)
+                .map_err(upload("the sampled rows"))?;
+            ops::sampling::SampleLogitsArgs {
+                rows: self.ptr(&t),
+                out: self.ptr(&out),
+            }
+            .launch(self, (table.len() as u32, 1, 1), (1024, 1, 1))?;
+            Some(t)
+        };
+        let _sorted = if sorted.is_empty() {
+            None
+        } else {
+            // each row's scratch, 8-byte aligned (its logits count times the bytes a logit)
+            let mut offsets = Vec::with_capacity(sorted.len());
+            let mut bytes = 0usize;
+            for r in &sorted {
+                offsets.push(bytes);
+                bytes += (r.n as usize * SORTED_SCRATCH_BYTES).next_multiple_of(8);
+            }
+            let scratch = self.alloc_unset::<u8>(bytes)?;
+            let rows: Vec<_> = sorted
+                .iter()
+                .zip(offsets)
+                .map(|(&row, off)| ops::sampling::SortedSampleRow {
+                    row,
+                    scratch: self.ptr(&scratch).add(off),
+                })
+                .collect();
+            let t = self
+                .inner
+                .stream
+                .clone_htod(&rows)
+                .map_err(upload("the sorted rows"))?;
+            ops::sampling::SampleSortedArgs {
+                rows: self.ptr(&t),
+                out: self.ptr(&out).add(at.len()),
+            }
+            .launch(self, (rows.len() as u32, 1, 1), (1024, 1, 1))?;
+            Some((t, scratch))
+        };
         let ids = self
             .inner
             .stream
             .clone_dtoh(&out)
             .map_err(|e| self.err(format!("download: {e:?}")))?;
-        for (i, id) in at.into_iter().zip(ids) {
+        for (i, id) in at.into_iter().chain(sorted_at).zip(ids) {
             picked[i] = Some(id);
         }
         Ok(picked)

@@ -30,7 +30,7 @@ extern "C" __global__ void fill(void* p, long n, u64 seed, int mode, float amp) 
 // ---- sampling ----------------------------------------------------------------------------------
 
 #define SAMPLE_THREADS 1024
-#define SAMPLE_K_MAX 256  // largest top_k sampled on the device (the host sorts beyond it)
+#define SAMPLE_K_MAX 256  // largest top_k sample_logits takes (0 and beyond: sample_sorted)
 #define SAMPLE_CAND_MAX 2048  // keys a row's fast path gathers and ranks (more: the radix select)
 
 // An unsigned key ordering floats ascending (NaN never reaches it: skipped by the callers).
@@ -291,6 +291,173 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_logits(const
             if (u < acc) { pick = i; break; }
         }
         *out = (u32)sorted_idx[pick];
+    }
+}
+
+// A row for sample_sorted (`SortedSampleRow` in ops/sampling.rs; same layout): the row, and its
+// scratch of 24 n bytes (8-byte aligned): two key and two index buffers of n u32, then n f64.
+struct SortedSampleRow {
+    SampleRow row;
+    u8* scratch;
+};
+
+// One pass of a block-wide stable LSD radix sort of n (key, index) pairs by the key's 8 bits at
+// `shift`, src -> dst: each tile of SAMPLE_THREADS pairs in order, a pair's place = its digit's
+// base + the pairs of that digit in earlier warps of the tile + its rank among its warp's peers
+// (lanes of the same digit, found by 8 ballots). wcount is zero on entry and on exit.
+// (no __restrict__: the buffers are written earlier in the same kernel, so their loads must not
+// take the read-only path)
+__device__ __forceinline__ void radix_pass(const u32* sk, const u32* si, u32* dk, u32* di, int n, int shift, u32 (*wcount)[256]) {
+    __shared__ u32 base[256];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    for (int d = tid; d < 256; d += SAMPLE_THREADS) base[d] = 0;
+    __syncthreads();
+    for (int i = tid; i < n; i += SAMPLE_THREADS) atomicAdd(&base[(sk[i] >> shift) & 255], 1u);
+    __syncthreads();
+    if (tid == 0) {
+        u32 sum = 0;
+        for (int d = 0; d < 256; d++) {
+            const u32 c = base[d];
+            base[d] = sum;
+            sum += c;
+        }
+    }
+    __syncthreads();
+    const unsigned lt = (1u << lane) - 1u;
+    for (int t0 = 0; t0 < n; t0 += SAMPLE_THREADS) {
+        const int i = t0 + tid;
+        const bool on = i < n;
+        const u32 key = on ? sk[i] : 0u;
+        const int d = (key >> shift) & 255;
+        unsigned peers = __ballot_sync(0xffffffffu, on);
+#pragma unroll
+        for (int b = 0; b < 8; b++) {
+            const unsigned bit = __ballot_sync(0xffffffffu, (d >> b) & 1);
+            peers &= ((d >> b) & 1) ? bit : ~bit;
+        }
+        const int rank = __popc(peers & lt);
+        if (on && rank == 0) wcount[warp][d] = __popc(peers);
+        __syncthreads();
+        // each digit's running base through the tile's warps (only counts written are replaced)
+        for (int dd = tid; dd < 256; dd += SAMPLE_THREADS) {
+            u32 at = base[dd];
+            for (int w = 0; w < SAMPLE_THREADS / 32; w++) {
+                const u32 c = wcount[w][dd];
+                if (c) {
+                    wcount[w][dd] = at;
+                    at += c;
+                }
+            }
+            base[dd] = at;
+        }
+        __syncthreads();
+        if (on) {
+            const u32 pos = wcount[warp][d] + rank;
+            dk[pos] = key;
+            di[pos] = si[i];
+        }
+        __syncwarp();
+        if (on && rank == 0) wcount[warp][d] = 0;
+        __syncthreads();
+    }
+}
+
+// The next token of every row of `rows` (one block each) as sample_logits picks it, for rows of
+// any top_k (0: every candidate) and temperature > 0: every non-NaN logit's key
+// logit / temperature sorted by (key desc, index asc) (a stable radix sort of ~order keys, NaN
+// last), the first k; the softmax of (key - max) in f64, summed in that order by one thread
+// (the host's sum, bit for bit), each probability divided by the sum in parallel; the top_p
+// prefix and its renormalisation likewise; the first candidate whose cumulative probability
+// exceeds u. Blocks of SAMPLE_THREADS threads (one a SM: without the bound ptxas aims at two, 32
+// registers, and spills); out[row] = the row's token.
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1) sample_sorted(const SortedSampleRow* __restrict__ rows,
+                                                                     u32* out_all) {
+    pdl_enter();
+    const SortedSampleRow sr = rows[blockIdx.x];
+    const SampleRow row = sr.row;
+    const float* __restrict__ logits = row.logits;
+    const int n = row.n, tid = threadIdx.x;
+    const float temperature = row.temperature;
+    u32* out = out_all + blockIdx.x;
+    u32* ka = (u32*)sr.scratch;
+    u32* kb = ka + n;
+    u32* ia = kb + n;
+    u32* ib = ia + n;
+    double* p = (double*)(ib + n);
+    __shared__ u32 wcount[SAMPLE_THREADS / 32][256];
+    for (int j = tid; j < (SAMPLE_THREADS / 32) * 256; j += SAMPLE_THREADS) (&wcount[0][0])[j] = 0;
+    int valid = 0;
+    for (int i = tid; i < n; i += SAMPLE_THREADS) {
+        const float l = logits[i];
+        const bool ok = !isnan(l);
+        valid += ok;
+        // (ascending ~order_key: the largest key first; a valid key's order key is never 0,
+        // so NaN's 0xffffffff sorts after all of them)
+        ka[i] = ok ? ~order_key(l / temperature) : 0xffffffffu;
+        ia[i] = (u32)i;
+    }
+    int n_valid;
+    block_exclusive_scan(valid, &n_valid);
+    if (n_valid == 0) {
+        if (tid == 0) *out = 0;
+        return;
+    }
+    const int k = row.top_k > 0 ? min(row.top_k, n_valid) : n_valid;
+    __syncthreads();
+    radix_pass(ka, ia, kb, ib, n, 0, wcount);
+    radix_pass(kb, ib, ka, ia, n, 8, wcount);
+    radix_pass(ka, ia, kb, ib, n, 16, wcount);
+    radix_pass(kb, ib, ka, ia, n, 24, wcount);
+    // the candidates' keys, recomputed from their logits (the host's f32 division)
+    const float mx = logits[ia[0]] / temperature;
+    for (int i = tid; i < k; i += SAMPLE_THREADS) p[i] = exp((double)(logits[ia[i]] / temperature - mx));
+    __shared__ double s_total;
+    __shared__ int s_keep;
+    __syncthreads();
+    if (tid == 0) {
+        double total = 0.0;
+        for (int i = 0; i < k; i++) total += p[i];
+        s_total = total;
+    }
+    __syncthreads();
+    const double total = s_total;
+    for (int i = tid; i < k; i += SAMPLE_THREADS) p[i] /= total;
+    __syncthreads();
+    if (tid == 0) {
+        int keep = k;
+        double t2 = 0.0;
+        if (row.top_p < 1.f) {
+            double acc = 0.0;
+            for (int i = 0; i < k; i++) {
+                acc += p[i];
+                if (acc >= (double)row.top_p) {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            for (int i = 0; i < keep; i++) t2 += p[i];
+        }
+        s_keep = keep;
+        s_total = t2;
+    }
+    __syncthreads();
+    const int keep = s_keep;
+    if (row.top_p < 1.f) {
+        const double t2 = s_total;
+        for (int i = tid; i < keep; i += SAMPLE_THREADS) p[i] /= t2;
+        __syncthreads();
+    }
+    if (tid == 0) {
+        double acc = 0.0;
+        int pick = keep - 1;
+        for (int i = 0; i < keep; i++) {
+            acc += p[i];
+            if (row.u < acc) {
+                pick = i;
+                break;
+            }
+        }
+        *out = ia[pick];
     }
 }
 

@@ -12,6 +12,9 @@ kernels! {
     /// The next token of each of `rows` (one block per row) into `out`, as the host `Sampler`
     /// picks it.
     sample_logits => SampleLogitsArgs { rows: DevPtr<SampleRow>, out: DevPtr<u32> }
+    /// The next token of each of `rows` (one block per row, sampled with any top-k: the whole
+    /// row sorted in its scratch) into `out`, as the host `Sampler` picks it.
+    sample_sorted => SampleSortedArgs { rows: DevPtr<SortedSampleRow>, out: DevPtr<u32> }
     /// The log-probabilities of each of `rows` (one block per row) as the host's
     /// `token_logprob` computes them: the target's into `lp` and `rank`, the top places into
     /// `top_id` / `top_lp`.
@@ -39,6 +42,22 @@ pub(crate) struct SampleRow {
 
 // SAFETY: plain old data matching the C struct's layout (8 + 4 * 4 + 8 bytes, no padding).
 unsafe impl cudarc::driver::DeviceRepr for SampleRow {}
+
+/// One row for `sample_sorted` (`SortedSampleRow` in kernels/sampling.cu; same layout): the row
+/// and its scratch of [`SORTED_SCRATCH_BYTES`] per logit, 8-byte aligned.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct SortedSampleRow {
+    pub row: SampleRow,
+    pub scratch: DevPtr<u8>,
+}
+
+// SAFETY: plain old data matching the C struct's layout (32 + 8 bytes, no padding).
+unsafe impl cudarc::driver::DeviceRepr for SortedSampleRow {}
+
+/// Scratch bytes per logit of a `sample_sorted` row: two key and two index buffers of u32,
+/// then the candidates' f64 probabilities.
+pub(crate) const SORTED_SCRATCH_BYTES: usize = 4 * 4 + 8;
 
 /// One row for `row_logprobs` (`LogprobRow` in kernels/sampling.cu; same layout): `n` logits at
 /// `logits`, the token it scores, how many of the most likely tokens and the first of their
