@@ -388,6 +388,7 @@ mod tests {
                 "u64" => "u64",
                 "u8" | "void" => "u8",
                 "SampleRow" => "SampleRow",
+                "SortedSampleRow" => "SortedSampleRow",
                 "LogprobRow" => "LogprobRow",
                 _ => return None,
             };
