@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # A/B of CUDA kernel variants on lean Laguna-XS-2.1 in one go (issue 20's tuning loop): the
-# production prefill (`Session::prefill`, crates/lab's `prefill_speed`) of 2,048 and 16,384
-# tokens and batched decode steps (`Model::forward_batch_sampled`, the server's call:
+# production prefill (`Session::prefill`, crates/lab's `prefill_speed`) of PREFILL_LENS tokens
+# and batched decode steps (`Model::forward_batch_sampled`, the server's call:
 # `batch_decode_speed`, 64 steps) of DECODE_BATCHES sequences, each variant in turn for ROUNDS
-# rounds, then where the machine has Nsight Compute the kernels of one 2,048-token prefill of the
-# first variant summed per kernel.
+# rounds, then where the machine has Nsight Compute the kernels of one prefill of the first
+# variant summed per kernel.
 #
 #   scripts/gpu-ab.sh build                      # here: binaries -> target/gpu-ab/
 #   scripts/gpu-ab.sh run OUTDIR [VARIANT ...]   # on the GPU machine, from the repo root
@@ -17,7 +17,8 @@
 # target/gpu-ab's), optionally after `prefill:` or `decode:` to time only the prefills or only the
 # decode steps (a knob that changes one of them: each process loads the model, ~15 s, and a call
 # has 10 minutes). Default: `builtin FP4FORGE_CUDA_H16_GEMM=0`.
-# Environment: XS (default /dev/shm/xs-lean: written by `synth --preset xs --stock-nvfp4` +
+# Environment: PREFILL_LENS (the prefills' prompt lengths, default "2048 16384"; empty: no
+# prefills), NCU_PREFILL_LEN (the prompt length of the per-kernel prefill table, default 2048), XS (default /dev/shm/xs-lean: written by `synth --preset xs --stock-nvfp4` +
 # `quantize` when missing, ~80 s, 21.7 + 20 GB), ROUNDS (2), DECODE_BATCHES (default "1 4 32";
 # empty: no decode steps), DECODE_ARGS (more flags of every batch_decode_speed run, e.g. "--prompt
 # 128 --top-k 20": the serve's contexts and sampler; default none), NCU (default 1; 0: no per-kernel times), FP4FORGE_KERNEL_CACHE
@@ -83,6 +84,7 @@ source scripts/cuda-env.sh
 export FP4FORGE_KERNEL_CACHE=${FP4FORGE_KERNEL_CACHE:-/dev/shm/fp4forge-kernels}
 rounds=${ROUNDS:-2}
 read -r -a batches <<< "${DECODE_BATCHES-1 4 32}"
+read -r -a lens <<< "${PREFILL_LENS-2048 16384}"
 mkdir -p "$out" "$FP4FORGE_KERNEL_CACHE"
 report=$out/ab.txt
 : > "$report"
@@ -108,22 +110,24 @@ bin_of() {
     d=$(settings "$1" | tr ' ' '\n' | sed -n 's/^FP4FORGE_AB_BIN=//p')
     echo "${d:-$bin}"
 }
-# The medians of variant $1's 2,048- and 16,384-token prefills in milliseconds (one prefill_speed
-# run, 3 repetitions each), space-separated: "- -" where the variant times decode steps only,
-# "failed failed" where the run failed (its output then in OUTDIR/failed.log).
+# The medians of variant $1's prefills of PREFILL_LENS tokens in milliseconds (one prefill_speed
+# run, 3 repetitions each), space-separated: "-" each where the variant times decode steps only,
+# "failed" each where the run failed (its output then in OUTDIR/failed.log).
 prefill_ms() {
-    local log a b
-    measures "$1" prefill || { echo "- -"; return 0; }
+    local log m
+    [ ${#lens[@]} -gt 0 ] || return 0
+    measures "$1" prefill || { printf -- '- %.0s' "${lens[@]}"; return 0; }
     # shellcheck disable=SC2046
-    if ! log=$(env $(settings "$1") "$(bin_of "$1")/prefill_speed" "$xs" --device cuda 2048,16384 3 2>&1); then
+    if ! log=$(env $(settings "$1") "$(bin_of "$1")/prefill_speed" "$xs" --device cuda "$(IFS=,; echo "${lens[*]}")" 3 2>&1); then
         echo "== $1 prefill: $log" >> "$out/failed.log"
-        echo "failed failed"
+        printf 'failed %.0s' "${lens[@]}"
         return 0
     fi
-    a=$(echo "$log" | sed -n 's/^prefill 2048 tokens: median \([0-9.]*\) ms.*/\1/p')
-    b=$(echo "$log" | sed -n 's/^prefill 16384 tokens: median \([0-9.]*\) ms.*/\1/p')
-    [ -n "$a" ] && [ -n "$b" ] || echo "== $1 prefill (no median line): $log" >> "$out/failed.log"
-    echo "${a:-failed} ${b:-failed}"
+    for n in "${lens[@]}"; do
+        m=$(echo "$log" | sed -n "s/^prefill $n tokens: median \([0-9.]*\) ms.*/\1/p")
+        [ -n "$m" ] || echo "== $1 prefill $n (no median line): $log" >> "$out/failed.log"
+        printf '%s ' "${m:-failed}"
+    done
 }
 # ms per batched decode step of variant $1 for each of DECODE_BATCHES, space-separated ("failed"
 # each where the run failed: its output then in OUTDIR/failed.log).
@@ -141,13 +145,14 @@ step_ms() {
         echo "$log" | awk -v b="$b" '$1 == b && NF == 3 { printf "%s ", $2 }'
     done
 }
-header=$(printf '%-44s %5s %12s %12s' variant round '2048 ms' '16384 ms')
+header=$(printf '%-44s %5s' variant round)
+for n in "${lens[@]}"; do header+=$(printf ' %12s' "$n ms"); done
 for b in "${batches[@]}"; do header+=$(printf ' %10s' "B=$b ms"); done
 say "$header"
 for round in $(seq 1 "$rounds"); do
     for v in "${variants[@]}"; do
-        read -r a b <<< "$(prefill_ms "$v")"
-        line=$(printf '%-44s %5s %12s %12s' "$(label "$v")" "$round" "$a" "$b")
+        line=$(printf '%-44s %5s' "$(label "$v")" "$round")
+        for s in $(prefill_ms "$v"); do line+=$(printf ' %12s' "$s"); done
         for s in $(step_ms "$v"); do line+=$(printf ' %10s' "$s"); done
         say "$line"
     done
@@ -236,9 +241,9 @@ PY
 if [ "${NCU_PREFILL:-1}" != 0 ]; then
     # shellcheck disable=SC2046
     env $(settings "${variants[0]}") "$ncu" --cache-control none --clock-control none \
-        --metrics gpu__time_duration.sum --csv "$(bin_of "${variants[0]}")/prefill_speed" "$xs" --device cuda 2048 1 \
+        --metrics gpu__time_duration.sum --csv "$(bin_of "${variants[0]}")/prefill_speed" "$xs" --device cuda "${NCU_PREFILL_LEN:-2048}" 1 \
         > "$out/ncu.csv" 2> "$out/ncu.log" || true
-    say "kernels of $(basename "${variants[0]}") (ncu: warm-up + one 2,048-token prefill, summed per kernel)"
+    say "kernels of $(basename "${variants[0]}") (ncu: warm-up + one ${NCU_PREFILL_LEN:-2048}-token prefill, summed per kernel)"
     ncu_table "$out/ncu.csv" all | tee -a "$report" || say "(no table: see $out/ncu.log)"
 fi
 # Decode steps per kernel (NCU_BATCHES).

@@ -11,7 +11,8 @@
 //! benchmark's concurrency sweep, whose steps then attend over 128 to 256 positions).
 //! `--top-k K`: samplers at temperature 1 over the K most likely tokens (seeded), as the server
 //! samples for a checkpoint whose generation config asks for that (the synthetic ones: top-k 20)
-//! and a request that sets no sampling field. `--profile N` (CUDA): the first N timed steps of
+//! and a request that sets no sampling field; `--top-k all`: over the whole vocabulary (top-k 0,
+//! the default of a checkpoint whose generation config sets no top-k). `--profile N` (CUDA): the first N timed steps of
 //! each batch run inside Nsight's capture range (`fp4forge_lab::profiler_capture`), so that
 //! `ncu --profile-from-start off` profiles exactly those steps' kernels (not the prompts'
 //! prefills or the warm-up step). `--timeline N` (CUDA, CUPTI's library on the loader's path):
@@ -38,8 +39,8 @@ struct Measure {
     timeline: usize,
     /// Tokens each session prefills before its steps.
     prompt: usize,
-    /// The samplers' top-k at temperature 1 (0: greedy).
-    top_k: usize,
+    /// The samplers' top-k at temperature 1 (`Some(0)`: the whole vocabulary; `None`: greedy).
+    top_k: Option<usize>,
 }
 
 impl WithModel for Measure {
@@ -64,8 +65,8 @@ impl WithModel for Measure {
             let mut samplers: Vec<Sampler> = (0..b)
                 .map(|i| {
                     Sampler::new(match self.top_k {
-                        0 => SamplingParams::greedy(),
-                        k => SamplingParams {
+                        None => SamplingParams::greedy(),
+                        Some(k) => SamplingParams {
                             temperature: 1.0,
                             top_k: k,
                             top_p: 1.0,
@@ -153,7 +154,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let kv = fp4forge_lab::take_arg(&mut args, "--kv-dtype", KvDtype::Bf16)?;
     let profile = fp4forge_lab::take_arg(&mut args, "--profile", 0usize)?;
     let timeline = fp4forge_lab::take_arg(&mut args, "--timeline", 0usize)?;
-    let top_k = fp4forge_lab::take_arg(&mut args, "--top-k", 0usize)?;
+    // (0: greedy; `all`: top-k 0, every token a candidate)
+    let top_k = match fp4forge_lab::take_arg(&mut args, "--top-k", String::from("0"))?.as_str() {
+        "all" => Some(0),
+        k => match k.parse::<usize>() {
+            Ok(0) => None,
+            Ok(k) => Some(k),
+            Err(e) => return Err(format!("--top-k {k}: {e} (a count, or `all`)").into()),
+        },
+    };
     let prompt = fp4forge_lab::take_arg(&mut args, "--prompt", 4usize)?;
     if prompt == 0 {
         return Err("--prompt: at least one token".into());
@@ -178,8 +187,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         vec![1, 2, 4, 8, 16]
     };
     let sampling = match top_k {
-        0 => "greedy".to_string(),
-        k => format!("top-{k} sampling at temperature 1"),
+        None => "greedy".to_string(),
+        Some(0) => "whole-vocabulary sampling at temperature 1".to_string(),
+        Some(k) => format!("top-{k} sampling at temperature 1"),
     };
     println!("{dir} on {device}, {kv:?} KV caches, {sampling}, {prompt}-token prompts");
     fp4forge_engine::open(

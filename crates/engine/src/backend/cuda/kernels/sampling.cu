@@ -62,6 +62,65 @@ __device__ int block_exclusive_scan(int v, int* total) {
     return before + incl - v;
 }
 
+// The host `Sampler`'s pick among k candidates sorted by (key desc, index asc), whose softmax
+// terms exp(key - max) in f64 are p[0, k) (shared or global memory, written by any of the
+// block's threads before the call): their sum in that order (one thread: the host's sum, bit for
+// bit), each term divided by it; where top_p < 1 the shortest prefix whose sum reaches top_p,
+// its sum likewise and each of its terms divided by it; the first candidate whose cumulative
+// probability exceeds u (else the last kept). Called by every thread of the block (SAMPLE_THREADS);
+// p is overwritten with the probabilities; returns the candidate's place in every thread.
+__device__ int pick_sorted(double* p, int k, float top_p, double u) {
+    __shared__ double s_sum;
+    __shared__ int s_keep;
+    const int tid = threadIdx.x;
+    __syncthreads();
+    if (tid == 0) {
+        double total = 0.0;
+        for (int i = 0; i < k; i++) total += p[i];
+        s_sum = total;
+    }
+    __syncthreads();
+    const double total = s_sum;
+    for (int i = tid; i < k; i += SAMPLE_THREADS) p[i] /= total;
+    int keep = k;
+    if (top_p < 1.f) {
+        __syncthreads();
+        if (tid == 0) {
+            double acc = 0.0;
+            for (int i = 0; i < k; i++) {
+                acc += p[i];
+                if (acc >= (double)top_p) {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            double t2 = 0.0;
+            for (int i = 0; i < keep; i++) t2 += p[i];
+            s_keep = keep;
+            s_sum = t2;
+        }
+        __syncthreads();
+        keep = s_keep;
+        const double t2 = s_sum;
+        for (int i = tid; i < keep; i += SAMPLE_THREADS) p[i] /= t2;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        double acc = 0.0;
+        int pick = keep - 1;
+        for (int i = 0; i < keep; i++) {
+            acc += p[i];
+            if (u < acc) {
+                pick = i;
+                break;
+            }
+        }
+        s_keep = pick;
+    }
+    __syncthreads();
+    return s_keep;
+}
+
 // One row to sample: its logits and the sampler's parameters and draw (`SampleRow` in
 // ops/sampling.rs; same layout).
 struct SampleRow {
@@ -264,34 +323,11 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_logits(const
         }
     }
     __syncthreads();
-    if (tid == 0) {
-        const float mx = sorted_key[0];
-        double p[SAMPLE_K_MAX];
-        double total = 0.0;
-        for (int i = 0; i < k; i++) {
-            p[i] = exp((double)(sorted_key[i] - mx));
-            total += p[i];
-        }
-        for (int i = 0; i < k; i++) p[i] /= total;
-        int keep = k;
-        if (top_p < 1.f) {
-            double acc = 0.0;
-            for (int i = 0; i < k; i++) {
-                acc += p[i];
-                if (acc >= (double)top_p) { keep = i + 1; break; }
-            }
-            double t2 = 0.0;
-            for (int i = 0; i < keep; i++) t2 += p[i];
-            for (int i = 0; i < keep; i++) p[i] /= t2;
-        }
-        double acc = 0.0;
-        int pick = keep - 1;
-        for (int i = 0; i < keep; i++) {
-            acc += p[i];
-            if (u < acc) { pick = i; break; }
-        }
-        *out = (u32)sorted_idx[pick];
-    }
+    __shared__ double p[SAMPLE_K_MAX];
+    const float mx = sorted_key[0];
+    for (int i = tid; i < k; i += SAMPLE_THREADS) p[i] = exp((double)(sorted_key[i] - mx));
+    const int pick = pick_sorted(p, k, top_p, u);
+    if (tid == 0) *out = (u32)sorted_idx[pick];
 }
 
 // A row for sample_sorted (`SortedSampleRow` in ops/sampling.rs; same layout): the row, and its
@@ -411,54 +447,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1) sample_sorted(co
     // the candidates' keys, recomputed from their logits (the host's f32 division)
     const float mx = logits[ia[0]] / temperature;
     for (int i = tid; i < k; i += SAMPLE_THREADS) p[i] = exp((double)(logits[ia[i]] / temperature - mx));
-    __shared__ double s_total;
-    __shared__ int s_keep;
-    __syncthreads();
-    if (tid == 0) {
-        double total = 0.0;
-        for (int i = 0; i < k; i++) total += p[i];
-        s_total = total;
-    }
-    __syncthreads();
-    const double total = s_total;
-    for (int i = tid; i < k; i += SAMPLE_THREADS) p[i] /= total;
-    __syncthreads();
-    if (tid == 0) {
-        int keep = k;
-        double t2 = 0.0;
-        if (row.top_p < 1.f) {
-            double acc = 0.0;
-            for (int i = 0; i < k; i++) {
-                acc += p[i];
-                if (acc >= (double)row.top_p) {
-                    keep = i + 1;
-                    break;
-                }
-            }
-            for (int i = 0; i < keep; i++) t2 += p[i];
-        }
-        s_keep = keep;
-        s_total = t2;
-    }
-    __syncthreads();
-    const int keep = s_keep;
-    if (row.top_p < 1.f) {
-        const double t2 = s_total;
-        for (int i = tid; i < keep; i += SAMPLE_THREADS) p[i] /= t2;
-        __syncthreads();
-    }
-    if (tid == 0) {
-        double acc = 0.0;
-        int pick = keep - 1;
-        for (int i = 0; i < keep; i++) {
-            acc += p[i];
-            if (row.u < acc) {
-                pick = i;
-                break;
-            }
-        }
-        *out = ia[pick];
-    }
+    const int pick = pick_sorted(p, k, row.top_p, row.u);
+    if (tid == 0) *out = ia[pick];
 }
 
 // ---- log-probabilities -----------------------------------------------------------------------

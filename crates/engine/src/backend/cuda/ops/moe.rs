@@ -145,8 +145,9 @@ pub(crate) struct ExpertTiles {
 pub(crate) const FEW_TILE_ITEMS: usize = 4;
 
 /// Most routed items per expert (on average over all experts) for which several tokens' experts
-/// run grouped a few items per tile (`experts_grouped_few`) rather than on the tiled GEMM.
-const FEW_ITEMS_PER_EXPERT: usize = 4;
+/// run grouped a few items per tile (`experts_grouped_few`) rather than on the tiled GEMM
+/// (`CudaOptions::few_items_per_expert`).
+pub(crate) const FEW_ITEMS_PER_EXPERT: usize = 4;
 
 /// Fewest tokens whose routed experts run grouped a few items per tile (`experts_grouped_few`;
 /// fewer: per item). The H200, lean Laguna-XS, 2026-12-03 (`batch_decode_speed`, ms per step,
@@ -1142,19 +1143,19 @@ impl CudaBackend {
 
     /// Whether `t` tokens with `k` routed experts each run grouped a few items per tile
     /// ([`experts_grouped_few`](Self::experts_grouped_few)): at least
-    /// `CudaOptions::few_moe_min_tokens` (and 2) tokens, at most `FEW_ITEMS_PER_EXPERT` items per
-    /// expert on average, NVFP4 routed projections with `hidden` and `inter` multiples of 128 and
+    /// `CudaOptions::few_moe_min_tokens` (and 2) tokens, at most
+    /// `CudaOptions::few_items_per_expert` items per expert on average, NVFP4 routed projections with `hidden` and `inter` multiples of 128 and
     /// at most `NV_MAX_K`, at most [`MOE_ALIGN_MAX_EXPERTS`] experts, tensor cores on (sm_89+);
     /// unless switched off (`CudaOptions::grouped_moe`).
     pub(crate) fn grouped_few(&self, e: &CudaExperts, k: usize, t: usize) -> bool {
-        let (on, min) = {
+        let (on, min, per_expert) = {
             let o = self.opts();
-            (o.grouped_moe, o.few_moe_min_tokens)
+            (o.grouped_moe, o.few_moe_min_tokens, o.few_items_per_expert)
         };
         on && self.inner.mma
             && min > 0
             && t >= min.max(2)
-            && t * k <= FEW_ITEMS_PER_EXPERT * e.n
+            && t * k <= per_expert * e.n
             && [e.gate.fmt, e.up.fmt, e.down.fmt].iter().all(|&f| f == 3)
             && [e.hidden, e.inter]
                 .iter()
