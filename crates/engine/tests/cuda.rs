@@ -874,6 +874,35 @@ fn gpu_nvfp4_experts_match_cpu() {
                         ..gpu.options()
                     });
                 }
+                if hidden % 128 == 0 && inter % 128 == 0 && (t * 3 <= 4 * n || t == 40) {
+                    // tiles of up to 8 items (two column groups of the mma), at the few-items
+                    // kernels' counts (10 tokens: some experts hold more than 4 items) and at
+                    // 15 items per expert (40 tokens, taken off the tiled GEMM): the per-item
+                    // tensor-core arithmetic, bit for bit, as tiles of 4
+                    gpu.set_options(CudaOptions {
+                        few_items_per_expert: 16,
+                        ..gpu.options()
+                    });
+                    let four = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
+                    gpu.set_options(CudaOptions {
+                        few_tile8_items: 1,
+                        ..gpu.options()
+                    });
+                    let before = gpu.few_tile8_launches();
+                    let eight = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
+                    assert_eq!(
+                        gpu.few_tile8_launches() - before,
+                        2,
+                        "launches on tiles of 8 items, t {t}"
+                    );
+                    assert_eq!(four, per_item, "few items per tile of 4 vs per-item t {t}");
+                    assert_eq!(eight, per_item, "few items per tile of 8 vs per-item t {t}");
+                    gpu.set_options(CudaOptions {
+                        few_items_per_expert: CudaOptions::default().few_items_per_expert,
+                        few_tile8_items: 0,
+                        ..gpu.options()
+                    });
+                }
             }
             if t >= 40 {
                 // grouped on gemm_h16's core (hidden 256 on sm_90) vs on gemm_mma's

@@ -269,6 +269,12 @@ impl CudaBackend {
         self.inner.few_b3_launches.load(Ordering::Relaxed)
     }
 
+    /// Few-items-per-tile experts' launches (gate/up and down each count) on their variants of
+    /// tiles of 8 items (`CudaOptions::few_tile8_items`) on this backend (and its clones) so far.
+    pub fn few_tile8_launches(&self) -> usize {
+        self.inner.few_tile8_launches.load(Ordering::Relaxed)
+    }
+
     /// Batched steps' MoE layers whose shared expert ran on `gemv_mt` beside the per-item routed
     /// experts (`CudaOptions::shared_mt_min_rows`) on this backend (and its clones) so far.
     pub fn shared_on_mt(&self) -> usize {

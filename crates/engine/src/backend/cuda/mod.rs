@@ -144,6 +144,8 @@ pub(crate) struct Inner {
     tc_item_launches: std::sync::atomic::AtomicUsize,
     /// Few-items-per-tile experts' launches at three blocks a SM so far.
     few_b3_launches: std::sync::atomic::AtomicUsize,
+    /// Few-items-per-tile experts' launches on tiles of 8 items so far.
+    few_tile8_launches: std::sync::atomic::AtomicUsize,
     /// Routers whose top-k tail also grouped the items by expert so far.
     grouped_in_router: std::sync::atomic::AtomicUsize,
     /// MoE calls whose shared expert ran on `gemv_mt` beside per-item routed experts so far.
@@ -283,6 +285,7 @@ impl CudaBackend {
                 moe_inputs_staged: std::sync::atomic::AtomicUsize::new(0),
                 tc_item_launches: std::sync::atomic::AtomicUsize::new(0),
                 few_b3_launches: std::sync::atomic::AtomicUsize::new(0),
+                few_tile8_launches: std::sync::atomic::AtomicUsize::new(0),
                 shared_on_mt: std::sync::atomic::AtomicUsize::new(0),
                 routers_with_norm: std::sync::atomic::AtomicUsize::new(0),
                 grouped_in_router: std::sync::atomic::AtomicUsize::new(0),

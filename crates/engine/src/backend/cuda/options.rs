@@ -28,6 +28,7 @@
 //! | `FP4FORGE_CUDA_MT_TOKENS` | `few_token_max` | most tokens of a bf16/NVFP4 linear on the few-token tensor-core GEMV (`gemv_mt`; more: `gemm_mma`); `0`: never | `GEMV_MT_MAX_TOKENS` |
 //! | `FP4FORGE_CUDA_FEW_MOE` | `few_moe_min_tokens` | fewest tokens whose routed experts run grouped a few items per tile (`experts_grouped_few`); `0`: never | `FEW_MOE_MIN_TOKENS` |
 //! | `FP4FORGE_CUDA_FEW_ITEMS` | `few_items_per_expert` | most routed items per expert (on average over all experts) of a step or prompt chunk whose experts run grouped a few items per tile (`experts_grouped_few`; more: the tiled `experts_*_h16` GEMM), e.g. a 128-token prompt of Laguna-XS (8 of 256 experts a token) has 4 | `FEW_ITEMS_PER_EXPERT` (4) |
+//! | `FP4FORGE_CUDA_FEW_TILE8` | `few_tile8_items` | `N`: where the routed items of a step or prompt chunk on the few-items-per-tile experts average N or more per expert (a 128-token prompt of Laguna-XS: 4), they run on tiles of up to 8 items of one expert (`experts_gate_up_mt8`, `experts_down_mt8`: two column groups of the mma, each decoded weight fragment feeding both, so each expert's weights read once per 8 of its items instead of 4; 2 chunk slots a lane, 128 registers, two blocks a SM; the same arithmetic, so the same bits); `0`: never | 0 (not yet measured) |
 //! | `FP4FORGE_MMA_KS` | `mma_k_split` | `1`, `2`, `4`, `8`: fixed K split (warps per tile) of `gemv_mma` | per shape (`mma_split`) |
 //! | `FP4FORGE_CUDA_MT_B1` | `mt_one_block` | `1`: NVFP4 `gemv_mt` as its variant of one block a SM with more chunks in flight a lane (`gemv_mt_nv_b1`) | off |
 //! | `FP4FORGE_CUDA_MT16` | `mt_16_tokens` | `1`: NVFP4 `gemv_mt` of more than 8 tokens at 16 tokens a grid row (`gemv_mt_nv16`: each weight read half as often, one block a SM) | off |
@@ -183,6 +184,9 @@ pub struct CudaOptions {
     /// `FP4FORGE_CUDA_FEW_ITEMS`: most routed items per expert (on average) on
     /// `experts_grouped_few`.
     pub few_items_per_expert: usize,
+    /// `FP4FORGE_CUDA_FEW_TILE8`: fewest routed items per expert (on average) that
+    /// `experts_grouped_few` runs on tiles of 8 items (0: never).
+    pub few_tile8_items: usize,
     /// `FP4FORGE_MMA_KS`: a fixed K split of `gemv_mma` (1, 2, 4 or 8 warps per tile).
     pub mma_k_split: Option<usize>,
     /// `FP4FORGE_CUDA_MT_KS`: a fixed K split of `gemv_mt` (1, 2, 4 or 8 warps per tile).
@@ -292,6 +296,7 @@ impl Default for CudaOptions {
             few_token_max: GEMV_MT_MAX_TOKENS,
             few_moe_min_tokens: FEW_MOE_MIN_TOKENS,
             few_items_per_expert: FEW_ITEMS_PER_EXPERT,
+            few_tile8_items: 0,
             attn_split_min_keys: ATTN_SPLIT_MIN_KEYS,
             attn_split_blocks_per_sm: ATTN_SPLIT_BLOCKS_PER_SM,
             attn_short_keys: ATTN_SHORT_KEYS,
@@ -386,6 +391,7 @@ impl CudaOptions {
             few_items_per_expert: num("FP4FORGE_CUDA_FEW_ITEMS")
                 .filter(|&n| n > 0)
                 .unwrap_or(d.few_items_per_expert),
+            few_tile8_items: num("FP4FORGE_CUDA_FEW_TILE8").unwrap_or(d.few_tile8_items),
             mt_wide_min_tokens: num("FP4FORGE_CUDA_MT_WIDE").unwrap_or(d.mt_wide_min_tokens),
             h16_few_min: num("FP4FORGE_CUDA_H16_FEW").unwrap_or(d.h16_few_min),
             mt_interleave: on("FP4FORGE_CUDA_MT_INTERLEAVE"),
@@ -478,8 +484,9 @@ mod tests {
             ("FP4FORGE_CUDA_SPLITK_LAST", "1"),
             ("FP4FORGE_CUDA_FEW_B3", "0"),
             ("FP4FORGE_CUDA_FEW_ITEMS", "8"),
+            ("FP4FORGE_CUDA_FEW_TILE8", "3"),
         ]);
-        assert_eq!(o.few_items_per_expert, 8);
+        assert_eq!((o.few_items_per_expert, o.few_tile8_items), (8, 3));
         assert!(!o.item_tc && !o.gate_up_tc && o.splitk_last && !o.few_three_blocks);
         assert_eq!(o.attn_split_min_keys, 256);
         assert!(o.attn_g8 == 1 && !o.norm_rope && o.mma_merged);

@@ -1076,50 +1076,69 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 // to MT_BN items of one expert (moe_align with bn = MT_BN) on the decode GEMV's tensor-core core
 // (MmaTile). One token uses 2 of the mma's 8 B columns (f16 high parts, remainders), so lanes
 // 8 s .. 8 s + 7 feed the tile's item s: MT_BN items cost the instructions of one and each
-// expert's weights are read once per MT_BN of its items. The activations are staged once per row
-// by xb_stage (kernels/gemv.cu). Per item the arithmetic is that of the per-item kernels' tensor-core path (same
-// chunk split, same reduction order), so the results are the same bits.
+// expert's weights are read once per MT_BN of its items. The `_mt8` kernels take tiles of 2 MT_BN
+// items (moe_align with bn = 2 MT_BN: a prompt's several items per expert) as two column groups of
+// the mma, each decoded weight fragment feeding both. The activations are staged once per row by
+// xb_stage (kernels/gemv.cu). Per item the arithmetic is that of the per-item kernels'
+// tensor-core path (same chunk split, same reduction order), so the results are the same bits.
 
 #define MT_BN 4
 
-// This lane's item slot of a tile (lane / 8), the item (0 where the slot is empty) and whether
-// it holds one.
-struct MtSlot {
-    int item;
-    bool on;
+// This lane's item slots of a tile of up to 4 G items (lane / 8 + 4 q for group q < G): the
+// slot's item (0 where empty), a bit per group that holds one, and the distance in uint4 words
+// from group 0's item's row of `xb` (rows of `row` uint4 words) to each later group's (0 where
+// empty), run_staged's gstride for G = 2.
+template <int G>
+struct MtSlots {
+    int item[G];
+    unsigned on;
+    long gstride;
 };
-__device__ __forceinline__ MtSlot mt_slot(const int4 tile, const int* __restrict__ order) {
+template <int G>
+__device__ __forceinline__ MtSlots<G> mt_slots(const int4 tile, const int* __restrict__ order, int div, long row) {
     const int s = (threadIdx.x & 31) >> 3;
-    MtSlot r;
-    r.on = s < tile.z;
-    r.item = r.on ? order[tile.y + s] : 0;
+    MtSlots<G> r;
+    r.on = 0u;
+#pragma unroll
+    for (int q = 0; q < G; q++) {
+        const bool on = s + 4 * q < tile.z;
+        r.item[q] = on ? order[tile.y + s + 4 * q] : 0;
+        r.on |= on ? 1u << q : 0u;
+    }
+    r.gstride = G > 1 && (r.on >> 1 & 1) ? (long)(r.item[G - 1] / div - r.item[0] / div) * row : 0l;
     return r;
 }
 
 // Per-item sums of the tiles of a block through shared memory: red[warp][row][slot] (lane
-// g = lane / 4, t = lane % 4 holds rows g and g + 8 of slot t). Ends with a barrier.
-__device__ __forceinline__ void mt_stash(const float acc[4], float (*red)[16][MT_BN]) {
+// g = lane / 4, t = lane % 4 holds rows g and g + 8 of slots t + 4 q). Ends with a barrier.
+template <int G>
+__device__ __forceinline__ void mt_stash(const float acc[G][4], float (*red)[16][4 * G]) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    red[warp][lane >> 2][lane & 3] = acc[0] + acc[1];
-    red[warp][(lane >> 2) + 8][lane & 3] = acc[2] + acc[3];
+#pragma unroll
+    for (int q = 0; q < G; q++) {
+        red[warp][lane >> 2][(lane & 3) + 4 * q] = acc[q][0] + acc[q][1];
+        red[warp][(lane >> 2) + 8][(lane & 3) + 4 * q] = acc[q][2] + acc[q][3];
+    }
     __syncthreads();
 }
 
 // h[item, o] = silu(gate_e . x[t]) * (up_e . x[t]) (h rows of `inter` values) for the items of
 // tiles blockIdx.y, + gridDim.y, ... below the tile count (token t = item / k; x staged by
 // xb_stage as xb, xds), rows o of [16 blockIdx.x, + 16): warps 0-3 split the 16 gate rows'
-// chunks, warps 4-7 the same up rows'. Grid (ceil(inter / 16), up to the tiles bound), 8 warps;
-// NVFP4 gate and up, K % 128 == 0 (sm_89+). A grid of fewer rows than the bound has fewer blocks
-// with no tile (the bound is about twice a step's tile count); each tile's arithmetic is the
-// same. `ahead` > 0: warp 7 also prefetches into L2 the rows of the tile `ahead` tiles later
-// (about a wave ahead: that block finds its weights in L2 or on their way).
-template <int SLOTS>
+// chunks, warps 4-7 the same up rows'. Tiles of up to 4 G items: G column groups of the mma,
+// each decoded weight fragment feeding them all. Grid (ceil(inter / 16), up to the tiles bound),
+// 8 warps; NVFP4 gate and up, K % 128 == 0 (sm_89+). A grid of fewer rows than the bound has
+// fewer blocks with no tile (the bound is about twice a step's tile count); each tile's
+// arithmetic is the same. `ahead` > 0: warp 7 also prefetches into L2 the rows of the tile
+// `ahead` tiles later (about a wave ahead: that block finds its weights in L2 or on their way).
+template <int SLOTS, int G>
 __device__ __forceinline__ void experts_gate_up_mt_impl(ExpertProj gate, ExpertProj up, const int* __restrict__ tiles,
                                                         const int* __restrict__ ntiles, const int* __restrict__ order,
                                                         int k, const uint2* __restrict__ xb,
                                                         const float* __restrict__ xds, float* __restrict__ h,
                                                         int inter, int K, int ahead) {
-    __shared__ float red[8][16][MT_BN];
+    constexpr int BN = 4 * G;
+    __shared__ float red[8][16][BN];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     pdl_enter();  // (the tiles are moe_align's output)
     const int nt = *ntiles;
@@ -1136,13 +1155,13 @@ __device__ __forceinline__ void experts_gate_up_mt_impl(ExpertProj gate, ExpertP
             l2_prefetch_nv_rows(gate.w, gate.scales, r, nrows, K, lane, 32);
             l2_prefetch_nv_rows(up.w, up.scales, r, nrows, K, lane, 32);
         }
-        const MtSlot sl = mt_slot(tile, order);
-        const uint4* xl = (const uint4*)(xb + (long)(sl.item / k) * (K / 2)) + 4 * (lane & 7);
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        m.template run_staged<1>(xl, 0, sl.on ? 1u : 0u, (float(*)[4])acc);
-        mt_stash(acc, red);
-        if (threadIdx.x < 16 * MT_BN) {
-            const int r = threadIdx.x >> 2, s = threadIdx.x & 3;
+        const MtSlots<G> sl = mt_slots<G>(tile, order, k, K / 4);
+        const uint4* xl = (const uint4*)(xb + (long)(sl.item[0] / k) * (K / 2)) + 4 * (lane & 7);
+        float acc[G][4] = {};
+        m.template run_staged<G>(xl, sl.gstride, sl.on, acc);
+        mt_stash<G>(acc, red);
+        if (threadIdx.x < 16 * BN) {
+            const int r = threadIdx.x / BN, s = threadIdx.x % BN;
             if (r < nrows && s < tile.z) {
                 const int item = order[tile.y + s];
                 const float ds = xds[item / k];
@@ -1160,33 +1179,43 @@ __device__ __forceinline__ void experts_gate_up_mt_impl(ExpertProj gate, ExpertP
     }
 }
 
-// experts_gate_up_mt: MMA_U chunk slots a lane, two blocks a SM; experts_gate_up_mt3: 2 slots,
-// under 85 registers, three blocks a SM (CudaOptions::few_three_blocks). The same arithmetic.
+// experts_gate_up_mt: tiles of 4 items, MMA_U chunk slots a lane, two blocks a SM;
+// experts_gate_up_mt3: 2 slots, under 85 registers, three blocks a SM
+// (CudaOptions::few_three_blocks); experts_gate_up_mt8: tiles of 8 items (two column groups),
+// 2 slots, 128 registers (NVRTC sm_90: MMA_U slots spill), two blocks a SM
+// (CudaOptions::few_tile8_items). Per item the same arithmetic.
 extern "C" __global__ void __launch_bounds__(256, 2)
     experts_gate_up_mt(ExpertProj gate, ExpertProj up, const int* __restrict__ tiles, const int* __restrict__ ntiles,
                        const int* __restrict__ order, int k, const uint2* __restrict__ xb,
                        const float* __restrict__ xds, float* __restrict__ h, int inter, int K, int ahead) {
-    experts_gate_up_mt_impl<MMA_U>(gate, up, tiles, ntiles, order, k, xb, xds, h, inter, K, ahead);
+    experts_gate_up_mt_impl<MMA_U, 1>(gate, up, tiles, ntiles, order, k, xb, xds, h, inter, K, ahead);
 }
 extern "C" __global__ void __launch_bounds__(256, 3)
     experts_gate_up_mt3(ExpertProj gate, ExpertProj up, const int* __restrict__ tiles, const int* __restrict__ ntiles,
                         const int* __restrict__ order, int k, const uint2* __restrict__ xb,
                         const float* __restrict__ xds, float* __restrict__ h, int inter, int K, int ahead) {
-    experts_gate_up_mt_impl<2>(gate, up, tiles, ntiles, order, k, xb, xds, h, inter, K, ahead);
+    experts_gate_up_mt_impl<2, 1>(gate, up, tiles, ntiles, order, k, xb, xds, h, inter, K, ahead);
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+    experts_gate_up_mt8(ExpertProj gate, ExpertProj up, const int* __restrict__ tiles, const int* __restrict__ ntiles,
+                        const int* __restrict__ order, int k, const uint2* __restrict__ xb,
+                        const float* __restrict__ xds, float* __restrict__ h, int inter, int K, int ahead) {
+    experts_gate_up_mt_impl<2, 2>(gate, up, tiles, ntiles, order, k, xb, xds, h, inter, K, ahead);
 }
 
 // part[item, o] = wts[item] * (down_e . h[item]) for the items of tiles blockIdx.y, + gridDim.y,
 // ... below the tile count (h staged by xb_stage as hb, hds, one row per item), rows o of
-// [64 blockIdx.x, + 64): 4 tiles of 16 rows, 2 warps splitting each tile's chunks. Grid
-// (ceil(H / 64), up to the tiles bound), 8 warps; NVFP4 down, inter % 128 == 0 (sm_89+).
-// `ahead`: as in experts_gate_up_mt (the block's 64 rows).
-template <int SLOTS>
+// [64 blockIdx.x, + 64): 4 tiles of 16 rows, 2 warps splitting each tile's chunks; tiles of up
+// to 4 G items as in experts_gate_up_mt_impl. Grid (ceil(H / 64), up to the tiles bound), 8
+// warps; NVFP4 down, inter % 128 == 0 (sm_89+). `ahead`: as in experts_gate_up_mt (the block's
+// 64 rows).
+template <int SLOTS, int G>
 __device__ __forceinline__ void experts_down_mt_impl(ExpertProj down, const int* __restrict__ tiles,
                                                      const int* __restrict__ ntiles, const int* __restrict__ order,
                                                      const float* __restrict__ wts, const uint2* __restrict__ hb,
                                                      const float* __restrict__ hds, float* __restrict__ part,
                                                      int inter, int H, int ahead) {
-    __shared__ float red[8][16][MT_BN];
+    __shared__ float red[8][16][4 * G];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     pdl_enter();
     const int nt = *ntiles;
@@ -1203,25 +1232,30 @@ __device__ __forceinline__ void experts_down_mt_impl(ExpertProj down, const int*
             const long r = (long)((const int4*)tiles)[ty + ahead].x * H + b0;
             l2_prefetch_nv_rows(down.w, down.scales, r, brows, inter, lane, 32);
         }
-        const MtSlot sl = mt_slot(tile, order);
-        const uint4* xl = (const uint4*)(hb + (long)sl.item * (inter / 2)) + 4 * (lane & 7);
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        if (nrows > 0) m.template run_staged<1>(xl, 0, sl.on ? 1u : 0u, (float(*)[4])acc);
-        mt_stash(acc, red);
-        // warp pair w, w + 1 (w even): rows ob.. of its tile; thread (r, s) of the pair's first warp
+        const MtSlots<G> sl = mt_slots<G>(tile, order, 1, inter / 4);
+        const uint4* xl = (const uint4*)(hb + (long)sl.item[0] * (inter / 2)) + 4 * (lane & 7);
+        float acc[G][4] = {};
+        if (nrows > 0) m.template run_staged<G>(xl, sl.gstride, sl.on, acc);
+        mt_stash<G>(acc, red);
+        // warp pair w, w + 1 (w even): rows ob.. of its tile; thread (r, s) of the pair's first
+        // warp, slots s + 4 q
         if (p == 0 && nrows > 0) {
-            const int r = lane >> 2, s = lane & 3;
-            if (s < tile.z) {
-                const int item = order[tile.y + s];
-                const float gs = 64.f * hds[item] * down.inv_g[e] * wts[item];
+            const int r = lane >> 2;
 #pragma unroll
-                for (int h2 = 0; h2 < 2; h2++) {
-                    const int row = r + 8 * h2;
-                    if (row < nrows) {
-                        float v = 0.f;
-                        v += red[warp][row][s];
-                        v += red[warp + 1][row][s];
-                        part[(long)item * H + ob + row] = v * gs;
+            for (int q = 0; q < G; q++) {
+                const int s = (lane & 3) + 4 * q;
+                if (s < tile.z) {
+                    const int item = order[tile.y + s];
+                    const float gs = 64.f * hds[item] * down.inv_g[e] * wts[item];
+#pragma unroll
+                    for (int h2 = 0; h2 < 2; h2++) {
+                        const int row = r + 8 * h2;
+                        if (row < nrows) {
+                            float v = 0.f;
+                            v += red[warp][row][s];
+                            v += red[warp + 1][row][s];
+                            part[(long)item * H + ob + row] = v * gs;
+                        }
                     }
                 }
             }
@@ -1230,16 +1264,22 @@ __device__ __forceinline__ void experts_down_mt_impl(ExpertProj down, const int*
     }
 }
 
-// experts_down_mt / experts_down_mt3: as the gate/up's pair (CudaOptions::few_three_blocks).
+// experts_down_mt / experts_down_mt3 / experts_down_mt8: as the gate/up's three.
 extern "C" __global__ void __launch_bounds__(256, 2)
     experts_down_mt(ExpertProj down, const int* __restrict__ tiles, const int* __restrict__ ntiles,
                     const int* __restrict__ order, const float* __restrict__ wts, const uint2* __restrict__ hb,
                     const float* __restrict__ hds, float* __restrict__ part, int inter, int H, int ahead) {
-    experts_down_mt_impl<MMA_U>(down, tiles, ntiles, order, wts, hb, hds, part, inter, H, ahead);
+    experts_down_mt_impl<MMA_U, 1>(down, tiles, ntiles, order, wts, hb, hds, part, inter, H, ahead);
 }
 extern "C" __global__ void __launch_bounds__(256, 3)
     experts_down_mt3(ExpertProj down, const int* __restrict__ tiles, const int* __restrict__ ntiles,
                      const int* __restrict__ order, const float* __restrict__ wts, const uint2* __restrict__ hb,
                      const float* __restrict__ hds, float* __restrict__ part, int inter, int H, int ahead) {
-    experts_down_mt_impl<2>(down, tiles, ntiles, order, wts, hb, hds, part, inter, H, ahead);
+    experts_down_mt_impl<2, 1>(down, tiles, ntiles, order, wts, hb, hds, part, inter, H, ahead);
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+    experts_down_mt8(ExpertProj down, const int* __restrict__ tiles, const int* __restrict__ ntiles,
+                     const int* __restrict__ order, const float* __restrict__ wts, const uint2* __restrict__ hb,
+                     const float* __restrict__ hds, float* __restrict__ part, int inter, int H, int ahead) {
+    experts_down_mt_impl<2, 2>(down, tiles, ntiles, order, wts, hb, hds, part, inter, H, ahead);
 }

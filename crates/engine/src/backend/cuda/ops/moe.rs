@@ -69,8 +69,9 @@ kernels! {
     /// tiles `blockIdx.y`, `+ gridDim.y`, ... below the count), 256 threads; `ahead` > 0: each
     /// block prefetches the weight rows of the tile that many tiles later into L2.
     /// `experts_gate_up_mt3`: 2 chunk slots a lane, three blocks a SM
-    /// (`CudaOptions::few_three_blocks`).
-    experts_gate_up_mt ["experts_gate_up_mt", "experts_gate_up_mt3"] => ExpertsGateUpMtArgs {
+    /// (`CudaOptions::few_three_blocks`); `experts_gate_up_mt8`: tiles of up to
+    /// [`FEW_TILE8_ITEMS`] items (`CudaOptions::few_tile8_items`).
+    experts_gate_up_mt ["experts_gate_up_mt", "experts_gate_up_mt3", "experts_gate_up_mt8"] => ExpertsGateUpMtArgs {
         gate: ExpertProj, up: ExpertProj, tiles: DevPtr<i32>, ntiles: DevPtr<i32>,
         order: DevPtr<i32>, k: i32, xb: DevPtr<u32>, xds: DevPtr<f32>, h: DevPtr<f32>,
         inter: i32, hidden: i32, ahead: i32,
@@ -78,7 +79,7 @@ kernels! {
     /// Down (weighted, into each item's row of `part`) of every tile of up to
     /// [`FEW_TILE_ITEMS`] items: grid (⌈hidden / 64⌉, at most the tiles bound), 256 threads;
     /// the tiles, `ahead` and the variant as `experts_gate_up_mt`'s.
-    experts_down_mt ["experts_down_mt", "experts_down_mt3"] => ExpertsDownMtArgs {
+    experts_down_mt ["experts_down_mt", "experts_down_mt3", "experts_down_mt8"] => ExpertsDownMtArgs {
         down: ExpertProj, tiles: DevPtr<i32>, ntiles: DevPtr<i32>, order: DevPtr<i32>,
         wts: DevPtr<f32>, hb: DevPtr<u32>, hds: DevPtr<f32>, part: DevPtr<f32>, inter: i32,
         hidden: i32, ahead: i32,
@@ -143,6 +144,10 @@ pub(crate) struct ExpertTiles {
 
 /// Items per tile of the few-items-per-expert kernels (`MT_BN` in kernels/moe.cu).
 pub(crate) const FEW_TILE_ITEMS: usize = 4;
+
+/// Items per tile of their `_mt8` variants (`CudaOptions::few_tile8_items`: two column groups of
+/// the mma, 2 `MT_BN`).
+pub(crate) const FEW_TILE8_ITEMS: usize = 8;
 
 /// Most routed items per expert (on average over all experts) for which several tokens' experts
 /// run grouped a few items per tile (`experts_grouped_few`) rather than on the tiled GEMM
@@ -1256,6 +1261,20 @@ impl CudaBackend {
         if let Some(s) = shared {
             self.shared_expert_mt(s, hidden, &io)?;
         }
+        // (tiles of 8 items where the items average `few_tile8_items` or more per expert)
+        let (divisor, three, tile8) = {
+            let o = self.opts();
+            (
+                o.few_grid_divisor.max(1),
+                o.few_three_blocks,
+                o.few_tile8_items > 0 && items >= o.few_tile8_items * e.n,
+            )
+        };
+        let per_tile = if tile8 {
+            FEW_TILE8_ITEMS
+        } else {
+            FEW_TILE_ITEMS
+        };
         // (the tiles made here live until this call's launches are queued)
         let made;
         let ExpertTiles {
@@ -1265,28 +1284,27 @@ impl CudaBackend {
             max_tiles,
             ..
         } = match io.tiles {
-            Some(tiles) if tiles.per_tile == FEW_TILE_ITEMS => tiles,
+            Some(tiles) if tiles.per_tile == per_tile => tiles,
             _ => {
-                made = self.expert_tiles(sel, items, e.n, FEW_TILE_ITEMS)?;
+                made = self.expert_tiles(sel, items, e.n, per_tile)?;
                 &made
             }
         };
-        let max_tiles = *max_tiles;
         // (the bound is about twice a step's tile count: past the count a block has no tile)
-        let (grid_rows, three) = {
-            let o = self.opts();
-            (
-                max_tiles.div_ceil(o.few_grid_divisor.max(1)) as u32,
-                o.few_three_blocks,
-            )
-        };
-        let per_sm = if three {
+        let grid_rows = max_tiles.div_ceil(divisor) as u32;
+        // (the kernels' variant: 0 `_mt`, 1 `_mt3`, 2 `_mt8`)
+        let (variant, per_sm) = if tile8 {
+            self.inner
+                .few_tile8_launches
+                .fetch_add(2, std::sync::atomic::Ordering::Relaxed);
+            (2, MT_BLOCKS_PER_SM)
+        } else if three {
             self.inner
                 .few_b3_launches
                 .fetch_add(2, std::sync::atomic::Ordering::Relaxed);
-            MT3_BLOCKS_PER_SM
+            (1, MT3_BLOCKS_PER_SM)
         } else {
-            MT_BLOCKS_PER_SM
+            (0, MT_BLOCKS_PER_SM)
         };
         // B entries: `cols / 2` pairs of f16 pairs (two u32) per row, all written by xb_stage
         // (or by the norm; `own` keeps this call's buffers until its launches are queued)
@@ -1322,7 +1340,7 @@ impl CudaBackend {
         }
         .launch(
             self,
-            usize::from(three),
+            variant,
             ((inter as u32).div_ceil(16), grid_rows, 1),
             (256, 1, 1),
         )?;
@@ -1351,7 +1369,7 @@ impl CudaBackend {
         }
         .launch(
             self,
-            usize::from(three),
+            variant,
             ((hidden as u32).div_ceil(64), grid_rows, 1),
             (256, 1, 1),
         )
