@@ -122,6 +122,7 @@ impl Sampler {
     /// The token for `logits` given the draw `u` of [`draw`](Self::draw) (`None`: greedy).
     /// Candidates are ordered by `logit / temperature` descending, then index; top-k, then the
     /// softmax in f64, then the top-p prefix; the first whose cumulative probability exceeds `u`.
+    /// Sums and cumulative sums run in [`SUM_PARTS`] parts ([`parted_sum`], [`parted_walk`]).
     pub fn pick(&self, logits: &[f32], u: Option<f64>) -> u32 {
         let Some(u) = u.filter(|_| !self.params.is_greedy()) else {
             return argmax(logits);
@@ -147,35 +148,60 @@ impl Sampler {
         cand.sort_by(order);
         let max = cand[0].1;
         let mut probs: Vec<f64> = cand.iter().map(|c| f64::from(c.1 - max).exp()).collect();
-        let total: f64 = probs.iter().sum();
+        let total = parted_sum(&probs);
         for p in &mut probs {
             *p /= total;
         }
         if self.params.top_p < 1.0 {
-            let mut acc = 0.0;
-            let mut keep = probs.len();
-            for (i, p) in probs.iter().enumerate() {
-                acc += p;
-                if acc >= f64::from(self.params.top_p) {
-                    keep = i + 1;
-                    break;
-                }
-            }
+            let top_p = f64::from(self.params.top_p);
+            let keep = parted_walk(&probs, |acc| acc >= top_p).map_or(probs.len(), |i| i + 1);
             probs.truncate(keep);
-            let total: f64 = probs.iter().sum();
+            let total = parted_sum(&probs);
             for p in &mut probs {
                 *p /= total;
             }
         }
-        let mut acc = 0.0;
-        for (i, p) in probs.iter().enumerate() {
-            acc += p;
-            if u < acc {
-                return cand[i].0;
+        let i = parted_walk(&probs, |acc| u < acc).unwrap_or(probs.len() - 1);
+        cand[i].0
+    }
+}
+
+/// Parts that the sampler's sums over its sorted candidates are cut into: each part's terms are
+/// added in order, then the parts' sums in order, so that a device with this many threads a row
+/// (the CUDA backend's `pick_sorted`) computes the same bits in parallel. Up to this many
+/// candidates each part is one term: the plain sum in order.
+pub const SUM_PARTS: usize = 1024;
+
+/// Terms per part of a sum of `n` terms (the last part may hold fewer).
+fn part_len(n: usize) -> usize {
+    n.div_ceil(SUM_PARTS).max(1)
+}
+
+/// The sum of `p` in [`SUM_PARTS`] parts: each part's terms added in order from 0, then the
+/// parts' sums in order from 0.
+pub(crate) fn parted_sum(p: &[f64]) -> f64 {
+    p.chunks(part_len(p.len()))
+        .map(|part| part.iter().fold(0.0, |acc, &x| acc + x))
+        .fold(0.0, |acc, s| acc + s)
+}
+
+/// The first index at which the cumulative sum of `p` satisfies `hit`, the cumulative sum in
+/// parts: the sums of the parts before (each as in [`parted_sum`]) added in order, then the
+/// part's own terms in order; `None` where no index does.
+pub(crate) fn parted_walk(p: &[f64], hit: impl Fn(f64) -> bool) -> Option<usize> {
+    let len = part_len(p.len());
+    let mut before = 0.0;
+    for (j, part) in p.chunks(len).enumerate() {
+        let mut acc = before;
+        for (i, &x) in part.iter().enumerate() {
+            acc += x;
+            if hit(acc) {
+                return Some(j * len + i);
             }
         }
-        cand[probs.len() - 1].0
+        before += part.iter().fold(0.0, |acc, &x| acc + x);
     }
+    None
 }
 
 /// Index of the largest logit (the first one on ties; NaN ignored).
@@ -194,6 +220,35 @@ pub fn argmax(logits: &[f32]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Up to [`SUM_PARTS`] terms the parted sums are the plain ones in order; beyond, parts of
+    /// `ceil(n / SUM_PARTS)` terms.
+    #[test]
+    fn parted_sums_are_the_plain_ones_up_to_the_part_count() {
+        let terms: Vec<f64> = (0..3000)
+            .map(|i| 1.0 / (1.0 + i as f64).powf(1.3))
+            .collect();
+        let plain = |p: &[f64]| p.iter().fold(0.0, |a, &x| a + x);
+        for n in [1, 2, 1000, SUM_PARTS] {
+            let p = &terms[..n];
+            assert_eq!(parted_sum(p).to_bits(), plain(p).to_bits(), "{n}");
+            let half = plain(p) / 2.0;
+            let mut acc = 0.0;
+            let first = p.iter().position(|&x| {
+                acc += x;
+                acc >= half
+            });
+            assert_eq!(parted_walk(p, |a| a >= half), first, "{n}");
+        }
+        // 3,000 terms: 1,000 parts of 3
+        let parts: Vec<f64> = terms.chunks(3).map(plain).collect();
+        assert_eq!(parted_sum(&terms).to_bits(), plain(&parts).to_bits());
+        assert_ne!(parted_sum(&terms).to_bits(), plain(&terms).to_bits());
+        // the walk: the parts before added in order, then the part's terms
+        let target = plain(&parts[..500]) + terms[1500] + terms[1501] / 2.0;
+        assert_eq!(parted_walk(&terms, |a| a >= target), Some(1501));
+        assert_eq!(parted_walk(&terms, |a| a > 1e9), None);
+    }
 
     #[test]
     fn greedy_takes_the_first_maximum() {

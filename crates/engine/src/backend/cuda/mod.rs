@@ -50,7 +50,7 @@ use ops::prefill::{
     EXPERTS_H16_ITEMS, EXPERTS_H16_SMEM, GEMM_H16_FEW_TOKENS, GEMM_H16_ROWS, GEMM_H16_SMEM,
     GEMM_H16_TOKENS, GEMM_MMA_ROWS, GEMM_MMA_TOKENS,
 };
-use ops::sampling::SORTED_SCRATCH_BYTES;
+use ops::sampling::{SAMPLE_THREADS, SORTED_SCRATCH_BYTES};
 use ops::{attention::*, gemv::*, moe::*, DevPtr, Funcs};
 pub use options::CudaOptions;
 
@@ -1338,7 +1338,7 @@ impl Backend for CudaBackend {
                 rows: self.ptr(&t),
                 out: self.ptr(&out),
             }
-            .launch(self, (table.len() as u32, 1, 1), (1024, 1, 1))?;
+            .launch(self, (table.len() as u32, 1, 1), (SAMPLE_THREADS, 1, 1))?;
             Some(t)
         };
         let _sorted = if sorted.is_empty() {
@@ -1369,7 +1369,7 @@ impl Backend for CudaBackend {
                 rows: self.ptr(&t),
                 out: self.ptr(&out).add(at.len()),
             }
-            .launch(self, (rows.len() as u32, 1, 1), (1024, 1, 1))?;
+            .launch(self, (rows.len() as u32, 1, 1), (SAMPLE_THREADS, 1, 1))?;
             Some((t, scratch))
         };
         let ids = self

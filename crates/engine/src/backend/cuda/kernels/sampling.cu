@@ -62,63 +62,85 @@ __device__ int block_exclusive_scan(int v, int* total) {
     return before + incl - v;
 }
 
-// The host `Sampler`'s pick among k candidates sorted by (key desc, index asc), whose softmax
-// terms exp(key - max) in f64 are p[0, k) (shared or global memory, written by any of the
-// block's threads before the call): their sum in that order (one thread: the host's sum, bit for
-// bit), each term divided by it; where top_p < 1 the shortest prefix whose sum reaches top_p,
-// its sum likewise and each of its terms divided by it; the first candidate whose cumulative
-// probability exceeds u (else the last kept). Called by every thread of the block (SAMPLE_THREADS);
-// p is overwritten with the probabilities; returns the candidate's place in every thread.
-__device__ int pick_sorted(double* p, int k, float top_p, double u) {
-    __shared__ double s_sum;
-    __shared__ int s_keep;
-    const int tid = threadIdx.x;
+// The host's parted sum (`parted_sum` in sampling.rs, SUM_PARTS == SAMPLE_THREADS parts) of
+// p[0, m), m >= 1, in every thread: thread j adds part j's terms (c = ceil(m / SAMPLE_THREADS)
+// from j c) in order into part[j], thread 0 the parts' sums in order. p is written by any of
+// the block's threads before the call; part: SAMPLE_THREADS doubles of shared memory.
+__device__ double parted_sum(const double* p, int m, double* part) {
+    __shared__ double s_total;
+    const int tid = threadIdx.x, c = (m + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
+    __syncthreads();
+    double s = 0.0;
+    for (int i = tid * c, e = min(m, i + c); i < e; i++) s += p[i];
+    part[tid] = s;
     __syncthreads();
     if (tid == 0) {
-        double total = 0.0;
-        for (int i = 0; i < k; i++) total += p[i];
-        s_sum = total;
+        double t = 0.0;
+        for (int j = 0, np = (m + c - 1) / c; j < np; j++) t += part[j];
+        s_total = t;
     }
     __syncthreads();
-    const double total = s_sum;
+    return s_total;
+}
+
+// The host's parted_walk over p[0, m) in every thread: the first index at which the cumulative
+// sum, in parts (the sums of the parts before added in order, then the part's own terms), is
+// >= thr (strict false) or > thr (strict true); m where none is. Thread 0 turns the parts'
+// sums into their exclusive prefix in order; each thread walks its own part from its prefix.
+__device__ int parted_walk(const double* p, int m, double thr, bool strict, double* part) {
+    __shared__ int s_first;
+    const int tid = threadIdx.x, c = (m + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
+    const int lo = min(m, tid * c), hi = min(m, lo + c);
+    __syncthreads();
+    double s = 0.0;
+    for (int i = lo; i < hi; i++) s += p[i];
+    part[tid] = s;
+    __syncthreads();
+    if (tid == 0) {
+        double before = 0.0;
+        for (int j = 0, np = (m + c - 1) / c; j < np; j++) {
+            const double t = part[j];
+            part[j] = before;
+            before += t;
+        }
+        s_first = m;
+    }
+    __syncthreads();
+    double acc = part[tid];
+    for (int i = lo; i < hi; i++) {
+        acc += p[i];
+        if (strict ? thr < acc : acc >= thr) {
+            atomicMin(&s_first, i);
+            break;
+        }
+    }
+    __syncthreads();
+    return s_first;
+}
+
+// The host `Sampler`'s pick among k candidates sorted by (key desc, index asc), whose softmax
+// terms exp(key - max) in f64 are p[0, k) (shared or global memory, written by any of the
+// block's threads before the call): their parted sum, each term divided by it; where top_p < 1
+// the shortest prefix whose parted cumulative sum reaches top_p, its parted sum likewise and
+// each of its terms divided by it; the first candidate whose parted cumulative probability
+// exceeds u (else the last kept). The same bits as the host's (sampling.rs: `pick`, with
+// `parted_sum` and `parted_walk`): up to SAMPLE_THREADS candidates the plain sums in order.
+// Called by every thread of the block (SAMPLE_THREADS); p is overwritten with the
+// probabilities; returns the candidate's place in every thread.
+__device__ int pick_sorted(double* p, int k, float top_p, double u) {
+    __shared__ double part[SAMPLE_THREADS];
+    const int tid = threadIdx.x;
+    const double total = parted_sum(p, k, part);
     for (int i = tid; i < k; i += SAMPLE_THREADS) p[i] /= total;
     int keep = k;
     if (top_p < 1.f) {
-        __syncthreads();
-        if (tid == 0) {
-            double acc = 0.0;
-            for (int i = 0; i < k; i++) {
-                acc += p[i];
-                if (acc >= (double)top_p) {
-                    keep = i + 1;
-                    break;
-                }
-            }
-            double t2 = 0.0;
-            for (int i = 0; i < keep; i++) t2 += p[i];
-            s_keep = keep;
-            s_sum = t2;
-        }
-        __syncthreads();
-        keep = s_keep;
-        const double t2 = s_sum;
+        const int cut = parted_walk(p, k, (double)top_p, false, part);
+        keep = cut < k ? cut + 1 : k;
+        const double t2 = parted_sum(p, keep, part);
         for (int i = tid; i < keep; i += SAMPLE_THREADS) p[i] /= t2;
     }
-    __syncthreads();
-    if (tid == 0) {
-        double acc = 0.0;
-        int pick = keep - 1;
-        for (int i = 0; i < keep; i++) {
-            acc += p[i];
-            if (u < acc) {
-                pick = i;
-                break;
-            }
-        }
-        s_keep = pick;
-    }
-    __syncthreads();
-    return s_keep;
+    const int pick = parted_walk(p, keep, u, true, part);
+    return pick < keep ? pick : keep - 1;
 }
 
 // One row to sample: its logits and the sampler's parameters and draw (`SampleRow` in
@@ -137,8 +159,8 @@ struct SampleRow {
 // index of the largest value; otherwise the top_k (2..SAMPLE_K_MAX) of the keys
 // logit / temperature (f32) by (key desc, index asc), the softmax of (key - max) in f64 over
 // them, cut to the shortest prefix whose sum reaches top_p, renormalised, and the first candidate
-// whose cumulative probability exceeds u. NaN logits are never picked. Blocks of SAMPLE_THREADS
-// threads; out[row] = the row's token.
+// whose cumulative probability exceeds u (pick_sorted). NaN logits are never picked. Blocks of
+// SAMPLE_THREADS threads; out[row] = the row's token.
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_logits(const SampleRow* __restrict__ rows,
                                                                      u32* out_all) {
     pdl_enter();
@@ -401,11 +423,10 @@ __device__ __forceinline__ void radix_pass(const u32* sk, const u32* si, u32* dk
 // The next token of every row of `rows` (one block each) as sample_logits picks it, for rows of
 // any top_k (0: every candidate) and temperature > 0: every non-NaN logit's key
 // logit / temperature sorted by (key desc, index asc) (a stable radix sort of ~order keys, NaN
-// last), the first k; the softmax of (key - max) in f64, summed in that order by one thread
-// (the host's sum, bit for bit), each probability divided by the sum in parallel; the top_p
-// prefix and its renormalisation likewise; the first candidate whose cumulative probability
-// exceeds u. Blocks of SAMPLE_THREADS threads (one a SM: without the bound ptxas aims at two, 32
-// registers, and spills); out[row] = the row's token.
+// last), the first k; the softmax of (key - max) in f64 and the rest as pick_sorted takes it
+// (the host's parted sums: each thread adds its part of the candidates in order, one thread the
+// parts' sums). Blocks of SAMPLE_THREADS threads (one a SM: without the bound ptxas aims at
+// two, 32 registers, and spills); out[row] = the row's token.
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1) sample_sorted(const SortedSampleRow* __restrict__ rows,
                                                                      u32* out_all) {
     pdl_enter();

@@ -59,6 +59,11 @@ unsafe impl cudarc::driver::DeviceRepr for SortedSampleRow {}
 /// then the candidates' f64 probabilities.
 pub(crate) const SORTED_SCRATCH_BYTES: usize = 4 * 4 + 8;
 
+/// Threads of a sampling block (`SAMPLE_THREADS` in kernels/sampling.cu): one part each of the
+/// host sampler's parted sums, so as many as it has parts.
+pub(crate) const SAMPLE_THREADS: u32 = 1024;
+const _: () = assert!(SAMPLE_THREADS as usize == crate::sampling::SUM_PARTS);
+
 /// One row for `row_logprobs` (`LogprobRow` in kernels/sampling.cu; same layout): `n` logits at
 /// `logits`, the token it scores, how many of the most likely tokens and the first of their
 /// slots in the outputs.
