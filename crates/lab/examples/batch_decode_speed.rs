@@ -12,8 +12,9 @@
 //! `--top-k K`: samplers at temperature 1 over the K most likely tokens (seeded), as the server
 //! samples for a checkpoint whose generation config asks for that (the synthetic ones: top-k 20)
 //! and a request that sets no sampling field; `--top-k all`: over the whole vocabulary (top-k 0,
-//! the default of a checkpoint whose generation config sets no top-k). `--profile N` (CUDA): the first N timed steps of
-//! each batch run inside Nsight's capture range (`fp4forge_lab::profiler_capture`), so that
+//! the default of a checkpoint whose generation config sets no top-k). `--profile N` (CUDA):
+//! the first N timed steps of each batch run inside Nsight's capture range
+//! (`fp4forge_lab::profiler_capture`), so that
 //! `ncu --profile-from-start off` profiles exactly those steps' kernels (not the prompts'
 //! prefills or the warm-up step). `--timeline N` (CUDA, CUPTI's library on the loader's path):
 //! N more steps of each batch (after one more untimed), after the warm-up and before the timed

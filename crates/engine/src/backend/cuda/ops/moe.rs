@@ -1149,9 +1149,10 @@ impl CudaBackend {
     /// Whether `t` tokens with `k` routed experts each run grouped a few items per tile
     /// ([`experts_grouped_few`](Self::experts_grouped_few)): at least
     /// `CudaOptions::few_moe_min_tokens` (and 2) tokens, at most
-    /// `CudaOptions::few_items_per_expert` items per expert on average, NVFP4 routed projections with `hidden` and `inter` multiples of 128 and
-    /// at most `NV_MAX_K`, at most [`MOE_ALIGN_MAX_EXPERTS`] experts, tensor cores on (sm_89+);
-    /// unless switched off (`CudaOptions::grouped_moe`).
+    /// `CudaOptions::few_items_per_expert` items per expert on average, NVFP4 routed projections
+    /// with `hidden` and `inter` multiples of 128 and at most `NV_MAX_K`, at most
+    /// [`MOE_ALIGN_MAX_EXPERTS`] experts, tensor cores on (sm_89+); unless switched off
+    /// (`CudaOptions::grouped_moe`).
     pub(crate) fn grouped_few(&self, e: &CudaExperts, k: usize, t: usize) -> bool {
         let (on, min, per_expert) = {
             let o = self.opts();
