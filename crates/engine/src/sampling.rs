@@ -177,12 +177,16 @@ fn part_len(n: usize) -> usize {
     n.div_ceil(SUM_PARTS).max(1)
 }
 
+/// The terms of `p` added in order from 0.
+fn sum_in_order(p: &[f64]) -> f64 {
+    p.iter().fold(0.0, |acc, &x| acc + x)
+}
+
 /// The sum of `p` in [`SUM_PARTS`] parts: each part's terms added in order from 0, then the
 /// parts' sums in order from 0.
 pub(crate) fn parted_sum(p: &[f64]) -> f64 {
-    p.chunks(part_len(p.len()))
-        .map(|part| part.iter().fold(0.0, |acc, &x| acc + x))
-        .fold(0.0, |acc, s| acc + s)
+    let parts: Vec<f64> = p.chunks(part_len(p.len())).map(sum_in_order).collect();
+    sum_in_order(&parts)
 }
 
 /// The first index at which the cumulative sum of `p` satisfies `hit`, the cumulative sum in
@@ -199,7 +203,7 @@ pub(crate) fn parted_walk(p: &[f64], hit: impl Fn(f64) -> bool) -> Option<usize>
                 return Some(j * len + i);
             }
         }
-        before += part.iter().fold(0.0, |acc, &x| acc + x);
+        before += sum_in_order(part);
     }
     None
 }

@@ -14,9 +14,8 @@
 //! and a request that sets no sampling field; `--top-k all`: over the whole vocabulary (top-k 0,
 //! the default of a checkpoint whose generation config sets no top-k). `--profile N` (CUDA):
 //! the first N timed steps of each batch run inside Nsight's capture range
-//! (`fp4forge_lab::profiler_capture`), so that
-//! `ncu --profile-from-start off` profiles exactly those steps' kernels (not the prompts'
-//! prefills or the warm-up step). `--timeline N` (CUDA, CUPTI's library on the loader's path):
+//! (`fp4forge_lab::profiler_capture`), so that `ncu --profile-from-start off` profiles exactly
+//! those steps' kernels (not the prompts' prefills or the warm-up step). `--timeline N` (CUDA, CUPTI's library on the loader's path):
 //! N more steps of each batch (after one more untimed), after the warm-up and before the timed
 //! ones, traced with CUPTI (`fp4forge_lab::timeline`): per step the GPU's busy and idle time,
 //! the gaps between kernels, each kernel's share of the busy time; the timed steps that follow

@@ -1086,10 +1086,11 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 
 // This lane's item slots of a tile of up to 4 G items (lane / 8 + 4 q for group q < G): the
 // slot's item (0 where empty), a bit per group that holds one, and the distance in uint4 words
-// from group 0's item's row of `xb` (rows of `row` uint4 words) to each later group's (0 where
-// empty), run_staged's gstride for G = 2.
+// from group 0's item's row of `xb` (rows of `row` uint4 words) to group 1's (0 where empty),
+// run_staged's gstride for G = 2.
 template <int G>
 struct MtSlots {
+    static_assert(G == 1 || G == 2, "one stride reaches group 1 only");
     int item[G];
     unsigned on;
     long gstride;

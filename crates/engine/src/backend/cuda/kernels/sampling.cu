@@ -62,19 +62,26 @@ __device__ int block_exclusive_scan(int v, int* total) {
     return before + incl - v;
 }
 
-// The host's parted sum (`parted_sum` in sampling.rs, SUM_PARTS == SAMPLE_THREADS parts) of
-// p[0, m), m >= 1, in every thread: thread j adds part j's terms (c = ceil(m / SAMPLE_THREADS)
-// from j c) in order into part[j], thread 0 the parts' sums in order. p is written by any of
-// the block's threads before the call; part: SAMPLE_THREADS doubles of shared memory.
-__device__ double parted_sum(const double* p, int m, double* part) {
-    __shared__ double s_total;
+// The parts of the host's parted sums (SUM_PARTS == SAMPLE_THREADS parts, sampling.rs) of
+// p[0, m), m >= 1: thread j adds part j's terms (c = ceil(m / SAMPLE_THREADS) from j c) in order
+// into part[j] (0 past the last part); returns c. p is written by any of the block's threads
+// before the call; part: SAMPLE_THREADS doubles of shared memory. Ends with a barrier.
+__device__ int part_sums(const double* p, int m, double* part) {
     const int tid = threadIdx.x, c = (m + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
     __syncthreads();
     double s = 0.0;
-    for (int i = tid * c, e = min(m, i + c); i < e; i++) s += p[i];
+    for (int i = min(m, tid * c), e = min(m, i + c); i < e; i++) s += p[i];
     part[tid] = s;
     __syncthreads();
-    if (tid == 0) {
+    return c;
+}
+
+// The host's parted_sum of p[0, m) in every thread: part_sums, then thread 0 adds the parts'
+// sums in order.
+__device__ double parted_sum(const double* p, int m, double* part) {
+    __shared__ double s_total;
+    const int c = part_sums(p, m, part);
+    if (threadIdx.x == 0) {
         double t = 0.0;
         for (int j = 0, np = (m + c - 1) / c; j < np; j++) t += part[j];
         s_total = t;
@@ -89,13 +96,7 @@ __device__ double parted_sum(const double* p, int m, double* part) {
 // sums into their exclusive prefix in order; each thread walks its own part from its prefix.
 __device__ int parted_walk(const double* p, int m, double thr, bool strict, double* part) {
     __shared__ int s_first;
-    const int tid = threadIdx.x, c = (m + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
-    const int lo = min(m, tid * c), hi = min(m, lo + c);
-    __syncthreads();
-    double s = 0.0;
-    for (int i = lo; i < hi; i++) s += p[i];
-    part[tid] = s;
-    __syncthreads();
+    const int tid = threadIdx.x, c = part_sums(p, m, part);
     if (tid == 0) {
         double before = 0.0;
         for (int j = 0, np = (m + c - 1) / c; j < np; j++) {
@@ -107,7 +108,7 @@ __device__ int parted_walk(const double* p, int m, double thr, bool strict, doub
     }
     __syncthreads();
     double acc = part[tid];
-    for (int i = lo; i < hi; i++) {
+    for (int i = min(m, tid * c), e = min(m, i + c); i < e; i++) {
         acc += p[i];
         if (strict ? thr < acc : acc >= thr) {
             atomicMin(&s_first, i);
