@@ -122,12 +122,22 @@ impl Sampler {
     /// The token for `logits` given the draw `u` of [`draw`](Self::draw) (`None`: greedy).
     /// Candidates are ordered by `logit / temperature` descending, then index; top-k, then the
     /// softmax in f64, then the top-p prefix; the first whose cumulative probability exceeds `u`.
-    /// Sums and cumulative sums run in [`SUM_PARTS`] parts ([`parted_sum`], [`parted_walk`]).
+    /// With top-k 0 and top-p 1 (no cut) any order samples the same distribution, so the
+    /// candidates stay in index order and nothing is sorted ([`pick_in_index_order`]). Sums and cumulative sums run in [`SUM_PARTS`] parts
+    /// ([`parted_sum`], [`parted_walk`]).
     pub fn pick(&self, logits: &[f32], u: Option<f64>) -> u32 {
         let Some(u) = u.filter(|_| !self.params.is_greedy()) else {
             return argmax(logits);
         };
         let t = self.params.temperature;
+        let k = self.params.top_k;
+        // (`!(top_p < 1)`: the nucleus below is cut only where top_p < 1, NaN included here)
+        if k == 0 && !(self.params.top_p < 1.0) {
+            if logits.iter().all(|l| l.is_nan()) {
+                return 0;
+            }
+            return pick_in_index_order(logits, t, u);
+        }
         let mut cand: Vec<(u32, f32)> = logits
             .iter()
             .enumerate()
@@ -140,7 +150,6 @@ impl Sampler {
         // (a total order: selecting the top k first and sorting only them is the full sort's
         // prefix, in O(vocab) instead of O(vocab log vocab))
         let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        let k = self.params.top_k;
         if k > 0 && k < cand.len() {
             cand.select_nth_unstable_by(k - 1, order);
             cand.truncate(k);
@@ -164,6 +173,43 @@ impl Sampler {
         let i = parted_walk(&probs, |acc| u < acc).unwrap_or(probs.len() - 1);
         cand[i].0
     }
+}
+
+/// The pick of [`Sampler::pick`] at top-k 0 and top-p 1 (no cut), from `logits` with at
+/// least one non-NaN value: every position's term `exp(logit / t - max)` in f64 (`max` the
+/// largest `logit / t`; 0 for NaN) in index order, their parted sum, each term divided by it,
+/// and the first position whose parted cumulative probability exceeds `u`. The pick has a
+/// positive probability: where the walk stops on a zero term (a part's sum and its terms'
+/// running sum differ in the last bits) the next positive one, where it finds none (`u` above
+/// the rounded total) the last positive one, and where no term is positive (an infinite logit)
+/// the first largest logit. NaN and `-inf` (a masked token) are never picked.
+fn pick_in_index_order(logits: &[f32], t: f32, u: f64) -> u32 {
+    let max = logits
+        .iter()
+        .filter(|l| !l.is_nan())
+        .map(|&l| l / t)
+        .fold(f32::NEG_INFINITY, f32::max);
+    let mut probs: Vec<f64> = logits
+        .iter()
+        .map(|&l| {
+            if l.is_nan() {
+                0.0
+            } else {
+                f64::from(l / t - max).exp()
+            }
+        })
+        .collect();
+    let total = parted_sum(&probs);
+    for p in &mut probs {
+        *p /= total;
+    }
+    let stop = parted_walk(&probs, |acc| u < acc).unwrap_or(probs.len());
+    let positive = |i: &usize| probs[*i] > 0.0;
+    let pick = (stop..probs.len())
+        .find(positive)
+        .or_else(|| (0..probs.len()).rev().find(positive))
+        .unwrap_or_else(|| argmax(logits) as usize);
+    pick as u32
 }
 
 /// Parts that the sampler's sums over its sorted candidates are cut into: each part's terms are
@@ -326,6 +372,64 @@ mod tests {
         // greedy parameters ignore the draw
         let g = Sampler::new(SamplingParams::greedy());
         assert_eq!(g.pick(&logits, Some(0.9)), 1);
+    }
+
+    /// At top-k 0 and top-p 1 the candidates stay in index order: each token's share of evenly
+    /// spaced draws is its probability, and NaN, `-inf` and zero terms are never picked.
+    #[test]
+    fn uncut_picks_walk_the_vocabulary_in_index_order() {
+        let whole = |top_k| {
+            Sampler::new(SamplingParams {
+                temperature: 1.0,
+                top_k,
+                top_p: 1.0,
+                seed: 0,
+            })
+        };
+        // probabilities 1/4, 1/2, 1/4 at 0, 2 and 4, in that order along the draw (sorted, 2
+        // would come first)
+        let logits = [
+            0.0f32,
+            f32::NAN,
+            std::f32::consts::LN_2,
+            f32::NEG_INFINITY,
+            0.0,
+            -1e30,
+        ];
+        let draws = [0.0, 0.2, 0.3, 0.7, 0.8, 0.999];
+        let picks =
+            |s: &Sampler| -> Vec<u32> { draws.iter().map(|&u| s.pick(&logits, Some(u))).collect() };
+        assert_eq!(picks(&whole(0)), [0, 0, 2, 2, 4, 4]);
+        // a top-k, even one above the candidates, sorts them: the likeliest first
+        assert_eq!(picks(&whole(100)), [2, 2, 2, 0, 4, 4]);
+        // a draw past the rounded total: the last positive term, not the NaN or -inf after it
+        let s = whole(0);
+        assert_eq!(
+            s.pick(&[1.0, 1.0, f32::NEG_INFINITY, f32::NAN], Some(1.0)),
+            1
+        );
+        // an infinite logit leaves no positive term: the first largest logit
+        assert_eq!(
+            s.pick(&[0.0, f32::INFINITY, 1.0, f32::INFINITY], Some(0.5)),
+            1
+        );
+        // shares of 20,000 evenly spaced draws over 2,000 tokens (parts of 2 terms)
+        let logits: Vec<f32> = (0..2000).map(|i| (i as f32 * 0.731).sin() * 4.0).collect();
+        let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let terms: Vec<f64> = logits.iter().map(|&l| f64::from(l - max).exp()).collect();
+        let total: f64 = terms.iter().sum();
+        let draws = 20_000;
+        let mut count = vec![0usize; logits.len()];
+        for j in 0..draws {
+            count[s.pick(&logits, Some((j as f64 + 0.5) / draws as f64)) as usize] += 1;
+        }
+        for (i, (&c, &t)) in count.iter().zip(&terms).enumerate() {
+            let expected = t / total * draws as f64;
+            assert!(
+                (c as f64 - expected).abs() <= 2.0,
+                "token {i}: {c} draws, {expected:.2} expected"
+            );
+        }
     }
 
     #[test]

@@ -2493,7 +2493,8 @@ fn decode_steps<B: Backend>(m: &Model<B>, prompt: usize, steps: usize) -> Vec<f3
 
 /// Sampling on the device (`sample_logits`, `sample_sorted`) picks exactly the host `Sampler`'s
 /// token for the same draw: greedy, and temperature with top-k (2..256: `sample_logits`; 0, the
-/// whole vocabulary, and 257 or 300: `sample_sorted`) and top-p, over a 100,352-entry vocabulary
+/// whole vocabulary, and 257 or 300: `sample_sorted`, which walks the rows of top-k 0 and
+/// top-p 1 in index order) and top-p, over a 100,352-entry vocabulary
 /// and two small ones, with ties (repeated values: the lower index first), NaN (never picked) and
 /// -inf entries, and two rows of few distinct values (values in steps of 0.5: many keys equal to
 /// the k-th; all 5,000 equal: more keys reach the threads' k-th largest than the kernel gathers,
@@ -2560,9 +2561,9 @@ fn gpu_sampling_picks_the_host_samplers_token() {
     for (v, logits) in hosts.iter().enumerate() {
         for (p, params) in params.iter().enumerate() {
             let mut sampler = Sampler::new(*params);
-            // (fewer draws where each sorts the whole row: the emulated GPU's time)
-            let sorts = params.top_k == 0 || params.top_k > 256;
-            let draws = match (sorts, logits.len() > 10_000) {
+            // (fewer draws where each sorts or walks the whole row: the emulated GPU's time)
+            let whole_row = params.top_k == 0 || params.top_k > 256;
+            let draws = match (whole_row, logits.len() > 10_000) {
                 (false, _) => 200,
                 (true, false) => 40,
                 (true, true) => 8,

@@ -1286,7 +1286,8 @@ impl Backend for CudaBackend {
     /// Every single-row request in one download of the ids: greedy rows and top-k 2..=256 in one
     /// `sample_logits` launch (the candidates selected in shared memory), the others (top-k 0:
     /// the whole vocabulary, or more than 256) in one `sample_sorted` launch (each row sorted in
-    /// scratch of [`SORTED_SCRATCH_BYTES`] a logit).
+    /// scratch of [`SORTED_SCRATCH_BYTES`] a logit, or, at top-k 0 and top-p 1, walked in index
+    /// order).
     fn sample(&self, rows: &[SampleRequest<'_, CudaTensor>]) -> Result<Vec<Option<u32>>> {
         let mut picked = vec![None; rows.len()];
         let (mut table, mut sorted) = (Vec::new(), Vec::new());

@@ -421,13 +421,73 @@ __device__ __forceinline__ void radix_pass(const u32* sk, const u32* si, u32* dk
     }
 }
 
+// The block's (key, index) pair first in the order (key desc, index asc), in every thread.
+__device__ void block_best(float& key, int& idx) {
+    __shared__ float bk[SAMPLE_THREADS / 32];
+    __shared__ int bi[SAMPLE_THREADS / 32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ok = __shfl_xor_sync(0xffffffffu, key, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (ok > key || (ok == key && oi < idx)) { key = ok; idx = oi; }
+    }
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) { bk[threadIdx.x >> 5] = key; bi[threadIdx.x >> 5] = idx; }
+    __syncthreads();
+    for (int w = 0; w < SAMPLE_THREADS / 32; w++)
+        if (bk[w] > key || (bk[w] == key && bi[w] < idx)) { key = bk[w]; idx = bi[w]; }
+}
+
+// The host's pick_in_index_order (sampling.rs) of logits[0, n), at least one of them not NaN,
+// in every thread: every position's term exp(logit / temperature - max) in f64 (0 for NaN) in
+// p[0, n), pick_sorted over them in index order (no top-p cut), then the first position from
+// its pick on whose probability is positive, else the last positive one, else (no positive
+// term: an infinite logit) the first largest logit. (The largest key is the largest logit
+// divided: division by temperature > 0 keeps the order.)
+__device__ int pick_in_index_order(const float* __restrict__ logits, int n, float temperature, double u,
+                                   double* p) {
+    __shared__ int s_first, s_last;
+    const int tid = threadIdx.x;
+    float lmax = __int_as_float(0xff800000);  // -inf
+    int at = 0x7fffffff;
+    for (int i = tid; i < n; i += SAMPLE_THREADS) {
+        const float l = logits[i];
+        if (l > lmax) { lmax = l; at = i; }
+    }
+    block_best(lmax, at);
+    const float mx = lmax / temperature;
+    for (int i = tid; i < n; i += SAMPLE_THREADS) {
+        const float l = logits[i];
+        p[i] = isnan(l) ? 0.0 : exp((double)(l / temperature - mx));
+    }
+    const int stop = pick_sorted(p, n, 1.f, u);
+    if (tid == 0) {
+        s_first = 0x7fffffff;
+        s_last = -1;
+    }
+    __syncthreads();
+    int first = 0x7fffffff, last = -1;
+    for (int i = tid; i < n; i += SAMPLE_THREADS) {
+        if (!(p[i] > 0.0)) continue;
+        if (i >= stop) first = min(first, i);
+        last = max(last, i);
+    }
+    if (first != 0x7fffffff) atomicMin(&s_first, first);
+    if (last >= 0) atomicMax(&s_last, last);
+    __syncthreads();
+    if (s_first != 0x7fffffff) return s_first;
+    if (s_last >= 0) return s_last;
+    return at == 0x7fffffff ? 0 : at;
+}
+
 // The next token of every row of `rows` (one block each) as sample_logits picks it, for rows of
 // any top_k (0: every candidate) and temperature > 0: every non-NaN logit's key
 // logit / temperature sorted by (key desc, index asc) (a stable radix sort of ~order keys, NaN
 // last), the first k; the softmax of (key - max) in f64 and the rest as pick_sorted takes it
 // (the host's parted sums: each thread adds its part of the candidates in order, one thread the
-// parts' sums). Blocks of SAMPLE_THREADS threads (one a SM: without the bound ptxas aims at
-// two, 32 registers, and spills); out[row] = the row's token.
+// parts' sums). Rows of top-k 0 and top-p 1 sort nothing: pick_in_index_order.
+// Blocks of SAMPLE_THREADS threads (one a SM: without the bound ptxas aims at two, 32
+// registers, and spills); out[row] = the row's token.
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1) sample_sorted(const SortedSampleRow* __restrict__ rows,
                                                                      u32* out_all) {
     pdl_enter();
@@ -460,6 +520,12 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1) sample_sorted(co
         if (tid == 0) *out = 0;
         return;
     }
+    if (row.top_k <= 0 && !(row.top_p < 1.f)) {
+        // top-k 0 and top-p 1 (no cut): the candidates in index order, nothing sorted
+        const int pick = pick_in_index_order(logits, n, temperature, row.u, p);
+        if (tid == 0) *out = (u32)pick;
+        return;
+    }
     const int k = row.top_k > 0 ? min(row.top_k, n_valid) : n_valid;
     __syncthreads();
     radix_pass(ka, ia, kb, ib, n, 0, wcount);
@@ -475,7 +541,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1) sample_sorted(co
 
 // ---- log-probabilities -----------------------------------------------------------------------
 
-#define LOGPROB_THREADS 1024
+#define LOGPROB_THREADS SAMPLE_THREADS  // (block_best and block_sum_f64 take blocks of SAMPLE_THREADS)
 
 // One row to score (`LogprobRow` in ops/sampling.rs; same layout): its n logits, the token it
 // scores (any value; outside [0, n): scored -inf, ranked n), how many of the most likely tokens
@@ -487,23 +553,6 @@ struct LogprobRow {
     int top;
     int out;
 };
-
-// The block's (key, index) pair first in the order (key desc, index asc), in every thread.
-__device__ void block_best(float& key, int& idx) {
-    __shared__ float bk[LOGPROB_THREADS / 32];
-    __shared__ int bi[LOGPROB_THREADS / 32];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ok = __shfl_xor_sync(0xffffffffu, key, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-        if (ok > key || (ok == key && oi < idx)) { key = ok; idx = oi; }
-    }
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) { bk[threadIdx.x >> 5] = key; bi[threadIdx.x >> 5] = idx; }
-    __syncthreads();
-    for (int w = 0; w < LOGPROB_THREADS / 32; w++)
-        if (bk[w] > key || (bk[w] == key && bi[w] < idx)) { key = bk[w]; idx = bi[w]; }
-}
 
 // The block's sum of one double per thread (fixed order: lanes, then warps), in every thread.
 __device__ double block_sum_f64(double v) {
