@@ -4,7 +4,8 @@
 //! token where it can, only ids come back); tokens/s of the whole batch and time per step.
 //!
 //! `cargo run --release -p fp4forge-lab [--features cuda] --example batch_decode_speed -- DIR
-//! [--device cuda] [--kv-dtype fp8] [--top-k K] [--prompt P] [--profile N] [--timeline N] [STEPS]
+//! [--device cuda] [--kv-dtype fp8] [--top-k K] [--top-p P] [--prompt P] [--profile N]
+//! [--timeline N] [STEPS]
 //! [BATCHES...]`
 //! (defaults: cpu, bf16 caches, greedy, 4-token prompts, 32 steps, batches 1 2 4 8 16).
 //! `--prompt P`: each session prefills P tokens before the steps (e.g. 128, the serve
@@ -12,7 +13,9 @@
 //! `--top-k K`: samplers at temperature 1 over the K most likely tokens (seeded), as the server
 //! samples for a checkpoint whose generation config asks for that (the synthetic ones: top-k 20)
 //! and a request that sets no sampling field; `--top-k all`: over the whole vocabulary (top-k 0,
-//! the default of a checkpoint whose generation config sets no top-k). `--profile N` (CUDA):
+//! the default of a checkpoint whose generation config sets no top-k). `--top-p P` (default 1):
+//! the samplers' nucleus (below 1, a whole-vocabulary row is sorted; at 1 it is walked in index
+//! order). `--profile N` (CUDA):
 //! the first N timed steps of each batch run inside Nsight's capture range
 //! (`fp4forge_lab::profiler_capture`), so that `ncu --profile-from-start off` profiles exactly
 //! those steps' kernels (not the prompts' prefills or the warm-up step). `--timeline N` (CUDA, CUPTI's library on the loader's path):
@@ -41,6 +44,8 @@ struct Measure {
     prompt: usize,
     /// The samplers' top-k at temperature 1 (`Some(0)`: the whole vocabulary; `None`: greedy).
     top_k: Option<usize>,
+    /// The samplers' top-p.
+    top_p: f32,
 }
 
 impl WithModel for Measure {
@@ -69,7 +74,7 @@ impl WithModel for Measure {
                         Some(k) => SamplingParams {
                             temperature: 1.0,
                             top_k: k,
-                            top_p: 1.0,
+                            top_p: self.top_p,
                             seed: i as u64 + 1,
                         },
                     })
@@ -163,6 +168,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Err(e) => return Err(format!("--top-k {k}: {e} (a count, or `all`)").into()),
         },
     };
+    let top_p = fp4forge_lab::take_arg(&mut args, "--top-p", 1.0f32)?;
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(format!("--top-p {top_p}: in (0, 1]").into());
+    }
     let prompt = fp4forge_lab::take_arg(&mut args, "--prompt", 4usize)?;
     if prompt == 0 {
         return Err("--prompt: at least one token".into());
@@ -203,6 +212,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             timeline,
             prompt,
             top_k,
+            top_p,
         },
     )?
 }
