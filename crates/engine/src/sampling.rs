@@ -131,8 +131,9 @@ impl Sampler {
         };
         let t = self.params.temperature;
         let k = self.params.top_k;
-        // (`!(top_p < 1)`: the nucleus below is cut only where top_p < 1, NaN included here)
-        if k == 0 && !(self.params.top_p < 1.0) {
+        // (the nucleus below is cut only where top_p < 1: a NaN top_p cuts nothing either)
+        let top_p = self.params.top_p;
+        if k == 0 && (top_p >= 1.0 || top_p.is_nan()) {
             if logits.iter().all(|l| l.is_nan()) {
                 return 0;
             }
