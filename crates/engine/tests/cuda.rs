@@ -641,6 +641,74 @@ fn loaded<B: Backend>(b: &B, ws: &[LinearWeight]) -> Vec<B::Linear> {
         .collect()
 }
 
+/// `x_split_h16` (a prompt's x split into `gemm_h16`'s f16 parts and their row scales) gives
+/// the same bits at 1, 2, 4 and 8 warps a row and at the device's own pick
+/// (`CudaOptions::split_row_warps` 0): NVFP4 linears of 70 and 130 tokens over rows of 256,
+/// 2,304 (beyond a warp's registers: read twice at one warp a row, once at two) and 8,192
+/// values, and the gated projection (the gate applied inside the split).
+#[test]
+#[ignore = "needs a CUDA GPU (scripts/gpu-tests.sh)"]
+fn gpu_x_split_warps_change_no_bit() {
+    let gpu = gpu();
+    if !gpu.h16_gemm_runs() {
+        println!("gemm_h16 does not run on this device: nothing to compare");
+        return;
+    }
+    let defaults = gpu.options();
+    let n = 64;
+    for (k, tokens) in [
+        (256usize, &[70usize, 130][..]),
+        (2304, &[70]),
+        (8192, &[70]),
+    ] {
+        let bits = bf16_bits(n * k, 900 + k as u64);
+        let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+        let view = WeightView::new("w", SourceDtype::Bf16, n, k, &bytes).unwrap();
+        let w = loaded(
+            &gpu,
+            &[LinearWeight::from_nvfp4(&quantize(&view).unwrap(), None)],
+        )
+        .remove(0);
+        for &t in tokens {
+            let x = values(t * k, 31 + t as u64, 8.0);
+            let g = values(t * 4, 57 + t as u64, 3.0);
+            let zeros = vec![0.0f32; t * n];
+            let run = |wpr: usize| {
+                gpu.set_options(CudaOptions {
+                    split_row_warps: wpr,
+                    ..defaults.clone()
+                });
+                let gx = gpu.upload(t, k, &x).unwrap();
+                let plain = gpu.download(&gpu.linear(&gx, &w, None).unwrap()).unwrap();
+                let mut out = gpu.upload(t, n, &zeros).unwrap();
+                let gate = gpu.upload(t, 4, &g).unwrap();
+                gpu.gated_linear_add(&mut out, gx, &gate, &w, None).unwrap();
+                (plain, gpu.download(&out).unwrap())
+            };
+            let one = run(1);
+            assert!(one.0.iter().chain(&one.1).all(|v| v.is_finite()));
+            assert!(one.0 != one.1, "the gate changes the projection");
+            let differ = |a: &[f32], b: &[f32]| a.iter().zip(b).filter(|(x, y)| x != y).count();
+            for wpr in [2, 4, 8, 0] {
+                let got = run(wpr);
+                for (what, a, b) in [("linear", &got.0, &one.0), ("gated", &got.1, &one.1)] {
+                    assert!(
+                        a == b,
+                        "{what}, k {k}, {t} tokens, {wpr} warps a row: {} of {} values differ",
+                        differ(a, b),
+                        b.len()
+                    );
+                }
+            }
+            println!(
+                "x_split_h16, k {k}, {t} tokens: the same bits at 1, 2, 4, 8 warps a row and {} (the device's pick)",
+                gpu.split_row_warps(t, k)
+            );
+        }
+    }
+    gpu.set_options(defaults);
+}
+
 /// A prompt's bf16 weights of one input (the MoE router and the shared expert's gate and up: 256,
 /// 1,024 and 1,024 rows) in one `gemm_mma_segs` launch (`CudaOptions::mma_merged`), none split
 /// over K, where each alone splits K: each output against `linear` of its weight alone on the GPU
@@ -881,6 +949,7 @@ fn gpu_nvfp4_experts_match_cpu() {
                     // tensor-core arithmetic, bit for bit, as tiles of 4
                     gpu.set_options(CudaOptions {
                         few_items_per_expert: 16,
+                        few_tile8_items: 0,
                         ..gpu.options()
                     });
                     let four = route_and_experts(&gpu, &ge, &params, t, &x, &logits);
@@ -899,7 +968,7 @@ fn gpu_nvfp4_experts_match_cpu() {
                     assert_eq!(eight, per_item, "few items per tile of 8 vs per-item t {t}");
                     gpu.set_options(CudaOptions {
                         few_items_per_expert: CudaOptions::default().few_items_per_expert,
-                        few_tile8_items: 0,
+                        few_tile8_items: CudaOptions::default().few_tile8_items,
                         ..gpu.options()
                     });
                 }

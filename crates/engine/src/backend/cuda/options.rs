@@ -17,6 +17,7 @@
 //! | `FP4FORGE_CUDA_H16_MERGE` | `h16_merged` | `0`: the weights of one input on `gemm_h16` (q/k/v of a prompt) one launch each, not in one launch where their tiles fill the device without a K split | on |
 //! | `FP4FORGE_CUDA_MMA_MERGE` | `mma_merged` | `1`: a prompt's bf16 weights of one input (the MoE router and the shared expert's gate and up) in one `gemm_mma_segs` launch without a K split, where their tiles together fill the device and some alone would split K, not one `gemm_mma` launch each (each splitting K and adding the splits in a launch of its own) | off (H100, 2026-12-07, two rounds: a 2K prompt 2.3% slower, 16K 1.5%: the merged grid's partial second wave of whole-K tiles costs more than three launches and their sums) |
 //! | `FP4FORGE_CUDA_SPLITK_LAST` | `splitk_last` | `1`: a K-split `gemm_mma` / `gemm_h16` launch (a prompt's router, shared expert and attention gate: too few tiles to fill the device) adds its splits in the last block of each tile to finish (a ticket a tile), not in a `gemm_splitk_reduce` launch of its own; the same bits | off (H100, 2026-12-07, call 21, two rounds: a 2K prefill 142.40 → 142.65 ms, 16K 1,333.95 → 1,338.50; through `serve` 14,311 → 14,222 tok/s at 2K: the launches it saves overlap their neighbours already) |
+//! | `FP4FORGE_CUDA_SPLIT_WARPS` | `split_row_warps` | warps a row of `x_split_h16` (a prompt's activations split into `gemm_h16`'s f16 parts), 8 / that many rows a block: `1`, `2`, `4` or `8`; `0`: the fewest of those whose blocks cover the device's SMs (a 128-token prompt: 16 blocks of one warp a row, 128 of eight), at most one a 128 values; the same bits at any count | 1 (not yet measured: a 128-token prefill spent 1.9 ms of its 27.9 in 80 launches of 16 blocks, H100, 2026-12-07) |
 //! | `FP4FORGE_CUDA_H16_B1` | `h16_one_block` | `1`: `gemm_h16` as its variant of one block a SM with more registers, each chunk's B fragments loaded ahead | off |
 //! | `FP4FORGE_CUDA_GROUPED_MOE` | `grouped_moe` | `0`: multi-token routed experts on the per-item kernels, not grouped by expert on tensor cores (sm_80+) | on |
 //! | `FP4FORGE_CUDA_BATCH_ATTN` | `batched_attention` | `0`: a batched decode step's attention sequence by sequence (rope, attention, append per sequence), not in one `attn_dec_batch` launch | on |
@@ -28,7 +29,7 @@
 //! | `FP4FORGE_CUDA_MT_TOKENS` | `few_token_max` | most tokens of a bf16/NVFP4 linear on the few-token tensor-core GEMV (`gemv_mt`; more: `gemm_mma`); `0`: never | `GEMV_MT_MAX_TOKENS` |
 //! | `FP4FORGE_CUDA_FEW_MOE` | `few_moe_min_tokens` | fewest tokens whose routed experts run grouped a few items per tile (`experts_grouped_few`); `0`: never | `FEW_MOE_MIN_TOKENS` |
 //! | `FP4FORGE_CUDA_FEW_ITEMS` | `few_items_per_expert` | most routed items per expert (on average over all experts) of a step or prompt chunk whose experts run grouped a few items per tile (`experts_grouped_few`; more: the tiled `experts_*_h16` GEMM), e.g. a 128-token prompt of Laguna-XS (8 of 256 experts a token) has 4 | `FEW_ITEMS_PER_EXPERT` (4) |
-//! | `FP4FORGE_CUDA_FEW_TILE8` | `few_tile8_items` | `N`: where the routed items of a step or prompt chunk on the few-items-per-tile experts average N or more per expert (a 128-token prompt of Laguna-XS: 4), they run on tiles of up to 8 items of one expert (`experts_gate_up_mt8`, `experts_down_mt8`: two column groups of the mma, each decoded weight fragment feeding both, so each expert's weights read once per 8 of its items instead of 4; 2 chunk slots a lane, 128 registers, two blocks a SM; the same arithmetic, so the same bits); `0`: never | 0 (not yet measured) |
+//! | `FP4FORGE_CUDA_FEW_TILE8` | `few_tile8_items` | `N`: where the routed items of a step or prompt chunk on the few-items-per-tile experts average N or more per expert (a 128-token prompt of Laguna-XS: 4), they run on tiles of up to 8 items of one expert (`experts_gate_up_mt8`, `experts_down_mt8`: two column groups of the mma, each decoded weight fragment feeding both, so each expert's weights read once per 8 of its items instead of 4; 2 chunk slots a lane, 128 registers, two blocks a SM; the same arithmetic, so the same bits); `0`: never | `FEW_TILE8_MIN_ITEMS` (3: H100, 2026-12-07, two rounds: a 96-token prompt 23.85 → 23.50 ms, 128 tokens 28.00 → 27.10; 64 tokens unchanged; the few-items path up to 6 an expert (`FEW_ITEMS=6`) 3.8% slower at 192 tokens than the tiled GEMM) |
 //! | `FP4FORGE_MMA_KS` | `mma_k_split` | `1`, `2`, `4`, `8`: fixed K split (warps per tile) of `gemv_mma` | per shape (`mma_split`) |
 //! | `FP4FORGE_CUDA_MT_B1` | `mt_one_block` | `1`: NVFP4 `gemv_mt` as its variant of one block a SM with more chunks in flight a lane (`gemv_mt_nv_b1`) | off |
 //! | `FP4FORGE_CUDA_MT16` | `mt_16_tokens` | `1`: NVFP4 `gemv_mt` of more than 8 tokens at 16 tokens a grid row (`gemv_mt_nv16`: each weight read half as often, one block a SM) | off |
@@ -74,8 +75,8 @@ use super::ops::attention::{
 };
 use super::ops::gemv::{GEMV_MT_MAX_TOKENS, NV_BLOCKS_PER_SM};
 use super::ops::moe::{
-    FEW_GRID_DIVISOR, FEW_ITEMS_PER_EXPERT, FEW_MOE_MIN_TOKENS, L2_PREFETCH_MIN_ROWS,
-    SHARED_MT_MIN_ROWS,
+    FEW_GRID_DIVISOR, FEW_ITEMS_PER_EXPERT, FEW_MOE_MIN_TOKENS, FEW_TILE8_MIN_ITEMS,
+    L2_PREFETCH_MIN_ROWS, SHARED_MT_MIN_ROWS,
 };
 
 /// The CUDA backend's knobs (see the module's table for the `FP4FORGE_*` variable of each).
@@ -184,6 +185,9 @@ pub struct CudaOptions {
     /// `FP4FORGE_CUDA_FEW_ITEMS`: most routed items per expert (on average) on
     /// `experts_grouped_few`.
     pub few_items_per_expert: usize,
+    /// `FP4FORGE_CUDA_SPLIT_WARPS`: warps a row of `x_split_h16` (1, 2, 4, 8; 0: the fewest
+    /// whose blocks cover the SMs).
+    pub split_row_warps: usize,
     /// `FP4FORGE_CUDA_FEW_TILE8`: fewest routed items per expert (on average) that
     /// `experts_grouped_few` runs on tiles of 8 items (0: never).
     pub few_tile8_items: usize,
@@ -296,7 +300,8 @@ impl Default for CudaOptions {
             few_token_max: GEMV_MT_MAX_TOKENS,
             few_moe_min_tokens: FEW_MOE_MIN_TOKENS,
             few_items_per_expert: FEW_ITEMS_PER_EXPERT,
-            few_tile8_items: 0,
+            few_tile8_items: FEW_TILE8_MIN_ITEMS,
+            split_row_warps: 1,
             attn_split_min_keys: ATTN_SPLIT_MIN_KEYS,
             attn_split_blocks_per_sm: ATTN_SPLIT_BLOCKS_PER_SM,
             attn_short_keys: ATTN_SHORT_KEYS,
@@ -392,6 +397,9 @@ impl CudaOptions {
                 .filter(|&n| n > 0)
                 .unwrap_or(d.few_items_per_expert),
             few_tile8_items: num("FP4FORGE_CUDA_FEW_TILE8").unwrap_or(d.few_tile8_items),
+            split_row_warps: num("FP4FORGE_CUDA_SPLIT_WARPS")
+                .filter(|n| [0, 1, 2, 4, 8].contains(n))
+                .unwrap_or(d.split_row_warps),
             mt_wide_min_tokens: num("FP4FORGE_CUDA_MT_WIDE").unwrap_or(d.mt_wide_min_tokens),
             h16_few_min: num("FP4FORGE_CUDA_H16_FEW").unwrap_or(d.h16_few_min),
             mt_interleave: on("FP4FORGE_CUDA_MT_INTERLEAVE"),
@@ -484,9 +492,11 @@ mod tests {
             ("FP4FORGE_CUDA_SPLITK_LAST", "1"),
             ("FP4FORGE_CUDA_FEW_B3", "0"),
             ("FP4FORGE_CUDA_FEW_ITEMS", "8"),
-            ("FP4FORGE_CUDA_FEW_TILE8", "3"),
+            ("FP4FORGE_CUDA_FEW_TILE8", "5"),
+            ("FP4FORGE_CUDA_SPLIT_WARPS", "4"),
         ]);
-        assert_eq!((o.few_items_per_expert, o.few_tile8_items), (8, 3));
+        assert_eq!((o.few_items_per_expert, o.few_tile8_items), (8, 5));
+        assert_eq!(o.split_row_warps, 4);
         assert!(!o.item_tc && !o.gate_up_tc && o.splitk_last && !o.few_three_blocks);
         assert_eq!(o.attn_split_min_keys, 256);
         assert!(o.attn_g8 == 1 && !o.norm_rope && o.mma_merged);
@@ -518,7 +528,9 @@ mod tests {
             ("FP4FORGE_CUDA_MT_FILL", "0"),
             ("FP4FORGE_CUDA_ATTN_MIN_KEYS", "0"),
             ("FP4FORGE_CUDA_FEW_ITEMS", "0"),
+            ("FP4FORGE_CUDA_SPLIT_WARPS", "3"),
         ]);
+        assert_eq!(o.split_row_warps, 1);
         assert_eq!(o.attn_split_min_keys, ATTN_SPLIT_MIN_KEYS);
         assert_eq!(o.few_items_per_expert, FEW_ITEMS_PER_EXPERT);
         assert_eq!((o.nv_blocks_per_sm, o.nv_grid_per_sm), (2, 0));

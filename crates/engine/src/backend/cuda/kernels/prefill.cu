@@ -609,13 +609,16 @@ struct GhStage {
 // 2^e = 1 / xds[t], in gemm_h16's fragment order per 32 values (K % 32 == 0). xds null: the rows'
 // row_pow2 scales are computed here first (as row_pow2 computes them, so the same bits) and
 // written to xds_out. gate (null: none): x[t, k] taken times softplus(gate[t, k / group]) first
-// (group % 4 == 0; softplus_gate's product, so the same bits as that kernel then this one). One
-// warp per row, 8 rows a block of 256; 8 lanes per 32 values, lane j reading values 4j .. 4j + 3
+// (group % 4 == 0; softplus_gate's product, so the same bits as that kernel then this one).
+// `wpr` warps (1, 2, 4 or 8) per row, 8 / wpr rows a block of 256 (a prompt of few rows: more
+// blocks to fill the device); 8 lanes per 32 values, lane j reading values 4j .. 4j + 3
 // (coalesced), which are exactly the pairs of two words of each part: (4j, 4j + 2) is word
-// 4 (j & 1) + j / 2, (4j + 1, 4j + 3) that plus 8. Rows of at most 128 * XS_REG_V values (a
-// prompt's hidden states, the experts' SiLU products) are loaded once, all of a lane's float4s
-// in flight together, and kept in registers for the scale and the parts; longer rows are read
-// twice (the max, then the parts), a few float4s in flight a lane. Either way the same values.
+// 4 (j & 1) + j / 2, (4j + 1, 4j + 3) that plus 8; a row's warps take its 32-float4 stretches in
+// turn. Rows of at most 128 * XS_REG_V * wpr values (a prompt's hidden states, the experts' SiLU
+// products) are loaded once, all of a lane's float4s in flight together, and kept in registers
+// for the scale and the parts; longer rows are read twice (the max, then the parts), a few
+// float4s in flight a lane. Either way, and at any wpr, the same values (the max is exact in
+// any order).
 #define XS_REG_V 16
 
 // Float4 i of a row (v, lane = i % 32), times xs, as its two words of each part (hi, lo: the
@@ -630,15 +633,32 @@ __device__ __forceinline__ void x_split_store(u32* hi, u32* lo, int lane, int i,
     lo[w + 8] = f16x2_rn(a1, b1);
 }
 
+// The largest of the `wpr` warps' m of this warp's row (warp_max first), in every lane; a
+// barrier of the block where wpr > 1 (every warp calls it, rows past the last included).
+__device__ __forceinline__ float x_split_row_max(float m, int wpr) {
+    __shared__ float wmax[8];
+    m = warp_max(m);
+    if (wpr == 1) return m;
+    const int warp = threadIdx.x >> 5, first = warp - warp % wpr;
+    if ((threadIdx.x & 31) == 0) wmax[warp] = m;
+    __syncthreads();
+    m = wmax[first];
+    for (int w = 1; w < wpr; w++) m = fmaxf(m, wmax[first + w]);
+    return m;
+}
+
 extern "C" __global__ void __launch_bounds__(256)
     x_split_h16(const float* __restrict__ x, const float* __restrict__ xds, int T, int K, u16* __restrict__ xh,
-                float* __restrict__ xds_out, const float* __restrict__ gate, int group) {
+                float* __restrict__ xds_out, const float* __restrict__ gate, int group, int wpr) {
     pdl_enter();
-    const long r = (long)blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (r >= T) return;
-    const int lane = threadIdx.x & 31;
-    const float4* row = (const float4*)(x + r * K);
-    const float* grow = gate ? gate + r * (K / group) : nullptr;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wr = warp % wpr;
+    const long r = (long)blockIdx.x * (8 / wpr) + warp / wpr;
+    // (a row past T: its warps load and store nothing but meet x_split_row_max's barrier)
+    const bool on = r < T;
+    if (!on && wpr == 1) return;
+    const long rr = on ? r : 0;
+    const float4* row = (const float4*)(x + rr * K);
+    const float* grow = gate ? gate + rr * (K / group) : nullptr;
     // x's float4 i, gated where there is a gate
     auto load = [&](int i) {
         float4 v = __ldg(row + i);
@@ -651,20 +671,21 @@ extern "C" __global__ void __launch_bounds__(256)
         }
         return v;
     };
-    u32* hi = (u32*)(xh + r * K);
-    u32* lo = (u32*)(xh + (long)T * K + r * K);
-    const int n4 = K / 4;
-    if (K <= 128 * XS_REG_V) {
+    u32* hi = (u32*)(xh + rr * K);
+    u32* lo = (u32*)(xh + (long)T * K + rr * K);
+    // this lane's float4s: i0, i0 + step, ... below n4 (none for a row past T)
+    const int n4 = on ? K / 4 : 0, i0 = lane + 32 * wr, step = 32 * wpr;
+    if (K <= 128 * XS_REG_V * wpr) {
         float4 v[XS_REG_V];
 #pragma unroll
         for (int q = 0; q < XS_REG_V; q++) {
-            const int i = lane + 32 * q;
+            const int i = i0 + step * q;
             v[q] = i < n4 ? __ldg(row + i) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
         if (grow) {
 #pragma unroll
             for (int q = 0; q < XS_REG_V; q++) {
-                const int i = lane + 32 * q;
+                const int i = i0 + step * q;
                 if (i < n4) {
                     const float s = softplus(__ldg(grow + 4 * i / group));
                     v[q].x *= s;
@@ -676,40 +697,40 @@ extern "C" __global__ void __launch_bounds__(256)
         }
         float xs;
         if (xds != nullptr) {
-            xs = gt_row_xs(xds, r);
+            xs = on ? gt_row_xs(xds, r) : 1.f;
         } else {
             // (max is exact in any order: the loop path's scale)
             float m = 0.f;
 #pragma unroll
             for (int q = 0; q < XS_REG_V; q++)
                 m = fmaxf(m, fmaxf(fmaxf(fabsf(v[q].x), fabsf(v[q].y)), fmaxf(fabsf(v[q].z), fabsf(v[q].w))));
-            const float ds = pow2f(-xb_exp(warp_max(m)));
-            if (lane == 0) xds_out[r] = ds;
+            const float ds = pow2f(-xb_exp(x_split_row_max(m, wpr)));
+            if (on && wr == 0 && lane == 0) xds_out[r] = ds;
             xs = 1.f / ds;
         }
 #pragma unroll
         for (int q = 0; q < XS_REG_V; q++) {
-            const int i = lane + 32 * q;
+            const int i = i0 + step * q;
             if (i < n4) x_split_store(hi, lo, lane, i, v[q], xs);
         }
         return;
     }
     float xs;
     if (xds != nullptr) {
-        xs = gt_row_xs(xds, r);
+        xs = on ? gt_row_xs(xds, r) : 1.f;
     } else {
         float m = 0.f;
 #pragma unroll 4
-        for (int i = lane; i < K / 4; i += 32) {
+        for (int i = i0; i < n4; i += step) {
             const float4 v = load(i);
             m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
         }
-        const float ds = pow2f(-xb_exp(warp_max(m)));
-        if (lane == 0) xds_out[r] = ds;
+        const float ds = pow2f(-xb_exp(x_split_row_max(m, wpr)));
+        if (on && wr == 0 && lane == 0) xds_out[r] = ds;
         xs = 1.f / ds;
     }
 #pragma unroll 4
-    for (int i = lane; i < n4; i += 32) x_split_store(hi, lo, lane, i, load(i), xs);
+    for (int i = i0; i < n4; i += step) x_split_store(hi, lo, lane, i, load(i), xs);
 }
 
 // Where a block's gh_load copies from: this thread's weight row (tid / 2; null: zeros) and,

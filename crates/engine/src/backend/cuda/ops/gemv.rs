@@ -1291,6 +1291,7 @@ impl CudaBackend {
         k: usize,
         xh: DevPtr<u16>,
     ) -> Result<()> {
+        let wpr = self.split_row_warps(t, k);
         ops::prefill::XSplitH16Args {
             x,
             xds,
@@ -1300,8 +1301,30 @@ impl CudaBackend {
             xds_out,
             gate,
             group: group as i32,
+            wpr: wpr as i32,
         }
-        .launch(self, ((t as u32).div_ceil(8), 1, 1), (256, 1, 1))
+        .launch(self, ((t * wpr).div_ceil(8) as u32, 1, 1), (256, 1, 1))
+    }
+
+    /// Warps a row of `x_split_h16` over `t` rows of `k` values: `CudaOptions::split_row_warps`
+    /// where it is set, else the fewest of 1, 2, 4 and 8 whose blocks (8 rows a block at one
+    /// warp a row) cover the device's SMs, at most one a 128 values.
+    pub fn split_row_warps(&self, t: usize, k: usize) -> usize {
+        let set = self.opts().split_row_warps;
+        if set > 0 {
+            return set;
+        }
+        let mut pick = 1;
+        for w in [1, 2, 4, 8]
+            .into_iter()
+            .take_while(|&w| w == 1 || w * 128 <= k)
+        {
+            pick = w;
+            if (t * w).div_ceil(8) >= self.sm_count() {
+                break;
+            }
+        }
+        pick
     }
 
     /// The `row_pow2` scales of the `rows` rows of `x` (`cols` values each) where the tensor-core

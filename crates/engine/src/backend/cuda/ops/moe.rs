@@ -149,6 +149,13 @@ pub(crate) const FEW_TILE_ITEMS: usize = 4;
 /// the mma, 2 `MT_BN`).
 pub(crate) const FEW_TILE8_ITEMS: usize = 8;
 
+/// Fewest routed items per expert (on average over all experts) for which the few-items-per-tile
+/// experts take tiles of [`FEW_TILE8_ITEMS`] (`CudaOptions::few_tile8_items`): prompts of 96-128
+/// tokens of Laguna-XS (3-4 items an expert). H100, 2026-12-07, two rounds each (ms a prefill):
+/// at 3, 96 tokens 23.85 → 23.50 and 128 tokens 28.00 → 27.10 (call 2), at 4, 128 tokens
+/// 27.90 → 26.70 (call 1); 64 tokens (2 an expert) unchanged at 4.
+pub(crate) const FEW_TILE8_MIN_ITEMS: usize = 3;
+
 /// Most routed items per expert (on average over all experts) for which several tokens' experts
 /// run grouped a few items per tile (`experts_grouped_few`) rather than on the tiled GEMM
 /// (`CudaOptions::few_items_per_expert`).

@@ -51,10 +51,11 @@ kernels! {
     /// `xh` = the f16 high parts and remainders of `x · 2^e` (`2^e = 1 / xds[row]`), `t` rows of
     /// `k` values (`k % 32 == 0`), in `gemm_h16`'s fragment order; `xds` null: the rows'
     /// `row_pow2` scales computed first and written to `xds_out`; `gate` (null: none): x times
-    /// `softplus(gate[t, k / group])` first (`group % 4 == 0`). 8 rows per block of 256.
+    /// `softplus(gate[t, k / group])` first (`group % 4 == 0`). `wpr` warps (1, 2, 4 or 8) a
+    /// row, 8 / `wpr` rows per block of 256.
     x_split_h16 => XSplitH16Args {
         x: DevPtr<f32>, xds: DevPtr<f32>, t: i32, k: i32, xh: DevPtr<u16>, xds_out: DevPtr<f32>,
-        gate: DevPtr<f32>, group: i32,
+        gate: DevPtr<f32>, group: i32, wpr: i32,
     }
     /// `ds[r] = 2^-e` per row of `x` (`k` values, `k % 4 == 0`), `2^e` putting the row's max |x|
     /// in [2^14, 2^15): the scales of the tensor-core GEMMs' f16 path. 8 rows per block of 256.
