@@ -123,8 +123,8 @@ impl Sampler {
     /// Candidates are ordered by `logit / temperature` descending, then index; top-k, then the
     /// softmax in f64, then the top-p prefix; the first whose cumulative probability exceeds `u`.
     /// With top-k 0 and top-p 1 (no cut) any order samples the same distribution, so the
-    /// candidates stay in index order and nothing is sorted ([`pick_in_index_order`]). Sums and cumulative sums run in [`SUM_PARTS`] parts
-    /// ([`parted_sum`], [`parted_walk`]).
+    /// candidates stay in index order and nothing is sorted ([`pick_in_index_order`]). Sums and
+    /// cumulative sums run in [`SUM_PARTS`] parts ([`parted_sum`], [`parted_walk`]).
     pub fn pick(&self, logits: &[f32], u: Option<f64>) -> u32 {
         let Some(u) = u.filter(|_| !self.params.is_greedy()) else {
             return argmax(logits);
@@ -213,10 +213,10 @@ fn pick_in_index_order(logits: &[f32], t: f32, u: f64) -> u32 {
     pick as u32
 }
 
-/// Parts that the sampler's sums over its sorted candidates are cut into: each part's terms are
-/// added in order, then the parts' sums in order, so that a device with this many threads a row
-/// (the CUDA backend's `pick_sorted`) computes the same bits in parallel. Up to this many
-/// candidates each part is one term: the plain sum in order.
+/// Parts that the sampler's sums over its candidates (sorted, or in index order) are cut into:
+/// each part's terms are added in order, then the parts' sums in order, so that a device with
+/// this many threads a row (the CUDA backend's `pick_sorted`) computes the same bits in
+/// parallel. Up to this many candidates each part is one term: the plain sum in order.
 pub const SUM_PARTS: usize = 1024;
 
 /// Terms per part of a sum of `n` terms (the last part may hold fewer).

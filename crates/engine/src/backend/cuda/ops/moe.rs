@@ -151,7 +151,7 @@ pub(crate) const FEW_TILE8_ITEMS: usize = 8;
 
 /// Fewest routed items per expert (on average over all experts) for which the few-items-per-tile
 /// experts take tiles of [`FEW_TILE8_ITEMS`] (`CudaOptions::few_tile8_items`): prompts of 96-128
-/// tokens of Laguna-XS (3-4 items an expert). H100, 2026-12-07, two rounds each (ms a prefill):
+/// tokens of Laguna-XS (3-4 items an expert). H100, 2026-12-08, two rounds each (ms a prefill):
 /// at 3, 96 tokens 23.85 → 23.50 and 128 tokens 28.00 → 27.10 (call 2), at 4, 128 tokens
 /// 27.90 → 26.70 (call 1); 64 tokens (2 an expert) unchanged at 4.
 pub(crate) const FEW_TILE8_MIN_ITEMS: usize = 3;
