@@ -917,11 +917,13 @@ fn gpu_nvfp4_experts_match_cpu() {
                     assert_eq!(d, 0.0, "few items per tile vs per-item t {t}");
                     // (and at three blocks a SM, 2 chunk slots a lane, the default, against two
                     // blocks a SM at 4: the same arithmetic; grids of a half and a quarter of the
-                    // tiles bound, so that blocks take several tiles each)
+                    // tiles bound, so that blocks take several tiles each; on tiles of 4 items,
+                    // which these variants are)
                     for (three, divisor) in [(false, 2), (true, 4), (false, 4)] {
                         gpu.set_options(CudaOptions {
                             few_three_blocks: three,
                             few_grid_divisor: divisor,
+                            few_tile8_items: 0,
                             ..gpu.options()
                         });
                         let before = gpu.few_b3_launches();
@@ -939,6 +941,7 @@ fn gpu_nvfp4_experts_match_cpu() {
                     gpu.set_options(CudaOptions {
                         few_three_blocks: CudaOptions::default().few_three_blocks,
                         few_grid_divisor: CudaOptions::default().few_grid_divisor,
+                        few_tile8_items: CudaOptions::default().few_tile8_items,
                         ..gpu.options()
                     });
                 }
